@@ -1,0 +1,106 @@
+"""Atomic, resumable file output: nothing half-written is ever left under its final name."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from ambiguity.errors import UsageError
+
+__all__ = ["atomic_path", "write_json", "write_table", "read_table", "ensure_writable_dir", "save_tensors", "load_tensors"]
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def ensure_writable_dir(path: str | Path) -> Path:
+    """Create ``path`` if needed and check it is writable; UsageError otherwise."""
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"cannot write to output directory {path} ({exc.strerror or exc}); pass a writable --out") from None
+    return path
+
+
+def write_json(obj, path: str | Path) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    return Path(path)
+
+
+def _json_default(x):
+    import numpy as np
+    import torch
+
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    return str(x)
+
+
+def write_table(df, path: str | Path) -> Path:
+    """Write a pandas DataFrame as Parquet (``.parquet``) or CSV (``.csv``), atomically."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        if path.suffix == ".parquet":
+            df.to_parquet(tmp, index=False)
+        else:
+            df.to_csv(tmp, index=False)
+    return path
+
+
+def read_table(path: str | Path):
+    import pandas as pd
+
+    path = Path(path)
+    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+
+
+def save_tensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> Path:
+    """safetensors file written atomically; ``metadata`` values are JSON-encoded strings."""
+    from safetensors.torch import save_file
+
+    meta = {k: v if isinstance(v, str) else json.dumps(v, default=_json_default) for k, v in (metadata or {}).items()}
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
+    return Path(path)
+
+
+def load_tensors(path: str | Path, device="cpu") -> tuple[dict, dict]:
+    """Read a safetensors file -> (tensors, metadata with JSON values decoded where possible)."""
+    from safetensors import safe_open
+
+    tensors, meta = {}, {}
+    with safe_open(str(path), framework="pt", device=str(device)) as f:
+        for k in f.keys():
+            tensors[k] = f.get_tensor(k)
+        for k, v in (f.metadata() or {}).items():
+            try:
+                meta[k] = json.loads(v)
+            except (json.JSONDecodeError, TypeError):
+                meta[k] = v
+    return tensors, meta

@@ -1,0 +1,244 @@
+"""The one protocol every model of the toolkit follows.
+
+A *target model* here is anything that emits discrete tokens one at a time: a visual AR
+generator over VQ codes (LlamaGen, Anole/Chameleon, Janus, Emu3, the embedded model) or a text
+LM (the text twin, any Hugging Face causal LM). The profiler, the neighbourhood builder, the
+drafter and the LANTERN decoder talk to models only through :class:`TokenModel`.
+
+Index spaces
+------------
+All logits, probabilities, tokens and neighbourhoods are over the model's *image tokens* in
+**code-index order**: column ``c`` of ``logits`` is code ``c`` of the VQ codebook, whose id in
+the model's full vocabulary is ``image_token_ids[c]``. Adapters translate to and from
+vocabulary ids internally (:meth:`TokenModel.to_vocab_ids`, :meth:`TokenModel.to_code_indices`).
+For text models the "image tokens" are the whole vocabulary and the map is the identity.
+
+Rows and classifier-free guidance
+---------------------------------
+A :class:`Prompt` for ``B`` conditions has ``rows = B`` or, with CFG, ``rows = 2B``: the
+conditional rows first, then the unconditional rows in the same order (the LlamaGen layout).
+Every call returns per-row outputs; :func:`ambiguity.sampling.split_cfg` and
+:func:`ambiguity.sampling.guide` combine them.
+
+Decoding calls
+--------------
+``cache = model.new_cache(prompt)``; ``step = model.prefill(prompt, cache)`` gives the
+distribution of the first image token; ``model.extend(cache, tokens)`` appends ``T`` tokens
+and returns, for each, the distribution of the *next* token; ``model.rollback(cache, n)`` keeps
+the prefix and the first ``n`` image tokens (KV-cache rollback after a rejected draft).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+__all__ = ["Prompt", "Step", "TokenModel", "DraftLayer", "resolve_device"]
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """``"auto"``/``None`` -> CUDA when available, else CPU; anything else is passed to torch.
+
+    Raises :class:`ambiguity.errors.UsageError` when CUDA is asked for but absent.
+    """
+    from ambiguity.errors import UsageError
+
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was given but no CUDA device is visible; use --device cpu or auto")
+    return dev
+
+
+@dataclass
+class Prompt:
+    """Conditioning for a batch of ``batch_size`` images (or text continuations).
+
+    ``inputs`` is adapter-specific (class labels, caption features and masks, token ids).
+    ``conditions`` keeps what the user gave (labels or strings) for tables and captions.
+    ``rows`` is ``2 * batch_size`` when ``cfg`` (conditional rows first), else ``batch_size``.
+    """
+
+    inputs: Any
+    batch_size: int
+    cfg: bool
+    conditions: list = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return 2 * self.batch_size if self.cfg else self.batch_size
+
+
+@dataclass
+class Step:
+    """Model outputs at ``T`` consecutive positions.
+
+    ``logits``: (rows, T, V) float32 over image tokens in code-index order; position ``t``
+    predicts the token that follows the ``t``-th input.
+    ``hidden``: (rows, T, H), the last hidden states (after the final norm: the input of the
+    output head), in the model's dtype.
+    """
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class DraftLayer(nn.Module, abc.ABC):
+    """One decoder layer of the target's architecture, with its own KV cache, for EAGLE drafters.
+
+    ``forward(x, cache, start)``: x (rows, T, H) at image-token positions ``start..start+T-1``
+    -> (rows, T, H). ``new_cache(rows)`` and ``rollback(cache, n)`` mirror :class:`TokenModel`.
+    """
+
+    @abc.abstractmethod
+    def new_cache(self, rows: int) -> Any: ...
+
+    @abc.abstractmethod
+    def rollback(self, cache: Any, n: int) -> None: ...
+
+    @abc.abstractmethod
+    def forward(self, x: torch.Tensor, cache: Any, start: int) -> torch.Tensor: ...
+
+
+class TokenModel(abc.ABC):
+    """A target model behind the toolkit's protocol (see the module docstring).
+
+    Attributes every adapter sets:
+
+    * ``name`` (str): registry name, e.g. ``"embedded"``, ``"llamagen-c2i-b"``.
+    * ``kind`` (str): ``"c2i"`` (class labels), ``"t2i"`` (captions) or ``"text"``.
+    * ``grid`` (tuple[int, int]): token grid (h, w) of one image; for text ``(1, length)``.
+    * ``num_classes`` (int | None): for ``c2i``.
+    * ``class_names`` (list[str] | None): for ``c2i`` when known.
+    * ``image_token_ids`` (LongTensor, (V,)): vocabulary id of each code index.
+    * ``hidden_size`` (int), ``device`` (torch.device), ``dtype`` (torch.dtype).
+    """
+
+    name: str = "model"
+    kind: str = "c2i"
+    grid: tuple[int, int] = (16, 16)
+    num_classes: Optional[int] = None
+    class_names: Optional[list[str]] = None
+    image_token_ids: torch.Tensor
+    hidden_size: int
+    device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def vocab_size(self) -> int:
+        """Number of image tokens V (= codebook size), the width of every logits tensor."""
+        return int(self.image_token_ids.numel())
+
+    @property
+    def num_tokens(self) -> int:
+        """Image tokens per image, h * w."""
+        return self.grid[0] * self.grid[1]
+
+    def to_vocab_ids(self, codes: torch.Tensor) -> torch.Tensor:
+        """Code indices (any shape, int64) -> vocabulary ids, same shape."""
+        return self.image_token_ids.to(codes.device)[codes]
+
+    def to_code_indices(self, vocab_ids: torch.Tensor) -> torch.Tensor:
+        """Vocabulary ids -> code indices; raises ValueError for ids that are not image tokens."""
+        ids = self.image_token_ids.to(vocab_ids.device)
+        lookup = torch.full((int(ids.max()) + 1,), -1, dtype=torch.long, device=ids.device)
+        lookup[ids] = torch.arange(ids.numel(), device=ids.device)
+        if (vocab_ids > ids.max()).any() or (lookup[vocab_ids.clamp(max=int(ids.max()))] < 0).any():
+            raise ValueError("some vocabulary ids are not image tokens of this model")
+        return lookup[vocab_ids]
+
+    # ---------------------------------------------------------- conditioning
+    @abc.abstractmethod
+    def make_prompt(self, conditions: Sequence | torch.Tensor, cfg: bool = False) -> Prompt:
+        """Class labels (c2i), captions (t2i) or prompts (text) -> :class:`Prompt`.
+
+        Raises :class:`ambiguity.errors.UsageError` for conditions the model cannot take.
+        """
+
+    def default_conditions(self, n: int, seed: int = 0) -> list:
+        """Conditions to use when the user gives none: classes round-robin for c2i."""
+        if self.kind == "c2i" and self.num_classes:
+            return [i % self.num_classes for i in range(n)]
+        raise NotImplementedError(f"{self.name} needs explicit conditions (captions or prompts)")
+
+    # ------------------------------------------------------------- decoding
+    @abc.abstractmethod
+    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> Any:
+        """A fresh KV cache for ``prompt.rows`` rows and up to ``max_new_tokens`` image tokens."""
+
+    @abc.abstractmethod
+    def prefill(self, prompt: Prompt, cache: Any) -> Step:
+        """Run the prefix; returns a Step with T = 1: the distribution of the first image token."""
+
+    @abc.abstractmethod
+    def extend(self, cache: Any, tokens: torch.Tensor) -> Step:
+        """Append tokens (rows, T) int64 code indices; returns T next-token distributions."""
+
+    @abc.abstractmethod
+    def rollback(self, cache: Any, n: int) -> None:
+        """Keep the prefix and the first ``n`` image tokens of every row; drop the rest."""
+
+    @abc.abstractmethod
+    def cache_tokens(self, cache: Any) -> int:
+        """Number of image tokens currently held by the cache (after the prefix)."""
+
+    def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
+        """Logits and hidden states (rows, N, .) for known sequences tokens (rows, N).
+
+        Position ``t`` predicts ``tokens[:, t]`` from the prefix and ``tokens[:, :t]``.
+        The default runs prefill plus one extend over ``tokens[:, :-1]``.
+        """
+        cache = self.new_cache(prompt, tokens.shape[1])
+        first = self.prefill(prompt, cache)
+        if tokens.shape[1] == 1:
+            return first
+        rest = self.extend(cache, tokens[:, :-1])
+        return Step(torch.cat([first.logits, rest.logits], 1), torch.cat([first.hidden, rest.hidden], 1))
+
+    # ------------------------------------------------------ drafter support
+    @abc.abstractmethod
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Frozen input embeddings of image tokens: (rows, T) code indices -> (rows, T, H)."""
+
+    @abc.abstractmethod
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Frozen output head restricted to image tokens: (..., H) -> float32 logits (..., V)."""
+
+    def draft_layer(self) -> DraftLayer:
+        """A freshly initialised decoder layer of this model's architecture (EAGLE drafter)."""
+        raise NotImplementedError(f"{self.name} does not provide a drafter layer")
+
+    # --------------------------------------------------- codebook and pixels
+    def codebook(self) -> torch.Tensor:
+        """VQ codebook vectors (V, d) float32 in code-index order, as the quantiser compares them."""
+        raise NotImplementedError(f"{self.name} has no VQ codebook")
+
+    def input_embeddings(self) -> torch.Tensor:
+        """Rows of the AR model's input embedding for image tokens, (V, H) float32."""
+        return self.embed(torch.arange(self.vocab_size, device=self.device)[None])[0].float()
+
+    def output_embeddings(self) -> torch.Tensor:
+        """Rows of the AR model's output head for image tokens, (V, H) float32."""
+        raise NotImplementedError(f"{self.name} does not expose its output head rows")
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Code grids (B, h, w) int64 -> images (B, C, H, W) float32 in [0, 1], C in {1, 3}."""
+        raise NotImplementedError(f"{self.name} cannot decode tokens to pixels (no VQ decoder weights)")
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) float in [0, 1] -> code grids (B, h, w) int64."""
+        raise NotImplementedError(f"{self.name} has no VQ encoder")
+
+    @property
+    def can_decode(self) -> bool:
+        return type(self).decode_codes is not TokenModel.decode_codes
+
+    def describe(self) -> dict:
+        """Facts for summaries: name, kind, grid, vocabulary, hidden size, parameter count."""
+        return {"model": self.name, "kind": self.kind, "grid": list(self.grid), "vocab_size": self.vocab_size,
+                "hidden_size": self.hidden_size, "device": str(self.device), "dtype": str(self.dtype).replace("torch.", "")}

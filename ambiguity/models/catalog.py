@@ -1,0 +1,36 @@
+"""The built-in model names. Imported lazily by :mod:`ambiguity.models.registry`."""
+from __future__ import annotations
+
+from ambiguity.models.llamagen import LLAMAGEN_C2I_REPO, LLAMAGEN_T2I_REPO
+from ambiguity.models.registry import ModelSpec, register
+
+register(ModelSpec(
+    "embedded", "LlamaGen-architecture c2i model trained on Fashion-MNIST, shipped with the package",
+    "ambiguity.models.embedded:load_embedded", aliases=("fashion-mnist", "embedded-fashion-mnist")))
+
+# Official LlamaGen class-conditional checkpoints (ImageNet, VQ-16 tokenizer).
+_C2I = {
+    "llamagen-c2i-b": ("GPT-B", 256, "c2i_B_256.pt"),
+    "llamagen-c2i-b-384": ("GPT-B", 384, "c2i_B_384.pt"),
+    "llamagen-c2i-l": ("GPT-L", 256, "c2i_L_256.pt"),
+    "llamagen-c2i-l-384": ("GPT-L", 384, "c2i_L_384.pt"),
+    "llamagen-c2i-xl-384": ("GPT-XL", 384, "c2i_XL_384.pt"),
+    "llamagen-c2i-xxl-384": ("GPT-XXL", 384, "c2i_XXL_384.pt"),
+    "llamagen-c2i-3b-384": ("GPT-3B", 384, "c2i_3B_384.pt"),
+}
+for _name, (_preset, _res, _file) in _C2I.items():
+    register(ModelSpec(
+        _name, f"LlamaGen {_preset} class-conditional, {_res} px ({_res // 16}x{_res // 16} tokens)",
+        "ambiguity.models.llamagen:load_llamagen",
+        dict(preset=_preset, model_type="c2i", resolution=_res, gpt_file=_file, vq_file="vq_ds16_c2i.pt",
+             repo=LLAMAGEN_C2I_REPO, name=_name),
+        aliases=(_name.replace("-384", ""),) if _name.endswith("-384") and _name.replace("-384", "") not in _C2I else ()))
+
+# Official LlamaGen text-conditional checkpoints (flan-t5-xl captions, VQ-16 t2i tokenizer).
+for _stage, _res in ((1, 256), (2, 512)):
+    _name = f"llamagen-t2i-stage{_stage}"
+    register(ModelSpec(
+        _name, f"LlamaGen GPT-XL text-to-image Stage {'I' * _stage}, {_res} px ({_res // 16}x{_res // 16} tokens)",
+        "ambiguity.models.llamagen:load_llamagen",
+        dict(preset="GPT-XL", model_type="t2i", resolution=_res, gpt_file=f"t2i_XL_stage{_stage}_{_res}.pt",
+             vq_file="vq_ds16_t2i.pt", repo=LLAMAGEN_T2I_REPO, stage=_stage, name=_name)))

@@ -1,0 +1,332 @@
+"""LlamaGen behind the toolkit's protocol, and loading of official checkpoints.
+
+:class:`LlamaGenModel` wraps a :class:`~ambiguity.models.gpt.GPT` and (optionally) a
+:class:`~ambiguity.models.vq.VQModel`. The embedded Fashion-MNIST model is the same class with
+small configs. Image-token ids equal code indices (LlamaGen's vocabulary *is* the codebook).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
+from ambiguity.models.gpt import GPT, GPTConfig, KVCache, TransformerBlock, rope_table
+
+__all__ = ["LlamaGenModel", "GPTCache", "GPTDraftLayer", "load_checkpoint_state", "load_strict"]
+
+
+def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read an official ``.pt`` checkpoint: ``{"model": sd}``, ``{"module": sd}``,
+    ``{"state_dict": sd}`` or a bare state dict. Raises UsageError for unreadable files."""
+    path = Path(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UsageError(f"checkpoint {path} does not exist; check the --weights path") from None
+    except Exception as exc:  # pickle errors, truncated downloads
+        raise UsageError(f"cannot read checkpoint {path} ({type(exc).__name__}: {exc}); re-download it") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path} is not a state-dict checkpoint")
+    for key in ("model", "module", "state_dict"):
+        if key in obj and isinstance(obj[key], dict):
+            return obj[key]
+    return obj
+
+
+def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """``load_state_dict(strict=True)`` with a one-line UsageError naming the first mismatches."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k} {tuple(state[k].shape)} != {tuple(own[k].shape)}" for k in own
+              if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} keys (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} keys (e.g. {unexpected[0]})")
+        if shapes:
+            parts.append(f"shape mismatch ({shapes[0]})")
+        raise UsageError(f"{what} does not match the model architecture: " + "; ".join(parts)
+                         + "; check that --model names the checkpoint's model")
+    module.load_state_dict(state, strict=True)
+
+
+class GPTCache:
+    """KV cache of a LlamaGen GPT plus the prefix length (positions before the first image token)."""
+
+    def __init__(self, kv: KVCache, prefix: int):
+        self.kv, self.prefix = kv, prefix
+
+
+class GPTDraftLayer(DraftLayer):
+    """One LlamaGen decoder block with the target's rotary positions (EAGLE drafter layer)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.block = TransformerBlock(cfg)
+        self.register_buffer("rope", rope_table(cfg), persistent=False)
+
+    def new_cache(self, rows: int) -> KVCache:
+        p = next(self.parameters())
+        return KVCache(1, rows, self.cfg.block_size, self.cfg.kv_heads, self.cfg.head_dim, p.dtype, p.device)
+
+    def rollback(self, cache: KVCache, n: int) -> None:
+        cache.crop(n)
+
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache], start: int) -> torch.Tensor:
+        T = x.shape[1]
+        off = self.cfg.cls_token_num
+        if off + start + T > self.rope.shape[0]:
+            self.rope = rope_table(self.cfg, off + start + T).to(self.rope.device)
+        rope = self.rope[off + start: off + start + T]
+        if cache is not None:
+            if start != cache.length:
+                cache.crop(start)
+            mask = GPT.attention_mask(T, start, cache)
+            out = self.block(x, rope, 0, cache, mask)
+            cache.length = start + T
+            return out
+        return self.block(x, rope, 0, None, None)
+
+
+class LlamaGenModel(TokenModel):
+    """A LlamaGen GPT (c2i or t2i) with its VQ tokenizer.
+
+    Args:
+        gpt: the AR model, eval mode.
+        vq: the tokenizer, or None when only the GPT checkpoint is available (no pixels).
+        name: registry name.
+        caption_encoder: for t2i, an object with ``encode(list[str]) -> (features (B, P, D),
+            mask (B, P))``; captions may also be given as a features tensor.
+        class_names: optional labels for c2i classes.
+        text: treat the model as a text LM (the embedded text twin): kind ``"text"``.
+    """
+
+    def __init__(self, gpt: GPT, vq=None, name: str = "llamagen", caption_encoder=None,
+                 class_names: Optional[list[str]] = None, text: bool = False):
+        cfg = gpt.config
+        self.gpt, self.vq, self.name = gpt.eval(), (vq.eval() if vq is not None else None), name
+        self.caption_encoder = caption_encoder
+        self.kind = "text" if text else cfg.model_type
+        self.grid = (1, cfg.block_size) if (text or cfg.rope == "1d") else (cfg.grid_size, cfg.grid_size)
+        self.num_classes = cfg.num_classes if cfg.model_type == "c2i" else None
+        self.class_names = class_names
+        self.hidden_size = cfg.dim
+        p = gpt.tok_embeddings.weight
+        self.device, self.dtype = p.device, p.dtype
+        self.image_token_ids = torch.arange(cfg.vocab_size, device=p.device)
+
+    # ------------------------------------------------------------------ prompt
+    def make_prompt(self, conditions: Sequence | torch.Tensor, cfg: bool = False) -> Prompt:
+        gpt = self.gpt
+        if gpt.config.model_type == "c2i":
+            labels = torch.as_tensor(list(conditions) if not torch.is_tensor(conditions) else conditions,
+                                     dtype=torch.long, device=self.device).view(-1)
+            if labels.numel() == 0:
+                raise UsageError("no conditions given; ask for at least one image")
+            if labels.min() < 0 or labels.max() >= gpt.config.num_classes:
+                raise UsageError(f"class labels must be in 0..{gpt.config.num_classes - 1} for {self.name}")
+            B = labels.numel()
+            inputs = {"cond": torch.cat([labels, gpt.null_condition(B)]) if cfg else labels, "mask": None}
+            return Prompt(inputs, B, cfg, labels.tolist())
+        # t2i: caption strings through the text encoder, or caption features directly
+        if torch.is_tensor(conditions):
+            feats = conditions.to(self.device, self.dtype)
+            mask = torch.ones(feats.shape[:2], dtype=torch.bool, device=self.device)
+            shown = [f"<caption features {i}>" for i in range(feats.shape[0])]
+        else:
+            captions = list(conditions)
+            if not captions:
+                raise UsageError("no captions given; pass a non-empty captions file")
+            if self.caption_encoder is None:
+                raise UsageError(f"{self.name} needs a caption encoder (flan-t5-xl) for text captions")
+            feats, mask = self.caption_encoder.encode(captions)
+            feats, mask = left_pad(feats.to(self.device, self.dtype), mask.to(self.device).bool())
+            shown = captions
+        P = gpt.config.cls_token_num
+        if feats.shape[1] != P:
+            raise UsageError(f"caption features have {feats.shape[1]} tokens; {self.name} expects {P}")
+        feats = feats * mask[..., None]
+        B = feats.shape[0]
+        if cfg:
+            feats = torch.cat([feats, gpt.null_condition(B, self.device).to(feats.dtype)])
+            mask = torch.cat([mask, mask])
+        return Prompt({"cond": feats, "mask": mask}, B, cfg, shown)
+
+    # ----------------------------------------------------------------- decoding
+    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> GPTCache:
+        prefix = self.gpt.config.cls_token_num
+        n = self.gpt.config.block_size if max_new_tokens is None else max_new_tokens
+        kv = self.gpt.new_cache(prompt.rows, prefix + n)
+        if prompt.inputs.get("mask") is not None:
+            kv.set_prefix_mask(prompt.inputs["mask"])
+        return GPTCache(kv, prefix)
+
+    def prefill(self, prompt: Prompt, cache: GPTCache) -> Step:
+        cache.kv.crop(0)
+        h = self.gpt.forward(self.gpt.embed_condition(prompt.inputs["cond"]), cache.kv)[:, -1:]
+        return Step(self.gpt.head(h), h)
+
+    def extend(self, cache: GPTCache, tokens: torch.Tensor) -> Step:
+        h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv)
+        return Step(self.gpt.head(h), h)
+
+    def rollback(self, cache: GPTCache, n: int) -> None:
+        cache.kv.crop(cache.prefix + n)
+
+    def cache_tokens(self, cache: GPTCache) -> int:
+        return cache.kv.length - cache.prefix
+
+    def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
+        if prompt.inputs.get("mask") is not None and not bool(prompt.inputs["mask"].all()):
+            return super().teacher_force(prompt, tokens)  # padded captions need the masked cache path
+        gpt = self.gpt
+        h = torch.cat([gpt.embed_condition(prompt.inputs["cond"]), gpt.embed_tokens(tokens[:, :-1])], dim=1)
+        hidden = gpt.forward(h)[:, gpt.config.cls_token_num - 1:]
+        return Step(gpt.head(hidden), hidden)
+
+    # ------------------------------------------------------------------ drafter
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.gpt.embed_tokens(tokens)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.gpt.head(hidden)
+
+    def draft_layer(self) -> GPTDraftLayer:
+        layer = GPTDraftLayer(self.gpt.config)
+        return layer.to(self.device, self.dtype)
+
+    # ---------------------------------------------------------------- codebook
+    def codebook(self) -> torch.Tensor:
+        if self.vq is None:
+            raise NotImplementedError(f"{self.name}: no VQ tokenizer loaded (pass its checkpoint)")
+        return self.vq.quantize.codebook().detach().float()
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.gpt.tok_embeddings.weight.detach().float()
+
+    def output_embeddings(self) -> torch.Tensor:
+        return self.gpt.output.weight.detach().float()
+
+    @property
+    def can_decode(self) -> bool:
+        return self.vq is not None
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        if self.vq is None:
+            raise NotImplementedError(f"{self.name}: no VQ tokenizer loaded, cannot decode to pixels")
+        with torch.no_grad():
+            x = self.vq.decode_codes(codes.to(self.vq.quant_conv.weight.device))
+        return ((x.float() + 1) / 2).clamp(0, 1)
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        if self.vq is None:
+            raise NotImplementedError(f"{self.name}: no VQ tokenizer loaded, cannot encode images")
+        w = self.vq.quant_conv.weight
+        with torch.no_grad():
+            return self.vq.encode(images.to(w.device, w.dtype) * 2 - 1)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d["parameters"] = sum(p.numel() for p in self.gpt.parameters())
+        if self.vq is not None:
+            d["tokenizer_parameters"] = sum(p.numel() for p in self.vq.parameters())
+        return d
+
+
+def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move padding of right-padded caption features (B, P, D) / mask (B, P) to the front.
+
+    LlamaGen's t2i sampler does this before generation so that the caption ends right before
+    the first image token.
+    """
+    out_f, out_m = torch.zeros_like(feats), torch.zeros_like(mask)
+    for i in range(feats.shape[0]):
+        n = int(mask[i].sum())
+        P = feats.shape[1]
+        out_f[i, P - n:] = feats[i, :n]
+        out_m[i, P - n:] = True
+    return out_f, out_m
+
+
+_STAGE = re.compile(r"stage(\d)", re.I)
+_RES = re.compile(r"_(256|384|512)(?:L)?\.pt$", re.I)
+
+
+def check_checkpoint_name(path: str | Path, name: str, stage: Optional[int], resolution: int) -> None:
+    """Refuse a checkpoint whose official file name says another stage or resolution.
+
+    The state dict does not record the token grid, so loading a Stage II (32 x 32) checkpoint
+    into the Stage I (16 x 16) model would silently generate zoomed-in crops.
+    """
+    fname = Path(path).name
+    m = _STAGE.search(fname)
+    if stage is not None and m and int(m.group(1)) != stage:
+        other = "llamagen-t2i-stage%s" % m.group(1)
+        raise UsageError(f"{fname} is a Stage {m.group(1)} checkpoint but --model {name} is Stage {stage}; "
+                         f"use --model {other}")
+    r = _RES.search(fname)
+    if r and int(r.group(1)) != resolution:
+        raise UsageError(f"{fname} is a {r.group(1)} px checkpoint but --model {name} generates {resolution} px; "
+                         f"pick the model name with -{r.group(1)} or the matching file")
+
+
+# --------------------------------------------------------------------------- official checkpoints
+LLAMAGEN_C2I_REPO = "FoundationVision/LlamaGen"
+LLAMAGEN_T2I_REPO = "peizesun/llamagen_t2i"
+T5_REPO = "google/flan-t5-xl"
+
+VQ16 = dict(codebook_size=16384, codebook_embed_dim=8, encoder_ch_mult=[1, 1, 2, 2, 4],
+            decoder_ch_mult=[1, 1, 2, 2, 4], z_channels=256, ch=128)
+
+
+def official_gpt_config(preset: str, model_type: str, resolution: int, downsample: int = 16) -> GPTConfig:
+    """GPTConfig of an official LlamaGen checkpoint: preset, c2i/t2i, image size in pixels."""
+    from ambiguity.models.gpt import gpt_config_from_official
+
+    grid = resolution // downsample
+    extra = dict(num_classes=1000, cls_token_num=1) if model_type == "c2i" else dict(caption_dim=2048, cls_token_num=120)
+    return gpt_config_from_official(preset=preset, model_type=model_type, block_size=grid * grid,
+                                    vocab_size=16384, **extra)
+
+
+def load_llamagen(weights=None, device="cpu", dtype=torch.float32, *, preset: str, model_type: str,
+                  resolution: int, gpt_file: str, vq_file: str, repo: str, stage: Optional[int] = None,
+                  name: str = "llamagen") -> LlamaGenModel:
+    """Load an official LlamaGen GPT + VQ-16 pair (see :data:`ambiguity.models.catalog`).
+
+    ``weights``: the GPT checkpoint file, or a directory with the official file names; else
+    the local Hugging Face cache of ``repo``. The VQ checkpoint is optional (no pixels without
+    it); t2i models also need flan-t5-xl in the local cache for text captions.
+    """
+    from ambiguity.models.hub import find_weight, require_weight
+    from ambiguity.models.vq import VQModel, vq_config_from_official
+
+    gpt_path = require_weight(gpt_file, repo, weights, primary=True, model=name)
+    check_checkpoint_name(gpt_path, name, stage, resolution)
+    cfg = official_gpt_config(preset, model_type, resolution)
+    with torch.device("meta"):
+        gpt = GPT(cfg)
+    gpt = gpt.to_empty(device="cpu")
+    gpt.rope = rope_table(cfg)
+    load_strict(gpt, load_checkpoint_state(gpt_path), f"{gpt_path.name}")
+    gpt = gpt.to(device=device, dtype=dtype).eval()
+    vq = None
+    vq_path = find_weight(vq_file, repo, weights) or find_weight(vq_file, repo)
+    if vq_path is not None:
+        vq = VQModel(vq_config_from_official(VQ16))
+        load_strict(vq, load_checkpoint_state(vq_path), vq_path.name)
+        vq = vq.to(device).eval()
+    encoder = None
+    if model_type == "t2i":
+        from ambiguity.models.text_encoders import T5CaptionEncoder
+
+        encoder = T5CaptionEncoder(T5_REPO, device=device, dtype=dtype, lazy=True)
+    return LlamaGenModel(gpt, vq, name=name, caption_encoder=encoder)
