@@ -135,6 +135,11 @@ class TokenModel(abc.ABC):
         return int(self.image_token_ids.numel())
 
     @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of the images :meth:`decode_codes` returns and :meth:`encode_images` takes."""
+        raise NotImplementedError(f"{self.name} has no pixel space")
+
+    @property
     def num_tokens(self) -> int:
         """Image tokens per image, h * w."""
         return self.grid[0] * self.grid[1]

@@ -34,3 +34,20 @@ for _stage, _res in ((1, 256), (2, 512)):
         "ambiguity.models.llamagen:load_llamagen",
         dict(preset="GPT-XL", model_type="t2i", resolution=_res, gpt_file=f"t2i_XL_stage{_stage}_{_res}.pt",
              vq_file="vq_ds16_t2i.pt", repo=LLAMAGEN_T2I_REPO, stage=_stage, name=_name)))
+
+# Models behind transformers classes (adapters in their own modules; weights from --weights or the HF cache).
+register(ModelSpec("anole", "Anole-7b (Chameleon architecture, image generation), leloy/Anole-7b-v0.1-hf layout",
+                   "ambiguity.models.chameleon:load_chameleon", dict(repo="leloy/Anole-7b-v0.1-hf"),
+                   aliases=("anole-7b",)))
+register(ModelSpec("chameleon-7b", "Chameleon-7b (facebook/chameleon-7b)", "ambiguity.models.chameleon:load_chameleon",
+                   dict(repo="facebook/chameleon-7b")))
+register(ModelSpec("lumina-mgpt", "Lumina-mGPT 7B 768 px (Chameleon architecture)", "ambiguity.models.chameleon:load_chameleon",
+                   dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768")))
+register(ModelSpec("janus-pro-1b", "Janus-Pro-1B (deepseek-community/Janus-Pro-1B)", "ambiguity.models.janus:load_janus",
+                   dict(repo="deepseek-community/Janus-Pro-1B")))
+register(ModelSpec("janus-pro-7b", "Janus-Pro-7B (deepseek-community/Janus-Pro-7B)", "ambiguity.models.janus:load_janus",
+                   dict(repo="deepseek-community/Janus-Pro-7B")))
+register(ModelSpec("emu3-gen", "Emu3-Gen (BAAI/Emu3-Gen-hf)", "ambiguity.models.emu3:load_emu3",
+                   dict(repo="BAAI/Emu3-Gen-hf")))
+register(ModelSpec("text-twin", "Embedded text twin: the embedded model's architecture trained on KJV English prose",
+                   "ambiguity.models.text_twin:load_text_twin", aliases=("embedded-text",)))

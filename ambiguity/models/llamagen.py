@@ -219,6 +219,13 @@ class LlamaGenModel(TokenModel):
     def can_decode(self) -> bool:
         return self.vq is not None
 
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        if self.vq is None:
+            raise NotImplementedError(f"{self.name}: no VQ tokenizer loaded")
+        f = self.vq.config.downsample
+        return (self.vq.config.in_channels, self.grid[0] * f, self.grid[1] * f)
+
     def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
         if self.vq is None:
             raise NotImplementedError(f"{self.name}: no VQ tokenizer loaded, cannot decode to pixels")
