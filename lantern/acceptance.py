@@ -1,0 +1,399 @@
+"""Acceptance rules of speculative decoding and LANTERN, as pure tensor functions.
+
+Notation (per draft position): ``p`` is the target's next-token distribution after CFG,
+temperature and top-k/top-p (what the target would sample from), ``q`` the drafter's,
+processed the same way, ``x̂ ~ q`` the draft token. ``neighbours`` is a (V, K) integer table in
+code-index space whose row ``v`` lists the latent neighbours of code ``v`` nearest first, ``v``
+itself excluded (``B_k(v)`` is the first ``k`` columns). ``S_j = p(n_1) + ... + p(n_j)`` for
+the neighbours ``n_1..n_k`` of ``x̂``.
+
+Rules (``AcceptanceRule.method``):
+
+* ``"sd"`` — lossless speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023):
+  accept with probability ``min(1, p(x̂) / q(x̂))``.
+* ``"lantern"`` — LANTERN with the TVD bound (Jang et al., ICLR 2025, arXiv 2410.03355, Sec. 3):
+  the proximity set ``A = {x̂, n_1..n_j*}`` keeps the neighbours while ``S_j <= δ``; ``S_j`` is
+  exactly the TVD between ``p`` and ``p`` with the mass of ``n_1..n_j`` moved onto ``x̂``.
+* ``"lantern-jsd"`` — the same prefix grown while the Jensen–Shannon divergence (nats) between
+  ``p`` and that moved distribution stays ``<= δ`` (closed form: :func:`lantern.divergences.moved_jsd`).
+* ``"lantern++"`` — the relative bound of LANTERN++ (arXiv 2502.06352): grown while
+  ``S_j <= (λ - 1) p(x̂)``, i.e. ``p̃(x̂) <= λ p(x̂)``.
+
+For the relaxed rules ``p̃(x̂) = p(x̂) + S_j*`` and the draft is accepted with probability
+``min(1, p̃(x̂) / q(x̂))``. "Grown while" means the prefix stops at the first ``j`` that breaks
+the bound. ``S_j`` is non-decreasing in ``j`` and the three bounds are non-decreasing functions
+of ``S_j`` (the JSD's derivative in ``S`` is positive, see :mod:`lantern.divergences`), so the
+first break also gives the largest ``j`` within the bound — what the official code computes.
+
+Residual on rejection (``AcceptanceRule.residual``):
+
+* ``"exact"`` — with ``α(x) = min(q(x), p̃_x(x))`` the accepted mass of each possible draft
+  ``x`` (``p̃_x`` computed as if ``x`` were the draft), sample from ``norm(max(p - α, 0))``.
+  Because ``p̃_x(x) >= p(x)``, ``max(p - α, 0) = max(p - q, 0)`` entry by entry (where
+  ``q <= p̃`` the two agree; where ``q > p̃ >= p`` both are 0), so this *is* the standard
+  residual ``norm(max(p - q, 0))``: it needs no neighbour table and does not depend on which
+  draft was rejected. With ``δ = 0`` or ``k = 0`` the output distribution is exactly ``p``.
+  Whatever residual is used, a token ``y`` is emitted with probability at least ``α(y)``; this
+  one emits exactly ``α(y)`` where ``α(y) >= p(y)`` and at most ``p(y)`` elsewhere, so
+  ``TVD(out, p) = Σ_y max(α(y) - p(y), 0)``, the least distortion the relaxed acceptance allows.
+* ``"official"`` — what the official LANTERN code (github.com/jadohu/LANTERN, release
+  3a56e45, ``models/ea_model_llamagen.py`` ``evaluate_posterior``, the default dynamic-tree
+  path; the Anole and Lumina-mGPT files are the same) does after rejecting ``x̂``: set ``p`` to
+  0 at ``x̂`` and, only when ``j* >= 1``, also at ``nearest_latents[x̂, :k+1]``, then
+  renormalise. Its table excludes ``x̂`` itself, so the zeroed set is ``{x̂} ∪ B_{k+1}(x̂)``:
+  all of ``B_k`` whatever ``j*`` is (not the proximity set ``A``) plus the (k+1)-th
+  neighbour. We reproduce it with the first ``k+1`` columns of ``neighbours`` (all ``K``
+  columns when the table has only ``K = k``). That path
+  takes ``q(x̂) = 1`` (accepts with probability ``p̃(x̂)``), for which zeroing ``x̂`` alone is
+  the standard residual; with a stochastic drafter's ``q`` this residual is lossy even at
+  ``δ = 0``. With ``δ = 0`` a neighbour of zero probability (e.g. cut by top-k) still counts as
+  "moved", so ``j* >= 1`` and ``B_{k+1}`` is zeroed. (The static-tree path,
+  ``evaluate_posterior_v1``, instead uses ``norm(max(p - q', 0))`` with ``q'`` the drafter's
+  ``q`` zeroed at already-tried siblings and, when ``j* >= 1``, at ``B_{k+1}(x̂)``; a tree
+  decoder chaining siblings applies our rule again with the residual as the new ``p``.)
+
+Zero-mass residual: when ``max(p - α, 0)`` (or the zeroed ``p``) has no mass at all we return
+``p`` itself. (The official code falls back to the uniform distribution.)
+
+Greedy decoding (temperature 0; ``p`` is then the temperature-1 distribution after the filters,
+see :mod:`ambiguity.sampling`): accept ``x̂`` iff ``p̃(x̂) >= max_{v != x̂} p(v)``; on rejection
+emit ``argmax p``. (The official code takes ``argmax`` of ``p`` with ``p̃(x̂)`` written at
+``x̂``; it breaks ties towards the lower code index, we accept on ties.)
+
+Typical decoder use (``p``: (B, γ+1, V) target incl. the bonus position; ``q``: (B, γ, V);
+``draft``, ``u``: (B, γ))::
+
+    v = verify(p[:, :γ], q, draft, u, neighbours, rule)   # per-draft-token statistics
+    n = v.accepted.long().cumprod(-1).sum(-1)             # (B,) accepted draft tokens per row
+    rows = (n < γ).nonzero().squeeze(-1); at = n[rows]    # first rejection of each row
+    r = residual(p[rows, at], q[rows, at], draft[rows, at], neighbours, rule)   # (R, V)
+    # next token: sample r in rejected rows, p[b, γ] (the bonus token) in the others
+
+The residual is computed lazily by :func:`residual`, only at the first rejected position.
+:func:`output_distribution` gives the exact distribution of one verification step.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ambiguity.errors import UsageError
+from lantern.divergences import moved_jsd
+
+__all__ = [
+    "METHODS",
+    "RESIDUALS",
+    "AcceptanceRule",
+    "Verdict",
+    "relaxed_mass",
+    "verify",
+    "verify_greedy",
+    "residual",
+    "output_distribution",
+]
+
+METHODS = ("sd", "lantern", "lantern-jsd", "lantern++")
+RESIDUALS = ("exact", "official")
+
+
+@dataclass(frozen=True)
+class AcceptanceRule:
+    """Configuration of one acceptance rule (see the module docstring for the rules).
+
+    method: ``"sd"`` | ``"lantern"`` | ``"lantern-jsd"`` | ``"lantern++"``.
+    k: neighbourhood size ``|B_k|`` (>= 0; 0 turns every rule into ``"sd"``); must be smaller
+       than the vocabulary size, checked when the rule is applied. ``"sd"`` ignores it.
+    delta: the bound δ of ``"lantern"`` (TVD, a probability) and ``"lantern-jsd"`` (JSD, nats);
+       in [0, 1]; 0 is lossless. The official code reads ``delta > 1`` as the relative bound λ;
+       here that is ``method="lantern++", lam=...``.
+    lam: λ >= 1 of ``"lantern++"`` (``p̃(x̂) <= λ p(x̂)``); 1 is lossless.
+    residual: ``"exact"`` | ``"official"`` — the distribution sampled after a rejection.
+
+    Raises :class:`UsageError` (one line naming the fix) for an unknown method or residual,
+    ``k < 0`` or non-integer, ``delta < 0`` (or > 1 for the TVD/JSD rules), ``lam < 1``.
+    """
+
+    method: str = "sd"
+    k: int = 0
+    delta: float = 0.0
+    lam: float = 1.0
+    residual: str = "exact"
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise UsageError(f"unknown acceptance method {self.method!r}; use one of {', '.join(METHODS)}")
+        if self.residual not in RESIDUALS:
+            raise UsageError(f"unknown residual {self.residual!r}; use 'exact' or 'official'")
+        if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 0:
+            raise UsageError(f"k must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}")
+        if not self.delta >= 0:
+            raise UsageError(f"delta must be >= 0 (0 is lossless), got {self.delta}")
+        if self.method in ("lantern", "lantern-jsd") and self.delta > 1:
+            raise UsageError(
+                f"delta must be <= 1 for method={self.method!r}, got {self.delta}; "
+                "for the official code's delta > 1 (a relative bound) use method='lantern++' with lam=delta"
+            )
+        if not self.lam >= 1:
+            raise UsageError(f"lam must be >= 1 (1 is lossless), got {self.lam}")
+        object.__setattr__(self, "k", int(self.k))
+
+    @property
+    def relaxed(self) -> bool:
+        """Whether the rule moves neighbour mass at all (a LANTERN method with ``k > 0``)."""
+        return self.method != "sd" and self.k > 0
+
+    @property
+    def bound(self) -> float:
+        """The number the divergence spent is compared with: δ, or λ - 1 for ``"lantern++"``."""
+        return self.lam - 1.0 if self.method == "lantern++" else float(self.delta)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Per-draft-token outcome of one verification; every field has the draft's shape (...).
+
+    accepted: bool. accept_prob: ``min(1, p̃(x̂)/q(x̂))`` (greedy: 0. or 1.), p's dtype.
+    p_draft: ``p(x̂)``; q_draft: ``q(x̂)`` (greedy: 1.); p_tilde: ``p̃(x̂) = p(x̂) + S_j*``.
+    j_star: int64, the number of neighbours moved onto ``x̂`` (``|A| - 1``).
+    spent: the divergence of the move, in the units of the rule's bound: ``S_j*`` (TVD, a
+    probability) for ``"lantern"``, the JSD in nats for ``"lantern-jsd"``, the relative mass
+    ``S_j* / p(x̂)`` (compare with λ - 1) for ``"lantern++"``, 0 for ``"sd"`` and when
+    ``j* = 0``.
+    """
+
+    accepted: torch.Tensor
+    accept_prob: torch.Tensor
+    p_draft: torch.Tensor
+    q_draft: torch.Tensor
+    p_tilde: torch.Tensor
+    j_star: torch.Tensor
+    spent: torch.Tensor
+
+
+def _table(p: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule) -> torch.Tensor | None:
+    """Validate the neighbour table against ``p`` (..., V) and the rule; return it as int64 on p's device."""
+    if not torch.is_floating_point(p):
+        raise UsageError(f"p must be a floating tensor of probabilities (..., V), got dtype {p.dtype}")
+    V = p.shape[-1]
+    if rule.relaxed and rule.k >= V:
+        raise UsageError(f"k={rule.k} must be smaller than the vocabulary size V={V} (a token has at most V-1 neighbours); lower k")
+    if not rule.relaxed:
+        return None
+    if neighbours is not None and not isinstance(neighbours, torch.Tensor):
+        neighbours = neighbours.indices  # an ambiguity.neighbourhood.Neighbourhoods
+    if neighbours is None:
+        raise UsageError(f"method={rule.method!r} with k={rule.k} needs a neighbour table (V, >= k); build one with ambiguity.neighbourhood")
+    if neighbours.ndim != 2 or neighbours.shape[0] != V or neighbours.shape[1] < rule.k:
+        raise UsageError(
+            f"neighbour table has shape {tuple(neighbours.shape)}, expected ({V}, >= {rule.k}); "
+            "build it for this codebook with at least k columns"
+        )
+    return neighbours.to(device=p.device, dtype=torch.long)
+
+
+def _check_draft(p: torch.Tensor, draft: torch.Tensor, name: str = "draft") -> None:
+    if draft.shape != p.shape[:-1]:
+        raise UsageError(f"{name} has shape {tuple(draft.shape)}, expected p's leading shape {tuple(p.shape[:-1])}")
+
+
+def _prefix(p: torch.Tensor, drafts: torch.Tensor, table: torch.Tensor | None, rule: AcceptanceRule):
+    """Grow the proximity set of each of ``n`` drafts per row.
+
+    p (..., V) float; drafts (..., n) int64 -> p_draft, p_tilde, spent (..., n) p.dtype and
+    j_star (..., n) int64. Uses one (..., n, k) gather and cumsum; no loop.
+    """
+    p_draft = p.gather(-1, drafts)
+    if not rule.relaxed:
+        return p_draft, p_draft.clone(), torch.zeros_like(drafts), torch.zeros_like(p_draft)
+    nbr = table[:, : rule.k][drafts]  # (..., n, k): B_k of each draft
+    rows = p.unsqueeze(-2).expand(*drafts.shape, p.shape[-1])
+    moved = rows.gather(-1, nbr).cumsum(-1)  # (..., n, k): S_1..S_k
+    a = p_draft.unsqueeze(-1)
+    if rule.method == "lantern":
+        cost = moved
+        within = moved <= rule.delta
+    elif rule.method == "lantern-jsd":
+        cost = moved_jsd(a, moved)
+        within = cost <= rule.delta
+    else:  # lantern++: S_j <= (λ - 1) p(x̂), spent as the relative mass S_j / p(x̂)
+        within = moved <= (rule.lam - 1.0) * a
+        cost = torch.where(a > 0, moved / torch.where(a > 0, a, 1.0), torch.zeros_like(moved))
+    j_star = within.long().cumprod(-1).sum(-1)  # stops at the first j that breaks the bound
+    has = j_star > 0
+    last = (j_star - 1).clamp_min(0).unsqueeze(-1)
+    zero = torch.zeros_like(p_draft)
+    s_star = torch.where(has, moved.gather(-1, last).squeeze(-1), zero)
+    spent = torch.where(has, cost.gather(-1, last).squeeze(-1), zero)
+    return p_draft, p_draft + s_star, j_star, spent
+
+
+def relaxed_mass(
+    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The proximity set of each draft: ``(j_star, p_tilde, spent)``.
+
+    p: (..., V) float, the target distribution; draft: (...) int64 code indices;
+    neighbours: (V, K >= k) integer table (None allowed when the rule is not relaxed).
+    Returns j_star (...) int64 = ``|A| - 1``; p_tilde (...) = ``p(x̂) + S_j*`` (a probability);
+    spent (...) in the bound's units (see :class:`Verdict`). LANTERN Sec. 3; LANTERN++ Sec. 3.
+    Raises :class:`UsageError` for a missing or mis-shaped table, ``k >= V`` or a bad shape.
+    """
+    table = _table(p, neighbours, rule)
+    _check_draft(p, draft)
+    _, p_tilde, j_star, spent = _prefix(p, draft.long().unsqueeze(-1), table, rule)
+    return j_star.squeeze(-1), p_tilde.squeeze(-1), spent.squeeze(-1)
+
+
+def verify(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    draft: torch.Tensor,
+    u: torch.Tensor,
+    neighbours: torch.Tensor | None,
+    rule: AcceptanceRule,
+) -> Verdict:
+    """Accept or reject each draft token independently (no prefix logic across positions).
+
+    p, q: (..., V) float probabilities of the target and the drafter at the draft positions,
+    e.g. (B, γ, V); draft: (...) int64 code indices drawn from q; u: (...) uniforms in [0, 1)
+    (``torch.rand``), passed in so that randomness is the caller's; neighbours: (V, K >= k)
+    integer table, row v = B_K(v) nearest first, v excluded (None when the rule is not relaxed;
+    an ``ambiguity.neighbourhood.Neighbourhoods`` is accepted and its ``indices`` used).
+
+    Accepts iff ``u * q(x̂) < p̃(x̂)``: probability ``min(1, p̃(x̂)/q(x̂))`` for u ~ U[0, 1); a
+    draft with ``p̃(x̂) = 0`` is never accepted, one with ``q(x̂) = 0 < p̃(x̂)`` always.
+    Leviathan et al. 2023 Alg. 1 (``"sd"``), LANTERN Sec. 3 / LANTERN++ (relaxed rules).
+    Returns a :class:`Verdict`; sample the rejected position from :func:`residual`.
+    Raises :class:`UsageError` for mismatched shapes, a missing table, ``k >= V``.
+    """
+    table = _table(p, neighbours, rule)
+    if q.shape != p.shape:
+        raise UsageError(f"q has shape {tuple(q.shape)}, expected p's shape {tuple(p.shape)}")
+    _check_draft(p, draft)
+    _check_draft(p, u, "u")
+    idx = draft.long().unsqueeze(-1)
+    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in _prefix(p, idx, table, rule))
+    q_draft = q.gather(-1, idx).squeeze(-1)
+    accepted = u * q_draft < p_tilde
+    safe_q = torch.where(q_draft > 0, q_draft, torch.ones_like(q_draft))
+    accept_prob = torch.where(q_draft > 0, (p_tilde / safe_q).clamp(max=1.0), (p_tilde > 0).to(p.dtype))
+    return Verdict(accepted, accept_prob, p_draft, q_draft, p_tilde, j_star, spent)
+
+
+def _max_other(p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """``max_{v != x} p(v)`` for drafts (..., n) against p (..., V) -> (..., n)."""
+    top = p.topk(2, dim=-1)
+    first, second = top.values[..., :1], top.values[..., 1:]
+    return torch.where(drafts == top.indices[..., :1], second, first)
+
+
+def verify_greedy(
+    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule
+) -> Verdict:
+    """Greedy (temperature 0) verification: accept iff ``p̃(x̂) >= max_{v != x̂} p(v)``.
+
+    p: (..., V) float, the target's temperature-1 distribution after the filters (V >= 2);
+    draft: (...) int64; neighbours, rule as in :func:`verify` (``rule.residual`` is unused).
+    On rejection the decoder emits ``p.argmax(-1)``. With ``"sd"`` (or δ = 0 and no zero-mass
+    neighbours) this accepts exactly when ``x̂`` is an argmax of ``p``. LANTERN Sec. 3 (greedy).
+    Returns a :class:`Verdict` with ``q_draft = 1`` and ``accept_prob`` 0. or 1.
+    Raises :class:`UsageError` as :func:`verify`.
+    """
+    table = _table(p, neighbours, rule)
+    _check_draft(p, draft)
+    idx = draft.long().unsqueeze(-1)
+    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in _prefix(p, idx, table, rule))
+    accepted = p_tilde >= _max_other(p, idx).squeeze(-1)
+    return Verdict(accepted, accepted.to(p.dtype), p_draft, torch.ones_like(p_draft), p_tilde, j_star, spent)
+
+
+def _normalise(r: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """r (..., V) >= 0 -> r / sum(r), or p where r has no mass."""
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / torch.where(mass > 0, mass, torch.ones_like(mass)), p)
+
+
+def _exact_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(p - α, 0)) = norm(max(p - q, 0)) (see the module docstring), or p without mass."""
+    return _normalise((p - q).clamp_min(0.0), p)
+
+
+def _official_residual(p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tensor, table: torch.Tensor | None, rule: AcceptanceRule) -> torch.Tensor:
+    """p (..., V), draft and j_star (...) -> p zeroed at x̂ (and B_{k+1}(x̂) where j* >= 1), renormalised."""
+    keep = torch.ones_like(p, dtype=torch.bool)
+    if table is not None:
+        zap = table[:, : rule.k + 1][draft]  # (..., min(k+1, K))
+        keep.scatter_(-1, zap, (j_star == 0).unsqueeze(-1).expand_as(zap))
+    keep.scatter_(-1, draft.unsqueeze(-1), False)
+    return _normalise(p * keep, p)
+
+
+def residual(
+    p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule
+) -> torch.Tensor:
+    """The distribution to sample after rejecting ``draft``: (..., V), p's dtype, rows sum to 1.
+
+    p, q: (..., V) float; draft: (...) int64, the rejected tokens; neighbours as in
+    :func:`verify`. ``rule.residual == "exact"``: ``norm(max(p - α, 0))`` with
+    ``α(x) = min(q(x), p̃_x(x))``, which equals the standard ``norm(max(p - q, 0))`` (module
+    docstring; independent of ``draft`` and of the table);
+    ``"official"``: ``p`` zeroed at ``x̂`` and, when ``j* >= 1``, at the first ``k+1`` table
+    columns of ``x̂``, renormalised (the official LANTERN code; module docstring). A residual
+    with no mass falls back to ``p``. Call it only where a draft was rejected.
+    Raises :class:`UsageError` as :func:`verify`.
+    """
+    table = _table(p, neighbours, rule)
+    if q.shape != p.shape:
+        raise UsageError(f"q has shape {tuple(q.shape)}, expected p's shape {tuple(p.shape)}")
+    _check_draft(p, draft)
+    if rule.residual == "exact":
+        return _exact_residual(p, q)
+    idx = draft.long()
+    _, _, j_star, _ = _prefix(p, idx.unsqueeze(-1), table, rule)
+    return _official_residual(p, idx, j_star.squeeze(-1), table, rule)
+
+
+def output_distribution(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    neighbours: torch.Tensor | None,
+    rule: AcceptanceRule,
+    greedy: bool = False,
+) -> torch.Tensor:
+    """The exact distribution of the token one verification step emits: (..., V), p's dtype.
+
+    ``out(y) = Σ_x q(x) P(accept x) [y = x] + Σ_x q(x) (1 - P(accept x)) residual_x(y)``,
+    by enumeration over every draft x (no sampling). p, q: (..., V) float; with ``greedy`` q
+    is the distribution of the greedy draft (one-hot for a deterministic drafter),
+    ``P(accept x)`` is 0 or 1 as in :func:`verify_greedy` and a rejection emits ``argmax p``.
+    Compare with p, e.g. ``lantern.divergences.tvd(out, p)``, to see a rule's distortion;
+    ``"sd"``, or δ = 0 / k = 0 with the ``"exact"`` residual, give ``out == p``. The δ bound
+    holds per draft (``S_j* <= δ``), not for ``out``: with the exact residual
+    ``TVD(out, p) = Σ_y max(α(y) - p(y), 0) <= Σ_y min(max(q(y) - p(y), 0), δ)``, which can
+    exceed δ. Memory: (..., V, k) for p̃ of every draft, plus (..., V, V) for ``"official"``
+    (its residual depends on x).
+    Raises :class:`UsageError` as :func:`verify`.
+    """
+    table = _table(p, neighbours, rule)
+    if q.shape != p.shape:
+        raise UsageError(f"q has shape {tuple(q.shape)}, expected p's shape {tuple(p.shape)}")
+    every = torch.arange(p.shape[-1], device=p.device).expand(p.shape)
+    _, p_tilde_all, j_all, _ = _prefix(p, every, table, rule)
+    if greedy:
+        accept = (p_tilde_all >= _max_other(p, every)).to(p.dtype)
+        rejected = (q * (1 - accept)).sum(-1, keepdim=True)
+        top = torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
+        return q * accept + rejected * top
+    safe_q = torch.where(q > 0, q, torch.ones_like(q))
+    accept = torch.where(q > 0, (p_tilde_all / safe_q).clamp(max=1.0), torch.ones_like(q))
+    out = q * accept
+    weight = q * (1 - accept)  # (..., V): probability of drafting x and rejecting it
+    if rule.residual == "exact":
+        return out + weight.sum(-1, keepdim=True) * _exact_residual(p, q)
+    rows = p.unsqueeze(-2).expand(*p.shape, p.shape[-1])  # (..., V_x, V_y)
+    res = _official_residual(rows, every, j_all, table, rule)
+    return out + (weight.unsqueeze(-1) * res).sum(-2)
