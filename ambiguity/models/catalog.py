@@ -36,18 +36,26 @@ for _stage, _res in ((1, 256), (2, 512)):
              vq_file="vq_ds16_t2i.pt", repo=LLAMAGEN_T2I_REPO, stage=_stage, name=_name)))
 
 # Models behind transformers classes (adapters in their own modules; weights from --weights or the HF cache).
-register(ModelSpec("anole", "Anole-7b (Chameleon architecture, image generation), leloy/Anole-7b-v0.1-hf layout",
-                   "ambiguity.models.chameleon:load_chameleon", dict(repo="leloy/Anole-7b-v0.1-hf"),
+register(ModelSpec("anole", "Anole-7b (Chameleon architecture, image generation), 512 px (32x32 tokens); "
+                   "leloy/Anole-7b-v0.1-hf or GAIR/Anole-7b-v0.1 layout",
+                   "ambiguity.models.chameleon:load_chameleon",
+                   dict(repo="leloy/Anole-7b-v0.1-hf", alt_repos=("GAIR/Anole-7b-v0.1",), style="chameleon",
+                        resolution=512, name="anole"),
                    aliases=("anole-7b",)))
-register(ModelSpec("chameleon-7b", "Chameleon-7b (facebook/chameleon-7b)", "ambiguity.models.chameleon:load_chameleon",
-                   dict(repo="facebook/chameleon-7b")))
-register(ModelSpec("lumina-mgpt", "Lumina-mGPT 7B 768 px (Chameleon architecture)", "ambiguity.models.chameleon:load_chameleon",
-                   dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768")))
-register(ModelSpec("janus-pro-1b", "Janus-Pro-1B (deepseek-community/Janus-Pro-1B)", "ambiguity.models.janus:load_janus",
-                   dict(repo="deepseek-community/Janus-Pro-1B")))
-register(ModelSpec("janus-pro-7b", "Janus-Pro-7B (deepseek-community/Janus-Pro-7B)", "ambiguity.models.janus:load_janus",
+register(ModelSpec("chameleon-7b", "Chameleon-7b (facebook/chameleon-7b), 512 px (32x32 tokens)",
+                   "ambiguity.models.chameleon:load_chameleon",
+                   dict(repo="facebook/chameleon-7b", style="chameleon", resolution=512, name="chameleon-7b")))
+register(ModelSpec("lumina-mgpt", "Lumina-mGPT 7B 768 px (Chameleon architecture, 48x48 tokens + end-of-row tokens)",
+                   "ambiguity.models.chameleon:load_chameleon",
+                   dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768", style="lumina", resolution=768, name="lumina-mgpt")))
+register(ModelSpec("janus-pro-1b", "Janus-Pro-1B text-to-image, 384 px (24x24 tokens), transformers layout "
+                   "deepseek-community/Janus-Pro-1B", "ambiguity.models.janus:load_janus",
+                   dict(repo="deepseek-community/Janus-Pro-1B"), aliases=("janus-pro",)))
+register(ModelSpec("janus-pro-7b", "Janus-Pro-7B text-to-image, 384 px (24x24 tokens), transformers layout "
+                   "deepseek-community/Janus-Pro-7B", "ambiguity.models.janus:load_janus",
                    dict(repo="deepseek-community/Janus-Pro-7B")))
-register(ModelSpec("emu3-gen", "Emu3-Gen (BAAI/Emu3-Gen-hf)", "ambiguity.models.emu3:load_emu3",
-                   dict(repo="BAAI/Emu3-Gen-hf")))
+register(ModelSpec("emu3-gen", "Emu3-Gen text-to-image, 720 px (90x90 tokens, end-of-row tokens hidden), "
+                   "transformers layout BAAI/Emu3-Gen-hf", "ambiguity.models.emu3:load_emu3",
+                   dict(repo="BAAI/Emu3-Gen-hf"), aliases=("emu3",)))
 register(ModelSpec("text-twin", "Embedded text twin: the embedded model's architecture trained on KJV English prose",
                    "ambiguity.models.text_twin:load_text_twin", aliases=("embedded-text",)))

@@ -1,0 +1,498 @@
+"""Anole / Chameleon / Lumina-mGPT behind the toolkit's protocol, through transformers' Chameleon classes.
+
+:class:`ChameleonModel` wraps a ``transformers.ChameleonForConditionalGeneration`` (7B: 32
+layers, hidden 4096, vocabulary 65536 of which 8192 are image tokens) and, when its weights are
+found, the Chameleon VQGAN decoder (:mod:`ambiguity.models.chameleon_vqgan`).
+
+Image-token logits. transformers' ``forward`` sets every image-token logit to the dtype minimum
+(the released Chameleon does not generate images), so this adapter never calls it: it runs
+``lm.model`` (the decoder stack, final RMSNorm included) and multiplies the last hidden states by
+the ``lm_head`` rows of the image-token vocabulary ids, in float32.
+
+Vocabulary map. Image tokens are named ``IMGIMG<digits>Z`` in the model's vocabulary
+(``config.vocabulary_map``), the digits of code ``c`` spelled with the letters A..J for 0..9
+(code 10 -> ``IMGIMGBAZ``); :func:`image_token_ids_from_vocab` reads the map from those names.
+
+Prompt templates (conditional rows / unconditional CFG rows, left-padded with an attention mask;
+position ids count only real tokens, so a padded row computes what it would alone):
+
+* Anole / Chameleon (``facebookresearch/chameleon`` ``ImageDecoder``): ``<s> caption <racm3:break>``
+  / ``<s> <racm3:break>``; 32 x 32 tokens (512 px), no row separators, ``<eoss>`` after 1024.
+* Lumina-mGPT (``Alpha-VLLM/Lumina-mGPT`` FlexAR item processor and CFG processor): ``<s> Generate an
+  image of {W}x{H} according to the following prompt:\\n{caption}<reserved08706> <racm3:break> <h> <w>``
+  / ``<racm3:break> <h> <w>``, where ``<h>``/``<w>`` are ``<reserved{8800+n}>`` for n = side/32 (the
+  model would emit them itself; they are forced here); each row of side/16 image tokens is followed
+  by the end-of-row token ``<reserved08799>``, which :meth:`ChameleonModel.extend` inserts itself,
+  so callers only ever see image tokens.
+
+Checkpoints (``--weights`` or the local Hugging Face cache, never the network): the transformers
+layout (``leloy/Anole-7b-v0.1-hf``, ``facebook/chameleon-7b``, ``Alpha-VLLM/Lumina-mGPT-7B-*``) and
+Meta's release layout (``GAIR/Anole-7b-v0.1``), see :mod:`ambiguity.models.chameleon_weights`. The
+VQGAN decoder comes from ``model.vqmodel.decoder.*`` weights inside the checkpoint (leloy's
+conversion has them), else Meta's ``vqgan.ckpt`` + ``vqgan.yaml`` given by ``vqgan=`` or
+``$AMBIGUITY_CHAMELEON_VQGAN``, next to the weights (also in ``tokenizer/``), or in the local
+cache of the model's repo or of ``GAIR/Anole-7b-v0.1``; without it there are no pixels.
+
+Source: Chameleon Team, arXiv 2405.09818; Chern et al., Anole, arXiv 2407.06135; Liu et al.,
+Lumina-mGPT, arXiv 2408.02657; LANTERN (Jang et al., ICLR 2025) Sec. 3 uses Anole as a target.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
+from ambiguity.models.chameleon_vqgan import ChameleonVQGAN, load_vqgan, vqgan_config_from_hf, vqgan_from_state
+from ambiguity.models.chameleon_weights import build_lm, locate_checkpoint, read_checkpoint
+
+__all__ = ["ChameleonModel", "ChameleonCache", "ChameleonDraftLayer", "ImageTemplate", "load_chameleon",
+           "image_token_ids_from_vocab", "make_template", "crop_cache", "ANOLE_REPO", "ANOLE_META_REPO",
+           "CHAMELEON_REPO", "LUMINA_REPO", "VQGAN_ENV"]
+
+ANOLE_REPO = "leloy/Anole-7b-v0.1-hf"
+ANOLE_META_REPO = "GAIR/Anole-7b-v0.1"
+CHAMELEON_REPO = "facebook/chameleon-7b"
+LUMINA_REPO = "Alpha-VLLM/Lumina-mGPT-7B-768"
+VQGAN_ENV = "AMBIGUITY_CHAMELEON_VQGAN"  # path to vqgan.ckpt (or its folder) when it is elsewhere
+
+BOI, EOI = "<racm3:break>", "<eoss>"
+LUMINA_SEP, LUMINA_EOL = "<reserved08706>", "<reserved08799>"
+LUMINA_TEXT = "Generate an image of {width}x{height} according to the following prompt:\n{caption}"
+
+
+# --------------------------------------------------------------------------- vocabulary and template
+def image_token_ids_from_vocab(vocab: Mapping[str, int]) -> torch.Tensor:
+    """Vocabulary ids of the image tokens in code-index order, (V,) int64, from ``IMGIMG...Z`` names.
+
+    Raises UsageError when the vocabulary has no image tokens or their codes are not 0..V-1.
+    """
+    digits = {chr(ord("A") + i): str(i) for i in range(10)}
+    by_code: dict[int, int] = {}
+    for name, vid in vocab.items():
+        if name.startswith("IMGIMG") and name.endswith("Z"):
+            spelled = "".join(digits.get(ch, "?") for ch in name[len("IMGIMG"):-1])
+            if not spelled.isdigit():
+                raise UsageError(f"image token name {name!r} is not IMGIMG<letters A-J>Z; the vocabulary is not Chameleon's")
+            by_code[int(spelled)] = int(vid)
+    if not by_code:
+        raise UsageError("the model vocabulary has no IMGIMG image tokens; this is not a Chameleon-family checkpoint")
+    if sorted(by_code) != list(range(len(by_code))):
+        raise UsageError(f"image token codes are not 0..{len(by_code) - 1}; the vocabulary map is damaged")
+    return torch.tensor([by_code[c] for c in range(len(by_code))], dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class ImageTemplate:
+    """Token layout around one generated image (vocabulary ids); see the module docstring.
+
+    ``style``: ``"chameleon"`` (Anole, Chameleon) or ``"lumina"``. ``grid``: (h, w) image tokens.
+    ``eol``: Lumina's end-of-row id (None: no row separators). ``size_tokens``: Lumina's
+    ``<h> <w>`` ids after the image start. ``text``: format string for captions.
+    """
+
+    style: str
+    grid: tuple[int, int]
+    bos: int
+    boi: int
+    pad: int
+    sep: Optional[int] = None
+    eol: Optional[int] = None
+    size_tokens: tuple[int, ...] = ()
+    text: str = "{caption}"
+
+    def conditional(self, text_ids: Sequence[int]) -> list[int]:
+        """Prefix for a caption's text ids (no BOS in ``text_ids``)."""
+        sep = [self.sep] if self.sep is not None else []
+        return [self.bos, *text_ids, *sep, self.boi, *self.size_tokens]
+
+    def unconditional(self) -> list[int]:
+        """Prefix of the unconditional CFG row (Chameleon: BOS + image start; Lumina: from the image start)."""
+        return [self.boi, *self.size_tokens] if self.style == "lumina" else [self.bos, self.boi]
+
+    def describe(self) -> str:
+        return {"chameleon": "<s> {caption} <racm3:break> | uncond <s> <racm3:break>",
+                "lumina": "<s> " + self.text.replace("\n", "\\n") + "<reserved08706> <racm3:break> <h> <w> | "
+                          "uncond <racm3:break> <h> <w>; <reserved08799> after each row"}[self.style]
+
+
+def _need(vocab: Mapping[str, int], name: str) -> int:
+    if name not in vocab:
+        raise UsageError(f"the model vocabulary lacks {name}; this checkpoint is not a Chameleon-family model")
+    return int(vocab[name])
+
+
+def make_template(vocab: Mapping[str, int], bos: int, style: str = "chameleon", resolution: int = 512,
+                  downsample: int = 16) -> ImageTemplate:
+    """The :class:`ImageTemplate` of ``style`` for ``resolution`` px square images.
+
+    Raises UsageError for an unknown style, a resolution the model family cannot make, or a
+    vocabulary without the needed special tokens.
+    """
+    if resolution % (2 * downsample):
+        raise UsageError(f"resolution must be a multiple of {2 * downsample} px; got {resolution}")
+    side = resolution // downsample
+    pad = int(vocab.get("<pad>", bos))
+    if style == "chameleon":
+        return ImageTemplate("chameleon", (side, side), bos, _need(vocab, BOI), pad)
+    if style == "lumina":
+        size = _need(vocab, f"<reserved{8800 + resolution // (2 * downsample):05d}>")
+        return ImageTemplate("lumina", (side, side), bos, _need(vocab, BOI), pad, sep=_need(vocab, LUMINA_SEP),
+                             eol=_need(vocab, LUMINA_EOL), size_tokens=(size, size),
+                             text=LUMINA_TEXT.replace("{width}", str(resolution)).replace("{height}", str(resolution)))
+    raise UsageError(f"unknown Chameleon prompt style {style!r}; use chameleon or lumina")
+
+
+# --------------------------------------------------------------------------- transformers glue
+def _cache_kw(fn) -> str:
+    """transformers 5.x names the KV-cache argument ``cache``; 4.x ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
+
+
+def crop_cache(kv, length: int) -> None:
+    """Keep the first ``length`` positions of a transformers ``DynamicCache``."""
+    extra = kv.get_seq_length() - length
+    if extra > 0:
+        kv.crop(-extra)  # a negative argument removes that many positions (4.x and 5.x)
+
+
+class ChameleonCache:
+    """KV cache of one prompt batch: ``kv`` (DynamicCache), ``mask`` (rows, L) int64 over every
+    cached position, ``prefix`` (padded prompt length) and ``n`` (image tokens held)."""
+
+    def __init__(self, kv, mask: torch.Tensor, prefix: int):
+        self.kv, self.mask, self.prefix, self.n = kv, mask, prefix, 0
+
+
+class ChameleonDraftLayer(DraftLayer):
+    """One freshly initialised Chameleon decoder layer (Linear weights ~ N(0, initializer_range),
+    norms at identity) with its own rotary table and DynamicCache (EAGLE drafter layer).
+
+    ``forward(x (rows, T, H), cache, start)``: positions ``start..start+T-1`` are image-token
+    indices; only relative positions matter to rotary attention over the drafter's own cache.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers.models.chameleon import modeling_chameleon as mc
+
+        cfg = copy.deepcopy(config)
+        cfg._attn_implementation = "sdpa"  # the additive mask below suits sdpa and eager
+        layer_cls = mc.ChameleonSwinDecoderLayer if getattr(cfg, "swin_norm", False) else mc.ChameleonDecoderLayer
+        self.layer = layer_cls(cfg, layer_idx=0)
+        self.rotary = mc.ChameleonRotaryEmbedding(config=cfg)
+        for m in self.layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                torch.nn.init.normal_(m.weight, std=cfg.initializer_range)
+                if m.bias is not None:
+                    torch.nn.init.zeros_(m.bias)
+        self._kw = _cache_kw(self.layer.forward)
+
+    def new_cache(self, rows: int):
+        """An empty transformers DynamicCache (one layer, grows as needed)."""
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def rollback(self, cache, n: int) -> None:
+        """Keep the first ``n`` positions of the drafter's cache."""
+        crop_cache(cache, n)
+
+    def forward(self, x: torch.Tensor, cache, start: int) -> torch.Tensor:
+        """x (rows, T, H) at positions start..start+T-1 -> (rows, T, H); the cache is cut back to
+        ``start`` first (ValueError if it holds fewer positions)."""
+        rows, T, _ = x.shape
+        past = 0
+        if cache is not None:
+            crop_cache(cache, start)
+            past = cache.get_seq_length()
+            if past != start:
+                raise ValueError(f"draft cache holds {past} positions; cannot continue at {start}")
+        pos = torch.arange(start, start + T, device=x.device)[None].expand(rows, T)
+        allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+        mask = torch.zeros(T, past + T, dtype=x.dtype, device=x.device).masked_fill(~allowed, torch.finfo(x.dtype).min)
+        out = self.layer(x, attention_mask=mask[None, None], position_ids=pos, use_cache=cache is not None,
+                         position_embeddings=self.rotary(x, pos), **{self._kw: cache})
+        return out[0] if isinstance(out, tuple) else out
+
+
+# --------------------------------------------------------------------------- the adapter
+class ChameleonModel(TokenModel):
+    """A Chameleon-architecture target model (Anole, Chameleon, Lumina-mGPT); kind ``"t2i"``.
+
+    Args:
+        lm: ``transformers.ChameleonForConditionalGeneration`` in eval mode.
+        template: the prompt / image token layout (:func:`make_template`).
+        tokenizer: a ``tokenizers.Tokenizer`` for caption strings (None: captions must be given
+            as lists of text token ids).
+        vqgan: the VQGAN with its decoder for pixels, or None.
+        name: registry name.
+    """
+
+    kind = "t2i"
+
+    def __init__(self, lm, template: ImageTemplate, tokenizer=None, vqgan: Optional[ChameleonVQGAN] = None,
+                 name: str = "anole"):
+        cfg = lm.config
+        vocab = cfg.vocabulary_map or (tokenizer.get_vocab() if tokenizer is not None else None)
+        if not vocab:
+            raise UsageError("the checkpoint has neither a vocabulary_map in config.json nor a tokenizer.json")
+        self.lm, self.template, self.tokenizer, self.vqgan, self.name = lm.eval(), template, tokenizer, vqgan, name
+        w = lm.lm_head.weight
+        self.device, self.dtype = w.device, w.dtype
+        self.image_token_ids = image_token_ids_from_vocab(vocab).to(self.device)
+        if int(self.image_token_ids.max()) >= w.shape[0]:
+            raise UsageError("image token ids exceed the output head; config.json and the weights disagree")
+        self.grid, self.hidden_size = template.grid, cfg.hidden_size
+        self._head = w.detach()[self.image_token_ids].float()  # (V, H) float32 output rows of image tokens
+        self._kw = _cache_kw(lm.model.forward)
+
+    # ------------------------------------------------------------------ prompt
+    def text_ids(self, condition) -> list[int]:
+        """One caption (str) or its text token ids (ints, no BOS) -> text ids in the template."""
+        if isinstance(condition, str):
+            if self.tokenizer is None:
+                raise UsageError(f"{self.name}: no tokenizer.json next to the weights; give captions as token id lists")
+            return self.tokenizer.encode(self.template.text.replace("{caption}", condition),
+                                         add_special_tokens=False).ids
+        ids = [int(i) for i in (condition.tolist() if torch.is_tensor(condition) else condition)]
+        if any(i < 0 or i >= self.lm.config.vocab_size for i in ids):
+            raise UsageError(f"caption token ids must lie in 0..{self.lm.config.vocab_size - 1}")
+        return ids
+
+    def make_prompt(self, conditions: Sequence, cfg: bool = False) -> Prompt:
+        """Captions (strings, or lists of text token ids) -> left-padded prefix ids and mask.
+
+        ``inputs``: ``{"ids": (rows, P) int64, "mask": (rows, P) int64}``; with ``cfg`` the
+        unconditional rows follow the conditional ones. Raises UsageError for no captions.
+        """
+        conditions = list(conditions)
+        if not conditions:
+            raise UsageError("no captions given; pass a non-empty captions file")
+        rows = [self.template.conditional(self.text_ids(c)) for c in conditions]
+        if cfg:
+            rows += [self.template.unconditional()] * len(rows)
+        P = max(len(r) for r in rows)
+        ids = torch.full((len(rows), P), self.template.pad, dtype=torch.long)
+        mask = torch.zeros(len(rows), P, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, P - len(r):] = torch.tensor(r)
+            mask[i, P - len(r):] = 1
+        shown = [c if isinstance(c, str) else f"<token ids {i}>" for i, c in enumerate(conditions)]
+        return Prompt({"ids": ids.to(self.device), "mask": mask.to(self.device)}, len(conditions), cfg, shown)
+
+    # ----------------------------------------------------------------- decoding
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, kv) -> torch.Tensor:
+        """Forward ``ids`` (rows, S) after what ``kv`` holds; ``mask`` (rows, L + S) covers both.
+        Returns last hidden states (rows, S, H) (after the final norm)."""
+        past = mask.shape[1] - ids.shape[1]
+        pos = (mask.cumsum(1) - 1).clamp(min=0)[:, past:]
+        with torch.no_grad():
+            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=kv is not None,
+                                **{self._kw: kv})
+        return out.last_hidden_state
+
+    def _image_sequence(self, tokens: torch.Tensor, held: int) -> tuple[torch.Tensor, list[int]]:
+        """Code indices (rows, T) after ``held`` image tokens -> vocabulary ids with end-of-row
+        tokens inserted (rows, S), and for each token the index whose output predicts the next one."""
+        ids = self.to_vocab_ids(tokens)
+        eol = self.template.eol
+        if eol is None:
+            return ids, list(range(ids.shape[1]))
+        cols, take, w = [], [], self.grid[1]
+        for t in range(ids.shape[1]):
+            cols.append(ids[:, t])
+            if (held + t + 1) % w == 0:
+                cols.append(torch.full_like(ids[:, t], eol))
+            take.append(len(cols) - 1)
+        return torch.stack(cols, 1), take
+
+    def _positions_for(self, n: int) -> int:
+        return n + (n // self.grid[1] if self.template.eol is not None else 0)
+
+    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> ChameleonCache:
+        """An empty cache for ``prompt.rows`` rows (a transformers DynamicCache grows as needed)."""
+        from transformers import DynamicCache
+
+        return ChameleonCache(DynamicCache(), prompt.inputs["mask"][:, :0], prompt.inputs["ids"].shape[1])
+
+    def prefill(self, prompt: Prompt, cache: ChameleonCache) -> Step:
+        """Run the padded prefix; Step with T = 1 (logits (rows, 1, V) float32, hidden (rows, 1, H))."""
+        from transformers import DynamicCache
+
+        cache.kv, cache.mask, cache.n = DynamicCache(), prompt.inputs["mask"], 0
+        h = self._run(prompt.inputs["ids"], cache.mask, cache.kv)[:, -1:]
+        return Step(self.head(h), h)
+
+    def extend(self, cache: ChameleonCache, tokens: torch.Tensor) -> Step:
+        """Append image tokens (rows, T) int64 code indices -> T next-token Steps.
+
+        With row separators (Lumina-mGPT) the end-of-row token is fed after every ``grid[1]``-th
+        image token, and the Step of that token is taken at the separator's position (the
+        distribution of the first token of the next row). Raises ValueError on a row mismatch.
+        """
+        if tokens.shape[0] != cache.mask.shape[0]:
+            raise ValueError(f"tokens have {tokens.shape[0]} rows; the cache has {cache.mask.shape[0]}")
+        seq, take = self._image_sequence(tokens.to(self.device), cache.n)
+        mask = torch.cat([cache.mask, torch.ones_like(seq)], 1)
+        h = self._run(seq, mask, cache.kv)[:, take]
+        cache.mask, cache.n = mask, cache.n + tokens.shape[1]
+        return Step(self.head(h), h)
+
+    def rollback(self, cache: ChameleonCache, n: int) -> None:
+        """Keep the prefix and the first ``n`` image tokens (with their row separators); ValueError if n > held."""
+        if not 0 <= n <= cache.n:
+            raise ValueError(f"cannot roll back to {n} image tokens; the cache holds {cache.n}")
+        keep = cache.prefix + self._positions_for(n)
+        crop_cache(cache.kv, keep)
+        cache.mask, cache.n = cache.mask[:, :keep], n
+
+    def cache_tokens(self, cache: ChameleonCache) -> int:
+        """Image tokens held after the prefix (row separators not counted)."""
+        return cache.n
+
+    def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
+        """One cache-free forward over prefix + ``tokens[:, :-1]`` (end-of-row tokens inserted)."""
+        seq, take = self._image_sequence(tokens[:, :-1].to(self.device), 0)
+        ids = torch.cat([prompt.inputs["ids"], seq], 1)
+        mask = torch.cat([prompt.inputs["mask"], torch.ones_like(seq)], 1)
+        P = prompt.inputs["ids"].shape[1]
+        h = self._run(ids, mask, None)[:, [P - 1] + [P + t for t in take]]
+        return Step(self.head(h), h)
+
+    # ------------------------------------------------------------------ drafter
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Input embeddings of image tokens: (rows, T) code indices -> (rows, T, H) in the model dtype."""
+        return self.lm.model.embed_tokens(self.to_vocab_ids(tokens.to(self.device)))
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Image-token logits (..., V) float32 = hidden @ lm_head.weight[image_token_ids].T."""
+        return hidden.float() @ self._head.t()
+
+    def draft_layer(self) -> ChameleonDraftLayer:
+        """A freshly initialised decoder layer of this architecture on the model's device and dtype."""
+        return ChameleonDraftLayer(self.lm.config).to(self.device, self.dtype)
+
+    # ----------------------------------------------------------------- codebook
+    def codebook(self) -> torch.Tensor:
+        """VQ codebook (8192, 256) float32 in code order: ``model.vqmodel.quantize.embedding`` (else the VQGAN's)."""
+        vq = getattr(self.lm.model, "vqmodel", None)
+        if vq is not None:
+            return vq.quantize.embedding.weight.detach().float()
+        if self.vqgan is not None:
+            return self.vqgan.codebook().detach().float()
+        raise NotImplementedError(f"{self.name}: the checkpoint has no VQ codebook (model.vqmodel) and no vqgan.ckpt")
+
+    def input_embeddings(self) -> torch.Tensor:
+        """Input-embedding rows of the image tokens, (V, H) float32 in code order."""
+        return self.lm.model.embed_tokens.weight.detach()[self.image_token_ids].float()
+
+    def output_embeddings(self) -> torch.Tensor:
+        """``lm_head`` rows of the image tokens, (V, H) float32 in code order."""
+        return self._head
+
+    @property
+    def can_decode(self) -> bool:
+        return self.vqgan is not None
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        f = self.vqgan.config.downsample if self.vqgan is not None else 16
+        return (3, self.grid[0] * f, self.grid[1] * f)
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Code grids (B, h, w) int64 -> images (B, 3, 16h, 16w) float32 in [0, 1] through the VQGAN
+        decoder; NotImplementedError without vqgan.ckpt."""
+        if self.vqgan is None:
+            raise NotImplementedError(f"{self.name}: no VQGAN decoder (vqgan.ckpt + vqgan.yaml) found; put them next to "
+                                      f"the weights or set {VQGAN_ENV}")
+        with torch.no_grad():
+            x = self.vqgan.decode_codes(codes)
+        return ((x.float() + 1) / 2).clamp(0, 1)
+
+    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
+        """Images (B, 3, H, W) in [0, 1] -> code grids (B, H/16, W/16) int64 (VQGAN or transformers' encoder)."""
+        x = images * 2 - 1
+        with torch.no_grad():
+            if self.vqgan is not None:
+                return self.vqgan.encode(x.to(self.vqgan.quant_conv.weight.device, torch.float32))
+            vq = getattr(self.lm.model, "vqmodel", None)
+            if vq is None:
+                raise NotImplementedError(f"{self.name}: no VQ encoder in the checkpoint")
+            w = vq.quant_conv.weight
+            codes = vq.encode(x.to(w.device, w.dtype)).image_tokens
+        f = 2 ** (len(self.lm.config.vq_config.channel_multiplier) - 1)
+        return codes.view(images.shape[0], images.shape[2] // f, images.shape[3] // f)
+
+    def describe(self) -> dict:
+        """Summary facts plus parameter count (without the VQ model), prompt template and pixel support."""
+        d = super().describe()
+        d.update(parameters=sum(p.numel() for n, p in self.lm.named_parameters() if ".vqmodel." not in n),
+                 template=self.template.describe(), can_decode=self.can_decode)
+        return d
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _find_vqgan(vqgan, folders: Sequence[Path], repos: Sequence[str], fallback_config, device) -> Optional[ChameleonVQGAN]:
+    """Meta's vqgan.ckpt: the explicit path (or $AMBIGUITY_CHAMELEON_VQGAN), else next to the
+    weights, else in the local Hugging Face cache of ``repos``; None when nowhere."""
+    from ambiguity.models.hub import find_weight
+
+    explicit = vqgan if vqgan is not None else os.environ.get(VQGAN_ENV)
+    if explicit:
+        p = Path(explicit).expanduser()
+        p = p / "vqgan.ckpt" if p.is_dir() else p
+        if not p.is_file():
+            raise UsageError(f"VQGAN checkpoint {p} does not exist; pass the path of Meta's vqgan.ckpt")
+        cands = [p]
+    else:
+        cands = [d / "vqgan.ckpt" for d in folders] + \
+                [find_weight(f, r) for r in repos for f in ("tokenizer/vqgan.ckpt", "vqgan.ckpt")]
+    for c in cands:
+        if c is not None and Path(c).is_file():
+            c = Path(c)
+            cfg = None if (c.parent / "vqgan.yaml").is_file() else fallback_config
+            return load_vqgan(c, cfg, device)
+    return None
+
+
+def load_chameleon(weights=None, device="cpu", dtype=torch.float32, *, repo: str = ANOLE_REPO,
+                   alt_repos: Sequence[str] = (), style: Optional[str] = None, resolution: Optional[int] = None,
+                   vqgan: Optional[str | Path] = None, name: Optional[str] = None) -> ChameleonModel:
+    """Load Anole / Chameleon / Lumina-mGPT (see :data:`ambiguity.models.catalog`).
+
+    ``weights``: a checkpoint folder in either layout (module docstring); else the local Hugging
+    Face cache of ``repo`` then ``alt_repos``. ``style``: ``"chameleon"`` or ``"lumina"`` (default:
+    from the repo name). ``resolution``: image side in px (Anole/Chameleon 512; Lumina-mGPT from the
+    repo suffix, else 768). ``vqgan``: Meta's ``vqgan.ckpt`` when it is not next to the weights.
+    Raises WeightsNotFoundError (absent weights, naming ``repo``) or UsageError (mismatch).
+    """
+    name = name or repo.split("/")[-1].lower()
+    style = style or ("lumina" if "lumina" in repo.lower() else "chameleon")
+    if resolution is None:
+        resolution = next((r for r in (512, 768, 1024) if repo.endswith(f"-{r}")), 768) if style == "lumina" else 512
+    root = locate_checkpoint(repo, alt_repos, weights, name)
+    config, state, tok_file, folders = read_checkpoint(root, device)
+    lm, vq_state = build_lm(config, state, device, dtype, f"{root}")
+    del state  # consumed by build_lm
+    hf_vq = vqgan_config_from_hf(lm.config.vq_config)
+    vq = None
+    if vqgan is None and any(k.startswith("decoder.") for k in vq_state):
+        vq = vqgan_from_state(vq_state, hf_vq, f"{root} model.vqmodel", device)
+    if vq is None:
+        vq = _find_vqgan(vqgan, folders, (repo, *alt_repos, ANOLE_META_REPO), hf_vq, device)
+    tokenizer = None
+    if tok_file is not None:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tok_file))
+    vocab = lm.config.vocabulary_map or (tokenizer.get_vocab() if tokenizer is not None else {})
+    bos = lm.config.bos_token_id if lm.config.bos_token_id is not None else int(vocab.get("<s>", 0))
+    template = make_template(vocab, int(bos), style, resolution, 2 ** (len(hf_vq.ch_mult) - 1))
+    return ChameleonModel(lm, template, tokenizer, vq, name=name)
