@@ -50,12 +50,12 @@ register(ModelSpec("lumina-mgpt", "Lumina-mGPT 7B 768 px (Chameleon architecture
                    dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768", style="lumina", resolution=768, name="lumina-mgpt")))
 register(ModelSpec("janus-pro-1b", "Janus-Pro-1B text-to-image, 384 px (24x24 tokens), transformers layout "
                    "deepseek-community/Janus-Pro-1B", "ambiguity.models.janus:load_janus",
-                   dict(repo="deepseek-community/Janus-Pro-1B"), aliases=("janus-pro",)))
+                   dict(repo="deepseek-community/Janus-Pro-1B", name="janus-pro-1b"), aliases=("janus-pro",)))
 register(ModelSpec("janus-pro-7b", "Janus-Pro-7B text-to-image, 384 px (24x24 tokens), transformers layout "
                    "deepseek-community/Janus-Pro-7B", "ambiguity.models.janus:load_janus",
-                   dict(repo="deepseek-community/Janus-Pro-7B")))
+                   dict(repo="deepseek-community/Janus-Pro-7B", name="janus-pro-7b")))
 register(ModelSpec("emu3-gen", "Emu3-Gen text-to-image, 720 px (90x90 tokens, end-of-row tokens hidden), "
                    "transformers layout BAAI/Emu3-Gen-hf", "ambiguity.models.emu3:load_emu3",
-                   dict(repo="BAAI/Emu3-Gen-hf"), aliases=("emu3",)))
+                   dict(repo="BAAI/Emu3-Gen-hf", name="emu3-gen"), aliases=("emu3",)))
 register(ModelSpec("text-twin", "Embedded text twin: the embedded model's architecture trained on KJV English prose",
                    "ambiguity.models.text_twin:load_text_twin", aliases=("embedded-text",)))

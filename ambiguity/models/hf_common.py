@@ -1,0 +1,400 @@
+"""Shared machinery for target models that live behind ``transformers`` classes.
+
+Janus / Janus-Pro, Emu3 and any Hugging Face causal LM (``--model hf:<repo>``) are thin
+adapters over a transformers *decoder* (the base model that returns the last hidden states
+after the final norm: ``LlamaModel``, ``Emu3TextModel``, ``GPT2Model`` ...). What they share
+lives here so the Chameleon/Anole adapter can use it too:
+
+* :class:`HFCache` - a ``transformers.DynamicCache`` plus the 2D attention mask of everything it
+  holds; rollback crops both (:meth:`HFCache.crop`, counted in cache positions).
+* :func:`run_decoder` - one decoder call with left-padding-aware position ids, with or without
+  a cache.
+* :class:`HFTokenModel` - the decoding half of :class:`~ambiguity.models.base.TokenModel`
+  (``new_cache``/``prefill``/``extend``/``rollback``/``teacher_force``) for any adapter that can
+  embed its prefix and its image tokens; adapters that insert layout tokens between image tokens
+  (Emu3's end-of-row) override :meth:`HFTokenModel.expand` and
+  :meth:`HFTokenModel.cache_positions`.
+* :class:`HFDraftLayer` - one freshly initialised decoder layer of the target's architecture
+  (built from its config) wrapped to the :class:`~ambiguity.models.base.DraftLayer` interface,
+  with its own ``DynamicCache`` and rotary positions.
+* :func:`load_pretrained` / :func:`load_tokenizer` - offline loading from ``--weights`` or the
+  local Hugging Face cache (:mod:`ambiguity.models.hub`); absent weights raise
+  :class:`~ambiguity.errors.WeightsNotFoundError` naming the repo id to download.
+
+Rows follow the toolkit's CFG layout (conditional rows, then unconditional rows). Prompts of
+different lengths are left-padded; padded positions get attention-mask 0 and the position ids
+of real tokens count from 0 in every row (``cumsum(mask) - 1``), so a padded row computes what
+the same prompt computes alone.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from ambiguity.errors import UsageError
+from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
+
+__all__ = ["HFCache", "HFTokenModel", "HFDraftLayer", "cache_kwarg", "new_dynamic_cache", "run_decoder",
+           "left_pad_ids", "position_ids", "decoder_layers", "new_decoder_layer", "load_pretrained",
+           "load_tokenizer", "rows_of", "token_id", "make_draft_layer", "crop_dynamic_cache", "local_dir"]
+
+
+# --------------------------------------------------------------------------- caches
+def cache_kwarg(fn) -> str:
+    """Name of the KV-cache argument of a transformers ``forward``: ``"cache"`` (transformers >= 5.2x)
+    or ``"past_key_values"`` (earlier releases)."""
+    params = inspect.signature(fn).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def new_dynamic_cache(config=None):
+    """An empty ``transformers.DynamicCache`` (layer types from ``config`` when given)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config) if config is not None else DynamicCache()
+    except TypeError:  # older transformers without the config argument
+        return DynamicCache()
+
+
+def crop_dynamic_cache(kv, length: int) -> None:
+    """Keep the first ``length`` positions of a DynamicCache (no-op when it holds no more).
+
+    Uses ``crop(-k)`` (remove ``k`` positions), which means the same in every transformers release
+    that has ``DynamicCache.crop``. Raises ValueError when ``length`` exceeds what the cache holds.
+    """
+    held = kv.get_seq_length()
+    if length > held:
+        raise ValueError(f"cannot crop a cache holding {held} positions to {length}")
+    if held > length:
+        kv.crop(length - held)
+
+
+class HFCache:
+    """A ``DynamicCache`` of a transformers decoder plus what the adapter needs around it.
+
+    Attributes:
+        kv: the ``transformers.DynamicCache``.
+        mask: (rows, L) int64 attention mask of the L cached positions (0 at left padding).
+        prefix: number of cached positions that belong to the prompt (the padded prefix length).
+        tokens: number of image tokens held after the prefix.
+    """
+
+    def __init__(self, kv, rows: int, device: torch.device):
+        self.kv = kv
+        self.mask = torch.zeros(rows, 0, dtype=torch.long, device=device)
+        self.prefix = 0
+        self.tokens = 0
+
+    @property
+    def length(self) -> int:
+        """Cached positions, prefix included."""
+        return int(self.mask.shape[1])
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` cached positions (KV tensors and mask)."""
+        crop_dynamic_cache(self.kv, length)
+        self.mask = self.mask[:, :length]
+
+
+def position_ids(mask: torch.Tensor, past: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Position ids (rows, T) int64 for new positions with mask (rows, T) after ``past`` (rows, L).
+
+    A position's id is the number of attended positions before it, so left padding does not shift
+    the positions of real tokens; padded positions get 0.
+    """
+    before = past.sum(1, keepdim=True) if past is not None and past.numel() else 0
+    return (before + mask.cumsum(1) - 1).clamp(min=0)
+
+
+def run_decoder(decoder: nn.Module, embeds: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                cache: Optional[HFCache] = None) -> torch.Tensor:
+    """One call of a transformers decoder on ``embeds`` (rows, T, H); returns hidden (rows, T, H).
+
+    ``mask`` (rows, T) marks real (1) and padded (0) positions (all real when None). With a
+    ``cache`` the new positions attend to everything cached (its mask is extended in place);
+    without one the call is a plain full forward. The hidden states are the decoder's
+    ``last_hidden_state`` (after the final norm), in the model's dtype.
+    """
+    rows, T = embeds.shape[:2]
+    if mask is None:
+        mask = torch.ones(rows, T, dtype=torch.long, device=embeds.device)
+    mask = mask.long()
+    past = cache.mask if cache is not None else None
+    full = torch.cat([past, mask], 1) if past is not None else mask
+    kwargs: dict[str, Any] = dict(inputs_embeds=embeds, attention_mask=full, position_ids=position_ids(mask, past),
+                                  use_cache=cache is not None)
+    if cache is not None:
+        kwargs[cache_kwarg(decoder.forward)] = cache.kv
+    out = decoder(**kwargs)
+    if cache is not None:
+        cache.mask = full
+    return out.last_hidden_state
+
+
+def left_pad_ids(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id lists -> (ids (rows, P) int64, mask (rows, P) int64), left-padded with ``pad_id``."""
+    P = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), P), int(pad_id), dtype=torch.long)
+    mask = torch.zeros(len(seqs), P, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, P - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, P - len(s):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def rows_of(conditions, what: str = "captions") -> list[str]:
+    """User conditions -> list of strings; UsageError for tensors, non-strings or an empty list."""
+    if torch.is_tensor(conditions):
+        raise UsageError(f"this model takes text {what}, not a tensor; pass a list of strings")
+    items = [conditions] if isinstance(conditions, str) else list(conditions)
+    if not items:
+        raise UsageError(f"no {what} given; pass at least one (one per line in the {what} file)")
+    bad = [c for c in items if not isinstance(c, str)]
+    if bad:
+        raise UsageError(f"{what} must be strings, got {type(bad[0]).__name__}; pass text, e.g. from a {what} file")
+    return items
+
+
+def token_id(tokenizer, token: str, what: str) -> int:
+    """Vocabulary id of a special token string; UsageError when the tokenizer lacks it."""
+    i = tokenizer.convert_tokens_to_ids(token)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if i is None or (unk is not None and i == unk and token != getattr(tokenizer, "unk_token", None)):
+        raise UsageError(f"the tokenizer has no {what} token {token!r}; pass the checkpoint's own tokenizer files")
+    return int(i)
+
+
+# --------------------------------------------------------------------------- the protocol's decoding half
+class HFTokenModel(TokenModel):
+    """Decoding calls of :class:`TokenModel` for adapters over a transformers decoder.
+
+    Subclasses set ``self.decoder`` (the base model returning ``last_hidden_state``),
+    ``self.text_embeddings`` (the ``nn.Embedding`` of prompt tokens) and implement
+    :meth:`embed`, :meth:`head` and :meth:`make_prompt` (``prompt.inputs`` = ``{"ids": (rows, P),
+    "mask": (rows, P)}``, left-padded vocabulary ids). Image tokens enter the decoder through
+    :meth:`expand`, which may interleave layout tokens (then :meth:`cache_positions` counts them).
+    """
+
+    decoder: nn.Module
+    text_embeddings: nn.Module
+    max_positions: Optional[int] = None
+
+    # ----------------------------------------------------------- layout hooks
+    def expand(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Image tokens (rows, T) code indices at image positions ``start..start+T-1`` ->
+        (decoder input embeddings (rows, T', H), pick (T,) int64): ``pick[t]`` is the index among the
+        T' inputs whose output predicts the image token after ``tokens[:, t]``. Default: T' = T."""
+        return self.embed(tokens), torch.arange(tokens.shape[1], device=tokens.device)
+
+    def cache_positions(self, n: int) -> int:
+        """Cache positions taken by the first ``n`` image tokens (layout tokens included)."""
+        return n
+
+    # ----------------------------------------------------------------- calls
+    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> HFCache:
+        """An empty :class:`HFCache` for ``prompt.rows`` rows. UsageError when the prompt plus
+        ``max_new_tokens`` image tokens (default: one image) exceed the model's positions."""
+        n = self.num_tokens if max_new_tokens is None else int(max_new_tokens)
+        need = prompt.inputs["ids"].shape[1] + self.cache_positions(n)
+        if self.max_positions and need > self.max_positions:
+            raise UsageError(f"{self.name}: prompt plus {n} tokens need {need} positions but the model has "
+                             f"{self.max_positions}; shorten the prompts or generate fewer tokens")
+        return HFCache(new_dynamic_cache(getattr(self.decoder, "config", None)), prompt.rows, self.device)
+
+    @torch.no_grad()
+    def prefill(self, prompt: Prompt, cache: HFCache) -> Step:
+        """Run the (left-padded) prompt; Step with T = 1: logits (rows, 1, V) float32, hidden (rows, 1, H)."""
+        cache.crop(0)
+        ids, mask = prompt.inputs["ids"], prompt.inputs["mask"]
+        h = run_decoder(self.decoder, self.text_embeddings(ids), mask, cache)[:, -1:]
+        cache.prefix, cache.tokens = ids.shape[1], 0
+        return Step(self.head(h), h)
+
+    @torch.no_grad()
+    def extend(self, cache: HFCache, tokens: torch.Tensor) -> Step:
+        """Append code indices (rows, T) (plus any layout tokens); T next-token distributions."""
+        embeds, pick = self.expand(tokens.to(self.device), cache.tokens)
+        h = run_decoder(self.decoder, embeds, None, cache)[:, pick]
+        cache.tokens += tokens.shape[1]
+        return Step(self.head(h), h)
+
+    def rollback(self, cache: HFCache, n: int) -> None:
+        """Keep the prompt and the first ``n`` image tokens (``DynamicCache`` crop by
+        :meth:`cache_positions`); ValueError when ``n`` exceeds what the cache holds."""
+        if not 0 <= n <= cache.tokens:
+            raise ValueError(f"rollback to {n} image tokens but the cache holds {cache.tokens}")
+        cache.crop(cache.prefix + self.cache_positions(n))
+        cache.tokens = n
+
+    def cache_tokens(self, cache: HFCache) -> int:
+        """Image tokens held after the prompt (layout tokens not counted)."""
+        return cache.tokens
+
+    @torch.no_grad()
+    def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
+        """One full forward (no cache) over the prompt and ``tokens[:, :-1]``; see TokenModel."""
+        ids, mask = prompt.inputs["ids"], prompt.inputs["mask"]
+        P = ids.shape[1]
+        embeds, pick = self.expand(tokens[:, :-1].to(self.device), 0)
+        full = torch.cat([self.text_embeddings(ids), embeds.to(self.dtype)], 1)
+        ones = torch.ones(mask.shape[0], embeds.shape[1], dtype=mask.dtype, device=mask.device)
+        full_mask = torch.cat([mask, ones], 1)
+        h = run_decoder(self.decoder, full, full_mask)
+        hidden = torch.cat([h[:, P - 1:P], h[:, P + pick]], 1)
+        return Step(self.head(hidden), hidden)
+
+    def describe(self) -> dict:
+        """TokenModel facts plus ``parameters``: the decoder's parameter count."""
+        d = super().describe()
+        d["parameters"] = sum(p.numel() for p in self.decoder.parameters())
+        return d
+
+
+# --------------------------------------------------------------------------- drafter layer
+def decoder_layers(decoder: nn.Module) -> nn.ModuleList:
+    """The ModuleList of decoder layers of a transformers base model (``layers``, ``h``, ``blocks``)."""
+    for name in ("layers", "h", "blocks", "layer", "decoder_layers"):
+        mods = getattr(decoder, name, None)
+        if isinstance(mods, nn.ModuleList) and len(mods):
+            return mods
+    raise NotImplementedError(f"cannot find the decoder layers of {type(decoder).__name__}")
+
+
+def new_decoder_layer(decoder: nn.Module, config) -> nn.Module:
+    """A freshly initialised layer of the same class as ``decoder``'s layers, built from ``config``.
+
+    Linear weights ~ N(0, ``config.initializer_range``), biases 0, norms at their defaults
+    (the transformers initialisation of these architectures).
+    """
+    cls = type(decoder_layers(decoder)[0])
+    params = inspect.signature(cls.__init__).parameters
+    layer = cls(config, layer_idx=0) if "layer_idx" in params else cls(config)
+    std = float(getattr(config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for mod in layer.modules():
+            w = getattr(mod, "weight", None)
+            if isinstance(w, nn.Parameter) and w.ndim == 2:
+                w.normal_(0.0, std)
+            b = getattr(mod, "bias", None)
+            if isinstance(b, nn.Parameter) and isinstance(w, nn.Parameter) and w.ndim == 2:
+                b.zero_()
+    return layer
+
+
+class HFDraftLayer(DraftLayer):
+    """One decoder layer of a transformers architecture for EAGLE-style drafters.
+
+    ``forward(x, cache, start)``: x (rows, T, H) features at image-token positions
+    ``start..start+T-1`` -> (rows, T, H). Rotary models get position ids ``start + t`` through a
+    copy of the target's rotary module (attention depends only on position differences, so the
+    target's prefix length does not matter); absolute-position models (GPT-2) get none inside a
+    layer. The cache is a ``DynamicCache``; a ``start`` below what it holds rolls it back first.
+    """
+
+    def __init__(self, layer: nn.Module, rotary: Optional[nn.Module] = None):
+        super().__init__()
+        self.layer = layer
+        # kept out of the module tree so that .to(bfloat16) does not round the float32 inverse
+        # frequencies: the layer keeps the target's exact rotary frequencies; moved to x's device on use
+        self._rotary = (rotary,)
+        self._cache_kw = cache_kwarg(layer.forward)
+        self._takes_pe = "position_embeddings" in inspect.signature(layer.forward).parameters
+
+    def new_cache(self, rows: int):
+        """An empty ``DynamicCache`` (its batch size is set by the first forward)."""
+        return new_dynamic_cache()
+
+    def rollback(self, cache, n: int) -> None:
+        """Keep the first ``n`` positions of the layer's cache."""
+        crop_dynamic_cache(cache, n)
+
+    def forward(self, x: torch.Tensor, cache, start: int) -> torch.Tensor:
+        rows, T = x.shape[:2]
+        past = 0
+        if cache is not None:
+            held = cache.get_seq_length()
+            if start > held:
+                raise ValueError(f"draft layer cache holds {held} positions; cannot start at {start}")
+            crop_dynamic_cache(cache, start)
+            past = start
+        q = torch.arange(T, device=x.device)[:, None] + past
+        k = torch.arange(past + T, device=x.device)[None, :]
+        mask = torch.zeros(T, past + T, dtype=x.dtype, device=x.device)
+        mask = mask.masked_fill(k > q, torch.finfo(x.dtype).min)[None, None].expand(rows, 1, T, past + T)
+        pos = (torch.arange(T, device=x.device) + start)[None].expand(rows, T)
+        kwargs: dict[str, Any] = dict(attention_mask=mask, position_ids=pos, use_cache=cache is not None)
+        kwargs[self._cache_kw] = cache
+        rotary = self._rotary[0]
+        if rotary is not None and self._takes_pe:
+            if next(rotary.buffers()).device != x.device:
+                rotary.to(x.device)
+            kwargs["position_embeddings"] = rotary(x, pos)
+        out = self.layer(x, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def make_draft_layer(decoder: nn.Module, config, device, dtype) -> HFDraftLayer:
+    """:class:`HFDraftLayer` from ``decoder``'s layer class and ``config`` (sdpa attention)."""
+    config = copy.deepcopy(config)
+    try:
+        config._attn_implementation = "sdpa"
+    except Exception:  # pragma: no cover - configs without the setter
+        pass
+    rotary = getattr(decoder, "rotary_emb", None)
+    rotary = copy.deepcopy(rotary).to(device) if rotary is not None else None
+    return HFDraftLayer(new_decoder_layer(decoder, config), rotary).to(device=device, dtype=dtype).eval()
+
+
+# --------------------------------------------------------------------------- loading
+def local_dir(repo: str, weights=None) -> Optional[Path]:
+    """``weights``, or ``repo`` itself when it names an existing directory; else None."""
+    if weights is not None:
+        return Path(weights).expanduser()
+    p = Path(repo).expanduser()
+    return p if p.is_dir() else None
+
+
+def load_pretrained(model_cls, repo: str, weights=None, device="cpu", dtype=torch.float32, name: str = ""):
+    """``model_cls.from_pretrained`` from ``weights`` (a directory) or the local HF cache of ``repo``.
+
+    Never downloads. Returns the model in eval mode with gradients off, on ``device`` in ``dtype``.
+    Raises WeightsNotFoundError (one line naming ``repo``) when absent, UsageError when the
+    files do not load as ``model_cls``.
+    """
+    from ambiguity.models.hub import hf_snapshot_dir
+
+    import importlib.util
+
+    path = hf_snapshot_dir(repo, local_dir(repo, weights), model=name or repo)
+    kwargs = dict(dtype=dtype, local_files_only=True)
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("accelerate") is not None:
+        kwargs["device_map"] = str(device)  # load shards straight onto the GPU
+    try:
+        model = model_cls.from_pretrained(str(path), **kwargs)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"{name or repo}: {path} does not load as {model_cls.__name__} ({msg}); "
+                         f"check that --model matches the checkpoint") from None
+    return model.to(device).eval().requires_grad_(False)
+
+
+def load_tokenizer(repo: str, weights=None, name: str = ""):
+    """``AutoTokenizer`` from the same place as :func:`load_pretrained` (offline)."""
+    from transformers import AutoTokenizer
+
+    from ambiguity.models.hub import hf_snapshot_dir
+
+    path = hf_snapshot_dir(repo, local_dir(repo, weights), model=name or repo)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"{name or repo}: no usable tokenizer in {path} ({msg}); "
+                         f"download the full repository") from None
