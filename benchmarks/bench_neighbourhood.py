@@ -1,0 +1,166 @@
+"""Exact k-nearest-neighbour tables of codebook-shaped matrices: our builder vs two baselines.
+
+Not a test. Times, in one run on this machine, the exact k = 1000 l2 neighbours of every row of
+random codebooks shaped like LlamaGen's VQ-16 (16384 x 8), Chameleon/Anole's VQGAN (8192 x 256)
+and Emu3's (32768 x 4):
+
+* ``ours``: :func:`ambiguity.neighbourhood.exact_knn` (FAISS brute force in row blocks);
+* ``official``: the approach of the official LANTERN code: the full pairwise distance matrix
+  (``torch.cdist``), the diagonal set to +inf, a full sort of every row, the first k kept.
+  When N x N distances plus the sort's outputs (16 bytes per entry) exceed ``--official-bytes``
+  the same computation runs in row blocks (the table says so);
+* ``sklearn``: ``sklearn.neighbors.NearestNeighbors(algorithm="brute")`` with k + 1 neighbours,
+  self removed.
+
+All three must return the same neighbour sets up to ties at the k-th distance (checked against
+float64 distances). Prints a table of seconds and ratios (baseline / ours) and writes JSON to
+``benchmarks/results/bench_neighbourhood.json``. CPU heavy (minutes): run it alone, e.g.
+``nohup python benchmarks/bench_neighbourhood.py > bench.log 2>&1 &``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = {"llamagen-vq16": (16384, 8), "chameleon-vqgan": (8192, 256), "emu3-vq": (32768, 4)}
+
+
+def official_knn(x: torch.Tensor, k: int, max_bytes: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """cdist, +inf diagonal, full row sort, first k; in row blocks when N x N x 16 B > max_bytes."""
+    n = x.shape[0]
+    rows = n if n * n * 16 <= max_bytes else max(1, max_bytes // (n * 16))
+    I = torch.empty(n, k, dtype=torch.long)
+    D = torch.empty(n, k, dtype=torch.float32)
+    for s in range(0, n, rows):
+        d = torch.cdist(x[s: s + rows], x)
+        r = torch.arange(d.shape[0])
+        d[r, r + s] = float("inf")
+        v, i = torch.sort(d, dim=1)
+        I[s: s + rows], D[s: s + rows] = i[:, :k], v[:, :k]
+        del d, v, i
+    how = "full N x N" if rows >= n else f"row blocks of {rows}"
+    return I, D, how
+
+
+def sklearn_knn(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Brute-force NearestNeighbors with k + 1 results; self removed by index (else the last dropped)."""
+    from sklearn.neighbors import NearestNeighbors
+
+    xn = x.numpy()
+    nn = NearestNeighbors(n_neighbors=k + 1, algorithm="brute", metric="euclidean").fit(xn)
+    dist, idx = nn.kneighbors(xn)
+    idx, dist = torch.from_numpy(idx), torch.from_numpy(dist).float()
+    keep = idx != torch.arange(len(idx))[:, None]
+    keep[~(~keep).any(1), -1] = False
+    return idx[keep].view(-1, k), dist[keep].view(-1, k)
+
+
+def same_sets(x: torch.Tensor, ref: torch.Tensor, other: torch.Tensor, rel_tol: float = 1e-4) -> dict:
+    """Rows whose neighbour sets differ, and whether every difference is a tie at the k-th distance.
+
+    A code in one set but not the other must sit, in float64, within ``rel_tol`` (relative) of
+    the k-th neighbour's distance of that row.
+    """
+    a, b = ref.sort(1).values, other.sort(1).values
+    differ = (a != b).any(1).nonzero().view(-1)
+    bad = 0
+    xd = x.double()
+    for r in differ.tolist():
+        sa, sb = set(ref[r].tolist()), set(other[r].tolist())
+        sym = torch.tensor(sorted(sa ^ sb))
+        union = torch.tensor(sorted(sa | sb))
+        du = (xd[union] - xd[r]).norm(dim=1)
+        kth = du.sort().values[ref.shape[1] - 1]
+        ds = (xd[sym] - xd[r]).norm(dim=1)
+        if ((ds - kth).abs() > rel_tol * kth.clamp_min(1e-12)).any():
+            bad += 1
+    return {"rows_differing": int(differ.numel()), "rows_not_ties": bad}
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    import faiss
+
+    from ambiguity.neighbourhood import exact_knn
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--k", type=int, default=1000)
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from: " + ", ".join(SHAPES))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--official-bytes", type=float, default=4.5e9, help="memory for one official block (bytes)")
+    ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"))
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(args.threads)
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.threads)
+    except ImportError:
+        pass
+    skip = {s for s in args.skip.split(",") if s}
+    exact_knn(torch.randn(64, 4), 8)                              # warm-up: imports, thread pools
+    records = []
+    for name in [s for s in args.shapes.split(",") if s]:
+        n, d = SHAPES[name]
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
+        rec = {"codebook": name, "n": n, "d": d, "k": args.k, "load_before": os.getloadavg()[0]}
+        (I, D), rec["ours_s"] = timed(lambda: exact_knn(x, args.k, "l2", progress=False))
+        print(f"{name}: ours {rec['ours_s']:.2f} s", flush=True)
+        if "official" not in skip:
+            (Io, Do, how), rec["official_s"] = timed(lambda: official_knn(x, args.k, int(args.official_bytes)))
+            rec["official_how"] = how
+            rec["official_check"] = same_sets(x, I, Io)
+            rec["official_max_abs_distance_diff"] = float((D - Do).abs().max())
+            del Io, Do
+            print(f"{name}: official {rec['official_s']:.2f} s ({how})", flush=True)
+        if "sklearn" not in skip:
+            (Is, Ds), rec["sklearn_s"] = timed(lambda: sklearn_knn(x, args.k))
+            rec["sklearn_check"] = same_sets(x, I, Is)
+            rec["sklearn_max_abs_distance_diff"] = float((D - Ds).abs().max())
+            del Is, Ds
+            print(f"{name}: sklearn {rec['sklearn_s']:.2f} s", flush=True)
+        rec["load_after"] = os.getloadavg()[0]
+        records.append(rec)
+
+    import pandas as pd
+
+    df = pd.DataFrame(records)
+    for m in ("official", "sklearn"):
+        if f"{m}_s" in df:
+            df[f"{m}/ours"] = df[f"{m}_s"] / df["ours_s"]
+    cols = [c for c in ("codebook", "n", "d", "k", "ours_s", "official_s", "sklearn_s", "official/ours", "sklearn/ours",
+                        "official_how", "load_before") if c in df]
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    for r in records:
+        for m in ("official", "sklearn"):
+            if f"{m}_check" in r:
+                c = r[f"{m}_check"]
+                print(f"{r['codebook']} vs {m}: {c['rows_differing']} rows differ, {c['rows_not_ties']} not explained "
+                      f"by ties at the k-th distance")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+           "threads": args.threads, "torch": torch.__version__, "faiss": faiss.__version__,
+           "note": "shared machine: load averages recorded per codebook"}
+    out.write_text(json.dumps({"env": env, "results": records}, indent=2) + "\n")
+    print(f"wrote {out}")
+    ok = all(r.get(f"{m}_check", {}).get("rows_not_ties", 0) == 0 for r in records for m in ("official", "sklearn"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
