@@ -18,7 +18,7 @@ import torch
 
 from ambiguity.errors import UsageError
 
-__all__ = ["CLASSES", "DEFAULT_DIRS", "find_dir", "load_split", "pad_to_32"]
+__all__ = ["CLASSES", "DEFAULT_DIRS", "find_dir", "load_split", "pad_to_32", "read_idx", "write_idx"]
 
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 DEFAULT_DIRS = ("/usr/share/datasets/fashion-mnist", "~/.cache/fashion-mnist", "data/fashion-mnist")
@@ -50,26 +50,77 @@ def find_dir(root: Optional[str | os.PathLike] = None) -> Path:
                      f"or pass --data DIR with train-/t10k- images and labels")
 
 
-def _read_idx(fh) -> np.ndarray:
+def _read_idx(fh, name: str = "IDX file") -> np.ndarray:
     with fh:
-        magic = struct.unpack(">I", fh.read(4))[0]
-        ndim = magic & 0xFF
+        head = fh.read(4)
+        if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] != 0x08:
+            raise UsageError(f"{name} is not an unsigned-byte IDX file (bad magic {head.hex()}); "
+                             f"re-download the Fashion-MNIST files")
+        ndim = head[3]
         dims = struct.unpack(">" + "I" * ndim, fh.read(4 * ndim))
-        return np.frombuffer(fh.read(), dtype=np.uint8).reshape(dims)
+        data = fh.read()
+    if len(data) != int(np.prod(dims)):
+        raise UsageError(f"{name} holds {len(data)} bytes but its header says {tuple(dims)}; "
+                         f"the file is truncated, re-download it")
+    return np.frombuffer(data, dtype=np.uint8).reshape(dims)
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an unsigned-byte IDX file (LeCun et al.'s MNIST format; ``.gz`` read transparently).
+
+    Format: big-endian magic ``0x0000 08 <ndim>``, ``ndim`` big-endian uint32 sizes, then the
+    bytes in C order. Returns a uint8 array of those sizes. Raises UsageError for a missing,
+    non-IDX or truncated file.
+    """
+    path = Path(path)
+    fh = _open(path.with_suffix("") if path.suffix == ".gz" else path)
+    if fh is None:
+        raise UsageError(f"{path} does not exist; pass --data DIR with the Fashion-MNIST IDX files")
+    return _read_idx(fh, path.name)
+
+
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> Path:
+    """Write a uint8 array as an IDX file (gzipped when ``path`` ends in ``.gz``) -> path.
+
+    Used to build small fake data sets for tests. Raises ValueError for non-uint8 arrays.
+    """
+    array = np.ascontiguousarray(array)
+    if array.dtype != np.uint8:
+        raise ValueError(f"IDX writer takes uint8 arrays, got {array.dtype}")
+    blob = bytes([0, 0, 0x08, array.ndim]) + struct.pack(">" + "I" * array.ndim, *array.shape) + array.tobytes()
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wb") as fh:
+        fh.write(blob)
+    return path
 
 
 def pad_to_32(images: torch.Tensor) -> torch.Tensor:
-    """(N, 28, 28) uint8 -> (N, 1, 32, 32) float32 in [0, 1], 2 px of black on each side."""
+    """(N, 28, 28) uint8 -> (N, 1, 32, 32) float32 in [0, 1] (value / 255), 2 px of black on each side."""
     x = images.float().div(255.0)[:, None]
     return torch.nn.functional.pad(x, (2, 2, 2, 2))
 
 
-def load_split(split: str = "train", root: Optional[str | os.PathLike] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (images (N, 1, 32, 32) float32 in [0, 1], labels (N,) int64)."""
+def load_split(split: str = "train", root: Optional[str | os.PathLike] = None,
+               limit: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read a split -> (images (N, 1, 32, 32) float32 in [0, 1], labels (N,) int64 in 0..9).
+
+    ``root``: directory with the IDX files (default: see :func:`find_dir`); ``limit``: keep only
+    the first ``limit`` examples (smoke runs). Raises UsageError
+    for an unknown split, missing or corrupt files, or image/label counts that differ.
+    """
     if split not in _FILES:
         raise UsageError(f"split must be 'train' or 'test', got {split!r}")
     d = find_dir(root)
     img_f, lab_f = _FILES[split]
-    images = torch.from_numpy(_read_idx(_open(d / img_f)).copy())
-    labels = torch.from_numpy(_read_idx(_open(d / lab_f)).astype(np.int64))
+    for f in (img_f, lab_f):
+        if _open(d / f) is None:
+            raise UsageError(f"{d / f}[.gz] not found; pass --data DIR with the Fashion-MNIST {split} files")
+    images = torch.from_numpy(_read_idx(_open(d / img_f), img_f).copy())
+    labels = torch.from_numpy(_read_idx(_open(d / lab_f), lab_f).astype(np.int64))
+    if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
+        raise UsageError(f"{d}: {split} images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match; "
+                         f"re-download the Fashion-MNIST files")
+    if limit is not None:
+        images, labels = images[:limit], labels[:limit]
     return pad_to_32(images), labels

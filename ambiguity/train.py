@@ -1,0 +1,390 @@
+"""Training of the embedded model: a LlamaGen VQ tokenizer and a class-conditional GPT.
+
+Small free functions and two loops (:func:`train_vq`, :func:`train_gpt`) in the style of
+nanoGPT. Each loop runs a fixed number of optimiser steps with a seeded, stateless data order
+(the batch of step ``s`` depends only on ``seed`` and ``s``), writes a checkpoint every
+``ckpt_every`` steps (atomically) and resumes from it, and returns its statistics.
+
+Recipe (LlamaGen, Sun et al. 2024, arXiv 2406.06525, Sec. 2.1-2.3, scaled down; no GAN or
+perceptual loss, which need pretrained networks and far more compute than 2 CPU cores give):
+
+* VQ: ``loss = MSE + l1_weight * L1 + codebook loss + beta * commitment loss`` on images in
+  [-1, 1]; l2-normalised codebook. Codes unused for ``dead_after`` steps are re-initialised
+  from random (l2-normalised) encoder outputs of the current batch, and their Adam moments
+  are zeroed ("dead-code restart", as in Dhariwal et al. 2020 Jukebox Sec. 3.1 / Zeghidour
+  et al. 2021 SoundStream Sec. 3.3). Restarts stop for the last ``reinit_stop`` fraction of
+  training so that the decoder settles on a fixed codebook.
+* GPT: next-token cross-entropy on the VQ codes of the training images, class label prefix
+  with 10% label dropout (the null class, needed for classifier-free guidance), AdamW with
+  linear warmup and cosine decay, gradient clipping.
+
+Nothing heavy happens at import time.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ambiguity.io import atomic_path
+from ambiguity.models.gpt import GPT, GPTConfig
+from ambiguity.models.vq import VQConfig, VQModel
+
+__all__ = ["VQTrainConfig", "GPTTrainConfig", "lr_at", "batch_indices", "vq_loss", "reinit_dead_codes",
+           "train_vq", "train_gpt", "tokenize", "vq_metrics", "code_usage", "gpt_nll", "count_params",
+           "save_checkpoint", "load_checkpoint"]
+
+
+@dataclass
+class VQTrainConfig:
+    """Optimisation of the VQ tokenizer. ``lr`` is the peak AdamW learning rate."""
+
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.0
+    l1_weight: float = 1.0
+    dead_after: int = 50      # steps a code may stay unused before it is restarted
+    reinit_every: int = 25    # how often (steps) dead codes are looked for
+    reinit_stop: float = 0.2  # no restarts in the last 20% of the steps
+    ckpt_every: int = 50
+
+
+@dataclass
+class GPTTrainConfig:
+    """Optimisation of the GPT. ``lr`` is the peak AdamW learning rate."""
+
+    steps: int = 1800
+    batch_size: int = 64
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.05
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    ckpt_every: int = 50
+
+
+def count_params(module: torch.nn.Module) -> int:
+    """Number of trainable parameters (buffers excluded)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float) -> float:
+    """Learning rate at 0-based ``step``: linear warmup over ``warmup`` steps, then cosine decay
+    from ``base`` to ``min_ratio * base`` at ``total`` (nanoGPT's schedule)."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return base * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int) -> torch.Tensor:
+    """Indices (batch_size,) int64 of the examples of ``step``: consecutive slices of per-epoch
+    permutations of ``range(n)`` (permutation of epoch e seeded with ``seed * 100003 + e``).
+
+    Stateless, so a resumed run sees exactly the batches an uninterrupted run would.
+    """
+    start = step * batch_size
+    out, pos = [], start
+    while pos < start + batch_size:
+        epoch, offset = divmod(pos, n)
+        g = torch.Generator().manual_seed(seed * 100003 + epoch)
+        perm = torch.randperm(n, generator=g)
+        take = min(n - offset, start + batch_size - pos)
+        out.append(perm[offset:offset + take])
+        pos += take
+    return torch.cat(out)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def save_checkpoint(path: Path, **state) -> None:
+    """torch.save ``state`` atomically (a crash never leaves a half-written checkpoint)."""
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def load_checkpoint(path: Path) -> Optional[dict]:
+    """The checkpoint at ``path``, or None when there is none."""
+    if not Path(path).is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _check_resume(ck: dict, expected: dict, path: Path) -> None:
+    from ambiguity.errors import UsageError
+
+    if ck["recipe"] != expected:
+        diff = [k for k in expected if ck["recipe"].get(k) != expected[k]]
+        raise UsageError(f"checkpoint {path} was written with a different {', '.join(diff) or 'recipe'}; "
+                         f"pass --fresh to start over or another --run-dir")
+
+
+# ----------------------------------------------------------------------------- VQ
+def vq_loss(model: VQModel, x: torch.Tensor, l1_weight: float) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
+    """One VQ training loss on images x (B, C, H, W) in [-1, 1].
+
+    Returns (loss scalar, parts {mse, l1, codebook, commit} as floats, codes (B, h, w) int64,
+    l2-normalised latents (B*h*w, d) detached — the restart pool for dead codes).
+    """
+    z = model.encode_latent(x)
+    zq, codes, cb, commit = model.quantize(z)
+    rec = model.decode_latent(zq)
+    mse, l1 = F.mse_loss(rec, x), F.l1_loss(rec, x)
+    loss = mse + l1_weight * l1 + cb + commit
+    zf = z.detach().permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+    if model.quantize.l2_norm:
+        zf = F.normalize(zf, dim=-1)
+    parts = {"mse": mse.item(), "l1": l1.item(), "codebook": cb.item(), "commit": commit.item()}
+    return loss, parts, codes, zf
+
+
+@torch.no_grad()
+def reinit_dead_codes(model: VQModel, last_used: torch.Tensor, step: int, dead_after: int,
+                      pool: torch.Tensor, optimizer: Optional[torch.optim.Optimizer] = None) -> int:
+    """Restart codes not used since ``step - dead_after`` from random rows of ``pool``.
+
+    last_used: (K,) int64, the last step each code was chosen (updated in place for restarts).
+    pool: (M, d) float encoder outputs (l2-normalised when the codebook is). Adam moments of the
+    restarted rows are zeroed. Returns the number of restarted codes.
+    """
+    dead = (step - last_used >= dead_after).nonzero().flatten()
+    if dead.numel() == 0:
+        return 0
+    pick = torch.randint(0, pool.shape[0], (dead.numel(),), device=pool.device)
+    new = pool[pick] + 0.01 * torch.randn(dead.numel(), pool.shape[1], device=pool.device) / math.sqrt(pool.shape[1])
+    w = model.quantize.embedding.weight
+    w[dead] = new.to(w.dtype)
+    if optimizer is not None and w in optimizer.state:
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in optimizer.state[w]:
+                optimizer.state[w][key][dead] = 0
+    last_used[dead] = step
+    return int(dead.numel())
+
+
+def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, run_dir: Path, seed: int,
+             device: torch.device, progress: bool = True, log: Callable[[str], None] = print) -> tuple[VQModel, dict]:
+    """Train a :class:`VQModel` on ``images`` (N, C, H, W) float32 in [0, 1]; resumable.
+
+    Checkpoint: ``run_dir/vq_ckpt.pt`` every ``train.ckpt_every`` steps and at the end.
+    Returns (model in eval mode, stats: steps, images_seen, train_time_s (active seconds, summed
+    over resumed sessions), final loss parts averaged over the last 50 steps, restarts).
+    Raises UsageError if the checkpoint was written with another recipe.
+    """
+    from tqdm.auto import tqdm
+
+    path = Path(run_dir) / "vq_ckpt.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recipe = {"vq_config": asdict(vq_config), "train": asdict(train), "seed": seed, "n_images": int(images.shape[0])}
+    torch.manual_seed(seed)
+    model = VQModel(vq_config).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=(0.9, 0.99), weight_decay=train.weight_decay)
+    last_used = torch.zeros(vq_config.codebook_size, dtype=torch.long, device=device)
+    state = {"step": 0, "time_s": 0.0, "history": [], "restarts": 0}
+    ck = load_checkpoint(path)
+    if ck is not None:
+        _check_resume(ck, recipe, path)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        last_used = ck["last_used"].to(device)
+        torch.set_rng_state(ck["rng"])
+        state = ck["state"]
+        log(f"resuming VQ training at step {state['step']}/{train.steps}")
+
+    def checkpoint():
+        save_checkpoint(path, recipe=recipe, model=model.state_dict(), optimizer=opt.state_dict(),
+                        last_used=last_used.cpu(), rng=torch.get_rng_state(), state=state)
+
+    model.train()
+    stop_reinit = int(train.steps * (1 - train.reinit_stop))
+    bar = tqdm(total=train.steps, initial=state["step"], desc="VQ", disable=not progress, mininterval=5)
+    t0 = time.perf_counter()
+    while state["step"] < train.steps:
+        step = state["step"]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
+        x = images[batch_indices(step, train.batch_size, images.shape[0], seed)].to(device) * 2 - 1
+        loss, parts, codes, pool = vq_loss(model, x, train.l1_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        last_used[codes.unique()] = step + 1
+        state["step"] = step = step + 1
+        if step % train.reinit_every == 0 and step <= stop_reinit:
+            state["restarts"] += reinit_dead_codes(model, last_used, step, train.dead_after, pool, opt)
+        state["history"].append({"step": step, "loss": loss.item(), **parts})
+        bar.update(1)
+        bar.set_postfix(mse=f"{parts['mse']:.4f}", l1=f"{parts['l1']:.3f}", refresh=False)
+        if step % train.ckpt_every == 0 or step == train.steps:
+            state["time_s"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            checkpoint()
+    bar.close()
+    tail = state["history"][-50:]
+    final = {k: sum(h[k] for h in tail) / len(tail) for k in ("loss", "mse", "l1", "codebook", "commit")} if tail else {}
+    stats = {"steps": train.steps, "batch_size": train.batch_size, "images_seen": train.steps * train.batch_size,
+             "train_time_s": state["time_s"], "code_restarts": state["restarts"], "final_train": final}
+    return model.eval(), stats
+
+
+@torch.no_grad()
+def tokenize(vq: VQModel, images: torch.Tensor, batch_size: int = 500, progress: bool = True,
+             desc: str = "tokenize") -> torch.Tensor:
+    """Images (N, C, H, W) float32 in [0, 1] -> code indices (N, h*w) int64 (raster order)."""
+    from tqdm.auto import tqdm
+
+    vq = vq.eval()
+    dev = vq.quant_conv.weight.device
+    out = []
+    for i in tqdm(range(0, images.shape[0], batch_size), desc=desc, disable=not progress, mininterval=5):
+        out.append(vq.encode(images[i:i + batch_size].to(dev) * 2 - 1).flatten(1).cpu())
+    return torch.cat(out)
+
+
+def code_usage(codes: torch.Tensor, codebook_size: int) -> dict:
+    """Usage of a codebook by ``codes`` (any shape, int64).
+
+    Returns {"fraction_used": codes used at least once / codebook_size,
+    "perplexity": exp(entropy in nats of the empirical code distribution) — the effective
+    number of codes, between 1 and codebook_size}.
+    """
+    counts = torch.bincount(codes.flatten(), minlength=codebook_size).double()
+    p = counts / counts.sum()
+    nz = p[p > 0]
+    return {"fraction_used": float((counts > 0).double().mean()),
+            "perplexity": float(torch.exp(-(nz * nz.log()).sum()))}
+
+
+@torch.no_grad()
+def vq_metrics(vq: VQModel, images: torch.Tensor, batch_size: int = 250, progress: bool = True) -> tuple[dict, torch.Tensor]:
+    """Reconstruction error and codebook usage of ``vq`` on images (N, C, H, W) in [0, 1].
+
+    Reconstructions are decoded, mapped to [0, 1] and clamped (what the model adapter shows).
+    Returns (metrics, codes (N, h*w) int64) with metrics: mse and l1 (mean over all pixels, [0, 1]
+    scale), psnr_db = 10 log10(1 / mse) of the pooled MSE, psnr_db_per_image (mean of per-image
+    PSNRs), codebook_size, codebook_usage (fraction of codes used), code_perplexity.
+    """
+    from tqdm.auto import tqdm
+
+    vq = vq.eval()
+    dev = vq.quant_conv.weight.device
+    se = ae = 0.0
+    psnrs, codes = [], []
+    for i in tqdm(range(0, images.shape[0], batch_size), desc="VQ test", disable=not progress, mininterval=5):
+        x = images[i:i + batch_size].to(dev)
+        c = vq.encode(x * 2 - 1)
+        rec = ((vq.decode_codes(c) + 1) / 2).clamp(0, 1)
+        err = (rec - x).flatten(1)
+        se += err.pow(2).sum().item()
+        ae += err.abs().sum().item()
+        psnrs.append(10 * torch.log10(1 / err.pow(2).mean(1).clamp_min(1e-10)).cpu())
+        codes.append(c.flatten(1).cpu())
+    n = images[0].numel() * images.shape[0]
+    codes = torch.cat(codes)
+    usage = code_usage(codes, vq.config.codebook_size)
+    mse = se / n
+    return {"mse": mse, "l1": ae / n, "psnr_db": 10 * math.log10(1 / mse),
+            "psnr_db_per_image": float(torch.cat(psnrs).mean()), "codebook_size": vq.config.codebook_size,
+            "codebook_usage": usage["fraction_used"], "code_perplexity": usage["perplexity"]}, codes
+
+
+# ----------------------------------------------------------------------------- GPT
+def gpt_loss(gpt: GPT, labels: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in nats. labels (B,) int64, tokens (B, N) int64."""
+    logits = gpt.teacher_forced_logits(labels, tokens)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1))
+
+
+@torch.no_grad()
+def gpt_nll(gpt: GPT, tokens: torch.Tensor, labels: torch.Tensor, batch_size: int = 250,
+            progress: bool = True) -> dict:
+    """Teacher-forced test negative log-likelihood with the true labels and no CFG (eval mode, so
+    no label dropout). tokens (N, T) int64, labels (N,) int64.
+
+    Returns {"nll_nats_per_token", "nll_bits_per_token" (= nats / ln 2), "tokens"}.
+    """
+    from tqdm.auto import tqdm
+
+    gpt = gpt.eval()
+    dev = gpt.tok_embeddings.weight.device
+    total, count = 0.0, 0
+    for i in tqdm(range(0, tokens.shape[0], batch_size), desc="GPT test", disable=not progress, mininterval=5):
+        t, y = tokens[i:i + batch_size].to(dev), labels[i:i + batch_size].to(dev)
+        logits = gpt.teacher_forced_logits(y, t).float()
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1), reduction="sum").item()
+        count += t.numel()
+    nats = total / count
+    return {"nll_nats_per_token": nats, "nll_bits_per_token": nats / math.log(2), "tokens": count}
+
+
+def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor, labels: torch.Tensor,
+              run_dir: Path, seed: int, device: torch.device, progress: bool = True,
+              log: Callable[[str], None] = print) -> tuple[GPT, dict]:
+    """Train a c2i :class:`GPT` on code sequences tokens (N, block_size) int64 with labels (N,).
+
+    Checkpoint: ``run_dir/gpt_ckpt.pt`` every ``train.ckpt_every`` steps and at the end.
+    Returns (model in eval mode, stats: steps, batch_size, token_budget (training tokens seen =
+    steps * batch_size * block_size), epochs, train_time_s, final train loss in nats (mean of
+    the last 25 steps)). Raises UsageError if the checkpoint was written with another recipe.
+    """
+    from tqdm.auto import tqdm
+
+    path = Path(run_dir) / "gpt_ckpt.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    recipe = {"gpt_config": asdict(gpt_config), "train": asdict(train), "seed": seed,
+              "n_sequences": int(tokens.shape[0]), "tokens_sum": int(tokens.sum())}
+    torch.manual_seed(seed + 1)
+    model = GPT(gpt_config).to(device)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=train.lr, betas=(0.9, train.beta2))
+    state = {"step": 0, "time_s": 0.0, "history": []}
+    ck = load_checkpoint(path)
+    if ck is not None:
+        _check_resume(ck, recipe, path)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        torch.set_rng_state(ck["rng"])
+        state = ck["state"]
+        log(f"resuming GPT training at step {state['step']}/{train.steps}")
+
+    model.train()
+    bar = tqdm(total=train.steps, initial=state["step"], desc="GPT", disable=not progress, mininterval=5)
+    t0 = time.perf_counter()
+    while state["step"] < train.steps:
+        step = state["step"]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
+        idx = batch_indices(step, train.batch_size, tokens.shape[0], seed)
+        loss = gpt_loss(model, labels[idx].to(device), tokens[idx].to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+        opt.step()
+        state["step"] = step = step + 1
+        state["history"].append({"step": step, "loss": loss.item()})
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        if step % train.ckpt_every == 0 or step == train.steps:
+            state["time_s"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            save_checkpoint(path, recipe=recipe, model=model.state_dict(), optimizer=opt.state_dict(),
+                            rng=torch.get_rng_state(), state=state)
+    bar.close()
+    tail = state["history"][-25:]
+    budget = train.steps * train.batch_size * tokens.shape[1]
+    stats = {"steps": train.steps, "batch_size": train.batch_size, "token_budget": budget,
+             "sequences_seen": train.steps * train.batch_size,
+             "epochs": train.steps * train.batch_size / tokens.shape[0], "train_time_s": state["time_s"],
+             "final_train_loss_nats": sum(h["loss"] for h in tail) / len(tail) if tail else float("nan")}
+    return model.eval(), stats

@@ -1,0 +1,199 @@
+"""Train the embedded Fashion-MNIST model from scratch: VQ tokenizer, then class-conditional GPT.
+
+    python scripts/train_embedded.py                      # both stages -> ambiguity/weights/
+    python scripts/train_embedded.py --stage gpt          # GPT only (uses the shipped VQ file)
+    python scripts/train_embedded.py --quick --out /tmp/w # seconds-long smoke run, tiny models
+
+Writes ``fashion_vq.safetensors``, ``fashion_gpt.safetensors`` (fp16, config in the metadata)
+and ``embedded_metrics.json`` to ``--out``. Checkpoints, token caches and per-stage results go
+to ``--run-dir``; rerunning the same command resumes where an interrupted run stopped.
+Test metrics are computed with the fp16 files as shipped (reloaded), on the Fashion-MNIST
+test split: VQ reconstruction MSE/L1/PSNR and codebook usage, GPT teacher-forced NLL.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ambiguity.errors import ArgumentParser, UsageError, cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(prog="train_embedded.py", description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=None, help="directory with the Fashion-MNIST IDX files (default: search the usual places)")
+    p.add_argument("--out", default=None, help="where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
+    p.add_argument("--run-dir", default=None, help="checkpoints and caches (default runs/embedded, runs/embedded-quick)")
+    p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--quick", action="store_true", help="tiny models, a few steps, a data subset (smoke test)")
+    p.add_argument("--fresh", action="store_true", help="discard checkpoints in --run-dir and start over")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    return p.parse_args(argv)
+
+
+def file_sha(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def stage_done(done: dict, weights: Path, model_cfg, train_cfg, seed: int) -> bool:
+    """Whether ``done`` (a run dir's ``*_done.json``) records this recipe and the file as it is now."""
+    m = done.get("metrics", {})
+    return (weights.is_file() and done.get("sha") == file_sha(weights) and done.get("seed", seed) == seed
+            and m.get("config") == asdict(model_cfg) and m.get("train") == asdict(train_cfg))
+
+
+def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str) -> tuple[torch.Tensor, float]:
+    """Codes (N, 64) int64 of ``images`` under the VQ whose file hash is ``vq_sha``, cached in
+    ``path``, and the seconds the tokenization took (when it was computed, also on a cache hit)."""
+    from ambiguity.train import load_checkpoint, save_checkpoint, tokenize
+
+    ck = load_checkpoint(path)
+    if ck is not None and ck["vq_sha"] == vq_sha and ck["codes"].shape[0] == images.shape[0]:
+        return ck["codes"].long(), float(ck.get("time_s", float("nan")))
+    t0 = time.perf_counter()
+    codes = tokenize(vq, images, progress=progress, desc=desc)
+    seconds = time.perf_counter() - t0
+    save_checkpoint(path, vq_sha=vq_sha, codes=codes.short(), time_s=seconds)
+    return codes, seconds
+
+
+def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
+    from ambiguity.data.fashion_mnist import load_split
+    from ambiguity.io import write_json
+    from ambiguity.models.embedded import VQ_FILE, load_module, save_module
+    from ambiguity.train import count_params, train_vq, vq_metrics
+
+    vq_cfg, vq_train, _, _ = recipe
+    done = read_json(run / "vq_done.json")
+    if stage_done(done, out / VQ_FILE, vq_cfg, vq_train, args.seed):
+        print(f"VQ stage already done ({out / VQ_FILE}); pass --fresh to retrain")
+        return done["metrics"]
+    images, _ = load_split("train", data, limit=64 if args.quick else None)
+    test, _ = load_split("test", data, limit=32 if args.quick else None)
+    vq, stats = train_vq(vq_cfg, vq_train, images, run, args.seed, device, progress)
+    save_module(vq, vq_cfg, out / VQ_FILE, seed=args.seed, stage="vq")
+    shipped, _ = load_module("vq", out / VQ_FILE, device)
+    t0 = time.perf_counter()
+    test_metrics, _ = vq_metrics(shipped, test, progress=progress)
+    metrics = {"config": asdict(vq_cfg), "train": asdict(vq_train), "parameters": count_params(vq), **stats,
+               "eval_time_s": time.perf_counter() - t0, "train_images": int(images.shape[0]),
+               "test": {**test_metrics, "images": int(test.shape[0])}}
+    write_json({"sha": file_sha(out / VQ_FILE), "seed": args.seed, "metrics": metrics}, run / "vq_done.json")
+    return metrics
+
+
+def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
+    from ambiguity.data.fashion_mnist import load_split
+    from ambiguity.io import write_json
+    from ambiguity.models.embedded import GPT_FILE, VQ_FILE, load_module, save_module
+    from ambiguity.train import count_params, gpt_nll, train_gpt
+
+    _, _, gpt_cfg, gpt_train = recipe
+    if not (out / VQ_FILE).is_file():
+        raise UsageError(f"{out / VQ_FILE} not found; run with --stage vq (or all) first")
+    vq_sha = file_sha(out / VQ_FILE)
+    done = read_json(run / "gpt_done.json")
+    if stage_done(done, out / GPT_FILE, gpt_cfg, gpt_train, args.seed) and done.get("vq_sha") == vq_sha:
+        print(f"GPT stage already done ({out / GPT_FILE}); pass --fresh to retrain")
+        return done["metrics"]
+    vq, _ = load_module("vq", out / VQ_FILE, device)
+    if vq.config.codebook_size != gpt_cfg.vocab_size:
+        raise UsageError(f"{out / VQ_FILE} has {vq.config.codebook_size} codes but the GPT expects "
+                         f"{gpt_cfg.vocab_size}; retrain the VQ with --stage all --fresh")
+    images, labels = load_split("train", data, limit=64 if args.quick else None)
+    test, test_labels = load_split("test", data, limit=32 if args.quick else None)
+    tokens, t_train = cached_tokens(vq, images, run / "tokens_train.pt", vq_sha, progress, "tokenize train")
+    test_tokens, t_test = cached_tokens(vq, test, run / "tokens_test.pt", vq_sha, progress, "tokenize test")
+    gpt, stats = train_gpt(gpt_cfg, gpt_train, tokens, labels, run, args.seed, device, progress)
+    save_module(gpt, gpt_cfg, out / GPT_FILE, seed=args.seed, stage="gpt", vq_sha=vq_sha)
+    shipped, _ = load_module("gpt", out / GPT_FILE, device)
+    t0 = time.perf_counter()
+    nll = gpt_nll(shipped, test_tokens, test_labels, progress=progress)
+    metrics = {"config": asdict(gpt_cfg), "train": asdict(gpt_train), "parameters": count_params(gpt), **stats,
+               "tokenize_time_s": t_train + t_test, "eval_time_s": time.perf_counter() - t0,
+               "train_sequences": int(tokens.shape[0]), "test": nll}
+    write_json({"sha": file_sha(out / GPT_FILE), "vq_sha": vq_sha, "seed": args.seed, "metrics": metrics},
+               run / "gpt_done.json")
+    return metrics
+
+
+def summary(m: dict) -> str:
+    rows = [("seed", m.get("seed"))]
+    if "vq" in m:
+        v, t = m["vq"], m["vq"]["test"]
+        rows += [("VQ parameters", f"{v['parameters']:,}"), ("VQ train steps x batch", f"{v['steps']} x {v['batch_size']}"),
+                 ("VQ train time", f"{v['train_time_s'] / 60:.1f} min"),
+                 ("VQ test MSE / L1 ([0,1] px)", f"{t['mse']:.5f} / {t['l1']:.4f}"),
+                 ("VQ test PSNR (pooled / per image)", f"{t['psnr_db']:.2f} / {t['psnr_db_per_image']:.2f} dB"),
+                 ("codebook size / usage / perplexity",
+                  f"{t['codebook_size']} / {100 * t['codebook_usage']:.1f}% / {t['code_perplexity']:.1f}")]
+    if "gpt" in m:
+        g = m["gpt"]
+        rows += [("GPT parameters", f"{g['parameters']:,}"), ("GPT steps x batch", f"{g['steps']} x {g['batch_size']}"),
+                 ("GPT token budget", f"{g['token_budget']:,} tokens ({g['epochs']:.2f} epochs)"),
+                 ("GPT train time", f"{g['train_time_s'] / 60:.1f} min"),
+                 ("GPT final train loss", f"{g['final_train_loss_nats'] / 0.6931471805599453:.3f} bits/token"),
+                 ("GPT test NLL", f"{g['test']['nll_bits_per_token']:.3f} bits/token")]
+    for name, size in m.get("files", {}).items():
+        rows.append((name, f"{size / 1e6:.2f} MB"))
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from ambiguity.data.fashion_mnist import find_dir
+    from ambiguity.io import ensure_writable_dir, write_json
+    from ambiguity.models.base import resolve_device
+    from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, WEIGHTS_DIR, embedded_recipe
+
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0 (0 keeps torch's default), got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    data = find_dir(args.data)
+    run = ensure_writable_dir(args.run_dir or ROOT / ("runs/embedded-quick" if args.quick else "runs/embedded"))
+    out = ensure_writable_dir(args.out or (run / "weights" if args.quick else WEIGHTS_DIR))
+    if args.fresh:
+        for f in ("vq_ckpt.pt", "gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", "vq_done.json", "gpt_done.json"):
+            (run / f).unlink(missing_ok=True)
+    recipe = embedded_recipe(args.quick)
+    progress = not args.no_progress
+    metrics = read_json(out / METRICS_FILE)
+    metrics.update(seed=args.seed, quick=args.quick, device=str(device), threads=torch.get_num_threads(),
+                   data="Fashion-MNIST (Xiao et al. 2017), 32x32 (28x28 padded 2 px), 60k train / 10k test",
+                   torch=torch.__version__)
+    if args.stage in ("vq", "all"):
+        metrics["vq"] = run_vq(args, recipe, data, out, run, device, progress)
+        if args.stage == "vq":
+            metrics.pop("gpt", None)  # a new VQ invalidates the old GPT's numbers
+        write_json(metrics, out / METRICS_FILE)
+    if args.stage in ("gpt", "all"):
+        metrics["gpt"] = run_gpt(args, recipe, data, out, run, device, progress)
+        metrics["token_budget"] = metrics["gpt"]["token_budget"]
+    metrics["files"] = {f: (out / f).stat().st_size for f in (VQ_FILE, GPT_FILE) if (out / f).is_file()}
+    metrics["total_size_bytes"] = sum(metrics["files"].values())
+    write_json(metrics, out / METRICS_FILE)
+    print(summary(metrics))
+    print(f"wrote {out / METRICS_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

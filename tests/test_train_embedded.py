@@ -1,0 +1,181 @@
+"""Training of the embedded model: the --quick smoke run end to end on a fake Fashion-MNIST,
+resume after an interruption, and the small pieces (schedule, data order, metrics)."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ambiguity.data.fashion_mnist import write_idx
+from ambiguity.errors import UsageError
+from ambiguity.generation import make_generator, sample_tokens
+from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, load_embedded
+from ambiguity.models.gpt import GPTConfig
+from ambiguity.models.vq import VQConfig, VQModel
+from ambiguity.sampling import SamplingConfig
+from ambiguity.train import (GPTTrainConfig, batch_indices, code_usage, gpt_nll, lr_at, reinit_dead_codes,
+                             train_gpt)
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
+FIGURE = SCRIPT.with_name("figure_embedded_samples.py")
+
+
+def load_script(path=SCRIPT):
+    spec = importlib.util.spec_from_file_location(path.stem + "_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def fake_data(tmp_path):
+    """A tiny Fashion-MNIST: 40 train / 20 test random 28x28 images, train gzipped, test not."""
+    rng = np.random.default_rng(0)
+    d = tmp_path / "data"
+    d.mkdir()
+    for prefix, n, ext in (("train", 40, ".gz"), ("t10k", 20, "")):
+        write_idx(d / f"{prefix}-images-idx3-ubyte{ext}", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(d / f"{prefix}-labels-idx1-ubyte{ext}", (np.arange(n) % 10).astype(np.uint8))
+    return d
+
+
+def test_quick_run_end_to_end(fake_data, tmp_path, capsys):
+    out, run = tmp_path / "w", tmp_path / "run"
+    main = load_script().main
+    argv = ["--quick", "--data", str(fake_data), "--out", str(out), "--run-dir", str(run), "--no-progress",
+            "--device", "cpu"]
+    assert main(argv) == 0
+    assert "GPT test NLL" in capsys.readouterr().out
+    m = json.loads((out / METRICS_FILE).read_text())
+    assert m["seed"] == 0 and m["token_budget"] == 4 * 8 * 64 == m["gpt"]["token_budget"]
+    assert m["vq"]["test"]["codebook_size"] == 64 and m["vq"]["test"]["images"] == 20
+    t = m["vq"]["test"]
+    assert t["psnr_db"] == pytest.approx(10 * math.log10(1 / t["mse"]))
+    assert 0 < t["codebook_usage"] <= 1 and 1 <= t["code_perplexity"] <= 64
+    assert m["gpt"]["test"]["tokens"] == 20 * 64
+    assert m["files"][VQ_FILE] == (out / VQ_FILE).stat().st_size
+
+    model = load_embedded(weights=out)
+    assert model.grid == (8, 8) and model.num_classes == 10 and model.class_names[7] == "Sneaker"
+    sampling = SamplingConfig(cfg=2.0, temperature=1.0)
+    prompt = model.make_prompt([0, 3, 9], cfg=sampling.use_cfg)
+    codes = sample_tokens(model, prompt, sampling, make_generator(0, "cpu"))
+    assert codes.shape == (3, 64) and codes.dtype == torch.int64
+    assert 0 <= int(codes.min()) and int(codes.max()) < 64
+    images = model.decode_codes(codes.view(3, 8, 8))
+    assert images.shape == (3, 1, 32, 32) and 0 <= float(images.min()) and float(images.max()) <= 1
+
+    # Rerunning finds both stages done and rewrites nothing.
+    before = (out / GPT_FILE).read_bytes()
+    assert main(argv) == 0
+    assert "already done" in capsys.readouterr().out
+    assert (out / GPT_FILE).read_bytes() == before
+
+    # The samples figure renders from these weights (2 test images per class in the fake set).
+    fig = load_script(FIGURE).main
+    assert fig(["--weights", str(out), "--data", str(fake_data), "--out", str(tmp_path / "fig"), "--n-real", "2",
+                "--n-samples", "2", "--device", "cpu"]) == 0
+    assert (tmp_path / "fig.png").stat().st_size > 0 and (tmp_path / "fig.pdf").stat().st_size > 0
+    assert fig(["--weights", str(out), "--n-real", "0"]) == 2
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    main = load_script().main
+    assert main(["--quick", "--data", str(tmp_path / "none"), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: Fashion-MNIST IDX files not found") and "\n" not in err
+    assert main(["--quick", "--stage", "gpt", "--threads", "-1"]) == 2
+
+
+def _tiny_gpt_setup():
+    cfg = GPTConfig(dim=32, n_layer=1, n_head=2, multiple_of=32, num_classes=10, vocab_size=16, block_size=16)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 16, (24, 16), generator=g)
+    labels = torch.arange(24) % 10
+    return cfg, tokens, labels
+
+
+def test_gpt_resume_after_interruption_matches_uninterrupted(tmp_path, monkeypatch):
+    import ambiguity.train as T
+
+    cfg, tokens, labels = _tiny_gpt_setup()
+    train = GPTTrainConfig(steps=6, batch_size=4, warmup=2, ckpt_every=2)
+    ref, ref_stats = train_gpt(cfg, train, tokens, labels, tmp_path / "a", 0, torch.device("cpu"), progress=False)
+
+    calls = {"n": 0}
+    real = T.gpt_loss
+
+    def flaky(*a):
+        calls["n"] += 1
+        if calls["n"] == 4:  # dies during step 4; the step-2 checkpoint survives
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(T, "gpt_loss", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False)
+    monkeypatch.setattr(T, "gpt_loss", real)
+    logs = []
+    resumed, stats = train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"),
+                               progress=False, log=logs.append)
+    assert logs == ["resuming GPT training at step 2/6"]
+    for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert stats["token_budget"] == ref_stats["token_budget"] == 6 * 4 * 16
+
+    with pytest.raises(UsageError, match="--fresh"):  # another recipe in the same run dir
+        train_gpt(cfg, GPTTrainConfig(steps=7, batch_size=4), tokens, labels, tmp_path / "b", 0,
+                  torch.device("cpu"), progress=False)
+
+
+def test_untrained_gpt_nll_is_log2_vocab():
+    # The output head starts at zero, so every next-token distribution is uniform over 16 codes.
+    from ambiguity.models.gpt import GPT
+
+    cfg, tokens, labels = _tiny_gpt_setup()
+    r = gpt_nll(GPT(cfg), tokens, labels, batch_size=7, progress=False)
+    assert r["nll_bits_per_token"] == pytest.approx(4.0, abs=1e-6)
+    assert r["nll_nats_per_token"] == pytest.approx(math.log(16), abs=1e-6) and r["tokens"] == 24 * 16
+
+
+def test_lr_schedule_values():
+    assert lr_at(0, 1.0, 4, 104, 0.1) == pytest.approx(0.25)
+    assert lr_at(3, 1.0, 4, 104, 0.1) == pytest.approx(1.0)
+    assert lr_at(4, 1.0, 4, 104, 0.1) == pytest.approx(1.0)
+    assert lr_at(54, 1.0, 4, 104, 0.1) == pytest.approx(0.55)  # half way: 0.1 + 0.9 * 0.5
+    assert lr_at(104, 1.0, 4, 104, 0.1) == pytest.approx(0.1)
+
+
+def test_batch_indices_cover_each_epoch_once_and_are_stateless():
+    n, b = 10, 4
+    seq = torch.cat([batch_indices(s, b, n, seed=3) for s in range(5)])  # 20 = two epochs
+    assert sorted(seq[:10].tolist()) == list(range(10)) and sorted(seq[10:].tolist()) == list(range(10))
+    assert torch.equal(batch_indices(2, b, n, 3), seq[8:12])  # step 2 straddles the epoch boundary
+    assert not torch.equal(batch_indices(0, b, n, 4), batch_indices(0, b, n, 3))
+
+
+def test_code_usage_hand_computed():
+    u = code_usage(torch.tensor([0, 0, 1, 1]), 4)
+    assert u == {"fraction_used": 0.5, "perplexity": pytest.approx(2.0)}
+    u = code_usage(torch.tensor([[0, 0], [0, 1]]), 8)
+    h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert u["fraction_used"] == 0.25 and u["perplexity"] == pytest.approx(math.exp(h))
+
+
+def test_reinit_dead_codes_restarts_only_stale_codes():
+    torch.manual_seed(0)
+    vq = VQModel(VQConfig(codebook_size=6, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
+                          z_channels=32, ch=32, num_res_blocks=1, in_channels=1))
+    w0 = vq.quantize.embedding.weight.detach().clone()
+    last_used = torch.tensor([10, 3, 9, 0, 10, 5])
+    pool = torch.nn.functional.normalize(torch.randn(50, 4), dim=-1)
+    n = reinit_dead_codes(vq, last_used, step=10, dead_after=5, pool=pool)
+    assert n == 3  # codes 1, 3, 5 unused for >= 5 steps
+    w = vq.quantize.embedding.weight.detach()
+    assert torch.equal(w[[0, 2, 4]], w0[[0, 2, 4]])
+    for i in (1, 3, 5):
+        assert (w[i] - pool).norm(dim=1).min() < 0.05  # a pool vector plus 1% noise
+    assert last_used.tolist() == [10, 10, 9, 10, 10, 10]
