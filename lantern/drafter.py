@@ -1,0 +1,252 @@
+"""The EAGLE drafter: one decoder layer that predicts the target model's next last-hidden state.
+
+EAGLE (Li et al., 2024, "EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty",
+arXiv 2401.15077, Sec. 4.1) drafts at the feature level. At image-token position ``i`` the
+drafter takes
+
+* the target's frozen input embedding of the token ``x_i`` and
+* the feature ``f_{i-1}``: the target's last hidden state at the position of ``x_{i-1}`` (the
+  one that predicted ``x_i``; for ``i = 0`` the last prefix position), or, when drafting ahead,
+  the drafter's own previous prediction,
+
+concatenates them, maps them back to the hidden size with ``fc: Linear(2H -> H)``, runs one
+decoder layer of the target's own architecture (:meth:`TokenModel.draft_layer`, with the
+target's positions and its own KV cache) and returns the predicted feature ``f_i``. The
+target's frozen output head turns ``f_i`` into logits for ``x_{i+1}``. LANTERN (Jang et al.,
+ICLR 2025, arXiv 2410.03355, Sec. 5 and App. B) uses exactly this drafter for LlamaGen and
+Anole.
+
+Only ``fc`` and the layer are the drafter's own weights; the embedding and the head stay in the
+target and are passed in as ``model`` on every call. Under classifier-free guidance the drafter
+runs on all rows (conditional rows first, then unconditional) with the target features of the
+matching row.
+
+Files are safetensors (``fc.*``, ``layer.*``) with the config, the target fingerprint
+(:func:`target_fingerprint`) and training information as JSON metadata.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn as nn
+
+from ambiguity.errors import UsageError
+from ambiguity.io import load_tensors, save_tensors
+from ambiguity.models.base import DraftLayer, TokenModel
+
+__all__ = ["Drafter", "load_drafter", "target_fingerprint", "fingerprint_mismatch", "shipped_drafter_path",
+           "WEIGHTS_DIR", "FORMAT"]
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+FORMAT = "lantern-eagle-drafter/1"
+_PROBES = 8  # logits / embedding values recorded to tell two weight sets of one architecture apart
+
+
+def shipped_drafter_path(model_name: str) -> Path:
+    """Where the drafter shipped for ``model_name`` lives: ``lantern/weights/<name>_drafter.safetensors``."""
+    return WEIGHTS_DIR / f"{model_name.replace('/', '_').replace(':', '_')}_drafter.safetensors"
+
+
+def _draft_layer(model: TokenModel) -> DraftLayer:
+    try:
+        return model.draft_layer()
+    except NotImplementedError:
+        raise UsageError(f"{model.name} has no drafter layer (its adapter lacks draft_layer()); "
+                         f"use a model whose adapter exposes hidden states and a decoder layer") from None
+
+
+def _train_hint(name: str) -> str:
+    return f"train one with python -m lantern.train_drafter --model {name}"
+
+
+@torch.no_grad()
+def target_fingerprint(model: TokenModel) -> dict:
+    """What identifies a target model for a drafter: name, kind, sizes, grid and weight probes.
+
+    ``head_probe``: the frozen head's logits (float32) at ``_PROBES`` evenly spaced code indices
+    for a fixed unit-RMS probe feature (seed 0); ``embed_probe``: the first ``_PROBES`` channels
+    of the input embedding of code ``V // 2``. Two checkpoints of one architecture differ
+    there, so a drafter trained for one is refused for the other (:func:`fingerprint_mismatch`).
+    Returns a JSON-able dict.
+    """
+    H, V = model.hidden_size, model.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    probe = torch.randn(H, generator=gen)
+    probe = probe / probe.pow(2).mean().sqrt()
+    logits = model.head(probe.to(model.device, model.dtype)[None])[0].float().cpu()
+    at = torch.linspace(0, V - 1, _PROBES).round().long()
+    emb = model.embed(torch.tensor([[V // 2]], device=model.device))[0, 0, :_PROBES].float().cpu()
+    return {"name": model.name, "kind": model.kind, "hidden_size": int(H), "vocab_size": int(V),
+            "grid": [int(g) for g in model.grid], "num_classes": model.num_classes,
+            "head_probe": [round(float(v), 6) for v in logits[at]],
+            "embed_probe": [round(float(v), 6) for v in emb]}
+
+
+def _close(a: list, b: list) -> bool:
+    """Probe values agree up to bf16/fp16 rounding (5 % of the larger magnitude)."""
+    ta, tb = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    if ta.shape != tb.shape:
+        return False
+    scale = max(float(ta.abs().max()), float(tb.abs().max()), 1e-6)
+    return bool(((ta - tb).abs() <= 0.05 * scale + 1e-4).all())
+
+
+def fingerprint_mismatch(saved: dict, current: dict) -> Optional[str]:
+    """None when a drafter trained for ``saved`` fits ``current``; else why not (one phrase).
+
+    Compares name, kind, hidden size, vocabulary size and grid exactly and the weight probes
+    up to dtype rounding (:func:`target_fingerprint`).
+    """
+    for key in ("name", "kind", "hidden_size", "vocab_size", "grid"):
+        if key in saved and saved[key] != current.get(key):
+            if key == "name":
+                return f"{saved['name']}"
+            return f"{saved.get('name')} with {key} {saved[key]}"
+    for key in ("head_probe", "embed_probe"):
+        if key in saved and key in current and not _close(saved[key], current[key]):
+            return f"{saved.get('name')} with other weights"
+    return None
+
+
+class Drafter(nn.Module):
+    """EAGLE drafter (Li et al., 2024, arXiv 2401.15077): input = concat(target's frozen token
+    embedding of token x_i, a feature f_{i-1}) -> fc: Linear(2H -> H) -> one decoder layer of the
+    target's architecture (``model.draft_layer()``) -> predicted feature f_i; logits = target's
+    frozen output head(f_i) predict x_{i+1}.
+
+    Attributes: ``fc`` (Linear(2H, H), with bias as in EAGLE), ``layer`` (a
+    :class:`~ambiguity.models.base.DraftLayer`), ``target`` (:func:`target_fingerprint` of the
+    model it was built for), ``info`` (training information, JSON-able dict; empty when fresh).
+    """
+
+    def __init__(self, layer: DraftLayer, hidden_size: int, target: dict, info: Optional[dict] = None):
+        super().__init__()
+        self.hidden_size = int(hidden_size)
+        self.fc = nn.Linear(2 * self.hidden_size, self.hidden_size, bias=True)
+        self.layer = layer
+        self.target = dict(target)
+        self.info = dict(info or {})
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def for_target(cls, model: TokenModel, dtype: Optional[torch.dtype] = None,
+                   seed: Optional[int] = None) -> "Drafter":
+        """A freshly initialised drafter for ``model`` on its device, in ``dtype`` (default the
+        model's). ``seed`` makes the initialisation reproducible without touching the global RNG.
+
+        Raises UsageError when the adapter has no ``draft_layer()``.
+        """
+        fork = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
+        with fork:
+            if seed is not None:
+                torch.manual_seed(seed)
+            layer = _draft_layer(model)
+            drafter = cls(layer, model.hidden_size, target_fingerprint(model))
+        return drafter.to(model.device, dtype or model.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """dtype of the drafter's weights (its outputs come in this dtype)."""
+        return self.fc.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the drafter's weights."""
+        return self.fc.weight.device
+
+    # ------------------------------------------------------------------ KV cache
+    def new_cache(self, rows: int) -> Any:
+        """A fresh drafter-layer KV cache for ``rows`` rows (all image-token positions of one image)."""
+        return self.layer.new_cache(rows)
+
+    def rollback(self, cache: Any, n: int) -> None:
+        """Keep the first ``n`` drafter positions (image tokens 0..n-1) of every row; drop the rest."""
+        self.layer.rollback(cache, n)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any = None,
+                start: int = 0) -> torch.Tensor:
+        """Predicted features for ``T`` consecutive image-token positions.
+
+        Args:
+            model: the target (its frozen ``embed`` is used; it is not modified).
+            tokens: (rows, T) int64 code indices ``x_{start} .. x_{start+T-1}``.
+            features: (rows, T, H) any float dtype; position ``i`` holds ``f_{start+i-1}``, the
+                target's last hidden state at the position that predicted ``x_{start+i}`` (or the
+                drafter's own previous prediction when drafting ahead).
+            cache: from :meth:`new_cache`, or None for a plain causal pass over the ``T``
+                positions (training). With a cache the positions before ``start`` must be in
+                it; entries at ``>= start`` are overwritten.
+            start: absolute image-token index of ``tokens[:, 0]`` (sets the rotary positions).
+        Returns:
+            (rows, T, H) predicted features ``f_{start} .. f_{start+T-1}`` in the drafter's dtype.
+        """
+        with torch.no_grad():
+            emb = model.embed(tokens.to(model.device))
+        x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
+        return self.layer(self.fc(x), cache, start)
+
+    def logits(self, model: TokenModel, features: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (..., V) float32 from features (..., H) through the target's frozen head."""
+        return model.head(features.to(model.dtype))
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | Path, dtype: torch.dtype = torch.float16, **info) -> Path:
+        """Write the drafter's own weights (``fc``, ``layer``; cast to ``dtype``) as safetensors,
+        atomically, with the config, target fingerprint and ``self.info`` (updated by ``info``)
+        as JSON metadata. Returns the path."""
+        self.info.update(info)
+        state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach())
+                 for k, v in self.state_dict().items()}
+        meta = {"format": FORMAT, "config": {"hidden_size": self.hidden_size, "layer": type(self.layer).__name__,
+                                             "fc_bias": True},
+                "target": self.target, "training": self.info, "dtype": str(dtype).replace("torch.", "")}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return save_tensors(state, path, meta)
+
+    @classmethod
+    def load(cls, path: str | Path, model: TokenModel) -> "Drafter":
+        """Rebuild a drafter written by :meth:`save` for ``model`` (on its device and dtype).
+
+        Raises UsageError when the file is absent or unreadable, is not a drafter file, or was
+        trained for another target ("drafter was trained for <X>, not <Y>; train one with ...").
+        """
+        from ambiguity.models.llamagen import load_strict
+
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise UsageError(f"drafter file {path} does not exist; {_train_hint(model.name)} or pass its path")
+        try:
+            state, meta = load_tensors(path)
+        except Exception as exc:  # header errors, truncated files
+            raise UsageError(f"cannot read drafter {path} ({type(exc).__name__}); {_train_hint(model.name)}") from None
+        if meta.get("format") != FORMAT or not isinstance(meta.get("target"), dict):
+            raise UsageError(f"{path} is not a drafter file written by lantern.drafter; {_train_hint(model.name)}")
+        current = target_fingerprint(model)
+        why = fingerprint_mismatch(meta["target"], current)
+        if why is not None:
+            these = " (these weights)" if why.endswith("other weights") else ""
+            raise UsageError(f"drafter was trained for {why}, not {model.name}{these}; {_train_hint(model.name)}")
+        drafter = cls(_draft_layer(model), model.hidden_size, meta["target"], meta.get("training") or {})
+        state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+        drafter = drafter.float()
+        load_strict(drafter, state, path.name)
+        return drafter.to(model.device, model.dtype).eval()
+
+
+def load_drafter(model: TokenModel, path: str | Path | None = None) -> Drafter:
+    """The drafter for ``model``: ``path``, or the one shipped in ``lantern/weights/<name>_drafter.safetensors``.
+
+    Raises UsageError naming the training command when no drafter file exists, and the errors
+    of :meth:`Drafter.load`.
+    """
+    if path is None:
+        path = shipped_drafter_path(model.name)
+        if not path.is_file():
+            raise UsageError(f"no drafter is shipped for {model.name} (looked for {path}); "
+                             f"{_train_hint(model.name)} and pass --drafter FILE")
+    return Drafter.load(path, model)

@@ -1,0 +1,405 @@
+"""Training data for EAGLE drafters: token sequences and the target's teacher-forced features.
+
+Sequences come from one of three places, all stored in one file format (a *token file*):
+
+* the real Fashion-MNIST images encoded by the embedded model's VQ tokenizer
+  (:func:`fashion_mnist_tokens`);
+* a file the user provides (:func:`load_token_file`);
+* the target itself (:func:`self_generate`, plain AR sampling with the user's CFG scale,
+  temperature and top-k/top-p; resumable in parts).
+
+Token file format
+-----------------
+``.safetensors`` (what this module writes): tensor ``tokens`` (N, L) integer code indices
+(code-index order of the model, L = h * w image tokens in raster order), and either tensor
+``labels`` (N,) int64 class labels (c2i models) or metadata ``conditions``, a JSON list of N
+captions / prompts. ``.pt``: a dict with ``tokens`` and ``labels`` or ``conditions`` (list or
+tensor). ``.npz``: arrays ``tokens`` and optionally ``labels``. ``.npy`` / a bare tensor: tokens
+only, with the conditions from a text file (``--conditions FILE``, one label or caption a line).
+
+Teacher-forced features
+-----------------------
+:func:`build_feature_cache` runs ``model.teacher_force`` once per sequence (no grad) and
+stores the last hidden states (rows, N, H) in safetensors shards. ``teacher_force`` returns at
+position ``t`` the hidden state that *predicts* ``x_t`` (t = 0: the last prefix position), so
+with ``h_j`` = the hidden state at the position of ``x_j``: ``hidden[:, t] = h_{t-1}``.
+:func:`training_inputs` turns that into the drafter's inputs (``x_i``, ``h_{i-1}``) and targets
+(``h_i``, the target distribution of ``x_{i+1}``) for ``i = 0 .. N-2`` (EAGLE, arXiv 2401.15077,
+Sec. 4.2). A fraction of the sequences also runs through the unconditional (CFG) stream, so the
+drafter learns the null-condition features it meets on the unconditional rows under guidance.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.io import load_tensors, save_tensors
+from ambiguity.models.base import TokenModel
+
+__all__ = ["TokenSet", "save_token_file", "load_token_file", "read_conditions", "check_tokens",
+           "fashion_mnist_tokens", "self_generate", "split_holdout", "teacher_forced_rows", "training_inputs",
+           "build_feature_cache", "shard_rows", "iterate_batches", "feature_dtype"]
+
+
+@dataclass
+class TokenSet:
+    """Sequences for drafter training.
+
+    ``tokens``: (N, L) int64 code indices on CPU; ``conditions``: N class labels (int) or
+    strings (captions, prompts); ``source``: where they came from (for tables and metadata).
+    """
+
+    tokens: torch.Tensor
+    conditions: list
+    source: str = ""
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.tokens = torch.as_tensor(self.tokens).long().cpu()
+        if self.tokens.dim() != 2:
+            raise UsageError(f"token sequences must be a 2-D (N, h*w) array, got shape {tuple(self.tokens.shape)}")
+        if len(self.conditions) != self.tokens.shape[0]:
+            raise UsageError(f"{self.tokens.shape[0]} token sequences but {len(self.conditions)} conditions; "
+                             f"give one condition per sequence")
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def subset(self, index: torch.Tensor | Sequence[int]) -> "TokenSet":
+        """The sequences at ``index`` (int positions), in that order."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return TokenSet(self.tokens[idx], [self.conditions[i] for i in idx.tolist()], self.source, dict(self.info))
+
+
+# --------------------------------------------------------------------------- token files
+def save_token_file(ts: TokenSet, path: str | Path, **metadata) -> Path:
+    """Write ``ts`` as a token file (safetensors, atomically): ``tokens`` (int32 when the codes
+    fit, else int64), ``labels`` when all conditions are ints, else metadata ``conditions``."""
+    top = int(ts.tokens.max()) if ts.tokens.numel() else 0
+    tokens = ts.tokens.to(torch.int32) if top < 2 ** 31 - 1 else ts.tokens
+    tensors = {"tokens": tokens}
+    meta = {"source": ts.source, **ts.info, **metadata}
+    if all(isinstance(c, int) for c in ts.conditions):
+        tensors["labels"] = torch.tensor(ts.conditions, dtype=torch.long)
+    else:
+        meta["conditions"] = [str(c) for c in ts.conditions]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_tensors(tensors, path, meta)
+
+
+def read_conditions(path: str | Path) -> list:
+    """A text file with one condition a line -> list of ints (all lines integers) or strings.
+
+    Raises UsageError when the file is absent or empty.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UsageError(f"conditions file {path} does not exist; give one class label or caption a line")
+    lines = [ln.rstrip("\n") for ln in path.read_text().splitlines() if ln.strip()]
+    if not lines:
+        raise UsageError(f"conditions file {path} is empty; give one class label or caption a line")
+    try:
+        return [int(ln) for ln in lines]
+    except ValueError:
+        return lines
+
+
+def _as_conditions(x) -> list:
+    if x is None:
+        return None
+    if torch.is_tensor(x) or hasattr(x, "tolist"):
+        return [int(v) for v in x.tolist()]
+    return [c if isinstance(c, (int, str)) else str(c) for c in x]
+
+
+def load_token_file(path: str | Path, conditions_file: str | Path | None = None) -> TokenSet:
+    """Read a token file (see the module docstring) -> :class:`TokenSet`.
+
+    ``conditions_file`` (one label or caption a line) supplies or overrides the conditions.
+    Raises UsageError for a missing or unreadable file, an unknown suffix, or missing conditions.
+    """
+    import numpy as np
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UsageError(f"token file {path} does not exist; pass --tokens FILE (.safetensors, .pt, .npz or .npy)")
+    suffix = path.suffix.lower()
+    tokens, conds, info = None, None, {}
+    try:
+        if suffix == ".safetensors":
+            tensors, meta = load_tensors(path)
+            tokens, info = tensors.get("tokens"), {k: v for k, v in meta.items() if k != "conditions"}
+            conds = _as_conditions(tensors["labels"]) if "labels" in tensors else _as_conditions(meta.get("conditions"))
+        elif suffix == ".pt":
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+            if isinstance(obj, dict):
+                tokens = obj.get("tokens")
+                conds = _as_conditions(obj.get("labels", obj.get("conditions")))
+            else:
+                tokens = obj
+        elif suffix == ".npz":
+            with np.load(path) as z:
+                tokens = torch.from_numpy(z["tokens"]) if "tokens" in z else None
+                conds = _as_conditions(z["labels"]) if "labels" in z else None
+        elif suffix == ".npy":
+            tokens = torch.from_numpy(np.load(path))
+        else:
+            raise UsageError(f"token file {path.name} has an unknown suffix; use .safetensors, .pt, .npz or .npy")
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"cannot read token file {path} ({type(exc).__name__}: {exc}); "
+                         f"see lantern.drafter_data for the format") from None
+    if tokens is None:
+        raise UsageError(f"token file {path} has no 'tokens' array of shape (N, h*w)")
+    if conditions_file is not None:
+        conds = read_conditions(conditions_file)
+    if conds is None:
+        raise UsageError(f"token file {path} holds no conditions; "
+                         f"pass --conditions FILE (one class label or caption a line)")
+    return TokenSet(torch.as_tensor(tokens), conds, source=str(path), info=info)
+
+
+def check_tokens(ts: TokenSet, model: TokenModel) -> None:
+    """Raise UsageError unless the sequences fit ``model``: codes in 0..V-1, length 2..h*w, and
+    class labels in range for c2i models."""
+    V, L = model.vocab_size, ts.tokens.shape[1]
+    if len(ts) == 0:
+        raise UsageError("no training sequences; give at least a few hundred")
+    if not 2 <= L <= model.num_tokens:
+        raise UsageError(f"sequences have {L} tokens; {model.name} takes 2..{model.num_tokens} image tokens a sequence")
+    lo, hi = int(ts.tokens.min()), int(ts.tokens.max())
+    if lo < 0 or hi >= V:
+        raise UsageError(f"token codes span {lo}..{hi} but {model.name} has {V} image tokens; "
+                         f"store code indices (not vocabulary ids) made by this model's tokenizer")
+    if model.kind == "c2i":
+        if not all(isinstance(c, int) for c in ts.conditions):
+            raise UsageError(f"{model.name} is class-conditional; conditions must be integer class labels")
+        if model.num_classes and (min(ts.conditions) < 0 or max(ts.conditions) >= model.num_classes):
+            raise UsageError(f"class labels must be in 0..{model.num_classes - 1} for {model.name}")
+
+
+def split_holdout(ts: TokenSet, test_size: int, seed: int = 0) -> tuple[TokenSet, TokenSet]:
+    """Random held-out split: (train, test) with ``test_size`` test sequences (seeded permutation).
+
+    Raises UsageError when fewer than ``test_size + 1`` sequences exist.
+    """
+    if not 0 < test_size < len(ts):
+        raise UsageError(f"cannot hold out {test_size} of {len(ts)} sequences; lower --test-size or add data")
+    perm = torch.randperm(len(ts), generator=torch.Generator().manual_seed(seed))
+    return ts.subset(perm[test_size:].sort().values), ts.subset(perm[:test_size].sort().values)
+
+
+# --------------------------------------------------------------------------- sources
+def fashion_mnist_tokens(model: TokenModel, split: str = "train", limit: Optional[int] = None,
+                         root: Optional[str | Path] = None, batch_size: int = 500, progress: bool = True) -> TokenSet:
+    """Encode real Fashion-MNIST images with the model's VQ tokenizer -> (N, h*w) token sequences
+    with their class labels. ``limit`` keeps the first N images of the split.
+
+    Raises UsageError when the IDX files are absent or the model does not take 1 x 32 x 32 images.
+    """
+    from tqdm.auto import tqdm
+
+    from ambiguity.data.fashion_mnist import load_split
+
+    try:
+        shape = tuple(model.image_shape)
+    except NotImplementedError:
+        shape = None
+    if shape != (1, 32, 32):
+        raise UsageError(f"{model.name} does not take 1x32x32 Fashion-MNIST images; "
+                         f"pass --tokens FILE or --self-generate N")
+    images, labels = load_split(split, root)
+    if limit is not None:
+        images, labels = images[:limit], labels[:limit]
+    chunks = []
+    for i in tqdm(range(0, len(images), batch_size), desc=f"encode fashion-mnist {split}", disable=not progress,
+                  unit="batch"):
+        chunks.append(model.encode_images(images[i:i + batch_size]).flatten(1).cpu())
+    return TokenSet(torch.cat(chunks), labels.tolist(), source=f"fashion-mnist:{split}")
+
+
+def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list] = None, batch_size: int = 32,
+                  seed: int = 0, parts_dir: Optional[str | Path] = None, progress: bool = True) -> TokenSet:
+    """Sample ``n`` images' token sequences from the target itself (``ambiguity.generation.sample_tokens``).
+
+    ``sampling``: an :class:`ambiguity.sampling.SamplingConfig` (CFG scale, temperature,
+    top-k/top-p). ``conditions``: cycled to ``n``; default ``model.default_conditions(n)``
+    (class labels round-robin for c2i). Batch ``k`` uses seed ``seed + k``; with ``parts_dir``
+    every batch is written there as a token file and existing parts with the same conditions
+    and sampling settings are reused, so an interrupted run resumes. Returns the sequences; raises UsageError for models that need
+    explicit conditions.
+    """
+    from tqdm.auto import tqdm
+
+    from ambiguity.generation import make_generator, sample_tokens
+
+    if n <= 0:
+        raise UsageError(f"--self-generate needs a positive number of sequences, got {n}")
+    if conditions is None:
+        try:
+            conditions = model.default_conditions(n, seed)
+        except NotImplementedError:
+            raise UsageError(f"{model.name} needs conditions for --self-generate; pass --conditions FILE "
+                             f"(one caption or prompt a line)") from None
+    conds = [conditions[i % len(conditions)] for i in range(n)]
+    parts = Path(parts_dir) if parts_dir is not None else None
+    if parts is not None:
+        parts.mkdir(parents=True, exist_ok=True)
+    out_tokens, info = [], {"sampling": sampling.as_dict(), "seed": seed, "model": model.name}
+    for k, i in enumerate(tqdm(range(0, n, batch_size), desc="self-generate", unit="batch", disable=not progress)):
+        part = parts / f"part_{k:05d}.safetensors" if parts is not None else None
+        batch = conds[i:i + batch_size]
+        if part is not None and part.is_file():
+            got = load_token_file(part)
+            if got.conditions == batch and got.info.get("sampling") == info["sampling"]:
+                out_tokens.append(got.tokens)
+                continue
+        prompt = model.make_prompt(batch, cfg=sampling.use_cfg)
+        toks = sample_tokens(model, prompt, sampling, generator=make_generator(seed + k, model.device)).cpu()
+        if part is not None:
+            save_token_file(TokenSet(toks, batch, "self-generated"), part, **info)
+        out_tokens.append(toks)
+    return TokenSet(torch.cat(out_tokens), conds, source="self-generated", info=info)
+
+
+# --------------------------------------------------------------------------- features
+def feature_dtype(model: TokenModel) -> torch.dtype:
+    """Storage dtype of cached features: float16 for float32 targets, else the target's dtype."""
+    return torch.float16 if model.dtype == torch.float32 else model.dtype
+
+
+@torch.no_grad()
+def teacher_forced_rows(model: TokenModel, tokens: torch.Tensor, conditions: list,
+                        with_uncond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher-forced last hidden states of a batch of sequences, one forward (no grad).
+
+    Args:
+        tokens: (B, N) int64 code indices; conditions: B labels or captions.
+        with_uncond: (B,) bool; these sequences run through a CFG prompt and give two rows
+            each: the conditional row and the unconditional (null-condition) row.
+    Returns:
+        tokens (R, N) int64, hidden (R, N, H) in the model's dtype with ``hidden[:, t]`` the state
+        that predicts ``tokens[:, t]``, uncond (R,) bool; R = B + with_uncond.sum(). Rows: the
+        plain sequences, then the CFG sequences' conditional rows, then their unconditional rows.
+    """
+    tokens = tokens.to(model.device)
+    out_t, out_h, out_u = [], [], []
+    plain = (~with_uncond).nonzero().flatten().tolist()
+    cfg = with_uncond.nonzero().flatten().tolist()
+    if plain:
+        prompt = model.make_prompt([conditions[i] for i in plain], cfg=False)
+        step = model.teacher_force(prompt, tokens[plain])
+        out_t.append(tokens[plain])
+        out_h.append(step.hidden)
+        out_u.append(torch.zeros(len(plain), dtype=torch.bool))
+    if cfg:
+        prompt = model.make_prompt([conditions[i] for i in cfg], cfg=True)
+        both = torch.cat([tokens[cfg], tokens[cfg]])
+        step = model.teacher_force(prompt, both)
+        out_t.append(both)
+        out_h.append(step.hidden)
+        out_u.append(torch.arange(2 * len(cfg)) >= len(cfg))
+    return torch.cat(out_t), torch.cat(out_h), torch.cat(out_u)
+
+
+def training_inputs(tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Align teacher-forced hidden states with the drafter's inputs and targets (EAGLE Sec. 4.2).
+
+    Args:
+        tokens: (R, N) int64 ``x_0 .. x_{N-1}``.
+        hidden: (R, N, H) from ``teacher_force``: ``hidden[:, t]`` predicts ``x_t``, i.e. it is
+            ``h_{t-1}``, the hidden state at the position of ``x_{t-1}`` (``h_{-1}`` = last prefix
+            position).
+    Returns:
+        ``tokens_in`` (R, N-1) = ``x_0 .. x_{N-2}``, ``features_in`` (R, N-1, H) =
+        ``h_{-1} .. h_{N-3}`` and ``feature_targets`` (R, N-1, H) = ``h_0 .. h_{N-2}``: drafter
+        position ``i`` takes (``x_i``, ``h_{i-1}``) and should output ``h_i``, whose head logits
+        are the target's distribution of ``x_{i+1}``.
+    """
+    return tokens[:, :-1], hidden[:, :-1], hidden[:, 1:]
+
+
+def _shard_size(n_tokens: int, hidden: int, dtype: torch.dtype, target_bytes: int = 64 * 2 ** 20) -> int:
+    per_row = n_tokens * hidden * torch.finfo(dtype).bits // 8
+    return max(16, target_bytes // max(per_row, 1))
+
+
+def build_feature_cache(model: TokenModel, ts: TokenSet, directory: str | Path, prefix: str, batch_size: int = 32,
+                        uncond_fraction: float = 0.0, seed: int = 0, progress: bool = True) -> list[Path]:
+    """Teacher-force every sequence once and store (tokens, hidden, uncond) rows in shards.
+
+    Shards ``<directory>/<prefix>_00000.safetensors`` ... hold about 64 MB each: ``tokens``
+    (R, N) int64, ``hidden`` (R, N, H) in :func:`feature_dtype`, ``uncond`` (R,) bool. Existing
+    shards are kept (resume). A seeded random subset of the sequences also runs the
+    unconditional stream, chosen so that about ``uncond_fraction`` of all rows are
+    unconditional (each chosen sequence adds one conditional and one unconditional row).
+    Returns the shard paths in order.
+    """
+    from tqdm.auto import tqdm
+
+    if not 0 <= uncond_fraction < 0.5:
+        raise UsageError(f"--uncond-fraction must be in [0, 0.5), got {uncond_fraction}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    dtype = feature_dtype(model)
+    size = _shard_size(ts.tokens.shape[1], model.hidden_size, dtype)
+    p = uncond_fraction / (1 - uncond_fraction)
+    chosen = torch.rand(len(ts), generator=torch.Generator().manual_seed(seed)) < p
+    paths = []
+    n_shards = math.ceil(len(ts) / size)
+    bar = tqdm(total=len(ts), desc=f"target features ({prefix})", unit="seq", disable=not progress)
+    for s in range(n_shards):
+        path = directory / f"{prefix}_{s:05d}.safetensors"
+        lo, hi = s * size, min(len(ts), (s + 1) * size)
+        paths.append(path)
+        if path.is_file():
+            bar.update(hi - lo)
+            continue
+        toks, hid, unc = [], [], []
+        for i in range(lo, hi, batch_size):
+            j = min(hi, i + batch_size)
+            t, h, u = teacher_forced_rows(model, ts.tokens[i:j], ts.conditions[i:j], chosen[i:j])
+            toks.append(t.cpu())
+            hid.append(h.to(dtype).cpu())
+            unc.append(u)
+            bar.update(j - i)
+        save_tensors({"tokens": torch.cat(toks), "hidden": torch.cat(hid), "uncond": torch.cat(unc)}, path,
+                     {"sequences": [lo, hi]})
+    bar.close()
+    return paths
+
+
+def shard_rows(paths: Sequence[Path]) -> list[int]:
+    """Rows in each feature shard (read from the safetensors headers only)."""
+    from safetensors import safe_open
+
+    sizes = []
+    for p in paths:
+        with safe_open(str(p), framework="pt") as f:
+            sizes.append(int(f.get_slice("uncond").get_shape()[0]))
+    return sizes
+
+
+def iterate_batches(paths: Sequence[Path], batch_size: int, generator: Optional[torch.Generator] = None,
+                    device: torch.device | str = "cpu") -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Yield (tokens (b, N) int64, hidden (b, N, H), uncond (b,) bool) batches from feature shards.
+
+    With a ``generator`` the shard order and the rows inside each shard are shuffled (one
+    shard in memory at a time); without one the order is the stored order (evaluation).
+    """
+    order = torch.randperm(len(paths), generator=generator).tolist() if generator is not None else range(len(paths))
+    for s in order:
+        tensors, _ = load_tensors(paths[s])
+        R = tensors["uncond"].shape[0]
+        rows = torch.randperm(R, generator=generator) if generator is not None else torch.arange(R)
+        for i in range(0, R, batch_size):
+            idx = rows[i:i + batch_size]
+            yield (tensors["tokens"][idx].long().to(device), tensors["hidden"][idx].to(device),
+                   tensors["uncond"][idx].to(device))

@@ -1,0 +1,491 @@
+"""Train an EAGLE drafter on the target's teacher-forced hidden states.
+
+    python -m lantern.train_drafter --model embedded --epochs 6 \\
+        --out lantern/weights/embedded_drafter.safetensors --figure figures/drafter_accuracy.png
+    python -m lantern.train_drafter --model llamagen-c2i-b --self-generate 50000 --cfg 4 --temperature 1
+    python -m lantern.train_drafter --model llamagen-c2i-b --tokens imagenet_codes.safetensors
+
+Objective (EAGLE, Li et al., 2024, arXiv 2401.15077, Sec. 4.2; LANTERN, arXiv 2410.03355,
+App. B): at every image-token position ``i`` the drafter gets (``x_i``, ``h_{i-1}``) and
+predicts ``f_i``; the loss is ``SmoothL1(f_i, h_i) + 0.1 * CE(p_i, softmax(head(f_i)))`` where
+``p_i = softmax(head(h_i))`` is the target's distribution of ``x_{i+1}`` at temperature 1 without
+guidance for the row's own condition (soft labels, in nats). About 10 % of the rows come from
+the unconditional (CFG) stream (none for text models, which have no guidance).
+
+Test accuracy (LANTERN Fig. 2b): on held-out sequences, teacher-forced (true tokens, true
+target features), the fraction of positions whose drafter top-k (k = 1, 2, 3) contains the
+target's top-1 next token. Epoch 0 is the randomly initialised drafter. One Parquet row per
+epoch; a PNG + PDF figure.
+
+Everything lives in a run directory (default ``runs/drafter-<model>``): the token sequences,
+the cached target features (computed once), ``checkpoint.pt`` after every epoch, the per-epoch
+drafters and the accuracy table. Rerunning the same command resumes; a larger ``--epochs``
+continues training.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ambiguity.errors import ArgumentParser, UsageError, cli_main
+from ambiguity.io import atomic_path, read_table, write_json, write_table
+from ambiguity.models.base import TokenModel
+from lantern.drafter import Drafter, fingerprint_mismatch, target_fingerprint
+from lantern.drafter_data import (TokenSet, build_feature_cache, iterate_batches, shard_rows, training_inputs)
+
+__all__ = ["TrainConfig", "drafter_loss", "topk_hits", "topk_accuracy", "lr_at", "train_step", "evaluate",
+           "train_drafter", "plot_accuracy", "accuracy_table_path", "summary", "build_parser", "PAPER_TOP1", "main"]
+
+KS = (1, 2, 3)
+# LANTERN (arXiv 2410.03355) Sec. 3 / Fig. 2b: top-1 test accuracy of EAGLE drafters.
+PAPER_TOP1 = {"LlamaGen (paper)": 0.3880, "Anole (paper)": 0.2760}
+
+
+@dataclass
+class TrainConfig:
+    """Drafter training settings.
+
+    epochs: passes over the training rows. batch_size: sequences (rows) per optimiser step.
+    lr: peak AdamW learning rate, reached after ``warmup_steps`` (linear), then cosine decay to
+    ``lr * min_lr_ratio`` at the last step. grad_clip: max global gradient norm.
+    ce_weight: weight of the soft cross-entropy term (EAGLE: 0.1). uncond_fraction: share of
+    training rows from the unconditional (CFG) stream. seed: drafter init, shuffling, CFG subset.
+    """
+
+    epochs: int = 6
+    batch_size: int = 64
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    ce_weight: float = 0.1
+    uncond_fraction: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.epochs < 0:
+            raise UsageError(f"--epochs must be >= 0, got {self.epochs}")
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise UsageError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.uncond_fraction < 0.5:
+            raise UsageError(f"--uncond-fraction must be in [0, 0.5), got {self.uncond_fraction}")
+
+
+# --------------------------------------------------------------------------- losses and metrics
+def drafter_loss(pred: torch.Tensor, target_hidden: torch.Tensor, draft_logits: torch.Tensor,
+                 target_logits: torch.Tensor, ce_weight: float = 0.1
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EAGLE loss (arXiv 2401.15077, Sec. 4.2): ``SmoothL1(f, h) + ce_weight * CE(p, q)``.
+
+    Args:
+        pred, target_hidden: (..., H) predicted features f and the target's h.
+        draft_logits, target_logits: (..., V) float32; p = softmax(target_logits) are soft labels.
+    Returns:
+        (loss, smooth_l1, ce) scalars float32; smooth_l1 is the mean over all elements (beta 1),
+        ce = mean over positions of -sum_v p(v) log q(v) in nats.
+    """
+    l1 = F.smooth_l1_loss(pred.float(), target_hidden.float())
+    p = torch.softmax(target_logits.float(), dim=-1)
+    ce = -(p * torch.log_softmax(draft_logits.float(), dim=-1)).sum(-1).mean()
+    return l1 + ce_weight * ce, l1, ce
+
+
+def topk_hits(draft_logits: torch.Tensor, target_logits: torch.Tensor, ks: Sequence[int] = KS) -> torch.Tensor:
+    """How many positions have the target's top-1 token among the drafter's top-k, for each k.
+
+    draft_logits, target_logits: (..., V). Returns (len(ks),) int64 counts over all positions.
+    The target's top-1 is its argmax (lowest index on ties); the drafter's top-k is
+    ``torch.topk``. LANTERN Fig. 2b reports these counts divided by the number of positions.
+    """
+    want = target_logits.argmax(-1).flatten()
+    top = draft_logits.reshape(-1, draft_logits.shape[-1]).topk(max(ks), dim=-1).indices
+    match = top == want[:, None]
+    return torch.stack([match[:, :k].any(-1).sum() for k in ks]).long().cpu()
+
+
+def topk_accuracy(draft_logits: torch.Tensor, target_logits: torch.Tensor, ks: Sequence[int] = KS) -> dict[str, float]:
+    """{"top1": fraction, "top2": ..., ...}: :func:`topk_hits` over the number of positions."""
+    n = draft_logits[..., 0].numel()
+    hits = topk_hits(draft_logits, target_logits, ks)
+    return {f"top{k}": float(h) / n for k, h in zip(ks, hits)}
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Learning rate at optimiser step ``step`` of ``total``: linear warmup, cosine decay."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+# --------------------------------------------------------------------------- steps
+def _forward(drafter: Drafter, model: TokenModel, tokens: torch.Tensor, hidden: torch.Tensor):
+    """Drafter outputs and targets for teacher-forced rows (tokens (R, N), hidden (R, N, H))."""
+    tok_in, feat_in, feat_tgt = training_inputs(tokens, hidden)
+    pred = drafter(model, tok_in, feat_in, None, 0)
+    draft_logits = drafter.logits(model, pred)
+    with torch.no_grad():
+        target_logits = model.head(feat_tgt.to(model.dtype))
+    return pred, feat_tgt, draft_logits, target_logits
+
+
+def train_step(drafter: Drafter, model: TokenModel, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+               hidden: torch.Tensor, cfg: TrainConfig, lr: Optional[float] = None) -> dict[str, float]:
+    """One AdamW step on a batch of teacher-forced rows; only the drafter's weights change.
+
+    tokens (R, N) int64, hidden (R, N, H) from the feature cache. Returns the batch's loss,
+    smooth_l1 and ce (nats) before the step.
+    """
+    drafter.train()
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden)
+    loss, l1, ce = drafter_loss(pred, tgt, dl, tl, cfg.ce_weight)
+    optimizer.zero_grad(set_to_none=True)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    loss.backward(inputs=params)  # the target's frozen head and embedding get no gradients
+    if cfg.grad_clip:
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    optimizer.step()
+    return {"loss": loss.item(), "smooth_l1": l1.item(), "ce": ce.item()}
+
+
+@torch.no_grad()
+def evaluate(drafter: Drafter, model: TokenModel, paths: Sequence[Path], batch_size: int = 64,
+             ks: Sequence[int] = KS) -> dict[str, float]:
+    """Teacher-forced test metrics over feature shards: top-k accuracy (fractions), mean
+    smooth_l1 and ce (nats) per position, and the number of positions."""
+    drafter.eval()
+    hits = torch.zeros(len(ks), dtype=torch.long)
+    n, l1_sum, ce_sum = 0, 0.0, 0.0
+    for tokens, hidden, _ in iterate_batches(paths, batch_size, None, model.device):
+        pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden)
+        _, l1, ce = drafter_loss(pred, tgt, dl, tl)
+        m = dl[..., 0].numel()
+        hits += topk_hits(dl, tl, ks)
+        l1_sum, ce_sum, n = l1_sum + float(l1) * m, ce_sum + float(ce) * m, n + m
+    out = {f"top{k}": float(h) / max(n, 1) for k, h in zip(ks, hits)}
+    out.update(test_smooth_l1=l1_sum / max(n, 1), test_ce=ce_sum / max(n, 1), test_positions=n)
+    return out
+
+
+# --------------------------------------------------------------------------- the run
+def _check_run(run_dir: Path, record: dict) -> None:
+    """Write run.json, or check that an existing one describes the same run (epochs may grow)."""
+    path = run_dir / "run.json"
+    if not path.is_file():
+        write_json(record, path)
+        return
+    import json
+
+    old = json.loads(path.read_text())
+    why = fingerprint_mismatch(old.get("target", {}), record["target"])
+    if why is not None:
+        raise UsageError(f"run dir {run_dir} trains a drafter for {why}, not {record['target']['name']}; "
+                         f"pass another --run-dir")
+    for key in ("data", "train"):
+        a, b = dict(old.get(key, {})), dict(record[key])
+        a.pop("epochs", None), b.pop("epochs", None)
+        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        if diff:
+            raise UsageError(f"run dir {run_dir} was started with other settings ({key}.{diff[0]}: {a.get(diff[0])!r} "
+                             f"!= {b.get(diff[0])!r}); rerun with the same settings or pass another --run-dir")
+    write_json(record, path)
+
+
+def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: str | Path,
+                  cfg: Optional[TrainConfig] = None, progress: bool = True):
+    """Train a drafter for ``model`` and measure its test accuracy after every epoch.
+
+    Args:
+        model: the target (any adapter with hidden states and ``draft_layer()``).
+        train, test: token sequences (test: held out; evaluated on conditional rows only).
+        run_dir: where features, checkpoints and the table go; an existing run resumes.
+    Returns:
+        (drafter, table): the drafter after the last epoch (float32, eval mode) and a pandas
+        DataFrame with one row per epoch (0 = random init): model, epoch, top1, top2, top3 (fractions),
+        test_smooth_l1, test_ce (nats), train_loss, train_smooth_l1, train_ce, lr, steps,
+        train_rows, test_positions, seconds (wall-clock of the epoch incl. evaluation).
+    Raises UsageError for a run dir holding another run.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    cfg = cfg or TrainConfig()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"target": target_fingerprint(model), "train": dataclasses.asdict(cfg),
+              "data": {"train_source": train.source, "test_source": test.source, "train_sequences": len(train),
+                       "test_sequences": len(test), "sequence_length": int(train.tokens.shape[1])}}
+    _check_run(run_dir, record)
+    feats = run_dir / "features"
+    batch = max(1, cfg.batch_size)
+    uncond = cfg.uncond_fraction if model.kind != "text" else 0.0  # text LMs have no CFG stream
+    train_paths = build_feature_cache(model, train, feats, "train", batch, uncond, cfg.seed, progress)
+    test_paths = build_feature_cache(model, test, feats, "test", batch, 0.0, cfg.seed, progress)
+    steps_per_epoch = sum(math.ceil(r / cfg.batch_size) for r in shard_rows(train_paths))  # batches stay in a shard
+    total = steps_per_epoch * cfg.epochs
+
+    drafter = Drafter.for_target(model, dtype=torch.float32, seed=cfg.seed)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    ckpt, rows, step = run_dir / "checkpoint.pt", [], 0
+    if ckpt.is_file():
+        state = torch.load(ckpt, map_location=model.device, weights_only=True)
+        drafter.load_state_dict(state["drafter"])
+        optimizer.load_state_dict(state["optimizer"])
+        rows, step = state["rows"], state["step"]
+    if not rows:
+        t0 = time.perf_counter()
+        ev = evaluate(drafter, model, test_paths, cfg.batch_size)
+        rows.append({"model": model.name, "epoch": 0, **ev, "train_loss": float("nan"),
+                     "train_smooth_l1": float("nan"), "train_ce": float("nan"), "lr": 0.0, "steps": 0,
+                     "train_rows": 0, "seconds": time.perf_counter() - t0})
+        _save_checkpoint(ckpt, drafter, optimizer, rows, step)
+        write_table(pd.DataFrame(rows), run_dir / "accuracy.parquet")
+
+    for epoch in range(rows[-1]["epoch"] + 1, cfg.epochs + 1):
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        sums, n = {"loss": 0.0, "smooth_l1": 0.0, "ce": 0.0}, 0
+        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{cfg.epochs}", unit="step", disable=not progress)
+        lr = cfg.lr
+        for tokens, hidden, _ in iterate_batches(train_paths, cfg.batch_size, gen, model.device):
+            lr = lr_at(step, total, cfg)
+            stats = train_step(drafter, model, optimizer, tokens, hidden, cfg, lr)
+            for k in sums:
+                sums[k] += stats[k] * tokens.shape[0]
+            n += tokens.shape[0]
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.4f}", ce=f"{stats['ce']:.3f}")
+        bar.close()
+        ev = evaluate(drafter, model, test_paths, cfg.batch_size)
+        rows.append({"model": model.name, "epoch": epoch, **ev, "train_loss": sums["loss"] / max(n, 1),
+                     "train_smooth_l1": sums["smooth_l1"] / max(n, 1), "train_ce": sums["ce"] / max(n, 1), "lr": lr,
+                     "steps": step, "train_rows": n, "seconds": time.perf_counter() - t0})
+        _save_checkpoint(ckpt, drafter, optimizer, rows, step)
+        drafter.save(run_dir / f"drafter_epoch{epoch:03d}.safetensors", dtype=torch.float32,
+                     **_training_info(record, rows))
+        write_table(pd.DataFrame(rows), run_dir / "accuracy.parquet")
+        if progress:
+            tqdm.write(f"epoch {epoch}: top-1 {ev['top1']:.2%}  top-2 {ev['top2']:.2%}  top-3 {ev['top3']:.2%}  "
+                       f"test ce {ev['test_ce']:.3f} nats")
+    drafter.info.update(_training_info(record, rows))
+    return drafter.eval(), pd.DataFrame(rows)
+
+
+def _training_info(record: dict, rows: list) -> dict:
+    last = rows[-1]
+    return {"data": record["data"], "config": record["train"], "epochs_done": int(last["epoch"]),
+            "test_accuracy": {f"top{k}": round(float(last[f"top{k}"]), 4) for k in KS},
+            "random_init_accuracy": {f"top{k}": round(float(rows[0][f"top{k}"]), 4) for k in KS}}
+
+
+def _save_checkpoint(path: Path, drafter: Drafter, optimizer, rows: list, step: int) -> None:
+    with atomic_path(path) as tmp:
+        torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "rows": rows,
+                    "step": step}, tmp)
+
+
+# --------------------------------------------------------------------------- outputs
+def accuracy_table_path(drafter_path: str | Path) -> Path:
+    """``x/name.safetensors`` -> ``x/name_accuracy.parquet`` (the table shipped next to a drafter)."""
+    p = Path(drafter_path)
+    return p.with_name(p.name.removesuffix(".safetensors") + "_accuracy.parquet")
+
+
+def plot_accuracy(table, path: str | Path, title: str = "", references: Optional[dict] = None) -> list[Path]:
+    """Top-1/2/3 test accuracy (%) per epoch (epoch 0 = random init) as PNG (200 dpi) + PDF.
+
+    ``table``: a DataFrame from :func:`train_drafter` (or the Parquet path). ``references``:
+    label -> top-1 fraction drawn as dashed lines (default :data:`PAPER_TOP1`; ``{}`` for none).
+    Returns the written paths.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    df = read_table(table) if isinstance(table, (str, Path)) else table
+    long = pd.concat([pd.DataFrame({"epoch": df["epoch"], "accuracy (%)": 100 * df[f"top{k}"], "drafter": f"top-{k}"})
+                      for k in KS])
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, ax = plt.subplots(figsize=(4.2, 3.0))
+    sns.lineplot(data=long, x="epoch", y="accuracy (%)", hue="drafter", marker="o", ax=ax)
+    refs = PAPER_TOP1 if references is None else references
+    for (label, value), style in zip(refs.items(), ("--", ":", "-.")):
+        ax.axhline(100 * value, color="0.45", ls=style, lw=0.9, label=f"{label} top-1")
+    ax.set_xticks(list(df["epoch"]))
+    ax.set_xticklabels(["init" if e == 0 else str(e) for e in df["epoch"]])
+    ax.set_ylim(0, 100)
+    ax.set_title(title or "Drafter test accuracy (target top-1 in drafter top-k)", fontsize=9)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = []
+    for suffix in (".png", ".pdf"):
+        target = path.with_suffix(suffix)
+        with atomic_path(target) as tmp:
+            fig.savefig(tmp, dpi=200, format=suffix[1:])
+        out.append(target)
+    plt.close(fig)
+    return out
+
+
+def summary(table) -> str:
+    """The accuracy table as text: epoch, top-1/2/3 (%), test CE (nats), train loss, seconds."""
+    df = table.copy()
+    for k in KS:
+        df[f"top-{k} %"] = (100 * df[f"top{k}"]).round(2)
+    df["test CE"] = df["test_ce"].round(3)
+    df["train loss"] = df["train_loss"].round(4)
+    df["s"] = df["seconds"].round(0).astype(int)
+    df["epoch"] = ["init" if e == 0 else str(e) for e in df["epoch"]]
+    return df[["epoch", "top-1 %", "top-2 %", "top-3 %", "test CE", "train loss", "s"]].to_string(index=False)
+
+
+# --------------------------------------------------------------------------- CLI
+def _data(args, model: TokenModel, run_dir: Path) -> tuple[TokenSet, TokenSet]:
+    """Train/test sequences: reused from the run dir, else from --tokens, --self-generate or Fashion-MNIST."""
+    from lantern.drafter_data import (check_tokens, fashion_mnist_tokens, load_token_file, read_conditions,
+                                      save_token_file, self_generate, split_holdout)
+
+    tr_path, te_path = run_dir / "tokens_train.safetensors", run_dir / "tokens_test.safetensors"
+    if tr_path.is_file() and te_path.is_file():
+        train, test = load_token_file(tr_path), load_token_file(te_path)
+        train.source, test.source = train.info.get("source", ""), test.info.get("source", "")
+        wanted = (str(Path(args.tokens).expanduser()) if args.tokens else
+                  "self-generated" if args.self_generate else None)
+        if args.self_generate:
+            from ambiguity.sampling import SamplingConfig
+
+            sampling = SamplingConfig(cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+            if train.info.get("sampling") not in (None, sampling.as_dict()):
+                wanted = f"self-generated with {sampling.as_dict()}"
+        if (wanted and train.source != wanted) or (args.train_size is not None and len(train) > args.train_size):
+            raise UsageError(f"run dir {run_dir} holds sequences from {train.source} ({len(train)} for training); "
+                             f"pass another --run-dir for other data")
+    else:
+        if args.tokens and args.self_generate:
+            raise UsageError("give either --tokens FILE or --self-generate N, not both")
+        conds = read_conditions(args.conditions) if args.conditions else None
+        if args.tokens:
+            train, test = split_holdout(load_token_file(args.tokens, args.conditions), args.test_size, args.seed)
+        elif args.self_generate:
+            from ambiguity.sampling import SamplingConfig
+
+            sampling = SamplingConfig(cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+            ts = self_generate(model, args.self_generate, sampling, conds, args.gen_batch_size, args.seed,
+                               run_dir / "self_generated", progress=not args.no_progress)
+            path = save_token_file(ts, run_dir / "self_generated.safetensors")
+            print(f"self-generated sequences saved to {path} (reuse them with --tokens {path})")
+            train, test = split_holdout(ts, args.test_size, args.seed)
+        elif model.kind == "c2i" and model.num_classes == 10 and _takes_fashion_mnist(model):
+            train = fashion_mnist_tokens(model, "train", args.train_size, args.data, progress=not args.no_progress)
+            test = fashion_mnist_tokens(model, "test", args.test_size, args.data, progress=not args.no_progress)
+        else:
+            raise UsageError(f"--model {model.name} needs training sequences: pass --tokens FILE or --self-generate N")
+        if args.train_size is not None and len(train) > args.train_size:
+            train = train.subset(range(args.train_size))
+        save_token_file(train, tr_path)
+        save_token_file(test, te_path)
+    check_tokens(train, model)
+    check_tokens(test, model)
+    return train, test
+
+
+def _takes_fashion_mnist(model: TokenModel) -> bool:
+    try:
+        return tuple(model.image_shape) == (1, 32, 32)
+    except NotImplementedError:
+        return False
+
+
+def build_parser() -> ArgumentParser:
+    """The CLI's argument parser (one-line errors, exit status 2)."""
+    p = ArgumentParser(prog="python -m lantern.train_drafter",
+                       description="Train an EAGLE drafter on the target's teacher-forced hidden states and report "
+                                   "its test accuracy per epoch (LANTERN Fig. 2b).")
+    p.add_argument("--model", default="embedded", help="target model name (default: embedded)")
+    p.add_argument("--weights", default=None, help="target checkpoint file or directory")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--dtype", default=None, help="target dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16")
+    d = p.add_argument_group("data (default for the embedded model: Fashion-MNIST train / test images)")
+    d.add_argument("--tokens", default=None, help="token file: .safetensors/.pt/.npz/.npy of (N, h*w) code indices "
+                                                   "plus labels or conditions (see lantern.drafter_data)")
+    d.add_argument("--conditions", default=None, help="text file, one class label or caption a line")
+    d.add_argument("--self-generate", type=int, default=None, metavar="N",
+                   help="sample N sequences from the target itself and train on them (saved for reuse)")
+    d.add_argument("--cfg", type=float, default=1.0, help="CFG scale for --self-generate (1 = none)")
+    d.add_argument("--temperature", type=float, default=1.0, help="temperature for --self-generate")
+    d.add_argument("--top-k", type=int, default=0, help="top-k for --self-generate (0 = off)")
+    d.add_argument("--top-p", type=float, default=1.0, help="top-p for --self-generate (1 = off)")
+    d.add_argument("--gen-batch-size", type=int, default=32, help="images per batch for --self-generate")
+    d.add_argument("--data", default=None, help="Fashion-MNIST IDX directory (embedded model)")
+    d.add_argument("--train-size", type=int, default=None, help="use at most this many training sequences")
+    d.add_argument("--test-size", type=int, default=1000, help="held-out test sequences (default 1000)")
+    t = p.add_argument_group("training")
+    defaults = TrainConfig()
+    t.add_argument("--epochs", type=int, default=defaults.epochs)
+    t.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sequences per step")
+    t.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (warmup, cosine decay)")
+    t.add_argument("--uncond-fraction", type=float, default=defaults.uncond_fraction,
+                   help="share of rows from the unconditional (CFG) stream")
+    t.add_argument("--seed", type=int, default=defaults.seed)
+    o = p.add_argument_group("output")
+    o.add_argument("--run-dir", default=None, help="features, checkpoints, tables (default runs/drafter-<model>)")
+    o.add_argument("--out", default=None, help="final drafter file (default <run-dir>/drafter.safetensors); "
+                                               "the accuracy table goes next to it as <name>_accuracy.parquet")
+    o.add_argument("--figure", default=None,
+                   help="accuracy figure .png (+.pdf) (default <run-dir>/drafter_accuracy.png)")
+    o.add_argument("--save-dtype", default="fp16", choices=["fp16", "bf16", "fp32"], help="dtype of the saved drafter")
+    o.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+@cli_main
+def main(argv: Optional[list[str]] = None) -> int:
+    """Command-line entry point (see the module docstring); returns the exit status."""
+    from ambiguity.io import ensure_writable_dir
+    from ambiguity.models.registry import load_model
+
+    args = build_parser().parse_args(argv)
+    cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                      uncond_fraction=args.uncond_fraction, seed=args.seed)
+    torch.manual_seed(args.seed)
+    model = load_model(args.model, weights=args.weights, device=args.device, dtype=args.dtype)
+    safe_name = model.name.replace("/", "_").replace(":", "_")
+    run_dir = ensure_writable_dir(args.run_dir or Path("runs") / f"drafter-{safe_name}")
+    train, test = _data(args, model, run_dir)
+    print(f"target {model.name}: {len(train)} training and {len(test)} test sequences of {train.tokens.shape[1]} "
+          f"tokens; run dir {run_dir}")
+    drafter, table = train_drafter(model, train, test, run_dir, cfg, progress=not args.no_progress)
+    save_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
+    out = Path(args.out) if args.out else run_dir / "drafter.safetensors"
+    drafter.save(out, dtype=save_dtype)
+    write_table(table, accuracy_table_path(out))
+    figs = plot_accuracy(table, args.figure or run_dir / "drafter_accuracy.png",
+                         title=f"EAGLE drafter for {model.name}: test accuracy")
+    print(summary(table))
+    print(f"drafter: {out} ({out.stat().st_size / 2 ** 20:.2f} MB)  table: {accuracy_table_path(out)}  "
+          f"figure: {', '.join(map(str, figs))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
