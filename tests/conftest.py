@@ -1,10 +1,21 @@
 import os
-from pathlib import Path
 
-import pytest
-import torch
+# Tests run tiny models: one thread avoids OpenMP start-up and spin costs that make tiny
+# matmuls 10x slower on a 2-core machine, and keeps parallel pytest runs from fighting.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+try:
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+except ImportError:  # pragma: no cover - faiss is a required dependency
+    pass
 
 # Copies of ../shared/reference (official-layout checkpoints and the outputs the official code
 # computed from them) live in tests/fixtures/reference so a clean clone is self-contained.

@@ -9,19 +9,10 @@ import shutil
 import string
 from pathlib import Path
 
-import pytest
 import torch
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run 10-20x faster on one thread than on two busy shared cores; restored after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def char_tokenizer(specials: list[str], bos: str | None = "<s>", eos: str | None = None, pad: str = "<pad>",

@@ -14,18 +14,6 @@ from ambiguity.neighbourhood import build_neighbourhoods
 LINE = torch.arange(8, dtype=torch.float32)[:, None]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is faster, and immune to OpenMP barriers on a shared, loaded CPU."""
-    import faiss
-
-    n, nf = torch.get_num_threads(), faiss.omp_get_max_threads()
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-    faiss.omp_set_num_threads(nf)
-
 
 @pytest.fixture(scope="module")
 def line_table():

@@ -53,14 +53,6 @@ def tiny_tokenizer() -> Tokenizer:
     return tok
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: one thread avoids the OpenMP spin-up cost on the shared cores (10 ms vs 100+ ms a step)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def lm():

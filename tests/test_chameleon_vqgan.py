@@ -12,14 +12,6 @@ from ambiguity.models.chameleon_vqgan import (ChameleonVQGAN, VQGANConfig, load_
 from ambiguity.models.llamagen import load_checkpoint_state
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small convolutions: one thread avoids the OpenMP spin-up cost on the shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def ref(reference_dir):

@@ -11,7 +11,7 @@ from ambiguity.generation import sample_tokens
 from ambiguity.models.emu3 import EMU3_GEN_REPO, Emu3Model, emu3_grid, load_emu3, visual_token_ids
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import one_thread, save, save_to_hf_cache, tiny_emu3, use_hf_cache  # noqa: F401
+from hf_tiny import save, save_to_hf_cache, tiny_emu3, use_hf_cache  # noqa: F401
 
 CAPTIONS = ["a cat", "a big dog on grass"]
 V, H, W = 20, 3, 4

@@ -7,7 +7,7 @@ from ambiguity.generation import sample_tokens
 from ambiguity.models.hf_text import HFCausalLM, load_hf_causal_lm, read_prompts
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import one_thread, save, save_to_hf_cache, tiny_gpt2, tiny_llama, use_hf_cache  # noqa: F401
+from hf_tiny import save, save_to_hf_cache, tiny_gpt2, tiny_llama, use_hf_cache  # noqa: F401
 
 PROMPTS = ["hello there, old friend", "hi"]
 L = 6

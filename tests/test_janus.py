@@ -9,7 +9,7 @@ from ambiguity.models.hf_common import new_dynamic_cache
 from ambiguity.models.janus import JANUS_PRO_1B_REPO, JanusModel, load_janus
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import one_thread, save, save_to_hf_cache, tiny_janus, use_hf_cache  # noqa: F401
+from hf_tiny import save, save_to_hf_cache, tiny_janus, use_hf_cache  # noqa: F401
 
 CAPTIONS = ["a cat", "a big dog on grass"]
 

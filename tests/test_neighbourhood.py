@@ -10,18 +10,6 @@ EXACT = ("l2", "l2-normalized", "cosine")
 BACKENDS = ("faiss", "torch")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is faster, and immune to OpenMP barriers on a shared, loaded CPU."""
-    import faiss
-
-    n, nf = torch.get_num_threads(), faiss.omp_get_max_threads()
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-    faiss.omp_set_num_threads(nf)
-
 
 def brute_force(x: torch.Tensor, metric: str):
     """Float64 reference: all N-1 others of every row by (distance, index)."""

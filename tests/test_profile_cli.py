@@ -28,14 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ["top1_distribution", "top1_by_position", "images"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models decode fastest single-threaded (and shared CPUs stay usable)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _tiny_gpt(**kw) -> GPT:
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.text_encoders import T5_REPO, T5CaptionEncoder, clean_caption
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import one_thread, save, save_to_hf_cache, tiny_t5, use_hf_cache  # noqa: F401
+from hf_tiny import save, save_to_hf_cache, tiny_t5, use_hf_cache  # noqa: F401
 
 
 @pytest.mark.parametrize("raw, clean", [

@@ -1,0 +1,127 @@
+"""``python -m lantern.generate`` and ``python -m lantern.replay`` on a tiny embedded model
+saved into a temporary directory (outputs, resume, greedy equality, one-line errors)."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from ambiguity.models.embedded import load_embedded, save_module
+from ambiguity.models.gpt import GPT, GPTConfig
+from ambiguity.models.vq import VQConfig, VQModel
+from lantern.drafter import Drafter
+from lantern.generate import main
+from lantern.replay import main as replay_main
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models; two threads spin on busy shared cores
+    yield
+    torch.set_num_threads(before)
+
+
+def _save_tiny(d, seed=0):
+    torch.manual_seed(seed)
+    gc = GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=64, block_size=16, num_classes=10, multiple_of=32)
+    gpt = GPT(gc)
+    torch.nn.init.normal_(gpt.output.weight, 0.0, 0.3)
+    vc = VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
+                  z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    d.mkdir(parents=True, exist_ok=True)
+    save_module(gpt, gc, d / "fashion_gpt.safetensors", dtype=torch.float32)
+    save_module(VQModel(vc), vc, d / "fashion_vq.safetensors", dtype=torch.float32)
+    model = load_embedded(d)
+    model.name = "embedded"
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    model = _save_tiny(root / "weights")
+    Drafter.for_target(model, seed=1).save(root / "drafter.safetensors", dtype=torch.float32)
+    other = _save_tiny(root / "other", seed=9)
+    Drafter.for_target(other, seed=1).save(root / "other_drafter.safetensors", dtype=torch.float32)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def nb_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AMBIGUITY_NEIGHBOURHOOD_CACHE", str(tmp_path / "nb"))
+
+
+def _args(tiny, out, *extra):
+    return ["--weights", str(tiny / "weights"), "--drafter", str(tiny / "drafter.safetensors"), "--out", str(out),
+            "--no-progress", "--k", "8", "--gamma", "3", *extra]
+
+
+def test_outputs_summary_and_resume(tiny, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(_args(tiny, out, "--method", "lantern", "--delta", "0.3", "--num-images", "2")) == 0
+    printed = capsys.readouterr().out
+    assert "τ (+bonus)" in printed and "2 images computed, 0 resumed" in printed
+    for f in ("steps.parquet", "drafts.parquet", "images.parquet", "summary.json", "grid.png", "grid.pdf",
+              "images/00000.png", "images/00001.png"):
+        assert (out / f).is_file(), f
+    steps, drafts, images = (pd.read_parquet(out / f"{n}.parquet") for n in ("steps", "drafts", "images"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["images"] == 2 and summary["tokens"] == 32 == images["tokens"].sum()
+    assert summary["steps"] == len(steps) and summary["target_forwards"] == 2 + len(steps)
+    assert summary["mean_accepted_length"] == pytest.approx(30 / len(steps))
+    assert summary["acceptance_rate"] == pytest.approx(drafts["committed"].sum() / drafts["reached"].sum())
+    assert [len(c) for c in images["codes"]] == [16, 16] and images["seed"].tolist() == [0, 1]
+    first = (out / "parts" / "00000.image.parquet").stat().st_mtime_ns
+    assert main(_args(tiny, out, "--method", "lantern", "--delta", "0.3", "--num-images", "3")) == 0
+    assert "1 images computed, 2 resumed" in capsys.readouterr().out
+    assert (out / "parts" / "00000.image.parquet").stat().st_mtime_ns == first
+    again = pd.read_parquet(out / "images.parquet")
+    assert again["codes"].iloc[1].tolist() == images["codes"].iloc[1].tolist()
+    # another setting into the same directory is refused, --overwrite starts over
+    assert main(_args(tiny, out, "--method", "lantern", "--delta", "0.1")) == 2
+    assert "other settings (delta: 0.3 there, 0.1 now)" in capsys.readouterr().err
+    assert main(_args(tiny, out, "--method", "lantern", "--delta", "0.1", "--num-images", "1", "--overwrite")) == 0
+    assert len(pd.read_parquet(out / "images.parquet")) == 1
+
+
+def test_greedy_lantern_delta_zero_equals_ar_and_replay(tiny, tmp_path, capsys):
+    common = ["--temperature", "0", "--num-images", "3", "--cfg", "2"]
+    assert main(_args(tiny, tmp_path / "ar", "--method", "ar", *common)) == 0
+    assert main(_args(tiny, tmp_path / "la0", "--method", "lantern", "--delta", "0", *common)) == 0
+    assert main(_args(tiny, tmp_path / "la", "--method", "lantern", "--delta", "0.4", *common)) == 0
+    ar, la0 = (pd.read_parquet(tmp_path / r / "images.parquet") for r in ("ar", "la0"))
+    assert [list(c) for c in ar["codes"]] == [list(c) for c in la0["codes"]]
+    capsys.readouterr()
+    assert replay_main([str(tmp_path / "la0"), str(tmp_path / "la"), "--reference", str(tmp_path / "ar"),
+                        "--out", str(tmp_path / "replay"), "--bins", "4"]) == 0
+    q = pd.read_parquet(tmp_path / "replay" / "image_quality.parquet")
+    exact = q[q["method"] == "lantern k=8 δ=0"]
+    assert (exact["token_match"] == 1).all() and (exact["mse"] == 0).all() and np.isinf(exact["psnr"]).all()
+    bins = pd.read_parquet(tmp_path / "replay" / "acceptance_by_ambiguity.parquet")
+    drafts = pd.read_parquet(tmp_path / "la" / "drafts.parquet")
+    one = bins[(bins["by"] == "p_top1") & (bins["method"] == "lantern k=8 δ=0.4")]
+    assert one["drafts"].sum() == drafts["reached"].sum() and one["committed"].sum() == drafts["committed"].sum()
+    assert (tmp_path / "replay" / "replay.png").is_file()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--method", "lantern", "--delta", "-0.1"], "error: delta must be >= 0"),
+    (["--method", "lantern++", "--lam", "0.5"], "error: lam must be >= 1"),
+    (["--method", "lantern", "--k", "64"], "must be smaller than the vocabulary size 64"),
+    (["--method", "sd", "--gamma", "0"], "--gamma (draft tokens per step) must be an integer >= 1"),
+    (["--method", "medusa"], "invalid choice: 'medusa'"),
+    (["--method", "sd", "--drafter", "OTHER"], "drafter was trained for embedded with other weights"),
+])
+def test_bad_parameters_exit_2_with_one_line(tiny, tmp_path, capsys, extra, message):
+    args = _args(tiny, tmp_path / "bad", "--num-images", "1", *extra)
+    args = [a.replace("OTHER", str(tiny / "other_drafter.safetensors")) for a in args]  # argparse: last wins
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse errors (ArgumentParser.error) exit directly
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "bad" / "summary.json").exists()
