@@ -19,7 +19,7 @@ after a rejected speculative draft.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Optional
 
 import torch
