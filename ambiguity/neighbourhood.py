@@ -50,7 +50,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -62,7 +62,7 @@ __all__ = ["METRICS", "MATRICES", "Neighbourhoods", "exact_knn", "build_neighbou
            "model_matrix", "matrix_key", "default_cache_dir", "load_neighbourhoods", "check_k", "main"]
 
 METRICS = ("l2", "l2-normalized", "cosine", "random")
-MATRICES = ("codebook", "input", "output")
+MATRICES = ("codebook", "codebook-raw", "input", "output")
 FAISS_MAX_K = 2048          # faiss GPU selects at most 2048 results per query
 DEFAULT_BLOCK_BYTES = 256 * 2**20
 RANDOM_CHUNK = 256          # rows per seeded chunk of the random control (fixed: results do not depend on memory)
@@ -469,17 +469,19 @@ def build_neighbourhoods(matrix: torch.Tensor, k: int, metric: str = "l2", *, se
 
 
 def model_matrix(model, matrix: str = "codebook") -> torch.Tensor:
-    """The (V, d) float32 rows of ``model`` in code-index order: ``"codebook"`` (VQ codebook),
-    ``"input"`` (AR input embeddings) or ``"output"`` (output-head rows).
+    """The (V, d) float32 rows of ``model`` in code-index order: ``"codebook"`` (the VQ codebook
+    as the quantiser compares it: l2-normalised for LlamaGen), ``"codebook-raw"`` (the stored
+    codebook weights, what the official LANTERN code measures), ``"input"`` (AR input
+    embeddings) or ``"output"`` (output-head rows).
 
     Raises UsageError for another name or a model that lacks the matrix.
     """
-    getters: dict[str, Callable[[], torch.Tensor]] = {
-        "codebook": model.codebook, "input": model.input_embeddings, "output": model.output_embeddings}
+    getters = {"codebook": "codebook", "codebook-raw": "raw_codebook", "input": "input_embeddings",
+               "output": "output_embeddings"}
     if matrix not in getters:
         raise UsageError(f"--matrix must be one of {', '.join(MATRICES)}, got {matrix!r}")
     try:
-        rows = getters[matrix]()
+        rows = getattr(model, getters[matrix])()
     except NotImplementedError as exc:
         others = [m for m in MATRICES if m != matrix]
         raise UsageError(f"{exc}; choose --matrix {' or '.join(others)} or load the missing weights") from None

@@ -192,7 +192,7 @@ def test_vocabulary_ids_of_a_chameleon_style_model(tmp_path):
     nb.save(tmp_path / "t.safetensors")
     back = load_neighbourhoods(tmp_path / "t.safetensors")
     assert torch.equal(back.indices, nb.indices) and torch.equal(back.image_token_ids, ids)
-    with pytest.raises(UsageError, match="choose --matrix codebook or output"):
+    with pytest.raises(UsageError, match="choose --matrix codebook or codebook-raw or output"):
         nbm.model_neighbourhoods(model, 5, "l2", matrix="input", cache_dir=tmp_path)
 
 

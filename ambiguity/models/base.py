@@ -223,6 +223,14 @@ class TokenModel(abc.ABC):
         """VQ codebook vectors (V, d) float32 in code-index order, as the quantiser compares them."""
         raise NotImplementedError(f"{self.name} has no VQ codebook")
 
+    def raw_codebook(self) -> torch.Tensor:
+        """The stored codebook weights (V, d) float32 before any normalisation the quantiser applies.
+
+        Equal to :meth:`codebook` unless the tokenizer normalises its codes (LlamaGen, Janus).
+        The official LANTERN code measures latent distances on these raw weights.
+        """
+        return self.codebook()
+
     def input_embeddings(self) -> torch.Tensor:
         """Rows of the AR model's input embedding for image tokens, (V, H) float32."""
         return self.embed(torch.arange(self.vocab_size, device=self.device)[None])[0].float()

@@ -135,7 +135,11 @@ class JanusModel(HFTokenModel):
     # ---------------------------------------------------------------- codebook
     def codebook(self) -> torch.Tensor:
         """The l2-normalised VQ codebook (V, 8) float32 that both quantiser and decoder use."""
-        return F.normalize(self.vq.quantize.embedding.weight.detach().float(), dim=-1)
+        return F.normalize(self.raw_codebook(), dim=-1)
+
+    def raw_codebook(self) -> torch.Tensor:
+        """The stored codebook weights (V, 8) float32, before normalisation."""
+        return self.vq.quantize.embedding.weight.detach().float()
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -209,6 +209,11 @@ class LlamaGenModel(TokenModel):
             raise NotImplementedError(f"{self.name}: no VQ tokenizer loaded (pass its checkpoint)")
         return self.vq.quantize.codebook().detach().float()
 
+    def raw_codebook(self) -> torch.Tensor:
+        if self.vq is None:
+            raise NotImplementedError(f"{self.name}: no VQ tokenizer loaded (pass its checkpoint)")
+        return self.vq.quantize.embedding.weight.detach().float()
+
     def input_embeddings(self) -> torch.Tensor:
         return self.gpt.tok_embeddings.weight.detach().float()
 
