@@ -1,0 +1,182 @@
+"""Cost of LANTERN's acceptance against the forwards it sits between, at LlamaGen-XL shapes.
+
+One run measures, side by side on the same device (median wall-clock of ``--repeats`` runs,
+``torch.cuda.synchronize`` around each on CUDA):
+
+* **target forward** — the verification forward of speculative decoding: LlamaGen GPT-XL
+  c2i 256 px (1280 hidden, 36 layers, 16384 codes; random weights) appends the last token and
+  γ draft tokens for 2 rows (classifier-free guidance) at image position ``--position`` with the
+  KV cache, then rolls back;
+* **drafter forward** — one EAGLE drafter step (``fc`` + one GPT-XL layer + the frozen
+  16384-way head, 2 rows), and the whole chain of γ steps with ``q`` and sampling;
+* **p from logits** — CFG, temperature, softmax of the verification logits;
+* **build A** — :func:`lantern.acceptance.relaxed_mass`: the proximity sets
+  ``A_{k,δ}`` of the γ drafts (k = 1000, δ = 0.4): gather + cumsum over ``B_k``;
+* **accept** — :func:`lantern.acceptance.verify` (builds A and decides) plus the residual of
+  the first rejected position (:func:`lantern.acceptance.residual`);
+* once: the exact k-NN table ``B_1000`` of a 16384 x 8 codebook (FAISS), cached in practice.
+
+LANTERN (Jang et al., ICLR 2025, App.) reports building A 9.1x cheaper than a target forward.
+Prints a table with the ratios and writes ``benchmarks/results/acceptance.json``.
+
+    python benchmarks/bench_acceptance.py [--device auto] [--gamma 4] [--k 1000] [--delta 0.4]
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ambiguity.errors import ArgumentParser, cli_main
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timed(fn, device, repeats: int, warmup: int = 1) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    sync = torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        if sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+@cli_main
+def main(argv=None) -> int:
+    from ambiguity.generation import cfg_rows
+    from ambiguity.io import write_json
+    from ambiguity.models.base import resolve_device
+    from ambiguity.models.gpt import GPT
+    from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
+    from ambiguity.models.registry import resolve_dtype
+    from ambiguity.neighbourhood import build_neighbourhoods
+    from ambiguity.sampling import SamplingConfig, distribution
+    from lantern.acceptance import AcceptanceRule, relaxed_mass, residual, verify
+    from lantern.decoding import draft
+    from lantern.drafter import Drafter
+
+    ap = ArgumentParser(prog="python benchmarks/bench_acceptance.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--k", type=int, default=1000)
+    ap.add_argument("--delta", type=float, default=0.4)
+    ap.add_argument("--position", type=int, default=128, help="image tokens already in the KV cache")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(RESULTS / "acceptance.json"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    g, rows = args.gamma, 2
+    torch.manual_seed(0)
+
+    t0 = time.perf_counter()
+    cfg = official_gpt_config("GPT-XL", "c2i", 256)
+    gpt = GPT(cfg)
+    torch.nn.init.normal_(gpt.output.weight, 0.0, 0.02)  # the official init zeroes the head: give p some shape
+    model = LlamaGenModel(gpt.to(device, dtype).eval(), name="llamagen-c2i-xl-random")
+    drafter = Drafter.for_target(model, seed=0).eval()
+    build_s = time.perf_counter() - t0
+    sampling = SamplingConfig(cfg=4.0, temperature=1.0)
+    prompt = model.make_prompt([207], cfg=True)
+    V = model.vocab_size
+
+    with torch.no_grad():
+        cache = model.new_cache(prompt, model.num_tokens)
+        first = model.prefill(prompt, cache)
+        ctx = torch.randint(0, V, (1, args.position + 1), device=device)
+        model.extend(cache, cfg_rows(ctx[:, :-1], True))  # the image so far
+        drafts = torch.randint(0, V, (1, g), device=device)
+        last = ctx[:, -1:]
+
+        def target_forward():
+            out = model.extend(cache, cfg_rows(torch.cat([last, drafts], 1), True))
+            model.rollback(cache, args.position)
+            return out
+
+        step = target_forward()
+        t_target = timed(target_forward, device, args.repeats)
+
+        dcache = drafter.new_cache(rows)
+        feats = torch.randn(rows, args.position + 1, model.hidden_size, device=device, dtype=dtype)
+        toks = cfg_rows(ctx, True)
+        drafter(model, toks[:, :-1], feats[:, :-1], dcache, 0)
+
+        def drafter_step():
+            f = drafter(model, toks[:, -1:], feats[:, -1:], dcache, args.position)
+            return drafter.logits(model, f)
+
+        t_drafter = timed(drafter_step, device, args.repeats)
+
+        def drafter_chain():
+            draft(drafter, model, dcache, toks[:, -1:], feats[:, -1:], args.position, g, sampling, True)
+
+        t_chain = timed(drafter_chain, device, args.repeats)
+
+        logits = step.logits
+        t_p = timed(lambda: distribution(logits, sampling, True), device, args.repeats * 4)
+        p = distribution(logits, sampling, True)[:, :g]
+        q = torch.softmax(torch.randn(1, g, V, device=device), -1)
+        u = torch.rand(1, g, device=device)
+
+        codebook = torch.nn.functional.normalize(torch.randn(V, 8), dim=-1)
+        t1 = time.perf_counter()
+        table = build_neighbourhoods(codebook, args.k, "l2", cache=False).indices.to(device)
+        t_table = time.perf_counter() - t1
+        rule = AcceptanceRule("lantern", k=args.k, delta=args.delta)
+        t_build = timed(lambda: relaxed_mass(p, drafts, table, rule), device, args.repeats * 4)
+
+        def decide():
+            v = verify(p, q, drafts, u, table, rule)
+            n = int(v.accepted.long().cumprod(-1).sum(-1)[0])
+            at = min(n, g - 1)
+            return residual(p[:, at], q[:, at], drafts[:, at], table, rule)
+
+        t_accept = timed(decide, device, args.repeats * 4)
+        sd = AcceptanceRule("sd")
+        t_accept_sd = timed(lambda: verify(p, q, drafts, u, None, sd), device, args.repeats * 4)
+
+    result = {
+        "device": str(device), "dtype": str(dtype).replace("torch.", ""), "threads": args.threads,
+        "target": "LlamaGen GPT-XL c2i 256 (random weights)", "hidden": cfg.dim, "layers": cfg.n_layer,
+        "vocab": V, "gamma": g, "k": args.k, "delta": args.delta, "rows": rows, "position": args.position,
+        "seconds": {"target_forward": t_target, "drafter_forward": t_drafter, "drafter_chain": t_chain,
+                    "p_from_logits": t_p, "build_A": t_build, "accept_lantern": t_accept, "accept_sd": t_accept_sd,
+                    "neighbour_table_once": t_table, "model_build": build_s},
+        "ratios": {"target_forward / build_A": t_target / t_build,
+                   "target_forward / accept_lantern": t_target / t_accept,
+                   "drafter_forward / build_A": t_drafter / t_build,
+                   "drafter_chain / accept_lantern": t_chain / t_accept,
+                   "accept_lantern / accept_sd": t_accept / t_accept_sd},
+        "paper": "LANTERN App.: building A 9.1x cheaper than a target forward (LlamaGen-XL); goal here >= 100x",
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(result, out)
+    print(f"{result['target']}, {device} {result['dtype']}, {args.threads} threads; γ={g}, k={args.k}, "
+          f"δ={args.delta}, 2 CFG rows, {args.position} image tokens in the cache")
+    print(f"{'operation':<34}{'ms':>10}{'target / op':>14}")
+    for name, s in result["seconds"].items():
+        if name == "model_build":
+            continue
+        print(f"{name:<34}{1e3 * s:>10.3f}{t_target / s:>14.1f}")
+    for name, r in result["ratios"].items():
+        print(f"{name:<40}{r:>10.1f}x")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""Decode records: what :mod:`lantern.decoding` returns, as pandas-ready tables, and their summary.
+
+One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COLUMNS`,
+:data:`DRAFT_COLUMNS`, :data:`IMAGE_COLUMNS`):
+
+* **steps** — one row per target forward *after* the prefill (a verification step): the image,
+  the step index (1-based; the prefill is step 0 and has no row), the first drafted position,
+  ``drafted`` (γ, fewer near the end of the image), ``accepted`` (draft tokens accepted, the
+  accepted prefix), ``emitted = accepted + 1`` (the +1 is the token the same target forward
+  samples: the *bonus* token from the bonus position when every draft was accepted, the
+  *residual* token at the first rejection, or the plain *target* token when nothing was
+  drafted), and the wall-clock of the step split into target, drafter and acceptance seconds.
+* **drafts** — one row per draft token: position, token, ``p(x̂)``, ``q(x̂)``, ``p̃(x̂)``,
+  ``j*``, the divergence spent (units of the rule's bound: TVD for ``lantern``, nats for
+  ``lantern-jsd``, relative mass for ``lantern++``), the uniform ``u`` (NaN when greedy), the
+  per-token verdict ``accepted``, ``reached`` (the token is at or before the first rejection of
+  its chain, so its verdict mattered), ``committed`` (accepted *and* in the accepted prefix),
+  and the ambiguity of ``p`` there: top-1 probability and entropy (nats); ``q``'s top-1.
+* **images** — one row per image: condition, seed, tokens, target forwards (prefill
+  included), drafted/accepted totals and seconds.
+
+Definitions (:func:`summarize`), per decode, summed over images:
+
+* ``step_compression = tokens / target_forwards`` with ``target_forwards = images + steps``
+  (the prefill counts as a target forward: it emits the first token). AR gives 1.
+* ``mean_accepted_length`` (EAGLE's τ, *bonus token counted*) ``= mean over steps of
+  (accepted + 1)`` — tokens emitted per verification forward; ``= (tokens - images) / steps``.
+* ``mean_accepted_drafts`` (*without* the bonus token) ``= mean over steps of accepted``
+  ``= mean_accepted_length - 1``.
+* ``acceptance_rate = committed / reached`` over draft tokens (the per-token acceptance rate α
+  of speculative decoding; draft tokens after a rejection are not counted).
+* ``accept_histogram[j]`` = number of steps that accepted exactly ``j`` draft tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["STEP_COLUMNS", "DRAFT_COLUMNS", "IMAGE_COLUMNS", "NEXT_KINDS", "Decoded", "StepLog", "summarize",
+           "accept_histogram", "summary_table"]
+
+STEP_COLUMNS = ("image", "step", "position", "drafted", "accepted", "emitted", "next_kind", "next_token",
+                "target_s", "drafter_s", "acceptance_s")
+DRAFT_COLUMNS = ("image", "step", "draft_index", "position", "token", "p_draft", "q_draft", "p_tilde", "j_star",
+                 "spent", "accept_prob", "u", "accepted", "reached", "committed", "p_top1", "p_entropy", "q_top1")
+IMAGE_COLUMNS = ("image", "condition", "seed", "tokens", "target_forwards", "steps", "drafted", "accepted",
+                 "target_s", "drafter_s", "acceptance_s", "total_s")
+NEXT_KINDS = ("target", "bonus", "residual")  # how the token sampled by a verification forward was drawn
+
+
+class StepLog:
+    """Accumulates the records of one image while it is decoded (used by :mod:`lantern.decoding`).
+
+    :meth:`add_step` takes tensors on any device; they are moved to the CPU once, in
+    :meth:`tables`, so logging does not synchronise the accelerator more than decoding does.
+    """
+
+    def __init__(self, image: int = 0):
+        self.image = image
+        self.steps: list[dict] = []
+        self.drafts: list[dict] = []
+
+    def add_step(self, step: int, position: int, drafted: int, accepted: int, next_kind: str, next_token: int,
+                 seconds: dict, drafts: Optional[dict] = None) -> None:
+        """One verification step; ``drafts`` maps draft columns to (γ,) tensors (absent when γ = 0)."""
+        self.steps.append(dict(image=self.image, step=step, position=position, drafted=drafted, accepted=accepted,
+                               emitted=accepted + 1, next_kind=next_kind, next_token=next_token,
+                               target_s=seconds.get("target", 0.0), drafter_s=seconds.get("drafter", 0.0),
+                               acceptance_s=seconds.get("acceptance", 0.0)))
+        if drafts is not None and drafted > 0:
+            self.drafts.append(dict(drafts, step=step, position=position, accepted_count=accepted))
+
+    def tables(self) -> tuple[dict, dict]:
+        """(steps, drafts) as dicts of numpy columns (see the module docstring)."""
+        steps = {c: np.array([s[c] for s in self.steps]) for c in STEP_COLUMNS}
+        if not self.steps:
+            steps = _empty(STEP_COLUMNS)
+        if not self.drafts:
+            return steps, _empty(DRAFT_COLUMNS)
+        cols: dict[str, list] = {c: [] for c in DRAFT_COLUMNS}
+        for d in self.drafts:
+            g = int(d["token"].numel())
+            idx = np.arange(g)
+            acc = d["accepted"].cpu().numpy().astype(bool)
+            a = d["accepted_count"]
+            cols["image"].append(np.full(g, self.image))
+            cols["step"].append(np.full(g, d["step"]))
+            cols["draft_index"].append(idx)
+            cols["position"].append(d["position"] + idx)
+            cols["accepted"].append(acc)
+            cols["reached"].append(idx <= a)
+            cols["committed"].append(idx < a)
+            for c in ("token", "p_draft", "q_draft", "p_tilde", "j_star", "spent", "accept_prob", "u", "p_top1",
+                      "p_entropy", "q_top1"):
+                cols[c].append(d[c].detach().double().cpu().numpy() if c not in ("token", "j_star")
+                               else d[c].cpu().numpy().astype(np.int64))
+        return steps, {c: np.concatenate(v) for c, v in cols.items()}
+
+
+def _empty(columns: Sequence[str]) -> dict:
+    return {c: np.array([]) for c in columns}
+
+
+@dataclass
+class Decoded:
+    """The output of a decode (:func:`lantern.decoding.decode` and the per-image functions).
+
+    tokens: (B, N) int64 code indices on the CPU, raster order. pixels: (B, C, H, W) float32 in
+    [0, 1] when decoded images were asked for, else None. steps / drafts / images: dicts of
+    equal-length numpy columns (module docstring); :meth:`frames` turns them into DataFrames.
+    method: ``"ar"``, ``"sd"``, ``"lantern"``, ``"lantern-jsd"`` or ``"lantern++"``;
+    gamma: draft length γ (0 for AR); settings: the rule and sampling settings (JSON-able).
+    """
+
+    tokens: torch.Tensor
+    steps: dict
+    drafts: dict
+    images: dict
+    method: str = "ar"
+    gamma: int = 0
+    settings: dict = field(default_factory=dict)
+    pixels: Optional[torch.Tensor] = None
+
+    def frames(self):
+        """(steps, drafts, images) as pandas DataFrames."""
+        import pandas as pd
+
+        return pd.DataFrame(self.steps), pd.DataFrame(self.drafts), pd.DataFrame(self.images)
+
+    def summary(self) -> dict:
+        """:func:`summarize` of this decode plus method, γ and settings."""
+        steps, drafts, images = self.frames()
+        return {"method": self.method, "gamma": self.gamma, **self.settings,
+                **summarize(steps, drafts, images, self.gamma)}
+
+    @staticmethod
+    def concat(parts: Sequence["Decoded"]) -> "Decoded":
+        """Join per-image decodes (same method) in order; image indices are kept as recorded."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        cat = lambda key: {c: np.concatenate([getattr(p, key)[c] for p in parts]) for c in getattr(parts[0], key)}
+        pixels = None if any(p.pixels is None for p in parts) else torch.cat([p.pixels for p in parts])
+        return Decoded(torch.cat([p.tokens for p in parts]), cat("steps"), cat("drafts"), cat("images"),
+                       parts[0].method, parts[0].gamma, dict(parts[0].settings), pixels)
+
+
+def accept_histogram(steps, gamma: int) -> list[int]:
+    """Number of verification steps that accepted exactly ``j`` draft tokens, ``j = 0..γ``.
+
+    steps: a steps DataFrame (or dict with an ``accepted`` column). Sums to the number of steps.
+    """
+    acc = np.asarray(steps["accepted"], dtype=np.int64)
+    return np.bincount(acc, minlength=gamma + 1).tolist() if acc.size else [0] * (gamma + 1)
+
+
+def summarize(steps, drafts, images, gamma: int) -> dict:
+    """Scalar statistics of a decode (definitions in the module docstring).
+
+    Returns a JSON-able dict: images, tokens, target_forwards, steps, step_compression,
+    mean_accepted_length (bonus counted, EAGLE τ), mean_accepted_drafts (no bonus),
+    acceptance_rate (committed / reached draft tokens; NaN without drafts), accept_histogram,
+    mean j* and spent over committed drafts, and seconds per image (total, target, drafter,
+    acceptance; wall-clock).
+    """
+    n_img = len(images["image"])
+    tokens = int(np.sum(images["tokens"])) if n_img else 0
+    forwards = int(np.sum(images["target_forwards"])) if n_img else 0
+    acc = np.asarray(steps["accepted"], dtype=np.int64)
+    n_steps = int(acc.size)
+    reached = np.asarray(drafts["reached"], dtype=bool) if len(drafts["reached"]) else np.zeros(0, bool)
+    committed = np.asarray(drafts["committed"], dtype=bool) if len(drafts["committed"]) else np.zeros(0, bool)
+    nan = float("nan")
+    per = lambda col: float(np.sum(images[col]) / n_img) if n_img else nan
+    out = {
+        "images": n_img,
+        "tokens": tokens,
+        "target_forwards": forwards,
+        "steps": n_steps,
+        "step_compression": tokens / forwards if forwards else nan,
+        "mean_accepted_length": float(np.mean(acc + 1)) if n_steps else nan,
+        "mean_accepted_drafts": float(np.mean(acc)) if n_steps else nan,
+        "acceptance_rate": float(committed.sum() / reached.sum()) if reached.sum() else nan,
+        "accept_histogram": accept_histogram(steps, gamma),
+        "mean_j_star": float(np.mean(np.asarray(drafts["j_star"])[committed])) if committed.any() else nan,
+        "mean_spent": float(np.mean(np.asarray(drafts["spent"])[committed])) if committed.any() else nan,
+        "seconds_per_image": per("total_s"),
+        "target_s_per_image": per("target_s"),
+        "drafter_s_per_image": per("drafter_s"),
+        "acceptance_s_per_image": per("acceptance_s"),
+    }
+    return out
+
+
+SUMMARY_SHOWN = (("method", "method"), ("images", "images"), ("tokens", "tokens"), ("target_forwards", "fwd"),
+                 ("acceptance_rate", "α"), ("mean_accepted_length", "τ (+bonus)"),
+                 ("mean_accepted_drafts", "accepted/step"), ("step_compression", "compression"),
+                 ("seconds_per_image", "s/img"), ("target_s_per_image", "target s"),
+                 ("drafter_s_per_image", "drafter s"), ("acceptance_s_per_image", "accept s"))
+
+
+def summary_table(summaries: Sequence[dict], extra: Sequence[str] = ()) -> str:
+    """Summaries (dicts from :func:`summarize` / :meth:`Decoded.summary`) as an aligned text table."""
+    import pandas as pd
+
+    shown = [(k, k) for k in extra] + [kv for kv in SUMMARY_SHOWN]
+    rows = [{label: s.get(key, "") for key, label in shown} for s in summaries]
+    df = pd.DataFrame(rows)
+    return df.to_string(index=False, float_format=lambda x: f"{x:.4g}")
