@@ -1,6 +1,7 @@
 """Writes notebooks/quickstart.ipynb from the cells below (keeps the notebook reviewable as code).
 
     python notebooks/make_quickstart.py          # rewrite the .ipynb (no outputs)
+    jupyter nbconvert --to notebook --execute --inplace notebooks/quickstart.ipynb   # fill in the outputs
 The test suite executes these cells (tests/test_notebook.py), so the notebook keeps working.
 """
 import json
@@ -44,7 +45,7 @@ from ambiguity.analyses.concentration import run_concentration
 nb = model_neighbourhoods(model, k=16, metric="l2")
 print(nb.indices.shape, "neighbours of code 0:", nb.indices[0, :8].tolist())
 positions, conc = run_concentration(model, ks=[1, 4, 16, 64], num_images=8, batch_size=8, progress=False)
-conc"""),
+conc.pivot(index="k", columns="set", values="mean").round(4)   # mean target mass of each k-token set"""),
     ("markdown", """## 3. LANTERN decoding
 Draft γ tokens with the shipped EAGLE drafter, verify with the target, accept losslessly (`sd`) or with
 LANTERN's relaxed rule (`lantern`: TVD bound δ over the k latent neighbours).
@@ -72,8 +73,8 @@ drafts.groupby(pd.cut(drafts.p_top1, [0, .1, .2, .4, .6, 1.0])).committed.mean()
 
 def build() -> dict:
     cells = []
-    for kind, src in CELLS:
-        cell = {"cell_type": kind, "metadata": {}, "source": src.splitlines(keepends=True)}
+    for i, (kind, src) in enumerate(CELLS):
+        cell = {"cell_type": kind, "id": f"cell-{i}", "metadata": {}, "source": src.splitlines(keepends=True)}
         if kind == "code":
             cell.update(outputs=[], execution_count=None)
         cells.append(cell)
