@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-import torch
 
 from ambiguity.errors import ArgumentParser, UsageError, cli_main
 from ambiguity.sampling import SamplingConfig

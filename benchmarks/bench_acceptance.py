@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 
     with torch.no_grad():
         cache = model.new_cache(prompt, model.num_tokens)
-        first = model.prefill(prompt, cache)
+        model.prefill(prompt, cache)
         ctx = torch.randint(0, V, (1, args.position + 1), device=device)
         model.extend(cache, cfg_rows(ctx[:, :-1], True))  # the image so far
         drafts = torch.randint(0, V, (1, g), device=device)

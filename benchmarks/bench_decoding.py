@@ -27,7 +27,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ambiguity.errors import ArgumentParser, UsageError, cli_main
@@ -117,7 +116,6 @@ def main(argv=None) -> int:
     from ambiguity.sampling import SamplingConfig
     from lantern.decoding import DecodeConfig, neighbour_table
     from lantern.drafter import load_drafter
-    from lantern.records import summary_table
     from lantern.train_drafter import accuracy_table_path
 
     ap = ArgumentParser(prog="python benchmarks/bench_decoding.py", description=__doc__.splitlines()[0])

@@ -12,7 +12,6 @@
 """
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
