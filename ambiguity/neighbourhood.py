@@ -523,7 +523,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the random control")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="output .parquet or .safetensors "
-                    "(default: results/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)")
+                    "(default: runs/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)")
     ap.add_argument("--cache-dir", default=None, help=f"cache folder (default: {default_cache_dir()})")
     ap.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     args = ap.parse_args(argv)
@@ -534,7 +534,7 @@ def main(argv=None) -> int:
     rows = model_matrix(model, args.matrix)
     k = _parse_k(args.k)
     k = rows.shape[0] - 1 if k == "all" else check_k(k, rows.shape[0])
-    out = Path(args.out or f"results/neighbourhoods/{model.name}-{args.matrix}-{args.metric}-k{k}.parquet")
+    out = Path(args.out or f"runs/neighbourhoods/{model.name}-{args.matrix}-{args.metric}-k{k}.parquet")
     if out.suffix not in (".parquet", ".safetensors"):
         raise UsageError(f"--out must end in .parquet or .safetensors, got {out.name}")
     ensure_writable_dir(out.parent)

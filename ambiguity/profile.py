@@ -400,6 +400,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     model = load_model(args.model, weights=args.weights, device=settings["device"], dtype=settings["dtype"])
     sampling = SamplingConfig(cfg=default_cfg(model.kind) if args.cfg is None else args.cfg,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    settings["cfg"] = sampling.cfg  # the resolved scale: `--cfg 4` and the c2i default are the same run
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
     model.make_prompt(conditions[:1], cfg=sampling.use_cfg)  # e.g. a missing caption encoder fails before any output
     ensure_writable_dir(out)
@@ -492,9 +493,12 @@ def _check_settings_only(out: Path, settings: dict) -> None:
         old = json.loads(run_file.read_text()).get("settings")
     except (OSError, json.JSONDecodeError, AttributeError):
         return
-    if old != json.loads(json.dumps(settings, default=str)):
+    new = json.loads(json.dumps(settings, default=str))
+    if isinstance(old, dict) and new.get("cfg") is None:  # the default scale depends on the model: checked after loading
+        new["cfg"] = old.get("cfg")
+    if old != new:
         raise UsageError(f"--out {out} holds results of a run with other settings "
-                         f"({_first_difference(old, settings)}); pass another --out or add --overwrite")
+                         f"({_first_difference(old, new)}); pass another --out or add --overwrite")
 
 
 if __name__ == "__main__":

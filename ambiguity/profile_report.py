@@ -176,7 +176,9 @@ def _write_figures(model: TokenModel, table, summary: dict, out: Path, notes: li
     files: list[Path] = []
     files += plots.save_figure(plot_distributions(table, summary), out / "top1_distribution")
     files += plots.save_figure(plot_position_means(table, model.grid, summary), out / "top1_by_position")
-    if model.can_decode:
+    if model.kind == "text":
+        files += _write_text_samples(model, table, out, notes)
+    elif model.can_decode:
         try:
             files += plots.save_figure(plot_images(model, table, summary), out / "images")
         except NotImplementedError as exc:
@@ -184,6 +186,23 @@ def _write_figures(model: TokenModel, table, summary: dict, out: Path, notes: li
     else:
         notes.append(f"images.png skipped: {model.name} cannot decode tokens to pixels (no VQ decoder weights)")
     return files
+
+
+def _write_text_samples(model: TokenModel, table, out: Path, notes: list[str], max_samples: int = 16) -> list[Path]:
+    """Text models have no images: write the first passages, detokenised, to ``samples.txt``."""
+    from ambiguity.io import atomic_path
+
+    if not hasattr(model, "decode"):
+        notes.append(f"no images for the text model {model.name}, and it has no detokeniser for samples.txt")
+        return []
+    first = sorted(table["image"].unique())[:max_samples]
+    rows = table[table["image"].isin(first)].sort_values(["image", "position"])
+    seqs = [torch.tensor(g["token"].to_numpy(), dtype=torch.long) for _, g in rows.groupby("image", sort=True)]
+    texts = model.decode(torch.stack(seqs)) if seqs else []
+    path = out / "samples.txt"
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text("".join(f"--- passage {i} ---\n{t}\n" for i, t in zip(first, texts)))
+    return [path]
 
 
 _ROWS = (("top1", "top-1 probability", "{:.3f}"), ("top10", "top-10 mass", "{:.3f}"),

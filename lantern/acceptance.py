@@ -126,16 +126,17 @@ class AcceptanceRule:
         if self.residual not in RESIDUALS:
             raise UsageError(f"unknown residual {self.residual!r}; use 'exact' or 'official'")
         if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 0:
-            raise UsageError(f"k must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}")
+            raise UsageError(f"k (--k) must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}")
         if not self.delta >= 0:
-            raise UsageError(f"delta must be >= 0 (0 is lossless), got {self.delta}")
+            raise UsageError(f"delta (--delta) must be >= 0 (0 is lossless), got {self.delta}")
         if self.method in ("lantern", "lantern-jsd") and self.delta > 1:
             raise UsageError(
-                f"delta must be <= 1 for method={self.method!r}, got {self.delta}; "
-                "for the official code's delta > 1 (a relative bound) use method='lantern++' with lam=delta"
+                f"delta (--delta) must be <= 1 for method {self.method}, got {self.delta}; "
+                "for the official code's delta > 1 (a relative bound) use method lantern++ with lam = delta "
+                "(--method lantern++ --lam DELTA)"
             )
         if not self.lam >= 1:
-            raise UsageError(f"lam must be >= 1 (1 is lossless), got {self.lam}")
+            raise UsageError(f"lam (--lam) must be >= 1 (1 is lossless), got {self.lam}")
         object.__setattr__(self, "k", int(self.k))
 
     @property

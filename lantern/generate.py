@@ -52,7 +52,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--weights", default=None, help="target checkpoint file or directory (default: shipped / HF cache)")
     p.add_argument("--method", default="lantern", choices=METHODS, help="decoding method (default: lantern)")
     p.add_argument("--gamma", type=int, default=4, help="draft tokens per verification step, >= 1 (default: 4)")
-    p.add_argument("--k", type=int, default=64, help="latent neighbourhood size |B_k|, < vocabulary size (default: 64)")
+    p.add_argument("--k", type=int, default=64, help="latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = no neighbours, i.e. plain SD (default: 64)")
     p.add_argument("--delta", type=float, default=0.2,
                    help="bound δ: TVD (lantern) or JSD in nats (lantern-jsd), in [0, 1] (default: 0.2)")
     p.add_argument("--lam", type=float, default=2.0, help="relative bound λ >= 1 of lantern++ (default: 2.0)")
@@ -245,6 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                          f"{model.name}; lower --k")
     sampling = SamplingConfig(cfg=default_cfg(model.kind) if args.cfg is None else args.cfg,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    settings["cfg"] = sampling.cfg  # the resolved scale: `--cfg 4` and the c2i default are the same run
     drafter = None
     if config.speculative:
         from lantern.drafter import load_drafter

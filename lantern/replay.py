@@ -37,7 +37,7 @@ import numpy as np
 from ambiguity.errors import ArgumentParser, UsageError, cli_main
 
 __all__ = ["load_run", "run_label", "ambiguity_bins", "acceptance_by_ambiguity", "read_images", "image_quality",
-           "target_scores", "plot_replay", "main", "AMBIGUITY_COLUMNS"]
+           "reference_notes", "target_scores", "plot_replay", "main", "AMBIGUITY_COLUMNS"]
 
 AMBIGUITY_COLUMNS = {"p_top1": "top-1 probability of p", "p_entropy": "entropy of p (nats)"}
 
@@ -251,6 +251,21 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
         return plots.save_figure(fig, path)
 
 
+def reference_notes(run: Mapping, reference: Mapping) -> list[str]:
+    """What makes a run and its reference less comparable: sampling settings that differ, and images
+    of the run that the reference lacks (image quality covers the shared images only)."""
+    notes = []
+    s, r = run["summary"].get("settings", {}), reference["summary"].get("settings", {})
+    for key in ("model", "cfg", "temperature", "top_k", "top_p", "seed"):
+        if key in s and key in r and s[key] != r[key]:
+            notes.append(f"{key} is {s[key]} here but {r[key]} in the reference {reference['path']}")
+    mine, theirs = set(run["images"]["image"]), set(reference["images"]["image"])
+    if mine - theirs:
+        notes.append(f"image quality covers {len(mine & theirs)} of its {len(mine)} images: the reference has "
+                     f"{len(theirs)}; generate the reference with at least as many --num-images")
+    return notes
+
+
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m lantern.replay RUN [RUN ...] [--reference RUN]``: tables + figure (module docstring)."""
@@ -280,6 +295,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     write_table(bins, out / "acceptance_by_ambiguity.parquet")
     quality = None
     if ref is not None:
+        for lab, r in zip(labels, runs):
+            for note in reference_notes(r, ref):
+                print(f"note: {lab}: {note}")
         quality = pd.concat([image_quality(r, ref).assign(method=lab) for lab, r in zip(labels, runs)],
                             ignore_index=True)
     if args.scores:
@@ -291,12 +309,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                            + ([target_scores(model, ref["images"]).assign(method="reference")] if ref else []),
                            ignore_index=True)
         write_table(scores, out / "target_scores.parquet")
-        print(scores.groupby("method").mean(numeric_only=True).drop(columns="image").to_string(float_format="%.4g"))
+        cols = ["nll"] + (["consistent"] if "consistent" in scores else [])
+        print(scores.groupby("method")[cols].mean().to_string(float_format="%.4g"))
     if quality is not None:
         write_table(quality, out / "image_quality.parquet")
-        finite = quality.replace([np.inf], np.nan)
-        print(finite.groupby("method")[["acceptance_rate", "mean_accepted_length", "step_compression", "mse", "psnr",
-                                        "token_match"]].mean().to_string(float_format="%.4g"))
+        table = quality.assign(identical=quality["mse"] == 0, psnr=quality["psnr"].replace([np.inf], np.nan))
+        print("per method, means over images (psnr over the non-identical images, dB):")
+        print(table.groupby("method")[["acceptance_rate", "mean_accepted_length", "step_compression", "mse", "psnr",
+                                       "token_match", "identical"]].mean().to_string(float_format="%.4g"))
     wide = bins.pivot_table(index=["by", "mid"], columns="method", values="acceptance_rate")
     print(wide.to_string(float_format="%.3f"))
     files = plot_replay(bins, quality, args.figure or out / "replay")

@@ -249,3 +249,10 @@ def test_clis_write_outputs_and_fail_in_one_line(tiny, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["nonsense"])
     assert e.value.code == 2
+
+
+def test_analyses_without_an_analysis_exits_2(capsys):
+    from ambiguity.analyses.__main__ import main
+
+    assert main([]) == 2
+    assert capsys.readouterr().err.strip().endswith("error: name an analysis: concentration or interchangeability")

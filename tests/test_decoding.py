@@ -367,8 +367,8 @@ def test_lantern_accepts_at_least_as_often_as_sd_on_the_same_random_numbers(mode
 
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(method="lantern", delta=-0.1), "delta must be >= 0"),
-    (dict(method="lantern++", lam=0.5), "lam must be >= 1"),
+    (dict(method="lantern", delta=-0.1), r"delta \(--delta\) must be >= 0"),
+    (dict(method="lantern++", lam=0.5), r"lam \(--lam\) must be >= 1"),
     (dict(method="lantern", gamma=0), "gamma"),
     (dict(method="medusa"), "unknown method"),
     (dict(method="lantern", metric="manhattan"), "--metric"),

@@ -106,9 +106,21 @@ def test_greedy_lantern_delta_zero_equals_ar_and_replay(tiny, tmp_path, capsys):
     assert (tmp_path / "replay" / "replay.png").is_file()
 
 
+def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, capsys):
+    assert main(_args(tiny, tmp_path / "ar", "--method", "ar", "--num-images", "2")) == 0
+    assert main(_args(tiny, tmp_path / "sd", "--method", "sd", "--num-images", "3", "--temperature", "0")) == 0
+    capsys.readouterr()
+    assert replay_main([str(tmp_path / "sd"), "--reference", str(tmp_path / "ar"), "--out", str(tmp_path / "r")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2
+    assert "temperature is 0.0 here but 1.0 in the reference" in notes[0]
+    assert "covers 2 of its 3 images" in notes[1]
+    assert len(pd.read_parquet(tmp_path / "r" / "image_quality.parquet")) == 2
+
+
 @pytest.mark.parametrize("extra, message", [
-    (["--method", "lantern", "--delta", "-0.1"], "error: delta must be >= 0"),
-    (["--method", "lantern++", "--lam", "0.5"], "error: lam must be >= 1"),
+    (["--method", "lantern", "--delta", "-0.1"], "error: delta (--delta) must be >= 0"),
+    (["--method", "lantern++", "--lam", "0.5"], "error: lam (--lam) must be >= 1"),
     (["--method", "lantern", "--k", "64"], "must be smaller than the vocabulary size 64"),
     (["--method", "sd", "--gamma", "0"], "--gamma (draft tokens per step) must be an integer >= 1"),
     (["--method", "medusa"], "invalid choice: 'medusa'"),

@@ -54,7 +54,7 @@ def test_registry_finds_weights_in_the_hf_cache(tiny_official, tmp_path, monkeyp
 
 def test_absent_weights_name_the_file_to_download(tmp_path, monkeypatch):
     use_hf_cache(monkeypatch, tmp_path / "empty-hub")
-    with pytest.raises(WeightsNotFoundError, match=r"huggingface-cli download peizesun/llamagen_t2i t2i_XL_stage1_256.pt"):
+    with pytest.raises(WeightsNotFoundError, match=r"hf download peizesun/llamagen_t2i t2i_XL_stage1_256.pt"):
         load_model("llamagen-t2i-stage1")
     with pytest.raises(WeightsNotFoundError, match="holds no c2i_B_256.pt"):
         load_model("llamagen-c2i-b", weights=tmp_path)
@@ -85,5 +85,5 @@ def test_mismatched_checkpoint_is_one_line_error(tiny_official, tmp_path):
 def test_unreadable_checkpoint_is_one_line_error(tmp_path):
     bad = tmp_path / "c2i_B_256.pt"
     bad.write_bytes(b"\x00garbage")
-    with pytest.raises(UsageError, match="cannot read checkpoint"):
+    with pytest.raises(UsageError, match="as a PyTorch checkpoint .*check that --weights"):
         load_model("llamagen-c2i-b", weights=bad)

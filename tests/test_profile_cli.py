@@ -181,6 +181,17 @@ def test_other_settings_into_the_same_out_are_refused(weights, tmp_path, capsys)
     assert "settings are unknown" in capsys.readouterr().err
 
 
+def test_the_default_cfg_and_the_same_explicit_cfg_are_one_run(weights, tmp_path, capsys):
+    out = tmp_path / "same"
+    assert _run(weights, out) == 0  # c2i default: cfg 4
+    assert json.loads((out / "summary.json").read_text())["settings"]["cfg"] == 4.0
+    capsys.readouterr()
+    assert _run(weights, out, "--cfg", "4") == 0
+    assert "0 computed" in capsys.readouterr().out.replace("batches computed", "computed")
+    assert _run(weights, out, "--cfg", "3") == 2
+    assert "cfg: 4.0 there, 3.0 now" in capsys.readouterr().err
+
+
 def _bad_cases(tmp_path, weights):
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "a_file").write_text("x")

@@ -222,6 +222,16 @@ def test_quick_training_then_load_and_generate(tmp_path, capsys):
     assert held.shape == (4, 64) and conds == [""] * 4
     assert load_heldout(out).shape[1] == 64
 
+    # the profile of a text model writes its passages, detokenised, instead of an image grid
+    from ambiguity.profile import main as profile_main
+
+    prof = tmp_path / "profile"
+    assert profile_main(["--model", "text-twin", "--weights", str(out), "--num-images", "2", "--out", str(prof),
+                         "--no-progress"]) == 0
+    assert "samples.txt" in capsys.readouterr().out
+    samples = (prof / "samples.txt").read_text()
+    assert samples.count("--- passage ") == 2 and not (prof / "images.png").exists()
+
     # rerunning the same command resumes from the final checkpoint: same weights, no new steps
     before = load_tensors(out / "text_twin.safetensors")
     assert script.main(argv) == 0

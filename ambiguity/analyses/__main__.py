@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from ambiguity.errors import ArgumentParser
+from ambiguity.errors import ArgumentParser, UsageError, cli_main
 
 ANALYSES = {
     "concentration": "ambiguity.analyses.concentration",
@@ -11,6 +11,7 @@ ANALYSES = {
 }
 
 
+@cli_main
 def main(argv=None) -> int:
     """Run ``ANALYSES[argv[0]].main(argv[1:])``; exit 2 with one line for an unknown analysis."""
     import importlib
@@ -21,8 +22,11 @@ def main(argv=None) -> int:
                                     "Run `python -m ambiguity.analyses <analysis> --help` for options.")
     ap.add_argument("analysis", choices=sorted(ANALYSES))
     ap.add_argument("options", nargs="...", help="options of the analysis")
-    if not argv or argv[0] in ("-h", "--help"):
-        ap.parse_args(argv or ["--help"])
+    if not argv:
+        ap.print_usage(sys.stderr)
+        raise UsageError(f"name an analysis: {' or '.join(sorted(ANALYSES))}")
+    if argv[0] in ("-h", "--help"):
+        ap.parse_args(argv)
     ns = ap.parse_args(argv[:1])
     return importlib.import_module(ANALYSES[ns.analysis]).main(argv[1:])
 

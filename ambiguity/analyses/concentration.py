@@ -271,7 +271,7 @@ def plot_concentration(summary, path: str | Path, title: str = "") -> list[Path]
         ax.set_ylabel("probability mass")
         if title:
             ax.set_title(title)
-        ax.legend(loc="upper left")
+        ax.legend(loc="upper left", title="mean over positions; band: 25–75 %", title_fontsize="small")
         return plots.save_figure(fig, path)
 
 
@@ -295,11 +295,11 @@ def main(argv=None) -> int:
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
     ap.add_argument("--anchor", default="top1", choices=("top1", "sampled"))
     ap.add_argument("--cache-dir", default=None, help="neighbourhood cache folder")
-    ap.add_argument("--out", default=None, help="output folder (default: results/concentration/<model>)")
+    ap.add_argument("--out", default=None, help="output folder (default: runs/concentration/<model>)")
     args = ap.parse_args(argv)
 
     sampling = sampling_from_args(args)
-    out = ensure_writable_dir(args.out or f"results/concentration/{args.model}")
+    out = ensure_writable_dir(args.out or f"runs/concentration/{args.model}")
     model = load_model(args.model, weights=args.weights, device=args.device)
     ks = parse_ints(args.ks, "--ks") if args.ks else None
     conds = None if args.data else conditions_for(model, args.num_images, args.captions)

@@ -314,13 +314,13 @@ def main(argv=None) -> int:
     ap.add_argument("--grid-k", type=int, default=None, help="k shown in the image grid (default: the largest k)")
     ap.add_argument("--show", type=int, default=6, help="images per grid row (default: %(default)s)")
     ap.add_argument("--cache-dir", default=None, help="neighbourhood cache folder")
-    ap.add_argument("--out", default=None, help="output folder (default: results/interchangeability/<model>)")
+    ap.add_argument("--out", default=None, help="output folder (default: runs/interchangeability/<model>)")
     args = ap.parse_args(argv)
 
     sampling = sampling_from_args(args)
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    out = ensure_writable_dir(args.out or f"results/interchangeability/{args.model}")
+    out = ensure_writable_dir(args.out or f"runs/interchangeability/{args.model}")
     model = load_model(args.model, weights=args.weights, device=args.device)
     ks = parse_ints(args.ks, "--ks") if args.ks else None
     rates = parse_floats(args.rates, "--rates")

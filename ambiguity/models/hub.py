@@ -16,7 +16,7 @@ __all__ = ["find_weight", "require_weight", "hf_snapshot_dir", "download_hint"]
 
 def download_hint(repo_id: str, filename: str | None = None) -> str:
     what = f"{repo_id} {filename}" if filename else repo_id
-    return (f"download it with `huggingface-cli download {what}` (goes to the Hugging Face cache, "
+    return (f"download it with `hf download {what}` (goes to the Hugging Face cache, "
             f"{_hf_cache_dir()}) or pass --weights PATH")
 
 

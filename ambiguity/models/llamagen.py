@@ -27,8 +27,9 @@ def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise UsageError(f"checkpoint {path} does not exist; check the --weights path") from None
-    except Exception as exc:  # pickle errors, truncated downloads
-        raise UsageError(f"cannot read checkpoint {path} ({type(exc).__name__}: {exc}); re-download it") from None
+    except Exception as exc:  # pickle errors, truncated downloads, files that are no checkpoint
+        raise UsageError(f"cannot read {path} as a PyTorch checkpoint ({type(exc).__name__}); check that --weights "
+                         f"names the official .pt file, and re-download it if it is truncated") from None
     if not isinstance(obj, dict):
         raise UsageError(f"{path} is not a state-dict checkpoint")
     for key in ("model", "module", "state_dict"):
