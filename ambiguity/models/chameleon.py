@@ -38,8 +38,6 @@ Lumina-mGPT, arXiv 2408.02657; LANTERN (Jang et al., ICLR 2025) Sec. 3 uses Anol
 """
 from __future__ import annotations
 
-import copy
-import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,12 +46,13 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
+from ambiguity.models.base import Prompt, Step, TokenModel
 from ambiguity.models.chameleon_vqgan import ChameleonVQGAN, load_vqgan, vqgan_config_from_hf, vqgan_from_state
 from ambiguity.models.chameleon_weights import build_lm, locate_checkpoint, read_checkpoint
+from ambiguity.models.hf_common import HFDraftLayer, cache_kwarg, crop_dynamic_cache, make_draft_layer
 
-__all__ = ["ChameleonModel", "ChameleonCache", "ChameleonDraftLayer", "ImageTemplate", "load_chameleon",
-           "image_token_ids_from_vocab", "make_template", "crop_cache", "ANOLE_REPO", "ANOLE_META_REPO",
+__all__ = ["ChameleonModel", "ChameleonCache", "ImageTemplate", "load_chameleon",
+           "image_token_ids_from_vocab", "make_template", "ANOLE_REPO", "ANOLE_META_REPO",
            "CHAMELEON_REPO", "LUMINA_REPO", "VQGAN_ENV"]
 
 ANOLE_REPO = "leloy/Anole-7b-v0.1-hf"
@@ -150,76 +149,12 @@ def make_template(vocab: Mapping[str, int], bos: int, style: str = "chameleon", 
 
 
 # --------------------------------------------------------------------------- transformers glue
-def _cache_kw(fn) -> str:
-    """transformers 5.x names the KV-cache argument ``cache``; 4.x ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(fn).parameters else "past_key_values"
-
-
-def crop_cache(kv, length: int) -> None:
-    """Keep the first ``length`` positions of a transformers ``DynamicCache``."""
-    extra = kv.get_seq_length() - length
-    if extra > 0:
-        kv.crop(-extra)  # a negative argument removes that many positions (4.x and 5.x)
-
-
 class ChameleonCache:
     """KV cache of one prompt batch: ``kv`` (DynamicCache), ``mask`` (rows, L) int64 over every
     cached position, ``prefix`` (padded prompt length) and ``n`` (image tokens held)."""
 
     def __init__(self, kv, mask: torch.Tensor, prefix: int):
         self.kv, self.mask, self.prefix, self.n = kv, mask, prefix, 0
-
-
-class ChameleonDraftLayer(DraftLayer):
-    """One freshly initialised Chameleon decoder layer (Linear weights ~ N(0, initializer_range),
-    norms at identity) with its own rotary table and DynamicCache (EAGLE drafter layer).
-
-    ``forward(x (rows, T, H), cache, start)``: positions ``start..start+T-1`` are image-token
-    indices; only relative positions matter to rotary attention over the drafter's own cache.
-    """
-
-    def __init__(self, config):
-        super().__init__()
-        from transformers.models.chameleon import modeling_chameleon as mc
-
-        cfg = copy.deepcopy(config)
-        cfg._attn_implementation = "sdpa"  # the additive mask below suits sdpa and eager
-        layer_cls = mc.ChameleonSwinDecoderLayer if getattr(cfg, "swin_norm", False) else mc.ChameleonDecoderLayer
-        self.layer = layer_cls(cfg, layer_idx=0)
-        self.rotary = mc.ChameleonRotaryEmbedding(config=cfg)
-        for m in self.layer.modules():
-            if isinstance(m, torch.nn.Linear):
-                torch.nn.init.normal_(m.weight, std=cfg.initializer_range)
-                if m.bias is not None:
-                    torch.nn.init.zeros_(m.bias)
-        self._kw = _cache_kw(self.layer.forward)
-
-    def new_cache(self, rows: int):
-        """An empty transformers DynamicCache (one layer, grows as needed)."""
-        from transformers import DynamicCache
-
-        return DynamicCache()
-
-    def rollback(self, cache, n: int) -> None:
-        """Keep the first ``n`` positions of the drafter's cache."""
-        crop_cache(cache, n)
-
-    def forward(self, x: torch.Tensor, cache, start: int) -> torch.Tensor:
-        """x (rows, T, H) at positions start..start+T-1 -> (rows, T, H); the cache is cut back to
-        ``start`` first (ValueError if it holds fewer positions)."""
-        rows, T, _ = x.shape
-        past = 0
-        if cache is not None:
-            crop_cache(cache, start)
-            past = cache.get_seq_length()
-            if past != start:
-                raise ValueError(f"draft cache holds {past} positions; cannot continue at {start}")
-        pos = torch.arange(start, start + T, device=x.device)[None].expand(rows, T)
-        allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
-        mask = torch.zeros(T, past + T, dtype=x.dtype, device=x.device).masked_fill(~allowed, torch.finfo(x.dtype).min)
-        out = self.layer(x, attention_mask=mask[None, None], position_ids=pos, use_cache=cache is not None,
-                         position_embeddings=self.rotary(x, pos), **{self._kw: cache})
-        return out[0] if isinstance(out, tuple) else out
 
 
 # --------------------------------------------------------------------------- the adapter
@@ -251,7 +186,7 @@ class ChameleonModel(TokenModel):
             raise UsageError("image token ids exceed the output head; config.json and the weights disagree")
         self.grid, self.hidden_size = template.grid, cfg.hidden_size
         self._head = w.detach()[self.image_token_ids].float()  # (V, H) float32 output rows of image tokens
-        self._kw = _cache_kw(lm.model.forward)
+        self._kw = cache_kwarg(lm.model.forward)
 
     # ------------------------------------------------------------------ prompt
     def text_ids(self, condition) -> list[int]:
@@ -350,7 +285,7 @@ class ChameleonModel(TokenModel):
         if not 0 <= n <= cache.n:
             raise ValueError(f"cannot roll back to {n} image tokens; the cache holds {cache.n}")
         keep = cache.prefix + self._positions_for(n)
-        crop_cache(cache.kv, keep)
+        crop_dynamic_cache(cache.kv, keep)
         cache.mask, cache.n = cache.mask[:, :keep], n
 
     def cache_tokens(self, cache: ChameleonCache) -> int:
@@ -375,9 +310,10 @@ class ChameleonModel(TokenModel):
         """Image-token logits (..., V) float32 = hidden @ lm_head.weight[image_token_ids].T."""
         return hidden.float() @ self._head.t()
 
-    def draft_layer(self) -> ChameleonDraftLayer:
-        """A freshly initialised decoder layer of this architecture on the model's device and dtype."""
-        return ChameleonDraftLayer(self.lm.config).to(self.device, self.dtype)
+    def draft_layer(self) -> HFDraftLayer:
+        """A freshly initialised decoder layer of this architecture (swin-norm or not, as the target)
+        with a copy of the target's rotary table, on the model's device and dtype."""
+        return make_draft_layer(self.lm.model, self.lm.config, self.device, self.dtype)
 
     # ----------------------------------------------------------------- codebook
     def codebook(self) -> torch.Tensor:
