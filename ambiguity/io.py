@@ -10,7 +10,8 @@ from typing import Iterator
 
 from ambiguity.errors import UsageError
 
-__all__ = ["atomic_path", "write_json", "write_table", "read_table", "ensure_writable_dir", "save_tensors", "load_tensors"]
+__all__ = ["atomic_path", "write_json", "write_table", "read_table", "ensure_writable_dir", "save_tensors", "load_tensors",
+           "abspath", "settings_difference"]
 
 
 @contextlib.contextmanager
@@ -111,3 +112,25 @@ def load_tensors(path: str | Path, device="cpu") -> tuple[dict, dict]:
             except (json.JSONDecodeError, TypeError):
                 meta[k] = v
     return tensors, meta
+
+
+def abspath(path: str | Path | None) -> str | None:
+    """``path`` made absolute (``~`` expanded) as a string, for run records; None stays None."""
+    return str(Path(path).expanduser().resolve()) if path else None
+
+
+def settings_difference(old, new, prefix: str = "") -> str:
+    """The first setting that differs between a stored run record ``old`` (parsed JSON, None when
+    unreadable) and ``new``, as ``"key: <old> there, <new> now"`` (nested dicts are descended);
+    the text of the "other settings" errors of resumable commands."""
+    new = json.loads(json.dumps(new, default=str))
+    if old is None and not prefix:
+        return "unreadable run file"
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return f"{prefix or 'settings'}: {old!r} there, {new!r} now"
+    for k in sorted(set(old) | set(new)):
+        if old.get(k) != new.get(k):
+            if isinstance(old.get(k), dict) and isinstance(new.get(k), dict):
+                return settings_difference(old[k], new[k], k)
+            return f"{k}: {old.get(k)!r} there, {new.get(k)!r} now"
+    return "unreadable run file"

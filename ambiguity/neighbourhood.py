@@ -383,9 +383,10 @@ def exact_knn(matrix: torch.Tensor, k: int, metric: str = "l2", *, seed: int = 0
     if backend == "faiss" and gpu and k + 1 > FAISS_MAX_K:
         raise UsageError(f"faiss on GPU returns at most {FAISS_MAX_K - 1} neighbours; use backend='auto' or 'torch'")
     xs = _prepare(x, metric)
-    database = xs if gpu else xs.cpu().numpy()          # copied off the GPU once, not per block
+    use_faiss = backend == "faiss" and metric != "random"
+    database = (xs if gpu else xs.cpu().numpy()) if use_faiss else None  # copied off the GPU once, not per block
     # bytes per query row: (b, N) distances + sort outputs, or faiss's (b, k+1) results and their reorderings
-    per_row = 16 * n if (backend == "torch" or metric == "random") else 64 * (k + 1) + 4 * min(n, 4096)
+    per_row = 64 * (k + 1) + 4 * min(n, 4096) if use_faiss else 16 * n
     block = RANDOM_CHUNK if metric == "random" else int(max(1, min(n, block_bytes // per_row)))
     indices = torch.empty(n, k, dtype=torch.long, device=device)
     distances = torch.empty(n, k, dtype=torch.float32, device=device)

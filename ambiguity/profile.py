@@ -51,6 +51,7 @@ if __name__ == "__main__":
 import torch
 
 from ambiguity.errors import UsageError, cli_main
+from ambiguity.io import abspath, settings_difference
 from ambiguity.generation import cfg_rows, make_generator, sample_tokens
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, distribution, split_cfg
@@ -65,7 +66,7 @@ STAT_COLUMNS = tuple(f"{d}_{s}" for d in DISTRIBUTIONS for s in STAT_NAMES)
 TABLE_FILE, SUMMARY_FILE, SHARD_DIR, RUN_FILE = "tokens.parquet", "summary.json", "shards", "run.json"
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 FIGURES = ("top1_distribution", "top1_by_position", "images")
-FINAL_FILES = (TABLE_FILE, SUMMARY_FILE) + tuple(f"{f}.{x}" for f in FIGURES for x in ("png", "pdf"))
+FINAL_FILES = (TABLE_FILE, SUMMARY_FILE, "samples.txt") + tuple(f"{f}.{x}" for f in FIGURES for x in ("png", "pdf"))
 
 
 def default_cfg(kind: str) -> float:
@@ -86,9 +87,9 @@ def batch_seed(seed: int, batch: int) -> int:
 
 
 def _stats_pair(p_guided: torch.Tensor, p_cond: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    out = {f"guided_{k}": v for k, v in token_stats(p_guided, tokens).items()}
-    out.update({f"cond_{k}": v for k, v in token_stats(p_cond, tokens).items()})
-    return out
+    guided = token_stats(p_guided, tokens)
+    cond = guided if p_cond is p_guided else token_stats(p_cond, tokens)  # no CFG: one distribution
+    return {**{f"guided_{k}": v for k, v in guided.items()}, **{f"cond_{k}": v for k, v in cond.items()}}
 
 
 @torch.no_grad()
@@ -222,25 +223,13 @@ def _check_run_dir(shards: Path, record: dict, overwrite: bool, out_name: str) -
             old = None
         if old != json.loads(json.dumps(record, default=str)):
             raise UsageError(f"{out_name} holds results of a run with other settings "
-                             f"({_first_difference(old, record)}); pass another --out or add --overwrite")
+                             f"({settings_difference(old, record)}); pass another --out or add --overwrite")
         return
     if shards.is_dir() and any(shards.glob("batch_*.parquet")):
         raise UsageError(f"{out_name} holds shards without their {RUN_FILE}, so their settings are unknown; "
                          f"pass another --out or add --overwrite")
     shards.mkdir(parents=True, exist_ok=True)
     write_json(record, run_file)
-
-
-def _first_difference(old, new, prefix: str = "") -> str:
-    new = json.loads(json.dumps(new, default=str))
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return f"{prefix or 'settings'}: {old!r} there, {new!r} now"
-    for k in sorted(set(old) | set(new)):
-        if old.get(k) != new.get(k):
-            if isinstance(old.get(k), dict) and isinstance(new.get(k), dict):
-                return _first_difference(old[k], new[k], k)
-            return f"{k}: {old.get(k)!r} there, {new.get(k)!r} now"
-    return "unreadable run file"
 
 
 def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: Optional[SamplingConfig] = None, *,
@@ -398,9 +387,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     out, settings = check_arguments(args)  # nothing is loaded or written before the options are valid
     model = load_model(args.model, weights=args.weights, device=settings["device"], dtype=settings["dtype"])
-    sampling = SamplingConfig(cfg=default_cfg(model.kind) if args.cfg is None else args.cfg,
-                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    settings["cfg"] = sampling.cfg  # the resolved scale: `--cfg 4` and the c2i default are the same run
+    sampling = SamplingConfig(cfg=settings["cfg"], temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
     model.make_prompt(conditions[:1], cfg=sampling.use_cfg)  # e.g. a missing caption encoder fails before any output
     ensure_writable_dir(out)
@@ -426,8 +413,8 @@ def check_arguments(args) -> tuple[Path, dict]:
     from ambiguity.profile_inputs import parse_classes
     from ambiguity.profile_report import check_out_dir
 
-    SamplingConfig(cfg=1.0 if args.cfg is None else args.cfg, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p)
+    cfg = default_cfg(get_spec(args.model).kind) if args.cfg is None else args.cfg  # `--cfg 4` = the c2i default
+    SamplingConfig(cfg=cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     if args.num_images < 1:
         raise UsageError(f"--num-images must be >= 1, got {args.num_images}")
     if args.batch_size < 1:
@@ -437,16 +424,15 @@ def check_arguments(args) -> tuple[Path, dict]:
         read_captions(args.captions)
     if args.source == "generate" and (args.images or args.data):
         raise UsageError("--images and --data are for --source dataset; add --source dataset or drop them")
-    get_spec(args.model)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     out = Path(args.out) if args.out is not None else Path("runs", "profile", re.sub(r"[^\w.-]", "_", args.model))
     check_out_dir(out)
-    settings = {"model": args.model, "weights": _abspath(args.weights), "device": str(device),
+    settings = {"model": args.model, "weights": abspath(args.weights), "device": str(device),
                 "dtype": str(dtype).replace("torch.", ""), "num_images": args.num_images,
                 "batch_size": args.batch_size, "seed": args.seed, "source": args.source, "classes": classes,
-                "captions": _abspath(args.captions), "data": _abspath(args.data), "images": _abspath(args.images),
-                "cfg": args.cfg, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+                "captions": abspath(args.captions), "data": abspath(args.data), "images": abspath(args.images),
+                "cfg": cfg, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     if not args.overwrite:
         _check_settings_only(out, settings)
     return out, settings
@@ -480,10 +466,6 @@ def resolve_inputs(args, model: TokenModel, classes: Optional[list[int]]):
     raise UsageError(f"--source dataset for {model.name} needs --images DIR (image files to teacher-force)")
 
 
-def _abspath(path: Optional[str]) -> Optional[str]:
-    return str(Path(path).expanduser().resolve()) if path else None
-
-
 def _check_settings_only(out: Path, settings: dict) -> None:
     """Before loading the model: refuse at once when ``out`` holds a run of other CLI settings."""
     run_file = out / SHARD_DIR / RUN_FILE
@@ -494,11 +476,9 @@ def _check_settings_only(out: Path, settings: dict) -> None:
     except (OSError, json.JSONDecodeError, AttributeError):
         return
     new = json.loads(json.dumps(settings, default=str))
-    if isinstance(old, dict) and new.get("cfg") is None:  # the default scale depends on the model: checked after loading
-        new["cfg"] = old.get("cfg")
     if old != new:
         raise UsageError(f"--out {out} holds results of a run with other settings "
-                         f"({_first_difference(old, new)}); pass another --out or add --overwrite")
+                         f"({settings_difference(old, new)}); pass another --out or add --overwrite")
 
 
 if __name__ == "__main__":

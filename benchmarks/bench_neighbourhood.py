@@ -20,7 +20,6 @@ float64 distances). Prints a table of seconds and ratios (baseline / ours) and w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -92,6 +91,7 @@ def timed(fn):
 def main(argv=None) -> int:
     import faiss
 
+    from ambiguity.io import write_json
     from ambiguity.neighbourhood import exact_knn
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     env = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
            "threads": args.threads, "torch": torch.__version__, "faiss": faiss.__version__,
            "note": "shared machine: load averages recorded per codebook"}
-    out.write_text(json.dumps({"env": env, "results": records}, indent=2) + "\n")
+    write_json({"env": env, "results": records}, out)
     print(f"wrote {out}")
     ok = all(r.get(f"{m}_check", {}).get("rows_not_ties", 0) == 0 for r in records for m in ("official", "sklearn"))
     return 0 if ok else 1

@@ -330,7 +330,7 @@ def speculative_decode(model: TokenModel, drafter, prompt: Prompt, sampling: Sam
             model.rollback(cache, n + a)
         kind = NEXT_KINDS[int(res.next_kind[0])]
         log.add_step(step_no, n, g, a, kind, int(res.next_token[0]), _since(timer, before),
-                     _draft_columns(p[0, :g], q[0] if q is not None else None, drafts[0], res) if g else None)
+                     _draft_columns(p[0, :g], q[0], drafts[0], res) if g else None)
         n += a + 1
     steps, drafts_tab = log.tables()
     s = timer.seconds
@@ -338,16 +338,14 @@ def speculative_decode(model: TokenModel, drafter, prompt: Prompt, sampling: Sam
     return Decoded(tokens.cpu(), steps, drafts_tab, images, rule.method, int(gamma))
 
 
-def _draft_columns(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, res: Acceptance) -> dict:
-    """Per-draft columns of one chain (γ,): p (γ, V), q (γ, V) or None, drafts (γ,)."""
+def _draft_columns(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, res: Acceptance) -> dict:
+    """Per-draft columns of one chain (γ,): p (γ, V), q (γ, V) (the drafter's distributions, also
+    when greedy), drafts (γ,)."""
     v = res.verdict
-    g = drafts.shape[0]
-    q_draft = q.gather(-1, drafts[:, None])[:, 0] if q is not None else v.q_draft[0]
-    u = res.u[0] if res.u is not None else torch.full((g,), float("nan"), device=p.device)
-    return dict(token=drafts, p_draft=v.p_draft[0], q_draft=q_draft, p_tilde=v.p_tilde[0], j_star=v.j_star[0],
-                spent=v.spent[0], accept_prob=v.accept_prob[0], u=u, accepted=v.accepted[0],
-                p_top1=top1_prob(p), p_entropy=entropy(p),
-                q_top1=top1_prob(q) if q is not None else torch.full((g,), float("nan"), device=p.device))
+    u = res.u[0] if res.u is not None else torch.full(drafts.shape, float("nan"), device=p.device)
+    return dict(token=drafts, p_draft=v.p_draft[0], q_draft=q.gather(-1, drafts[:, None])[:, 0],
+                p_tilde=v.p_tilde[0], j_star=v.j_star[0], spent=v.spent[0], accept_prob=v.accept_prob[0], u=u,
+                accepted=v.accepted[0], p_top1=top1_prob(p), p_entropy=entropy(p), q_top1=top1_prob(q))
 
 
 def _image_row(image: int, prompt: Prompt, seed, N: int, steps_n: int, steps: dict, seconds: dict,
@@ -475,6 +473,4 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
         parts.append(out)
     result = Decoded.concat(parts)
     result.settings = {**config.as_dict(), **{f"sampling_{k}": v for k, v in sampling.as_dict().items()}}
-    if rule is None:
-        result.gamma = 0
     return result

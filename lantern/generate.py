@@ -80,16 +80,20 @@ def build_parser() -> ArgumentParser:
 
 def _settings(args, config: DecodeConfig, device, dtype) -> dict:
     """Everything that changes an image's tokens (the resume key); --num-images is not part of it."""
-    res = lambda x: str(Path(x).expanduser().resolve()) if x else None
-    return {"model": args.model, "weights": res(args.weights), "device": str(device),
-            "dtype": str(dtype).replace("torch.", ""), **config.as_dict(), "drafter": res(args.drafter),
-            "classes": args.classes, "captions": res(args.captions), "cfg": args.cfg, "temperature": args.temperature,
+    from ambiguity.io import abspath
+    from ambiguity.models.registry import get_spec
+    from ambiguity.profile import default_cfg
+
+    cfg = default_cfg(get_spec(args.model).kind) if args.cfg is None else args.cfg  # `--cfg 4` = the c2i default
+    return {"model": args.model, "weights": abspath(args.weights), "device": str(device),
+            "dtype": str(dtype).replace("torch.", ""), **config.as_dict(), "drafter": abspath(args.drafter),
+            "classes": args.classes, "captions": abspath(args.captions), "cfg": cfg, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed}
 
 
 def _check_run(out: Path, settings: dict, overwrite: bool) -> None:
     """Refuse to mix images of other settings into ``out``; ``overwrite`` clears them."""
-    from ambiguity.io import write_json
+    from ambiguity.io import settings_difference, write_json
 
     run_file = out / RUN_FILE
     if overwrite:
@@ -104,9 +108,7 @@ def _check_run(out: Path, settings: dict, overwrite: bool) -> None:
             old = None
         new = json.loads(json.dumps(settings, default=str))
         if old != new:
-            diff = next((f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old or {}) | set(new))
-                         if (old or {}).get(k) != new.get(k)), "unreadable run file")
-            raise UsageError(f"--out {out} holds images of a run with other settings ({diff}); "
+            raise UsageError(f"--out {out} holds images of a run with other settings ({settings_difference(old, new)}); "
                              f"pass another --out or add --overwrite")
         return
     write_json({"settings": settings}, run_file)
@@ -160,7 +162,7 @@ def run_generate(model, conditions: list, config: DecodeConfig, sampling, out: P
     from tqdm.auto import tqdm
 
     from ambiguity.io import read_table, write_json, write_table
-    from lantern.decoding import check_drafter, decode, neighbour_table
+    from lantern.decoding import decode, neighbour_table
     from lantern.records import summarize
 
     t0 = time.perf_counter()
@@ -168,12 +170,7 @@ def run_generate(model, conditions: list, config: DecodeConfig, sampling, out: P
     (out / PART_DIR).mkdir(parents=True, exist_ok=True)
     if pixels:
         (out / "images").mkdir(exist_ok=True)
-    neighbours = None
-    if config.speculative:
-        if drafter is None:
-            raise UsageError(f"method {config.method} needs a drafter; pass --drafter or use --method ar")
-        check_drafter(drafter, model)
-        neighbours = neighbour_table(model, config)
+    neighbours = neighbour_table(model, config)  # built once; decode() checks the drafter before any image
     todo = [i for i in range(len(conditions)) if not _done(out, i, pixels)]
     for i in tqdm(todo, desc=f"{config.method} images", disable=not progress, unit="img"):
         d = decode(model, [conditions[i]], config, sampling, drafter, neighbours, seed=seed, pixels=pixels,
@@ -218,7 +215,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for a UsageError."""
     from ambiguity.models.base import resolve_device
     from ambiguity.models.registry import get_spec, load_model, resolve_dtype
-    from ambiguity.profile import default_cfg
     from ambiguity.profile_inputs import generation_conditions, parse_classes
     from ambiguity.profile_report import check_out_dir
     from ambiguity.sampling import SamplingConfig
@@ -243,9 +239,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if config.speculative and config.rule().relaxed and config.k >= model.vocab_size:
         raise UsageError(f"--k {config.k} must be smaller than the vocabulary size {model.vocab_size} of "
                          f"{model.name}; lower --k")
-    sampling = SamplingConfig(cfg=default_cfg(model.kind) if args.cfg is None else args.cfg,
-                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    settings["cfg"] = sampling.cfg  # the resolved scale: `--cfg 4` and the c2i default are the same run
+    sampling = SamplingConfig(cfg=settings["cfg"], temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     drafter = None
     if config.speculative:
         from lantern.drafter import load_drafter

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from ambiguity.errors import ArgumentParser, UsageError, cli_main
 from ambiguity.io import atomic_path, read_table, write_json, write_table
 from ambiguity.models.base import TokenModel
+from ambiguity.train import lr_at as ambiguity_lr_at, save_checkpoint
 from lantern.drafter import Drafter, fingerprint_mismatch, target_fingerprint
 from lantern.drafter_data import (TokenSet, build_feature_cache, iterate_batches, shard_rows, training_inputs)
 
@@ -121,11 +122,9 @@ def topk_accuracy(draft_logits: torch.Tensor, target_logits: torch.Tensor, ks: S
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
-    """Learning rate at optimiser step ``step`` of ``total``: linear warmup, cosine decay."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    """Learning rate at optimiser step ``step`` of ``total``: linear warmup, cosine decay
+    (:func:`ambiguity.train.lr_at` with this config's settings)."""
+    return ambiguity_lr_at(step, cfg.lr, cfg.warmup_steps, total, cfg.min_lr_ratio)
 
 
 # --------------------------------------------------------------------------- steps
@@ -294,9 +293,7 @@ def _training_info(record: dict, rows: list) -> dict:
 
 
 def _save_checkpoint(path: Path, drafter: Drafter, optimizer, rows: list, step: int) -> None:
-    with atomic_path(path) as tmp:
-        torch.save({"drafter": drafter.state_dict(), "optimizer": optimizer.state_dict(), "rows": rows,
-                    "step": step}, tmp)
+    save_checkpoint(path, drafter=drafter.state_dict(), optimizer=optimizer.state_dict(), rows=rows, step=step)
 
 
 # --------------------------------------------------------------------------- outputs

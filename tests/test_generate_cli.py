@@ -137,3 +137,11 @@ def test_bad_parameters_exit_2_with_one_line(tiny, tmp_path, capsys, extra, mess
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "bad" / "summary.json").exists()
+
+
+def test_default_cfg_and_the_same_explicit_cfg_are_one_run(tiny, tmp_path, capsys):
+    out = tmp_path / "g"
+    assert main(_args(tiny, out, "--method", "ar", "--num-images", "1")) == 0  # c2i default: cfg 4
+    assert main(_args(tiny, out, "--method", "ar", "--num-images", "1", "--cfg", "4")) == 0
+    assert "0 images computed, 1 resumed" in capsys.readouterr().out
+

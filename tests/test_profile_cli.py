@@ -388,3 +388,11 @@ def test_plots_image_grid_with_row_labels_saves_png_and_pdf(tmp_path):
         plots.image_grid(imgs, ncol=3, row_labels=["only one"])
     with pytest.raises(ValueError, match="C, H, W"):
         plots.image_grid(torch.zeros(2, 2, 8, 8))
+
+
+@pytest.mark.parametrize("name", ["embedded", "text-twin"])
+def test_registered_kind_is_the_loaded_models_kind(name):
+    from ambiguity.models.registry import get_spec, load_model
+
+    assert load_model(name, device="cpu").kind == get_spec(name).kind
+

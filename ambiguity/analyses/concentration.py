@@ -65,7 +65,7 @@ def neighbourhood_mass(p: torch.Tensor, anchors: torch.Tensor, neighbours: torch
     """
     kmax = max(ks)
     nb = neighbours[anchors.to(neighbours.device), :kmax].to(p.device)
-    cm = p.double().gather(1, nb).cumsum(1)
+    cm = p.gather(1, nb).double().cumsum(1)  # gather first: only (P, kmax) entries in float64
     return cm[:, [k - 1 for k in ks]].float()
 
 
@@ -74,9 +74,9 @@ def top_mass(p: torch.Tensor, anchors: torch.Tensor, ks: Sequence[int]) -> torch
 
     The sum of the k largest entries of p with the anchor's entry removed (the ``top-k`` curve).
     """
-    q = p.double().clone()
+    q = p.clone()
     q.scatter_(1, anchors[:, None].to(p.device), 0.0)
-    cm = torch.topk(q, max(ks), dim=1).values.cumsum(1)
+    cm = torch.topk(q, max(ks), dim=1).values.double().cumsum(1)
     return cm[:, [k - 1 for k in ks]].float()
 
 
@@ -85,7 +85,7 @@ def expected_random_mass(p: torch.Tensor, anchors: torch.Tensor, ks: Sequence[in
 
     (P, V), (P,) -> (P, len(ks)) float32.
     """
-    rest = 1.0 - p.double().gather(1, anchors[:, None].to(p.device))
+    rest = 1.0 - p.gather(1, anchors[:, None].to(p.device)).double()
     frac = torch.tensor([k / (p.shape[1] - 1) for k in ks], dtype=torch.float64, device=p.device)
     return (rest * frac).float()
 

@@ -6,7 +6,7 @@ from ambiguity.models.registry import ModelSpec, register
 
 register(ModelSpec(
     "embedded", "LlamaGen-architecture c2i model trained on Fashion-MNIST, shipped with the package",
-    "ambiguity.models.embedded:load_embedded", aliases=("fashion-mnist", "embedded-fashion-mnist")))
+    "ambiguity.models.embedded:load_embedded", aliases=("fashion-mnist", "embedded-fashion-mnist"), kind="c2i"))
 
 # Official LlamaGen class-conditional checkpoints (ImageNet, VQ-16 tokenizer).
 _C2I = {
@@ -24,7 +24,8 @@ for _name, (_preset, _res, _file) in _C2I.items():
         "ambiguity.models.llamagen:load_llamagen",
         dict(preset=_preset, model_type="c2i", resolution=_res, gpt_file=_file, vq_file="vq_ds16_c2i.pt",
              repo=LLAMAGEN_C2I_REPO, name=_name),
-        aliases=(_name.replace("-384", ""),) if _name.endswith("-384") and _name.replace("-384", "") not in _C2I else ()))
+        aliases=(_name.replace("-384", ""),) if _name.endswith("-384") and _name.replace("-384", "") not in _C2I else (),
+        kind="c2i"))
 
 # Official LlamaGen text-conditional checkpoints (flan-t5-xl captions, VQ-16 t2i tokenizer).
 for _stage, _res in ((1, 256), (2, 512)):
@@ -58,4 +59,4 @@ register(ModelSpec("emu3-gen", "Emu3-Gen text-to-image, 720 px (90x90 tokens, en
                    "transformers layout BAAI/Emu3-Gen-hf", "ambiguity.models.emu3:load_emu3",
                    dict(repo="BAAI/Emu3-Gen-hf", name="emu3-gen"), aliases=("emu3",)))
 register(ModelSpec("text-twin", "Embedded text twin: the embedded model's architecture trained on KJV English prose",
-                   "ambiguity.models.text_twin:load_text_twin", aliases=("embedded-text",)))
+                   "ambiguity.models.text_twin:load_text_twin", aliases=("embedded-text",), kind="text"))

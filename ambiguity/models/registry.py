@@ -24,13 +24,18 @@ DEFAULT_MODEL = "embedded"
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered model: ``loader`` is a callable or ``"module:function"``; ``options`` go to it."""
+    """A registered model: ``loader`` is a callable or ``"module:function"``; ``options`` go to it.
+
+    ``kind`` is the loaded model's :attr:`TokenModel.kind` (``"c2i"``, ``"t2i"`` or ``"text"``),
+    known before loading so that kind-dependent defaults (the CFG scale) resolve without weights.
+    """
 
     name: str
     summary: str
     loader: Union[str, Callable[..., TokenModel]]
     options: dict = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+    kind: str = "t2i"
 
     def resolve_loader(self) -> Callable[..., TokenModel]:
         if callable(self.loader):
@@ -60,7 +65,7 @@ def get_spec(name: str) -> ModelSpec:
     _ensure_builtin()
     if name.startswith("hf:"):
         return ModelSpec(name, "Hugging Face causal LM", "ambiguity.models.hf_text:load_hf_causal_lm",
-                         {"repo": name[3:]})
+                         {"repo": name[3:]}, kind="text")
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
         import difflib

@@ -12,7 +12,6 @@ from __future__ import annotations
 import html
 import re
 import urllib.parse
-from pathlib import Path
 
 import torch
 
@@ -124,20 +123,13 @@ class T5CaptionEncoder:
     def _load(self) -> None:
         if self.model is not None:
             return
-        from transformers import AutoTokenizer, T5EncoderModel
+        from transformers import T5EncoderModel
 
-        from ambiguity.models.hub import hf_snapshot_dir
+        from ambiguity.models.hf_common import load_pretrained, load_tokenizer
 
-        local = Path(self.repo).expanduser()
-        path = hf_snapshot_dir(self.repo, local if local.is_dir() else None, model="caption encoder")
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            model = T5EncoderModel.from_pretrained(str(path), local_files_only=True, dtype=self.dtype)
-        except (OSError, ValueError) as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"caption encoder: {path} does not load as a T5 encoder ({msg}); "
-                             f"re-download {self.repo}") from None
-        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.tokenizer = load_tokenizer(self.repo, name="caption encoder")
+        self.model = load_pretrained(T5EncoderModel, self.repo, device=self.device, dtype=self.dtype,
+                                     name="caption encoder")
 
     def tokenize(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Captions -> (input ids (B, max_length) int64, mask (B, max_length) int64), cleaned,
