@@ -22,7 +22,7 @@ position ids count only real tokens, so a padded row computes what it would alon
   image of {W}x{H} according to the following prompt:\\n{caption}<reserved08706> <racm3:break> <h> <w>``
   / ``<racm3:break> <h> <w>``, where ``<h>``/``<w>`` are ``<reserved{8800+n}>`` for n = side/32 (the
   model would emit them itself; they are forced here); each row of side/16 image tokens is followed
-  by the end-of-row token ``<reserved08799>``, which :meth:`ChameleonModel.extend` inserts itself,
+  by the end-of-row token ``<reserved08799>``, which :meth:`HFTokenModel.expand` inserts itself,
   so callers only ever see image tokens.
 
 Checkpoints (``--weights`` or the local Hugging Face cache, never the network): the transformers
@@ -46,12 +46,12 @@ from typing import Mapping, Optional, Sequence
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.models.base import Prompt, Step, TokenModel
+from ambiguity.models.base import Prompt
 from ambiguity.models.chameleon_vqgan import ChameleonVQGAN, load_vqgan, vqgan_config_from_hf, vqgan_from_state
 from ambiguity.models.chameleon_weights import build_lm, locate_checkpoint, read_checkpoint
-from ambiguity.models.hf_common import HFDraftLayer, cache_kwarg, crop_dynamic_cache, make_draft_layer
+from ambiguity.models.hf_common import HFDraftLayer, HFTokenModel, left_pad_ids, make_draft_layer
 
-__all__ = ["ChameleonModel", "ChameleonCache", "ImageTemplate", "load_chameleon",
+__all__ = ["ChameleonModel", "ImageTemplate", "load_chameleon",
            "image_token_ids_from_vocab", "make_template", "ANOLE_REPO", "ANOLE_META_REPO",
            "CHAMELEON_REPO", "LUMINA_REPO", "VQGAN_ENV"]
 
@@ -148,17 +148,8 @@ def make_template(vocab: Mapping[str, int], bos: int, style: str = "chameleon", 
     raise UsageError(f"unknown Chameleon prompt style {style!r}; use chameleon or lumina")
 
 
-# --------------------------------------------------------------------------- transformers glue
-class ChameleonCache:
-    """KV cache of one prompt batch: ``kv`` (DynamicCache), ``mask`` (rows, L) int64 over every
-    cached position, ``prefix`` (padded prompt length) and ``n`` (image tokens held)."""
-
-    def __init__(self, kv, mask: torch.Tensor, prefix: int):
-        self.kv, self.mask, self.prefix, self.n = kv, mask, prefix, 0
-
-
 # --------------------------------------------------------------------------- the adapter
-class ChameleonModel(TokenModel):
+class ChameleonModel(HFTokenModel):
     """A Chameleon-architecture target model (Anole, Chameleon, Lumina-mGPT); kind ``"t2i"``.
 
     Args:
@@ -186,7 +177,9 @@ class ChameleonModel(TokenModel):
             raise UsageError("image token ids exceed the output head; config.json and the weights disagree")
         self.grid, self.hidden_size = template.grid, cfg.hidden_size
         self._head = w.detach()[self.image_token_ids].float()  # (V, H) float32 output rows of image tokens
-        self._kw = cache_kwarg(lm.model.forward)
+        # decoding (prefill / extend / rollback / teacher_force) is HFTokenModel's over the base model;
+        # Lumina-mGPT's end-of-row token enters through HFTokenModel.expand
+        self.decoder, self.text_embeddings, self.eol_id = lm.model, lm.model.embed_tokens, template.eol
 
     # ------------------------------------------------------------------ prompt
     def text_ids(self, condition) -> list[int]:
@@ -213,93 +206,9 @@ class ChameleonModel(TokenModel):
         rows = [self.template.conditional(self.text_ids(c)) for c in conditions]
         if cfg:
             rows += [self.template.unconditional()] * len(rows)
-        P = max(len(r) for r in rows)
-        ids = torch.full((len(rows), P), self.template.pad, dtype=torch.long)
-        mask = torch.zeros(len(rows), P, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, P - len(r):] = torch.tensor(r)
-            mask[i, P - len(r):] = 1
+        ids, mask = left_pad_ids(rows, self.template.pad, self.device)
         shown = [c if isinstance(c, str) else f"<token ids {i}>" for i, c in enumerate(conditions)]
-        return Prompt({"ids": ids.to(self.device), "mask": mask.to(self.device)}, len(conditions), cfg, shown)
-
-    # ----------------------------------------------------------------- decoding
-    def _run(self, ids: torch.Tensor, mask: torch.Tensor, kv) -> torch.Tensor:
-        """Forward ``ids`` (rows, S) after what ``kv`` holds; ``mask`` (rows, L + S) covers both.
-        Returns last hidden states (rows, S, H) (after the final norm)."""
-        past = mask.shape[1] - ids.shape[1]
-        pos = (mask.cumsum(1) - 1).clamp(min=0)[:, past:]
-        with torch.no_grad():
-            out = self.lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=kv is not None,
-                                **{self._kw: kv})
-        return out.last_hidden_state
-
-    def _image_sequence(self, tokens: torch.Tensor, held: int) -> tuple[torch.Tensor, list[int]]:
-        """Code indices (rows, T) after ``held`` image tokens -> vocabulary ids with end-of-row
-        tokens inserted (rows, S), and for each token the index whose output predicts the next one."""
-        ids = self.to_vocab_ids(tokens)
-        eol = self.template.eol
-        if eol is None:
-            return ids, list(range(ids.shape[1]))
-        cols, take, w = [], [], self.grid[1]
-        for t in range(ids.shape[1]):
-            cols.append(ids[:, t])
-            if (held + t + 1) % w == 0:
-                cols.append(torch.full_like(ids[:, t], eol))
-            take.append(len(cols) - 1)
-        return torch.stack(cols, 1), take
-
-    def _positions_for(self, n: int) -> int:
-        return n + (n // self.grid[1] if self.template.eol is not None else 0)
-
-    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> ChameleonCache:
-        """An empty cache for ``prompt.rows`` rows (a transformers DynamicCache grows as needed)."""
-        from transformers import DynamicCache
-
-        return ChameleonCache(DynamicCache(), prompt.inputs["mask"][:, :0], prompt.inputs["ids"].shape[1])
-
-    def prefill(self, prompt: Prompt, cache: ChameleonCache) -> Step:
-        """Run the padded prefix; Step with T = 1 (logits (rows, 1, V) float32, hidden (rows, 1, H))."""
-        from transformers import DynamicCache
-
-        cache.kv, cache.mask, cache.n = DynamicCache(), prompt.inputs["mask"], 0
-        h = self._run(prompt.inputs["ids"], cache.mask, cache.kv)[:, -1:]
-        return Step(self.head(h), h)
-
-    def extend(self, cache: ChameleonCache, tokens: torch.Tensor) -> Step:
-        """Append image tokens (rows, T) int64 code indices -> T next-token Steps.
-
-        With row separators (Lumina-mGPT) the end-of-row token is fed after every ``grid[1]``-th
-        image token, and the Step of that token is taken at the separator's position (the
-        distribution of the first token of the next row). Raises ValueError on a row mismatch.
-        """
-        if tokens.shape[0] != cache.mask.shape[0]:
-            raise ValueError(f"tokens have {tokens.shape[0]} rows; the cache has {cache.mask.shape[0]}")
-        seq, take = self._image_sequence(tokens.to(self.device), cache.n)
-        mask = torch.cat([cache.mask, torch.ones_like(seq)], 1)
-        h = self._run(seq, mask, cache.kv)[:, take]
-        cache.mask, cache.n = mask, cache.n + tokens.shape[1]
-        return Step(self.head(h), h)
-
-    def rollback(self, cache: ChameleonCache, n: int) -> None:
-        """Keep the prefix and the first ``n`` image tokens (with their row separators); ValueError if n > held."""
-        if not 0 <= n <= cache.n:
-            raise ValueError(f"cannot roll back to {n} image tokens; the cache holds {cache.n}")
-        keep = cache.prefix + self._positions_for(n)
-        crop_dynamic_cache(cache.kv, keep)
-        cache.mask, cache.n = cache.mask[:, :keep], n
-
-    def cache_tokens(self, cache: ChameleonCache) -> int:
-        """Image tokens held after the prefix (row separators not counted)."""
-        return cache.n
-
-    def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
-        """One cache-free forward over prefix + ``tokens[:, :-1]`` (end-of-row tokens inserted)."""
-        seq, take = self._image_sequence(tokens[:, :-1].to(self.device), 0)
-        ids = torch.cat([prompt.inputs["ids"], seq], 1)
-        mask = torch.cat([prompt.inputs["mask"], torch.ones_like(seq)], 1)
-        P = prompt.inputs["ids"].shape[1]
-        h = self._run(ids, mask, None)[:, [P - 1] + [P + t for t in take]]
-        return Step(self.head(h), h)
+        return Prompt({"ids": ids, "mask": mask}, len(conditions), cfg, shown)
 
     # ------------------------------------------------------------------ drafter
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -146,26 +146,6 @@ class Emu3Model(HFTokenModel):
         ids, mask = left_pad_ids(seqs, self.pad_id, self.device)
         return Prompt({"ids": ids, "mask": mask}, len(captions), cfg, captions)
 
-    # ------------------------------------------------------------ row layout
-    def expand(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Insert ``<|extra_200|>`` after every completed row; ``pick`` points at it for a row's
-        last code (its output predicts the next row's first code)."""
-        w = self.grid[1]
-        vocab = self.to_vocab_ids(tokens)
-        cols, pick = [], []
-        eol = torch.full_like(vocab[:, :1], self.eol_id)
-        for i in range(tokens.shape[1]):
-            cols.append(vocab[:, i:i + 1])
-            if (start + i + 1) % w == 0:
-                cols.append(eol)
-            pick.append(len(cols) - 1)
-        ids = torch.cat(cols, 1) if cols else vocab
-        return self.text_embeddings(ids), torch.tensor(pick, dtype=torch.long, device=tokens.device)
-
-    def cache_positions(self, n: int) -> int:
-        """n codes plus the n // w end-of-row tokens after their completed rows."""
-        return n + n // self.grid[1]
-
     # ----------------------------------------------------------------- drafter
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Codes (rows, T) -> text-embedding rows of their visual tokens (rows, T, H)."""

@@ -178,24 +178,41 @@ class HFTokenModel(TokenModel):
     Subclasses set ``self.decoder`` (the base model returning ``last_hidden_state``),
     ``self.text_embeddings`` (the ``nn.Embedding`` of prompt tokens) and implement
     :meth:`embed`, :meth:`head` and :meth:`make_prompt` (``prompt.inputs`` = ``{"ids": (rows, P),
-    "mask": (rows, P)}``, left-padded vocabulary ids). Image tokens enter the decoder through
-    :meth:`expand`, which may interleave layout tokens (then :meth:`cache_positions` counts them).
+    "mask": (rows, P)}``, left-padded vocabulary ids); ``eol_id`` when every row of image tokens is
+    followed by an end-of-row token. Image tokens enter the decoder through :meth:`expand`, which
+    inserts those separators (and :meth:`cache_positions` counts them). Used by the Chameleon
+    (Anole, Lumina-mGPT), Janus, Emu3 and Hugging Face text adapters.
     """
 
     decoder: nn.Module
     text_embeddings: nn.Module
     max_positions: Optional[int] = None
+    eol_id: Optional[int] = None  # vocabulary id of an end-of-row token fed after every row (Emu3, Lumina-mGPT)
 
     # ----------------------------------------------------------- layout hooks
     def expand(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Image tokens (rows, T) code indices at image positions ``start..start+T-1`` ->
         (decoder input embeddings (rows, T', H), pick (T,) int64): ``pick[t]`` is the index among the
-        T' inputs whose output predicts the image token after ``tokens[:, t]``. Default: T' = T."""
-        return self.embed(tokens), torch.arange(tokens.shape[1], device=tokens.device)
+        T' inputs whose output predicts the image token after ``tokens[:, t]``.
+
+        Without ``eol_id``, T' = T. With it, the end-of-row token follows every completed row of
+        ``grid[1]`` codes, and ``pick`` of a row's last code points at that separator (its output
+        predicts the next row's first code).
+        """
+        T = tokens.shape[1]
+        t = torch.arange(T, device=tokens.device)
+        if self.eol_id is None:
+            return self.embed(tokens), t
+        w = self.grid[1]
+        slot = t + (start + t) // w - start // w  # separators of the rows completed before token t
+        ids = torch.full((tokens.shape[0], T + (start + T) // w - start // w), int(self.eol_id),
+                         dtype=torch.long, device=tokens.device)
+        ids[:, slot] = self.to_vocab_ids(tokens)
+        return self.text_embeddings(ids), slot + ((start + t + 1) % w == 0).long()
 
     def cache_positions(self, n: int) -> int:
-        """Cache positions taken by the first ``n`` image tokens (layout tokens included)."""
-        return n
+        """Cache positions taken by the first ``n`` image tokens (end-of-row tokens included)."""
+        return n + (n // self.grid[1] if self.eol_id is not None else 0)
 
     # ----------------------------------------------------------------- calls
     def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> HFCache:
