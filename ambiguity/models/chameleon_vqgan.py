@@ -32,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ambiguity.errors import UsageError
+from ambiguity.models.vq import AttnBlock, Downsample, ResnetBlock, Upsample, _norm
 
 __all__ = ["VQGANConfig", "ChameleonVQGAN", "vqgan_config_from_official", "vqgan_config_from_hf",
            "read_vqgan_config", "load_vqgan", "vqgan_from_state", "TRAINING_ONLY_PREFIXES"]
@@ -126,68 +127,9 @@ def read_vqgan_config(path: str | Path) -> VQGANConfig:
 
 
 # --------------------------------------------------------------------------- building blocks
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
-
-
-class ResBlock(nn.Module):
-    """GroupNorm -> swish -> conv3x3, twice, plus a (1x1-projected) skip. (B, cin, H, W) -> (B, cout, H, W)."""
-
-    def __init__(self, cin: int, cout: int, dropout: float = 0.0):
-        super().__init__()
-        self.norm1, self.conv1 = _norm(cin), nn.Conv2d(cin, cout, 3, padding=1)
-        self.norm2, self.dropout, self.conv2 = _norm(cout), nn.Dropout(dropout), nn.Conv2d(cout, cout, 3, padding=1)
-        if cin != cout:
-            self.nin_shortcut = nn.Conv2d(cin, cout, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
-        skip = self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x
-        return skip + h
-
-
-class AttnBlock(nn.Module):
-    """Single-head self-attention over all H*W positions with 1x1-conv projections, residual."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.norm = _norm(channels)
-        self.q, self.k, self.v = (nn.Conv2d(channels, channels, 1) for _ in range(3))
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, C, H, W = x.shape
-        h = self.norm(x)
-        q, k, v = (conv(h).reshape(B, 1, C, H * W).transpose(-1, -2) for conv in (self.q, self.k, self.v))
-        out = F.scaled_dot_product_attention(q, k, v)  # softmax(q k^T / sqrt(C)) v
-        return x + self.proj_out(out.transpose(-1, -2).reshape(B, C, H, W))
-
-
+# The taming-transformers blocks (same parameter names as Meta's checkpoint) are LlamaGen's: ambiguity.models.vq.
 def _attn(cfg: VQGANConfig, channels: int) -> nn.Module:
     return AttnBlock(channels) if cfg.attn_type == "vanilla" else nn.Identity()
-
-
-class Downsample(nn.Module):
-    """Zero-pad right and bottom by one pixel, then a stride-2 3x3 conv: (B, C, H, W) -> (B, C, H/2, W/2)."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1)))
-
-
-class Upsample(nn.Module):
-    """Nearest-neighbour x2, then a 3x3 conv: (B, C, H, W) -> (B, C, 2H, 2W)."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 class Level(nn.Module):
@@ -208,8 +150,8 @@ class Level(nn.Module):
 
 def _mid(cfg: VQGANConfig, channels: int) -> nn.Module:
     mid = nn.Module()
-    mid.block_1, mid.attn_1, mid.block_2 = (ResBlock(channels, channels, cfg.dropout), _attn(cfg, channels),
-                                            ResBlock(channels, channels, cfg.dropout))
+    mid.block_1, mid.attn_1, mid.block_2 = (ResnetBlock(channels, channels, cfg.dropout), _attn(cfg, channels),
+                                            ResnetBlock(channels, channels, cfg.dropout))
     return mid
 
 
@@ -226,7 +168,7 @@ class Encoder(nn.Module):
         res, width, levels = cfg.resolution, cfg.ch, []
         for i, mult in enumerate(cfg.ch_mult):
             out = cfg.ch * mult
-            blocks = [ResBlock(width if j == 0 else out, out, cfg.dropout) for j in range(cfg.num_res_blocks)]
+            blocks = [ResnetBlock(width if j == 0 else out, out, cfg.dropout) for j in range(cfg.num_res_blocks)]
             attn = [_attn(cfg, out) for _ in blocks] if res in cfg.attn_resolutions else []
             level = Level(blocks, attn)
             if i != len(cfg.ch_mult) - 1:
@@ -262,7 +204,7 @@ class Decoder(nn.Module):
         levels: list[Optional[Level]] = [None] * n
         for i in reversed(range(n)):
             out = cfg.ch * cfg.ch_mult[i]
-            blocks = [ResBlock(width if j == 0 else out, out, cfg.dropout) for j in range(cfg.num_res_blocks + 1)]
+            blocks = [ResnetBlock(width if j == 0 else out, out, cfg.dropout) for j in range(cfg.num_res_blocks + 1)]
             attn = [_attn(cfg, out) for _ in blocks] if res in cfg.attn_resolutions else []
             level = Level(blocks, attn)
             if i != 0:
