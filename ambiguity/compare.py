@@ -18,8 +18,12 @@ Outputs under ``--out`` (default ``runs/compare``), all written atomically:
   (nats) with their bootstrap CIs, conditional-only means, drafter test accuracy;
 * ``per_image.parquet``: per (model, image) means, what the bootstrap resamples;
 * ``compare_ambiguity.{png,pdf}`` (means with CIs and per-token distributions) and
-  ``compare_drafter.{png,pdf}`` (drafter test accuracy per epoch) in ``--figures``
-  (default: ``--out``).
+  ``compare_drafter.{png,pdf}`` (drafter test accuracy per epoch, for models with an accuracy
+  table) in ``--figures`` (default: ``--out``).
+
+Drafter accuracy tables are LANTERN artefacts: ``python -m lantern.compare`` runs this same
+comparison with the shipped drafters' tables found automatically (``ambiguity`` never reads
+``lantern``'s files); here they are given with ``--drafter-accuracy MODEL=FILE``.
 
 Settings: ``--cfg`` applies to image models (c2i/t2i); text models have no condition to guide
 and always run at scale 1. The default scale is 1 for every model (each model's own
@@ -28,20 +32,30 @@ distribution), temperature 1, no top-k / top-p.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
+import pandas as pd
 
-from ambiguity.errors import ArgumentParser, UsageError, cli_main
+from ambiguity import plots
+from ambiguity.cli import (ArgumentParser, add_run_args, add_sampling_args, check_out_dir, cli_main, device_from_args,
+                           parse_mapping, positive_int, safe_name, seed_int, unit_float)
+from ambiguity.conditions import fashion_mnist_subset, generation_conditions
+from ambiguity.errors import UsageError
+from ambiguity.io import ensure_writable_dir, read_table, write_json, write_table
+from ambiguity.models.registry import get_spec, load_model
+from ambiguity.profile import profile
 from ambiguity.sampling import SamplingConfig
 
-__all__ = ["PAPER", "CompareSettings", "parse_models", "parse_mapping", "bootstrap_ci", "per_image_means",
-           "drafter_accuracy", "profile_one", "summary_row", "compare", "plot_ambiguity", "plot_drafter",
-           "format_table", "main"]
+__all__ = ["PAPER", "CompareSettings", "parse_models", "bootstrap_ci", "per_image_means", "drafter_accuracy",
+           "profile_one", "summary_row", "compare", "plot_ambiguity", "plot_drafter", "format_table", "main",
+           "AccuracyLookup"]
+
+# model name -> path of its drafter accuracy table (or None): how lantern.compare supplies its artefacts
+AccuracyLookup = Callable[[str], Optional[Path]]
 
 # LANTERN (arXiv 2410.03355) Sec. 3 / Fig. 2: averages over generated images; drafter top-1 test accuracy.
 PAPER = [
@@ -50,14 +64,13 @@ PAPER = [
 ]
 DEFAULT_MODELS = ("embedded", "text-twin")
 STATS = ("top1", "top10", "entropy")
-LANTERN_WEIGHTS = Path(__file__).resolve().parents[1] / "lantern" / "weights"
 
 
 @dataclass
 class CompareSettings:
     """Everything that makes two profiles comparable (stored with each model's results).
 
-    ``sampling`` applies to image models; text models use it with ``cfg = 1``.
+    ``sampling`` applies to image models; text models use it with guidance 1.
     ``source``: ``"generate"`` (sample, default) or ``"dataset"`` (teacher-force real images /
     held-out passages). ``n_boot`` bootstrap resamples, ``level`` the CI coverage.
     """
@@ -96,8 +109,6 @@ class CompareSettings:
 # --------------------------------------------------------------------------- arguments
 def parse_models(text: str) -> list[str]:
     """``"embedded,text-twin"`` -> names; each must be a registry name or hf:<repo> (UsageError)."""
-    from ambiguity.models.registry import get_spec
-
     names = [t.strip() for t in str(text).split(",") if t.strip()]
     if not names:
         raise UsageError("--models is empty; pass names like embedded,text-twin")
@@ -106,34 +117,6 @@ def parse_models(text: str) -> list[str]:
     for n in names:
         get_spec(n)  # raises a one-line UsageError for unknown names
     return names
-
-
-def parse_mapping(items: Optional[Sequence[str]], models: Sequence[str], flag: str = "--weights",
-                  must_exist: bool = True) -> dict[str, Path]:
-    """``["anole=/ckpt/anole", ...]`` (comma-separated or repeated) -> {model: path}.
-
-    Raises UsageError for an item without ``=``, a name not in ``models`` or a path that does
-    not exist (when ``must_exist``).
-    """
-    out: dict[str, Path] = {}
-    for item in items or []:
-        for part in [p for p in str(item).split(",") if p.strip()]:
-            name, sep, path = part.partition("=")
-            name, path = name.strip(), path.strip()
-            if not sep or not name or not path:
-                raise UsageError(f"{flag} takes MODEL=PATH (e.g. {flag} anole=/ckpt/Anole-7b), got {part!r}")
-            if name not in models:
-                raise UsageError(f"{flag} names {name!r}, which is not in --models ({','.join(models)}); "
-                                 f"add it to --models or fix the name")
-            p = Path(path).expanduser()
-            if must_exist and not p.exists():
-                raise UsageError(f"{flag} path for {name} does not exist: {p}; check the path")
-            out[name] = p
-    return out
-
-
-def _dirname(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -166,23 +149,23 @@ def per_image_means(table):
     return table.groupby("image", sort=True).agg(**cols).reset_index()
 
 
-def drafter_accuracy(name: str, path: Optional[str | Path] = None):
-    """The accuracy table shipped next to a model's drafter, or None when there is none.
+def drafter_accuracy(path: Optional[str | Path], given: bool = True):
+    """A drafter accuracy table (written by ``python -m lantern.train_drafter``), or None without one.
 
-    Default path: ``lantern/weights/<name>_drafter_accuracy.parquet`` (written by
-    ``python -m lantern.train_drafter``): one row per epoch (0 = random init), columns
-    ``epoch``, ``top1``, ``top2``, ``top3`` (fractions). Raises UsageError for an unreadable file.
+    One row per epoch (0 = random init), columns ``epoch``, ``top1``, ``top2``, ``top3``
+    (fractions). ``given``: the user named the file, so a missing file is an error (else None).
+    Raises UsageError for a missing (given) or unreadable file.
     """
-    from ambiguity.io import read_table
-
-    p = Path(path) if path is not None else LANTERN_WEIGHTS / f"{_dirname(name)}_drafter_accuracy.parquet"
+    if path is None:
+        return None
+    p = Path(path)
     if not p.is_file():
-        if path is not None:
+        if given:
             raise UsageError(f"drafter accuracy table {p} does not exist; check --drafter-accuracy")
         return None
     try:
         df = read_table(p)
-    except Exception as exc:
+    except Exception as exc:  # pyarrow raises many types for damaged files
         raise UsageError(f"cannot read drafter accuracy table {p} ({exc}); retrain with python -m lantern.train_drafter") from None
     if not {"epoch", "top1"} <= set(df.columns):
         raise UsageError(f"{p} has no epoch/top1 columns; pass a table written by python -m lantern.train_drafter")
@@ -196,8 +179,6 @@ def _dataset_inputs(model, settings: CompareSettings, data: Optional[str]):
         tokens, conds = model.dataset_sequences(settings.num_images, settings.seed)
         return tokens, None, conds
     if model.kind == "c2i":
-        from ambiguity.profile_inputs import fashion_mnist_subset
-
         images, conds = fashion_mnist_subset(model, settings.num_images, settings.seed, None, data)
         return None, images, conds
     raise UsageError(f"--source dataset is not available for {model.name} in the comparison; "
@@ -215,25 +196,18 @@ def profile_one(name: str, settings: CompareSettings, out: Optional[Path], weigh
     ``model``: an already loaded TokenModel (Jupyter, tests) instead of loading ``name``.
     Raises UsageError (unknown name, absent weights, results of other settings in ``out``).
     """
-    from ambiguity.io import read_table, write_json, write_table
-    from ambiguity.profile import profile
-
     record = {"name": name, "weights": str(weights) if weights else None, **settings.record()}
     if out is not None and not overwrite and (out / "tokens.parquet").is_file() and (out / "summary.json").is_file():
         summary = json.loads((out / "summary.json").read_text())
         if summary.get("compare") == json.loads(json.dumps(record, default=str)):
             return read_table(out / "tokens.parquet"), summary
     if model is None:
-        from ambiguity.models.registry import load_model
-
         model = load_model(name, weights=weights, device=device, dtype=dtype)
     sampling = settings.sampling_for(model.kind)
     tokens = images = None
     if settings.source == "dataset":
         tokens, images, conditions = _dataset_inputs(model, settings, data)
     else:
-        from ambiguity.profile_inputs import generation_conditions
-
         conditions = generation_conditions(model, settings.num_images, settings.seed)
     table, summary = profile(model, conditions, sampling, num_images=settings.num_images,
                              batch_size=settings.batch_size, seed=settings.seed, tokens=tokens, images=images,
@@ -248,7 +222,7 @@ def profile_one(name: str, settings: CompareSettings, out: Optional[Path], weigh
 def summary_row(name: str, table, summary: dict, settings: CompareSettings, accuracy=None) -> dict:
     """One row of ``compare.parquet``: facts, means with bootstrap CIs, drafter accuracy.
 
-    Keys: model, kind, source, cfg, temperature, top_k, top_p, images, tokens, vocab_size,
+    Keys: model, kind, source, guidance, temperature, top_k, top_p, images, tokens, vocab_size,
     parameters, ``<stat>``/``<stat>_lo``/``<stat>_hi`` for top1, top10, entropy (guided),
     ``cond_<stat>`` means, drafter_top1 / drafter_top2 / drafter_top3 (last epoch, fractions),
     drafter_top1_random (epoch 0) and drafter_epochs (NaN / 0 without a table).
@@ -276,10 +250,7 @@ def plot_ambiguity(rows, tables: dict, level: float = 0.95, paper: bool = True):
     """Fig. 2 (a) style: mean top-1 probability and top-10 mass per model with bootstrap CIs
     (paper values as grey reference bars), and violins of the per-token top-1 / top-10 values.
     Returns a matplotlib Figure (7 x 2.4 in)."""
-    import pandas as pd
-    import seaborn as sns
-
-    from ambiguity import plots
+    import seaborn as sns  # plotting libraries load only when a figure is drawn
 
     with plots.style():
         fig, axes = plots.new_figure(1, 3, width=7.0, height=2.4)
@@ -322,8 +293,6 @@ def plot_drafter(accuracies: dict, paper: bool = True):
     """Fig. 2 (b) style: drafter top-1 test accuracy (%) per epoch for each model with a table
     (epoch 0 = random init), paper values as dashed lines. Returns a Figure, or None when no
     model has an accuracy table."""
-    from ambiguity import plots
-
     have = {n: a for n, a in accuracies.items() if a is not None and len(a)}
     if not have:
         return None
@@ -368,8 +337,9 @@ def format_table(rows, paper: bool = True, level: float = 0.95) -> str:
 # --------------------------------------------------------------------------- driver
 def compare(models: Sequence, settings: Optional[CompareSettings] = None, *, weights: Optional[dict] = None,
             out: Optional[str | Path] = None, figures: Optional[str | Path] = None, device="auto", dtype=None,
-            data: Optional[str] = None, accuracy_paths: Optional[dict] = None, overwrite: bool = False,
-            paper: bool = True, progress: bool = True):
+            data: Optional[str] = None, accuracy_paths: Optional[dict] = None,
+            accuracy_lookup: Optional[AccuracyLookup] = None, overwrite: bool = False, paper: bool = True,
+            progress: bool = True):
     """Profile every model with the same settings and compare them (the Python entry point).
 
     Args:
@@ -377,14 +347,12 @@ def compare(models: Sequence, settings: Optional[CompareSettings] = None, *, wei
         settings: :class:`CompareSettings` (default: 64 images, no guidance, temperature 1).
         weights: {name: checkpoint path}; out: results directory (None: nothing written);
         figures: where the two figures go (default ``out``; None with no ``out``: not drawn).
-        accuracy_paths: {name: drafter accuracy table} overriding the shipped ones.
+        accuracy_paths: {name: drafter accuracy table}; accuracy_lookup: name -> table path (or
+            None) for models not in ``accuracy_paths`` (``lantern.compare`` passes the shipped
+            drafters' tables).
     Returns (compare DataFrame (one row per model, see :func:`summary_row`), {name: per-token table}).
     Raises UsageError for unknown models, absent weights, or an ``out`` holding other settings.
     """
-    import pandas as pd
-
-    from ambiguity.io import ensure_writable_dir, write_table
-
     settings = settings or CompareSettings()
     weights, accuracy_paths = weights or {}, accuracy_paths or {}
     out = ensure_writable_dir(out) if out is not None else None
@@ -392,11 +360,13 @@ def compare(models: Sequence, settings: Optional[CompareSettings] = None, *, wei
     for item in models:
         model = None if isinstance(item, str) else item
         name = item if isinstance(item, str) else item.name
-        sub = out / _dirname(name) if out is not None else None
+        sub = out / safe_name(name) if out is not None else None
         table, summary = profile_one(name, settings, sub, weights.get(name), device, dtype, data, overwrite,
                                      progress, model=model)
         tables[name] = table
-        accuracies[name] = drafter_accuracy(name, accuracy_paths.get(name))
+        given = name in accuracy_paths
+        path = accuracy_paths[name] if given else (accuracy_lookup(name) if accuracy_lookup is not None else None)
+        accuracies[name] = drafter_accuracy(path, given)
         rows.append(summary_row(name, table, summary, settings, accuracies[name]))
         per_rows.append(per_image_means(table).assign(model=name))
     result = pd.DataFrame(rows)
@@ -405,18 +375,16 @@ def compare(models: Sequence, settings: Optional[CompareSettings] = None, *, wei
         write_table(result, out / "compare.parquet")
         write_table(pd.concat(per_rows, ignore_index=True), out / "per_image.parquet")
     if fig_dir is not None:
-        from ambiguity.plots import save_figure
-
         ensure_writable_dir(fig_dir)
-        save_figure(plot_ambiguity(rows, tables, settings.level, paper), fig_dir / "compare_ambiguity")
+        plots.save_figure(plot_ambiguity(rows, tables, settings.level, paper), fig_dir / "compare_ambiguity")
         fig = plot_drafter(accuracies, paper)
         if fig is not None:
-            save_figure(fig, fig_dir / "compare_drafter")
+            plots.save_figure(fig, fig_dir / "compare_drafter")
     return result, tables
 
 
-def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m ambiguity.compare",
+def build_parser(prog: str = "python -m ambiguity.compare") -> ArgumentParser:
+    p = ArgumentParser(prog=prog,
                        description="Compare next-token ambiguity across models (LANTERN Fig. 2): average top-1 "
                                    "probability and top-10 mass with bootstrap CIs, and drafter test accuracy.")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS),
@@ -424,62 +392,57 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--weights", action="append", default=None, metavar="MODEL=PATH",
                    help="checkpoint file or directory per model, e.g. anole=/ckpt/Anole-7b (repeatable)")
     p.add_argument("--drafter-accuracy", action="append", default=None, metavar="MODEL=PATH",
-                   help="drafter accuracy table per model (default lantern/weights/<model>_drafter_accuracy.parquet)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
+                   help="drafter accuracy table per model (python -m lantern.compare finds the shipped ones)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
     p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--out", default="runs/compare", help="results directory (default: runs/compare)")
     p.add_argument("--figures", default=None, help="directory for compare_*.png/pdf (default: --out)")
-    p.add_argument("--num-images", type=int, default=64, help="images (text passages) per model (default: 64)")
-    p.add_argument("--batch-size", type=int, default=32, help="images per batch (default: 32)")
-    p.add_argument("--seed", type=int, default=0, help="sampling, subset and bootstrap seed (default: 0)")
+    p.add_argument("--num-images", type=positive_int, default=64, help="images (text passages) per model (default: 64)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="images per batch (default: 32)")
+    p.add_argument("--seed", type=seed_int, default=0, help="sampling, subset and bootstrap seed (default: 0)")
     p.add_argument("--source", choices=("generate", "dataset"), default="generate",
                    help="generate: sample; dataset: teacher-force real images / held-out text (default: generate)")
     p.add_argument("--data", default=None, help="Fashion-MNIST directory for --source dataset on the embedded model")
-    p.add_argument("--cfg", type=float, default=1.0, help="guidance scale for image models, 1 = none (default: 1)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, 0 = greedy (default: 1)")
-    p.add_argument("--top-k", type=int, default=0, help="top-k filter, 0 = off (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, help="top-p filter, 1 = off (default: 1)")
-    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples over images (default: 2000)")
-    p.add_argument("--level", type=float, default=0.95, help="confidence level of the intervals (default: 0.95)")
+    add_sampling_args(p, guidance=1.0, guidance_help="guidance scale for image models, 1 = none (default: 1)")
+    p.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples over images (default: 2000)")
+    p.add_argument("--level", type=unit_float, default=0.95, help="confidence level of the intervals (default: 0.95)")
     p.add_argument("--no-paper", action="store_true", help="leave the paper's reference values out of figures/table")
-    p.add_argument("--overwrite", action="store_true", help="discard results of other settings in --out")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_run_args(p, "results directory (default: runs/compare)")
     return p
 
 
 @cli_main
-def main(argv: Optional[list[str]] = None) -> int:
-    """CLI entry point; returns 0, or 2 with one line on stderr for bad input (UsageError)."""
-    from ambiguity.io import ensure_writable_dir
-    from ambiguity.models.base import resolve_device
-    from ambiguity.models.registry import resolve_dtype
+def main(argv: Optional[list[str]] = None, accuracy_lookup: Optional[AccuracyLookup] = None,
+         prog: str = "python -m ambiguity.compare") -> int:
+    """CLI entry point; returns 0, or 2 with one line on stderr for bad input (UsageError).
 
-    args = build_parser().parse_args(argv)
+    ``accuracy_lookup``/``prog``: how ``python -m lantern.compare`` reuses this command with the
+    shipped drafter accuracy tables."""
+    args = build_parser(prog).parse_args(argv)
     t0 = time.perf_counter()
     # Validate everything before loading a model or writing a file.
     models = parse_models(args.models)
     weights = parse_mapping(args.weights, models, "--weights")
     acc = parse_mapping(args.drafter_accuracy, models, "--drafter-accuracy")
-    sampling = SamplingConfig(cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    sampling = SamplingConfig(guidance=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     settings = CompareSettings(sampling, args.num_images, args.batch_size, args.seed, args.source, args.bootstrap,
                                args.level)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    out = ensure_writable_dir(args.out)
+    device, dtype = device_from_args(args)
+    out = ensure_writable_dir(check_out_dir(args.out or "runs/compare"))
     result, _ = compare(models, settings, weights=weights, out=out, figures=args.figures, device=device, dtype=dtype,
-                        data=args.data, accuracy_paths=acc, overwrite=args.overwrite, paper=not args.no_paper,
-                        progress=not args.no_progress)
+                        data=args.data, accuracy_paths=acc, accuracy_lookup=accuracy_lookup,
+                        overwrite=args.overwrite, paper=not args.no_paper, progress=not args.no_progress)
     print(format_table(result.to_dict("records"), paper=not args.no_paper, level=args.level))
     s = settings.sampling
-    print(f"settings: {args.source}, {args.num_images} images/passages per model, cfg {s.cfg} (image models; text 1), "
-          f"temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, seed {args.seed}, "
+    print(f"settings: {args.source}, {args.num_images} images/passages per model, cfg {s.guidance} (image models; "
+          f"text 1), temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, seed {args.seed}, "
           f"{args.bootstrap} bootstrap resamples; {time.perf_counter() - t0:.1f} s")
     fig_dir = Path(args.figures) if args.figures else out
     print(f"wrote {out}/compare.parquet, per_image.parquet, <model>/tokens.parquet; figures in {fig_dir}/compare_*.png/pdf")
+    if accuracy_lookup is None and not acc:
+        print("note: drafter accuracy is n/a without --drafter-accuracy; python -m lantern.compare adds the shipped "
+              "drafters' tables")
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())
+    raise SystemExit(main())

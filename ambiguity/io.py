@@ -8,10 +8,16 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+import pandas as pd
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
 from ambiguity.errors import UsageError
 
 __all__ = ["atomic_path", "write_json", "write_table", "read_table", "ensure_writable_dir", "save_tensors", "load_tensors",
-           "abspath", "settings_difference"]
+           "abspath", "json_default"]
 
 
 @contextlib.contextmanager
@@ -49,14 +55,12 @@ def ensure_writable_dir(path: str | Path) -> Path:
 
 def write_json(obj, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, default=_json_default) + "\n")
+        tmp.write_text(json.dumps(obj, indent=2, default=json_default) + "\n")
     return Path(path)
 
 
-def _json_default(x):
-    import numpy as np
-    import torch
-
+def json_default(x):
+    """JSON encoding of numpy scalars and arrays, tensors and paths (anything else: ``str``)."""
     if isinstance(x, (np.integer,)):
         return int(x)
     if isinstance(x, (np.floating,)):
@@ -82,17 +86,14 @@ def write_table(df, path: str | Path) -> Path:
 
 
 def read_table(path: str | Path):
-    import pandas as pd
-
+    """A Parquet (``.parquet``) or CSV file -> pandas DataFrame."""
     path = Path(path)
     return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
 
 
 def save_tensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> Path:
     """safetensors file written atomically; ``metadata`` values are JSON-encoded strings."""
-    from safetensors.torch import save_file
-
-    meta = {k: v if isinstance(v, str) else json.dumps(v, default=_json_default) for k, v in (metadata or {}).items()}
+    meta = {k: v if isinstance(v, str) else json.dumps(v, default=json_default) for k, v in (metadata or {}).items()}
     with atomic_path(path) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=meta)
     return Path(path)
@@ -100,8 +101,6 @@ def save_tensors(tensors: dict, path: str | Path, metadata: dict | None = None) 
 
 def load_tensors(path: str | Path, device="cpu") -> tuple[dict, dict]:
     """Read a safetensors file -> (tensors, metadata with JSON values decoded where possible)."""
-    from safetensors import safe_open
-
     tensors, meta = {}, {}
     with safe_open(str(path), framework="pt", device=str(device)) as f:
         for k in f.keys():
@@ -117,20 +116,3 @@ def load_tensors(path: str | Path, device="cpu") -> tuple[dict, dict]:
 def abspath(path: str | Path | None) -> str | None:
     """``path`` made absolute (``~`` expanded) as a string, for run records; None stays None."""
     return str(Path(path).expanduser().resolve()) if path else None
-
-
-def settings_difference(old, new, prefix: str = "") -> str:
-    """The first setting that differs between a stored run record ``old`` (parsed JSON, None when
-    unreadable) and ``new``, as ``"key: <old> there, <new> now"`` (nested dicts are descended);
-    the text of the "other settings" errors of resumable commands."""
-    new = json.loads(json.dumps(new, default=str))
-    if old is None and not prefix:
-        return "unreadable run file"
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return f"{prefix or 'settings'}: {old!r} there, {new!r} now"
-    for k in sorted(set(old) | set(new)):
-        if old.get(k) != new.get(k):
-            if isinstance(old.get(k), dict) and isinstance(new.get(k), dict):
-                return settings_difference(old[k], new[k], k)
-            return f"{k}: {old.get(k)!r} there, {new.get(k)!r} now"
-    return "unreadable run file"

@@ -53,10 +53,14 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from ambiguity.errors import UsageError, cli_main
-from ambiguity.io import load_tensors, save_tensors
+from ambiguity.cli import ArgumentParser, add_model_args, cli_main, safe_name, seed_int
+from ambiguity.errors import UsageError
+from ambiguity.io import ensure_writable_dir, load_tensors, save_tensors, write_table
+from ambiguity.models.registry import load_model
 
 __all__ = ["METRICS", "MATRICES", "Neighbourhoods", "exact_knn", "build_neighbourhoods", "model_neighbourhoods",
            "model_matrix", "matrix_key", "default_cache_dir", "load_neighbourhoods", "check_k", "main"]
@@ -158,8 +162,6 @@ class Neighbourhoods:
     def to_frame(self):
         """Long pandas table, one row per (code, rank): code, vocab_id, rank (1 = nearest),
         neighbour, neighbour_vocab_id, distance."""
-        import pandas as pd
-
         idx = self.indices.cpu()
         n, k = idx.shape
         ids = self._ids().cpu()
@@ -182,8 +184,6 @@ class Neighbourhoods:
 
         Raises UsageError for another suffix.
         """
-        from ambiguity.io import write_table
-
         path = Path(path)
         if path.suffix == ".parquet":
             return write_table(self.to_frame(), path)
@@ -368,8 +368,6 @@ def exact_knn(matrix: torch.Tensor, k: int, metric: str = "l2", *, seed: int = 0
     Returns (indices (N, k) int64, distances (N, k) float32) on ``matrix``'s device.
     Raises UsageError for a bad k, metric, backend, shape, or NaN/Inf entries.
     """
-    from tqdm.auto import tqdm
-
     x = _check_matrix(matrix)
     n = x.shape[0]
     k = check_k(k, n)
@@ -510,32 +508,25 @@ def _parse_k(text: str):
 @cli_main
 def main(argv=None) -> int:
     """``python -m ambiguity.neighbourhood``: build (or load) B_k of a model's matrix and write it."""
-    from ambiguity.errors import ArgumentParser
-    from ambiguity.models.registry import DEFAULT_MODEL, load_model
-
     ap = ArgumentParser(prog="python -m ambiguity.neighbourhood",
                         description="Exact k-nearest-neighbour table of a model's codebook or embeddings "
                                     "(LANTERN B_k).")
-    ap.add_argument("--model", default=DEFAULT_MODEL, help="registry name (default: %(default)s)")
-    ap.add_argument("--weights", default=None, help="checkpoint file or folder (default: the model's usual place)")
+    add_model_args(ap, dtype=False)
     ap.add_argument("--k", default="256", help="neighbours per code, 1..N-1, or 'all' (default: %(default)s)")
     ap.add_argument("--metric", default="l2", choices=METRICS)
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
-    ap.add_argument("--seed", type=int, default=0, help="seed of the random control")
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--seed", type=seed_int, default=0, help="seed of the random control")
     ap.add_argument("--out", default=None, help="output .parquet or .safetensors "
                     "(default: runs/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)")
     ap.add_argument("--cache-dir", default=None, help=f"cache folder (default: {default_cache_dir()})")
     ap.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     args = ap.parse_args(argv)
 
-    from ambiguity.io import ensure_writable_dir
-
     model = load_model(args.model, weights=args.weights, device=args.device)
     rows = model_matrix(model, args.matrix)
     k = _parse_k(args.k)
     k = rows.shape[0] - 1 if k == "all" else check_k(k, rows.shape[0])
-    out = Path(args.out or f"runs/neighbourhoods/{model.name}-{args.matrix}-{args.metric}-k{k}.parquet")
+    out = Path(args.out or f"runs/neighbourhoods/{safe_name(model.name)}-{args.matrix}-{args.metric}-k{k}.parquet")
     if out.suffix not in (".parquet", ".safetensors"):
         raise UsageError(f"--out must end in .parquet or .safetensors, got {out.name}")
     ensure_writable_dir(out.parent)
@@ -544,8 +535,6 @@ def main(argv=None) -> int:
                               cache_dir=args.cache_dir, progress=True)
     nb.save(out)
     s = nb.summary()
-    import pandas as pd
-
     how = "from cache" if nb.from_cache else f"built in {s['seconds']:.2f} s"
     print(f"wrote {out} ({s['n']} codes x {s['k']} neighbours, {args.metric} on the {args.matrix} rows of "
           f"{model.name}, {how})")

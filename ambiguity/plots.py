@@ -22,6 +22,8 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ambiguity.io import atomic_path
+
 __all__ = ["STYLE", "PALETTE", "style", "new_figure", "save_figure", "image_grid", "histograms", "grid_heatmap",
            "color_for"]
 
@@ -85,8 +87,6 @@ def save_figure(fig, path: str | Path, formats: Sequence[str] = ("png", "pdf"), 
     Each file appears under its final name only once complete (:func:`ambiguity.io.atomic_path`).
     Returns the written paths. Raises OSError when the directory is not writable.
     """
-    from ambiguity.io import atomic_path
-
     path = Path(path)
     stem = path.with_suffix("") if path.suffix in (".png", ".pdf", ".svg") else path
     written = []

@@ -20,70 +20,54 @@ Command line (see ``--help`` and README.md)::
 
 Python / Jupyter::
 
-    from ambiguity.models.registry import load_model
-    from ambiguity.profile import profile
-    df, summary = profile(load_model("embedded"), num_images=64)
+    import ambiguity as amb
+    df, summary = amb.profile(amb.load_model("embedded"), num_images=64)
 
-Resuming: with an output directory every finished batch is saved atomically as a shard
-(``<out>/shards/batch_00000.parquet``); rerunning the same command skips finished batches and
-gives exactly the tokens an uninterrupted run would (batch ``b`` samples with its own seed).
-A rerun with *different* settings into the same directory is refused with a one-line error
-naming ``--out`` (nothing is deleted); ``--overwrite`` discards the old results instead.
+Resuming: the output directory is a run directory (:mod:`ambiguity.runs`): every finished
+batch is a checked part (``<out>/parts/batch_00000.*``); rerunning the same command reads
+finished batches back and gives exactly the tokens an uninterrupted run would (image ``i``
+samples from its own stream, :mod:`ambiguity.seeding`). A rerun with *different* settings
+into the same directory is refused with a one-line error naming ``--out`` (nothing is
+deleted); ``--overwrite`` discards the old results instead.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-import os
-import re
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 _START = time.perf_counter()  # process start-up is part of the reported wall time of a CLI run
-if __name__ == "__main__":
-    # Decoding runs thousands of tiny ops; with OpenMP's default busy-waiting, two threads on
-    # CPU cores shared with other jobs ran 10x slower than one. Passive waiting keeps the speed
-    # of an idle machine. Only for the command line, and only before torch starts OpenMP.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import numpy as np
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from ambiguity.errors import UsageError, cli_main
-from ambiguity.io import abspath, settings_difference
-from ambiguity.generation import cfg_rows, make_generator, sample_tokens
+from ambiguity.cli import (ArgumentParser, add_condition_args, add_model_args, add_run_args, add_sampling_args,
+                           check_out_dir, cli_main, default_out, device_from_args, sampling_from_args)
+from ambiguity.conditions import fashion_mnist_subset, generation_conditions, image_files_subset, parse_classes
+from ambiguity.data.captions import read_captions
+from ambiguity.errors import UsageError
+from ambiguity.generation import sample_tokens
+from ambiguity.io import abspath
 from ambiguity.models.base import TokenModel
-from ambiguity.sampling import SamplingConfig, distribution, split_cfg
+from ambiguity.models.registry import get_spec, load_model
+from ambiguity.profile_report import OUTPUTS, print_summary, write_outputs
+from ambiguity.runs import RunDir, versions
+from ambiguity.sampling import SamplingConfig, default_guidance, distribution, expand_rows, split_rows
+from ambiguity.seeding import image_generators
 from ambiguity.stats import STAT_NAMES, token_stats
 
-__all__ = ["profile", "profile_generated", "profile_forced", "batch_table", "summarize", "default_cfg",
-           "batch_seed", "build_parser", "check_arguments", "resolve_inputs", "main", "STAT_COLUMNS", "TABLE_FILE",
-           "SUMMARY_FILE", "SHARD_DIR", "RUN_FILE"]
+__all__ = ["profile", "profile_generated", "profile_forced", "batch_table", "summarize", "build_parser",
+           "check_arguments", "resolve_inputs", "main", "STAT_COLUMNS", "COMMAND"]
 
 DISTRIBUTIONS = ("guided", "cond")
 STAT_COLUMNS = tuple(f"{d}_{s}" for d in DISTRIBUTIONS for s in STAT_NAMES)
-TABLE_FILE, SUMMARY_FILE, SHARD_DIR, RUN_FILE = "tokens.parquet", "summary.json", "shards", "run.json"
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
-FIGURES = ("top1_distribution", "top1_by_position", "images")
-FINAL_FILES = (TABLE_FILE, SUMMARY_FILE, "samples.txt") + tuple(f"{f}.{x}" for f in FIGURES for x in ("png", "pdf"))
-
-
-def default_cfg(kind: str) -> float:
-    """The guidance scale used when ``--cfg`` is not given: LlamaGen's sampler defaults.
-
-    4.0 for class-conditional (``sample_c2i.py``), 7.5 for text-to-image (``sample_t2i.py``),
-    1.0 (no guidance) for text models.
-    """
-    return {"c2i": 4.0, "t2i": 7.5}.get(kind, 1.0)
-
-
-def batch_seed(seed: int, batch: int) -> int:
-    """Seed of the sampling generator of batch ``batch``: ``seed * 1_000_003 + batch``.
-
-    Each batch has its own generator, so resumed and uninterrupted runs draw the same tokens.
-    """
-    return int(seed) * 1_000_003 + int(batch)
+COMMAND = "python -m ambiguity.profile"
 
 
 def _stats_pair(p_guided: torch.Tensor, p_cond: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -94,24 +78,25 @@ def _stats_pair(p_guided: torch.Tensor, p_cond: torch.Tensor, tokens: torch.Tens
 
 @torch.no_grad()
 def profile_generated(model: TokenModel, conditions: Sequence, sampling: SamplingConfig,
-                      generator: Optional[torch.Generator] = None, on_tokens=None) -> tuple[torch.Tensor, dict]:
+                      generator=None, on_tokens=None) -> tuple[torch.Tensor, dict]:
     """Sample one image per condition and record both distributions' statistics at every step.
 
     Args:
         model: the target model; conditions: B labels (c2i) or captions/prompts.
-        sampling: CFG scale, temperature, top-k, top-p; generator: seeded torch.Generator on
-            ``model.device`` (None: torch's global RNG); on_tokens: called with B after each step.
+        sampling: guidance scale, temperature, top-k, top-p; generator: one seeded torch.Generator
+            per image on ``model.device`` (``ambiguity.seeding.image_generators``), or one for the
+            batch, or None (torch's global RNG); on_tokens: called with B after each step.
     Returns (tokens (B, N) int64 code indices, {column: (B, N) tensor}) with the columns of
     :data:`STAT_COLUMNS` (float32 probabilities / nats, int64 ranks), on CPU.
-    The conditional-only distribution equals the guided one when ``sampling.cfg == 1``.
+    The conditional-only distribution equals the guided one when ``sampling.guidance == 1``.
     Raises UsageError for conditions the model refuses (``model.make_prompt``).
     Statistics: :mod:`ambiguity.stats` (LANTERN, Sec. 3 / Fig. 2).
     """
-    prompt = model.make_prompt(conditions, cfg=sampling.use_cfg)
+    prompt = model.make_prompt(conditions, guided=sampling.guided)
     steps: list[dict[str, torch.Tensor]] = []
 
     def on_step(t, logits, p, x):
-        p_cond = distribution(split_cfg(logits, True)[0], sampling, False) if prompt.cfg else p
+        p_cond = distribution(split_rows(logits, True)[0], sampling, False) if prompt.guided else p
         steps.append(_stats_pair(p, p_cond, x))  # kept on the device: one transfer at the end
         if on_tokens is not None:
             on_tokens(x.shape[0])
@@ -133,14 +118,14 @@ def profile_forced(model: TokenModel, conditions: Sequence, tokens: torch.Tensor
     Returns {column: (B, N) tensor} as :func:`profile_generated`, on CPU.
     Raises UsageError for conditions the model refuses (``model.make_prompt``).
     """
-    prompt = model.make_prompt(conditions, cfg=sampling.use_cfg)
+    prompt = model.make_prompt(conditions, guided=sampling.guided)
     tokens = tokens.to(model.device).long()
-    logits = model.teacher_force(prompt, cfg_rows(tokens, prompt.cfg)).logits
-    cond = split_cfg(logits, prompt.cfg)[0]
+    logits = model.teacher_force(prompt, expand_rows(tokens, prompt.guided)).logits
+    cond = split_rows(logits, prompt.guided)[0]
     parts = []
     for s in range(0, tokens.shape[1], chunk):
-        p = distribution(logits[:, s:s + chunk], sampling, prompt.cfg)
-        p_cond = distribution(cond[:, s:s + chunk], sampling, False) if prompt.cfg else p
+        p = distribution(logits[:, s:s + chunk], sampling, prompt.guided)
+        p_cond = distribution(cond[:, s:s + chunk], sampling, False) if prompt.guided else p
         parts.append({k: v.cpu() for k, v in _stats_pair(p, p_cond, tokens[:, s:s + chunk]).items()})
     return {k: torch.cat([q[k] for q in parts], 1) for k in STAT_COLUMNS}
 
@@ -160,9 +145,6 @@ def batch_table(model: TokenModel, first_image: int, conditions: Sequence, token
     or caption), position, row, col (int32; row-major over ``model.grid``), token (chosen code
     index, int32), then :data:`STAT_COLUMNS` (float32; ``*_chosen_rank`` int32).
     """
-    import numpy as np
-    import pandas as pd
-
     B, N = tokens.shape
     w = model.grid[1]
     labels, names = _condition_names(model, conditions)
@@ -206,32 +188,6 @@ def _digest(obj) -> str:
     return hashlib.sha1(json.dumps(obj, default=str).encode()).hexdigest()
 
 
-def _check_run_dir(shards: Path, record: dict, overwrite: bool, out_name: str) -> None:
-    """Refuse to mix results of other settings into ``shards``; remember this run's settings."""
-    from ambiguity.io import write_json
-
-    run_file = shards / RUN_FILE
-    if overwrite:
-        old = list(shards.glob("batch_*.parquet")) + [run_file] if shards.is_dir() else []
-        old += [shards.parent / f for f in FINAL_FILES]
-        for f in old:
-            f.unlink(missing_ok=True)
-    if run_file.is_file():
-        try:
-            old = json.loads(run_file.read_text())
-        except (OSError, json.JSONDecodeError):
-            old = None
-        if old != json.loads(json.dumps(record, default=str)):
-            raise UsageError(f"{out_name} holds results of a run with other settings "
-                             f"({settings_difference(old, record)}); pass another --out or add --overwrite")
-        return
-    if shards.is_dir() and any(shards.glob("batch_*.parquet")):
-        raise UsageError(f"{out_name} holds shards without their {RUN_FILE}, so their settings are unknown; "
-                         f"pass another --out or add --overwrite")
-    shards.mkdir(parents=True, exist_ok=True)
-    write_json(record, run_file)
-
-
 def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: Optional[SamplingConfig] = None, *,
             num_images: Optional[int] = None, batch_size: int = 32, seed: int = 0,
             tokens: Optional[torch.Tensor] = None, images=None, out: Optional[str | Path] = None,
@@ -243,15 +199,18 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
         conditions: one label / caption / prompt per image; default
             ``model.default_conditions(num_images, seed)`` (c2i models).
         sampling: :class:`~ambiguity.sampling.SamplingConfig`; default: temperature 1, no top-k/p,
-            guidance scale :func:`default_cfg` of the model's kind.
+            guidance scale :func:`~ambiguity.sampling.default_guidance` of the model's kind.
         num_images: default ``len(conditions)`` (or of ``tokens``/``images``), else 64.
-        batch_size: images per batch (one shard each). seed: sampling seed (see :func:`batch_seed`).
+        batch_size: images per forward pass and per resumable part. seed: image ``i`` samples
+            from its own stream seeded by ``(seed, i)`` (:mod:`ambiguity.seeding`), so the tokens
+            do not depend on ``batch_size``.
         tokens: (num_images, N) int64 code sequences to teacher-force instead of generating, or
         images: (num_images, C, H, W) float in [0, 1] (anything sliceable to such tensors, e.g.
-            :class:`ambiguity.profile_inputs.ImageFiles`), encoded per batch with ``model.encode_images``.
-        out: directory for resumable shards (``out/shards``); None keeps everything in memory.
-        overwrite: discard shards of a run with other settings instead of refusing.
-        settings: extra facts stored with the shards and in the summary (the CLI's options).
+            :class:`ambiguity.conditions.ImageFiles`), encoded per batch with ``model.encode_images``.
+        out: a run directory (:class:`ambiguity.runs.RunDir`) that makes the run resumable: each
+            finished batch is a part; None keeps everything in memory.
+        overwrite: discard a run of other settings in ``out`` instead of refusing.
+        settings: extra facts stored with the run and in the summary (the CLI's options).
         progress: show a tqdm bar (tokens per second).
     Returns:
         (DataFrame, summary): one row per (image, position), columns as :func:`batch_table`;
@@ -261,14 +220,8 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
         UsageError for bad settings, conditions the model refuses, mismatched lengths, or an
         ``out`` holding results of other settings (unless ``overwrite``).
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from ambiguity.io import read_table, write_table
-    from ambiguity.profile_report import versions
-
     t0 = time.perf_counter()
-    sampling = sampling or SamplingConfig(cfg=default_cfg(model.kind))
+    sampling = sampling or SamplingConfig(guidance=default_guidance(model.kind))
     forced = tokens is not None or images is not None
     given = tokens if tokens is not None else images
     if num_images is None:
@@ -294,10 +247,9 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
     key = {"model": model.describe(), "sampling": sampling.as_dict(), "seed": int(seed), "batch_size": int(batch_size),
            "num_images": int(num_images), "source": source, "conditions": _digest(conditions),
            "sequences": _digest(given if images is None else images)}
-    record = {"run": key, "settings": settings or {}}
-    shards = Path(out).expanduser() / SHARD_DIR if out is not None else None
-    if shards is not None:
-        _check_run_dir(shards, record, overwrite, f"--out {Path(out)}")
+    run = None
+    if out is not None:
+        run = RunDir(out, {"settings": settings or {}, "key": key}, command=COMMAND, outputs=OUTPUTS).open(overwrite)
 
     nb = math.ceil(num_images / batch_size)
     frames, resumed = [], 0
@@ -306,17 +258,13 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
     try:
         for b in range(nb):
             s, e = b * batch_size, min((b + 1) * batch_size, num_images)
-            shard = shards / f"batch_{b:05d}.parquet" if shards is not None else None
-            if shard is not None and shard.is_file():
-                try:
-                    df = read_table(shard)
-                except Exception:  # a foreign or damaged file: recompute it
-                    df = None
-                if df is not None and len(df) == (e - s) * N:
-                    frames.append(df)
-                    resumed += 1
-                    bar.update((e - s) * N)
-                    continue
+            name, holds = f"batch_{b:05d}", {"images": [s, e]}
+            part = run.read_part(name, holds) if run is not None else None
+            if part is not None:
+                frames.append(part.tables["tokens"])
+                resumed += 1
+                bar.update((e - s) * N)
+                continue
             cond = conditions[s:e]
             if forced:
                 seq = tokens[s:e] if tokens is not None else model.encode_images(images[s:e]).reshape(e - s, -1)
@@ -324,11 +272,11 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
                 bar.update((e - s) * N)
                 seq = seq.cpu()
             else:
-                gen = make_generator(batch_seed(seed, b), model.device)
-                seq, stats = profile_generated(model, cond, sampling, gen, on_tokens=bar.update)
+                gens = image_generators(seed, range(s, e), model.device)
+                seq, stats = profile_generated(model, cond, sampling, gens, on_tokens=bar.update)
             df = batch_table(model, s, cond, seq, stats)
-            if shard is not None:
-                write_table(df, shard)
+            if run is not None:
+                run.write_part(name, holds, tables={"tokens": df})
             frames.append(df)
     finally:
         bar.close()
@@ -342,55 +290,35 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
 
 
 # --------------------------------------------------------------------------- command line
-def build_parser():
+def build_parser() -> ArgumentParser:
     """The ``python -m ambiguity.profile`` argument parser (one-line errors, exit code 2)."""
-    from ambiguity.errors import ArgumentParser
-
-    p = ArgumentParser(prog="python -m ambiguity.profile",
+    p = ArgumentParser(prog=COMMAND,
                        description="How ambiguous are a visual AR model's next-token distributions? Records top-1 "
                                    "probability, top-10 mass, entropy and the chosen token's probability and rank "
                                    "at every token, guided and conditional-only.")
-    p.add_argument("--model", default="embedded", metavar="NAME", help="registry name (default: embedded)")
-    p.add_argument("--weights", default=None, metavar="PATH", help="checkpoint file or directory (default: shipped / HF cache)")
-    p.add_argument("--device", default="auto", metavar="DEVICE", help="auto | cpu | cuda (default: auto)")
-    p.add_argument("--dtype", default=None, metavar="DTYPE", help="auto | float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
-    p.add_argument("--out", default=None, metavar="DIR", help="output directory (default: runs/profile/<model>)")
-    p.add_argument("--num-images", type=int, default=64, metavar="N", help="images to profile (default: 64)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="B", help="images per batch and shard (default: 32)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling and subset seed (default: 0)")
+    add_model_args(p)
+    add_condition_args(p, num_images=64, batch_size=32)
     p.add_argument("--source", choices=("generate", "dataset"), default="generate",
                    help="generate: sample images; dataset: teacher-force real images (default: generate)")
-    p.add_argument("--classes", default=None, metavar="LIST", help="class labels for c2i models, e.g. 0,3,7 (cycled)")
-    p.add_argument("--captions", default=None, metavar="FILE", help="captions for t2i models: text file (one per line) or COCO captions_*.json")
     p.add_argument("--data", default=None, metavar="DIR", help="Fashion-MNIST directory for --source dataset on the embedded model")
     p.add_argument("--images", default=None, metavar="DIR", help="folder of image files for --source dataset on other models")
-    p.add_argument("--cfg", type=float, default=None, metavar="S",
-                   help="classifier-free guidance scale, 1 = none (default: 4.0 c2i, 7.5 t2i, 1.0 text)")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T", help="sampling temperature, 0 = greedy (default: 1.0)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the k most likely tokens, 0 = all (default: 0)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1], 1 = all (default: 1.0)")
-    p.add_argument("--overwrite", action="store_true", help="discard results of other settings in --out")
+    add_sampling_args(p)
+    add_run_args(p, "output directory (default: runs/profile/<model>)")
     p.add_argument("--no-figures", action="store_true", help="write only the table and summary")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p
 
 
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point (see README.md, "Profile"). Returns the exit code: 0, or 2 with one line
-    on stderr for any UsageError (via :func:`ambiguity.errors.cli_main`)."""
-    from ambiguity.io import ensure_writable_dir
-    from ambiguity.models.registry import load_model
-    from ambiguity.profile_report import print_summary, write_outputs
-
+    on stderr for any UsageError (via :func:`ambiguity.cli.cli_main`)."""
     t0 = _START if __name__ == "__main__" else time.perf_counter()
     args = build_parser().parse_args(argv)
     out, settings = check_arguments(args)  # nothing is loaded or written before the options are valid
     model = load_model(args.model, weights=args.weights, device=settings["device"], dtype=settings["dtype"])
-    sampling = SamplingConfig(cfg=settings["cfg"], temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    sampling = sampling_from_args(args, model.kind)
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
-    model.make_prompt(conditions[:1], cfg=sampling.use_cfg)  # e.g. a missing caption encoder fails before any output
-    ensure_writable_dir(out)
+    model.make_prompt(conditions[:1], guided=sampling.guided)  # e.g. a missing caption encoder fails before any output
     table, summary = profile(model, conditions, sampling, num_images=args.num_images, batch_size=args.batch_size,
                              seed=args.seed, tokens=tokens, images=images, out=out, overwrite=args.overwrite,
                              settings=settings, progress=not args.no_progress)
@@ -402,39 +330,27 @@ def main(argv: Optional[list[str]] = None) -> int:
 def check_arguments(args) -> tuple[Path, dict]:
     """Validate the parsed options without loading a model or writing a file.
 
-    Returns (output directory, settings dict: every option with resolved paths, device and
-    dtype; stored with the shards and in summary.json). Raises UsageError for out-of-range
+    Returns (output directory, settings dict: every option with resolved paths, device type and
+    dtype; stored in the run record and in summary.json). Raises UsageError for out-of-range
     settings, an unreadable captions file, an unknown model, an unwritable ``--out``, or an
     ``--out`` holding results of other settings (unless ``--overwrite``).
     """
-    from ambiguity.data.captions import read_captions
-    from ambiguity.models.base import resolve_device
-    from ambiguity.models.registry import get_spec, resolve_dtype
-    from ambiguity.profile_inputs import parse_classes
-    from ambiguity.profile_report import check_out_dir
-
-    cfg = default_cfg(get_spec(args.model).kind) if args.cfg is None else args.cfg  # `--cfg 4` = the c2i default
-    SamplingConfig(cfg=cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    if args.num_images < 1:
-        raise UsageError(f"--num-images must be >= 1, got {args.num_images}")
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     classes = parse_classes(args.classes)
     if args.captions is not None:
         read_captions(args.captions)
     if args.source == "generate" and (args.images or args.data):
         raise UsageError("--images and --data are for --source dataset; add --source dataset or drop them")
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    out = Path(args.out) if args.out is not None else Path("runs", "profile", re.sub(r"[^\w.-]", "_", args.model))
+    device, dtype = device_from_args(args)
+    out = Path(args.out) if args.out is not None else default_out("profile", args.model)
     check_out_dir(out)
-    settings = {"model": args.model, "weights": abspath(args.weights), "device": str(device),
+    settings = {"model": args.model, "weights": abspath(args.weights), "device": device.type,
                 "dtype": str(dtype).replace("torch.", ""), "num_images": args.num_images,
                 "batch_size": args.batch_size, "seed": args.seed, "source": args.source, "classes": classes,
                 "captions": abspath(args.captions), "data": abspath(args.data), "images": abspath(args.images),
-                "cfg": cfg, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+                "guidance": sampling.guidance, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     if not args.overwrite:
-        _check_settings_only(out, settings)
+        RunDir(out, {"settings": settings}, command=COMMAND).check(only=("settings",))
     return out, settings
 
 
@@ -444,10 +360,8 @@ def resolve_inputs(args, model: TokenModel, classes: Optional[list[int]]):
     ``generate``: conditions only (tokens = images = None). ``dataset``: ``--images`` files, the
     model's own held-out sequences (``model.dataset_sequences``, e.g. the text twin), or
     Fashion-MNIST test images for the embedded model. Raises UsageError when the options do not
-    fit the model (see :mod:`ambiguity.profile_inputs`).
+    fit the model (see :mod:`ambiguity.conditions`).
     """
-    from ambiguity.profile_inputs import fashion_mnist_subset, generation_conditions, image_files_subset
-
     n, seed = args.num_images, args.seed
     if args.source == "generate":
         return generation_conditions(model, n, seed, classes, args.captions), None, None
@@ -457,7 +371,7 @@ def resolve_inputs(args, model: TokenModel, classes: Optional[list[int]]):
     if hasattr(model, "dataset_sequences"):
         tokens, conditions = model.dataset_sequences(n, seed)
         return conditions, tokens, None
-    if model.kind == "c2i" and (args.data or model.name == "embedded"):
+    if model.kind == "c2i" and (args.data or model.name.startswith("embedded")):
         if args.captions:
             raise UsageError(f"{model.name} is class-conditional; drop --captions (the Fashion-MNIST labels are the "
                              f"conditions)")
@@ -466,22 +380,5 @@ def resolve_inputs(args, model: TokenModel, classes: Optional[list[int]]):
     raise UsageError(f"--source dataset for {model.name} needs --images DIR (image files to teacher-force)")
 
 
-def _check_settings_only(out: Path, settings: dict) -> None:
-    """Before loading the model: refuse at once when ``out`` holds a run of other CLI settings."""
-    run_file = out / SHARD_DIR / RUN_FILE
-    if not run_file.is_file():
-        return
-    try:
-        old = json.loads(run_file.read_text()).get("settings")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return
-    new = json.loads(json.dumps(settings, default=str))
-    if old != new:
-        raise UsageError(f"--out {out} holds results of a run with other settings "
-                         f"({settings_difference(old, new)}); pass another --out or add --overwrite")
-
-
 if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())
+    raise SystemExit(main())

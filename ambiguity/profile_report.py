@@ -12,8 +12,6 @@ the run is complete):
 """
 from __future__ import annotations
 
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -21,55 +19,23 @@ import numpy as np
 import torch
 
 from ambiguity import plots
-from ambiguity.errors import UsageError
-from ambiguity.io import write_json, write_table
+from ambiguity.io import atomic_path, write_json, write_table
 from ambiguity.models.base import TokenModel
 
-__all__ = ["versions", "check_out_dir", "plot_distributions", "plot_position_means", "plot_images", "write_outputs",
-           "format_summary", "print_summary"]
+__all__ = ["plot_distributions", "plot_position_means", "plot_images", "write_outputs", "format_summary",
+           "print_summary", "TABLE_FILE", "SUMMARY_FILE", "FIGURES", "OUTPUTS"]
+
+TABLE_FILE, SUMMARY_FILE = "tokens.parquet", "summary.json"
+FIGURES = ("top1_distribution", "top1_by_position", "images")
+OUTPUTS = (TABLE_FILE, SUMMARY_FILE, "samples.txt") + tuple(f"{f}.{x}" for f in FIGURES for x in ("png", "pdf"))
 
 _DISTS = (("guided", "guided"), ("cond", "conditional-only"))
-
-
-def versions() -> dict:
-    """Versions of python, torch, numpy, transformers, faiss, pandas and this package (None if absent)."""
-    from importlib import metadata
-
-    def first(*names):
-        for n in names:
-            try:
-                return metadata.version(n)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-            "transformers": first("transformers"), "faiss": first("faiss-cpu", "faiss-gpu-cu12", "faiss-gpu", "faiss"),
-            "pandas": first("pandas"), "lantern-ambiguity": first("lantern-ambiguity")}
-
-
-def check_out_dir(out: str | Path) -> Path:
-    """Check that ``out`` can be created or written, without creating anything.
-
-    Raises UsageError (one line naming ``--out``) when ``out`` is a file, or its nearest
-    existing ancestor is not a writable directory.
-    """
-    out = Path(out).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; pass a directory")
-    anc = out
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write to output directory {out} ({anc} is not a writable directory); "
-                         f"pass a writable --out")
-    return out
 
 
 def _settings_line(summary: dict) -> str:
     s = summary["sampling"]
     parts = [summary["model"]["model"], "real images (teacher-forced)" if summary["source"] == "dataset" else "generated",
-             f"cfg {s['cfg']:g}", f"temperature {s['temperature']:g}" if s["temperature"] else "greedy"]
+             f"cfg {s['guidance']:g}", f"temperature {s['temperature']:g}" if s["temperature"] else "greedy"]
     if s["top_k"]:
         parts.append(f"top-k {s['top_k']}")
     if s["top_p"] < 1:
@@ -77,8 +43,8 @@ def _settings_line(summary: dict) -> str:
     return ", ".join(parts)
 
 
-def _has_cfg(summary: dict) -> bool:
-    return summary["sampling"]["cfg"] != 1.0
+def _guided(summary: dict) -> bool:
+    return summary["sampling"]["guidance"] != 1.0
 
 
 def plot_distributions(table, summary: dict):
@@ -90,10 +56,10 @@ def plot_distributions(table, summary: dict):
     with plots.style():
         fig, axes = plots.new_figure(1, 2, width=6.8, height=2.4)
         for ax, stat, label in zip(axes, ("top1", "top10"), ("top-1 probability", "top-10 mass")):
-            dists = _DISTS if _has_cfg(summary) else _DISTS[:1]
+            dists = _DISTS if _guided(summary) else _DISTS[:1]
             samples = {name: table[f"{d}_{stat}"].to_numpy() for d, name in dists}
             plots.histograms(samples, ax=ax, xlabel=label)
-        fig.suptitle(_settings_line(summary) + ("" if _has_cfg(summary) else " (no guidance: guided = conditional)"))
+        fig.suptitle(_settings_line(summary) + ("" if _guided(summary) else " (no guidance: guided = conditional)"))
     return fig
 
 
@@ -103,7 +69,7 @@ def plot_position_means(table, grid: tuple[int, int], summary: dict):
     For a one-row grid (text models) a line over positions instead. Returns a Figure.
     """
     h, w = grid
-    dists = _DISTS if _has_cfg(summary) else _DISTS[:1]
+    dists = _DISTS if _guided(summary) else _DISTS[:1]
     means = {name: table.groupby("position")[f"{d}_top1"].mean().reindex(range(h * w)).to_numpy()
              for d, name in dists}
     with plots.style():
@@ -154,8 +120,6 @@ def write_outputs(model: TokenModel, table, summary: dict, out: str | Path, figu
     written file names; with ``started`` (a ``time.perf_counter()`` value) ``summary["wall_time_s"]``
     becomes the seconds from then until the summary is written.
     """
-    from ambiguity.profile import SUMMARY_FILE, TABLE_FILE
-
     out = Path(out)
     files: list[Path] = []
     notes: list[str] = []
@@ -190,8 +154,6 @@ def _write_figures(model: TokenModel, table, summary: dict, out: Path, notes: li
 
 def _write_text_samples(model: TokenModel, table, out: Path, notes: list[str], max_samples: int = 16) -> list[Path]:
     """Text models have no images: write the first passages, detokenised, to ``samples.txt``."""
-    from ambiguity.io import atomic_path
-
     if not hasattr(model, "decode"):
         notes.append(f"no images for the text model {model.name}, and it has no detokeniser for samples.txt")
         return []

@@ -1,50 +1,72 @@
-"""Turning logits into the distribution a target model samples from.
+"""Turning logits into the distribution a target model samples from, and drawing tokens from it.
 
 The order is the one LlamaGen and the LANTERN code use: classifier-free guidance on logits
 (``uncond + s * (cond - uncond)``), then temperature, then top-k, then top-p (nucleus), then a
 softmax. ``temperature == 0`` means greedy decoding: the distribution ``p`` is then the one at
 temperature 1 after the filters, and the token is its argmax (LANTERN's greedy acceptance
 compares probabilities of that ``p``).
+
+Names: ``guidance`` is the scale s; a prompt or a batch of logits is *guided* when its rows carry
+the unconditional halves that guidance needs (``rows = 2B``: conditional rows, then unconditional).
+The command line keeps the field's flag ``--cfg`` for the scale.
+
+Tokens are drawn by inversion (:func:`pick`): one uniform per row from that row's generator
+(:mod:`ambiguity.seeding`), so a row's token depends only on its own distribution and stream.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Optional, Sequence, Union
 
 import torch
 
 from ambiguity.errors import UsageError
 
-__all__ = ["SamplingConfig", "split_cfg", "guide", "filter_logits", "distribution", "pick"]
+__all__ = ["SamplingConfig", "default_guidance", "split_rows", "expand_rows", "guide", "filter_logits",
+           "distribution", "pick", "Generators"]
+
+# One generator for every row, or one per row (see pick).
+Generators = Union[torch.Generator, Sequence[torch.Generator], None]
+
+
+def default_guidance(kind: str) -> float:
+    """The guidance scale used when ``--cfg`` is not given: LlamaGen's sampler defaults.
+
+    4.0 for class-conditional (``sample_c2i.py``), 7.5 for text-to-image (``sample_t2i.py``),
+    1.0 (no guidance) for text models.
+    """
+    return {"c2i": 4.0, "t2i": 7.5}.get(kind, 1.0)
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """Sampling settings as the field uses them.
 
-    cfg: guidance scale s >= 0; s == 1 means no guidance (and no doubled batch).
-    temperature: >= 0; 0 is greedy. top_k: 0 disables; top_p: in (0, 1], 1 disables.
-    Raises :class:`UsageError` for out-of-range values.
+    guidance: classifier-free guidance scale s >= 0 (finite); s == 1 means no guidance (and no
+    doubled batch). temperature: >= 0; 0 is greedy. top_k: 0 disables; top_p: in (0, 1], 1
+    disables. Raises :class:`UsageError` (naming the CLI flag) for out-of-range values.
     """
 
-    cfg: float = 1.0
+    guidance: float = 1.0
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not self.cfg >= 0:
-            raise UsageError(f"--cfg must be >= 0 (1 disables guidance), got {self.cfg}")
-        if not self.temperature >= 0:
-            raise UsageError(f"--temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if int(self.top_k) != self.top_k or self.top_k < 0:
+        if not 0 <= self.guidance < float("inf"):
+            raise UsageError(f"--cfg (guidance scale) must be a finite number >= 0 (1 disables guidance), "
+                             f"got {self.guidance}")
+        if not 0 <= self.temperature < float("inf"):
+            raise UsageError(f"--temperature must be a finite number >= 0 (0 is greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
             raise UsageError(f"--top-k must be an integer >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p}")
 
     @property
-    def use_cfg(self) -> bool:
+    def guided(self) -> bool:
         """Whether the unconditional rows are needed (any scale other than 1)."""
-        return self.cfg != 1.0
+        return self.guidance != 1.0
 
     @property
     def greedy(self) -> bool:
@@ -54,20 +76,25 @@ class SamplingConfig:
         return asdict(self)
 
 
-def split_cfg(x: torch.Tensor, cfg: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rows (2B, ...) -> (cond (B, ...), uncond (B, ...)); without CFG (B, ...) -> (x, None)."""
-    if not cfg:
+def split_rows(x: torch.Tensor, guided: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows (2B, ...) -> (cond (B, ...), uncond (B, ...)); unguided (B, ...) -> (x, None)."""
+    if not guided:
         return x, None
     cond, uncond = x.chunk(2, dim=0)
     return cond, uncond
 
 
-def guide(logits: torch.Tensor, scale: float, cfg: bool) -> torch.Tensor:
+def expand_rows(tokens: torch.Tensor, guided: bool) -> torch.Tensor:
+    """Per-image tokens (B, ...) -> per-row tokens (rows, ...): repeated for the unconditional rows."""
+    return torch.cat([tokens, tokens]) if guided else tokens
+
+
+def guide(logits: torch.Tensor, scale: float, guided: bool) -> torch.Tensor:
     """Classifier-free guidance on per-row logits: (rows, ..., V) -> (B, ..., V), float32.
 
-    guided = uncond + scale * (cond - uncond). Without CFG rows the logits pass through.
+    guided = uncond + scale * (cond - uncond). Rows without unconditional halves pass through.
     """
-    cond, uncond = split_cfg(logits.float(), cfg)
+    cond, uncond = split_rows(logits.float(), guided)
     if uncond is None:
         return cond
     return uncond + scale * (cond - uncond)
@@ -94,23 +121,40 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return out
 
 
-def distribution(logits: torch.Tensor, cfg: SamplingConfig, rows_have_cfg: bool | None = None) -> torch.Tensor:
+def distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: Optional[bool] = None) -> torch.Tensor:
     """Per-row logits (rows, ..., V) -> the sampling distribution p (B, ..., V), float32.
 
-    Applies guidance (when the rows carry unconditional halves), temperature (skipped when
-    greedy), top-k and top-p, then softmax. Each row of the result sums to 1.
+    Applies guidance (when the rows carry unconditional halves: ``guided``, default
+    ``sampling.guided``), temperature (skipped when greedy), top-k and top-p, then softmax.
+    Each row of the result sums to 1.
     """
-    has = cfg.use_cfg if rows_have_cfg is None else rows_have_cfg
-    x = guide(logits, cfg.cfg, has)
-    if cfg.temperature > 0:
-        x = x / cfg.temperature
-    x = filter_logits(x, cfg.top_k, cfg.top_p)
+    x = guide(logits, sampling.guidance, sampling.guided if guided is None else guided)
+    if sampling.temperature > 0:
+        x = x / sampling.temperature
+    x = filter_logits(x, sampling.top_k, sampling.top_p)
     return torch.softmax(x, dim=-1)
 
 
-def pick(probs: torch.Tensor, greedy: bool, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Sample (or argmax when greedy) one token per row: probs (..., V) -> (...) int64."""
+def pick(probs: torch.Tensor, greedy: bool, generator: Generators = None) -> torch.Tensor:
+    """One token per row: probs (..., V) -> (...) int64 (argmax when ``greedy``, ties to the lowest index).
+
+    Sampling is by inversion: one uniform u per row, the token is the first index whose
+    cumulative probability (float64) exceeds ``u * total``; a zero-probability token is never
+    drawn. ``generator``: one :class:`torch.Generator` for all rows (their uniforms are drawn
+    in row order with one call) or a sequence of one generator per row (each row's token
+    depends only on its own stream); None uses torch's global RNG.
+    """
     if greedy:
         return probs.argmax(-1)
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    flat = probs.reshape(-1, probs.shape[-1]).double()
+    n = flat.shape[0]
+    if generator is None or isinstance(generator, torch.Generator):
+        u = torch.rand(n, generator=generator, device=probs.device, dtype=torch.float64)
+    else:
+        if len(generator) != n:
+            raise ValueError(f"{len(generator)} generators for {n} rows")
+        u = torch.cat([torch.rand(1, generator=g, device=probs.device, dtype=torch.float64) for g in generator])
+    cdf = flat.cumsum(-1)
+    x = (u * cdf[:, -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, x, right=True).clamp_(max=flat.shape[-1] - 1)
+    return idx.view(probs.shape[:-1])

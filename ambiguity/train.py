@@ -30,14 +30,17 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from ambiguity.data.fashion_mnist import CLASSES
+from ambiguity.errors import UsageError
 from ambiguity.io import atomic_path
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 
 __all__ = ["VQTrainConfig", "GPTTrainConfig", "lr_at", "batch_indices", "vq_loss", "reinit_dead_codes",
            "train_vq", "train_gpt", "tokenize", "vq_metrics", "code_usage", "gpt_nll", "count_params",
-           "save_checkpoint", "load_checkpoint"]
+           "save_checkpoint", "load_checkpoint", "embedded_recipe"]
 
 
 @dataclass
@@ -119,8 +122,6 @@ def load_checkpoint(path: Path) -> Optional[dict]:
 
 
 def _check_resume(ck: dict, expected: dict, path: Path) -> None:
-    from ambiguity.errors import UsageError
-
     if ck["recipe"] != expected:
         diff = [k for k in expected if ck["recipe"].get(k) != expected[k]]
         raise UsageError(f"checkpoint {path} was written with a different {', '.join(diff) or 'recipe'}; "
@@ -179,8 +180,6 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
     over resumed sessions), final loss parts averaged over the last 50 steps, restarts).
     Raises UsageError if the checkpoint was written with another recipe.
     """
-    from tqdm.auto import tqdm
-
     path = Path(run_dir) / "vq_ckpt.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     recipe = {"vq_config": asdict(vq_config), "train": asdict(train), "seed": seed, "n_images": int(images.shape[0])}
@@ -239,8 +238,6 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
 def tokenize(vq: VQModel, images: torch.Tensor, batch_size: int = 500, progress: bool = True,
              desc: str = "tokenize") -> torch.Tensor:
     """Images (N, C, H, W) float32 in [0, 1] -> code indices (N, h*w) int64 (raster order)."""
-    from tqdm.auto import tqdm
-
     vq = vq.eval()
     dev = vq.quant_conv.weight.device
     out = []
@@ -272,8 +269,6 @@ def vq_metrics(vq: VQModel, images: torch.Tensor, batch_size: int = 250, progres
     scale), psnr_db = 10 log10(1 / mse) of the pooled MSE, psnr_db_per_image (mean of per-image
     PSNRs), codebook_size, codebook_usage (fraction of codes used), code_perplexity.
     """
-    from tqdm.auto import tqdm
-
     vq = vq.eval()
     dev = vq.quant_conv.weight.device
     se = ae = 0.0
@@ -311,8 +306,6 @@ def gpt_nll(gpt: GPT, tokens: torch.Tensor, labels: torch.Tensor, batch_size: in
 
     Returns {"nll_nats_per_token", "nll_bits_per_token" (= nats / ln 2), "tokens"}.
     """
-    from tqdm.auto import tqdm
-
     gpt = gpt.eval()
     dev = gpt.tok_embeddings.weight.device
     total, count = 0.0, 0
@@ -335,8 +328,6 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
     steps * batch_size * block_size), epochs, train_time_s, final train loss in nats (mean of
     the last 25 steps)). Raises UsageError if the checkpoint was written with another recipe.
     """
-    from tqdm.auto import tqdm
-
     path = Path(run_dir) / "gpt_ckpt.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     recipe = {"gpt_config": asdict(gpt_config), "train": asdict(train), "seed": seed,
@@ -388,3 +379,29 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
              "epochs": train.steps * train.batch_size / tokens.shape[0], "train_time_s": state["time_s"],
              "final_train_loss_nats": sum(h["loss"] for h in tail) / len(tail) if tail else float("nan")}
     return model.eval(), stats
+
+
+# --------------------------------------------------------------------------- recipes
+def embedded_recipe(quick: bool = False):
+    """Architectures and optimisation of the shipped model -> (VQConfig, VQTrainConfig,
+    GPTConfig, GPTTrainConfig).
+
+    Shipped: VQ with base width 32, ch_mult [1, 2, 2] (32 x 32 px -> 8 x 8 tokens), 1024 codes
+    of dim 8 (l2-normalised); c2i GPT with dim 192, 6 layers, 6 heads, 10 classes, 10% label
+    dropout. Optimisation: :class:`VQTrainConfig` and
+    :class:`GPTTrainConfig` defaults (VQ 1000 steps x 32 images; GPT 1800 steps
+    x 64 sequences = 7,372,800 training tokens, about 1.9 epochs). ``quick``: tiny versions
+    (64 codes, dim 32, 2 layers, 4 steps each) for smoke tests. Sized to train in about 100
+    minutes on 2 shared CPU cores and to ship in under 10 MB (fp16).
+    """
+    K = 64 if quick else 1024
+    vq = VQConfig(codebook_size=K, codebook_embed_dim=8, codebook_l2_norm=True, encoder_ch_mult=[1, 2, 2],
+                  decoder_ch_mult=[1, 2, 2], z_channels=32 if quick else 64, ch=32, num_res_blocks=1,
+                  in_channels=1)
+    gpt = GPTConfig(dim=32 if quick else 192, n_layer=2 if quick else 6, n_head=2 if quick else 6,
+                    multiple_of=32, num_classes=len(CLASSES), class_dropout_prob=0.1, model_type="c2i",
+                    vocab_size=K, cls_token_num=1, block_size=64, rope="2d")
+    if quick:
+        return (vq, VQTrainConfig(steps=4, batch_size=8, warmup=1, dead_after=2, reinit_every=2, ckpt_every=2),
+                gpt, GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2))
+    return vq, VQTrainConfig(), gpt, GPTTrainConfig()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.errors import ArgumentParser, cli_main
+from ambiguity.cli import ArgumentParser, cli_main
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -53,7 +53,7 @@ def timed(fn, device, repeats: int, warmup: int = 1) -> float:
 
 @cli_main
 def main(argv=None) -> int:
-    from ambiguity.generation import cfg_rows
+    from ambiguity.sampling import expand_rows
     from ambiguity.io import write_json
     from ambiguity.models.base import resolve_device
     from ambiguity.models.gpt import GPT
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     from ambiguity.models.registry import resolve_dtype
     from ambiguity.neighbourhood import build_neighbourhoods
     from ambiguity.sampling import SamplingConfig, distribution
-    from lantern.acceptance import AcceptanceRule, relaxed_mass, residual, verify
+    from lantern.acceptance import AcceptanceRule, relaxed_mass, residual, judge
     from lantern.decoding import draft
     from lantern.drafter import Drafter
 
@@ -89,20 +89,20 @@ def main(argv=None) -> int:
     model = LlamaGenModel(gpt.to(device, dtype).eval(), name="llamagen-c2i-xl-random")
     drafter = Drafter.for_target(model, seed=0).eval()
     build_s = time.perf_counter() - t0
-    sampling = SamplingConfig(cfg=4.0, temperature=1.0)
-    prompt = model.make_prompt([207], cfg=True)
+    sampling = SamplingConfig(guidance=4.0, temperature=1.0)
+    prompt = model.make_prompt([207], guided=True)
     V = model.vocab_size
 
     with torch.no_grad():
         cache = model.new_cache(prompt, model.num_tokens)
         model.prefill(prompt, cache)
         ctx = torch.randint(0, V, (1, args.position + 1), device=device)
-        model.extend(cache, cfg_rows(ctx[:, :-1], True))  # the image so far
+        model.extend(cache, expand_rows(ctx[:, :-1], True))  # the image so far
         drafts = torch.randint(0, V, (1, g), device=device)
         last = ctx[:, -1:]
 
         def target_forward():
-            out = model.extend(cache, cfg_rows(torch.cat([last, drafts], 1), True))
+            out = model.extend(cache, expand_rows(torch.cat([last, drafts], 1), True))
             model.rollback(cache, args.position)
             return out
 
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
 
         dcache = drafter.new_cache(rows)
         feats = torch.randn(rows, args.position + 1, model.hidden_size, device=device, dtype=dtype)
-        toks = cfg_rows(ctx, True)
+        toks = expand_rows(ctx, True)
         drafter(model, toks[:, :-1], feats[:, :-1], dcache, 0)
 
         def drafter_step():
@@ -139,14 +139,14 @@ def main(argv=None) -> int:
         t_build = timed(lambda: relaxed_mass(p, drafts, table, rule), device, args.repeats * 4)
 
         def decide():
-            v = verify(p, q, drafts, u, table, rule)
+            v = judge(p, q, drafts, u, table, rule)
             n = int(v.accepted.long().cumprod(-1).sum(-1)[0])
             at = min(n, g - 1)
             return residual(p[:, at], q[:, at], drafts[:, at], table, rule)
 
         t_accept = timed(decide, device, args.repeats * 4)
         sd = AcceptanceRule("sd")
-        t_accept_sd = timed(lambda: verify(p, q, drafts, u, None, sd), device, args.repeats * 4)
+        t_accept_sd = timed(lambda: judge(p, q, drafts, u, None, sd), device, args.repeats * 4)
 
     result = {
         "device": str(device), "dtype": str(dtype).replace("torch.", ""), "threads": args.threads,

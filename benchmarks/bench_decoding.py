@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.errors import ArgumentParser, UsageError, cli_main
+from ambiguity.errors import UsageError
+from ambiguity.cli import ArgumentParser, cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -41,8 +42,8 @@ def configs(gamma: int, deltas=DELTAS, ks=KS) -> list:
     """The sweep's DecodeConfigs: AR, SD, then LANTERN for every (k, δ)."""
     from lantern.decoding import DecodeConfig
 
-    out = [DecodeConfig("ar", gamma), DecodeConfig("sd", gamma)]
-    out += [DecodeConfig("lantern", gamma, k=k, delta=d) for k in ks for d in deltas]
+    out = [DecodeConfig.of("ar", gamma), DecodeConfig.of("sd", gamma)]
+    out += [DecodeConfig.of("lantern", gamma, k=k, delta=d) for k in ks for d in deltas]
     return out
 
 
@@ -57,7 +58,7 @@ def run_config(model, drafter, table, c, sampling, conditions) -> dict:
     from lantern.replay import target_scores
 
     d = decode(model, conditions, c, sampling, drafter if c.speculative else None,
-               table if c.speculative and c.rule().relaxed else None, seed=0)
+               table if c.speculative and c.rule.relaxed else None, seed=0)
     s = d.summary()
     _, _, images = d.frames()
     images["codes"] = [t.tolist() for t in d.tokens]
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
 
     from ambiguity.io import read_table, write_json, write_table
     from ambiguity.models.registry import load_model
-    from ambiguity.profile import default_cfg
+    from ambiguity.sampling import default_guidance
     from ambiguity.sampling import SamplingConfig
     from lantern.decoding import DecodeConfig, neighbour_table
     from lantern.drafter import load_drafter
@@ -146,15 +147,15 @@ def main(argv=None) -> int:
 
     model = load_model(args.model, weights=args.weights, device=args.device)
     drafter = load_drafter(model, args.drafter)
-    cfg = default_cfg(model.kind) if args.cfg is None else args.cfg
+    cfg = default_guidance(model.kind) if args.cfg is None else args.cfg
     conditions = model.default_conditions(args.num_images)
-    table = neighbour_table(model, DecodeConfig("lantern", args.gamma, k=max(ks)))
+    table = neighbour_table(model, DecodeConfig.of("lantern", args.gamma, k=max(ks)))
     key = {"model": model.name, "weights": args.weights, "drafter": args.drafter, "num_images": args.num_images,
            "gamma": args.gamma, "cfg": cfg, "threads": args.threads, "device": str(model.device)}
     todo = [(t, c) for t in temps for c in configs(args.gamma, deltas, ks)]
     # warm-up (first calls allocate and pick kernels) so the first configuration is not penalised
-    warm = SamplingConfig(cfg=cfg, temperature=1.0)
-    run_config(model, drafter, table, DecodeConfig("lantern", args.gamma, k=8, delta=0.1), warm, conditions[:1])
+    warm = SamplingConfig(guidance=cfg, temperature=1.0)
+    run_config(model, drafter, table, DecodeConfig.of("lantern", args.gamma, k=8, delta=0.1), warm, conditions[:1])
     rows = []
     for t, c in tqdm(todo, desc="sweep", unit="config"):
         f = parts / f"{config_name(c, t)}.json"
@@ -164,7 +165,7 @@ def main(argv=None) -> int:
                 rows.append(saved["row"])
                 continue
         t0 = time.perf_counter()
-        row = run_config(model, drafter, table, c, SamplingConfig(cfg=cfg, temperature=t), conditions)
+        row = run_config(model, drafter, table, c, SamplingConfig(guidance=cfg, temperature=t), conditions)
         row["config_seconds"] = time.perf_counter() - t0
         write_json({"key": key, "row": row}, f)
         rows.append(row)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.errors import ArgumentParser, cli_main
+from ambiguity.cli import ArgumentParser, cli_main
 
 
 @cli_main
@@ -54,13 +54,13 @@ def main(argv=None) -> int:
     decoding.accept = recording_accept
     try:
         conditions = [i % 10 for i in range(args.num_images)]
-        decoding.decode(model, conditions, decoding.DecodeConfig("sd", gamma=4), SamplingConfig(cfg=args.cfg),
+        decoding.decode(model, conditions, decoding.DecodeConfig.of("sd", gamma=4), SamplingConfig(guidance=args.cfg),
                         drafter=drafter, seed=args.seed, progress=True)
     finally:
         decoding.accept = accept
     p = torch.cat([a for a, _ in pairs])
     q = torch.cat([b for _, b in pairs])
-    table = decoding.neighbour_table(model, decoding.DecodeConfig("lantern", k=max(ks)))
+    table = decoding.neighbour_table(model, decoding.DecodeConfig.of("lantern", k=max(ks)))
     rows = [{"k": 0, "delta": 0.0, "what": "TVD(q, p)", "mean": float(tvd(q, p).mean()),
              "median": float(tvd(q, p).median()), "max": float(tvd(q, p).max())}]
     for k in ks:

@@ -1,0 +1,45 @@
+"""LANTERN relaxed speculative decoding: acceptance rules, the EAGLE drafter, decoding, replay.
+
+The names a notebook needs, at package level::
+
+    import ambiguity as amb, lantern as lt
+    model = amb.load_model("embedded")
+    out = lt.decode(model, list(range(10)), lt.DecodeConfig.of("lantern", gamma=4, k=64, delta=0.2),
+                    amb.SamplingConfig(guidance=4.0), drafter=lt.load_drafter(model), pixels=True)
+    out.summary()
+
+Names are resolved on first use from the table below (PEP 562), as in :mod:`ambiguity`, so that
+``python -m lantern.<command>`` never imports its own module twice. ``python -m lantern`` lists
+the commands.
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> module that defines it
+_API = {
+    "AcceptanceRule": "lantern.acceptance", "Verdict": "lantern.acceptance", "RULES": "lantern.acceptance",
+    "BOUNDS": "lantern.acceptance", "judge": "lantern.acceptance", "judge_greedy": "lantern.acceptance",
+    "residual": "lantern.acceptance", "relaxed_mass": "lantern.acceptance",
+    "output_distribution": "lantern.acceptance",
+    "tvd": "lantern.divergences", "jsd": "lantern.divergences", "moved_jsd": "lantern.divergences",
+    "DecodeConfig": "lantern.decoding", "METHODS": "lantern.decoding", "decode": "lantern.decoding",
+    "speculative_decode": "lantern.decoding", "autoregressive_decode": "lantern.decoding",
+    "neighbour_table": "lantern.decoding",
+    "DraftModel": "lantern.drafter", "Drafter": "lantern.drafter", "load_drafter": "lantern.drafter",
+    "Decoded": "lantern.records", "summarize": "lantern.records", "summary_table": "lantern.records",
+    "run_generate": "lantern.generate", "load_run": "lantern.replay", "acceptance_by_ambiguity": "lantern.replay",
+    "image_quality": "lantern.replay", "train_drafter": "lantern.train_drafter", "TrainConfig": "lantern.train_drafter",
+}
+__all__ = sorted(_API)
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'lantern' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

@@ -7,7 +7,7 @@ code-index space whose row ``v`` lists the latent neighbours of code ``v`` neare
 itself excluded (``B_k(v)`` is the first ``k`` columns). ``S_j = p(n_1) + ... + p(n_j)`` for
 the neighbours ``n_1..n_k`` of ``x̂``.
 
-Rules (``AcceptanceRule.method``):
+Rules (``AcceptanceRule.method``; each relaxed rule is one entry of :data:`BOUNDS`):
 
 * ``"sd"`` — lossless speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023):
   accept with probability ``min(1, p(x̂) / q(x̂))``.
@@ -63,7 +63,7 @@ emit ``argmax p``. (The official code takes ``argmax`` of ``p`` with ``p̃(x̂)`
 Typical decoder use (``p``: (B, γ+1, V) target incl. the bonus position; ``q``: (B, γ, V);
 ``draft``, ``u``: (B, γ))::
 
-    v = verify(p[:, :γ], q, draft, u, neighbours, rule)   # per-draft-token statistics
+    v = judge(p[:, :γ], q, draft, u, neighbours, rule)    # per-draft-token verdicts
     n = v.accepted.long().cumprod(-1).sum(-1)             # (B,) accepted draft tokens per row
     rows = (n < γ).nonzero().squeeze(-1); at = n[rows]    # first rejection of each row
     r = residual(p[rows, at], q[rows, at], draft[rows, at], neighbours, rule)   # (R, V)
@@ -71,10 +71,15 @@ Typical decoder use (``p``: (B, γ+1, V) target incl. the bonus position; ``q``:
 
 The residual is computed lazily by :func:`residual`, only at the first rejected position.
 :func:`output_distribution` gives the exact distribution of one verification step.
+
+Validation happens at the API edge: every public function checks its inputs (one-line
+:class:`UsageError`) unless called with ``validate=False``, which the decoder does on every
+step after checking the rule and the table once (:meth:`AcceptanceRule.table_for`).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -82,67 +87,106 @@ from ambiguity.errors import UsageError
 from lantern.divergences import moved_jsd
 
 __all__ = [
-    "METHODS",
+    "RULES",
     "RESIDUALS",
+    "BOUNDS",
+    "Bound",
     "AcceptanceRule",
     "Verdict",
+    "grow_proximity_set",
     "relaxed_mass",
-    "verify",
-    "verify_greedy",
+    "judge",
+    "judge_greedy",
     "residual",
     "output_distribution",
 ]
 
-METHODS = ("sd", "lantern", "lantern-jsd", "lantern++")
 RESIDUALS = ("exact", "official")
+
+
+def _relative_mass(a: torch.Tensor, moved: torch.Tensor) -> torch.Tensor:
+    """S_j / p(x̂), 0 where p(x̂) = 0 (LANTERN++'s relative bound is then S_j <= 0)."""
+    return torch.where(a > 0, moved / torch.where(a > 0, a, torch.ones_like(a)), torch.zeros_like(moved))
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How a relaxed rule bounds the proximity set it grows (one entry of :data:`BOUNDS`).
+
+    parameter: the :class:`AcceptanceRule` field holding the bound (``"delta"`` or ``"lam"``);
+    at_most_one: the parameter must lie in [0, 1] (a probability or, for the JSD, nats below ln 2);
+    spent: ``(p(x̂), S_j) -> divergence`` of moving the neighbours' mass ``S_j`` onto ``x̂``, in
+    the bound's units (broadcasting (..., 1) against (..., k)); within: ``(rule, p(x̂), S_j,
+    spent) -> bool``, whether the move respects the bound; units: for tables and docstrings.
+    """
+
+    parameter: str
+    at_most_one: bool
+    spent: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    within: Callable[["AcceptanceRule", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    units: str
+
+
+# method -> its bound (None: lossless speculative sampling). A new relaxed rule is one entry here.
+BOUNDS: dict[str, Optional[Bound]] = {
+    "sd": None,
+    "lantern": Bound("delta", True, lambda a, moved: moved, lambda r, a, moved, spent: spent <= r.delta,
+                     "TVD (a probability)"),
+    "lantern-jsd": Bound("delta", True, moved_jsd, lambda r, a, moved, spent: spent <= r.delta, "JSD (nats)"),
+    "lantern++": Bound("lam", False, _relative_mass, lambda r, a, moved, spent: moved <= (r.lam - 1.0) * a,
+                       "relative mass S/p(x̂), bounded by λ - 1"),
+}
+RULES = tuple(BOUNDS)
 
 
 @dataclass(frozen=True)
 class AcceptanceRule:
     """Configuration of one acceptance rule (see the module docstring for the rules).
 
-    method: ``"sd"`` | ``"lantern"`` | ``"lantern-jsd"`` | ``"lantern++"``.
+    method: a key of :data:`BOUNDS`: ``"sd"`` | ``"lantern"`` | ``"lantern-jsd"`` | ``"lantern++"``.
     k: neighbourhood size ``|B_k|`` (>= 0; 0 turns every rule into ``"sd"``); must be smaller
-       than the vocabulary size, checked when the rule is applied. ``"sd"`` ignores it.
+       than the vocabulary size, checked when the rule meets a distribution. ``"sd"`` ignores it.
     delta: the bound δ of ``"lantern"`` (TVD, a probability) and ``"lantern-jsd"`` (JSD, nats);
        in [0, 1]; 0 is lossless. The official code reads ``delta > 1`` as the relative bound λ;
        here that is ``method="lantern++", lam=...``.
     lam: λ >= 1 of ``"lantern++"`` (``p̃(x̂) <= λ p(x̂)``); 1 is lossless.
     residual: ``"exact"`` | ``"official"`` — the distribution sampled after a rejection.
 
+    The defaults (k = 64, δ = 0.2, λ = 2) are the toolkit's defaults everywhere (CLI included).
     Raises :class:`UsageError` (one line naming the fix) for an unknown method or residual,
     ``k < 0`` or non-integer, ``delta < 0`` (or > 1 for the TVD/JSD rules), ``lam < 1``.
     """
 
     method: str = "sd"
-    k: int = 0
-    delta: float = 0.0
-    lam: float = 1.0
+    k: int = 64
+    delta: float = 0.2
+    lam: float = 2.0
     residual: str = "exact"
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise UsageError(f"unknown acceptance method {self.method!r}; use one of {', '.join(METHODS)}")
+        if self.method not in BOUNDS:
+            raise UsageError(f"unknown acceptance method {self.method!r}; use one of {', '.join(RULES)}")
         if self.residual not in RESIDUALS:
             raise UsageError(f"unknown residual {self.residual!r}; use 'exact' or 'official'")
         if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 0:
             raise UsageError(f"k (--k) must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}")
-        if not self.delta >= 0:
+        if not 0 <= self.delta < float("inf"):
             raise UsageError(f"delta (--delta) must be >= 0 (0 is lossless), got {self.delta}")
-        if self.method in ("lantern", "lantern-jsd") and self.delta > 1:
+        bound = BOUNDS[self.method]
+        if bound is not None and bound.at_most_one and self.delta > 1:
             raise UsageError(
                 f"delta (--delta) must be <= 1 for method {self.method}, got {self.delta}; "
                 "for the official code's delta > 1 (a relative bound) use method lantern++ with lam = delta "
                 "(--method lantern++ --lam DELTA)"
             )
-        if not self.lam >= 1:
+        if not 1 <= self.lam < float("inf"):
             raise UsageError(f"lam (--lam) must be >= 1 (1 is lossless), got {self.lam}")
         object.__setattr__(self, "k", int(self.k))
 
     @property
     def relaxed(self) -> bool:
         """Whether the rule moves neighbour mass at all (a LANTERN method with ``k > 0``)."""
-        return self.method != "sd" and self.k > 0
+        return BOUNDS[self.method] is not None and self.k > 0
 
     @property
     def bound(self) -> float:
@@ -152,6 +196,34 @@ class AcceptanceRule:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def table_for(self, p: torch.Tensor, neighbours) -> Optional[torch.Tensor]:
+        """Validate the neighbour table against ``p`` (..., V) float and this rule; see :meth:`prepare_table`.
+        Raises UsageError also for a non-float ``p``."""
+        if not torch.is_floating_point(p):
+            raise UsageError(f"p must be a floating tensor of probabilities (..., V), got dtype {p.dtype}")
+        return self.prepare_table(neighbours, p.shape[-1], p.device)
+
+    def prepare_table(self, neighbours, vocab_size: int, device) -> Optional[torch.Tensor]:
+        """The neighbour table checked for a vocabulary of ``vocab_size`` codes, as int64 on ``device``
+        (None when the rule does not use neighbours). ``neighbours``: a (V, K >= k) tensor or an
+        :class:`ambiguity.neighbourhood.Neighbourhoods`. Raises UsageError for ``k >= V`` or a
+        missing or mis-shaped table."""
+        V = int(vocab_size)
+        if self.relaxed and self.k >= V:
+            raise UsageError(f"k={self.k} must be smaller than the vocabulary size V={V} (a token has at most V-1 "
+                             f"neighbours); lower k")
+        if not self.relaxed:
+            return None
+        if neighbours is not None and not isinstance(neighbours, torch.Tensor):
+            neighbours = neighbours.indices  # an ambiguity.neighbourhood.Neighbourhoods
+        if neighbours is None:
+            raise UsageError(f"method={self.method!r} with k={self.k} needs a neighbour table (V, >= k); build one "
+                             f"with ambiguity.neighbourhood")
+        if neighbours.ndim != 2 or neighbours.shape[0] != V or neighbours.shape[1] < self.k:
+            raise UsageError(f"neighbour table has shape {tuple(neighbours.shape)}, expected ({V}, >= {self.k}); "
+                             "build it for this codebook with at least k columns")
+        return neighbours.to(device=device, dtype=torch.long)
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -160,10 +232,10 @@ class Verdict:
     accepted: bool. accept_prob: ``min(1, p̃(x̂)/q(x̂))`` (greedy: 0. or 1.), p's dtype.
     p_draft: ``p(x̂)``; q_draft: ``q(x̂)`` (greedy: 1.); p_tilde: ``p̃(x̂) = p(x̂) + S_j*``.
     j_star: int64, the number of neighbours moved onto ``x̂`` (``|A| - 1``).
-    spent: the divergence of the move, in the units of the rule's bound: ``S_j*`` (TVD, a
-    probability) for ``"lantern"``, the JSD in nats for ``"lantern-jsd"``, the relative mass
-    ``S_j* / p(x̂)`` (compare with λ - 1) for ``"lantern++"``, 0 for ``"sd"`` and when
-    ``j* = 0``.
+    spent: the divergence of the move, in the units of the rule's bound (:data:`BOUNDS`):
+    ``S_j*`` (TVD, a probability) for ``"lantern"``, the JSD in nats for ``"lantern-jsd"``, the
+    relative mass ``S_j* / p(x̂)`` (compare with λ - 1) for ``"lantern++"``, 0 for ``"sd"`` and
+    when ``j* = 0``.
     """
 
     accepted: torch.Tensor
@@ -175,25 +247,15 @@ class Verdict:
     spent: torch.Tensor
 
 
-def _table(p: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule) -> torch.Tensor | None:
-    """Validate the neighbour table against ``p`` (..., V) and the rule; return it as int64 on p's device."""
-    if not torch.is_floating_point(p):
-        raise UsageError(f"p must be a floating tensor of probabilities (..., V), got dtype {p.dtype}")
-    V = p.shape[-1]
-    if rule.relaxed and rule.k >= V:
-        raise UsageError(f"k={rule.k} must be smaller than the vocabulary size V={V} (a token has at most V-1 neighbours); lower k")
-    if not rule.relaxed:
-        return None
-    if neighbours is not None and not isinstance(neighbours, torch.Tensor):
-        neighbours = neighbours.indices  # an ambiguity.neighbourhood.Neighbourhoods
-    if neighbours is None:
-        raise UsageError(f"method={rule.method!r} with k={rule.k} needs a neighbour table (V, >= k); build one with ambiguity.neighbourhood")
-    if neighbours.ndim != 2 or neighbours.shape[0] != V or neighbours.shape[1] < rule.k:
-        raise UsageError(
-            f"neighbour table has shape {tuple(neighbours.shape)}, expected ({V}, >= {rule.k}); "
-            "build it for this codebook with at least k columns"
-        )
-    return neighbours.to(device=p.device, dtype=torch.long)
+def _table(p: torch.Tensor, neighbours, rule: AcceptanceRule, validate: bool) -> Optional[torch.Tensor]:
+    if validate:
+        return rule.table_for(p, neighbours)
+    return neighbours if rule.relaxed else None
+
+
+def _check_q(p: torch.Tensor, q: torch.Tensor) -> None:
+    if q.shape != p.shape:
+        raise UsageError(f"q has shape {tuple(q.shape)}, expected p's shape {tuple(p.shape)}")
 
 
 def _check_draft(p: torch.Tensor, draft: torch.Tensor, name: str = "draft") -> None:
@@ -201,28 +263,25 @@ def _check_draft(p: torch.Tensor, draft: torch.Tensor, name: str = "draft") -> N
         raise UsageError(f"{name} has shape {tuple(draft.shape)}, expected p's leading shape {tuple(p.shape[:-1])}")
 
 
-def _prefix(p: torch.Tensor, drafts: torch.Tensor, table: torch.Tensor | None, rule: AcceptanceRule):
-    """Grow the proximity set of each of ``n`` drafts per row.
+def grow_proximity_set(p: torch.Tensor, drafts: torch.Tensor, table: Optional[torch.Tensor], rule: AcceptanceRule):
+    """Grow the proximity set A of each of ``n`` drafts per row (LANTERN Sec. 3, Alg. 1).
 
-    p (..., V) float; drafts (..., n) int64 -> p_draft, p_tilde, spent (..., n) p.dtype and
-    j_star (..., n) int64. Uses one (..., n, k) gather and cumsum; no loop.
+    p (..., V) float; drafts (..., n) int64; table (V, >= k) int64 on p's device (None when the
+    rule is not relaxed) -> p_draft, p_tilde, spent (..., n) p.dtype and j_star (..., n) int64.
+    The neighbours of x̂ are added in distance order while the rule's bound (:data:`BOUNDS`)
+    holds; the set stops at the first neighbour that breaks it. One (..., n, k) gather and
+    cumsum; no loop; no validation (see :meth:`AcceptanceRule.table_for`).
     """
     p_draft = p.gather(-1, drafts)
     if not rule.relaxed:
         return p_draft, p_draft.clone(), torch.zeros_like(drafts), torch.zeros_like(p_draft)
+    bound = BOUNDS[rule.method]
     nbr = table[:, : rule.k][drafts]  # (..., n, k): B_k of each draft
     rows = p.unsqueeze(-2).expand(*drafts.shape, p.shape[-1])
     moved = rows.gather(-1, nbr).cumsum(-1)  # (..., n, k): S_1..S_k
     a = p_draft.unsqueeze(-1)
-    if rule.method == "lantern":
-        cost = moved
-        within = moved <= rule.delta
-    elif rule.method == "lantern-jsd":
-        cost = moved_jsd(a, moved)
-        within = cost <= rule.delta
-    else:  # lantern++: S_j <= (λ - 1) p(x̂), spent as the relative mass S_j / p(x̂)
-        within = moved <= (rule.lam - 1.0) * a
-        cost = torch.where(a > 0, moved / torch.where(a > 0, a, 1.0), torch.zeros_like(moved))
+    cost = bound.spent(a, moved)
+    within = bound.within(rule, a, moved, cost)
     j_star = within.long().cumprod(-1).sum(-1)  # stops at the first j that breaks the bound
     has = j_star > 0
     last = (j_star - 1).clamp_min(0).unsqueeze(-1)
@@ -233,7 +292,7 @@ def _prefix(p: torch.Tensor, drafts: torch.Tensor, table: torch.Tensor | None, r
 
 
 def relaxed_mass(
-    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule
+    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The proximity set of each draft: ``(j_star, p_tilde, spent)``.
 
@@ -243,19 +302,21 @@ def relaxed_mass(
     spent (...) in the bound's units (see :class:`Verdict`). LANTERN Sec. 3; LANTERN++ Sec. 3.
     Raises :class:`UsageError` for a missing or mis-shaped table, ``k >= V`` or a bad shape.
     """
-    table = _table(p, neighbours, rule)
-    _check_draft(p, draft)
-    _, p_tilde, j_star, spent = _prefix(p, draft.long().unsqueeze(-1), table, rule)
+    table = _table(p, neighbours, rule, validate)
+    if validate:
+        _check_draft(p, draft)
+    _, p_tilde, j_star, spent = grow_proximity_set(p, draft.long().unsqueeze(-1), table, rule)
     return j_star.squeeze(-1), p_tilde.squeeze(-1), spent.squeeze(-1)
 
 
-def verify(
+def judge(
     p: torch.Tensor,
     q: torch.Tensor,
     draft: torch.Tensor,
     u: torch.Tensor,
     neighbours: torch.Tensor | None,
     rule: AcceptanceRule,
+    validate: bool = True,
 ) -> Verdict:
     """Accept or reject each draft token independently (no prefix logic across positions).
 
@@ -269,15 +330,16 @@ def verify(
     draft with ``p̃(x̂) = 0`` is never accepted, one with ``q(x̂) = 0 < p̃(x̂)`` always.
     Leviathan et al. 2023 Alg. 1 (``"sd"``), LANTERN Sec. 3 / LANTERN++ (relaxed rules).
     Returns a :class:`Verdict`; sample the rejected position from :func:`residual`.
+    ``validate=False`` skips the input checks (the decoder validates once per decode).
     Raises :class:`UsageError` for mismatched shapes, a missing table, ``k >= V``.
     """
-    table = _table(p, neighbours, rule)
-    if q.shape != p.shape:
-        raise UsageError(f"q has shape {tuple(q.shape)}, expected p's shape {tuple(p.shape)}")
-    _check_draft(p, draft)
-    _check_draft(p, u, "u")
+    table = _table(p, neighbours, rule, validate)
+    if validate:
+        _check_q(p, q)
+        _check_draft(p, draft)
+        _check_draft(p, u, "u")
     idx = draft.long().unsqueeze(-1)
-    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in _prefix(p, idx, table, rule))
+    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in grow_proximity_set(p, idx, table, rule))
     q_draft = q.gather(-1, idx).squeeze(-1)
     accepted = u * q_draft < p_tilde
     safe_q = torch.where(q_draft > 0, q_draft, torch.ones_like(q_draft))
@@ -292,22 +354,23 @@ def _max_other(p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     return torch.where(drafts == top.indices[..., :1], second, first)
 
 
-def verify_greedy(
-    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule
+def judge_greedy(
+    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True
 ) -> Verdict:
     """Greedy (temperature 0) verification: accept iff ``p̃(x̂) >= max_{v != x̂} p(v)``.
 
     p: (..., V) float, the target's temperature-1 distribution after the filters (V >= 2);
-    draft: (...) int64; neighbours, rule as in :func:`verify` (``rule.residual`` is unused).
+    draft: (...) int64; neighbours, rule, validate as in :func:`judge` (``rule.residual`` is unused).
     On rejection the decoder emits ``p.argmax(-1)``. With ``"sd"`` (or δ = 0 and no zero-mass
     neighbours) this accepts exactly when ``x̂`` is an argmax of ``p``. LANTERN Sec. 3 (greedy).
     Returns a :class:`Verdict` with ``q_draft = 1`` and ``accept_prob`` 0. or 1.
-    Raises :class:`UsageError` as :func:`verify`.
+    Raises :class:`UsageError` as :func:`judge`.
     """
-    table = _table(p, neighbours, rule)
-    _check_draft(p, draft)
+    table = _table(p, neighbours, rule, validate)
+    if validate:
+        _check_draft(p, draft)
     idx = draft.long().unsqueeze(-1)
-    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in _prefix(p, idx, table, rule))
+    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in grow_proximity_set(p, idx, table, rule))
     accepted = p_tilde >= _max_other(p, idx).squeeze(-1)
     return Verdict(accepted, accepted.to(p.dtype), p_draft, torch.ones_like(p_draft), p_tilde, j_star, spent)
 
@@ -323,7 +386,8 @@ def _exact_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return _normalise((p - q).clamp_min(0.0), p)
 
 
-def _official_residual(p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tensor, table: torch.Tensor | None, rule: AcceptanceRule) -> torch.Tensor:
+def _official_residual(p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tensor, table: Optional[torch.Tensor],
+                       rule: AcceptanceRule) -> torch.Tensor:
     """p (..., V), draft and j_star (...) -> p zeroed at x̂ (and B_{k+1}(x̂) where j* >= 1), renormalised."""
     keep = torch.ones_like(p, dtype=torch.bool)
     if table is not None:
@@ -334,27 +398,28 @@ def _official_residual(p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tenso
 
 
 def residual(
-    p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule
+    p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule,
+    validate: bool = True,
 ) -> torch.Tensor:
     """The distribution to sample after rejecting ``draft``: (..., V), p's dtype, rows sum to 1.
 
     p, q: (..., V) float; draft: (...) int64, the rejected tokens; neighbours as in
-    :func:`verify`. ``rule.residual == "exact"``: ``norm(max(p - α, 0))`` with
+    :func:`judge`. ``rule.residual == "exact"``: ``norm(max(p - α, 0))`` with
     ``α(x) = min(q(x), p̃_x(x))``, which equals the standard ``norm(max(p - q, 0))`` (module
     docstring; independent of ``draft`` and of the table);
     ``"official"``: ``p`` zeroed at ``x̂`` and, when ``j* >= 1``, at the first ``k+1`` table
     columns of ``x̂``, renormalised (the official LANTERN code; module docstring). A residual
     with no mass falls back to ``p``. Call it only where a draft was rejected.
-    Raises :class:`UsageError` as :func:`verify`.
+    Raises :class:`UsageError` as :func:`judge`.
     """
-    table = _table(p, neighbours, rule)
-    if q.shape != p.shape:
-        raise UsageError(f"q has shape {tuple(q.shape)}, expected p's shape {tuple(p.shape)}")
-    _check_draft(p, draft)
+    table = _table(p, neighbours, rule, validate)
+    if validate:
+        _check_q(p, q)
+        _check_draft(p, draft)
     if rule.residual == "exact":
         return _exact_residual(p, q)
     idx = draft.long()
-    _, _, j_star, _ = _prefix(p, idx.unsqueeze(-1), table, rule)
+    _, _, j_star, _ = grow_proximity_set(p, idx.unsqueeze(-1), table, rule)
     return _official_residual(p, idx, j_star.squeeze(-1), table, rule)
 
 
@@ -370,20 +435,19 @@ def output_distribution(
     ``out(y) = Σ_x q(x) P(accept x) [y = x] + Σ_x q(x) (1 - P(accept x)) residual_x(y)``,
     by enumeration over every draft x (no sampling). p, q: (..., V) float; with ``greedy`` q
     is the distribution of the greedy draft (one-hot for a deterministic drafter),
-    ``P(accept x)`` is 0 or 1 as in :func:`verify_greedy` and a rejection emits ``argmax p``.
+    ``P(accept x)`` is 0 or 1 as in :func:`judge_greedy` and a rejection emits ``argmax p``.
     Compare with p, e.g. ``lantern.divergences.tvd(out, p)``, to see a rule's distortion;
     ``"sd"``, or δ = 0 / k = 0 with the ``"exact"`` residual, give ``out == p``. The δ bound
     holds per draft (``S_j* <= δ``), not for ``out``: with the exact residual
     ``TVD(out, p) = Σ_y max(α(y) - p(y), 0) <= Σ_y min(max(q(y) - p(y), 0), δ)``, which can
     exceed δ. Memory: (..., V, k) for p̃ of every draft, plus (..., V, V) for ``"official"``
     (its residual depends on x).
-    Raises :class:`UsageError` as :func:`verify`.
+    Raises :class:`UsageError` as :func:`judge`.
     """
-    table = _table(p, neighbours, rule)
-    if q.shape != p.shape:
-        raise UsageError(f"q has shape {tuple(q.shape)}, expected p's shape {tuple(p.shape)}")
+    table = _table(p, neighbours, rule, True)
+    _check_q(p, q)
     every = torch.arange(p.shape[-1], device=p.device).expand(p.shape)
-    _, p_tilde_all, j_all, _ = _prefix(p, every, table, rule)
+    _, p_tilde_all, j_all, _ = grow_proximity_set(p, every, table, rule)
     if greedy:
         accept = (p_tilde_all >= _max_other(p, every)).to(p.dtype)
         rejected = (q * (1 - accept)).sum(-1, keepdim=True)

@@ -8,12 +8,21 @@ the drafter), :func:`verify` (one target forward over the last token and the dra
 baseline), :func:`decode` (many images, one at a time, with records and optional pixels).
 Every loop *returns* its statistics (:class:`lantern.records.Decoded`); nothing is logged.
 
+Seams (as in transformers' assisted generation): the *drafter* (:class:`lantern.drafter.DraftModel`)
+proposes tokens, the *verifier* (:func:`verify`, one target forward) scores them, and the
+*acceptance rule* (:class:`lantern.acceptance.AcceptanceRule`, pure tensor functions) decides.
+
 Methods: ``"ar"`` (one target forward per token), ``"sd"`` (lossless speculative sampling,
 Leviathan et al. 2023), ``"lantern"`` (TVD bound δ), ``"lantern-jsd"`` (JSD bound δ, nats),
 ``"lantern++"`` (relative bound λ) — the rules of :mod:`lantern.acceptance` (LANTERN, Jang et
 al., ICLR 2025, arXiv 2410.03355, Sec. 3-4; LANTERN++, arXiv 2502.06352). Temperature 0 uses
-the greedy rule (:func:`lantern.acceptance.verify_greedy`): the drafter drafts its argmax, and
+the greedy rule (:func:`lantern.acceptance.judge_greedy`): the drafter drafts its argmax, and
 with δ = 0 (or ``"sd"``) the tokens equal greedy AR decoding exactly.
+
+Randomness: image ``i`` of a decode with seed ``s`` draws every random number (drafts, the
+uniforms ``u``, residual and bonus tokens) from its own generator seeded by ``(s, i)``
+(:mod:`ambiguity.seeding`); AR decoding of image ``i`` therefore gives the tokens
+``python -m ambiguity.profile`` generates for image ``i``.
 
 Alignment (EAGLE, arXiv 2401.15077, Sec. 4). Write ``x_i`` for image token ``i`` and ``h_i``
 for the target's last hidden state at the position of ``x_i`` (it predicts ``x_{i+1}``;
@@ -57,19 +66,21 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ambiguity.errors import UsageError
-from ambiguity.generation import cfg_rows, make_generator
 from ambiguity.models.base import Prompt, Step, TokenModel
-from ambiguity.sampling import SamplingConfig, distribution, pick
+from ambiguity.neighbourhood import MATRICES, METRICS, model_neighbourhoods
+from ambiguity.sampling import Generators, SamplingConfig, distribution, expand_rows, pick
+from ambiguity.seeding import image_generator, image_seed
 from ambiguity.stats import entropy, top1_prob
-from lantern.acceptance import METHODS as RULES
-from lantern.acceptance import AcceptanceRule, Verdict, residual, verify as verify_rule, verify_greedy
+from lantern.acceptance import RULES, AcceptanceRule, Verdict, judge, judge_greedy, residual
+from lantern.drafter import DraftModel, fingerprint_mismatch, target_fingerprint
 from lantern.records import NEXT_KINDS, Decoded, StepLog
 
 __all__ = ["METHODS", "DEFAULT_METRIC", "DecodeConfig", "Timer", "Acceptance", "prefill", "draft", "verify",
@@ -81,47 +92,53 @@ DEFAULT_METRIC = "l2"  # the official LANTERN code: Euclidean distance between c
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """What to decode with: method, draft length and the acceptance rule's parameters.
+    """What to decode with: the acceptance rule (None: plain AR decoding), the draft length and the
+    latent geometry of the rule's neighbour table.
 
-    method: one of :data:`METHODS`. gamma: draft tokens per verification (γ >= 1; unused by
-    ``"ar"``). k, delta, lam, residual: see :class:`lantern.acceptance.AcceptanceRule` (k is
-    |B_k|; δ a probability for ``lantern``, nats for ``lantern-jsd``; λ >= 1 for ``lantern++``).
-    metric: latent distance of the neighbour table on the VQ codebook
-    (:data:`ambiguity.neighbourhood.METRICS`; default ``"l2"`` as in the official code).
-    Raises :class:`UsageError` for an unknown method, γ < 1 and the rule's own checks.
+    rule: a :class:`lantern.acceptance.AcceptanceRule` (method, k, δ, λ, residual), or None for
+    ``"ar"``. gamma: draft tokens per verification (γ >= 1; unused by AR). metric / matrix: the
+    latent distance and the rows it is measured on (:data:`ambiguity.neighbourhood.METRICS`,
+    :data:`ambiguity.neighbourhood.MATRICES`; default ``"l2"`` on the quantiser's codebook).
+    Build one with :meth:`of`: ``DecodeConfig.of("lantern", gamma=4, k=64, delta=0.2)``.
+    Raises :class:`UsageError` for γ < 1, an unknown metric or matrix.
     """
 
-    method: str = "lantern"
+    rule: Optional[AcceptanceRule] = field(default_factory=lambda: AcceptanceRule("lantern"))
     gamma: int = 4
-    k: int = 64
-    delta: float = 0.2
-    lam: float = 2.0
-    residual: str = "exact"
     metric: str = DEFAULT_METRIC
+    matrix: str = "codebook"
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise UsageError(f"unknown method {self.method!r}; use one of {', '.join(METHODS)}")
         if isinstance(self.gamma, bool) or int(self.gamma) != self.gamma or self.gamma < 1:
             raise UsageError(f"--gamma (draft tokens per step) must be an integer >= 1, got {self.gamma}")
-        from ambiguity.neighbourhood import METRICS
-
         if self.metric not in METRICS:
             raise UsageError(f"--metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
-        self.rule()  # validates k, delta, lam, residual
+        if self.matrix not in MATRICES:
+            raise UsageError(f"--matrix must be one of {', '.join(MATRICES)}, got {self.matrix!r}")
+
+    @classmethod
+    def of(cls, method: str = "lantern", gamma: int = 4, metric: str = DEFAULT_METRIC, matrix: str = "codebook",
+           **rule) -> "DecodeConfig":
+        """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
+        lam, residual), ignored for ``"ar"``. Raises UsageError for an unknown method and the
+        rule's own checks."""
+        if method not in METHODS:
+            raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+        return cls(None if method == "ar" else AcceptanceRule(method, **rule), gamma, metric, matrix)
+
+    @property
+    def method(self) -> str:
+        return "ar" if self.rule is None else self.rule.method
 
     @property
     def speculative(self) -> bool:
-        return self.method != "ar"
-
-    def rule(self) -> Optional[AcceptanceRule]:
-        """The :class:`AcceptanceRule`, or None for ``"ar"``."""
-        if self.method == "ar":
-            return None
-        return AcceptanceRule(self.method, self.k, self.delta, self.lam, self.residual)
+        return self.rule is not None
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Flat JSON-able record: method, gamma, metric, matrix and the rule's fields."""
+        rule = self.rule.as_dict() if self.rule is not None else {}
+        rule.pop("method", None)
+        return {"method": self.method, "gamma": self.gamma, "metric": self.metric, "matrix": self.matrix, **rule}
 
 
 class Timer:
@@ -182,9 +199,9 @@ def prefill(model: TokenModel, prompt: Prompt, num_tokens: int) -> tuple[object,
     return cache, model.prefill(prompt, cache)
 
 
-def draft(drafter, model: TokenModel, dcache, tokens: torch.Tensor, features: torch.Tensor, start: int,
-          gamma: int, sampling: SamplingConfig, cfg: bool,
-          generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def draft(drafter: DraftModel, model: TokenModel, dcache, tokens: torch.Tensor, features: torch.Tensor, start: int,
+          gamma: int, sampling: SamplingConfig, guided: bool,
+          generator: Generators = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draft a chain of ``gamma`` tokens (EAGLE, arXiv 2401.15077, Sec. 4.1).
 
     tokens: (rows, T) int64, the pending positions ``x_start .. x_{start+T-1}`` (T >= 1);
@@ -192,23 +209,23 @@ def draft(drafter, model: TokenModel, dcache, tokens: torch.Tensor, features: to
     forward covers all T positions (writing them into ``dcache``); its last output drafts
     the first token, each further token feeds the drafter's own previous feature.
     Returns drafts (B, γ) int64 (sampled from q, or its argmax when greedy) and q (B, γ, V)
-    float32, the drafter's distributions after CFG (scale ``sampling.cfg``), temperature and
-    top-k/top-p — the same processing as the target's p.
+    float32, the drafter's distributions after guidance (scale ``sampling.guidance``),
+    temperature and top-k/top-p — the same processing as the target's p.
     """
     T = tokens.shape[1]
     f = drafter(model, tokens, features, dcache, start)[:, -1:]
     xs, qs = [], []
     for j in range(gamma):
-        q = distribution(drafter.logits(model, f)[:, -1], sampling, cfg)  # (B, V)
+        q = distribution(drafter.logits(model, f)[:, -1], sampling, guided)  # (B, V)
         x = pick(q, sampling.greedy, generator)
         xs.append(x)
         qs.append(q)
         if j + 1 < gamma:
-            f = drafter(model, cfg_rows(x, cfg)[:, None], f, dcache, start + T + j)
+            f = drafter(model, expand_rows(x, guided)[:, None], f, dcache, start + T + j)
     return torch.stack(xs, 1), torch.stack(qs, 1)
 
 
-def verify(model: TokenModel, cache, last: torch.Tensor, drafts: torch.Tensor, cfg: bool) -> Step:
+def verify(model: TokenModel, cache, last: torch.Tensor, drafts: torch.Tensor, guided: bool) -> Step:
     """One target forward over ``[last, drafts]``: last (B, 1) int64, the last committed token
     (not yet in the cache); drafts (B, γ) int64 (γ may be 0).
 
@@ -216,24 +233,25 @@ def verify(model: TokenModel, cache, last: torch.Tensor, drafts: torch.Tensor, c
     (j = 0: the first draft's position; j = γ: the bonus position); hidden[:, j] the matching
     target features. The cache grows by γ + 1 tokens; roll it back after :func:`accept`.
     """
-    return model.extend(cache, cfg_rows(torch.cat([last, drafts], 1), cfg))
+    return model.extend(cache, expand_rows(torch.cat([last, drafts], 1), guided))
 
 
 def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rule: AcceptanceRule,
-           neighbours: Optional[torch.Tensor], greedy: bool,
-           generator: Optional[torch.Generator] = None) -> Acceptance:
+           neighbours: Optional[torch.Tensor], greedy: bool, generator: Generators = None,
+           validate: bool = True) -> Acceptance:
     """Apply the acceptance rule to a chain and draw the next token.
 
     p: (B, γ+1, V) float32 target distributions at the draft positions and the bonus
     position; q: (B, γ, V) drafter distributions (unused when greedy); drafts: (B, γ) int64;
     neighbours: (V, K >= k) int64 table (None for ``"sd"``).
     Sampling: uniforms ``u`` (B, γ) from ``generator``; each draft is judged by
-    :func:`lantern.acceptance.verify`; the accepted prefix length ``a`` is the number of leading
+    :func:`lantern.acceptance.judge`; the accepted prefix length ``a`` is the number of leading
     accepted drafts; the next token is drawn from the residual at position ``a``
     (:func:`lantern.acceptance.residual`) when ``a < γ``, else from the bonus ``p[:, γ]``.
-    Greedy: :func:`lantern.acceptance.verify_greedy`; the next token is ``argmax p[:, a]``
+    Greedy: :func:`lantern.acceptance.judge_greedy`; the next token is ``argmax p[:, a]``
     (the rejected position's argmax, or the bonus argmax). γ = 0: the next token is drawn from
-    ``p[:, 0]``. Leviathan et al. 2023, Alg. 1; LANTERN Sec. 3.
+    ``p[:, 0]``. ``validate=False``: the table was checked once by the caller
+    (:meth:`AcceptanceRule.prepare_table`). Leviathan et al. 2023, Alg. 1; LANTERN Sec. 3.
     """
     B, g = drafts.shape
     rows = torch.arange(B, device=p.device)
@@ -243,10 +261,10 @@ def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rul
                           torch.zeros(B, dtype=torch.long, device=p.device), None, None)
     u = None
     if greedy:
-        v = verify_greedy(p[:, :g], drafts, neighbours, rule)
+        v = judge_greedy(p[:, :g], drafts, neighbours, rule, validate)
     else:
-        u = torch.rand(drafts.shape, generator=generator, device=p.device, dtype=p.dtype)
-        v = verify_rule(p[:, :g], q, drafts, u, neighbours, rule)
+        u = _uniforms(drafts.shape, generator, p)
+        v = judge(p[:, :g], q, drafts, u, neighbours, rule, validate)
     a = v.accepted.long().cumprod(-1).sum(-1)  # (B,)
     rejected = a < g
     target = p[rows, a]  # (B, V): bonus position where all were accepted, else the rejected position
@@ -254,80 +272,92 @@ def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rul
         nxt = pick(target, greedy, generator)
     else:
         at = a.clamp(max=g - 1)
-        res = residual(p[rows, at], q[rows, at], drafts[rows, at], neighbours, rule)
+        res = residual(p[rows, at], q[rows, at], drafts[rows, at], neighbours, rule, validate)
         nxt = pick(torch.where(rejected[:, None], res, target), False, generator)
     kind = torch.where(rejected, 2, 1).long()
     return Acceptance(a, nxt, kind, v, u)
 
 
+def _uniforms(shape, generator: Generators, like: torch.Tensor) -> torch.Tensor:
+    """Uniforms of ``shape`` (B, γ) in p's dtype: row b from generator b (or all from one)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
+    return torch.stack([torch.rand(shape[1:], generator=g, device=like.device, dtype=like.dtype) for g in generator])
+
+
 # --------------------------------------------------------------------------- loops
 def _check_one(prompt: Prompt, sampling: SamplingConfig) -> None:
-    if prompt.cfg != sampling.use_cfg:
-        raise UsageError("the prompt's CFG rows must match the sampling config; build it with "
-                         "model.make_prompt(conditions, cfg=sampling.use_cfg)")
+    if prompt.guided != sampling.guided:
+        raise UsageError("the prompt's guidance rows must match the sampling config; build it with "
+                         "model.make_prompt(conditions, guided=sampling.guided)")
+    if prompt.batch_size != 1:
+        raise UsageError("decoding takes one condition at a time (rows accept different numbers of tokens); "
+                         "use lantern.decoding.decode for several images")
 
 
 @torch.no_grad()
-def speculative_decode(model: TokenModel, drafter, prompt: Prompt, sampling: SamplingConfig,
+def speculative_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, sampling: SamplingConfig,
                        rule: AcceptanceRule, neighbours: Optional[torch.Tensor] = None, gamma: int = 4,
-                       generator: Optional[torch.Generator] = None, num_tokens: Optional[int] = None,
+                       generator: Generators = None, num_tokens: Optional[int] = None,
                        image: int = 0, seed: Optional[int] = None) -> Decoded:
     """Speculative decoding of one image (module docstring: alignment, rollback, timing).
 
-    model: the target; drafter: a :class:`lantern.drafter.Drafter` for it; prompt: one
-    condition (``batch_size == 1``; 2 rows with CFG); rule: ``"sd"`` or a LANTERN rule;
+    model: the target; drafter: a :class:`lantern.drafter.DraftModel` for it; prompt: one
+    condition (``batch_size == 1``; 2 rows with guidance); rule: ``"sd"`` or a LANTERN rule;
     neighbours: (V, K >= k) int64 code-index table (:func:`neighbour_table`) for relaxed rules;
     gamma: draft length γ >= 1; generator: the source of every random number (drafts, ``u``,
     next tokens); num_tokens: tokens to generate (default ``model.num_tokens``).
     Returns a :class:`~lantern.records.Decoded` with tokens (1, N) and the step, draft and
     image records (``image`` and ``seed`` are written into them).
-    Raises :class:`UsageError` for a batch of several conditions, γ < 1 or a CFG mismatch.
+    Raises :class:`UsageError` for a batch of several conditions, γ < 1, a guidance mismatch
+    or a neighbour table that does not fit (checked once here, not on every step).
     """
     _check_one(prompt, sampling)
-    if prompt.batch_size != 1:
-        raise UsageError("speculative decoding takes one condition at a time (rows accept different numbers of "
-                         "tokens); use lantern.decoding.decode for several images")
     if int(gamma) < 1:
         raise UsageError(f"gamma must be >= 1, got {gamma}")
+    table = rule.prepare_table(neighbours, model.vocab_size, model.device)
     N = int(num_tokens or model.num_tokens)
-    cfg, greedy = prompt.cfg, sampling.greedy
+    guided, greedy = prompt.guided, sampling.greedy
     timer, log = Timer(model.device), StepLog(image)
     t_start = time.perf_counter()
     with timer("target"):
         cache, first = prefill(model, prompt, N)
     with timer("acceptance"):
-        x0 = pick(distribution(first.logits[:, -1], sampling, cfg), greedy, generator)
+        x0 = pick(distribution(first.logits[:, -1], sampling, guided), greedy, generator)
     tokens = torch.empty(1, N, dtype=torch.long, device=model.device)
     tokens[:, 0] = x0
-    rows_tokens = lambda a, b: cfg_rows(tokens[:, a:b], cfg)
+    row_tokens = lambda a, b: expand_rows(tokens[:, a:b], guided)  # noqa: E731 - per-row view of tokens a..b-1
     feats = first.hidden.new_empty(prompt.rows, N, first.hidden.shape[-1])  # feats[:, i] = h_{i-1}
     feats[:, 0] = first.hidden[:, -1]
     dcache = drafter.new_cache(prompt.rows)
+    # n: tokens committed; d: drafter positions computed from true target features (0..d-1)
     n, d, step_no = 1, 0, 0
     while n < N:
         step_no += 1
         before = timer.snapshot()
-        g = min(int(gamma), N - 1 - n)
+        g = min(int(gamma), N - 1 - n)  # the bonus position must stay inside the image
         q = None
         if g > 0:
             with timer("drafter"):
-                drafts, q = draft(drafter, model, dcache, rows_tokens(d, n), feats[:, d:n], d, g, sampling, cfg,
+                # pending positions d..n-1 get true features h_{d-1}..h_{n-2}; their last output drafts x̂_n
+                drafts, q = draft(drafter, model, dcache, row_tokens(d, n), feats[:, d:n], d, g, sampling, guided,
                                   generator)
-                drafter.rollback(dcache, n)
+                drafter.rollback(dcache, n)  # positions >= n used the drafter's own features: recompute next round
             d = n
         else:
             drafts = tokens.new_empty(1, 0)
         with timer("target"):
-            out = verify(model, cache, tokens[:, n - 1:n], drafts, cfg)
+            # the target appends [x_{n-1}, x̂_n .. x̂_{n+g-1}]: p for positions n .. n+g (the last is the bonus)
+            out = verify(model, cache, tokens[:, n - 1:n], drafts, guided)
         with timer("acceptance"):
-            p = distribution(out.logits, sampling, cfg)  # (1, g+1, V)
-            res = accept(p, q, drafts, rule, neighbours, greedy, generator)
+            p = distribution(out.logits, sampling, guided)  # (1, g+1, V)
+            res = accept(p, q, drafts, rule, table, greedy, generator, validate=False)
             a = int(res.accepted[0])
         tokens[:, n:n + a] = drafts[:, :a]
         tokens[:, n + a] = res.next_token
-        feats[:, n:n + a + 1] = out.hidden[:, :a + 1]
+        feats[:, n:n + a + 1] = out.hidden[:, :a + 1]  # h_{n-1} .. h_{n+a-1}: true features of what was kept
         with timer("target"):
-            model.rollback(cache, n + a)
+            model.rollback(cache, n + a)  # keep x_0..x_{n+a-1}; the new token x_{n+a} is fed next round
         kind = NEXT_KINDS[int(res.next_kind[0])]
         log.add_step(step_no, n, g, a, kind, int(res.next_token[0]), _since(timer, before),
                      _draft_columns(p[0, :g], q[0], drafts[0], res) if g else None)
@@ -362,7 +392,7 @@ def _image_row(image: int, prompt: Prompt, seed, N: int, steps_n: int, steps: di
 
 @torch.no_grad()
 def autoregressive_decode(model: TokenModel, prompt: Prompt, sampling: SamplingConfig,
-                          generator: Optional[torch.Generator] = None, num_tokens: Optional[int] = None,
+                          generator: Generators = None, num_tokens: Optional[int] = None,
                           image: int = 0, seed: Optional[int] = None) -> Decoded:
     """The baseline: one target forward per token with the KV cache (one condition).
 
@@ -373,10 +403,8 @@ def autoregressive_decode(model: TokenModel, prompt: Prompt, sampling: SamplingC
     :func:`speculative_decode`.
     """
     _check_one(prompt, sampling)
-    if prompt.batch_size != 1:
-        raise UsageError("decode one condition at a time; use lantern.decoding.decode for several images")
     N = int(num_tokens or model.num_tokens)
-    cfg, greedy = prompt.cfg, sampling.greedy
+    guided, greedy = prompt.guided, sampling.greedy
     timer, log = Timer(model.device), StepLog(image)
     t_start = time.perf_counter()
     with timer("target"):
@@ -386,9 +414,9 @@ def autoregressive_decode(model: TokenModel, prompt: Prompt, sampling: SamplingC
         before = timer.snapshot()
         if t > 0:
             with timer("target"):
-                out = model.extend(cache, cfg_rows(tokens[:, t - 1:t], cfg))
+                out = model.extend(cache, expand_rows(tokens[:, t - 1:t], guided))
         with timer("acceptance"):
-            x = pick(distribution(out.logits[:, -1], sampling, cfg), greedy, generator)
+            x = pick(distribution(out.logits[:, -1], sampling, guided), greedy, generator)
         tokens[:, t] = x
         if t > 0:
             log.add_step(t, t, 0, 0, "target", int(x[0]), _since(timer, before))
@@ -399,35 +427,31 @@ def autoregressive_decode(model: TokenModel, prompt: Prompt, sampling: SamplingC
 
 # --------------------------------------------------------------------------- many images
 def neighbour_table(model: TokenModel, config: DecodeConfig, **kwargs) -> Optional[torch.Tensor]:
-    """The (V, K) int64 code-index table B_K of the model's VQ codebook for ``config``, on the
-    model's device, or None when the rule does not use neighbours.
+    """The (V, K) int64 code-index table B_K of ``config.matrix`` rows of the model for ``config``,
+    on the model's device, or None when the rule does not use neighbours.
 
     K = k, or k + 1 for the ``"official"`` residual (it zeroes ``B_{k+1}``), capped at V - 1.
     Built (or read from the cache) by :func:`ambiguity.neighbourhood.model_neighbourhoods` with
     ``config.metric`` (LANTERN Sec. 4.1). Raises UsageError when k >= V or the model has no codebook.
     """
-    rule = config.rule()
+    rule = config.rule
     if rule is None or not rule.relaxed:
         return None
     V = model.vocab_size
     if rule.k >= V:
         raise UsageError(f"--k {rule.k} must be smaller than the vocabulary size {V} of {model.name}; lower --k")
-    from ambiguity.neighbourhood import model_neighbourhoods
-
     try:
         model.codebook()
     except NotImplementedError:
         raise UsageError(f"{config.method} needs the VQ codebook of {model.name} for latent neighbourhoods; "
                          f"load its tokenizer weights or use --method sd") from None
     K = min(rule.k + 1, V - 1) if rule.residual == "official" else rule.k
-    nb = model_neighbourhoods(model, K, config.metric, **kwargs)
+    nb = model_neighbourhoods(model, K, config.metric, config.matrix, **kwargs)
     return nb.indices.to(model.device)
 
 
-def check_drafter(drafter, model: TokenModel) -> None:
+def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
     """Raise UsageError unless ``drafter`` was built for ``model`` (fingerprint, see lantern.drafter)."""
-    from lantern.drafter import fingerprint_mismatch, target_fingerprint
-
     why = fingerprint_mismatch(getattr(drafter, "target", {}) or {}, target_fingerprint(model))
     if why is not None:
         raise UsageError(f"drafter was built for {why}, not {model.name}; pass --drafter for this model or train "
@@ -435,22 +459,22 @@ def check_drafter(drafter, model: TokenModel) -> None:
 
 
 def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampling: SamplingConfig,
-           drafter=None, neighbours: Optional[torch.Tensor] = None, seed: int = 0, num_tokens: Optional[int] = None,
-           pixels: bool = False, progress: bool = False, first_index: int = 0) -> Decoded:
-    """Decode one image per condition, one after another, image ``i`` with seed ``seed + i``.
+           drafter: Optional[DraftModel] = None, neighbours: Optional[torch.Tensor] = None, seed: int = 0,
+           num_tokens: Optional[int] = None, pixels: bool = False, progress: bool = False,
+           first_index: int = 0) -> Decoded:
+    """Decode one image per condition, one after another; image ``i`` draws from its own stream.
 
-    conditions: class labels / captions (``model.make_prompt``); config: method and rule;
-    drafter: required unless ``config.method == "ar"`` (checked against the model);
+    conditions: class labels / captions (``model.make_prompt``); config: rule and draft length;
+    drafter: required unless ``config.rule is None`` (checked against the model once);
     neighbours: a (V, >= k) table, built with :func:`neighbour_table` when None and needed;
     pixels: also decode the tokens to images ((B, C, H, W) float32 in [0, 1]);
-    first_index: image index of ``conditions[0]`` (its seed is ``seed + first_index``).
-    The same seed and condition give the same random stream for every method, so an AR image
-    and a LANTERN image of one index are comparable. Returns the concatenated
+    first_index: image index of ``conditions[0]``; image ``i``'s generator is
+    :func:`ambiguity.seeding.image_generator` ``(seed, i)``, so the same seed and condition give
+    the same random stream for every method (an AR image and a LANTERN image of one index are
+    comparable) and for every batching or sharding of the run. Returns the concatenated
     :class:`~lantern.records.Decoded`. Raises UsageError for a missing or mismatched drafter.
     """
-    from tqdm.auto import tqdm
-
-    rule = config.rule()
+    rule = config.rule
     if rule is not None:
         if drafter is None:
             raise UsageError(f"method {config.method} needs a drafter; pass --drafter or use --method ar")
@@ -460,13 +484,13 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
     parts = []
     for j, c in enumerate(tqdm(list(conditions), desc=config.method, disable=not progress, unit="img")):
         i = first_index + j
-        prompt = model.make_prompt([c], cfg=sampling.use_cfg)
-        gen = make_generator(seed + i, model.device)
+        prompt = model.make_prompt([c], guided=sampling.guided)
+        gen = image_generator(seed, i, model.device)
         if rule is None:
-            out = autoregressive_decode(model, prompt, sampling, gen, num_tokens, image=i, seed=seed + i)
+            out = autoregressive_decode(model, prompt, sampling, gen, num_tokens, image=i, seed=image_seed(seed, i))
         else:
             out = speculative_decode(model, drafter, prompt, sampling, rule, neighbours, config.gamma, gen,
-                                     num_tokens, image=i, seed=seed + i)
+                                     num_tokens, image=i, seed=image_seed(seed, i))
         if pixels:
             h, w = model.grid
             out.pixels = model.decode_codes(out.tokens.view(1, h, w).to(model.device)).cpu()

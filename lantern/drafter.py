@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
 
 from ambiguity.errors import UsageError
-from ambiguity.io import load_tensors, save_tensors
+from ambiguity.io import save_tensors
 from ambiguity.models.base import DraftLayer, TokenModel
+from ambiguity.models.checkpoints import load_strict, read_safetensors
 
-__all__ = ["Drafter", "load_drafter", "target_fingerprint", "fingerprint_mismatch", "shipped_drafter_path",
-           "WEIGHTS_DIR", "FORMAT"]
+__all__ = ["DraftModel", "Drafter", "load_drafter", "target_fingerprint", "fingerprint_mismatch",
+           "shipped_drafter_path", "accuracy_table_path", "shipped_accuracy_path", "WEIGHTS_DIR", "FORMAT"]
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 FORMAT = "lantern-eagle-drafter/1"
@@ -48,6 +49,43 @@ _PROBES = 8  # logits / embedding values recorded to tell two weight sets of one
 def shipped_drafter_path(model_name: str) -> Path:
     """Where the drafter shipped for ``model_name`` lives: ``lantern/weights/<name>_drafter.safetensors``."""
     return WEIGHTS_DIR / f"{model_name.replace('/', '_').replace(':', '_')}_drafter.safetensors"
+
+
+def accuracy_table_path(drafter_path: str | Path) -> Path:
+    """``x/name.safetensors`` -> ``x/name_accuracy.parquet`` (the table written next to a drafter)."""
+    p = Path(drafter_path)
+    return p.with_name(p.name.removesuffix(".safetensors") + "_accuracy.parquet")
+
+
+def shipped_accuracy_path(model_name: str) -> Optional[Path]:
+    """The test-accuracy table of the drafter shipped for ``model_name``, or None when there is none
+    (what ``python -m lantern.compare`` gives :func:`ambiguity.compare.compare`)."""
+    path = accuracy_table_path(shipped_drafter_path(model_name))
+    return path if path.is_file() else None
+
+
+@runtime_checkable
+class DraftModel(Protocol):
+    """The drafter seam of :mod:`lantern.decoding`: what a decoder needs from a drafter network.
+
+    ``target``: the fingerprint of the target model it was built for (:func:`target_fingerprint`).
+    ``new_cache(rows)`` / ``rollback(cache, n)``: its own KV cache, kept to the first ``n``
+    image-token positions after a rejection. ``__call__(model, tokens (rows, T), features
+    (rows, T, H), cache, start)`` -> predicted features (rows, T, H) for positions
+    ``start .. start + T - 1``; ``logits(model, features (..., H))`` -> float32 (..., V) through
+    the target's frozen head. :class:`Drafter` (EAGLE) implements it.
+    """
+
+    target: dict
+
+    def new_cache(self, rows: int) -> Any: ...
+
+    def rollback(self, cache: Any, n: int) -> None: ...
+
+    def __call__(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any = None,
+                 start: int = 0) -> torch.Tensor: ...
+
+    def logits(self, model: TokenModel, features: torch.Tensor) -> torch.Tensor: ...
 
 
 def _draft_layer(model: TokenModel) -> DraftLayer:
@@ -215,15 +253,10 @@ class Drafter(nn.Module):
         Raises UsageError when the file is absent or unreadable, is not a drafter file, or was
         trained for another target ("drafter was trained for <X>, not <Y>; train one with ...").
         """
-        from ambiguity.models.llamagen import load_strict
-
         path = Path(path).expanduser()
         if not path.is_file():
             raise UsageError(f"drafter file {path} does not exist; {_train_hint(model.name)} or pass its path")
-        try:
-            state, meta = load_tensors(path)
-        except Exception as exc:  # header errors, truncated files
-            raise UsageError(f"cannot read drafter {path} ({type(exc).__name__}); {_train_hint(model.name)}") from None
+        state, meta = read_safetensors(path, _train_hint(model.name))
         if meta.get("format") != FORMAT or not isinstance(meta.get("target"), dict):
             raise UsageError(f"{path} is not a drafter file written by lantern.drafter; {_train_hint(model.name)}")
         current = target_fingerprint(model)

@@ -5,8 +5,9 @@ Sequences come from one of three places, all stored in one file format (a *token
 * the real Fashion-MNIST images encoded by the embedded model's VQ tokenizer
   (:func:`fashion_mnist_tokens`);
 * a file the user provides (:func:`load_token_file`);
-* the target itself (:func:`self_generate`, plain AR sampling with the user's CFG scale,
-  temperature and top-k/top-p; resumable in parts).
+* the target itself (:func:`self_generate`, plain AR sampling with the user's guidance scale,
+  temperature and top-k/top-p; image ``i`` from its own stream, :mod:`ambiguity.seeding`, so
+  the sequences equal what ``python -m ambiguity.profile`` generates; resumable in parts).
 
 Token file format
 -----------------
@@ -20,7 +21,8 @@ only, with the conditions from a text file (``--conditions FILE``, one label or 
 Teacher-forced features
 -----------------------
 :func:`build_feature_cache` runs ``model.teacher_force`` once per sequence (no grad) and
-stores the last hidden states (rows, N, H) in safetensors shards. ``teacher_force`` returns at
+stores the last hidden states (rows, N, H) as checked parts of the training run directory
+(:class:`ambiguity.runs.RunDir`). ``teacher_force`` returns at
 position ``t`` the hidden state that *predicts* ``x_t`` (t = 0: the last prefix position), so
 with ``h_j`` = the hidden state at the position of ``x_j``: ``hidden[:, t] = h_{t-1}``.
 :func:`training_inputs` turns that into the drafter's inputs (``x_i``, ``h_{i-1}``) and targets
@@ -30,20 +32,29 @@ drafter learns the null-condition features it meets on the unconditional rows un
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+import numpy as np
 import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
 
+from ambiguity.data.fashion_mnist import load_split
 from ambiguity.errors import UsageError
+from ambiguity.generation import sample_tokens
 from ambiguity.io import load_tensors, save_tensors
 from ambiguity.models.base import TokenModel
+from ambiguity.runs import RunDir
+from ambiguity.seeding import image_generators
 
 __all__ = ["TokenSet", "save_token_file", "load_token_file", "read_conditions", "check_tokens",
            "fashion_mnist_tokens", "self_generate", "split_holdout", "teacher_forced_rows", "training_inputs",
-           "build_feature_cache", "shard_rows", "iterate_batches", "feature_dtype"]
+           "build_feature_cache", "shard_rows", "iterate_batches", "feature_dtype", "token_digest", "save_token_part",
+           "load_token_part"]
 
 
 @dataclass
@@ -74,6 +85,36 @@ class TokenSet:
         """The sequences at ``index`` (int positions), in that order."""
         idx = torch.as_tensor(index, dtype=torch.long)
         return TokenSet(self.tokens[idx], [self.conditions[i] for i in idx.tolist()], self.source, dict(self.info))
+
+
+def token_digest(ts: TokenSet) -> str:
+    """A short hash of the sequences and their conditions (what a run record stores)."""
+    h = hashlib.sha256(ts.tokens.numpy().astype(np.int64).tobytes())
+    h.update(repr([str(c) for c in ts.conditions]).encode())
+    return h.hexdigest()[:16]
+
+
+def save_token_part(run: RunDir, name: str, ts: TokenSet, holds: dict) -> None:
+    """``ts`` as a checked part of ``run``: tokens (and int labels) as tensors, string
+    conditions, source and info in the manifest."""
+    tensors = {"tokens": ts.tokens}
+    meta = {"source": ts.source, "info": ts.info}
+    if all(isinstance(c, int) for c in ts.conditions):
+        tensors["labels"] = torch.tensor(ts.conditions, dtype=torch.long)
+    else:
+        meta["conditions"] = [str(c) for c in ts.conditions]
+    run.write_part(name, holds, tensors={"tokens": tensors}, meta=meta)
+
+
+def load_token_part(run: RunDir, name: str, holds: Optional[dict] = None) -> Optional[TokenSet]:
+    """The :class:`TokenSet` saved by :func:`save_token_part`, or None when the part is absent,
+    damaged or foreign (see :meth:`ambiguity.runs.RunDir.read_part`)."""
+    part = run.read_part(name, holds)
+    if part is None:
+        return None
+    t = part.tensors["tokens"]
+    conds = _as_conditions(t["labels"]) if "labels" in t else list(part.meta.get("conditions") or [])
+    return TokenSet(t["tokens"], conds, part.meta.get("source", ""), dict(part.meta.get("info") or {}))
 
 
 # --------------------------------------------------------------------------- token files
@@ -124,8 +165,6 @@ def load_token_file(path: str | Path, conditions_file: str | Path | None = None)
     ``conditions_file`` (one label or caption a line) supplies or overrides the conditions.
     Raises UsageError for a missing or unreadable file, an unknown suffix, or missing conditions.
     """
-    import numpy as np
-
     path = Path(path).expanduser()
     if not path.is_file():
         raise UsageError(f"token file {path} does not exist; pass --tokens FILE (.safetensors, .pt, .npz or .npy)")
@@ -204,10 +243,6 @@ def fashion_mnist_tokens(model: TokenModel, split: str = "train", limit: Optiona
 
     Raises UsageError when the IDX files are absent or the model does not take 1 x 32 x 32 images.
     """
-    from tqdm.auto import tqdm
-
-    from ambiguity.data.fashion_mnist import load_split
-
     try:
         shape = tuple(model.image_shape)
     except NotImplementedError:
@@ -226,22 +261,20 @@ def fashion_mnist_tokens(model: TokenModel, split: str = "train", limit: Optiona
 
 
 def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list] = None, batch_size: int = 32,
-                  seed: int = 0, parts_dir: Optional[str | Path] = None, progress: bool = True) -> TokenSet:
+                  seed: int = 0, run: Optional[RunDir] = None, progress: bool = True) -> TokenSet:
     """Sample ``n`` images' token sequences from the target itself (``ambiguity.generation.sample_tokens``).
 
-    ``sampling``: an :class:`ambiguity.sampling.SamplingConfig` (CFG scale, temperature,
+    ``sampling``: an :class:`ambiguity.sampling.SamplingConfig` (guidance scale, temperature,
     top-k/top-p). ``conditions``: cycled to ``n``; default ``model.default_conditions(n)``
-    (class labels round-robin for c2i). Batch ``k`` uses seed ``seed + k``; with ``parts_dir``
-    every batch is written there as a token file and existing parts with the same conditions
-    and sampling settings are reused, so an interrupted run resumes. Returns the sequences; raises UsageError for models that need
-    explicit conditions.
+    (class labels round-robin for c2i). Image ``i`` samples from its own stream seeded by
+    ``(seed, i)`` (:mod:`ambiguity.seeding`), whatever the batch size. With ``run`` every batch
+    is a checked part (``selfgen_NNNNN``), so an interrupted run resumes. Returns the sequences;
+    raises UsageError for ``n < 1``, ``batch_size < 1`` or models that need explicit conditions.
     """
-    from tqdm.auto import tqdm
-
-    from ambiguity.generation import make_generator, sample_tokens
-
     if n <= 0:
         raise UsageError(f"--self-generate needs a positive number of sequences, got {n}")
+    if batch_size < 1:
+        raise UsageError(f"--gen-batch-size must be >= 1, got {batch_size}")
     if conditions is None:
         try:
             conditions = model.default_conditions(n, seed)
@@ -249,22 +282,18 @@ def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list
             raise UsageError(f"{model.name} needs conditions for --self-generate; pass --conditions FILE "
                              f"(one caption or prompt a line)") from None
     conds = [conditions[i % len(conditions)] for i in range(n)]
-    parts = Path(parts_dir) if parts_dir is not None else None
-    if parts is not None:
-        parts.mkdir(parents=True, exist_ok=True)
     out_tokens, info = [], {"sampling": sampling.as_dict(), "seed": seed, "model": model.name}
     for k, i in enumerate(tqdm(range(0, n, batch_size), desc="self-generate", unit="batch", disable=not progress)):
-        part = parts / f"part_{k:05d}.safetensors" if parts is not None else None
-        batch = conds[i:i + batch_size]
-        if part is not None and part.is_file():
-            got = load_token_file(part)
-            if got.conditions == batch and got.info.get("sampling") == info["sampling"]:
-                out_tokens.append(got.tokens)
-                continue
-        prompt = model.make_prompt(batch, cfg=sampling.use_cfg)
-        toks = sample_tokens(model, prompt, sampling, generator=make_generator(seed + k, model.device)).cpu()
-        if part is not None:
-            save_token_file(TokenSet(toks, batch, "self-generated"), part, **info)
+        j = min(n, i + batch_size)
+        name, holds = f"selfgen_{k:05d}", {"images": [i, j]}
+        got = load_token_part(run, name, holds) if run is not None else None
+        if got is not None:
+            out_tokens.append(got.tokens)
+            continue
+        prompt = model.make_prompt(conds[i:j], guided=sampling.guided)
+        toks = sample_tokens(model, prompt, sampling, image_generators(seed, range(i, j), model.device)).cpu()
+        if run is not None:
+            save_token_part(run, name, TokenSet(toks, conds[i:j], "self-generated"), holds)
         out_tokens.append(toks)
     return TokenSet(torch.cat(out_tokens), conds, source="self-generated", info=info)
 
@@ -282,30 +311,30 @@ def teacher_forced_rows(model: TokenModel, tokens: torch.Tensor, conditions: lis
 
     Args:
         tokens: (B, N) int64 code indices; conditions: B labels or captions.
-        with_uncond: (B,) bool; these sequences run through a CFG prompt and give two rows
+        with_uncond: (B,) bool; these sequences run through a guided prompt and give two rows
             each: the conditional row and the unconditional (null-condition) row.
     Returns:
         tokens (R, N) int64, hidden (R, N, H) in the model's dtype with ``hidden[:, t]`` the state
         that predicts ``tokens[:, t]``, uncond (R,) bool; R = B + with_uncond.sum(). Rows: the
-        plain sequences, then the CFG sequences' conditional rows, then their unconditional rows.
+        plain sequences, then the guided sequences' conditional rows, then their unconditional rows.
     """
     tokens = tokens.to(model.device)
     out_t, out_h, out_u = [], [], []
     plain = (~with_uncond).nonzero().flatten().tolist()
-    cfg = with_uncond.nonzero().flatten().tolist()
+    guided = with_uncond.nonzero().flatten().tolist()
     if plain:
-        prompt = model.make_prompt([conditions[i] for i in plain], cfg=False)
+        prompt = model.make_prompt([conditions[i] for i in plain], guided=False)
         step = model.teacher_force(prompt, tokens[plain])
         out_t.append(tokens[plain])
         out_h.append(step.hidden)
         out_u.append(torch.zeros(len(plain), dtype=torch.bool))
-    if cfg:
-        prompt = model.make_prompt([conditions[i] for i in cfg], cfg=True)
-        both = torch.cat([tokens[cfg], tokens[cfg]])
+    if guided:
+        prompt = model.make_prompt([conditions[i] for i in guided], guided=True)
+        both = torch.cat([tokens[guided], tokens[guided]])
         step = model.teacher_force(prompt, both)
         out_t.append(both)
         out_h.append(step.hidden)
-        out_u.append(torch.arange(2 * len(cfg)) >= len(cfg))
+        out_u.append(torch.arange(2 * len(guided)) >= len(guided))
     return torch.cat(out_t), torch.cat(out_h), torch.cat(out_u)
 
 
@@ -331,23 +360,21 @@ def _shard_size(n_tokens: int, hidden: int, dtype: torch.dtype, target_bytes: in
     return max(16, target_bytes // max(per_row, 1))
 
 
-def build_feature_cache(model: TokenModel, ts: TokenSet, directory: str | Path, prefix: str, batch_size: int = 32,
+def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: str, batch_size: int = 32,
                         uncond_fraction: float = 0.0, seed: int = 0, progress: bool = True) -> list[Path]:
-    """Teacher-force every sequence once and store (tokens, hidden, uncond) rows in shards.
+    """Teacher-force every sequence once and store (tokens, hidden, uncond) rows as parts of ``run``.
 
-    Shards ``<directory>/<prefix>_00000.safetensors`` ... hold about 64 MB each: ``tokens``
-    (R, N) int64, ``hidden`` (R, N, H) in :func:`feature_dtype`, ``uncond`` (R,) bool. Existing
-    shards are kept (resume). A seeded random subset of the sequences also runs the
-    unconditional stream, chosen so that about ``uncond_fraction`` of all rows are
+    Parts ``<prefix>_features_00000`` ... hold about 64 MB each: ``tokens`` (R, N) int64,
+    ``hidden`` (R, N, H) in :func:`feature_dtype`, ``uncond`` (R,) bool. Intact parts are
+    kept (resume); damaged ones are recomputed. A seeded random subset of the sequences also
+    runs the unconditional stream, chosen so that about ``uncond_fraction`` of all rows are
     unconditional (each chosen sequence adds one conditional and one unconditional row).
-    Returns the shard paths in order.
+    Returns the shards' safetensors paths in order (for :func:`iterate_batches`).
     """
-    from tqdm.auto import tqdm
-
     if not 0 <= uncond_fraction < 0.5:
         raise UsageError(f"--uncond-fraction must be in [0, 0.5), got {uncond_fraction}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
     dtype = feature_dtype(model)
     size = _shard_size(ts.tokens.shape[1], model.hidden_size, dtype)
     p = uncond_fraction / (1 - uncond_fraction)
@@ -356,30 +383,29 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, directory: str | Path, 
     n_shards = math.ceil(len(ts) / size)
     bar = tqdm(total=len(ts), desc=f"target features ({prefix})", unit="seq", disable=not progress)
     for s in range(n_shards):
-        path = directory / f"{prefix}_{s:05d}.safetensors"
         lo, hi = s * size, min(len(ts), (s + 1) * size)
-        paths.append(path)
-        if path.is_file():
+        name, holds = f"{prefix}_features_{s:05d}", {"sequences": [lo, hi], "uncond_fraction": uncond_fraction}
+        part = run.read_part(name, holds, load=False)
+        if part is None:
+            toks, hid, unc = [], [], []
+            for i in range(lo, hi, batch_size):
+                j = min(hi, i + batch_size)
+                t, h, u = teacher_forced_rows(model, ts.tokens[i:j], ts.conditions[i:j], chosen[i:j])
+                toks.append(t.cpu())
+                hid.append(h.to(dtype).cpu())
+                unc.append(u)
+                bar.update(j - i)
+            run.write_part(name, holds, tensors={"rows": {"tokens": torch.cat(toks), "hidden": torch.cat(hid),
+                                                          "uncond": torch.cat(unc)}})
+        else:
             bar.update(hi - lo)
-            continue
-        toks, hid, unc = [], [], []
-        for i in range(lo, hi, batch_size):
-            j = min(hi, i + batch_size)
-            t, h, u = teacher_forced_rows(model, ts.tokens[i:j], ts.conditions[i:j], chosen[i:j])
-            toks.append(t.cpu())
-            hid.append(h.to(dtype).cpu())
-            unc.append(u)
-            bar.update(j - i)
-        save_tensors({"tokens": torch.cat(toks), "hidden": torch.cat(hid), "uncond": torch.cat(unc)}, path,
-                     {"sequences": [lo, hi]})
+        paths.append(run.parts_dir / f"{name}.rows.safetensors")
     bar.close()
     return paths
 
 
 def shard_rows(paths: Sequence[Path]) -> list[int]:
     """Rows in each feature shard (read from the safetensors headers only)."""
-    from safetensors import safe_open
-
     sizes = []
     for p in paths:
         with safe_open(str(p), framework="pt") as f:

@@ -33,8 +33,15 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
+import pandas as pd
+import torch
+from PIL import Image
 
-from ambiguity.errors import ArgumentParser, UsageError, cli_main
+from ambiguity import plots
+from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, positive_int
+from ambiguity.errors import UsageError
+from ambiguity.io import ensure_writable_dir, read_table, write_table
+from ambiguity.models.registry import load_model
 
 __all__ = ["load_run", "run_label", "ambiguity_bins", "acceptance_by_ambiguity", "read_images", "image_quality",
            "reference_notes", "target_scores", "plot_replay", "main", "AMBIGUITY_COLUMNS"]
@@ -45,17 +52,33 @@ AMBIGUITY_COLUMNS = {"p_top1": "top-1 probability of p", "p_entropy": "entropy o
 def load_run(path: str | Path) -> dict:
     """A generate run directory -> dict(path, summary, steps, drafts, images) (DataFrames).
 
-    Raises UsageError when the directory does not hold a finished run (no summary.json).
+    Raises UsageError when the directory does not hold a finished, readable run (no or a broken
+    summary.json, a missing or damaged table): rerunning its generate command repairs it.
     """
-    from ambiguity.io import read_table
-
     path = Path(path).expanduser()
+    fix = f"rerun python -m lantern.generate with --out {path} (finished images are reused)"
     if not (path / "summary.json").is_file():
-        raise UsageError(f"{path} is not a finished lantern.generate run (no summary.json); run "
-                         f"python -m lantern.generate --out {path} first")
-    summary = json.loads((path / "summary.json").read_text())
-    return {"path": path, "summary": summary, "steps": read_table(path / "steps.parquet"),
-            "drafts": read_table(path / "drafts.parquet"), "images": read_table(path / "images.parquet")}
+        raise UsageError(f"{path} is not a finished lantern.generate run (no summary.json); {fix}")
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+        if not isinstance(summary, dict):
+            raise ValueError
+    except (OSError, ValueError):
+        raise UsageError(f"{path}/summary.json is damaged; {fix}") from None
+    tables = {}
+    for name in ("steps", "drafts", "images"):
+        f = path / f"{name}.parquet"
+        if not f.is_file():
+            raise UsageError(f"{f} is missing; {fix}")
+        try:
+            tables[name] = read_table(f)
+        except Exception:  # pyarrow raises several types for truncated or foreign files
+            raise UsageError(f"{f} is damaged (not a readable Parquet table); {fix}") from None
+    missing = [c for c in ("image", "condition", "seed", "codes", "tokens", "target_forwards")
+               if c not in tables["images"].columns]
+    if missing:
+        raise UsageError(f"{path}/images.parquet lacks the column {missing[0]!r}; {fix}")
+    return {"path": path, "summary": summary, **tables}
 
 
 def run_label(summary: Mapping) -> str:
@@ -80,8 +103,6 @@ def ambiguity_bins(drafts, by: str = "p_top1", edges: Optional[Sequence[float]] 
     mass LANTERN moved onto accepted and rejected drafts alike). Raises UsageError for an
     unknown column.
     """
-    import pandas as pd
-
     if by not in AMBIGUITY_COLUMNS:
         raise UsageError(f"--by must be one of {', '.join(AMBIGUITY_COLUMNS)}, got {by!r}")
     d = drafts[drafts["reached"].astype(bool)]
@@ -107,8 +128,6 @@ def acceptance_by_ambiguity(runs: Mapping[str, object], by: Sequence[str] = ("p_
                             bins: int = 10):
     """:func:`ambiguity_bins` for several runs on shared edges: ``runs`` maps a label to a drafts
     DataFrame. Returns one long DataFrame with a ``method`` column (the label)."""
-    import pandas as pd
-
     frames = []
     for col in by:
         if col == "p_entropy":
@@ -125,8 +144,6 @@ def read_images(run_dir: str | Path, images) -> np.ndarray:
     """The per-image PNGs of a run, (B, C, H, W) float64 in [0, 1], in the order of ``images``.
 
     Raises UsageError when a PNG is missing (the model could not decode pixels)."""
-    from PIL import Image
-
     out = []
     for i in images["image"]:
         path = Path(run_dir) / "images" / f"{int(i):05d}.png"
@@ -147,8 +164,6 @@ def image_quality(run: Mapping, reference: Mapping):
     first differing position, -1 when equal). Images present in both runs only; raises
     UsageError when their seeds or conditions differ.
     """
-    import pandas as pd
-
     a, r = run["images"].set_index("image"), reference["images"].set_index("image")
     common = [i for i in a.index if i in r.index]
     if not common:
@@ -190,9 +205,6 @@ def target_scores(model, images, batch_size: int = 64):
     all classes of the conditional log-likelihood, equal priors) and consistent (predicted ==
     condition). Costs ``num_classes`` teacher-forced passes per image.
     """
-    import pandas as pd
-    import torch
-
     codes = torch.tensor(np.stack(images["codes"].to_numpy()), dtype=torch.long, device=model.device)
     conds = list(images["condition"])
     c2i = model.kind == "c2i" and model.num_classes
@@ -201,7 +213,7 @@ def target_scores(model, images, batch_size: int = 64):
     def loglik(cond_list, toks):
         out = []
         for s in range(0, len(cond_list), batch_size):
-            prompt = model.make_prompt(cond_list[s:s + batch_size], cfg=False)
+            prompt = model.make_prompt(cond_list[s:s + batch_size], guided=False)
             with torch.no_grad():
                 logits = model.teacher_force(prompt, toks[s:s + batch_size]).logits.float()
             lp = torch.log_softmax(logits, -1).gather(-1, toks[s:s + batch_size, :, None])[..., 0]
@@ -223,8 +235,6 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
     """Acceptance rate vs top-1 probability and vs entropy of p per method (bins with at least
     ``min_drafts`` reached drafts), and, when ``quality`` (image_quality rows with a ``method``
     column) is given, PSNR against the reference vs per-image acceptance rate. PNG + PDF."""
-    from ambiguity import plots
-
     cols = [c for c in AMBIGUITY_COLUMNS if c in set(bins["by"])]
     n = len(cols) + (quality is not None and len(quality) > 0)
     with plots.style():
@@ -256,7 +266,7 @@ def reference_notes(run: Mapping, reference: Mapping) -> list[str]:
     of the run that the reference lacks (image quality covers the shared images only)."""
     notes = []
     s, r = run["summary"].get("settings", {}), reference["summary"].get("settings", {})
-    for key in ("model", "cfg", "temperature", "top_k", "top_p", "seed"):
+    for key in ("model", "guidance", "temperature", "top_k", "top_p", "seed"):
         if key in s and key in r and s[key] != r[key]:
             notes.append(f"{key} is {s[key]} here but {r[key]} in the reference {reference['path']}")
     mine, theirs = set(run["images"]["image"]), set(reference["images"]["image"])
@@ -269,26 +279,25 @@ def reference_notes(run: Mapping, reference: Mapping) -> list[str]:
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m lantern.replay RUN [RUN ...] [--reference RUN]``: tables + figure (module docstring)."""
-    import pandas as pd
-
-    from ambiguity.io import ensure_writable_dir, write_table
-
     ap = ArgumentParser(prog="python -m lantern.replay",
                         description="Relate acceptance of draft tokens to the ambiguity of p and to image quality.")
     ap.add_argument("runs", nargs="+", help="run directories written by python -m lantern.generate")
     ap.add_argument("--reference", default=None, help="run to compare images with (same --seed, usually --method ar)")
-    ap.add_argument("--bins", type=int, default=10, help="bins per ambiguity axis (default: 10)")
+    ap.add_argument("--bins", type=positive_int, default=10, help="bins per ambiguity axis (default: 10)")
     ap.add_argument("--scores", action="store_true",
                     help="also load the target to score tokens (NLL, class consistency for c2i)")
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N, for --scores (default: auto)")
     ap.add_argument("--out", default="runs/replay", help="output directory (default: runs/replay)")
     ap.add_argument("--figure", default=None, help="figure path without suffix (default: <out>/replay)")
     args = ap.parse_args(argv)
-    if args.bins < 1:
-        raise UsageError(f"--bins must be >= 1, got {args.bins}")
+    if args.bins > 1000:
+        raise UsageError(f"--bins must be at most 1000 (bins of the ambiguity axes), got {args.bins}")
+    out = check_out_dir(args.out)
+    if args.figure is not None:
+        check_out_dir(Path(args.figure).parent, "--figure")
     runs = [load_run(r) for r in args.runs]
     ref = load_run(args.reference) if args.reference else None
-    out = ensure_writable_dir(args.out)
+    out = ensure_writable_dir(out)
     labels = [run_label(r["summary"]) for r in runs]
     labels = [f"{lab} ({r['path'].name})" if labels.count(lab) > 1 else lab for lab, r in zip(labels, runs)]
     bins = acceptance_by_ambiguity({lab: r["drafts"] for lab, r in zip(labels, runs)}, bins=args.bins)
@@ -301,8 +310,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         quality = pd.concat([image_quality(r, ref).assign(method=lab) for lab, r in zip(labels, runs)],
                             ignore_index=True)
     if args.scores:
-        from ambiguity.models.registry import load_model
-
         s = (ref or runs[0])["summary"].get("settings", {})
         model = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=args.device)
         scores = pd.concat([target_scores(model, r["images"]).assign(method=lab) for lab, r in zip(labels, runs)]

@@ -17,10 +17,11 @@ target features), the fraction of positions whose drafter top-k (k = 1, 2, 3) co
 target's top-1 next token. Epoch 0 is the randomly initialised drafter. One Parquet row per
 epoch; a PNG + PDF figure.
 
-Everything lives in a run directory (default ``runs/drafter-<model>``): the token sequences,
-the cached target features (computed once), ``checkpoint.pt`` after every epoch, the per-epoch
-drafters and the accuracy table. Rerunning the same command resumes; a larger ``--epochs``
-continues training.
+Everything lives in a run directory (default ``runs/drafter-<model>``, :mod:`ambiguity.runs`):
+the token sequences and the cached target features (computed once, as checked parts),
+``checkpoint.pt`` after every epoch, the per-epoch drafters and the accuracy table. Rerunning
+the same command resumes; a larger ``--epochs`` continues training; other settings are refused
+unless ``--overwrite``.
 """
 from __future__ import annotations
 
@@ -31,18 +32,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
-from ambiguity.errors import ArgumentParser, UsageError, cli_main
-from ambiguity.io import atomic_path, read_table, write_json, write_table
+from ambiguity import plots
+from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, check_out_dir, cli_main, default_out,
+                           device_from_args, finite_float, nonneg_int, positive_int, sampling_from_args, seed_int)
+from ambiguity.errors import UsageError
+from ambiguity.io import abspath, read_table, write_table
 from ambiguity.models.base import TokenModel
-from ambiguity.train import lr_at as ambiguity_lr_at, save_checkpoint
-from lantern.drafter import Drafter, fingerprint_mismatch, target_fingerprint
-from lantern.drafter_data import (TokenSet, build_feature_cache, iterate_batches, shard_rows, training_inputs)
+from ambiguity.models.registry import get_spec, load_model
+from ambiguity.runs import RunDir
+from ambiguity.train import lr_at as ambiguity_lr_at
+from ambiguity.train import save_checkpoint
+from lantern.drafter import Drafter, accuracy_table_path, target_fingerprint
+from lantern.drafter_data import (TokenSet, build_feature_cache, check_tokens, fashion_mnist_tokens, iterate_batches,
+                                  load_token_file, load_token_part, read_conditions, save_token_part, self_generate,
+                                  shard_rows, split_holdout, token_digest, training_inputs)
 
 __all__ = ["TrainConfig", "drafter_loss", "topk_hits", "topk_accuracy", "lr_at", "train_step", "evaluate",
-           "train_drafter", "plot_accuracy", "accuracy_table_path", "summary", "build_parser", "PAPER_TOP1", "main"]
+           "train_drafter", "plot_accuracy", "summary", "build_parser", "PAPER_TOP1", "main", "COMMAND"]
+
+COMMAND = "python -m lantern.train_drafter"
+OUTPUTS = ("accuracy.parquet", "checkpoint.pt", "drafter.safetensors", "drafter_accuracy.parquet",
+           "drafter_accuracy.png", "drafter_accuracy.pdf")
 
 KS = (1, 2, 3)
 # LANTERN (arXiv 2410.03355) Sec. 3 / Fig. 2b: top-1 test accuracy of EAGLE drafters.
@@ -121,10 +136,10 @@ def topk_accuracy(draft_logits: torch.Tensor, target_logits: torch.Tensor, ks: S
     return {f"top{k}": float(h) / n for k, h in zip(ks, hits)}
 
 
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, total: int, config: TrainConfig) -> float:
     """Learning rate at optimiser step ``step`` of ``total``: linear warmup, cosine decay
     (:func:`ambiguity.train.lr_at` with this config's settings)."""
-    return ambiguity_lr_at(step, cfg.lr, cfg.warmup_steps, total, cfg.min_lr_ratio)
+    return ambiguity_lr_at(step, config.lr, config.warmup_steps, total, config.min_lr_ratio)
 
 
 # --------------------------------------------------------------------------- steps
@@ -139,7 +154,7 @@ def _forward(drafter: Drafter, model: TokenModel, tokens: torch.Tensor, hidden: 
 
 
 def train_step(drafter: Drafter, model: TokenModel, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
-               hidden: torch.Tensor, cfg: TrainConfig, lr: Optional[float] = None) -> dict[str, float]:
+               hidden: torch.Tensor, config: TrainConfig, lr: Optional[float] = None) -> dict[str, float]:
     """One AdamW step on a batch of teacher-forced rows; only the drafter's weights change.
 
     tokens (R, N) int64, hidden (R, N, H) from the feature cache. Returns the batch's loss,
@@ -150,12 +165,12 @@ def train_step(drafter: Drafter, model: TokenModel, optimizer: torch.optim.Optim
         for group in optimizer.param_groups:
             group["lr"] = lr
     pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden)
-    loss, l1, ce = drafter_loss(pred, tgt, dl, tl, cfg.ce_weight)
+    loss, l1, ce = drafter_loss(pred, tgt, dl, tl, config.ce_weight)
     optimizer.zero_grad(set_to_none=True)
     params = [p for p in drafter.parameters() if p.requires_grad]
     loss.backward(inputs=params)  # the target's frozen head and embedding get no gradients
-    if cfg.grad_clip:
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    if config.grad_clip:
+        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
     optimizer.step()
     return {"loss": loss.item(), "smooth_l1": l1.item(), "ce": ce.item()}
 
@@ -180,37 +195,24 @@ def evaluate(drafter: Drafter, model: TokenModel, paths: Sequence[Path], batch_s
 
 
 # --------------------------------------------------------------------------- the run
-def _check_run(run_dir: Path, record: dict) -> None:
-    """Write run.json, or check that an existing one describes the same run (epochs may grow)."""
-    path = run_dir / "run.json"
-    if not path.is_file():
-        write_json(record, path)
-        return
-    import json
-
-    old = json.loads(path.read_text())
-    why = fingerprint_mismatch(old.get("target", {}), record["target"])
-    if why is not None:
-        raise UsageError(f"run dir {run_dir} trains a drafter for {why}, not {record['target']['name']}; "
-                         f"pass another --run-dir")
-    for key in ("data", "train"):
-        a, b = dict(old.get(key, {})), dict(record[key])
-        a.pop("epochs", None), b.pop("epochs", None)
-        diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-        if diff:
-            raise UsageError(f"run dir {run_dir} was started with other settings ({key}.{diff[0]}: {a.get(diff[0])!r} "
-                             f"!= {b.get(diff[0])!r}); rerun with the same settings or pass another --run-dir")
-    write_json(record, path)
+def _run_record(model: TokenModel, config: "TrainConfig", data: dict) -> dict:
+    """The training run's settings: the target, the data and the optimisation (epochs excluded:
+    a larger ``--epochs`` continues a run)."""
+    train = dataclasses.asdict(config)
+    train.pop("epochs")
+    return {"target": target_fingerprint(model), "train": train, "data": data}
 
 
-def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: str | Path,
-                  cfg: Optional[TrainConfig] = None, progress: bool = True):
+def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: str | Path | RunDir,
+                  config: Optional[TrainConfig] = None, progress: bool = True, overwrite: bool = False):
     """Train a drafter for ``model`` and measure its test accuracy after every epoch.
 
     Args:
         model: the target (any adapter with hidden states and ``draft_layer()``).
         train, test: token sequences (test: held out; evaluated on conditional rows only).
-        run_dir: where features, checkpoints and the table go; an existing run resumes.
+        run_dir: a run directory (path or :class:`ambiguity.runs.RunDir`) for features,
+            checkpoints and the table; an existing run of the same settings resumes, other
+            settings are refused unless ``overwrite``.
     Returns:
         (drafter, table): the drafter after the last epoch (float32, eval mode) and a pandas
         DataFrame with one row per epoch (0 = random init): model, epoch, top1, top2, top3 (fractions),
@@ -218,51 +220,49 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
         train_rows, test_positions, seconds (wall-clock of the epoch incl. evaluation).
     Raises UsageError for a run dir holding another run.
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
+    config = config or TrainConfig()
+    data = {"train_source": train.source, "test_source": test.source, "train_sequences": len(train),
+            "test_sequences": len(test), "sequence_length": int(train.tokens.shape[1]),
+            "train_digest": token_digest(train), "test_digest": token_digest(test)}
+    if isinstance(run_dir, RunDir):
+        run = run_dir
+    else:
+        run = RunDir(run_dir, _run_record(model, config, data), command=COMMAND, outputs=OUTPUTS).open(overwrite)
+    run_dir = run.path
+    batch = max(1, config.batch_size)
+    uncond = config.uncond_fraction if model.kind != "text" else 0.0  # text LMs have no guidance stream
+    train_paths = build_feature_cache(model, train, run, "train", batch, uncond, config.seed, progress)
+    test_paths = build_feature_cache(model, test, run, "test", batch, 0.0, config.seed, progress)
+    steps_per_epoch = sum(math.ceil(r / config.batch_size) for r in shard_rows(train_paths))  # batches stay in a shard
+    total = steps_per_epoch * config.epochs
 
-    cfg = cfg or TrainConfig()
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"target": target_fingerprint(model), "train": dataclasses.asdict(cfg),
-              "data": {"train_source": train.source, "test_source": test.source, "train_sequences": len(train),
-                       "test_sequences": len(test), "sequence_length": int(train.tokens.shape[1])}}
-    _check_run(run_dir, record)
-    feats = run_dir / "features"
-    batch = max(1, cfg.batch_size)
-    uncond = cfg.uncond_fraction if model.kind != "text" else 0.0  # text LMs have no CFG stream
-    train_paths = build_feature_cache(model, train, feats, "train", batch, uncond, cfg.seed, progress)
-    test_paths = build_feature_cache(model, test, feats, "test", batch, 0.0, cfg.seed, progress)
-    steps_per_epoch = sum(math.ceil(r / cfg.batch_size) for r in shard_rows(train_paths))  # batches stay in a shard
-    total = steps_per_epoch * cfg.epochs
-
-    drafter = Drafter.for_target(model, dtype=torch.float32, seed=cfg.seed)
+    drafter = Drafter.for_target(model, dtype=torch.float32, seed=config.seed)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    ckpt, rows, step = run_dir / "checkpoint.pt", [], 0
-    if ckpt.is_file():
-        state = torch.load(ckpt, map_location=model.device, weights_only=True)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    rows, step = [], 0
+    if run.read_part("checkpoint", load=False) is not None:
+        state = torch.load(run_dir / "checkpoint.pt", map_location=model.device, weights_only=True)
         drafter.load_state_dict(state["drafter"])
         optimizer.load_state_dict(state["optimizer"])
         rows, step = state["rows"], state["step"]
     if not rows:
         t0 = time.perf_counter()
-        ev = evaluate(drafter, model, test_paths, cfg.batch_size)
+        ev = evaluate(drafter, model, test_paths, config.batch_size)
         rows.append({"model": model.name, "epoch": 0, **ev, "train_loss": float("nan"),
                      "train_smooth_l1": float("nan"), "train_ce": float("nan"), "lr": 0.0, "steps": 0,
                      "train_rows": 0, "seconds": time.perf_counter() - t0})
-        _save_checkpoint(ckpt, drafter, optimizer, rows, step)
+        _save_checkpoint(run, drafter, optimizer, rows, step)
         write_table(pd.DataFrame(rows), run_dir / "accuracy.parquet")
 
-    for epoch in range(rows[-1]["epoch"] + 1, cfg.epochs + 1):
+    for epoch in range(rows[-1]["epoch"] + 1, config.epochs + 1):
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        gen = torch.Generator().manual_seed(config.seed * 1000 + epoch)
         sums, n = {"loss": 0.0, "smooth_l1": 0.0, "ce": 0.0}, 0
-        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{cfg.epochs}", unit="step", disable=not progress)
-        lr = cfg.lr
-        for tokens, hidden, _ in iterate_batches(train_paths, cfg.batch_size, gen, model.device):
-            lr = lr_at(step, total, cfg)
-            stats = train_step(drafter, model, optimizer, tokens, hidden, cfg, lr)
+        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{config.epochs}", unit="step", disable=not progress)
+        lr = config.lr
+        for tokens, hidden, _ in iterate_batches(train_paths, config.batch_size, gen, model.device):
+            lr = lr_at(step, total, config)
+            stats = train_step(drafter, model, optimizer, tokens, hidden, config, lr)
             for k in sums:
                 sums[k] += stats[k] * tokens.shape[0]
             n += tokens.shape[0]
@@ -270,39 +270,36 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", ce=f"{stats['ce']:.3f}")
         bar.close()
-        ev = evaluate(drafter, model, test_paths, cfg.batch_size)
+        ev = evaluate(drafter, model, test_paths, config.batch_size)
         rows.append({"model": model.name, "epoch": epoch, **ev, "train_loss": sums["loss"] / max(n, 1),
                      "train_smooth_l1": sums["smooth_l1"] / max(n, 1), "train_ce": sums["ce"] / max(n, 1), "lr": lr,
                      "steps": step, "train_rows": n, "seconds": time.perf_counter() - t0})
-        _save_checkpoint(ckpt, drafter, optimizer, rows, step)
+        _save_checkpoint(run, drafter, optimizer, rows, step)
         drafter.save(run_dir / f"drafter_epoch{epoch:03d}.safetensors", dtype=torch.float32,
-                     **_training_info(record, rows))
+                     **_training_info(data, config, rows))
         write_table(pd.DataFrame(rows), run_dir / "accuracy.parquet")
         if progress:
             tqdm.write(f"epoch {epoch}: top-1 {ev['top1']:.2%}  top-2 {ev['top2']:.2%}  top-3 {ev['top3']:.2%}  "
                        f"test ce {ev['test_ce']:.3f} nats")
-    drafter.info.update(_training_info(record, rows))
+    drafter.info.update(_training_info(data, config, rows))
     return drafter.eval(), pd.DataFrame(rows)
 
 
-def _training_info(record: dict, rows: list) -> dict:
+def _training_info(data: dict, config: "TrainConfig", rows: list) -> dict:
     last = rows[-1]
-    return {"data": record["data"], "config": record["train"], "epochs_done": int(last["epoch"]),
+    return {"data": data, "config": dataclasses.asdict(config), "epochs_done": int(last["epoch"]),
             "test_accuracy": {f"top{k}": round(float(last[f"top{k}"]), 4) for k in KS},
             "random_init_accuracy": {f"top{k}": round(float(rows[0][f"top{k}"]), 4) for k in KS}}
 
 
-def _save_checkpoint(path: Path, drafter: Drafter, optimizer, rows: list, step: int) -> None:
+def _save_checkpoint(run: RunDir, drafter: Drafter, optimizer, rows: list, step: int) -> None:
+    """``checkpoint.pt`` (atomic) and its manifest: a damaged checkpoint restarts training, never resumes."""
+    path = run.path / "checkpoint.pt"
     save_checkpoint(path, drafter=drafter.state_dict(), optimizer=optimizer.state_dict(), rows=rows, step=step)
+    run.write_part("checkpoint", {"epoch": int(rows[-1]["epoch"])}, files=[path])
 
 
 # --------------------------------------------------------------------------- outputs
-def accuracy_table_path(drafter_path: str | Path) -> Path:
-    """``x/name.safetensors`` -> ``x/name_accuracy.parquet`` (the table shipped next to a drafter)."""
-    p = Path(drafter_path)
-    return p.with_name(p.name.removesuffix(".safetensors") + "_accuracy.parquet")
-
-
 def plot_accuracy(table, path: str | Path, title: str = "", references: Optional[dict] = None) -> list[Path]:
     """Top-1/2/3 test accuracy (%) per epoch (epoch 0 = random init) as PNG (200 dpi) + PDF.
 
@@ -310,38 +307,23 @@ def plot_accuracy(table, path: str | Path, title: str = "", references: Optional
     label -> top-1 fraction drawn as dashed lines (default :data:`PAPER_TOP1`; ``{}`` for none).
     Returns the written paths.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    import seaborn as sns
-
     df = read_table(table) if isinstance(table, (str, Path)) else table
-    long = pd.concat([pd.DataFrame({"epoch": df["epoch"], "accuracy (%)": 100 * df[f"top{k}"], "drafter": f"top-{k}"})
-                      for k in KS])
-    sns.set_theme(style="whitegrid", context="paper")
-    fig, ax = plt.subplots(figsize=(4.2, 3.0))
-    sns.lineplot(data=long, x="epoch", y="accuracy (%)", hue="drafter", marker="o", ax=ax)
     refs = PAPER_TOP1 if references is None else references
-    for (label, value), style in zip(refs.items(), ("--", ":", "-.")):
-        ax.axhline(100 * value, color="0.45", ls=style, lw=0.9, label=f"{label} top-1")
-    ax.set_xticks(list(df["epoch"]))
-    ax.set_xticklabels(["init" if e == 0 else str(e) for e in df["epoch"]])
-    ax.set_ylim(0, 100)
-    ax.set_title(title or "Drafter test accuracy (target top-1 in drafter top-k)", fontsize=9)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out = []
-    for suffix in (".png", ".pdf"):
-        target = path.with_suffix(suffix)
-        with atomic_path(target) as tmp:
-            fig.savefig(tmp, dpi=200, format=suffix[1:])
-        out.append(target)
-    plt.close(fig)
-    return out
+    with plots.style():
+        fig, ax = plots.new_figure(width=4.2, height=3.0)
+        for i, k in enumerate(KS):
+            ax.plot(df["epoch"], 100 * df[f"top{k}"], marker="o", markersize=3, color=plots.color_for(f"top-{k}", i),
+                    label=f"top-{k}")
+        for (label, value), style in zip(refs.items(), ("--", ":", "-.")):
+            ax.axhline(100 * value, color="0.45", ls=style, lw=0.9, label=f"{label} top-1")
+        ax.set_xticks(list(df["epoch"]))
+        ax.set_xticklabels(["init" if e == 0 else str(e) for e in df["epoch"]])
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title(title or "Drafter test accuracy (target top-1 in drafter top-k)", fontsize=9)
+        ax.legend(fontsize=7, loc="best")
+        return plots.save_figure(fig, Path(path))
 
 
 def summary(table) -> str:
@@ -357,40 +339,29 @@ def summary(table) -> str:
 
 
 # --------------------------------------------------------------------------- CLI
-def _data(args, model: TokenModel, run_dir: Path) -> tuple[TokenSet, TokenSet]:
-    """Train/test sequences: reused from the run dir, else from --tokens, --self-generate or Fashion-MNIST."""
-    from lantern.drafter_data import (check_tokens, fashion_mnist_tokens, load_token_file, read_conditions,
-                                      save_token_file, self_generate, split_holdout)
+def _data_settings(args) -> dict:
+    """What decides the training sequences (part of the run record)."""
+    return {"tokens": abspath(args.tokens), "conditions": abspath(args.conditions),
+            "self_generate": args.self_generate, "data": abspath(args.data), "train_size": args.train_size,
+            "test_size": args.test_size, "seed": args.seed,
+            "sampling": {k: getattr(args, k) for k in ("cfg", "temperature", "top_k", "top_p")}
+            if args.self_generate else None}
 
-    tr_path, te_path = run_dir / "tokens_train.safetensors", run_dir / "tokens_test.safetensors"
-    if tr_path.is_file() and te_path.is_file():
-        train, test = load_token_file(tr_path), load_token_file(te_path)
-        train.source, test.source = train.info.get("source", ""), test.info.get("source", "")
-        wanted = (str(Path(args.tokens).expanduser()) if args.tokens else
-                  "self-generated" if args.self_generate else None)
-        if args.self_generate:
-            from ambiguity.sampling import SamplingConfig
 
-            sampling = SamplingConfig(cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-            if train.info.get("sampling") not in (None, sampling.as_dict()):
-                wanted = f"self-generated with {sampling.as_dict()}"
-        if (wanted and train.source != wanted) or (args.train_size is not None and len(train) > args.train_size):
-            raise UsageError(f"run dir {run_dir} holds sequences from {train.source} ({len(train)} for training); "
-                             f"pass another --run-dir for other data")
-    else:
+def _data(args, model: TokenModel, run: RunDir) -> tuple[TokenSet, TokenSet]:
+    """Train/test sequences: reused from the run's parts, else from --tokens, --self-generate or
+    Fashion-MNIST (then saved as parts ``tokens_train`` / ``tokens_test``)."""
+    train, test = load_token_part(run, "tokens_train"), load_token_part(run, "tokens_test")
+    if train is None or test is None:
         if args.tokens and args.self_generate:
             raise UsageError("give either --tokens FILE or --self-generate N, not both")
         conds = read_conditions(args.conditions) if args.conditions else None
         if args.tokens:
             train, test = split_holdout(load_token_file(args.tokens, args.conditions), args.test_size, args.seed)
         elif args.self_generate:
-            from ambiguity.sampling import SamplingConfig
-
-            sampling = SamplingConfig(cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-            ts = self_generate(model, args.self_generate, sampling, conds, args.gen_batch_size, args.seed,
-                               run_dir / "self_generated", progress=not args.no_progress)
-            path = save_token_file(ts, run_dir / "self_generated.safetensors")
-            print(f"self-generated sequences saved to {path} (reuse them with --tokens {path})")
+            sampling = sampling_from_args(args, model.kind)
+            ts = self_generate(model, args.self_generate, sampling, conds, args.gen_batch_size, args.seed, run,
+                               progress=not args.no_progress)
             train, test = split_holdout(ts, args.test_size, args.seed)
         elif model.kind == "c2i" and model.num_classes == 10 and _takes_fashion_mnist(model):
             train = fashion_mnist_tokens(model, "train", args.train_size, args.data, progress=not args.no_progress)
@@ -399,8 +370,8 @@ def _data(args, model: TokenModel, run_dir: Path) -> tuple[TokenSet, TokenSet]:
             raise UsageError(f"--model {model.name} needs training sequences: pass --tokens FILE or --self-generate N")
         if args.train_size is not None and len(train) > args.train_size:
             train = train.subset(range(args.train_size))
-        save_token_file(train, tr_path)
-        save_token_file(test, te_path)
+        save_token_part(run, "tokens_train", train, {"split": "train"})
+        save_token_part(run, "tokens_test", test, {"split": "test"})
     check_tokens(train, model)
     check_tokens(test, model)
     return train, test
@@ -415,35 +386,29 @@ def _takes_fashion_mnist(model: TokenModel) -> bool:
 
 def build_parser() -> ArgumentParser:
     """The CLI's argument parser (one-line errors, exit status 2)."""
-    p = ArgumentParser(prog="python -m lantern.train_drafter",
+    p = ArgumentParser(prog=COMMAND,
                        description="Train an EAGLE drafter on the target's teacher-forced hidden states and report "
                                    "its test accuracy per epoch (LANTERN Fig. 2b).")
-    p.add_argument("--model", default="embedded", help="target model name (default: embedded)")
-    p.add_argument("--weights", default=None, help="target checkpoint file or directory")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--dtype", default=None, help="target dtype: auto (fp32 on CPU, bf16 on CUDA), fp32, bf16, fp16")
+    add_model_args(p)
     d = p.add_argument_group("data (default for the embedded model: Fashion-MNIST train / test images)")
     d.add_argument("--tokens", default=None, help="token file: .safetensors/.pt/.npz/.npy of (N, h*w) code indices "
                                                    "plus labels or conditions (see lantern.drafter_data)")
     d.add_argument("--conditions", default=None, help="text file, one class label or caption a line")
-    d.add_argument("--self-generate", type=int, default=None, metavar="N",
-                   help="sample N sequences from the target itself and train on them (saved for reuse)")
-    d.add_argument("--cfg", type=float, default=1.0, help="CFG scale for --self-generate (1 = none)")
-    d.add_argument("--temperature", type=float, default=1.0, help="temperature for --self-generate")
-    d.add_argument("--top-k", type=int, default=0, help="top-k for --self-generate (0 = off)")
-    d.add_argument("--top-p", type=float, default=1.0, help="top-p for --self-generate (1 = off)")
-    d.add_argument("--gen-batch-size", type=int, default=32, help="images per batch for --self-generate")
+    d.add_argument("--self-generate", type=positive_int, default=None, metavar="N",
+                   help="sample N sequences from the target itself and train on them (kept as parts of the run)")
+    add_sampling_args(d, guidance=1.0, guidance_help="guidance scale for --self-generate (1 = none)")
+    d.add_argument("--gen-batch-size", type=positive_int, default=32, help="images per batch for --self-generate")
     d.add_argument("--data", default=None, help="Fashion-MNIST IDX directory (embedded model)")
-    d.add_argument("--train-size", type=int, default=None, help="use at most this many training sequences")
-    d.add_argument("--test-size", type=int, default=1000, help="held-out test sequences (default 1000)")
+    d.add_argument("--train-size", type=positive_int, default=None, help="use at most this many training sequences")
+    d.add_argument("--test-size", type=positive_int, default=1000, help="held-out test sequences (default 1000)")
     t = p.add_argument_group("training")
     defaults = TrainConfig()
-    t.add_argument("--epochs", type=int, default=defaults.epochs)
-    t.add_argument("--batch-size", type=int, default=defaults.batch_size, help="sequences per step")
-    t.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (warmup, cosine decay)")
-    t.add_argument("--uncond-fraction", type=float, default=defaults.uncond_fraction,
-                   help="share of rows from the unconditional (CFG) stream")
-    t.add_argument("--seed", type=int, default=defaults.seed)
+    t.add_argument("--epochs", type=nonneg_int, default=defaults.epochs)
+    t.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="sequences per step")
+    t.add_argument("--lr", type=finite_float, default=defaults.lr, help="peak learning rate (warmup, cosine decay)")
+    t.add_argument("--uncond-fraction", type=finite_float, default=defaults.uncond_fraction,
+                   help="share of rows from the unconditional (guidance) stream")
+    t.add_argument("--seed", type=seed_int, default=defaults.seed)
     o = p.add_argument_group("output")
     o.add_argument("--run-dir", default=None, help="features, checkpoints, tables (default runs/drafter-<model>)")
     o.add_argument("--out", default=None, help="final drafter file (default <run-dir>/drafter.safetensors); "
@@ -451,6 +416,7 @@ def build_parser() -> ArgumentParser:
     o.add_argument("--figure", default=None,
                    help="accuracy figure .png (+.pdf) (default <run-dir>/drafter_accuracy.png)")
     o.add_argument("--save-dtype", default="fp16", choices=["fp16", "bf16", "fp32"], help="dtype of the saved drafter")
+    o.add_argument("--overwrite", action="store_true", help="discard a run of other settings in --run-dir")
     o.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -458,22 +424,27 @@ def build_parser() -> ArgumentParser:
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
-    from ambiguity.io import ensure_writable_dir
-    from ambiguity.models.registry import load_model
-
     args = build_parser().parse_args(argv)
-    cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                      uncond_fraction=args.uncond_fraction, seed=args.seed)
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                         uncond_fraction=args.uncond_fraction, seed=args.seed)
+    sampling_from_args(args, get_spec(args.model).kind)  # validates --cfg/--temperature/--top-k/--top-p
+    device, dtype = device_from_args(args)
+    run_dir = check_out_dir(args.run_dir or default_out(f"drafter-{args.model}"), "--run-dir")
+    out = Path(args.out) if args.out else run_dir / "drafter.safetensors"
+    check_out_dir(out.parent, "--out")
+    if out.exists() and out.is_dir():
+        raise UsageError(f"--out {out} is a directory; pass a file name ending in .safetensors")
+    if args.figure is not None:
+        check_out_dir(Path(args.figure).parent, "--figure")
     torch.manual_seed(args.seed)
-    model = load_model(args.model, weights=args.weights, device=args.device, dtype=args.dtype)
-    safe_name = model.name.replace("/", "_").replace(":", "_")
-    run_dir = ensure_writable_dir(args.run_dir or Path("runs") / f"drafter-{safe_name}")
-    train, test = _data(args, model, run_dir)
+    model = load_model(args.model, weights=args.weights, device=device, dtype=dtype)
+    record = _run_record(model, config, _data_settings(args))
+    run = RunDir(run_dir, record, command=COMMAND, flag="--run-dir", outputs=OUTPUTS).open(args.overwrite)
+    train, test = _data(args, model, run)
     print(f"target {model.name}: {len(train)} training and {len(test)} test sequences of {train.tokens.shape[1]} "
           f"tokens; run dir {run_dir}")
-    drafter, table = train_drafter(model, train, test, run_dir, cfg, progress=not args.no_progress)
+    drafter, table = train_drafter(model, train, test, run, config, progress=not args.no_progress)
     save_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
-    out = Path(args.out) if args.out else run_dir / "drafter.safetensors"
     drafter.save(out, dtype=save_dtype)
     write_table(table, accuracy_table_path(out))
     figs = plot_accuracy(table, args.figure or run_dir / "drafter_accuracy.png",

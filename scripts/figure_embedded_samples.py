@@ -13,7 +13,15 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.errors import ArgumentParser, UsageError, cli_main
+from ambiguity.data.fashion_mnist import CLASSES, load_split
+from ambiguity.errors import UsageError
+from ambiguity.cli import ArgumentParser, cli_main
+from ambiguity.generation import sample_tokens
+from ambiguity.io import atomic_path, ensure_writable_dir
+from ambiguity.models.base import resolve_device
+from ambiguity.models.embedded import METRICS_FILE, load_embedded, weights_dir
+from ambiguity.sampling import SamplingConfig
+from ambiguity.seeding import image_generators
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,25 +97,18 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import json
 
-    from ambiguity.data.fashion_mnist import CLASSES, load_split
-    from ambiguity.generation import make_generator, sample_tokens
-    from ambiguity.io import atomic_path, ensure_writable_dir
-    from ambiguity.models.base import resolve_device
-    from ambiguity.models.embedded import METRICS_FILE, load_embedded, weights_dir
-    from ambiguity.sampling import SamplingConfig
-
     for name in ("n_real", "n_samples"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
-    sampling = SamplingConfig(cfg=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    sampling = SamplingConfig(guidance=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     device = resolve_device(args.device)
     model = load_embedded(args.weights, device=device)
     images, labels = load_split("test", args.data)
     real = pick_test_images(images, labels, args.n_real, args.seed)
     recon = model.decode_codes(model.encode_images(real.to(device))).cpu()
     conditions = [c for c in range(10) for _ in range(args.n_samples)]
-    prompt = model.make_prompt(conditions, cfg=sampling.use_cfg)
-    codes = sample_tokens(model, prompt, sampling, make_generator(args.seed, device))
+    prompt = model.make_prompt(conditions, guided=sampling.guided)
+    codes = sample_tokens(model, prompt, sampling, image_generators(args.seed, range(len(conditions)), device))
     samples = model.decode_codes(codes.view(-1, *model.grid)).cpu()
 
     knobs = f"CFG {args.cfg:g}, temperature {args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") \

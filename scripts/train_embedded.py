@@ -21,7 +21,15 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.errors import ArgumentParser, UsageError, cli_main
+from ambiguity.cli import ArgumentParser, cli_main
+from ambiguity.data.fashion_mnist import find_dir, load_split
+from ambiguity.errors import UsageError
+from ambiguity.io import ensure_writable_dir, write_json
+from ambiguity.models.base import resolve_device
+from ambiguity.models.checkpoints import save_module
+from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, VQ_SKIP, WEIGHTS_DIR, load_gpt, load_vq
+from ambiguity.train import (count_params, embedded_recipe, gpt_nll, load_checkpoint, save_checkpoint, tokenize,
+                             train_gpt, train_vq, vq_metrics)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,8 +67,6 @@ def stage_done(done: dict, weights: Path, model_cfg, train_cfg, seed: int) -> bo
 def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str) -> tuple[torch.Tensor, float]:
     """Codes (N, 64) int64 of ``images`` under the VQ whose file hash is ``vq_sha``, cached in
     ``path``, and the seconds the tokenization took (when it was computed, also on a cache hit)."""
-    from ambiguity.train import load_checkpoint, save_checkpoint, tokenize
-
     ck = load_checkpoint(path)
     if ck is not None and ck["vq_sha"] == vq_sha and ck["codes"].shape[0] == images.shape[0]:
         return ck["codes"].long(), float(ck.get("time_s", float("nan")))
@@ -72,10 +78,6 @@ def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str
 
 
 def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
-    from ambiguity.data.fashion_mnist import load_split
-    from ambiguity.io import write_json
-    from ambiguity.models.embedded import VQ_FILE, load_module, save_module
-    from ambiguity.train import count_params, train_vq, vq_metrics
 
     vq_cfg, vq_train, _, _ = recipe
     done = read_json(run / "vq_done.json")
@@ -85,8 +87,8 @@ def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> 
     images, _ = load_split("train", data, limit=64 if args.quick else None)
     test, _ = load_split("test", data, limit=32 if args.quick else None)
     vq, stats = train_vq(vq_cfg, vq_train, images, run, args.seed, device, progress)
-    save_module(vq, vq_cfg, out / VQ_FILE, seed=args.seed, stage="vq")
-    shipped, _ = load_module("vq", out / VQ_FILE, device)
+    save_module(vq, vq_cfg, out / VQ_FILE, skip=VQ_SKIP, seed=args.seed, stage="vq")
+    shipped, _ = load_vq(out / VQ_FILE, device)
     t0 = time.perf_counter()
     test_metrics, _ = vq_metrics(shipped, test, progress=progress)
     metrics = {"config": asdict(vq_cfg), "train": asdict(vq_train), "parameters": count_params(vq), **stats,
@@ -97,10 +99,6 @@ def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> 
 
 
 def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
-    from ambiguity.data.fashion_mnist import load_split
-    from ambiguity.io import write_json
-    from ambiguity.models.embedded import GPT_FILE, VQ_FILE, load_module, save_module
-    from ambiguity.train import count_params, gpt_nll, train_gpt
 
     _, _, gpt_cfg, gpt_train = recipe
     if not (out / VQ_FILE).is_file():
@@ -110,7 +108,7 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
     if stage_done(done, out / GPT_FILE, gpt_cfg, gpt_train, args.seed) and done.get("vq_sha") == vq_sha:
         print(f"GPT stage already done ({out / GPT_FILE}); pass --fresh to retrain")
         return done["metrics"]
-    vq, _ = load_module("vq", out / VQ_FILE, device)
+    vq, _ = load_vq(out / VQ_FILE, device)
     if vq.config.codebook_size != gpt_cfg.vocab_size:
         raise UsageError(f"{out / VQ_FILE} has {vq.config.codebook_size} codes but the GPT expects "
                          f"{gpt_cfg.vocab_size}; retrain the VQ with --stage all --fresh")
@@ -120,7 +118,7 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
     test_tokens, t_test = cached_tokens(vq, test, run / "tokens_test.pt", vq_sha, progress, "tokenize test")
     gpt, stats = train_gpt(gpt_cfg, gpt_train, tokens, labels, run, args.seed, device, progress)
     save_module(gpt, gpt_cfg, out / GPT_FILE, seed=args.seed, stage="gpt", vq_sha=vq_sha)
-    shipped, _ = load_module("gpt", out / GPT_FILE, device)
+    shipped, _ = load_gpt(out / GPT_FILE, device)
     t0 = time.perf_counter()
     nll = gpt_nll(shipped, test_tokens, test_labels, progress=progress)
     metrics = {"config": asdict(gpt_cfg), "train": asdict(gpt_train), "parameters": count_params(gpt), **stats,
@@ -157,10 +155,6 @@ def summary(m: dict) -> str:
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from ambiguity.data.fashion_mnist import find_dir
-    from ambiguity.io import ensure_writable_dir, write_json
-    from ambiguity.models.base import resolve_device
-    from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, WEIGHTS_DIR, embedded_recipe
 
     if args.threads < 0:
         raise UsageError(f"--threads must be >= 0 (0 keeps torch's default), got {args.threads}")

@@ -40,13 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ambiguity.cli import ArgumentParser, cli_main  # noqa: E402
 from ambiguity.data import text_corpus as tc  # noqa: E402
-from ambiguity.errors import ArgumentParser, UsageError, cli_main  # noqa: E402
+from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.io import atomic_path, ensure_writable_dir, save_tensors, write_json  # noqa: E402
 from ambiguity.models.base import resolve_device  # noqa: E402
-from ambiguity.models.embedded import GPT_FILE, METRICS_FILE as IMAGE_METRICS, WEIGHTS_DIR, save_module  # noqa: E402
+from ambiguity.models.checkpoints import save_module  # noqa: E402
+from ambiguity.models.embedded import GPT_FILE, WEIGHTS_DIR, load_gpt  # noqa: E402
+from ambiguity.models.embedded import METRICS_FILE as IMAGE_METRICS  # noqa: E402
 from ambiguity.models.gpt import GPTConfig  # noqa: E402
 from ambiguity.models.text_twin import HELDOUT_FILE, METRICS_FILE, TOKENIZER_FILE, TWIN_FILE, twin_config  # noqa: E402
+from ambiguity.train import GPTTrainConfig, count_params, gpt_nll, train_gpt  # noqa: E402
 
 HELDOUT_SHIPPED = 512  # held-out passages shipped for --source dataset (64 KB as int16)
 
@@ -60,8 +64,6 @@ def image_reference(weights: Path):
     ``gpt.token_budget``), both written by ``scripts/train_embedded.py``. Raises UsageError when
     either file is absent (the image model must be trained first).
     """
-    from ambiguity.train import GPTTrainConfig
-
     gpt_path, metrics_path = weights / GPT_FILE, weights / IMAGE_METRICS
     if not gpt_path.is_file() or not metrics_path.is_file():
         raise UsageError(f"the image model ({gpt_path.name} + {metrics_path.name}) is not in {weights} yet; "
@@ -79,8 +81,6 @@ def image_reference(weights: Path):
 def quick_reference():
     """A tiny stand-in for the image model (``--quick``): vocabulary 300, the smallest size a
     byte-level BPE over a toy corpus supports comfortably; 8 steps of batch 8."""
-    from ambiguity.train import GPTTrainConfig
-
     cfg = GPTConfig(dim=32, n_layer=2, n_head=2, multiple_of=32, num_classes=10, class_dropout_prob=0.1,
                     vocab_size=300, block_size=64, rope="2d")
     return cfg, GPTTrainConfig(steps=8, batch_size=8, warmup=1, ckpt_every=4), {}
@@ -177,9 +177,6 @@ def parse_args(argv):
 @cli_main
 def main(argv=None) -> int:
     """Entry point; see the module docstring. Returns 0; UsageErrors exit 2 with one line."""
-    from ambiguity.models.embedded import load_module
-    from ambiguity.train import count_params, gpt_nll, train_gpt
-
     args = parse_args(argv)
     if args.threads < 0:
         raise UsageError(f"--threads must be >= 0 (0 keeps torch's default), got {args.threads}")
@@ -223,7 +220,7 @@ def main(argv=None) -> int:
         write_drafter_tokens(Path(args.drafter_tokens), data, args.drafter_test_size, args.drafter_train_size, args.seed)
 
     # test metrics with the fp16 file as shipped, the same measure as the image model's
-    shipped, _ = load_module("gpt", out / TWIN_FILE, device)
+    shipped, _ = load_gpt(out / TWIN_FILE, device)
     t0 = time.perf_counter()
     heldout = gpt_nll(shipped, held, bos_labels(held.shape[0]), progress=not args.no_progress)
     seen = data["train_disjoint"][:held.shape[0]]

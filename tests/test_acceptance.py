@@ -14,9 +14,9 @@ from lantern.acceptance import (
     AcceptanceRule,
     output_distribution,
     relaxed_mass,
+    judge,
+    judge_greedy,
     residual,
-    verify,
-    verify_greedy,
 )
 from lantern.divergences import jsd, moved_jsd, tvd
 
@@ -181,7 +181,7 @@ def test_hand_cases(rule, draft, q_draft, j_star, p_tilde, spent, u_accept, u_re
     us = [u_accept] + ([u_reject] if u_reject is not None else [])
     pp, qq = p.expand(len(us), 8), q.expand(len(us), 8)
     d = torch.full((len(us),), draft)
-    v = verify(pp, qq, d, t(us), table, rule)
+    v = judge(pp, qq, d, t(us), table, rule)
     assert v.j_star.tolist() == [j_star] * len(us)
     assert v.j_star.dtype == torch.int64
     assert torch.allclose(v.p_tilde, t([p_tilde] * len(us)), atol=0, rtol=0)
@@ -239,7 +239,7 @@ def test_output_distribution_matches_loop_reference(rule, residual_mode):
             assert out.sum().item() == pytest.approx(1.0, abs=1e-12)
             # every draft x: p̃, j*, and the verdict at both sides of the threshold
             xs = torch.arange(V)
-            v = verify(p.expand(V, V), q.expand(V, V), xs, torch.zeros(V, dtype=F64), table, rule)
+            v = judge(p.expand(V, V), q.expand(V, V), xs, torch.zeros(V, dtype=F64), table, rule)
             for x in range(V):
                 j, pt, spent = ref_prefix(p.tolist(), x, table.tolist(), rule)
                 assert v.j_star[x].item() == j
@@ -249,7 +249,7 @@ def test_output_distribution_matches_loop_reference(rule, residual_mode):
                 assert v.accept_prob[x].item() == pytest.approx(prob, abs=1e-12)
                 for u, want in ((prob - 1e-9, True), (prob + 1e-9, False)):
                     if 0 <= u < 1:
-                        got = verify(p, q, torch.tensor(x), t(u), table, rule).accepted.item()
+                        got = judge(p, q, torch.tensor(x), t(u), table, rule).accepted.item()
                         assert got == want
                 r = residual(p, q, torch.tensor(x), table, rule)
                 assert torch.allclose(r, t(ref_residual(p.tolist(), q.tolist(), x, table.tolist(), rule)), atol=1e-12)
@@ -412,22 +412,22 @@ def test_greedy_hand_cases():
     table = nb([[1, 2], [2, 3], [3, 0], [4, 2], [3, 0]])
     d = torch.tensor([0, 1, 2, 3])
     pp = p.expand(4, 5)
-    sd = verify_greedy(pp, d, table, AcceptanceRule("sd"))
+    sd = judge_greedy(pp, d, table, AcceptanceRule("sd"))
     assert sd.accepted.tolist() == [True, False, False, False]
     assert torch.equal(sd.q_draft, torch.ones(4, dtype=F64))
     # δ = 1/8: x̂ = 1 moves code 2 -> p̃ = 6/16 >= p(0) = 6/16 (tie: accepted; the official argmax
     # would pick code 0); x̂ = 2 moves 3 -> 4/16 < 6/16; x̂ = 3 moves 4 -> 4/16 < 6/16.
-    lan = verify_greedy(pp, d, table, AcceptanceRule("lantern", k=2, delta=2 / 16))
+    lan = judge_greedy(pp, d, table, AcceptanceRule("lantern", k=2, delta=2 / 16))
     assert lan.accepted.tolist() == [True, True, False, False]
     assert lan.j_star.tolist() == [0, 1, 1, 1]
     assert torch.equal(lan.p_tilde, t([6, 6, 4, 4]) / 16)
     assert torch.equal(lan.accept_prob, t([1.0, 1.0, 0.0, 0.0]))
     # δ = 1/4: x̂ = 3 moves 4 and 2 -> 6/16: accepted (tie); x̂ = 2 moves 3, then 0 (6/16) breaks.
-    wide = verify_greedy(pp, d, table, AcceptanceRule("lantern", k=2, delta=4 / 16))
+    wide = judge_greedy(pp, d, table, AcceptanceRule("lantern", k=2, delta=4 / 16))
     assert wide.accepted.tolist() == [True, True, False, True]
     # λ = 2 (move at most p(x̂)): x̂ = 0 moves 1, 2 (6/16) -> 12/16; x̂ = 1 (4/16) moves 2, 3 -> 8/16;
     # x̂ = 2 (2/16) moves 3 -> 4/16 < 6/16 rejected; x̂ = 3 (2/16) moves 4, not 2 -> 4/16 rejected.
-    pp2 = verify_greedy(pp, d, table, AcceptanceRule("lantern++", k=2, lam=2.0))
+    pp2 = judge_greedy(pp, d, table, AcceptanceRule("lantern++", k=2, lam=2.0))
     assert pp2.accepted.tolist() == [True, True, False, False]
     assert pp2.j_star.tolist() == [2, 2, 1, 1]
     assert pp2.p_tilde.tolist() == [12 / 16, 8 / 16, 4 / 16, 4 / 16]
@@ -443,10 +443,10 @@ def test_greedy_hand_cases():
 
 def test_greedy_argmax_tie():
     p = t([0.25, 0.25, 0.5])
-    v = verify_greedy(p.expand(3, 3), torch.tensor([0, 1, 2]), None, AcceptanceRule("sd"))
+    v = judge_greedy(p.expand(3, 3), torch.tensor([0, 1, 2]), None, AcceptanceRule("sd"))
     assert v.accepted.tolist() == [False, False, True]
     p = t([0.5, 0.5, 0.0])
-    v = verify_greedy(p.expand(3, 3), torch.tensor([0, 1, 2]), None, AcceptanceRule("sd"))
+    v = judge_greedy(p.expand(3, 3), torch.tensor([0, 1, 2]), None, AcceptanceRule("sd"))
     assert v.accepted.tolist() == [True, True, False]
 
 
@@ -465,18 +465,18 @@ def test_batched_matches_per_element(rule, mode):
     draft = torch.randint(V, (B, G), generator=gen)
     u = torch.rand(B, G, generator=gen)
     table = random_case(gen, V)[2]
-    v = verify(p, q, draft, u, table, rule)
-    g = verify_greedy(p, draft, table, rule)
+    v = judge(p, q, draft, u, table, rule)
+    g = judge_greedy(p, draft, table, rule)
     r = residual(p, q, draft, table, rule)
     out = output_distribution(p, q, table, rule)
     assert v.accepted.shape == (B, G) and r.shape == (B, G, V) and out.shape == (B, G, V)
     assert r.dtype == torch.float32 and v.p_tilde.dtype == torch.float32
     for b in range(B):
         for i in range(G):
-            one = verify(p[b, i], q[b, i], draft[b, i], u[b, i], table, rule)
+            one = judge(p[b, i], q[b, i], draft[b, i], u[b, i], table, rule)
             for name in ("accepted", "accept_prob", "p_draft", "q_draft", "p_tilde", "j_star", "spent"):
                 assert torch.equal(getattr(v, name)[b, i], getattr(one, name)), name
-            assert torch.equal(g.accepted[b, i], verify_greedy(p[b, i], draft[b, i], table, rule).accepted)
+            assert torch.equal(g.accepted[b, i], judge_greedy(p[b, i], draft[b, i], table, rule).accepted)
             assert torch.allclose(r[b, i], residual(p[b, i], q[b, i], draft[b, i], table, rule), atol=1e-7)
             assert torch.allclose(out[b, i], output_distribution(p[b, i], q[b, i], table, rule), atol=1e-6)
 
@@ -507,13 +507,13 @@ def test_bad_application_raises_usage_error():
     x, u = torch.tensor(0), t(0.5)
     table = nb(NB8)
     cases = [
-        (lambda: verify(p, q, x, u, nb([[1]] * 8), AcceptanceRule("lantern", k=8, delta=0.1)), "smaller than the vocabulary"),
-        (lambda: verify(p, q, x, u, None, AcceptanceRule("lantern", k=2, delta=0.1)), "needs a neighbour table"),
-        (lambda: verify(p, q, x, u, table[:, :1], AcceptanceRule("lantern", k=2, delta=0.1)), "at least k columns"),
-        (lambda: verify(p, q, x, u, table[:4], AcceptanceRule("lantern", k=2, delta=0.1)), "at least k columns"),
-        (lambda: verify(p, q[:4], x, u, table, AcceptanceRule("sd")), "q has shape"),
-        (lambda: verify(p, q, torch.tensor([0, 1]), u, table, AcceptanceRule("sd")), "draft has shape"),
-        (lambda: verify(p, q, x, t([0.5, 0.5]), table, AcceptanceRule("sd")), "u has shape"),
+        (lambda: judge(p, q, x, u, nb([[1]] * 8), AcceptanceRule("lantern", k=8, delta=0.1)), "smaller than the vocabulary"),
+        (lambda: judge(p, q, x, u, None, AcceptanceRule("lantern", k=2, delta=0.1)), "needs a neighbour table"),
+        (lambda: judge(p, q, x, u, table[:, :1], AcceptanceRule("lantern", k=2, delta=0.1)), "at least k columns"),
+        (lambda: judge(p, q, x, u, table[:4], AcceptanceRule("lantern", k=2, delta=0.1)), "at least k columns"),
+        (lambda: judge(p, q[:4], x, u, table, AcceptanceRule("sd")), "q has shape"),
+        (lambda: judge(p, q, torch.tensor([0, 1]), u, table, AcceptanceRule("sd")), "draft has shape"),
+        (lambda: judge(p, q, x, t([0.5, 0.5]), table, AcceptanceRule("sd")), "u has shape"),
         (lambda: residual(p, q, torch.tensor([0]), table, AcceptanceRule("sd")), "draft has shape"),
         (lambda: relaxed_mass(torch.ones(8, dtype=torch.long), x, table, AcceptanceRule("sd")), "floating"),
     ]
@@ -522,7 +522,7 @@ def test_bad_application_raises_usage_error():
             call()
         assert "\n" not in str(err.value)
     # sd and k = 0 need no table
-    assert verify(p, q, x, u, None, AcceptanceRule("lantern", k=0, delta=0.3)).accepted.item()
+    assert judge(p, q, x, u, None, AcceptanceRule("lantern", k=0, delta=0.3)).accepted.item()
 
 
 def test_accepts_neighbourhoods_object():
@@ -532,6 +532,6 @@ def test_accepts_neighbourhoods_object():
     nbhd = Neighbourhoods(indices=table, distances=torch.zeros(table.shape), metric="l2")
     rule = AcceptanceRule("lantern", k=4, delta=2 / 16)
     p, q = t(P8), torch.full((8,), 1 / 8, dtype=F64)
-    a = verify(p, q, torch.tensor(0), t(0.9), nbhd, rule)
-    b = verify(p, q, torch.tensor(0), t(0.9), table, rule)
+    a = judge(p, q, torch.tensor(0), t(0.9), nbhd, rule)
+    b = judge(p, q, torch.tensor(0), t(0.9), table, rule)
     assert a.j_star.item() == b.j_star.item() == 2 and a.accepted.item() and b.accepted.item()

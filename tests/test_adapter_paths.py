@@ -56,7 +56,7 @@ def model(request):
 
 def test_profile_runs_on_every_adapter(model):
     cfg = 1.0 if model.kind == "text" else 2.0
-    table, summary = profile(model, conditions=CAPTIONS, sampling=SamplingConfig(cfg=cfg), num_images=2,
+    table, summary = profile(model, conditions=CAPTIONS, sampling=SamplingConfig(guidance=cfg), num_images=2,
                              batch_size=2, progress=False)
     assert len(table) == 2 * model.num_tokens
     for col in ("guided_top1", "guided_top10", "guided_entropy", "cond_top1", "cond_chosen_rank"):

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
-from ambiguity.generation import make_generator, sample_tokens
+from ambiguity.generation import sample_tokens
 from ambiguity.models.chameleon import (BOI, EOI, LUMINA_EOL, LUMINA_SEP, ChameleonModel,
                                         image_token_ids_from_vocab, load_chameleon, make_template)
 from ambiguity.models.chameleon_vqgan import ChameleonVQGAN, vqgan_config_from_hf
@@ -115,13 +115,13 @@ def test_image_logits_are_finite_and_equal_hidden_times_head_rows(lm):
 # --------------------------------------------------------------------------- prompts
 def test_cfg_prompt_rows_follow_the_templates(lm):
     model = adapter(lm)
-    p = model.make_prompt(["w26 w27", "w28"], cfg=True)
+    p = model.make_prompt(["w26 w27", "w28"], guided=True)
     assert p.rows == 4 and p.batch_size == 2
     assert p.inputs["ids"].tolist() == [[1, 26, 27, 5], [3, 1, 28, 5], [3, 3, 1, 5], [3, 3, 1, 5]]
     assert p.inputs["mask"].tolist() == [[1, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1]]
     lumina = adapter(lm, "lumina")
     assert lumina.template.text == "Generate an image of 8x8 according to the following prompt:\n{caption}"
-    p = lumina.make_prompt([[26, 27]], cfg=True)
+    p = lumina.make_prompt([[26, 27]], guided=True)
     assert p.inputs["ids"].tolist() == [[1, 26, 27, 7, 5, 9, 9], [3, 3, 3, 3, 5, 9, 9]]
     assert p.inputs["mask"].tolist() == [[1] * 7, [0, 0, 0, 0, 1, 1, 1]]
     with pytest.raises(UsageError):
@@ -132,7 +132,7 @@ def test_cfg_prompt_rows_follow_the_templates(lm):
 
 def test_left_padded_row_computes_what_it_computes_alone(lm):
     model = adapter(lm)
-    both = model.make_prompt(["w26 w27 w28 w29"], cfg=True)  # row 1: <s> <boi> left-padded by 4
+    both = model.make_prompt(["w26 w27 w28 w29"], guided=True)  # row 1: <s> <boi> left-padded by 4
     x = tokens(1, 5)
     guided_rows = model.teacher_force(both, torch.cat([x, x]))
     alone = ChameleonModel(lm, model.template, None, name="t")  # the unconditional prefix, unpadded
@@ -147,7 +147,7 @@ def test_left_padded_row_computes_what_it_computes_alone(lm):
 @pytest.mark.parametrize("style", ["chameleon", "lumina"])
 def test_prefill_and_chunked_extend_equal_teacher_force(lm, style):
     model = adapter(lm, style)
-    prompt = model.make_prompt([[26, 27, 28], [29]], cfg=True)
+    prompt = model.make_prompt([[26, 27, 28], [29]], guided=True)
     x = tokens(2, 16, seed=1)
     rows = torch.cat([x, x])
     full = model.teacher_force(prompt, rows)
@@ -183,7 +183,7 @@ def test_lumina_end_of_row_tokens_are_inserted_transparently(lm):
 @pytest.mark.parametrize("style,keep", [("chameleon", 3), ("lumina", 4), ("lumina", 6), ("lumina", 0)])
 def test_rollback_then_reextend_equals_a_fresh_run(lm, style, keep):
     model = adapter(lm, style)
-    prompt = model.make_prompt([[26, 27]], cfg=True)
+    prompt = model.make_prompt([[26, 27]], guided=True)
     first, second = tokens(1, 10, seed=3), tokens(1, 5, seed=4)
     cache = model.new_cache(prompt)
     model.prefill(prompt, cache)
@@ -203,15 +203,15 @@ def test_rollback_then_reextend_equals_a_fresh_run(lm, style, keep):
 # --------------------------------------------------------------------------- profile path and drafter
 def test_sample_tokens_runs_and_greedy_tokens_are_guided_argmax(lm):
     model = adapter(lm)
-    sampling = SamplingConfig(cfg=3.0, temperature=0.0)
-    prompt = model.make_prompt(["w26 w27", "w30"], cfg=True)
+    sampling = SamplingConfig(guidance=3.0, temperature=0.0)
+    prompt = model.make_prompt(["w26 w27", "w30"], guided=True)
     seen = []
     out = sample_tokens(model, prompt, sampling, on_step=lambda t, logits, p, x: seen.append(float(p.sum(-1).min())))
     assert out.shape == (2, 16) and len(seen) == 16 and min(seen) > 0.999
     tf = model.teacher_force(prompt, torch.cat([out, out]))
     assert torch.equal(guide(tf.logits, 3.0, True).argmax(-1), out)
     hot = sample_tokens(model, model.make_prompt(["w26"]), SamplingConfig(temperature=1.0),
-                        generator=make_generator(0, "cpu"))
+                        generator=torch.Generator().manual_seed(0))
     assert hot.shape == (1, 16) and 0 <= int(hot.min()) and int(hot.max()) < V
 
 
@@ -271,12 +271,12 @@ def test_saved_model_loads_from_weights_dir_and_from_the_hf_cache(lm, tmp_path, 
     vq = _vqgan_like(lm)
     d = _save_hf(lm, tmp_path / "ckpt", with_decoder=vq)
     ref = adapter(lm)
-    prompt = ref.make_prompt(["w26 w27"], cfg=True)
+    prompt = ref.make_prompt(["w26 w27"], guided=True)
     x = tokens(2, 16, seed=6)
     want = ref.teacher_force(prompt, x).logits
     loaded = load_chameleon(weights=d, repo="leloy/Anole-7b-v0.1-hf", resolution=8)
     assert loaded.grid == (4, 4) and loaded.can_decode and loaded.image_shape == (3, 8, 8)
-    torch.testing.assert_close(loaded.teacher_force(loaded.make_prompt(["w26 w27"], cfg=True), x).logits, want,
+    torch.testing.assert_close(loaded.teacher_force(loaded.make_prompt(["w26 w27"], guided=True), x).logits, want,
                                atol=1e-5, rtol=0)
     codes = tokens(2, 16, seed=8).view(2, 4, 4)
     with torch.no_grad():
@@ -287,7 +287,7 @@ def test_saved_model_loads_from_weights_dir_and_from_the_hf_cache(lm, tmp_path, 
     _hf_cache(tmp_path, monkeypatch, "leloy/Anole-7b-v0.1-hf", files_from=_save_hf(lm, tmp_path / "plain"))
     cached = load_model("anole", device="cpu")  # registry -> catalog -> cached snapshot
     assert cached.name == "anole" and cached.grid == (256, 256) and not cached.can_decode
-    torch.testing.assert_close(cached.teacher_force(cached.make_prompt(["w26 w27"], cfg=True), x).logits, want,
+    torch.testing.assert_close(cached.teacher_force(cached.make_prompt(["w26 w27"], guided=True), x).logits, want,
                                atol=1e-5, rtol=0)
     with pytest.raises(NotImplementedError, match="vqgan.ckpt"):
         cached.decode_codes(codes)
@@ -346,8 +346,8 @@ def test_meta_release_layout_is_converted(lm, tmp_path):
     assert set(got) == set(sd) and all(torch.equal(got[k], sd[k]) for k in sd)
     ref = adapter(lm)
     x = tokens(2, 16, seed=10)
-    torch.testing.assert_close(loaded.teacher_force(loaded.make_prompt(["w26 w40"], cfg=True), x).logits,
-                               ref.teacher_force(ref.make_prompt(["w26 w40"], cfg=True), x).logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(loaded.teacher_force(loaded.make_prompt(["w26 w40"], guided=True), x).logits,
+                               ref.teacher_force(ref.make_prompt(["w26 w40"], guided=True), x).logits, atol=1e-5, rtol=0)
     assert loaded.can_decode and torch.equal(loaded.codebook(), vq.codebook())
 
 

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from ambiguity.errors import UsageError
 from ambiguity.models.chameleon_vqgan import (ChameleonVQGAN, VQGANConfig, load_vqgan, read_vqgan_config,
                                               vqgan_config_from_hf, vqgan_from_state)
-from ambiguity.models.llamagen import load_checkpoint_state
+from ambiguity.models.checkpoints import load_checkpoint_state
 
 
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from ambiguity import compare as cmp
+from ambiguity.cli import parse_mapping
 from ambiguity.errors import UsageError
 from ambiguity.io import save_tensors
-from ambiguity.models.embedded import save_module
+from ambiguity.models.checkpoints import save_module
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.text_twin import HELDOUT_FILE, TOKENIZER_FILE, TWIN_FILE, twin_config
 from ambiguity.models.vq import VQConfig, VQModel
@@ -54,7 +55,7 @@ def test_per_image_means_and_summary_row():
     assert per["cond_entropy"].tolist() == pytest.approx([3.0, 1.0])
     acc = pd.DataFrame({"epoch": [0, 1, 2], "top1": [0.01, 0.2, 0.3], "top2": [0.02, 0.3, 0.4], "top3": [0.03, 0.4, 0.5]})
     summary = {"model": {"kind": "c2i", "vocab_size": 8, "parameters": 10}, "source": "generate",
-               "sampling": {"cfg": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}}
+               "sampling": {"guidance": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}}
     row = cmp.summary_row("m", table, summary, cmp.CompareSettings(n_boot=10), acc)
     assert row["top1"] == pytest.approx(0.45) and row["cond_top1"] == pytest.approx(0.2)
     assert (row["drafter_top1"], row["drafter_top3"], row["drafter_top1_random"], row["drafter_epochs"]) == (0.3, 0.5, 0.01, 2)
@@ -69,11 +70,11 @@ def test_parse_models_and_mapping(tmp_path):
     with pytest.raises(UsageError, match="twice"):
         cmp.parse_models("embedded,embedded")
     models = ["embedded", "hf:org/repo"]
-    assert cmp.parse_mapping([f"hf:org/repo={tmp_path}"], models) == {"hf:org/repo": tmp_path}
+    assert parse_mapping([f"hf:org/repo={tmp_path}"], models) == {"hf:org/repo": tmp_path}
     for bad, msg in (("embedded", "MODEL=PATH"), (f"anole={tmp_path}", "not in --models"),
                      ("embedded=/no/such/dir", "does not exist")):
         with pytest.raises(UsageError, match=msg):
-            cmp.parse_mapping([bad], models)
+            parse_mapping([bad], models)
 
 
 # --------------------------------------------------------------------------- CLI on tiny models
@@ -114,7 +115,6 @@ def _args(tiny, out, *extra):
 @pytest.mark.slow  # ~6 s on an idle 2-core machine: two models, figures drawn twice
 def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkeypatch):
     out = tmp_path / "cmp"
-    monkeypatch.setattr(cmp, "LANTERN_WEIGHTS", tmp_path / "no-shipped-drafters")
     assert cmp.main(_args(tiny, out, "--cfg", "2.0")) == 0
     printed = capsys.readouterr().out
     assert "text-twin" in printed and "LlamaGen (paper)" in printed
@@ -123,7 +123,7 @@ def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkey
         assert (out / f).is_file(), f
     df = pd.read_parquet(out / "compare.parquet").set_index("model")
     assert list(df.index) == ["embedded", "text-twin"]
-    assert df.loc["embedded", "cfg"] == 2.0 and df.loc["text-twin", "cfg"] == 1.0  # text: no guidance
+    assert df.loc["embedded", "guidance"] == 2.0 and df.loc["text-twin", "guidance"] == 1.0  # text: no guidance
     assert (df["images"] == 4).all() and df.loc["text-twin", "tokens"] == 4 * 16
     assert (df["top1_lo"] <= df["top1"]).all() and (df["top1"] <= df["top1_hi"]).all()
     assert (df["top1"] <= df["top10"]).all()
@@ -138,15 +138,28 @@ def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkey
         per[per["model"] == "text-twin"]["top1"].to_numpy())
 
     # a rerun reads the finished models back without loading them
-    import ambiguity.models.registry as registry
-
     def refuse(*a, **k):
         raise AssertionError("a finished model was loaded again")
 
-    monkeypatch.setattr(registry, "load_model", refuse)
+    monkeypatch.setattr(cmp, "load_model", refuse)
     assert cmp.main(_args(tiny, out, "--cfg", "2.0")) == 0
     again = pd.read_parquet(out / "compare.parquet").set_index("model")
     pd.testing.assert_frame_equal(again, df)
+
+    # lantern.compare's lookup supplies the drafter tables that --drafter-accuracy does not name
+    lookup = {"embedded": tiny / "acc.parquet"}
+    assert cmp.main(_args(tiny, out, "--cfg", "2.0"), accuracy_lookup=lookup.get) == 0
+    looked = pd.read_parquet(out / "compare.parquet").set_index("model")
+    assert looked.loc["embedded", "drafter_top1"] == 0.5 and looked.loc["embedded", "drafter_epochs"] == 1
+
+
+def test_lantern_compare_finds_the_shipped_drafter_tables():
+    from lantern.drafter import shipped_accuracy_path
+
+    assert shipped_accuracy_path("embedded").is_file() and shipped_accuracy_path("text-twin").is_file()
+    assert shipped_accuracy_path("no-such-model") is None
+    acc = cmp.drafter_accuracy(shipped_accuracy_path("embedded"))
+    assert acc["epoch"].iloc[0] == 0 and 0.5 < acc["top1"].iloc[-1] < 0.7  # 60.8 % shipped
 
 
 def test_dataset_source_teacher_forces_heldout_text(tiny, tmp_path):

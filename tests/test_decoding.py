@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.generation import make_generator, sample_tokens
+from ambiguity.generation import sample_tokens
+from ambiguity.seeding import image_seed
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.vq import VQConfig, VQModel
@@ -99,8 +100,8 @@ def table(model):
 def _greedy_matches_ar(model, drafter_for, rules, gammas, cfgs, labels):
     partial = 0
     for cfg, label in itertools.product(cfgs, labels):
-        s = SamplingConfig(cfg=cfg, temperature=0.0)
-        prompt = model.make_prompt([label], cfg=s.use_cfg)
+        s = SamplingConfig(guidance=cfg, temperature=0.0)
+        prompt = model.make_prompt([label], guided=s.guided)
         ar = sample_tokens(model, prompt, s)
         for (rule, nb), gamma in itertools.product(rules, gammas):
             out = speculative_decode(model, drafter_for(prompt), prompt, s, rule, nb, gamma)
@@ -121,8 +122,8 @@ def test_greedy_speculative_equals_greedy_autoregressive(model, table):
 
 def test_greedy_with_a_real_drafter_equals_autoregressive(model, drafter):
     # a perfect drafter accepts whole chains (bonus tokens); the EAGLE drafter mostly rejects
-    s = SamplingConfig(cfg=2.0, temperature=0.0)
-    prompt = model.make_prompt([4], cfg=True)
+    s = SamplingConfig(guidance=2.0, temperature=0.0)
+    prompt = model.make_prompt([4], guided=True)
     ar = sample_tokens(model, prompt, s)
     for d in (drafter, CopyDrafter(model, prompt, noise=0.0)):
         out = speculative_decode(model, d, prompt, s, AcceptanceRule("sd"), None, 4)
@@ -145,12 +146,12 @@ def _shipped_embedded():
 
 def test_greedy_on_the_embedded_model_equals_autoregressive():
     m, d, trained = _shipped_embedded()
-    cfg = DecodeConfig("lantern", 4, k=8, delta=0.0)
+    cfg = DecodeConfig.of("lantern", 4, k=8, delta=0.0)
     partial = 0
     nb = neighbour_table(m, cfg, cache=False)
-    for label, scale, rules in ((0, 4.0, ((AcceptanceRule("sd"), None), (cfg.rule(), nb))), (5, 1.0, ((cfg.rule(), nb),))):
-        s = SamplingConfig(cfg=scale, temperature=0.0)
-        prompt = m.make_prompt([label], cfg=s.use_cfg)
+    for label, scale, rules in ((0, 4.0, ((AcceptanceRule("sd"), None), (cfg.rule, nb))), (5, 1.0, ((cfg.rule, nb),))):
+        s = SamplingConfig(guidance=scale, temperature=0.0)
+        prompt = m.make_prompt([label], guided=s.guided)
         ar = sample_tokens(m, prompt, s)
         for rule, table in rules:
             out = speculative_decode(m, d, prompt, s, rule, table, 4)
@@ -168,10 +169,10 @@ def _exact_ar_joint(model, label, s):
     """P(x_0..x_3) (8, 8, 8, 8) of AR sampling, by teacher forcing all 8^3 prefixes."""
     prefixes = torch.tensor(list(itertools.product(range(V8), repeat=N4 - 1)))
     tokens = torch.cat([prefixes, torch.zeros(len(prefixes), 1, dtype=torch.long)], 1)
-    prompt = model.make_prompt([label] * len(prefixes), cfg=s.use_cfg)
+    prompt = model.make_prompt([label] * len(prefixes), guided=s.guided)
     with torch.no_grad():
-        logits = model.teacher_force(prompt, torch.cat([tokens, tokens]) if s.use_cfg else tokens).logits
-    p = distribution(logits, s, s.use_cfg).double()  # (512, 4, 8)
+        logits = model.teacher_force(prompt, torch.cat([tokens, tokens]) if s.guided else tokens).logits
+    p = distribution(logits, s, s.guided).double()  # (512, 4, 8)
     joint = p[0, 0]  # p(x_0), the same in every row
     for t in range(1, N4):
         cond = p[:, t].view(*(V8,) * (N4 - 1), V8)  # p(x_t | x_<t) indexed by (x_0, x_1, x_2)
@@ -194,11 +195,11 @@ def _chi2_pvalue(counts, probs):
 
 
 def _sample_sd(model, drafter, s, rule, table, runs, label=3, gamma=2):
-    prompt = model.make_prompt([label], cfg=s.use_cfg)
+    prompt = model.make_prompt([label], guided=s.guided)
     out = np.empty((runs, N4), dtype=np.int64)
     accepted = 0
     for i in range(runs):
-        d = speculative_decode(model, drafter, prompt, s, rule, table, gamma, make_generator(i, "cpu"))
+        d = speculative_decode(model, drafter, prompt, s, rule, table, gamma, torch.Generator().manual_seed(i))
         out[i] = d.tokens[0].numpy()
         accepted += int(d.steps["accepted"].sum())
     return out, accepted
@@ -229,8 +230,8 @@ def test_sampling_with_delta_zero_matches_autoregressive_distribution():
     gpt = GPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=V8, block_size=N4, num_classes=10, multiple_of=32))
     torch.nn.init.normal_(gpt.output.weight, 0.0, 0.5)
     m = LlamaGenModel(gpt.eval(), None, name="tiny")
-    s = SamplingConfig(cfg=2.0, temperature=1.0)
-    d = CopyDrafter(m, m.make_prompt([3], cfg=True), noise=0.3)
+    s = SamplingConfig(guidance=2.0, temperature=1.0)
+    d = CopyDrafter(m, m.make_prompt([3], guided=True), noise=0.3)
     nb = build_neighbourhoods(m.input_embeddings(), 3, "l2", cache=False).indices
     joint = _exact_ar_joint(m, 3, s)
     assert float(joint.sum()) == pytest.approx(1.0, abs=1e-6)
@@ -244,10 +245,10 @@ def test_sampling_with_delta_zero_matches_autoregressive_distribution():
 
 
 def test_autoregressive_decode_equals_sample_tokens(model):
-    s = SamplingConfig(cfg=3.0, temperature=1.0, top_k=20)
-    prompt = model.make_prompt([2], cfg=True)
-    ref = sample_tokens(model, prompt, s, make_generator(5, "cpu"))
-    out = autoregressive_decode(model, prompt, s, make_generator(5, "cpu"))
+    s = SamplingConfig(guidance=3.0, temperature=1.0, top_k=20)
+    prompt = model.make_prompt([2], guided=True)
+    ref = sample_tokens(model, prompt, s, torch.Generator().manual_seed(5))
+    out = autoregressive_decode(model, prompt, s, torch.Generator().manual_seed(5))
     assert torch.equal(out.tokens, ref)
     assert out.summary()["step_compression"] == 1.0 and out.summary()["mean_accepted_length"] == 1.0
 
@@ -256,12 +257,12 @@ def test_autoregressive_decode_equals_sample_tokens(model):
 def test_drafter_and_target_see_the_committed_prefix(model, drafter, table):
     """q(x̂) of every chain's first draft = the drafter run teacher-forced with true target
     features over the final tokens; p(x̂) of every reached draft = the teacher-forced target."""
-    s = SamplingConfig(cfg=2.0, temperature=1.0, top_p=0.95)
-    prompt = model.make_prompt([6], cfg=True)
+    s = SamplingConfig(guidance=2.0, temperature=1.0, top_p=0.95)
+    prompt = model.make_prompt([6], guided=True)
     cut = 0
     for seed, rule in ((0, AcceptanceRule("lantern", k=16, delta=0.05)), (1, AcceptanceRule("sd")),
                        (2, AcceptanceRule("lantern", k=16, delta=0.3))):
-        out = speculative_decode(model, drafter, prompt, s, rule, table, 3, make_generator(seed, "cpu"))
+        out = speculative_decode(model, drafter, prompt, s, rule, table, 3, torch.Generator().manual_seed(seed))
         cut += int((out.steps["accepted"] < out.steps["drafted"]).sum())
         toks = torch.cat([out.tokens, out.tokens])
         with torch.no_grad():
@@ -285,8 +286,8 @@ def test_drafter_and_target_see_the_committed_prefix(model, drafter, table):
 
 # --------------------------------------------------------------------------- records
 def test_record_identities(model, drafter, table):
-    s = SamplingConfig(cfg=2.0, temperature=1.0)
-    cfg = DecodeConfig("lantern", 3, k=16, delta=0.2)
+    s = SamplingConfig(guidance=2.0, temperature=1.0)
+    cfg = DecodeConfig.of("lantern", 3, k=16, delta=0.2)
     out = decode(model, [0, 1, 2, 3], cfg, s, drafter, table, seed=7)
     steps, drafts, images = out.frames()
     N = model.num_tokens
@@ -314,7 +315,7 @@ def test_record_identities(model, drafter, table):
     for col in ("target_s", "drafter_s", "acceptance_s"):
         assert (steps[col] >= 0).all() and images[col].sum() > 0
     assert (images["total_s"] >= images[["target_s", "drafter_s", "acceptance_s"]].sum(axis=1) - 1e-9).all()
-    assert images["seed"].tolist() == [7, 8, 9, 10]
+    assert images["seed"].tolist() == [image_seed(7, i) for i in range(4)]
     # the same image index gives the same tokens when decoded alone (per-image seeds: resumable runs)
     alone = decode(model, [2], cfg, s, drafter, table, seed=7, first_index=2)
     assert torch.equal(alone.tokens[0], out.tokens[2])
@@ -348,13 +349,13 @@ def test_accept_hand_case():
 def test_lantern_accepts_at_least_as_often_as_sd_on_the_same_random_numbers(model, drafter, table):
     """The first verification step sees identical p, q, drafts and u for both rules; p̃ >= p,
     so LANTERN's accepted prefix is never shorter."""
-    s = SamplingConfig(cfg=2.0, temperature=1.0)
-    prompt = model.make_prompt([1], cfg=True)
+    s = SamplingConfig(guidance=2.0, temperature=1.0)
+    prompt = model.make_prompt([1], guided=True)
     sd_first, la_first, sd_all, la_all = [], [], [], []
     for seed in range(30):
-        sd = speculative_decode(model, drafter, prompt, s, AcceptanceRule("sd"), None, 4, make_generator(seed, "cpu"))
+        sd = speculative_decode(model, drafter, prompt, s, AcceptanceRule("sd"), None, 4, torch.Generator().manual_seed(seed))
         la = speculative_decode(model, drafter, prompt, s, AcceptanceRule("lantern", k=16, delta=0.4), table, 4,
-                                make_generator(seed, "cpu"))
+                                torch.Generator().manual_seed(seed))
         assert np.array_equal(sd.drafts["token"][:4], la.drafts["token"][:4])
         assert np.array_equal(sd.drafts["u"][:4], la.drafts["u"][:4])
         sd_first.append(sd.steps["accepted"][0])
@@ -375,32 +376,32 @@ def test_lantern_accepts_at_least_as_often_as_sd_on_the_same_random_numbers(mode
 ])
 def test_bad_settings_raise_usage_errors(kwargs, match):
     with pytest.raises(UsageError, match=match):
-        DecodeConfig(**kwargs)
+        DecodeConfig.of(**kwargs)
 
 
 def test_bad_decode_calls_raise_usage_errors(model, drafter):
-    s = SamplingConfig(cfg=1.0, temperature=1.0)
+    s = SamplingConfig(guidance=1.0, temperature=1.0)
     with pytest.raises(UsageError, match="smaller than the vocabulary size"):
-        neighbour_table(tiny_model(vq=True), DecodeConfig("lantern", k=64))
+        neighbour_table(tiny_model(vq=True), DecodeConfig.of("lantern", k=64))
     with pytest.raises(UsageError, match="needs the VQ codebook of tiny"):
-        neighbour_table(model, DecodeConfig("lantern", k=8))
+        neighbour_table(model, DecodeConfig.of("lantern", k=8))
     with pytest.raises(UsageError, match="one condition at a time"):
         speculative_decode(model, drafter, model.make_prompt([1, 2]), s, AcceptanceRule("sd"))
     with pytest.raises(UsageError, match="needs a drafter"):
-        decode(model, [1], DecodeConfig("sd"), s)
+        decode(model, [1], DecodeConfig.of("sd"), s)
     other = Drafter.for_target(tiny_model(seed=5), seed=0)
     with pytest.raises(UsageError, match="drafter was built for tiny with other weights"):
         check_drafter(other, model)
-    with pytest.raises(UsageError, match="CFG rows"):
-        speculative_decode(model, drafter, model.make_prompt([1], cfg=True), s, AcceptanceRule("sd"))
+    with pytest.raises(UsageError, match="guidance rows"):
+        speculative_decode(model, drafter, model.make_prompt([1], guided=True), s, AcceptanceRule("sd"))
 
 
 def test_decode_with_codebook_neighbours_and_pixels(tmp_path, monkeypatch):
     monkeypatch.setenv("AMBIGUITY_NEIGHBOURHOOD_CACHE", str(tmp_path))
     m = tiny_model(vq=True)
     d = Drafter.for_target(m, seed=1).eval()
-    s = SamplingConfig(cfg=1.0, temperature=1.0, top_k=32)
-    for cfg in (DecodeConfig("lantern-jsd", 2, k=8, delta=0.1), DecodeConfig("lantern", 2, k=8, delta=0.1,
+    s = SamplingConfig(guidance=1.0, temperature=1.0, top_k=32)
+    for cfg in (DecodeConfig.of("lantern-jsd", 2, k=8, delta=0.1), DecodeConfig.of("lantern", 2, k=8, delta=0.1,
                                                                             residual="official")):
         out = decode(m, [0, 9], cfg, s, d, seed=1, pixels=True)
         assert out.pixels.shape == (2, 1, 8, 8) and 0 <= float(out.pixels.min()) <= float(out.pixels.max()) <= 1

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.models.embedded import save_module
+from ambiguity.runs import RunDir
+from ambiguity.models.checkpoints import save_module
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from lantern.drafter import Drafter, load_drafter, target_fingerprint
@@ -38,11 +39,11 @@ def model():
 @pytest.fixture(scope="module")
 def seqs(model):
     """40 sequences sampled from the tiny target (so the drafter has something learnable)."""
-    from ambiguity.generation import make_generator, sample_tokens
+    from ambiguity.generation import sample_tokens
     from ambiguity.sampling import SamplingConfig
 
     labels = [i % 10 for i in range(40)]
-    tokens = sample_tokens(model, model.make_prompt(labels), SamplingConfig(temperature=1.0), make_generator(0, "cpu"))
+    tokens = sample_tokens(model, model.make_prompt(labels), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
     return TokenSet(tokens, labels, "test")
 
 
@@ -78,13 +79,13 @@ def test_training_inputs_match_incremental_decoding(model, seqs):
                 torch.testing.assert_close(feat_in[:, i + 1], step.hidden[:, 0], atol=1e-5, rtol=0)
 
 
-def test_cfg_rows_carry_the_unconditional_stream(model, seqs):
+def test_expand_rows_carry_the_unconditional_stream(model, seqs):
     tokens, labels = seqs.tokens[:4], seqs.conditions[:4]
     chosen = torch.tensor([False, True, False, True])
     rows_t, hidden, unc = teacher_forced_rows(model, tokens, labels, chosen)
     assert unc.tolist() == [False, False, False, False, True, True]
     assert torch.equal(rows_t, tokens[[0, 2, 1, 3, 1, 3]])
-    prompt = model.make_prompt([labels[1], labels[3]], cfg=True)  # rows: cond 1, cond 3, uncond 1, uncond 3
+    prompt = model.make_prompt([labels[1], labels[3]], guided=True)  # rows: cond 1, cond 3, uncond 1, uncond 3
     with torch.no_grad():
         ref = model.teacher_force(prompt, torch.cat([tokens[[1, 3]], tokens[[1, 3]]])).hidden
     torch.testing.assert_close(hidden[2:], ref, atol=1e-5, rtol=0)
@@ -92,7 +93,8 @@ def test_cfg_rows_carry_the_unconditional_stream(model, seqs):
 
 
 def test_feature_cache_uncond_fraction_and_resume(model, seqs, tmp_path):
-    paths = build_feature_cache(model, seqs, tmp_path, "train", batch_size=16, uncond_fraction=0.3, seed=1,
+    run = RunDir(tmp_path, {"test": "features"}, command="test").open()
+    paths = build_feature_cache(model, seqs, run, "train", batch_size=16, uncond_fraction=0.3, seed=1,
                                 progress=False)
     rows = list(iterate_batches(paths, 1000))
     assert len(rows) == 1
@@ -102,8 +104,11 @@ def test_feature_cache_uncond_fraction_and_resume(model, seqs, tmp_path):
     assert int(unc.sum()) == int(chosen.sum()) and tokens.shape[0] == 40 + int(chosen.sum())
     assert hidden.dtype == torch.float16 and hidden.shape == (tokens.shape[0], N_TOK, 32)
     mtime = paths[0].stat().st_mtime_ns
-    assert build_feature_cache(model, seqs, tmp_path, "train", 16, 0.3, 1, progress=False) == paths
+    assert build_feature_cache(model, seqs, run, "train", 16, 0.3, 1, progress=False) == paths
     assert paths[0].stat().st_mtime_ns == mtime  # reused, not recomputed
+    paths[0].write_bytes(paths[0].read_bytes()[:-10])  # a truncated shard is recomputed, not read
+    assert build_feature_cache(model, seqs, run, "train", 16, 0.3, 1, progress=False) == paths
+    assert torch.equal(next(iterate_batches(paths, 1000))[1], hidden)
 
 
 # --------------------------------------------------------------------------- loss and metrics
@@ -262,13 +267,16 @@ def test_token_file_captions_and_conditions_file(tmp_path):
 def test_self_generate_resumes_from_parts(model, tmp_path):
     from ambiguity.sampling import SamplingConfig
 
-    s = SamplingConfig(cfg=2.0, temperature=1.0, top_k=10)
-    a = self_generate(model, 6, s, batch_size=4, seed=3, parts_dir=tmp_path, progress=False)
+    s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=10)
+    run = RunDir(tmp_path, {"test": "self-generate"}, command="test").open()
+    a = self_generate(model, 6, s, batch_size=4, seed=3, run=run, progress=False)
     assert a.tokens.shape == (6, N_TOK) and a.conditions == [0, 1, 2, 3, 4, 5]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["part_00000.safetensors", "part_00001.safetensors"]
-    (tmp_path / "part_00001.safetensors").unlink()
-    b = self_generate(model, 6, s, batch_size=4, seed=3, parts_dir=tmp_path, progress=False)
-    assert torch.equal(a.tokens, b.tokens)  # part 0 reused, part 1 regenerated with the same seed
+    assert run.part_names() == ["selfgen_00000", "selfgen_00001"]
+    run.manifest_path("selfgen_00001").unlink()
+    b = self_generate(model, 6, s, batch_size=4, seed=3, run=run, progress=False)
+    assert torch.equal(a.tokens, b.tokens)  # part 0 reused, part 1 regenerated from the same image streams
+    c = self_generate(model, 6, s, batch_size=6, seed=3, progress=False)
+    assert torch.equal(a.tokens, c.tokens)  # each image has its own stream: the batch size does not matter
 
 
 # --------------------------------------------------------------------------- training run and CLI
@@ -282,7 +290,7 @@ def test_train_drafter_learns_and_resumes(model, seqs, tmp_path):
     assert table.loc[1, "test_positions"] == 8 * (N_TOK - 1)
     assert table.loc[1, "train_rows"] >= 32  # plus the unconditional rows
     assert table.loc[1, "steps"] == math.ceil(table.loc[1, "train_rows"] / 8)
-    again = evaluate(drafter, model, sorted((tmp_path / "features").glob("test_*")), 8)
+    again = evaluate(drafter, model, sorted((tmp_path / "parts").glob("test_features_*.safetensors")), 8)
     assert again["top1"] == pytest.approx(table.loc[1, "top1"])
     cfg2 = TrainConfig(epochs=2, batch_size=8, lr=3e-3, warmup_steps=2, seed=0)
     _, table2 = train_drafter(model, train, test, tmp_path, cfg2, progress=False)

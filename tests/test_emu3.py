@@ -61,7 +61,7 @@ def test_grid_from_ratio_and_area():
 
 def test_prompt_template_and_negative_prompt_rows(tiny):
     _, tok, em = tiny
-    p = em.make_prompt(CAPTIONS, cfg=True)
+    p = em.make_prompt(CAPTIONS, guided=True)
     ids, mask = p.inputs["ids"], p.inputs["mask"]
     for i, text in enumerate(CAPTIONS + ["ugly", "ugly"]):
         want = tok(f"<|extra_203|>{text}<|image start|>3*4<|image token|>", add_special_tokens=False)["input_ids"]
@@ -85,7 +85,7 @@ def test_logits_equal_direct_computation_across_row_ends(tiny):
 
 def test_prefill_extend_equals_teacher_force(tiny):
     _, _, em = tiny
-    p = em.make_prompt(CAPTIONS, cfg=True)
+    p = em.make_prompt(CAPTIONS, guided=True)
     tokens = _codes(2, H * W, seed=2).repeat(2, 1)
     tf = em.teacher_force(p, tokens)
     cache = em.new_cache(p)
@@ -111,9 +111,9 @@ def test_rollback_across_row_end_then_reextend_equals_fresh(tiny, keep):
     torch.testing.assert_close(again.logits, fresh.logits[:, keep + 1:12], atol=1e-5, rtol=0)
 
 
-def test_cfg_rows_equal_the_negative_prompt_alone(tiny):
+def test_expand_rows_equal_the_negative_prompt_alone(tiny):
     model, _, em = tiny
-    p = em.make_prompt(CAPTIONS, cfg=True)
+    p = em.make_prompt(CAPTIONS, guided=True)
     tokens = _codes(2, 7, seed=5).repeat(2, 1)
     batch = em.teacher_force(p, tokens)
     neg = torch.tensor([em.prompt_ids("ugly")])
@@ -129,7 +129,7 @@ def test_greedy_sampling_matches_a_plain_full_sequence_loop(tiny):
     """sample_tokens through the cache = argmax of guided logits recomputed on the whole sequence."""
     model, _, em = tiny
     scale = 3.0
-    out = sample_tokens(em, em.make_prompt(["a cat"], cfg=True), SamplingConfig(cfg=scale, temperature=0.0))
+    out = sample_tokens(em, em.make_prompt(["a cat"], guided=True), SamplingConfig(guidance=scale, temperature=0.0))
     seqs = [torch.tensor(em.prompt_ids("a cat")), torch.tensor(em.prompt_ids("ugly"))]
     want = []
     with torch.no_grad():

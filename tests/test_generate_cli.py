@@ -7,7 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from ambiguity.models.embedded import load_embedded, save_module
+from ambiguity.seeding import image_seed
+
+from ambiguity.models.embedded import load_embedded
+from ambiguity.models.checkpoints import save_module
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from lantern.drafter import Drafter
@@ -72,11 +75,12 @@ def test_outputs_summary_and_resume(tiny, tmp_path, capsys):
     assert summary["steps"] == len(steps) and summary["target_forwards"] == 2 + len(steps)
     assert summary["mean_accepted_length"] == pytest.approx(30 / len(steps))
     assert summary["acceptance_rate"] == pytest.approx(drafts["committed"].sum() / drafts["reached"].sum())
-    assert [len(c) for c in images["codes"]] == [16, 16] and images["seed"].tolist() == [0, 1]
-    first = (out / "parts" / "00000.image.parquet").stat().st_mtime_ns
+    assert [len(c) for c in images["codes"]] == [16, 16]
+    assert images["seed"].tolist() == [image_seed(0, 0), image_seed(0, 1)]
+    first = (out / "parts" / "image_00000.image.parquet").stat().st_mtime_ns
     assert main(_args(tiny, out, "--method", "lantern", "--delta", "0.3", "--num-images", "3")) == 0
     assert "1 images computed, 2 resumed" in capsys.readouterr().out
-    assert (out / "parts" / "00000.image.parquet").stat().st_mtime_ns == first
+    assert (out / "parts" / "image_00000.image.parquet").stat().st_mtime_ns == first
     again = pd.read_parquet(out / "images.parquet")
     assert again["codes"].iloc[1].tolist() == images["codes"].iloc[1].tolist()
     # another setting into the same directory is refused, --overwrite starts over
@@ -122,18 +126,14 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
     (["--method", "lantern", "--delta", "-0.1"], "error: delta (--delta) must be >= 0"),
     (["--method", "lantern++", "--lam", "0.5"], "error: lam (--lam) must be >= 1"),
     (["--method", "lantern", "--k", "64"], "must be smaller than the vocabulary size 64"),
-    (["--method", "sd", "--gamma", "0"], "--gamma (draft tokens per step) must be an integer >= 1"),
+    (["--method", "sd", "--gamma", "0"], "argument --gamma: must be >= 1, got 0"),
     (["--method", "medusa"], "invalid choice: 'medusa'"),
     (["--method", "sd", "--drafter", "OTHER"], "drafter was trained for embedded with other weights"),
 ])
 def test_bad_parameters_exit_2_with_one_line(tiny, tmp_path, capsys, extra, message):
     args = _args(tiny, tmp_path / "bad", "--num-images", "1", *extra)
     args = [a.replace("OTHER", str(tiny / "other_drafter.safetensors")) for a in args]  # argparse: last wins
-    try:
-        code = main(args)
-    except SystemExit as exc:  # argparse errors (ArgumentParser.error) exit directly
-        code = exc.code
-    assert code == 2
+    assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "bad" / "summary.json").exists()

@@ -107,7 +107,7 @@ def test_draft_layer_is_the_models_layer_class_and_caches(tiny):
 def test_cfg_and_default_conditions_are_refused(tiny):
     _, _, _, lm = tiny
     with pytest.raises(UsageError, match="--cfg 1"):
-        lm.make_prompt(PROMPTS, cfg=True)
+        lm.make_prompt(PROMPTS, guided=True)
     with pytest.raises(NotImplementedError):  # the profile passes prompts from a file
         lm.default_conditions(4)
     with pytest.raises(UsageError):

@@ -34,9 +34,9 @@ def test_id_map_grid_and_shapes(tiny):
     assert jm.hidden_size == 32
 
 
-def test_prompt_follows_janus_template_and_cfg_rows(tiny):
+def test_prompt_follows_janus_template_and_expand_rows(tiny):
     _, tok, jm = tiny
-    p = jm.make_prompt(CAPTIONS, cfg=True)
+    p = jm.make_prompt(CAPTIONS, guided=True)
     assert p.rows == 4 and p.batch_size == 2 and p.conditions == CAPTIONS
     ids, mask = p.inputs["ids"], p.inputs["mask"]
     for i, cap in enumerate(CAPTIONS):
@@ -48,7 +48,7 @@ def test_prompt_follows_janus_template_and_cfg_rows(tiny):
         u = ids[2 + i, -n:].tolist()
         assert u == [tok.bos_token_id] + [tok.pad_token_id] * (n - 2) + [tok.convert_tokens_to_ids("<begin_of_image>")]
         assert int(mask[2 + i].sum()) == n
-    assert not jm.make_prompt(CAPTIONS).cfg and jm.make_prompt(CAPTIONS).rows == 2
+    assert not jm.make_prompt(CAPTIONS).guided and jm.make_prompt(CAPTIONS).rows == 2
 
 
 def test_logits_finite_and_equal_direct_computation(tiny):
@@ -70,7 +70,7 @@ def test_logits_finite_and_equal_direct_computation(tiny):
 
 def test_prefill_extend_equals_teacher_force_with_cfg_and_padding(tiny):
     _, _, jm = tiny
-    p = jm.make_prompt(CAPTIONS, cfg=True)
+    p = jm.make_prompt(CAPTIONS, guided=True)
     tokens = _codes(2, 16, seed=1).repeat(2, 1)
     tf = jm.teacher_force(p, tokens)
     cache = jm.new_cache(p, 16)
@@ -98,9 +98,9 @@ def test_rollback_then_reextend_equals_fresh_run(tiny):
         jm.rollback(cache, 11)
 
 
-def test_cfg_rows_equal_their_prompts_run_alone(tiny):
+def test_expand_rows_equal_their_prompts_run_alone(tiny):
     model, tok, jm = tiny
-    p = jm.make_prompt(CAPTIONS, cfg=True)
+    p = jm.make_prompt(CAPTIONS, guided=True)
     tokens = _codes(2, 6, seed=4).repeat(2, 1)
     batch = jm.teacher_force(p, tokens)
     # the unconditional row of caption 0, run alone and unpadded
@@ -119,8 +119,8 @@ def test_greedy_sampling_matches_janus_generation_loop(tiny):
     """sample_tokens (the profile path) = Janus's own loop: gen_head, CFG on logits, gen embeddings."""
     model, _, jm = tiny
     scale = 5.0
-    p = jm.make_prompt(["a cat"], cfg=True)
-    out = sample_tokens(jm, p, SamplingConfig(cfg=scale, temperature=0.0))
+    p = jm.make_prompt(["a cat"], guided=True)
+    out = sample_tokens(jm, p, SamplingConfig(guidance=scale, temperature=0.0))
     assert out.shape == (1, 16)
     ids = torch.tensor([jm.prompt_ids("a cat"), jm.unconditional_ids(jm.prompt_ids("a cat"))])
     embeds, kv, want = model.get_input_embeddings()(ids), new_dynamic_cache(), []

@@ -9,7 +9,8 @@ import torch
 import ambiguity.models.llamagen as lg
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.models.gpt import gpt_config_from_official
-from ambiguity.models.llamagen import check_checkpoint_name, load_checkpoint_state
+from ambiguity.models.llamagen import check_checkpoint_name
+from ambiguity.models.checkpoints import load_checkpoint_state
 from ambiguity.models.registry import load_model
 from hf_tiny import save_to_hf_cache, use_hf_cache
 

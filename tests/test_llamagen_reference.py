@@ -7,7 +7,8 @@ from safetensors.torch import load_file
 
 from ambiguity.generation import sample_tokens
 from ambiguity.models.gpt import GPT, gpt_config_from_official
-from ambiguity.models.llamagen import LlamaGenModel, load_checkpoint_state, load_strict, official_gpt_config
+from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
+from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
 from ambiguity.models.vq import VQModel, vq_config_from_official
 from ambiguity.sampling import SamplingConfig
 
@@ -50,9 +51,9 @@ def test_adapter_teacher_force_matches_official(ref, case):
 def test_greedy_tokens_with_kv_cache_match_official(ref, case, scale):
     _, _, exp = ref
     model = LlamaGenModel(_gpt(ref, case))
-    sampling = SamplingConfig(cfg=float(scale), temperature=0.0)
+    sampling = SamplingConfig(guidance=float(scale), temperature=0.0)
     cond = exp[f"{case}.cond"]
-    prompt = model.make_prompt(cond if case.endswith("t2i") else cond.tolist(), cfg=sampling.use_cfg)
+    prompt = model.make_prompt(cond if case.endswith("t2i") else cond.tolist(), guided=sampling.guided)
     tokens = sample_tokens(model, prompt, sampling)
     assert torch.equal(tokens, exp[f"{case}.greedy_tokens_cfg{scale}"].long())
 

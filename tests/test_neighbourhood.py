@@ -210,7 +210,7 @@ def test_truncate_and_summary():
 
 @pytest.fixture(scope="module")
 def tiny_weights(tmp_path_factory):
-    from ambiguity.models.embedded import save_module
+    from ambiguity.models.checkpoints import save_module
     from ambiguity.models.gpt import GPT, GPTConfig
     from ambiguity.models.vq import VQConfig, VQModel
 

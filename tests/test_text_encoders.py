@@ -75,11 +75,11 @@ def test_llamagen_t2i_prompt_from_captions(t5_dir):
                         caption_dim=16, cls_token_num=120, multiple_of=32)).eval()
     enc = T5CaptionEncoder(str(path))
     model = LlamaGenModel(gpt, caption_encoder=enc)
-    p = model.make_prompt(["a cat", "a dog"], cfg=True)
+    p = model.make_prompt(["a cat", "a dog"], guided=True)
     cond, mask = p.inputs["cond"], p.inputs["mask"]
     assert cond.shape == (4, 120, 16) and mask.shape == (4, 120)
     feats, m = enc.encode(["a cat"])
     torch.testing.assert_close(cond[0, -6:], feats[0, :6])
     assert (cond[0, :-6] == 0).all() and mask[0, -6:].all() and not mask[0, :-6].any()
-    out = sample_tokens(model, p, SamplingConfig(cfg=4.0), generator=torch.Generator().manual_seed(0))
+    out = sample_tokens(model, p, SamplingConfig(guidance=4.0), generator=torch.Generator().manual_seed(0))
     assert out.shape == (2, 16)

@@ -180,12 +180,12 @@ def test_teacher_force_equals_cached_decoding(twin):
 
 @torch.no_grad()
 def test_guidance_with_bos_prompts_is_the_identity(twin):
-    p = twin.make_prompt(["", ""], cfg=True)
+    p = twin.make_prompt(["", ""], guided=True)
     logits = twin.prefill(p, twin.new_cache(p, 1)).logits[:, -1]
-    guided = distribution(logits, SamplingConfig(cfg=3.0))
+    guided = distribution(logits, SamplingConfig(guidance=3.0))
     plain = distribution(logits[:2], SamplingConfig())
     torch.testing.assert_close(guided, plain, atol=1e-6, rtol=0)
-    q = twin.make_prompt(["The king", ""], cfg=True)
+    q = twin.make_prompt(["The king", ""], guided=True)
     assert q.rows == 4 and q.inputs["mask"][2:, :-1].any().item() is False  # unconditional rows: BOS only
 
 

@@ -11,7 +11,7 @@ import torch
 
 from ambiguity.data.fashion_mnist import write_idx
 from ambiguity.errors import UsageError
-from ambiguity.generation import make_generator, sample_tokens
+from ambiguity.generation import sample_tokens
 from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, load_embedded
 from ambiguity.models.gpt import GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
@@ -60,9 +60,9 @@ def test_quick_run_end_to_end(fake_data, tmp_path, capsys):
 
     model = load_embedded(weights=out)
     assert model.grid == (8, 8) and model.num_classes == 10 and model.class_names[7] == "Sneaker"
-    sampling = SamplingConfig(cfg=2.0, temperature=1.0)
-    prompt = model.make_prompt([0, 3, 9], cfg=sampling.use_cfg)
-    codes = sample_tokens(model, prompt, sampling, make_generator(0, "cpu"))
+    sampling = SamplingConfig(guidance=2.0, temperature=1.0)
+    prompt = model.make_prompt([0, 3, 9], guided=sampling.guided)
+    codes = sample_tokens(model, prompt, sampling, torch.Generator().manual_seed(0))
     assert codes.shape == (3, 64) and codes.dtype == torch.int64
     assert 0 <= int(codes.min()) and int(codes.max()) < 64
     images = model.decode_codes(codes.view(3, 8, 8))

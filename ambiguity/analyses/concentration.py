@@ -26,10 +26,19 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from ambiguity.errors import UsageError, cli_main
-from ambiguity.neighbourhood import Neighbourhoods
+from ambiguity import plots
+from ambiguity.analyses.common import add_analysis_args, analysis_inputs, batches, digest, generate_grids, print_table
+from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, default_out, int_list, sampling_from_args
+from ambiguity.errors import UsageError
+from ambiguity.io import write_table
+from ambiguity.models.registry import load_model
+from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
+from ambiguity.runs import RunDir
+from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 
 __all__ = ["default_ks", "neighbourhood_mass", "top_mass", "expected_random_mass", "position_masses",
            "concentration_frame", "summarize_concentration", "run_concentration", "plot_concentration", "main"]
@@ -106,8 +115,6 @@ def position_masses(p: torch.Tensor, anchors: torch.Tensor, tables: dict[str, Ne
 
 def concentration_frame(masses: dict[str, torch.Tensor], ks: Sequence[int], meta: dict[str, np.ndarray]):
     """Long per-position table: the columns of ``meta`` (one value per position), set, k, mass."""
-    import pandas as pd
-
     frames = []
     for name, m in masses.items():
         P = m.shape[0]
@@ -130,39 +137,37 @@ def summarize_concentration(positions):
     return s
 
 
+COMMAND = "python -m ambiguity.analyses concentration"
+OUTPUTS = ("concentration.parquet", "concentration_positions.parquet", "concentration.png", "concentration.pdf")
+
+
 @torch.no_grad()
 def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequence[str] = ("l2",),
                       matrix: str = "codebook", *, num_images: int = 32, batch_size: int = 16, sampling=None,
                       seed: int = 0, anchor: str = "top1", conditions: Optional[list] = None,
-                      data: Optional[str] = None, out_dir: Optional[str | Path] = None, cache_dir=None,
-                      progress: bool = True):
-    """Measure neighbourhood concentration on generated (or, with ``data``, real) token grids.
+                      images: Optional[torch.Tensor] = None, out_dir: Optional[str | Path] = None,
+                      overwrite: bool = False, cache_dir=None, progress: bool = True):
+    """Measure neighbourhood concentration on generated (or, with ``images``, real) token grids.
 
     Args:
         model: a :class:`~ambiguity.models.base.TokenModel`.
         ks: neighbourhood sizes (default :func:`default_ks`); metrics: neighbourhood metrics;
-            matrix: ``codebook``/``input``/``output`` rows that define proximity.
-        num_images / batch_size: token grids and grids per forward pass.
+            matrix: ``codebook``/``codebook-raw``/``input``/``output`` rows that define proximity.
+        num_images / batch_size: token grids and grids per forward pass (and per resumable part).
         sampling: :class:`~ambiguity.sampling.SamplingConfig` (the distribution p is the one
             sampled from: guidance, temperature, top-k/top-p applied).
-        seed: sampling seed (batch b uses ``seed_for(seed, b)``) and the random control's seed.
+        seed: image ``i`` samples from its own stream (:mod:`ambiguity.seeding`); also the random
+            control's seed.
         anchor: ``"top1"`` or ``"sampled"`` (for real data ``"sampled"`` is the real token).
         conditions: one per image (default: classes round-robin / ``default_conditions``).
-        data: teacher-force Fashion-MNIST test images (see :func:`.common.real_images`).
-        out_dir: when given, each finished batch is written to ``out_dir/parts-<hash>/`` and
-            reused on a rerun with the same settings (resume).
+        images: (num_images, C, H, W) real images in [0, 1] to teacher-force (their VQ codes)
+            instead of generating; ``conditions`` are then their labels.
+        out_dir: a run directory (:class:`ambiguity.runs.RunDir`): each finished batch is a
+            part, reused on a rerun with the same settings; other settings are refused unless
+            ``overwrite``.
     Returns (positions DataFrame (see :func:`concentration_frame`), summary DataFrame).
     Raises UsageError for bad ks, metrics, matrix or anchor.
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from ambiguity.analyses.common import batches, conditions_for, real_images, seed_for, settings_dir
-    from ambiguity.generation import cfg_rows, make_generator, sample_tokens
-    from ambiguity.io import read_table, write_table
-    from ambiguity.neighbourhood import METRICS, build_neighbourhoods, model_matrix
-    from ambiguity.sampling import SamplingConfig, distribution
-
     sampling = sampling or SamplingConfig()
     if anchor not in ("top1", "sampled"):
         raise UsageError(f"--anchor must be top1 or sampled, got {anchor!r}")
@@ -177,28 +182,26 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
     tables = {m: build_neighbourhoods(rows, ks[-1], m, image_token_ids=model.image_token_ids,
                                       source=f"{model.name}:{matrix}", cache_dir=cache_dir) for m in metrics}
     rtable = build_neighbourhoods(rows, ks[-1], "random", seed=seed, cache_dir=cache_dir)
-    images = labels = None
-    if data is not None:
-        images, labels = real_images(model, data, num_images)
-    conds = labels if labels is not None else (conditions or conditions_for(model, num_images))
+    conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
     if len(conds) < num_images:
         raise UsageError(f"{len(conds)} conditions for --num-images {num_images}; give one per image")
-    parts = None
+    conds = conds[:num_images]
+    run = None
     if out_dir is not None:
-        parts = settings_dir(Path(out_dir), {"analysis": "concentration", "model": model.name, "matrix": matrix,
-                                             "metrics": metrics, "ks": ks, "sampling": sampling.as_dict(),
-                                             "seed": seed, "anchor": anchor, "data": data, "batch_size": batch_size,
-                                             "conditions": [str(c) for c in conds[:num_images]],
-                                             "matrix_key": tables[metrics[0]].key})
+        run = RunDir(out_dir, {"analysis": "concentration", "model": model.describe(), "matrix": matrix,
+                               "metrics": metrics, "ks": ks, "sampling": sampling.as_dict(), "seed": seed,
+                               "anchor": anchor, "real_images": images is not None, "batch_size": batch_size,
+                               "num_images": num_images, "conditions": digest(conds),
+                               "matrix_key": tables[metrics[0]].key}, command=COMMAND, outputs=OUTPUTS)
+        run.open(overwrite)
     frames = []
-    todo = list(batches(num_images, batch_size))
-    for b, sl in tqdm(todo, desc="concentration", unit="batch", disable=not progress):
-        part = None if parts is None else parts / f"batch-{b:05d}.parquet"
-        if part is not None and part.is_file():
-            frames.append(read_table(part))
+    for b, sl in tqdm(list(batches(num_images, batch_size)), desc="concentration", unit="batch", disable=not progress):
+        name, holds = f"batch_{b:05d}", {"images": [sl.start, sl.stop]}
+        part = run.read_part(name, holds) if run is not None else None
+        if part is not None:
+            frames.append(part.tables["positions"])
             continue
         cond_b = conds[sl]
-        prompt = model.make_prompt(cond_b, cfg=sampling.use_cfg)
         if images is None:
             steps = []
 
@@ -206,15 +209,16 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
                 a = p.argmax(-1) if anchor == "top1" else x
                 steps.append((position_masses(p.float(), a, tables, rtable, ks), a, p.gather(1, a[:, None])[:, 0]))
 
-            sample_tokens(model, prompt, sampling, make_generator(seed_for(seed, b), model.device), on_step=hook)
+            generate_grids(model, cond_b, sampling, seed, sl.start, on_step=hook)
             T = len(steps)
             masses = {n: torch.stack([m[n] for m, _, _ in steps], 1).reshape(-1, len(ks)) for n in steps[0][0]}
             anchors = torch.stack([a for _, a, _ in steps], 1).reshape(-1)
             anchor_p = torch.stack([q for _, _, q in steps], 1).reshape(-1)
         else:
+            prompt = model.make_prompt(cond_b, guided=sampling.guided)
             codes = model.encode_images(images[sl]).reshape(len(cond_b), -1)
-            step = model.teacher_force(prompt, cfg_rows(codes, prompt.cfg))
-            p = distribution(step.logits, sampling, prompt.cfg)             # (B, T, V)
+            step = model.teacher_force(prompt, expand_rows(codes, prompt.guided))
+            p = distribution(step.logits, sampling, prompt.guided)             # (B, T, V)
             T = p.shape[1]
             p = p.reshape(-1, V)
             anchors = p.argmax(-1) if anchor == "top1" else codes.reshape(-1).to(p.device)
@@ -225,8 +229,8 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
                 "condition": np.repeat(np.asarray([str(c) for c in cond_b], dtype=object), T),
                 "anchor": anchors.cpu().numpy(), "anchor_p": anchor_p.float().cpu().numpy()}
         frame = concentration_frame(masses, ks, meta)
-        if part is not None:
-            write_table(frame, part)
+        if run is not None:
+            run.write_part(name, holds, tables={"positions": frame})
         frames.append(frame)
     positions = pd.concat(frames, ignore_index=True)
     positions["set"] = positions["set"].astype(str)
@@ -234,8 +238,6 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
 
 
 def _colour(name: str, i: int) -> str:
-    from ambiguity import plots
-
     if name == "random":
         return plots.color_for("random")
     if name == "top-k":
@@ -248,8 +250,6 @@ def plot_concentration(summary, path: str | Path, title: str = "") -> list[Path]
 
     The analytic ``random-expected`` curve is drawn dashed without a band.
     """
-    from ambiguity import plots
-
     with plots.style():
         fig, ax = plots.new_figure(width=3.6, height=2.6)
         sets = [s for s in summary["set"].unique() if s != "random-expected"]
@@ -278,40 +278,31 @@ def plot_concentration(summary, path: str | Path, title: str = "") -> list[Path]
 @cli_main
 def main(argv=None) -> int:
     """``python -m ambiguity.analyses.concentration``: mass near the top-1 token vs random and top-k."""
-    from ambiguity.analyses.common import (add_model_args, add_sampling_args, conditions_for, parse_ints,
-                                           print_table, sampling_from_args)
-    from ambiguity.errors import ArgumentParser
-    from ambiguity.io import ensure_writable_dir, write_table
-    from ambiguity.neighbourhood import MATRICES
-    from ambiguity.models.registry import load_model
-
     ap = ArgumentParser(prog="python -m ambiguity.analyses.concentration",
                         description="Probability mass the target puts on the latent neighbours of its top-1 token "
                                     "(LANTERN Sec. 4.1), against k random tokens and the best k tokens.")
-    add_model_args(ap)
-    add_sampling_args(ap)
+    add_analysis_args(ap, num_images=32, batch_size=16, out_help="output folder (default: runs/concentration/<model>)")
     ap.add_argument("--ks", default=None, help="comma-separated set sizes (default: 1,2,4,...,V-1)")
     ap.add_argument("--metrics", default="l2", help="comma-separated: l2, l2-normalized, cosine (default: %(default)s)")
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
     ap.add_argument("--anchor", default="top1", choices=("top1", "sampled"))
-    ap.add_argument("--cache-dir", default=None, help="neighbourhood cache folder")
-    ap.add_argument("--out", default=None, help="output folder (default: runs/concentration/<model>)")
     args = ap.parse_args(argv)
 
-    sampling = sampling_from_args(args)
-    out = ensure_writable_dir(args.out or f"runs/concentration/{args.model}")
+    ks = int_list(args.ks, "--ks", minimum=1) if args.ks else None
+    out = check_out_dir(args.out or default_out("concentration", args.model))
     model = load_model(args.model, weights=args.weights, device=args.device)
-    ks = parse_ints(args.ks, "--ks") if args.ks else None
-    conds = None if args.data else conditions_for(model, args.num_images, args.captions)
+    sampling = sampling_from_args(args, "c2i")
+    conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)
     positions, summary = run_concentration(
         model, ks, [m for m in args.metrics.split(",") if m], args.matrix, num_images=args.num_images,
         batch_size=args.batch_size, sampling=sampling, seed=args.seed, anchor=args.anchor, conditions=conds,
-        data=args.data, out_dir=out, cache_dir=args.cache_dir)
+        images=images, out_dir=out, overwrite=args.overwrite, cache_dir=args.cache_dir,
+        progress=not args.no_progress)
     summary.insert(0, "model", model.name)
     summary.insert(1, "matrix", args.matrix)
     write_table(summary, out / "concentration.parquet")
     write_table(positions, out / "concentration_positions.parquet")
-    src = "real images" if args.data else "generated"
+    src = "real images" if images is not None else "generated"
     figs = plot_concentration(summary, out / "concentration",
                               title=f"{model.name}, {args.matrix}, {args.num_images} {src} images")
     print_table(summary, ["set", "k", "mean", "q25", "q50", "q75", "over_random"],

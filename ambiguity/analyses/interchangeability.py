@@ -29,10 +29,21 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from ambiguity.errors import UsageError, cli_main
-from ambiguity.neighbourhood import Neighbourhoods
+from ambiguity import plots
+from ambiguity.analyses.common import add_analysis_args, analysis_inputs, batches, digest, generate_grids, print_table
+from ambiguity.cli import (ArgumentParser, check_out_dir, cli_main, default_out, float_list, int_list, positive_int,
+                           sampling_from_args)
+from ambiguity.errors import UsageError
+from ambiguity.io import write_table
+from ambiguity.models.registry import load_model
+from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
+from ambiguity.runs import RunDir
+from ambiguity.sampling import SamplingConfig
+from ambiguity.seeding import derived_seed
 
 __all__ = ["replace_tokens", "pixel_errors", "replacement_settings", "interchangeability",
            "summarize_interchangeability", "replacement_rows", "replacement_grid", "plot_psnr",
@@ -94,9 +105,7 @@ def replacement_settings(ks: Sequence[int], rates: Sequence[float]) -> list[tupl
 
 
 def _setting_seed(seed: int, mode: str, k: Optional[int], rate: float, repeat: int) -> int:
-    from ambiguity.analyses.common import seed_for
-
-    return seed_for(seed, mode == "random", k or 0, int(round(rate * 1e6)), repeat)
+    return derived_seed(seed, mode == "random", k or 0, int(round(rate * 1e6)), repeat)
 
 
 def _replace(codes, setting, neighbourhoods: Neighbourhoods, vocab_size: int, seed: int, repeat: int):
@@ -115,7 +124,7 @@ def _decode(model, codes: torch.Tensor, batch_size: int) -> torch.Tensor:
 @torch.no_grad()
 def interchangeability(model, codes: torch.Tensor, neighbourhoods: Neighbourhoods, rows: torch.Tensor,
                        ks: Sequence[int], rates: Sequence[float], *, seed: int = 0, repeats: int = 1,
-                       batch_size: int = 16, reference: Optional[torch.Tensor] = None, parts: Optional[Path] = None,
+                       batch_size: int = 16, reference: Optional[torch.Tensor] = None, run: Optional[RunDir] = None,
                        progress: bool = False):
     """Pixel error of neighbour vs random replacement for every (k, rate) and repeat.
 
@@ -124,15 +133,11 @@ def interchangeability(model, codes: torch.Tensor, neighbourhoods: Neighbourhood
         codes: (B, h, w) int64 code grids. neighbourhoods: table with k >= max(ks).
         rows: (V, d) float matrix the neighbourhoods were built on (for latent distances).
         ks / rates: neighbourhood sizes and replacement fractions; repeats: draws per setting.
-        reference: decode of ``codes`` (computed when None). parts: folder for resumable parts.
+        reference: decode of ``codes`` (computed when None). run: a run directory whose parts
+            keep every finished setting (resume).
     Returns a per-image DataFrame: image, mode, k (<NA> for random), rate, repeat, replaced,
     mse, psnr (dB), latent_distance.
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from ambiguity.io import read_table, write_table
-
     if max(ks) > neighbourhoods.k:
         raise UsageError(f"--ks go up to {max(ks)} but the neighbourhood table has k = {neighbourhoods.k}")
     ref = reference if reference is not None else _decode(model, codes, batch_size)
@@ -140,9 +145,10 @@ def interchangeability(model, codes: torch.Tensor, neighbourhoods: Neighbourhood
     frames = []
     settings = [(s, rep) for s in replacement_settings(ks, rates) for rep in range(repeats)]
     for (mode, k, rate), rep in tqdm(settings, desc="interchangeability", unit="setting", disable=not progress):
-        part = None if parts is None else parts / f"{mode}-k{k or 0}-r{rate:g}-{rep}.parquet"
-        if part is not None and part.is_file():
-            frames.append(read_table(part))
+        name, holds = f"{mode}-k{k or 0}-r{rate:g}-{rep}", {"mode": mode, "k": k, "rate": rate, "repeat": rep}
+        part = run.read_part(name, holds) if run is not None else None
+        if part is not None:
+            frames.append(part.tables["images"])
             continue
         new, mask = _replace(codes, (mode, k, rate), neighbourhoods, model.vocab_size, seed, rep)
         mse, psnr = pixel_errors(_decode(model, new, batch_size), ref)
@@ -153,8 +159,8 @@ def interchangeability(model, codes: torch.Tensor, neighbourhoods: Neighbourhood
         frame = pd.DataFrame({"image": np.arange(B), "mode": mode, "k": pd.array([k] * B, dtype="Int64"),
                               "rate": rate, "repeat": rep, "replaced": m.sum(1).numpy(), "mse": mse.numpy(),
                               "psnr": psnr.numpy(), "latent_distance": latent.numpy()})
-        if part is not None:
-            write_table(frame, part)
+        if run is not None:
+            run.write_part(name, holds, tables={"images": frame})
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 
@@ -198,16 +204,12 @@ def replacement_grid(model, codes: torch.Tensor, neighbourhoods: Neighbourhoods,
 
     Returns a matplotlib Figure (see :func:`ambiguity.plots.image_grid`).
     """
-    from ambiguity import plots
-
     images, labels = replacement_rows(model, codes, neighbourhoods, k, rates, seed=seed, show=show)
     return plots.image_grid(images, ncol=min(show, codes.shape[0]), row_labels=labels, title=title)
 
 
 def plot_psnr(summary, path: str | Path, title: str = "") -> list[Path]:
     """PSNR (dB) vs replacement rate: one line per k, the random control dashed; PNG + PDF."""
-    from ambiguity import plots
-
     with plots.style():
         fig, ax = plots.new_figure(width=3.4, height=2.4)
         nb = summary[summary["mode"] == "neighbour"]
@@ -226,25 +228,27 @@ def plot_psnr(summary, path: str | Path, title: str = "") -> list[Path]:
         return plots.save_figure(fig, path)
 
 
+COMMAND = "python -m ambiguity.analyses interchangeability"
+OUTPUTS = ("interchangeability.parquet", "interchangeability_images.parquet") + tuple(
+    f"interchangeability_{f}.{x}" for f in ("grid", "psnr") for x in ("png", "pdf"))
+
+
 @torch.no_grad()
 def run_interchangeability(model, ks: Optional[Sequence[int]] = None, rates: Sequence[float] = (0.1, 0.25, 0.5, 1.0),
                            metric: str = "l2", matrix: str = "codebook", *, num_images: int = 16,
                            batch_size: int = 16, sampling=None, seed: int = 0, repeats: int = 1,
-                           conditions: Optional[list] = None, data: Optional[str] = None,
-                           out_dir: Optional[str | Path] = None, cache_dir=None, progress: bool = True):
-    """Token grids (generated with ``sampling``, or Fashion-MNIST via ``data``) -> replacement errors.
+                           conditions: Optional[list] = None, images: Optional[torch.Tensor] = None,
+                           out_dir: Optional[str | Path] = None, overwrite: bool = False, cache_dir=None,
+                           progress: bool = True):
+    """Token grids (generated with ``sampling``, or the VQ codes of real ``images``) -> replacement errors.
 
-    ks default: those of 1, 4, 16, 64, 256 below V. With ``out_dir`` the grids are saved
-    (``codes.safetensors``) and every finished setting is kept, so a rerun resumes.
+    ks default: those of 1, 4, 16, 64, 256 below V. Image ``i`` is generated from its own
+    stream (:mod:`ambiguity.seeding`). With ``out_dir`` (a :class:`ambiguity.runs.RunDir`) the
+    grids and every finished setting are parts, so a rerun resumes; other settings are refused
+    unless ``overwrite``.
     Returns (codes (B, h, w) int64, neighbourhoods, per-image DataFrame, summary DataFrame).
     Raises UsageError for a model that cannot decode, bad ks/rates or a bad matrix/metric.
     """
-    from ambiguity.analyses.common import batches, conditions_for, real_images, seed_for, settings_dir
-    from ambiguity.generation import make_generator, sample_tokens
-    from ambiguity.io import load_tensors, save_tensors
-    from ambiguity.neighbourhood import build_neighbourhoods, model_matrix
-    from ambiguity.sampling import SamplingConfig
-
     if not model.can_decode:
         raise UsageError(f"{model.name} cannot decode tokens to pixels (no VQ decoder weights); load its tokenizer")
     sampling = sampling or SamplingConfig()
@@ -255,80 +259,67 @@ def run_interchangeability(model, ks: Optional[Sequence[int]] = None, rates: Seq
     rates = sorted({float(r) for r in rates})
     if not rates or rates[0] < 0 or rates[-1] > 1:
         raise UsageError(f"--rates must lie in [0, 1], got {rates}")
+    if repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {repeats}")
     rows = model_matrix(model, matrix)
     nb = build_neighbourhoods(rows, ks[-1], metric, seed=seed, image_token_ids=model.image_token_ids,
                               source=f"{model.name}:{matrix}", cache_dir=cache_dir)
-    images = labels = None
-    if data is not None:
-        images, labels = real_images(model, data, num_images)
-    conds = labels if labels is not None else (conditions or conditions_for(model, num_images))
-    parts = None
+    conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
+    conds = conds[:num_images]
+    run = None
     if out_dir is not None:
-        parts = settings_dir(Path(out_dir), {"analysis": "interchangeability", "model": model.name, "matrix": matrix,
-                                             "metric": metric, "sampling": sampling.as_dict(), "seed": seed,
-                                             "data": data, "num_images": num_images, "batch_size": batch_size,
-                                             "conditions": [str(c) for c in conds[:num_images]], "key": nb.key})
-    codes_file = None if parts is None else parts / "codes.safetensors"
-    if codes_file is not None and codes_file.is_file():
-        codes = load_tensors(codes_file, model.device)[0]["codes"]
+        run = RunDir(out_dir, {"analysis": "interchangeability", "model": model.describe(), "matrix": matrix,
+                               "metric": metric, "sampling": sampling.as_dict(), "seed": seed,
+                               "real_images": images is not None, "num_images": num_images,
+                               "conditions": digest(conds), "key": nb.key}, command=COMMAND, outputs=OUTPUTS)
+        run.open(overwrite)
+    holds = {"images": num_images}
+    part = run.read_part("codes", holds) if run is not None else None
+    if part is not None:
+        codes = part.tensors["codes"]["codes"].to(model.device)
     else:
         grids = []
         for b, sl in batches(num_images, batch_size):
             if images is not None:
                 grids.append(model.encode_images(images[sl]))
             else:
-                prompt = model.make_prompt(conds[sl], cfg=sampling.use_cfg)
-                toks = sample_tokens(model, prompt, sampling, make_generator(seed_for(seed, b), model.device))
-                grids.append(toks.view(-1, *model.grid))
+                grids.append(generate_grids(model, conds[sl], sampling, seed, sl.start).view(-1, *model.grid))
         codes = torch.cat(grids)
-        if codes_file is not None:
-            save_tensors({"codes": codes}, codes_file)
+        if run is not None:
+            run.write_part("codes", holds, tensors={"codes": {"codes": codes}})
     per_image = interchangeability(model, codes, nb, rows, ks, rates, seed=seed, repeats=repeats,
-                                   batch_size=batch_size, parts=parts, progress=progress)
+                                   batch_size=batch_size, run=run, progress=progress)
     return codes, nb, per_image, summarize_interchangeability(per_image)
 
 
 @cli_main
 def main(argv=None) -> int:
     """``python -m ambiguity.analyses.interchangeability``: decode errors of neighbour vs random swaps."""
-    from ambiguity import plots
-    from ambiguity.analyses.common import (add_model_args, add_sampling_args, conditions_for, parse_floats,
-                                           parse_ints, print_table, sampling_from_args)
-    from ambiguity.errors import ArgumentParser
-    from ambiguity.io import ensure_writable_dir, write_table
-    from ambiguity.models.registry import load_model
-    from ambiguity.neighbourhood import MATRICES, METRICS
-
     ap = ArgumentParser(prog="python -m ambiguity.analyses.interchangeability",
                         description="Replace a fraction of tokens by latent neighbours (or random tokens), decode, "
                                     "and measure the pixel error (LANTERN Sec. 4.1, Fig. 3).")
-    add_model_args(ap)
-    add_sampling_args(ap)
-    ap.set_defaults(num_images=16)
+    add_analysis_args(ap, num_images=16, batch_size=16,
+                      out_help="output folder (default: runs/interchangeability/<model>)")
     ap.add_argument("--ks", default=None, help="comma-separated neighbourhood sizes (default: 1,4,16,64,256 below V)")
     ap.add_argument("--rates", default="0.1,0.25,0.5,1",
                     help="comma-separated fractions replaced (default: %(default)s)")
     ap.add_argument("--metric", default="l2", choices=[m for m in METRICS if m != "random"])
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
-    ap.add_argument("--repeats", type=int, default=1, help="random draws per setting (default: %(default)s)")
-    ap.add_argument("--grid-k", type=int, default=None, help="k shown in the image grid (default: the largest k)")
-    ap.add_argument("--show", type=int, default=6, help="images per grid row (default: %(default)s)")
-    ap.add_argument("--cache-dir", default=None, help="neighbourhood cache folder")
-    ap.add_argument("--out", default=None, help="output folder (default: runs/interchangeability/<model>)")
+    ap.add_argument("--repeats", type=positive_int, default=1, help="random draws per setting (default: %(default)s)")
+    ap.add_argument("--grid-k", type=positive_int, default=None, help="k shown in the image grid (default: the largest k)")
+    ap.add_argument("--show", type=positive_int, default=6, help="images per grid row (default: %(default)s)")
     args = ap.parse_args(argv)
 
-    sampling = sampling_from_args(args)
-    if args.repeats < 1:
-        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
-    out = ensure_writable_dir(args.out or f"runs/interchangeability/{args.model}")
+    ks = int_list(args.ks, "--ks", minimum=1) if args.ks else None
+    rates = float_list(args.rates, "--rates", 0.0, 1.0)
+    out = check_out_dir(args.out or default_out("interchangeability", args.model))
     model = load_model(args.model, weights=args.weights, device=args.device)
-    ks = parse_ints(args.ks, "--ks") if args.ks else None
-    rates = parse_floats(args.rates, "--rates")
-    conds = None if args.data else conditions_for(model, args.num_images, args.captions)
+    sampling = sampling_from_args(args, "c2i")
+    conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)
     codes, nb, per_image, summary = run_interchangeability(
         model, ks, rates, args.metric, args.matrix, num_images=args.num_images, batch_size=args.batch_size,
-        sampling=sampling, seed=args.seed, repeats=args.repeats, conditions=conds, data=args.data, out_dir=out,
-        cache_dir=args.cache_dir)
+        sampling=sampling, seed=args.seed, repeats=args.repeats, conditions=conds, images=images, out_dir=out,
+        overwrite=args.overwrite, cache_dir=args.cache_dir, progress=not args.no_progress)
     grid_k = args.grid_k or int(summary["k"].max())
     if not 1 <= grid_k <= nb.k:
         raise UsageError(f"--grid-k must be in 1..{nb.k}, got {grid_k}")
@@ -337,7 +328,7 @@ def main(argv=None) -> int:
     summary.insert(2, "metric", args.metric)
     write_table(summary, out / "interchangeability.parquet")
     write_table(per_image, out / "interchangeability_images.parquet")
-    src = "real" if args.data else "generated"
+    src = "real" if images is not None else "generated"
     fig = replacement_grid(model, codes, nb, grid_k, sorted(set(rates)), seed=args.seed, show=args.show,
                            title=f"{model.name}: {src} tokens, {args.metric} neighbours of the {args.matrix}")
     figs = plots.save_figure(fig, out / "interchangeability_grid")

@@ -17,7 +17,7 @@ Rows and classifier-free guidance
 ---------------------------------
 A :class:`Prompt` for ``B`` conditions has ``rows = B`` or, with CFG, ``rows = 2B``: the
 conditional rows first, then the unconditional rows in the same order (the LlamaGen layout).
-Every call returns per-row outputs; :func:`ambiguity.sampling.split_cfg` and
+Every call returns per-row outputs; :func:`ambiguity.sampling.split_rows` and
 :func:`ambiguity.sampling.guide` combine them.
 
 Decoding calls
@@ -36,21 +36,29 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from ambiguity.errors import UsageError
+
 __all__ = ["Prompt", "Step", "TokenModel", "DraftLayer", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``"auto"``/``None`` -> CUDA when available, else CPU; anything else is passed to torch.
+    """``"auto"``/``None`` -> CUDA when available, else CPU; ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
 
-    Raises :class:`ambiguity.errors.UsageError` when CUDA is asked for but absent.
+    Raises :class:`ambiguity.errors.UsageError` for another name, or when CUDA (or GPU N) is
+    asked for but absent.
     """
-    from ambiguity.errors import UsageError
-
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda was given but no CUDA device is visible; use --device cpu or auto")
+        raise UsageError(f"--device {device} was given but no CUDA device is visible; use --device cpu or auto")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA devices are visible")
     return dev
 
 
@@ -60,17 +68,18 @@ class Prompt:
 
     ``inputs`` is adapter-specific (class labels, caption features and masks, token ids).
     ``conditions`` keeps what the user gave (labels or strings) for tables and captions.
-    ``rows`` is ``2 * batch_size`` when ``cfg`` (conditional rows first), else ``batch_size``.
+    ``rows`` is ``2 * batch_size`` when ``guided`` (conditional rows first, then the unconditional
+    rows classifier-free guidance needs), else ``batch_size``.
     """
 
     inputs: Any
     batch_size: int
-    cfg: bool
+    guided: bool
     conditions: list = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        return 2 * self.batch_size if self.cfg else self.batch_size
+        return 2 * self.batch_size if self.guided else self.batch_size
 
 
 @dataclass
@@ -159,7 +168,7 @@ class TokenModel(abc.ABC):
 
     # ---------------------------------------------------------- conditioning
     @abc.abstractmethod
-    def make_prompt(self, conditions: Sequence | torch.Tensor, cfg: bool = False) -> Prompt:
+    def make_prompt(self, conditions: Sequence | torch.Tensor, guided: bool = False) -> Prompt:
         """Class labels (c2i), captions (t2i) or prompts (text) -> :class:`Prompt`.
 
         Raises :class:`ambiguity.errors.UsageError` for conditions the model cannot take.

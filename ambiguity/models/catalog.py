@@ -1,10 +1,50 @@
-"""The built-in model names. Imported lazily by :mod:`ambiguity.models.registry`."""
+"""The built-in model names: one :class:`ModelSpec` each, pure data (no weights are read here).
+
+:mod:`ambiguity.models.registry` registers :data:`BUILTIN` at import; add a model by appending a
+spec here (or calling :func:`ambiguity.models.registry.register` from your own code).
+"""
 from __future__ import annotations
 
-from ambiguity.models.llamagen import LLAMAGEN_C2I_REPO, LLAMAGEN_T2I_REPO
-from ambiguity.models.registry import ModelSpec, register
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Union
 
-register(ModelSpec(
+from ambiguity.models.base import TokenModel
+from ambiguity.models.llamagen import LLAMAGEN_C2I_REPO, LLAMAGEN_T2I_REPO
+
+__all__ = ["ModelSpec", "BUILTIN"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model: ``loader`` is a callable or ``"module:function"``; ``options`` go to it.
+
+    ``kind`` is the loaded model's :attr:`TokenModel.kind` (``"c2i"``, ``"t2i"`` or ``"text"``),
+    known before loading so that kind-dependent defaults (the CFG scale) resolve without weights.
+    """
+
+    name: str
+    summary: str
+    loader: Union[str, Callable[..., TokenModel]]
+    options: dict = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    kind: str = "t2i"
+
+    def resolve_loader(self) -> Callable[..., TokenModel]:
+        if callable(self.loader):
+            return self.loader
+        module, func = self.loader.split(":")
+        return getattr(importlib.import_module(module), func)
+
+
+BUILTIN: list[ModelSpec] = []
+
+
+def _add(spec: ModelSpec) -> None:
+    BUILTIN.append(spec)
+
+
+_add(ModelSpec(
     "embedded", "LlamaGen-architecture c2i model trained on Fashion-MNIST, shipped with the package",
     "ambiguity.models.embedded:load_embedded", aliases=("fashion-mnist", "embedded-fashion-mnist"), kind="c2i"))
 
@@ -19,7 +59,7 @@ _C2I = {
     "llamagen-c2i-3b-384": ("GPT-3B", 384, "c2i_3B_384.pt"),
 }
 for _name, (_preset, _res, _file) in _C2I.items():
-    register(ModelSpec(
+    _add(ModelSpec(
         _name, f"LlamaGen {_preset} class-conditional, {_res} px ({_res // 16}x{_res // 16} tokens)",
         "ambiguity.models.llamagen:load_llamagen",
         dict(preset=_preset, model_type="c2i", resolution=_res, gpt_file=_file, vq_file="vq_ds16_c2i.pt",
@@ -30,33 +70,33 @@ for _name, (_preset, _res, _file) in _C2I.items():
 # Official LlamaGen text-conditional checkpoints (flan-t5-xl captions, VQ-16 t2i tokenizer).
 for _stage, _res in ((1, 256), (2, 512)):
     _name = f"llamagen-t2i-stage{_stage}"
-    register(ModelSpec(
+    _add(ModelSpec(
         _name, f"LlamaGen GPT-XL text-to-image Stage {'I' * _stage}, {_res} px ({_res // 16}x{_res // 16} tokens)",
         "ambiguity.models.llamagen:load_llamagen",
         dict(preset="GPT-XL", model_type="t2i", resolution=_res, gpt_file=f"t2i_XL_stage{_stage}_{_res}.pt",
              vq_file="vq_ds16_t2i.pt", repo=LLAMAGEN_T2I_REPO, stage=_stage, name=_name)))
 
 # Models behind transformers classes (adapters in their own modules; weights from --weights or the HF cache).
-register(ModelSpec("anole", "Anole-7b (Chameleon architecture, image generation), 512 px (32x32 tokens); "
+_add(ModelSpec("anole", "Anole-7b (Chameleon architecture, image generation), 512 px (32x32 tokens); "
                    "leloy/Anole-7b-v0.1-hf or GAIR/Anole-7b-v0.1 layout",
                    "ambiguity.models.chameleon:load_chameleon",
                    dict(repo="leloy/Anole-7b-v0.1-hf", alt_repos=("GAIR/Anole-7b-v0.1",), style="chameleon",
                         resolution=512, name="anole"),
                    aliases=("anole-7b",)))
-register(ModelSpec("chameleon-7b", "Chameleon-7b (facebook/chameleon-7b), 512 px (32x32 tokens)",
+_add(ModelSpec("chameleon-7b", "Chameleon-7b (facebook/chameleon-7b), 512 px (32x32 tokens)",
                    "ambiguity.models.chameleon:load_chameleon",
                    dict(repo="facebook/chameleon-7b", style="chameleon", resolution=512, name="chameleon-7b")))
-register(ModelSpec("lumina-mgpt", "Lumina-mGPT 7B 768 px (Chameleon architecture, 48x48 tokens + end-of-row tokens)",
+_add(ModelSpec("lumina-mgpt", "Lumina-mGPT 7B 768 px (Chameleon architecture, 48x48 tokens + end-of-row tokens)",
                    "ambiguity.models.chameleon:load_chameleon",
                    dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768", style="lumina", resolution=768, name="lumina-mgpt")))
-register(ModelSpec("janus-pro-1b", "Janus-Pro-1B text-to-image, 384 px (24x24 tokens), transformers layout "
+_add(ModelSpec("janus-pro-1b", "Janus-Pro-1B text-to-image, 384 px (24x24 tokens), transformers layout "
                    "deepseek-community/Janus-Pro-1B", "ambiguity.models.janus:load_janus",
                    dict(repo="deepseek-community/Janus-Pro-1B", name="janus-pro-1b"), aliases=("janus-pro",)))
-register(ModelSpec("janus-pro-7b", "Janus-Pro-7B text-to-image, 384 px (24x24 tokens), transformers layout "
+_add(ModelSpec("janus-pro-7b", "Janus-Pro-7B text-to-image, 384 px (24x24 tokens), transformers layout "
                    "deepseek-community/Janus-Pro-7B", "ambiguity.models.janus:load_janus",
                    dict(repo="deepseek-community/Janus-Pro-7B", name="janus-pro-7b")))
-register(ModelSpec("emu3-gen", "Emu3-Gen text-to-image, 720 px (90x90 tokens, end-of-row tokens hidden), "
+_add(ModelSpec("emu3-gen", "Emu3-Gen text-to-image, 720 px (90x90 tokens, end-of-row tokens hidden), "
                    "transformers layout BAAI/Emu3-Gen-hf", "ambiguity.models.emu3:load_emu3",
                    dict(repo="BAAI/Emu3-Gen-hf", name="emu3-gen"), aliases=("emu3",)))
-register(ModelSpec("text-twin", "Embedded text twin: the embedded model's architecture trained on KJV English prose",
+_add(ModelSpec("text-twin", "Embedded text twin: the embedded model's architecture trained on KJV English prose",
                    "ambiguity.models.text_twin:load_text_twin", aliases=("embedded-text",), kind="text"))

@@ -50,6 +50,7 @@ from ambiguity.models.base import Prompt
 from ambiguity.models.chameleon_vqgan import ChameleonVQGAN, load_vqgan, vqgan_config_from_hf, vqgan_from_state
 from ambiguity.models.chameleon_weights import build_lm, locate_checkpoint, read_checkpoint
 from ambiguity.models.hf_common import HFDraftLayer, HFTokenModel, left_pad_ids, make_draft_layer
+from ambiguity.models.hub import find_weight
 
 __all__ = ["ChameleonModel", "ImageTemplate", "load_chameleon",
            "image_token_ids_from_vocab", "make_template", "ANOLE_REPO", "ANOLE_META_REPO",
@@ -165,8 +166,8 @@ class ChameleonModel(HFTokenModel):
 
     def __init__(self, lm, template: ImageTemplate, tokenizer=None, vqgan: Optional[ChameleonVQGAN] = None,
                  name: str = "anole"):
-        cfg = lm.config
-        vocab = cfg.vocabulary_map or (tokenizer.get_vocab() if tokenizer is not None else None)
+        config = lm.config
+        vocab = config.vocabulary_map or (tokenizer.get_vocab() if tokenizer is not None else None)
         if not vocab:
             raise UsageError("the checkpoint has neither a vocabulary_map in config.json nor a tokenizer.json")
         self.lm, self.template, self.tokenizer, self.vqgan, self.name = lm.eval(), template, tokenizer, vqgan, name
@@ -175,7 +176,7 @@ class ChameleonModel(HFTokenModel):
         self.image_token_ids = image_token_ids_from_vocab(vocab).to(self.device)
         if int(self.image_token_ids.max()) >= w.shape[0]:
             raise UsageError("image token ids exceed the output head; config.json and the weights disagree")
-        self.grid, self.hidden_size = template.grid, cfg.hidden_size
+        self.grid, self.hidden_size = template.grid, config.hidden_size
         self._head = w.detach()[self.image_token_ids].float()  # (V, H) float32 output rows of image tokens
         # decoding (prefill / extend / rollback / teacher_force) is HFTokenModel's over the base model;
         # Lumina-mGPT's end-of-row token enters through HFTokenModel.expand
@@ -194,21 +195,21 @@ class ChameleonModel(HFTokenModel):
             raise UsageError(f"caption token ids must lie in 0..{self.lm.config.vocab_size - 1}")
         return ids
 
-    def make_prompt(self, conditions: Sequence, cfg: bool = False) -> Prompt:
+    def make_prompt(self, conditions: Sequence, guided: bool = False) -> Prompt:
         """Captions (strings, or lists of text token ids) -> left-padded prefix ids and mask.
 
-        ``inputs``: ``{"ids": (rows, P) int64, "mask": (rows, P) int64}``; with ``cfg`` the
+        ``inputs``: ``{"ids": (rows, P) int64, "mask": (rows, P) int64}``; with ``guided`` the
         unconditional rows follow the conditional ones. Raises UsageError for no captions.
         """
         conditions = list(conditions)
         if not conditions:
             raise UsageError("no captions given; pass a non-empty captions file")
         rows = [self.template.conditional(self.text_ids(c)) for c in conditions]
-        if cfg:
+        if guided:
             rows += [self.template.unconditional()] * len(rows)
         ids, mask = left_pad_ids(rows, self.template.pad, self.device)
         shown = [c if isinstance(c, str) else f"<token ids {i}>" for i, c in enumerate(conditions)]
-        return Prompt({"ids": ids, "mask": mask}, len(conditions), cfg, shown)
+        return Prompt({"ids": ids, "mask": mask}, len(conditions), guided, shown)
 
     # ------------------------------------------------------------------ drafter
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -287,8 +288,6 @@ class ChameleonModel(HFTokenModel):
 def _find_vqgan(vqgan, folders: Sequence[Path], repos: Sequence[str], fallback_config, device) -> Optional[ChameleonVQGAN]:
     """Meta's vqgan.ckpt: the explicit path (or $AMBIGUITY_CHAMELEON_VQGAN), else next to the
     weights, else in the local Hugging Face cache of ``repos``; None when nowhere."""
-    from ambiguity.models.hub import find_weight
-
     explicit = vqgan if vqgan is not None else os.environ.get(VQGAN_ENV)
     if explicit:
         p = Path(explicit).expanduser()
@@ -302,8 +301,8 @@ def _find_vqgan(vqgan, folders: Sequence[Path], repos: Sequence[str], fallback_c
     for c in cands:
         if c is not None and Path(c).is_file():
             c = Path(c)
-            cfg = None if (c.parent / "vqgan.yaml").is_file() else fallback_config
-            return load_vqgan(c, cfg, device)
+            config = None if (c.parent / "vqgan.yaml").is_file() else fallback_config
+            return load_vqgan(c, config, device)
     return None
 
 

@@ -32,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ambiguity.errors import UsageError
+from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
 from ambiguity.models.vq import AttnBlock, Downsample, ResnetBlock, Upsample, _norm
 
 __all__ = ["VQGANConfig", "ChameleonVQGAN", "vqgan_config_from_official", "vqgan_config_from_hf",
@@ -128,8 +129,8 @@ def read_vqgan_config(path: str | Path) -> VQGANConfig:
 
 # --------------------------------------------------------------------------- building blocks
 # The taming-transformers blocks (same parameter names as Meta's checkpoint) are LlamaGen's: ambiguity.models.vq.
-def _attn(cfg: VQGANConfig, channels: int) -> nn.Module:
-    return AttnBlock(channels) if cfg.attn_type == "vanilla" else nn.Identity()
+def _attn(config: VQGANConfig, channels: int) -> nn.Module:
+    return AttnBlock(channels) if config.attn_type == "vanilla" else nn.Identity()
 
 
 class Level(nn.Module):
@@ -148,10 +149,10 @@ class Level(nn.Module):
         return x
 
 
-def _mid(cfg: VQGANConfig, channels: int) -> nn.Module:
+def _mid(config: VQGANConfig, channels: int) -> nn.Module:
     mid = nn.Module()
-    mid.block_1, mid.attn_1, mid.block_2 = (ResnetBlock(channels, channels, cfg.dropout), _attn(cfg, channels),
-                                            ResnetBlock(channels, channels, cfg.dropout))
+    mid.block_1, mid.attn_1, mid.block_2 = (ResnetBlock(channels, channels, config.dropout), _attn(config, channels),
+                                            ResnetBlock(channels, channels, config.dropout))
     return mid
 
 
@@ -160,26 +161,26 @@ def _run_mid(mid: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 class Encoder(nn.Module):
-    """Images (B, in_channels, H, W) in [-1, 1] -> latents (B, z_channels, H/f, W/f), f = cfg.downsample."""
+    """Images (B, in_channels, H, W) in [-1, 1] -> latents (B, z_channels, H/f, W/f), f = config.downsample."""
 
-    def __init__(self, cfg: VQGANConfig):
+    def __init__(self, config: VQGANConfig):
         super().__init__()
-        self.conv_in = nn.Conv2d(cfg.in_channels, cfg.ch, 3, padding=1)
-        res, width, levels = cfg.resolution, cfg.ch, []
-        for i, mult in enumerate(cfg.ch_mult):
-            out = cfg.ch * mult
-            blocks = [ResnetBlock(width if j == 0 else out, out, cfg.dropout) for j in range(cfg.num_res_blocks)]
-            attn = [_attn(cfg, out) for _ in blocks] if res in cfg.attn_resolutions else []
+        self.conv_in = nn.Conv2d(config.in_channels, config.ch, 3, padding=1)
+        res, width, levels = config.resolution, config.ch, []
+        for i, mult in enumerate(config.ch_mult):
+            out = config.ch * mult
+            blocks = [ResnetBlock(width if j == 0 else out, out, config.dropout) for j in range(config.num_res_blocks)]
+            attn = [_attn(config, out) for _ in blocks] if res in config.attn_resolutions else []
             level = Level(blocks, attn)
-            if i != len(cfg.ch_mult) - 1:
+            if i != len(config.ch_mult) - 1:
                 level.downsample = Downsample(out)
                 res //= 2
             levels.append(level)
             width = out
         self.down = nn.ModuleList(levels)
-        self.mid = _mid(cfg, width)
+        self.mid = _mid(config, width)
         self.norm_out = _norm(width)
-        self.conv_out = nn.Conv2d(width, 2 * cfg.z_channels if cfg.double_z else cfg.z_channels, 3, padding=1)
+        self.conv_out = nn.Conv2d(width, 2 * config.z_channels if config.double_z else config.z_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(x)
@@ -194,18 +195,18 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Latents (B, z_channels, h, w) -> images (B, out_ch, h*f, w*f), roughly in [-1, 1]."""
 
-    def __init__(self, cfg: VQGANConfig):
+    def __init__(self, config: VQGANConfig):
         super().__init__()
-        n = len(cfg.ch_mult)
-        width = cfg.ch * cfg.ch_mult[-1]
-        res = cfg.resolution // cfg.downsample
-        self.conv_in = nn.Conv2d(cfg.z_channels, width, 3, padding=1)
-        self.mid = _mid(cfg, width)
+        n = len(config.ch_mult)
+        width = config.ch * config.ch_mult[-1]
+        res = config.resolution // config.downsample
+        self.conv_in = nn.Conv2d(config.z_channels, width, 3, padding=1)
+        self.mid = _mid(config, width)
         levels: list[Optional[Level]] = [None] * n
         for i in reversed(range(n)):
-            out = cfg.ch * cfg.ch_mult[i]
-            blocks = [ResnetBlock(width if j == 0 else out, out, cfg.dropout) for j in range(cfg.num_res_blocks + 1)]
-            attn = [_attn(cfg, out) for _ in blocks] if res in cfg.attn_resolutions else []
+            out = config.ch * config.ch_mult[i]
+            blocks = [ResnetBlock(width if j == 0 else out, out, config.dropout) for j in range(config.num_res_blocks + 1)]
+            attn = [_attn(config, out) for _ in blocks] if res in config.attn_resolutions else []
             level = Level(blocks, attn)
             if i != 0:
                 level.upsample = Upsample(out)
@@ -214,7 +215,7 @@ class Decoder(nn.Module):
             width = out
         self.up = nn.ModuleList(levels)  # indexed by level, run from the coarsest (last) to the finest
         self.norm_out = _norm(width)
-        self.conv_out = nn.Conv2d(width, cfg.out_ch, 3, padding=1)
+        self.conv_out = nn.Conv2d(width, config.out_ch, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = _run_mid(self.mid, self.conv_in(z))
@@ -291,8 +292,6 @@ def vqgan_from_state(state: dict[str, torch.Tensor], config: VQGANConfig, what: 
     GAN-loss entries (``loss.*``) of a training checkpoint are dropped; any other missing,
     unexpected or mis-shaped key raises a one-line UsageError.
     """
-    from ambiguity.models.llamagen import load_strict
-
     state = {k: v.float() for k, v in state.items() if not k.startswith(TRAINING_ONLY_PREFIXES)}
     model = ChameleonVQGAN(config)
     load_strict(model, state, what)
@@ -306,8 +305,6 @@ def load_vqgan(ckpt: str | Path, config: Optional[VQGANConfig | str | Path] = No
     or None to read ``vqgan.yaml`` (else ``config.json``) next to the checkpoint.
     Raises UsageError when the file or its config is missing or does not match.
     """
-    from ambiguity.models.llamagen import load_checkpoint_state
-
     ckpt = Path(ckpt).expanduser()
     if config is None:
         for name in ("vqgan.yaml", "config.json"):

@@ -28,6 +28,8 @@ import torch
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.models.chameleon_vqgan import vqgan_config_from_official
+from ambiguity.models.checkpoints import load_checkpoint_state
+from ambiguity.models.hub import download_hint
 
 __all__ = ["checkpoint_layout", "read_checkpoint", "convert_meta_state", "build_lm", "locate_checkpoint"]
 
@@ -133,7 +135,6 @@ def _meta_checkpoint(model_dir: Path, tok_dir: Path):
         vocabulary_map=vocab)
     state = convert_meta_state(loaded, params)
     if (tok_dir / "vqgan.ckpt").is_file():
-        from ambiguity.models.llamagen import load_checkpoint_state
 
         vq = load_checkpoint_state(tok_dir / "vqgan.ckpt")
         state.update({f"model.vqmodel.{k}": v for k, v in vq.items() if not k.startswith("loss.")})
@@ -227,8 +228,6 @@ def build_lm(config, state: dict[str, torch.Tensor], device="cpu", dtype=torch.f
 
 def locate_checkpoint(repo: str, alt_repos: Sequence[str], weights, model: str) -> Path:
     """The checkpoint folder: ``weights``, else the cached snapshot of ``repo`` or an alternative."""
-    from ambiguity.models.hub import download_hint
-
     if weights is not None:
         root = Path(weights).expanduser()
         if root.is_dir() and checkpoint_layout(root) is not None:

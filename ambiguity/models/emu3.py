@@ -38,6 +38,7 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt
 from ambiguity.models.hf_common import (HFTokenModel, left_pad_ids, load_pretrained, load_tokenizer, local_dir,
                                         make_draft_layer, rows_of)
+from ambiguity.models.hub import hf_snapshot_dir
 
 __all__ = ["Emu3Model", "load_emu3", "emu3_grid", "visual_token_ids", "EMU3_GEN_REPO", "EMU3_NEGATIVE_PROMPT",
            "EMU3_POSITIVE_SUFFIX"]
@@ -107,20 +108,20 @@ class Emu3Model(HFTokenModel):
         self.decoder, self.text_embeddings = model.model.text_model, model.get_input_embeddings()
         self.lm_head, self.vq = model.lm_head, model.model.vqmodel
         self.negative_prompt, self.positive_suffix = negative_prompt, positive_suffix
-        cfg = model.config
-        vocab = dict(cfg.vocabulary_map or {})
+        config = model.config
+        vocab = dict(config.vocabulary_map or {})
         missing = [t for t in (EOL, BOI, IMG) if t not in vocab]
         if missing:
             raise UsageError(f"{name}: the vocabulary_map lacks {missing[0]}; this is not an Emu3 checkpoint")
         p = next(self.decoder.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.image_token_ids = visual_token_ids(vocab, int(cfg.vq_config.codebook_size)).to(self.device)
+        self.image_token_ids = visual_token_ids(vocab, int(config.vq_config.codebook_size)).to(self.device)
         self.eol_id, self.boi_id, self.img_id = vocab[EOL], vocab[BOI], vocab[IMG]
         self.grid = (int(grid[0]), int(grid[1]))
-        self.hidden_size = int(cfg.text_config.hidden_size)
-        self.max_positions = getattr(cfg.text_config, "max_position_embeddings", None)
-        self.bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else cfg.text_config.bos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else cfg.text_config.pad_token_id
+        self.hidden_size = int(config.text_config.hidden_size)
+        self.max_positions = getattr(config.text_config, "max_position_embeddings", None)
+        self.bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else config.text_config.bos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.text_config.pad_token_id
         ids = self.image_token_ids
         contiguous = bool((ids == torch.arange(int(ids[0]), int(ids[0]) + ids.numel(), device=ids.device)).all())
         W = self.lm_head.weight
@@ -136,15 +137,15 @@ class Emu3Model(HFTokenModel):
         head = [self.bos_id] if self.bos_id is not None else []
         return head + enc(text) + [self.boi_id] + enc(f"{self.grid[0]}*{self.grid[1]}") + [self.img_id]
 
-    def make_prompt(self, conditions: Sequence[str], cfg: bool = False) -> Prompt:
+    def make_prompt(self, conditions: Sequence[str], guided: bool = False) -> Prompt:
         """Captions -> Prompt with ``inputs = {"ids": (rows, P), "mask": (rows, P)}`` (left-padded);
-        with ``cfg`` the unconditional rows hold the negative prompt. UsageError for bad captions."""
+        with ``guided`` the unconditional rows hold the negative prompt. UsageError for bad captions."""
         captions = rows_of(conditions)
         seqs = [self.prompt_ids(c + self.positive_suffix) for c in captions]
-        if cfg:
+        if guided:
             seqs += [self.prompt_ids(self.negative_prompt)] * len(captions)
         ids, mask = left_pad_ids(seqs, self.pad_id, self.device)
-        return Prompt({"ids": ids, "mask": mask}, len(captions), cfg, captions)
+        return Prompt({"ids": ids, "mask": mask}, len(captions), guided, captions)
 
     # ----------------------------------------------------------------- drafter
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -203,8 +204,8 @@ class Emu3Model(HFTokenModel):
 def _pixel_norm(path: Optional[Path]) -> tuple[list[float] | float, list[float] | float]:
     """image_mean / image_std from ``preprocessor_config.json`` when the checkpoint has one."""
     if path is not None and (path / "preprocessor_config.json").is_file():
-        cfg = json.loads((path / "preprocessor_config.json").read_text())
-        return cfg.get("image_mean", 0.5), cfg.get("image_std", 0.5)
+        settings = json.loads((path / "preprocessor_config.json").read_text())
+        return settings.get("image_mean", 0.5), settings.get("image_std", 0.5)
     return 0.5, 0.5
 
 
@@ -217,8 +218,6 @@ def load_emu3(weights=None, device="cpu", dtype=torch.float32, repo: str = EMU3_
     Raises WeightsNotFoundError naming ``repo`` when absent.
     """
     from transformers import Emu3ForConditionalGeneration
-
-    from ambiguity.models.hub import hf_snapshot_dir
 
     label = name or repo
     model = load_pretrained(Emu3ForConditionalGeneration, repo, weights, device, dtype, label)

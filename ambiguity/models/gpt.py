@@ -144,37 +144,37 @@ class RMSNorm(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, config: GPTConfig):
         super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
-        self.dropout = nn.Dropout(cfg.ffn_dropout_p)
+        self.w1 = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.w3 = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.w2 = nn.Linear(config.ffn_dim, config.dim, bias=False)
+        self.dropout = nn.Dropout(config.ffn_dropout_p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.w2(F.silu(self.w1(x)) * self.w3(x)))
 
 
-def rope_table(cfg: GPTConfig, length: int | None = None) -> torch.Tensor:
+def rope_table(config: GPTConfig, length: int | None = None) -> torch.Tensor:
     """Rotary (cos, sin) table, shape (positions, head_dim // 2, 2), float32.
 
     ``"2d"``: the first ``cls_token_num`` rows are zeros (official behaviour), then one row per
     grid cell in raster order; half of the rotary pairs encode the row, half the column.
     ``"1d"``: standard rotary positions 0..length-1 for the whole sequence.
     """
-    n = cfg.head_dim
-    if cfg.rope == "1d":
-        length = length or cfg.max_len
-        inv = 1.0 / (cfg.rope_base ** (torch.arange(0, n, 2)[: n // 2].float() / n))
+    n = config.head_dim
+    if config.rope == "1d":
+        length = length or config.max_len
+        inv = 1.0 / (config.rope_base ** (torch.arange(0, n, 2)[: n // 2].float() / n))
         ang = torch.outer(torch.arange(length).float(), inv)
         return torch.stack([ang.cos(), ang.sin()], dim=-1)
     half = n // 2
-    inv = 1.0 / (cfg.rope_base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
-    g = cfg.grid_size
+    inv = 1.0 / (config.rope_base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+    g = config.grid_size
     ang = torch.outer(torch.arange(g).float(), inv)  # (g, half/2)
     grid = torch.cat([ang[:, None, :].expand(g, g, -1), ang[None, :, :].expand(g, g, -1)], dim=-1)
     table = torch.stack([grid.cos(), grid.sin()], dim=-1).flatten(0, 1)  # (g*g, n/2, 2)
-    prefix = torch.zeros(cfg.cls_token_num, n // 2, 2)
+    prefix = torch.zeros(config.cls_token_num, n // 2, 2)
     return torch.cat([prefix, table])
 
 
@@ -223,48 +223,48 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, config: GPTConfig):
         super().__init__()
-        self.cfg = cfg
-        self.wqkv = nn.Linear(cfg.dim, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.resid_dropout = nn.Dropout(cfg.resid_dropout_p)
+        self.config = config
+        self.wqkv = nn.Linear(config.dim, (config.n_head + 2 * config.kv_heads) * config.head_dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, layer: int, cache: Optional[KVCache],
                 mask: Optional[torch.Tensor]) -> torch.Tensor:
-        cfg = self.cfg
+        config = self.config
         R, T, _ = x.shape
-        kv = cfg.kv_heads * cfg.head_dim
-        q, k, v = self.wqkv(x).split([cfg.dim, kv, kv], dim=-1)
-        q = apply_rope(q.view(R, T, cfg.n_head, cfg.head_dim), rope).transpose(1, 2)
-        k = apply_rope(k.view(R, T, cfg.kv_heads, cfg.head_dim), rope).transpose(1, 2)
-        v = v.view(R, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        kv = config.kv_heads * config.head_dim
+        q, k, v = self.wqkv(x).split([config.dim, kv, kv], dim=-1)
+        q = apply_rope(q.view(R, T, config.n_head, config.head_dim), rope).transpose(1, 2)
+        k = apply_rope(k.view(R, T, config.kv_heads, config.head_dim), rope).transpose(1, 2)
+        v = v.view(R, T, config.kv_heads, config.head_dim).transpose(1, 2)
         if cache is not None:
             start = cache.length
             cache.k[layer, :, :, start:start + T] = k
             cache.v[layer, :, :, start:start + T] = v
             k = cache.k[layer, :, :, : start + T]
             v = cache.v[layer, :, :, : start + T]
-        if cfg.kv_heads != cfg.n_head:
-            rep = cfg.n_head // cfg.kv_heads
+        if config.kv_heads != config.n_head:
+            rep = config.n_head // config.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        drop = cfg.attn_dropout_p if self.training else 0.0
+        drop = config.attn_dropout_p if self.training else 0.0
         if mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, dropout_p=drop)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
-        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(R, T, cfg.dim)))
+        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(R, T, config.dim)))
 
 
 class TransformerBlock(nn.Module):
     """One pre-norm decoder layer (attention + SwiGLU). Also the drafter's layer (EAGLE)."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, config: GPTConfig):
         super().__init__()
-        self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(cfg)
-        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(config)
+        self.feed_forward = FeedForward(config)
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
 
     def forward(self, x, rope, layer=0, cache=None, mask=None):
         h = x + self.attention(self.attention_norm(x), rope, layer, cache, mask)
@@ -338,19 +338,19 @@ class GPT(nn.Module):
     :class:`KVCache` it appends the input at ``cache.length`` and attends to everything before.
     """
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, config: GPTConfig):
         super().__init__()
-        self.config = cfg
-        if cfg.model_type == "c2i":
-            self.cls_embedding = LabelEmbedder(cfg.num_classes, cfg.dim, cfg.class_dropout_prob)
+        self.config = config
+        if config.model_type == "c2i":
+            self.cls_embedding = LabelEmbedder(config.num_classes, config.dim, config.class_dropout_prob)
         else:
-            self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.class_dropout_prob, cfg.cls_token_num)
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.tok_dropout = nn.Dropout(cfg.token_dropout_p)
-        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.register_buffer("rope", rope_table(cfg), persistent=False)
+            self.cls_embedding = CaptionEmbedder(config.caption_dim, config.dim, config.class_dropout_prob, config.cls_token_num)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.tok_dropout = nn.Dropout(config.token_dropout_p)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.register_buffer("rope", rope_table(config), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

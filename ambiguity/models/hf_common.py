@@ -38,6 +38,7 @@ import torch.nn as nn
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
+from ambiguity.models.hub import hf_snapshot_dir
 
 __all__ = ["HFCache", "HFTokenModel", "HFDraftLayer", "cache_kwarg", "new_dynamic_cache", "run_decoder",
            "left_pad_ids", "position_ids", "decoder_layers", "new_decoder_layer", "load_pretrained",
@@ -385,8 +386,6 @@ def load_pretrained(model_cls, repo: str, weights=None, device="cpu", dtype=torc
     Raises WeightsNotFoundError (one line naming ``repo``) when absent, UsageError when the
     files do not load as ``model_cls``.
     """
-    from ambiguity.models.hub import hf_snapshot_dir
-
     import importlib.util
 
     path = hf_snapshot_dir(repo, local_dir(repo, weights), model=name or repo)
@@ -405,8 +404,6 @@ def load_pretrained(model_cls, repo: str, weights=None, device="cpu", dtype=torc
 def load_tokenizer(repo: str, weights=None, name: str = ""):
     """``AutoTokenizer`` from the same place as :func:`load_pretrained` (offline)."""
     from transformers import AutoTokenizer
-
-    from ambiguity.models.hub import hf_snapshot_dir
 
     path = hf_snapshot_dir(repo, local_dir(repo, weights), model=name or repo)
     try:

@@ -65,26 +65,26 @@ class HFCausalLM(HFTokenModel):
         self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
         self.text_embeddings = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
-        cfg = model.config
+        config = model.config
         p = next(self.decoder.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.image_token_ids = torch.arange(self.lm_head.weight.shape[0], device=self.device)
         self.hidden_size = int(self.lm_head.weight.shape[1])
         self.grid = (1, int(length))
-        self.max_positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-        self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        self.logit_scale = getattr(cfg, "logit_scale", None)
+        self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.logit_scale = getattr(config, "logit_scale", None)
         specials = [tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id, 0]
         self.pad_id = next(i for i in specials if i is not None)
         start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         self.start_id = start if start is not None else self.pad_id
 
-    def make_prompt(self, conditions: Sequence[str], cfg: bool = False) -> Prompt:
+    def make_prompt(self, conditions: Sequence[str], guided: bool = False) -> Prompt:
         """Prompts -> Prompt with ``inputs = {"ids": (B, P), "mask": (B, P)}`` (left-padded).
 
         Raises UsageError for CFG (text LMs have no unconditional branch) or bad prompts.
         """
-        if cfg:
+        if guided:
             raise UsageError(f"{self.name} is a text LM without classifier-free guidance; use --cfg 1")
         prompts = rows_of(conditions, "prompts")
         seqs = []

@@ -65,8 +65,8 @@ class JanusModel(HFTokenModel):
         inner = model.model
         self.decoder, self.text_embeddings = inner.language_model, model.get_input_embeddings()
         self.vq, self.gen_head = inner.vqmodel, inner.generation_head
-        cfg = model.config
-        V = int(cfg.vq_config.num_embeddings)
+        config = model.config
+        V = int(config.vq_config.num_embeddings)
         sizes = {"generation head": self.gen_head.vision_head.out_features,
                  "image embedding": inner.generation_embeddings.num_embeddings,
                  "VQ codebook": self.vq.quantize.embedding.num_embeddings}
@@ -74,13 +74,13 @@ class JanusModel(HFTokenModel):
             raise UsageError(f"{name}: vq_config.num_embeddings={V} but "
                              + ", ".join(f"{k} {v}" for k, v in sizes.items())
                              + "; the checkpoint is inconsistent")
-        side = int(cfg.vision_config.image_size) // int(cfg.vision_config.patch_size)
+        side = int(config.vision_config.image_size) // int(config.vision_config.patch_size)
         self.grid = (side, side)
         p = next(self.decoder.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.image_token_ids = torch.arange(V, device=self.device)  # gen_head outputs are code indices
-        self.hidden_size = int(cfg.text_config.hidden_size)
-        self.max_positions = getattr(cfg.text_config, "max_position_embeddings", None)
+        self.hidden_size = int(config.text_config.hidden_size)
+        self.max_positions = getattr(config.text_config, "max_position_embeddings", None)
         self.bos_id = tokenizer.bos_token_id
         if tokenizer.pad_token_id is None:
             raise UsageError(f"{name}: the tokenizer has no pad token (Janus's CFG needs it); "
@@ -99,17 +99,17 @@ class JanusModel(HFTokenModel):
         """Janus's unconditional prompt: every token but the first and the last -> pad."""
         return [ids[0]] + [self.pad_id] * (len(ids) - 2) + [ids[-1]] if len(ids) > 2 else list(ids)
 
-    def make_prompt(self, conditions: Sequence[str], cfg: bool = False) -> Prompt:
+    def make_prompt(self, conditions: Sequence[str], guided: bool = False) -> Prompt:
         """Captions -> Prompt with ``inputs = {"ids": (rows, P), "mask": (rows, P)}`` (left-padded).
 
         Raises UsageError for an empty list or non-string conditions.
         """
         captions = rows_of(conditions)
         seqs = [self.prompt_ids(c) for c in captions]
-        if cfg:
+        if guided:
             seqs = seqs + [self.unconditional_ids(s) for s in seqs]
         ids, mask = left_pad_ids(seqs, self.pad_id, self.device)
-        return Prompt({"ids": ids, "mask": mask}, len(captions), cfg, captions)
+        return Prompt({"ids": ids, "mask": mask}, len(captions), guided, captions)
 
     # ----------------------------------------------------------------- drafter
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -14,48 +14,14 @@ import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
-from ambiguity.models.gpt import GPT, GPTConfig, KVCache, TransformerBlock, rope_table
+from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
+from ambiguity.models.gpt import GPT, GPTConfig, KVCache, TransformerBlock, gpt_config_from_official, rope_table
+from ambiguity.models.hub import find_weight, require_weight
+from ambiguity.models.text_encoders import T5CaptionEncoder
+from ambiguity.models.vq import VQModel, vq_config_from_official
 
-__all__ = ["LlamaGenModel", "GPTCache", "GPTDraftLayer", "load_checkpoint_state", "load_strict"]
-
-
-def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read an official ``.pt`` checkpoint: ``{"model": sd}``, ``{"module": sd}``,
-    ``{"state_dict": sd}`` or a bare state dict. Raises UsageError for unreadable files."""
-    path = Path(path)
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UsageError(f"checkpoint {path} does not exist; check the --weights path") from None
-    except Exception as exc:  # pickle errors, truncated downloads, files that are no checkpoint
-        raise UsageError(f"cannot read {path} as a PyTorch checkpoint ({type(exc).__name__}); check that --weights "
-                         f"names the official .pt file, and re-download it if it is truncated") from None
-    if not isinstance(obj, dict):
-        raise UsageError(f"{path} is not a state-dict checkpoint")
-    for key in ("model", "module", "state_dict"):
-        if key in obj and isinstance(obj[key], dict):
-            return obj[key]
-    return obj
-
-
-def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
-    """``load_state_dict(strict=True)`` with a one-line UsageError naming the first mismatches."""
-    own = module.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} != {tuple(own[k].shape)}" for k in own
-              if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"missing {len(missing)} keys (e.g. {missing[0]})")
-        if unexpected:
-            parts.append(f"unexpected {len(unexpected)} keys (e.g. {unexpected[0]})")
-        if shapes:
-            parts.append(f"shape mismatch ({shapes[0]})")
-        raise UsageError(f"{what} does not match the model architecture: " + "; ".join(parts)
-                         + "; check that --model names the checkpoint's model")
-    module.load_state_dict(state, strict=True)
+__all__ = ["LlamaGenModel", "GPTCache", "GPTDraftLayer", "load_llamagen", "official_gpt_config", "check_checkpoint_name",
+           "LLAMAGEN_C2I_REPO", "LLAMAGEN_T2I_REPO", "T5_REPO"]
 
 
 class GPTCache:
@@ -68,24 +34,24 @@ class GPTCache:
 class GPTDraftLayer(DraftLayer):
     """One LlamaGen decoder block with the target's rotary positions (EAGLE drafter layer)."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, config: GPTConfig):
         super().__init__()
-        self.cfg = cfg
-        self.block = TransformerBlock(cfg)
-        self.register_buffer("rope", rope_table(cfg), persistent=False)
+        self.config = config
+        self.block = TransformerBlock(config)
+        self.register_buffer("rope", rope_table(config), persistent=False)
 
     def new_cache(self, rows: int) -> KVCache:
         p = next(self.parameters())
-        return KVCache(1, rows, self.cfg.block_size, self.cfg.kv_heads, self.cfg.head_dim, p.dtype, p.device)
+        return KVCache(1, rows, self.config.block_size, self.config.kv_heads, self.config.head_dim, p.dtype, p.device)
 
     def rollback(self, cache: KVCache, n: int) -> None:
         cache.crop(n)
 
     def forward(self, x: torch.Tensor, cache: Optional[KVCache], start: int) -> torch.Tensor:
         T = x.shape[1]
-        off = self.cfg.cls_token_num
+        off = self.config.cls_token_num
         if off + start + T > self.rope.shape[0]:
-            self.rope = rope_table(self.cfg, off + start + T).to(self.rope.device)
+            self.rope = rope_table(self.config, off + start + T).to(self.rope.device)
         rope = self.rope[off + start: off + start + T]
         if cache is not None:
             if start != cache.length:
@@ -112,20 +78,20 @@ class LlamaGenModel(TokenModel):
 
     def __init__(self, gpt: GPT, vq=None, name: str = "llamagen", caption_encoder=None,
                  class_names: Optional[list[str]] = None, text: bool = False):
-        cfg = gpt.config
+        config = gpt.config
         self.gpt, self.vq, self.name = gpt.eval(), (vq.eval() if vq is not None else None), name
         self.caption_encoder = caption_encoder
-        self.kind = "text" if text else cfg.model_type
-        self.grid = (1, cfg.block_size) if (text or cfg.rope == "1d") else (cfg.grid_size, cfg.grid_size)
-        self.num_classes = cfg.num_classes if cfg.model_type == "c2i" else None
+        self.kind = "text" if text else config.model_type
+        self.grid = (1, config.block_size) if (text or config.rope == "1d") else (config.grid_size, config.grid_size)
+        self.num_classes = config.num_classes if config.model_type == "c2i" else None
         self.class_names = class_names
-        self.hidden_size = cfg.dim
+        self.hidden_size = config.dim
         p = gpt.tok_embeddings.weight
         self.device, self.dtype = p.device, p.dtype
-        self.image_token_ids = torch.arange(cfg.vocab_size, device=p.device)
+        self.image_token_ids = torch.arange(config.vocab_size, device=p.device)
 
     # ------------------------------------------------------------------ prompt
-    def make_prompt(self, conditions: Sequence | torch.Tensor, cfg: bool = False) -> Prompt:
+    def make_prompt(self, conditions: Sequence | torch.Tensor, guided: bool = False) -> Prompt:
         gpt = self.gpt
         if gpt.config.model_type == "c2i":
             labels = torch.as_tensor(list(conditions) if not torch.is_tensor(conditions) else conditions,
@@ -135,8 +101,8 @@ class LlamaGenModel(TokenModel):
             if labels.min() < 0 or labels.max() >= gpt.config.num_classes:
                 raise UsageError(f"class labels must be in 0..{gpt.config.num_classes - 1} for {self.name}")
             B = labels.numel()
-            inputs = {"cond": torch.cat([labels, gpt.null_condition(B)]) if cfg else labels, "mask": None}
-            return Prompt(inputs, B, cfg, labels.tolist())
+            inputs = {"cond": torch.cat([labels, gpt.null_condition(B)]) if guided else labels, "mask": None}
+            return Prompt(inputs, B, guided, labels.tolist())
         # t2i: caption strings through the text encoder, or caption features directly
         if torch.is_tensor(conditions):
             feats = conditions.to(self.device, self.dtype)
@@ -156,10 +122,10 @@ class LlamaGenModel(TokenModel):
             raise UsageError(f"caption features have {feats.shape[1]} tokens; {self.name} expects {P}")
         feats = feats * mask[..., None]
         B = feats.shape[0]
-        if cfg:
+        if guided:
             feats = torch.cat([feats, gpt.null_condition(B, self.device).to(feats.dtype)])
             mask = torch.cat([mask, mask])
-        return Prompt({"cond": feats, "mask": mask}, B, cfg, shown)
+        return Prompt({"cond": feats, "mask": mask}, B, guided, shown)
 
     # ----------------------------------------------------------------- decoding
     def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> GPTCache:
@@ -302,8 +268,6 @@ VQ16 = dict(codebook_size=16384, codebook_embed_dim=8, encoder_ch_mult=[1, 1, 2,
 
 def official_gpt_config(preset: str, model_type: str, resolution: int, downsample: int = 16) -> GPTConfig:
     """GPTConfig of an official LlamaGen checkpoint: preset, c2i/t2i, image size in pixels."""
-    from ambiguity.models.gpt import gpt_config_from_official
-
     grid = resolution // downsample
     extra = dict(num_classes=1000, cls_token_num=1) if model_type == "c2i" else dict(caption_dim=2048, cls_token_num=120)
     return gpt_config_from_official(preset=preset, model_type=model_type, block_size=grid * grid,
@@ -319,16 +283,13 @@ def load_llamagen(weights=None, device="cpu", dtype=torch.float32, *, preset: st
     the local Hugging Face cache of ``repo``. The VQ checkpoint is optional (no pixels without
     it); t2i models also need flan-t5-xl in the local cache for text captions.
     """
-    from ambiguity.models.hub import find_weight, require_weight
-    from ambiguity.models.vq import VQModel, vq_config_from_official
-
     gpt_path = require_weight(gpt_file, repo, weights, primary=True, model=name)
     check_checkpoint_name(gpt_path, name, stage, resolution)
-    cfg = official_gpt_config(preset, model_type, resolution)
+    config = official_gpt_config(preset, model_type, resolution)
     with torch.device("meta"):
-        gpt = GPT(cfg)
+        gpt = GPT(config)
     gpt = gpt.to_empty(device="cpu")
-    gpt.rope = rope_table(cfg)
+    gpt.rope = rope_table(config)
     load_strict(gpt, load_checkpoint_state(gpt_path), f"{gpt_path.name}")
     gpt = gpt.to(device=device, dtype=dtype).eval()
     vq = None
@@ -339,7 +300,5 @@ def load_llamagen(weights=None, device="cpu", dtype=torch.float32, *, preset: st
         vq = vq.to(device).eval()
     encoder = None
     if model_type == "t2i":
-        from ambiguity.models.text_encoders import T5CaptionEncoder
-
         encoder = T5CaptionEncoder(T5_REPO, device=device, dtype=dtype, lazy=True)
     return LlamaGenModel(gpt, vq, name=name, caption_encoder=encoder)

@@ -8,40 +8,18 @@ checkpoint is absent.
 """
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+import difflib
+from typing import Optional
 
 import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel, resolve_device
+from ambiguity.models.catalog import BUILTIN, ModelSpec
 
 __all__ = ["ModelSpec", "register", "available_models", "get_spec", "load_model", "DEFAULT_MODEL", "resolve_dtype"]
 
 DEFAULT_MODEL = "embedded"
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A registered model: ``loader`` is a callable or ``"module:function"``; ``options`` go to it.
-
-    ``kind`` is the loaded model's :attr:`TokenModel.kind` (``"c2i"``, ``"t2i"`` or ``"text"``),
-    known before loading so that kind-dependent defaults (the CFG scale) resolve without weights.
-    """
-
-    name: str
-    summary: str
-    loader: Union[str, Callable[..., TokenModel]]
-    options: dict = field(default_factory=dict)
-    aliases: tuple[str, ...] = ()
-    kind: str = "t2i"
-
-    def resolve_loader(self) -> Callable[..., TokenModel]:
-        if callable(self.loader):
-            return self.loader
-        module, func = self.loader.split(":")
-        return getattr(importlib.import_module(module), func)
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -56,20 +34,16 @@ def register(spec: ModelSpec) -> ModelSpec:
 
 
 def available_models() -> list[str]:
-    _ensure_builtin()
     return sorted(_REGISTRY)
 
 
 def get_spec(name: str) -> ModelSpec:
     """Look a name up (aliases too). ``hf:<repo or path>`` names any Hugging Face causal LM."""
-    _ensure_builtin()
     if name.startswith("hf:"):
         return ModelSpec(name, "Hugging Face causal LM", "ambiguity.models.hf_text:load_hf_causal_lm",
                          {"repo": name[3:]}, kind="text")
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
-        import difflib
-
         close = difflib.get_close_matches(name, list(_REGISTRY) + list(_ALIASES), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         raise UsageError(f"unknown model {name!r}; {hint}choose one of {', '.join(sorted(_REGISTRY))} or hf:<repo>")
@@ -101,12 +75,5 @@ def load_model(name: str = DEFAULT_MODEL, weights=None, device="auto", dtype=Non
     return model
 
 
-_BUILTIN_DONE = False
-
-
-def _ensure_builtin() -> None:
-    global _BUILTIN_DONE
-    if _BUILTIN_DONE:
-        return
-    _BUILTIN_DONE = True
-    importlib.import_module("ambiguity.models.catalog")
+for _spec in BUILTIN:
+    register(_spec)

@@ -16,6 +16,7 @@ import urllib.parse
 import torch
 
 from ambiguity.errors import UsageError
+from ambiguity.models.hf_common import load_pretrained, load_tokenizer
 
 __all__ = ["T5CaptionEncoder", "clean_caption", "T5_REPO", "T5_MAX_LENGTH"]
 
@@ -124,8 +125,6 @@ class T5CaptionEncoder:
         if self.model is not None:
             return
         from transformers import T5EncoderModel
-
-        from ambiguity.models.hf_common import load_pretrained, load_tokenizer
 
         self.tokenizer = load_tokenizer(self.repo, name="caption encoder")
         self.model = load_pretrained(T5EncoderModel, self.repo, device=self.device, dtype=self.dtype,

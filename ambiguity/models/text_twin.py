@@ -31,8 +31,11 @@ from typing import Optional, Sequence
 
 import torch
 
+from ambiguity.data.text_corpus import load_tokenizer
 from ambiguity.errors import UsageError, WeightsNotFoundError
+from ambiguity.io import load_tensors
 from ambiguity.models.base import Prompt, Step
+from ambiguity.models.embedded import load_gpt, weights_dir
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import GPTCache, LlamaGenModel
 
@@ -71,8 +74,8 @@ class TextTwinModel(LlamaGenModel):
     """
 
     def __init__(self, gpt: GPT, tokenizer=None, name: str = "text-twin"):
-        cfg = gpt.config
-        if cfg.model_type != "c2i" or cfg.num_classes != 1:
+        config = gpt.config
+        if config.model_type != "c2i" or config.num_classes != 1:
             raise ValueError("a text twin GPT has model_type 'c2i' with num_classes=1 (the BOS token)")
         super().__init__(gpt, None, name=name, text=True)
         self.tokenizer = tokenizer
@@ -114,7 +117,7 @@ class TextTwinModel(LlamaGenModel):
         return [""] * n
 
     # ---------------------------------------------------------------- prompt
-    def make_prompt(self, conditions, cfg: bool = False) -> Prompt:
+    def make_prompt(self, conditions, guided: bool = False) -> Prompt:
         """Strings (or a (B, P) int64 tensor of token ids; a (B,) tensor of zeros = BOS only) -> Prompt.
 
         ``inputs``: ``cond`` (rows,) zeros (the BOS class), ``ids`` (rows, P) left-padded prompt
@@ -150,7 +153,7 @@ class TextTwinModel(LlamaGenModel):
             raise UsageError(f"a prompt is {longest} tokens; {self.name} was trained on {limit + 1}-token passages, "
                              f"shorten prompts to at most {limit} tokens")
         B = len(rows)
-        if cfg:
+        if guided:
             rows = rows + [[] for _ in range(B)]
         P = max(len(r) for r in rows)
         ids = torch.zeros(len(rows), P, dtype=torch.long)
@@ -161,7 +164,7 @@ class TextTwinModel(LlamaGenModel):
         mask = torch.arange(P + 1)[None] >= (P - lengths)[:, None]
         inputs = {"cond": torch.zeros(len(rows), dtype=torch.long, device=self.device), "ids": ids.to(self.device),
                   "lengths": lengths.to(self.device), "mask": None if bool(mask.all()) else mask.to(self.device)}
-        return Prompt(inputs, B, cfg, list(shown))
+        return Prompt(inputs, B, guided, list(shown))
 
     def prefix_embeddings(self, prompt: Prompt) -> torch.Tensor:
         """BOS + prompt tokens, left-padded: (rows, 1 + P, dim) in the model dtype."""
@@ -202,7 +205,6 @@ class TextTwinModel(LlamaGenModel):
 
 
 def _resolve(weights) -> tuple[Path, Path]:
-    from ambiguity.models.embedded import weights_dir
 
     p = weights_dir(weights)
     if p.suffix == ".safetensors":
@@ -217,14 +219,11 @@ def load_text_twin(weights=None, device="cpu", dtype=torch.float32) -> TextTwinM
     Raises WeightsNotFoundError (with the command that trains it) when the GPT file is missing.
     The tokenizer is optional: without it prompts must be token ids.
     """
-    from ambiguity.data.text_corpus import load_tokenizer
-    from ambiguity.models.embedded import load_module
-
     path, folder = _resolve(weights)
     if not path.is_file():
         raise WeightsNotFoundError(f"text twin weights {path.name} not found in {folder}; "
                                    f"run `python scripts/train_text_twin.py` to train them")
-    gpt, _ = load_module("gpt", path, device, dtype)
+    gpt, _ = load_gpt(path, device, dtype)
     tok_path = folder / TOKENIZER_FILE
     tokenizer = load_tokenizer(tok_path) if tok_path.is_file() else None
     model = TextTwinModel(gpt, tokenizer, name="text-twin")
@@ -238,8 +237,6 @@ def load_heldout(weights=None, n: Optional[int] = None) -> torch.Tensor:
     ``weights``: the weights directory, or the held-out .safetensors file itself.
     Raises UsageError when the file is missing (``scripts/train_text_twin.py`` writes it).
     """
-    from ambiguity.io import load_tensors
-
     p = Path(weights) if weights is not None else None
     path = p if (p is not None and p.name == HELDOUT_FILE) else _resolve(weights)[1] / HELDOUT_FILE
     folder = path.parent

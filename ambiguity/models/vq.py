@@ -114,28 +114,28 @@ class _Level(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, cfg: VQConfig):
+    def __init__(self, config: VQConfig):
         super().__init__()
-        ch, mult = cfg.ch, cfg.encoder_ch_mult
-        self.conv_in = nn.Conv2d(cfg.in_channels, ch, 3, padding=1)
+        ch, mult = config.ch, config.encoder_ch_mult
+        self.conv_in = nn.Conv2d(config.in_channels, ch, 3, padding=1)
         self.conv_blocks = nn.ModuleList()
         cin = ch
         for i, m in enumerate(mult):
             level, cout, last = _Level(), ch * m, i == len(mult) - 1
             level.res = nn.ModuleList()
             level.attn = nn.ModuleList()
-            for _ in range(cfg.num_res_blocks):
-                level.res.append(ResnetBlock(cin, cout, cfg.dropout_p))
+            for _ in range(config.num_res_blocks):
+                level.res.append(ResnetBlock(cin, cout, config.dropout_p))
                 cin = cout
                 if last:
                     level.attn.append(AttnBlock(cin))
             if not last:
                 level.downsample = Downsample(cin)
             self.conv_blocks.append(level)
-        self.mid = nn.ModuleList([ResnetBlock(cin, cin, cfg.dropout_p), AttnBlock(cin),
-                                  ResnetBlock(cin, cin, cfg.dropout_p)])
+        self.mid = nn.ModuleList([ResnetBlock(cin, cin, config.dropout_p), AttnBlock(cin),
+                                  ResnetBlock(cin, cin, config.dropout_p)])
         self.norm_out = _norm(cin)
-        self.conv_out = nn.Conv2d(cin, cfg.z_channels, 3, padding=1)
+        self.conv_out = nn.Conv2d(cin, config.z_channels, 3, padding=1)
 
     def forward(self, x):
         h = self.conv_in(x)
@@ -152,20 +152,20 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: VQConfig):
+    def __init__(self, config: VQConfig):
         super().__init__()
-        ch, mult = cfg.ch, cfg.decoder_ch_mult
+        ch, mult = config.ch, config.decoder_ch_mult
         cin = ch * mult[-1]
-        self.conv_in = nn.Conv2d(cfg.z_channels, cin, 3, padding=1)
-        self.mid = nn.ModuleList([ResnetBlock(cin, cin, cfg.dropout_p), AttnBlock(cin),
-                                  ResnetBlock(cin, cin, cfg.dropout_p)])
+        self.conv_in = nn.Conv2d(config.z_channels, cin, 3, padding=1)
+        self.mid = nn.ModuleList([ResnetBlock(cin, cin, config.dropout_p), AttnBlock(cin),
+                                  ResnetBlock(cin, cin, config.dropout_p)])
         self.conv_blocks = nn.ModuleList()
         for i in reversed(range(len(mult))):
             level, cout, first = _Level(), ch * mult[i], i == len(mult) - 1
             level.res = nn.ModuleList()
             level.attn = nn.ModuleList()
-            for _ in range(cfg.num_res_blocks + 1):
-                level.res.append(ResnetBlock(cin, cout, cfg.dropout_p))
+            for _ in range(config.num_res_blocks + 1):
+                level.res.append(ResnetBlock(cin, cout, config.dropout_p))
                 cin = cout
                 if first:
                     level.attn.append(AttnBlock(cin))
@@ -173,7 +173,7 @@ class Decoder(nn.Module):
                 level.upsample = Upsample(cin)
             self.conv_blocks.append(level)
         self.norm_out = _norm(cin)
-        self.conv_out = nn.Conv2d(cin, cfg.in_channels, 3, padding=1)
+        self.conv_out = nn.Conv2d(cin, config.in_channels, 3, padding=1)
 
     def forward(self, z):
         h = self.conv_in(z)
@@ -192,16 +192,16 @@ class Decoder(nn.Module):
 class VectorQuantizer(nn.Module):
     """Nearest-code quantiser. With ``l2_norm`` both latents and codes are unit-normalised first."""
 
-    def __init__(self, cfg: VQConfig):
+    def __init__(self, config: VQConfig):
         super().__init__()
-        self.l2_norm = cfg.codebook_l2_norm
-        self.beta = cfg.commit_loss_beta
-        self.embedding = nn.Embedding(cfg.codebook_size, cfg.codebook_embed_dim)
-        nn.init.uniform_(self.embedding.weight, -1.0 / cfg.codebook_size, 1.0 / cfg.codebook_size)
+        self.l2_norm = config.codebook_l2_norm
+        self.beta = config.commit_loss_beta
+        self.embedding = nn.Embedding(config.codebook_size, config.codebook_embed_dim)
+        nn.init.uniform_(self.embedding.weight, -1.0 / config.codebook_size, 1.0 / config.codebook_size)
         if self.l2_norm:
             with torch.no_grad():
                 self.embedding.weight.copy_(F.normalize(self.embedding.weight, dim=-1))
-        self.register_buffer("codebook_used", torch.zeros(cfg.usage_buffer))
+        self.register_buffer("codebook_used", torch.zeros(config.usage_buffer))
 
     def codebook(self) -> torch.Tensor:
         """The vectors the decoder sees, (codebook_size, embed_dim): normalised when l2_norm."""
@@ -234,14 +234,14 @@ class VectorQuantizer(nn.Module):
 class VQModel(nn.Module):
     """Encoder -> ``quant_conv`` -> quantiser -> ``post_quant_conv`` -> decoder."""
 
-    def __init__(self, cfg: VQConfig):
+    def __init__(self, config: VQConfig):
         super().__init__()
-        self.config = cfg
-        self.encoder = Encoder(cfg)
-        self.decoder = Decoder(cfg)
-        self.quantize = VectorQuantizer(cfg)
-        self.quant_conv = nn.Conv2d(cfg.z_channels, cfg.codebook_embed_dim, 1)
-        self.post_quant_conv = nn.Conv2d(cfg.codebook_embed_dim, cfg.z_channels, 1)
+        self.config = config
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.quantize = VectorQuantizer(config)
+        self.quant_conv = nn.Conv2d(config.z_channels, config.codebook_embed_dim, 1)
+        self.post_quant_conv = nn.Conv2d(config.codebook_embed_dim, config.z_channels, 1)
 
     def encode_latent(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) in [-1, 1] -> pre-quantisation latents (B, d, H/f, W/f)."""

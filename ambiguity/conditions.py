@@ -1,4 +1,7 @@
-"""What ``python -m ambiguity.profile`` conditions on and teacher-forces: labels, captions, images.
+"""What a run conditions on and teacher-forces: class labels, captions, real images.
+
+Shared by every command that generates or analyses images (profile, the analyses, compare,
+lantern's generate and drafter training):
 
 * ``--source generate``: class labels (``--classes``, cycled; else ``model.default_conditions``)
   for c2i models; a seeded subset of ``--captions`` for t2i models (prompts for text models).
@@ -19,6 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from ambiguity.data.captions import read_captions, read_coco_captions, sample_captions, is_coco_json
+from ambiguity.data.fashion_mnist import load_split
 from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
 
@@ -89,8 +93,6 @@ def fashion_mnist_subset(model: TokenModel, n: int, seed: int, classes: Optional
     when the data are absent, the model does not take 1 x 32 x 32 images, or fewer than ``n``
     test images are left after the class filter.
     """
-    from ambiguity.data.fashion_mnist import load_split
-
     shape = _image_shape(model)
     if tuple(shape) != (1, 32, 32):
         raise UsageError(f"{model.name} takes {tuple(shape)} images, not Fashion-MNIST; pass --images DIR")

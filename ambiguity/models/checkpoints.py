@@ -1,0 +1,120 @@
+"""Reading and writing weights: official PyTorch checkpoints and the project's own safetensors files.
+
+Generic readers used by every adapter, the drafter and the training scripts. Each turns what a
+user can get wrong (a truncated download, a file of another model, a non-checkpoint file) into a
+one-line :class:`~ambiguity.errors.UsageError` that names the file and the fix.
+
+The project's own files (:func:`save_module`) are safetensors with the module's dataclass config
+as JSON metadata (key ``config``), so :func:`load_module` rebuilds the module without code that
+knows the architecture in advance.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.io import load_tensors, save_tensors
+
+__all__ = ["load_checkpoint_state", "read_safetensors", "load_strict", "save_module", "load_module"]
+
+
+def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read an official ``.pt`` checkpoint: ``{"model": sd}``, ``{"module": sd}``,
+    ``{"state_dict": sd}`` or a bare state dict (tensors on the CPU).
+
+    Raises UsageError for a missing, unreadable or truncated file, or one that holds no state dict.
+    """
+    path = Path(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UsageError(f"checkpoint {path} does not exist; check the --weights path") from None
+    except Exception as exc:  # pickle errors, truncated downloads, files that are no checkpoint
+        raise UsageError(f"cannot read {path} as a PyTorch checkpoint ({type(exc).__name__}); check that --weights "
+                         f"names the official .pt file, and re-download it if it is truncated") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path} is not a state-dict checkpoint; pass the official .pt file")
+    for key in ("model", "module", "state_dict"):
+        if key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+            break
+    if not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise UsageError(f"{path} is not a state-dict checkpoint (it holds non-tensor values); pass the weights file")
+    return obj
+
+
+def read_safetensors(path: str | Path, fix: str = "re-create or re-download it") -> tuple[dict, dict]:
+    """Read a safetensors file -> (tensors on the CPU, metadata with JSON values decoded).
+
+    Raises UsageError naming ``fix`` for a missing, truncated or non-safetensors file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist; {fix}")
+    try:
+        return load_tensors(path)
+    except Exception as exc:  # SafetensorError for bad headers, OSError, truncated data
+        raise UsageError(f"cannot read {path} as a safetensors file ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:80]}); {fix}") from None
+
+
+def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """``load_state_dict(strict=True)`` with a one-line UsageError naming the first mismatches."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k} {tuple(state[k].shape)} != {tuple(own[k].shape)}" for k in own
+              if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} keys (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} keys (e.g. {unexpected[0]})")
+        if shapes:
+            parts.append(f"shape mismatch ({shapes[0]})")
+        raise UsageError(f"{what} does not match the model architecture: " + "; ".join(parts)
+                         + "; check that --model names the checkpoint's model")
+    module.load_state_dict(state, strict=True)
+
+
+def save_module(module: torch.nn.Module, config, path: str | Path, dtype: torch.dtype = torch.float16,
+                skip: tuple[str, ...] = (), **metadata) -> Path:
+    """Save parameters and buffers (floating tensors cast to ``dtype``, fp16 by default; keys in
+    ``skip`` left out) with the dataclass ``config`` as safetensors metadata (key ``config``,
+    JSON) plus any extra ``metadata``, atomically. Returns ``path``."""
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in module.state_dict().items() if k not in skip}
+    meta = {"config": dataclasses.asdict(config), "dtype": str(dtype).replace("torch.", ""), **metadata}
+    return save_tensors(state, path, meta)
+
+
+def load_module(path: str | Path, module_cls: Callable, config_cls: type, device="cpu",
+                dtype: torch.dtype = torch.float32, defaults: Optional[Callable[[torch.nn.Module], dict]] = None,
+                fix: str = "re-create the file with its training script"):
+    """Rebuild a module from a file written by :func:`save_module`.
+
+    ``module_cls(config_cls(**meta["config"]))`` is built, its state loaded strictly (float32),
+    then moved to ``device`` and ``dtype``; ``defaults(module)`` may supply entries the file
+    leaves out (e.g. bookkeeping buffers). Returns (module in eval mode, metadata dict).
+    Raises UsageError for an unreadable file, a file of another module type (its config does
+    not fit ``config_cls``) or tensors that do not match the config.
+    """
+    path = Path(path)
+    state, meta = read_safetensors(path, fix)
+    config = meta.get("config")
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    if not isinstance(config, dict) or not set(config) <= names:
+        what = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+        raise UsageError(f"{path.name} does not hold a {what} module (its stored config has other fields); "
+                         f"check which file goes where, or {fix}")
+    module = module_cls(config_cls(**config))
+    if defaults is not None:
+        for k, v in defaults(module).items():
+            state.setdefault(k, v)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    load_strict(module, state, path.name)
+    return module.to(device=device, dtype=dtype).eval(), meta

@@ -1,0 +1,311 @@
+"""Run directories: one mechanism for settings records, resuming, parts and atomic outputs.
+
+Every command that writes results (profile, the analyses, compare, lantern's generate,
+train_drafter, evaluate and paper) keeps them in a run directory::
+
+    <out>/run.json            what the run is: command, settings, their digest, package versions
+    <out>/parts/<name>.json   one manifest per finished unit of work (a batch, an image, a cell)
+    <out>/parts/<name>.*      the unit's tables (Parquet) and tensors (safetensors)
+    <out>/...                 final outputs, each written atomically (summary.json last)
+
+* **Resume**: a rerun with the same settings reads finished parts back instead of computing
+  them again, so an interrupted run (even ``kill -9``) loses at most the unit in flight.
+* **Refuse / overwrite**: a rerun with other settings is refused with one line that names the
+  first difference, ``--out`` and ``--overwrite``; ``--overwrite`` clears the run's own files
+  (``run.json``, ``parts/`` and the command's outputs) and starts afresh.
+* **Honest parts**: a manifest says what its part holds (e.g. the image indices), the settings
+  digest it was computed under, and each file's size, row count and SHA-256. :meth:`RunDir.read_part`
+  checks all of it; a damaged, truncated, foreign or stale part is recomputed with a one-line
+  ``note:`` on stderr, never merged.
+
+Which settings belong in the record is the command's choice: everything that changes a result,
+nothing that only extends the run (e.g. ``--num-images`` of a generation, which resumes and adds
+images).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+import shutil
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.io import (ensure_writable_dir, json_default, load_tensors, read_table, save_tensors,
+                          write_json, write_table)
+
+__all__ = ["RunDir", "Part", "settings_digest", "settings_difference", "versions", "normalise", "file_sha256",
+           "RUN_FILE", "PART_DIR"]
+
+RUN_FILE = "run.json"
+PART_DIR = "parts"
+
+
+# --------------------------------------------------------------------------- records
+def normalise(obj):
+    """``obj`` as plain JSON values (tuples -> lists, paths and dtypes -> strings), for comparing records."""
+    return json.loads(json.dumps(obj, default=json_default, sort_keys=True))
+
+
+def settings_digest(settings: Mapping) -> str:
+    """First 16 hex digits of the SHA-256 of the canonical JSON of ``settings``."""
+    return hashlib.sha256(json.dumps(normalise(settings), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def settings_difference(old, new, prefix: str = "") -> str:
+    """The first setting that differs between a stored record ``old`` (parsed JSON, None when
+    unreadable) and ``new``, as ``"key: <old> there, <new> now"`` (nested dicts are descended)."""
+    new = normalise(new)
+    if old is None and not prefix:
+        return "unreadable run file"
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return f"{prefix or 'settings'}: {old!r} there, {new!r} now"
+    for k in sorted(set(old) | set(new)):
+        if old.get(k) != new.get(k):
+            if isinstance(old.get(k), dict) and isinstance(new.get(k), dict):
+                return settings_difference(old[k], new[k], k)
+            name = f"{prefix}.{k}" if prefix else k
+            return f"{name}: {old.get(k)!r} there, {new.get(k)!r} now"
+    return "unreadable run file"
+
+
+def versions() -> dict:
+    """Versions of python, torch, numpy, transformers, faiss, pandas and this package (None if absent)."""
+
+    def first(*names):
+        for n in names:
+            try:
+                return metadata.version(n)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+            "transformers": first("transformers"), "faiss": first("faiss-cpu", "faiss-gpu-cu12", "faiss-gpu", "faiss"),
+            "pandas": first("pandas"), "lantern-ambiguity": first("lantern-ambiguity")}
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 hex digest of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- parts
+@dataclass
+class Part:
+    """A finished unit of work read back by :meth:`RunDir.read_part`.
+
+    tables: name -> pandas DataFrame; tensors: name -> {key: tensor}; files: name -> Path of
+    the other files the part listed; meta: the JSON-able extras given to ``write_part``.
+    """
+
+    name: str
+    holds: dict
+    tables: dict = field(default_factory=dict)
+    tensors: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+
+class RunDir:
+    """A run directory (see the module docstring).
+
+    Args:
+        path: the directory (``--out``).
+        settings: everything that changes a result (JSON-able); its digest marks every part.
+        command: the producing command, e.g. ``"python -m ambiguity.profile"`` (recorded).
+        flag: the option that named ``path``, for error messages.
+        outputs: final files / directories (relative to ``path``) that ``--overwrite`` removes.
+        report: where one-line notes go (default: ``note: ...`` on stderr).
+    """
+
+    def __init__(self, path: str | Path, settings: Mapping, *, command: str, flag: str = "--out",
+                 outputs: Sequence[str] = (), report: Callable[[str], None] = _note):
+        self.path = Path(path).expanduser()
+        self.settings = normalise(dict(settings))
+        self.digest = settings_digest(self.settings)
+        self.command, self.flag, self.outputs, self.report = command, flag, tuple(outputs), report
+        self.notes: list[str] = []
+
+    # ------------------------------------------------------------------ the record
+    @property
+    def run_file(self) -> Path:
+        return self.path / RUN_FILE
+
+    @property
+    def parts_dir(self) -> Path:
+        return self.path / PART_DIR
+
+    def stored(self) -> Optional[dict]:
+        """The parsed ``run.json``, None when absent; raises UsageError when it is unreadable."""
+        if not self.run_file.is_file():
+            return None
+        try:
+            record = json.loads(self.run_file.read_text())
+            if not isinstance(record, dict) or "settings" not in record:
+                raise ValueError
+            return record
+        except (OSError, ValueError):
+            raise UsageError(f"{self.flag} {self.path} has a damaged {RUN_FILE}, so its settings are unknown; "
+                             f"add --overwrite to start afresh or pass another {self.flag}") from None
+
+    def check(self, only: Optional[Sequence[str]] = None) -> "RunDir":
+        """Refuse at once when ``path`` holds a run of other settings (nothing is written).
+
+        only: compare just these top-level keys of the settings (e.g. the command-line options,
+        before a model is loaded to compute the rest). Raises UsageError naming the first difference.
+        """
+        record = self.stored()
+        if record is None:
+            return self
+        old, new = record["settings"], self.settings
+        if only is not None:
+            old = {k: old.get(k) for k in only} if isinstance(old, dict) else old
+            new = {k: new.get(k) for k in only}
+        if old != new:
+            raise UsageError(f"{self.flag} {self.path} holds results of a run with other settings "
+                             f"({settings_difference(old, new)}); pass another {self.flag} or add --overwrite")
+        return self
+
+    def open(self, overwrite: bool = False, extra: Optional[Mapping] = None) -> "RunDir":
+        """Create the directory and record this run, or check that it continues the stored one.
+
+        overwrite: remove the stored run's files first. extra: facts stored with the record but
+        not compared (e.g. the process count). Raises UsageError for other settings, a damaged
+        ``run.json``, parts without a ``run.json`` or an unwritable directory.
+        """
+        ensure_writable_dir(self.path)
+        if overwrite:
+            self.clear()
+        record = self.check().stored()
+        if record is None:
+            if self.parts_dir.is_dir() and any(self.parts_dir.iterdir()):
+                raise UsageError(f"{self.flag} {self.path} holds parts without their {RUN_FILE}, so their settings "
+                                 f"are unknown; pass another {self.flag} or add --overwrite")
+            write_json({"command": self.command, "settings": self.settings, "digest": self.digest,
+                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                        "versions": versions(), **dict(extra or {})}, self.run_file)
+        self.parts_dir.mkdir(exist_ok=True)
+        return self
+
+    def clear(self) -> None:
+        """Remove ``run.json``, ``parts/`` and the outputs this command writes (nothing else)."""
+        shutil.rmtree(self.parts_dir, ignore_errors=True)
+        self.run_file.unlink(missing_ok=True)
+        for name in self.outputs:
+            p = self.path / name
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ parts
+    def manifest_path(self, name: str) -> Path:
+        return self.parts_dir / f"{name}.json"
+
+    def write_part(self, name: str, holds: Mapping, *, tables: Optional[Mapping] = None,
+                   tensors: Optional[Mapping] = None, files: Sequence[str | Path] = (),
+                   meta: Optional[Mapping] = None) -> None:
+        """Write a finished unit atomically: its tables (``parts/<name>.<table>.parquet``), tensors
+        (``parts/<name>.<key>.safetensors``), then the manifest, which lists them and the other
+        ``files`` (already written, anywhere under the run directory) with sizes, rows and
+        SHA-256. The manifest is written last: its presence means the part is complete."""
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        entries = {}
+        for key, df in (tables or {}).items():
+            path = write_table(df, self.parts_dir / f"{name}.{key}.parquet")
+            entries[path.name] = {"kind": "table", "key": key, "rows": int(len(df))}
+        for key, tdict in (tensors or {}).items():
+            path = save_tensors(tdict, self.parts_dir / f"{name}.{key}.safetensors")
+            entries[path.name] = {"kind": "tensors", "key": key}
+        for f in files:
+            rel = Path(f).resolve().relative_to(self.path.resolve()).as_posix()
+            entries["../" + rel] = {"kind": "file", "key": Path(f).name}
+        for rel, e in entries.items():
+            p = self.parts_dir / rel
+            e.update(bytes=p.stat().st_size, sha256=file_sha256(p))
+        write_json({"part": name, "digest": self.digest, "holds": normalise(dict(holds)), "files": entries,
+                    "meta": normalise(dict(meta or {}))}, self.manifest_path(name))
+
+    def read_part(self, name: str, holds: Optional[Mapping] = None, load: bool = True) -> Optional[Part]:
+        """The part ``name`` if it is complete, intact and holds ``holds`` under this run's settings.
+
+        holds: what the caller expects the part to hold (None: any). load: parse its tables and
+        tensors (False: only check the files; ``Part.files`` then maps every file's key to its path).
+        Returns None when it is absent; when it is damaged (unreadable manifest, missing file,
+        size/checksum/row mismatch) or foreign (other settings digest, other ``holds``) it also
+        returns None, after a one-line note, so that the caller recomputes it.
+        """
+        manifest = self.manifest_path(name)
+        if not manifest.is_file():
+            return None
+        try:
+            m = json.loads(manifest.read_text())
+            if m.get("digest") != self.digest:
+                why = "it was computed under other settings"
+            elif holds is not None and m.get("holds") != normalise(dict(holds)):
+                why = f"it holds {m.get('holds')} instead of {normalise(dict(holds))}"
+            else:
+                why = None
+        except (OSError, ValueError, AttributeError):
+            m, why = {}, "its manifest is unreadable"
+        part = Part(name, dict(m.get("holds") or {}), meta=dict(m.get("meta") or {}))
+        for rel, e in (m.get("files") or {}).items():
+            if why is not None:
+                break
+            why = self._check_file(part, self.parts_dir / rel, e, load)
+        if why is not None:
+            self.note(f"{self.path.name}/{PART_DIR}/{name} is not reused: {why}; recomputing it")
+            return None
+        return part
+
+    @staticmethod
+    def _check_file(part: Part, path: Path, entry: dict, load: bool) -> Optional[str]:
+        """Check one file of a part against its manifest entry and load it into ``part``; the
+        reason it cannot be used, or None."""
+        if not path.is_file():
+            return f"{path.name} is missing"
+        if path.stat().st_size != entry.get("bytes") or file_sha256(path) != entry.get("sha256"):
+            return f"{path.name} is damaged (checksum mismatch)"
+        kind, key = entry.get("kind"), entry.get("key")
+        if not load or kind == "file":
+            part.files[key if kind == "file" else path.name] = path
+            return None
+        try:
+            if kind == "table":
+                df = read_table(path)
+                if len(df) != entry.get("rows"):
+                    return f"{path.name} has {len(df)} rows, not {entry.get('rows')}"
+                part.tables[key] = df
+            else:
+                part.tensors[key] = load_tensors(path)[0]
+        except Exception as exc:  # a file that passes the checksum but cannot be parsed
+            return f"{path.name} cannot be read ({type(exc).__name__})"
+        return None
+
+    def part_names(self, prefix: str = "") -> list[str]:
+        """Names of the parts whose manifests exist (sorted), optionally only those starting with ``prefix``."""
+        if not self.parts_dir.is_dir():
+            return []
+        return sorted(p.name[:-5] for p in self.parts_dir.glob(f"{prefix}*.json"))
+
+    def note(self, text: str) -> None:
+        """Record and report a one-line note."""
+        self.notes.append(text)
+        self.report(text)

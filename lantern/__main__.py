@@ -1,0 +1,14 @@
+"""``python -m lantern``: the package's commands (each also runs as ``python -m <module>``)."""
+from __future__ import annotations
+
+from ambiguity.cli import run_subcommand
+
+COMMANDS = {
+    "generate": ("lantern.generate", "images by AR, speculative or LANTERN decoding, with per-draft records"),
+    "replay": ("lantern.replay", "acceptance vs ambiguity, and image quality against a reference run"),
+    "train_drafter": ("lantern.train_drafter", "train an EAGLE drafter and measure its test accuracy per epoch"),
+    "compare": ("lantern.compare", "ambiguity across models with their drafters' accuracy (LANTERN Fig. 2)"),
+}
+
+if __name__ == "__main__":
+    raise SystemExit(run_subcommand("python -m lantern", COMMANDS))
