@@ -51,9 +51,10 @@ from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metri
                                      value_metrics)
 from lantern.quality.sources import ImageSet, load_source
 from lantern.quality.text import CLIP_SCALES, clip_scores, hps_scores, prompts_for
-from lantern.replay import image_quality, load_run, run_label, target_scores
+from lantern.runs import image_quality, load_run, run_label, target_scores
 
-__all__ = ["evaluate_runs", "score_images", "load_extractors", "check_sizes", "wide_table", "build_parser", "main",
+__all__ = ["evaluate_runs", "score_images", "flat_scores", "load_extractors", "check_sizes", "wide_table",
+           "speed_quality_table", "build_parser", "main",
            "COMMAND", "OUTPUTS"]
 
 COMMAND = "python -m lantern.evaluate"
@@ -272,16 +273,39 @@ def _cell(r) -> str:
     return fmt(v) + (f" [{fmt(lo)}, {fmt(hi)}]" if np.isfinite(lo) else "")
 
 
-def wide_table(df: pd.DataFrame, speed: Optional[dict] = None) -> pd.DataFrame:
-    """One row per run (label), one column per metric, cells ``value [lo, hi]``; speed columns first."""
+def wide_table(df: pd.DataFrame, metrics: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """One row per run (label), one column per metric (all, or those whose name starts with one
+    of ``metrics``), cells ``value [lo, hi]``, and n."""
+    if metrics is not None:
+        df = df[[any(m.startswith(k + "_") or m == k for k in metrics) for m in df["metric"]]]
     cells = df.assign(cell=[_cell(r) for r in df.to_dict(orient="records")])
     wide = cells.pivot_table(index="label", columns="metric", values="cell", aggfunc="first", sort=False)
     wide.insert(0, "n", cells.groupby("label", sort=False)["n"].max())
-    if speed:
-        for col in ("acceptance_rate", "mean_accepted_length"):
-            wide.insert(1, col, [speed.get(lab, {}).get(col, np.nan) for lab in wide.index])
-    order = [c for c in wide.columns if c in ("n", "acceptance_rate", "mean_accepted_length")]
-    return wide[order + [c for c in dict.fromkeys(df["metric"]) if c in wide.columns]]
+    return wide[["n"] + [c for c in dict.fromkeys(df["metric"]) if c in wide.columns]]
+
+
+SPEED = {"acceptance_rate": "α", "mean_accepted_length": "τ", "step_compression": "compr."}
+
+
+def speed_quality_table(df: pd.DataFrame, record: dict,
+                        metrics: Sequence[str] = ("fid", "kid", "precision", "recall")) -> pd.DataFrame:
+    """Speed next to quality: per run, acceptance rate α, τ (bonus counted) and step compression
+    from its summary, then ``metrics`` of every extractor (cells ``value [lo, hi]``)."""
+    wide = wide_table(df, metrics)
+    speed = {r["label"]: r.get("speed") or {} for r in record["runs"]}
+    for i, (key, short) in enumerate(SPEED.items()):
+        wide.insert(1 + i, short, [speed.get(lab, {}).get(key, np.nan) for lab in wide.index])
+    return wide
+
+
+def flat_scores(scores: dict) -> dict:
+    """:func:`score_images` output -> one flat row: ``{metric: value, metric_lo: ..., metric_hi: ...}``
+    (for a sweep table such as ``benchmarks/results/decoding.parquet``)."""
+    row = {}
+    for name, v in scores.items():
+        if isinstance(v, dict) and "value" in v:
+            row[name], row[f"{name}_lo"], row[f"{name}_hi"] = v["value"], v["ci_low"], v["ci_high"]
+    return row
 
 
 def build_parser() -> ArgumentParser:
@@ -356,13 +380,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     df, rec = evaluate_runs(args.runs, protocol, names, weights, out, args.cache, args.data, device, args.batch_size,
                             _class_names(args.class_names), args.proxy_reference, target, args.overwrite,
                             not args.no_progress)
-    speed = {r["label"]: r.get("speed", {}) for r in rec["runs"]}
     with pd.option_context("display.width", 250, "display.max_columns", 50):
+        print(f"speed and quality against {args.reference} ({args.bootstrap} bootstrap resamples, "
+              f"{100 * args.level:g} % intervals):")
+        print(speed_quality_table(df, rec).to_string())
         for ex in [""] + names:
             sub = df[df["extractor"] == ex]
             if len(sub):
                 print(f"\n== {ex or 'per-image scores'} ==")
-                print(wide_table(sub, speed if not ex or ex == names[0] else None).to_string())
+                print(wide_table(sub).to_string())
     for note in rec["notes"]:
         print(f"note: {note}")
     print(f"wrote {out}/metrics.parquet, {out}/evaluation.json")

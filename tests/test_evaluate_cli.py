@@ -43,7 +43,9 @@ def _fake_run(d, arr, method="lantern", k=64, delta=0.2):
                   "codes": [[0, 1, 2, 3]] * n, "tokens": [4] * n, "target_forwards": [2] * n}).to_parquet(
         d / "images.parquet")
     pd.DataFrame({"image": [0], "accepted": [1]}).to_parquet(d / "steps.parquet")
-    pd.DataFrame({"image": [0], "reached": [True], "committed": [True]}).to_parquet(d / "drafts.parquet")
+    pd.DataFrame({"image": [0, 0], "reached": [True, True], "committed": [True, False], "p_top1": [0.3, 0.6],
+                  "p_entropy": [2.0, 1.0], "j_star": [2, 0], "p_tilde": [0.5, 0.1], "p_draft": [0.2, 0.1]}).to_parquet(
+        d / "drafts.parquet")
     (d / "summary.json").write_text(json.dumps({
         "method": method, "rule": {"k": k, "delta": delta}, "settings": {"model": "embedded", "seed": 0},
         "acceptance_rate": 0.8, "mean_accepted_length": 3.1, "step_compression": 2.9}))
@@ -176,3 +178,18 @@ def test_data_set_specs_and_subsets(tmp_path, clf):
         pytest.skip(f"Fashion-MNIST IDX files absent ({exc})")
     assert s.images.shape == (50, 1, 32, 32) and s.n == 50 and len(s.conditions) == 50
     assert s.info["class_names"][0] == "T-shirt/top"
+
+
+def test_replay_quality_prints_speed_next_to_quality(sets, clf, capsys):
+    from lantern.replay import main as replay_main
+
+    tmp, ref, good, bad = sets
+    args = [str(good), str(bad), "--quality", "--quality-reference", str(ref), "--extractors", "fmnist",
+            "--weights", f"fmnist={clf}", "--bootstrap", "10", "--out", str(tmp / "replay")]
+    assert replay_main(args) == 0
+    out = capsys.readouterr().out
+    assert "image quality against" in out and "α" in out and "τ" in out and "fid_fmnist" in out
+    q = pd.read_parquet(tmp / "replay" / "quality.parquet")
+    assert set(q["label"]) == {"lantern k=64 δ=0.2", "lantern k=64 δ=0.4"}
+    assert replay_main(args[:-2] + ["--extractors", "nope", "--out", str(tmp / "replay")]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown extractor 'nope'")
