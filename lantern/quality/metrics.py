@@ -8,8 +8,8 @@ only comparable with scores from the same extractor, reference set and protocol.
   Eq. 6): ``||mu_x - mu_r||^2 + tr(S_x + S_r - 2 (S_r^1/2 S_x S_r^1/2)^1/2)`` between Gaussians
   fitted to the two sets (unbiased covariances). With Inception pool3 features it is the FID;
   with DINOv2 it is FD-DINOv2 (Stein et al. 2023). It is biased upward at small n (Chong &
-  Forsyth 2020): only compare scores at the same n. LANTERN (Jang et al. 2025, Table 2) uses
-  30k MS-COCO captions for text-to-image and 5k... — see ``docs/evaluate.md``.
+  Forsyth 2020): only compare scores at the same n (sizes used in papers:
+  :data:`lantern.quality.scoring.PAPER_SAMPLE_SIZES`, ``docs/evaluate.md``).
 * **KID** (Bińkowski et al. 2018, "Demystifying MMD GANs", Sec. 3): the unbiased MMD^2 with the
   cubic polynomial kernel ``k(x, y) = (x.y / D + 1)^3``, here on the full sets (torchmetrics'
   ``KernelInceptionDistance`` with one subset of the full size gives the same number).

@@ -31,11 +31,13 @@ __all__ = ["Protocol", "protocol_record", "RefStats", "cache_dir", "reference_st
 
 BOOTSTRAP_TAG, PRDC_TAG = 12, 13
 BOUNDED = ("precision", "recall", "coverage", "token_match_vs_reference", "class_consistency")
-# LANTERN (Jang et al. 2025, Sec. 5 / Table 2): MS-COCO validation captions, FID against the
-# validation images; the number of images is not stated next to Table 2 (jadohu/LANTERN#9 asks).
-# Common practice that the table can be compared with: 30k captions (LlamaGen t2i, MS-COCO
-# 2014 val) and 5k (MS-COCO 2017 val); ImageNet c2i FIDs use 50k samples vs the train statistics.
-PAPER_SAMPLE_SIZES = {"ms-coco-2014-val": 30000, "ms-coco-2017-val": 5000, "imagenet-c2i": 50000}
+# Sample sizes to compare FIDs with. LANTERN's Table 2 (Jang et al. 2025) does not state n next to
+# the table; its official evaluation prompts are the MS-COCO 2017 validation captions, 5k images
+# (one caption per image; jadohu/LANTERN#9 reproduces with all 5,000). LlamaGen's text-to-image
+# FID uses 30k MS-COCO 2014 validation captions; ImageNet c2i FIDs use 50k samples against the
+# training-set statistics (ADM suite).
+PAPER_SAMPLE_SIZES = {"LANTERN t2i, MS-COCO 2017 val": 5000, "LlamaGen t2i, MS-COCO 2014 val": 30000,
+                      "ImageNet c2i": 50000}
 
 
 @dataclass
