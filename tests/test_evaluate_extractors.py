@@ -199,3 +199,24 @@ def test_inception_from_a_state_dict_and_from_torchscript(tmp_path):
     assert torch.allclose(ts(torch.ones(2, 1, 8, 8))[:, 0], torch.full((2,), 255.0))
     with pytest.raises(Exception, match="or drop inception"):
         feat.locate_weights("inception", str(tmp_path / "none"))
+
+
+def test_evaluate_with_clip_score_records_the_scale(tmp_path, monkeypatch):
+    from lantern.evaluate import evaluate_runs
+    from lantern.quality.scoring import Protocol
+    from test_evaluate_cli import _fake_run, _images, _write_pngs
+
+    _tiny_clip(tmp_path, monkeypatch)
+    run = _fake_run(tmp_path / "run", _images(12, 16, 1))
+    ref = _write_pngs(tmp_path / "ref", _images(20, 16, 0))
+    folder = _write_pngs(tmp_path / "folder", _images(12, 16, 2))
+    cfg = FashionNetConfig(widths=[4], feature_dim=4)
+    from ambiguity.models.checkpoints import save_module
+
+    clf = save_module(FashionNet(cfg), cfg, tmp_path / "c.safetensors", dtype=torch.float32)
+    p = Protocol(reference=str(ref), bootstrap=5, clip_score=True, clip_model="tiny/clip", clip_scale="x100")
+    df, rec = evaluate_runs([str(run), str(folder)], p, ["fmnist"], {"fmnist": clf}, cache=False, progress=False)
+    clip = df[df["metric"] == "clip_score"]
+    assert list(clip["run"]) == [str(run)] and 0 <= clip["value"].iloc[0] <= 100  # x100 scale
+    assert rec["protocol"]["clip_scale"] == "x100" and rec["protocol"]["clip_model"] == "tiny/clip"
+    assert any("no captions or class names" in n for n in rec["notes"])  # the folder has no conditions
