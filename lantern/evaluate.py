@@ -47,6 +47,7 @@ from ambiguity.io import write_json, write_table
 from ambiguity.models.base import resolve_device
 from ambiguity.runs import RunDir
 from lantern.quality.features import EXTRACTORS, OFFLINE, Extractor, extract, load_extractor, locate_weights
+from lantern.quality.report import plot_quality_sweep, sweep_frame
 from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metrics, protocol_record, reference_stats,
                                      value_metrics)
 from lantern.quality.sources import ImageSet, load_source
@@ -58,7 +59,7 @@ __all__ = ["evaluate_runs", "score_images", "flat_scores", "load_extractors", "c
            "COMMAND", "OUTPUTS"]
 
 COMMAND = "python -m lantern.evaluate"
-OUTPUTS = ("metrics.parquet", "evaluation.json")
+OUTPUTS = ("metrics.parquet", "evaluation.json", "sweep.parquet", "quality_sweep.png", "quality_sweep.pdf")
 _EXTRACTOR_CACHE: dict[tuple, Extractor] = {}
 
 
@@ -340,6 +341,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per extractor forward (default: 64)")
     p.add_argument("--out", default="runs/evaluate", help="output run directory (default: runs/evaluate)")
+    p.add_argument("--figure", default=None, metavar="PATH",
+                   help="figure path without suffix: τ and FID/precision/recall vs δ per k, when LANTERN runs are "
+                        "given (default: <out>/quality_sweep)")
     p.add_argument("--overwrite", action="store_true", help="discard results of an evaluation with another protocol")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return p
@@ -391,7 +395,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(wide_table(sub).to_string())
     for note in rec["notes"]:
         print(f"note: {note}")
-    print(f"wrote {out}/metrics.parquet, {out}/evaluation.json")
+    files = []
+    if any(r.get("method") in ("lantern", "lantern-jsd") for r in rec["runs"]):
+        frame = sweep_frame(df, rec)
+        write_table(frame, out / "sweep.parquet")
+        files = plot_quality_sweep(frame, args.figure or out / "quality_sweep", names)
+    print(f"wrote {out}/metrics.parquet, {out}/evaluation.json" + "".join(f", {f}" for f in files))
     return 0
 
 

@@ -193,3 +193,15 @@ def test_replay_quality_prints_speed_next_to_quality(sets, clf, capsys):
     assert set(q["label"]) == {"lantern k=64 δ=0.2", "lantern k=64 δ=0.4"}
     assert replay_main(args[:-2] + ["--extractors", "nope", "--out", str(tmp / "replay")]) == 2
     assert capsys.readouterr().err.startswith("error: unknown extractor 'nope'")
+
+
+def test_sweep_table_and_figure(sets, clf, capsys):
+    tmp, ref, good, bad = sets
+    sd = _fake_run(tmp / "sd", _images(30, 16, 5), method="sd")
+    assert main([str(good), str(bad), str(sd), *_args(tmp, ref, clf)]) == 0
+    assert "quality_sweep.png" in capsys.readouterr().out
+    frame = pd.read_parquet(tmp / "eval" / "sweep.parquet")
+    row = frame[(frame["metric"] == "fid_fmnist") & (frame["method"] == "lantern")].sort_values("delta")
+    assert row["delta"].tolist() == [0.2, 0.4] and row["k"].tolist() == [64, 64]
+    assert (frame["mean_accepted_length"] == 3.1).all()
+    assert (tmp / "eval" / "quality_sweep.png").is_file() and (tmp / "eval" / "quality_sweep.pdf").is_file()
