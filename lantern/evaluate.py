@@ -50,7 +50,7 @@ from lantern.quality.features import EXTRACTORS, OFFLINE, Extractor, extract, lo
 from lantern.quality.report import plot_quality_sweep, sweep_frame
 from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metrics, protocol_record, reference_stats,
                                      value_metrics)
-from lantern.quality.sources import ImageSet, load_source
+from lantern.quality.sources import ImageSet, load_source, parse_spec
 from lantern.quality.text import CLIP_SCALES, clip_scores, hps_scores, prompts_for
 from lantern.runs import image_quality, load_run, run_label, target_scores
 
@@ -175,6 +175,8 @@ def _labels(sets: Sequence[ImageSet]) -> None:
     for s in sets:
         if s.info.get("kind") == "run":
             s.label = run_label({"method": s.info.get("method"), "rule": s.info.get("rule") or {}})
+            k = parse_spec(s.spec)[1]
+            s.label += "" if k is None else f" @{k}" if k > 0 else f" @:{-k}"
     seen = [s.label for s in sets]
     for s in sets:
         if seen.count(s.label) > 1:

@@ -170,6 +170,8 @@ def test_data_set_specs_and_subsets(tmp_path, clf):
 
     assert parse_spec("fashion-mnist:train@1000") == ("fashion-mnist:train", 1000)
     assert parse_spec("runs/a@b") == ("runs/a@b", None)
+    assert parse_spec("runs/a@:500") == ("runs/a", -500)
+    assert (subset_indices(100, -3, 0) == np.arange(3)).all()
     a, b = subset_indices(100, 10, 0), subset_indices(100, 10, 0)
     assert (a == b).all() and len(set(a)) == 10 and (subset_indices(5, None, 0) == np.arange(5)).all()
     try:

@@ -12,7 +12,8 @@ A source is named by one string, the same on the command line and in the Python 
 
 ``SPEC@N`` keeps a seeded random subset of N images (:func:`ambiguity.seeding.derived_seed` of
 the evaluation seed and the tag 11), e.g. ``fashion-mnist:train@1000`` as a real-data baseline
-at the sample size of a run. A **reference** folder of images of other sizes is centre-cropped
+at the sample size of a run; ``SPEC@:N`` keeps the first N (for runs: image indices 0..N-1, the
+same seeds and conditions in every run of one ``--seed``). A **reference** folder of images of other sizes is centre-cropped
 and resized (PIL bicubic) to the resolution of the generated images; generated sets must share
 one resolution with each other and with a fixed-size reference (runs and data sets), else the
 evaluation stops with one line naming the fix.
@@ -65,23 +66,30 @@ class ImageSet:
 
 
 def parse_spec(spec: str) -> tuple[str, Optional[int]]:
-    """``"SPEC@N"`` -> (SPEC, N); ``"SPEC"`` -> (SPEC, None). UsageError for a bad N."""
+    """``"SPEC@N"`` -> (SPEC, N); ``"SPEC@:N"`` -> (SPEC, -N) (the first N); ``"SPEC"`` -> (SPEC, None).
+
+    UsageError for a size below 1.
+    """
     base, sep, n = str(spec).rpartition("@")
     if not sep or not base:
         return str(spec), None
+    first = n.startswith(":")
     try:
-        k = int(n)
+        k = int(n[1:] if first else n)
     except ValueError:
         return str(spec), None  # an '@' inside a path
     if k < 1:
         raise UsageError(f"{spec}: the subset size after '@' must be >= 1")
-    return base, k
+    return base, -k if first else k
 
 
 def subset_indices(n: int, k: Optional[int], seed: int) -> np.ndarray:
-    """Sorted seeded subset of k of range(n) (all when k is None or >= n)."""
-    if k is None or k >= n:
+    """Sorted indices kept of range(n): all (k None or |k| >= n), the first -k (k < 0), or a
+    seeded random subset of k."""
+    if k is None or abs(k) >= n:
         return np.arange(n)
+    if k < 0:
+        return np.arange(-k)
     g = torch.Generator().manual_seed(derived_seed(seed, SUBSET_TAG))
     return np.sort(torch.randperm(n, generator=g)[:k].numpy())
 
@@ -166,7 +174,8 @@ def _dataset(spec: str, k: Optional[int], seed: int, data: Optional[str]) -> Ima
     fp = hashlib.sha256("".join(file_sha256(f) for f in files).encode() + json.dumps(idx.tolist()).encode())
     info = {"kind": "dataset", "dataset": spec, "path": str(d.resolve()), "images_in_split": int(len(x)),
             "format": "28x28 uint8 / 255, zero-padded by 2 px to 32x32", "class_names": list(CLASSES)}
-    return ImageSet(spec, spec + (f"@{k}" if k else ""), x[idx], [int(v) for v in y[idx]], fp.hexdigest()[:16], info)
+    label = spec + ("" if k is None else f"@{k}" if k > 0 else f"@:{-k}")
+    return ImageSet(spec, label, x[idx], [int(v) for v in y[idx]], fp.hexdigest()[:16], info)
 
 
 def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to: Optional[tuple[int, int]] = None,
