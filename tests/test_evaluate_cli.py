@@ -52,6 +52,12 @@ def _fake_run(d, arr, method="lantern", k=64, delta=0.2):
     return d
 
 
+@pytest.fixture(autouse=True)
+def eval_cache(tmp_path, monkeypatch):
+    """Reference statistics of every test go to a temporary cache, never the user's."""
+    monkeypatch.setenv("LANTERN_EVAL_CACHE", str(tmp_path / "ref-cache"))
+
+
 @pytest.fixture()
 def sets(tmp_path):
     ref = _write_pngs(tmp_path / "ref", _images(60, 16, 0))
