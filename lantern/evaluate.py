@@ -120,6 +120,8 @@ def _proxy_values(s: ImageSet, proxy_reference, target, device) -> dict:
     if s.info.get("kind") != "run":
         return values
     run = load_run(s.info["path"])
+    keep = set(s.info.get("image_indices") or run["images"]["image"])  # the subset of SPEC@N / SPEC@:N
+    run = {**run, "images": run["images"][run["images"]["image"].isin(keep)].reset_index(drop=True)}
     if proxy_reference is not None:
         q = image_quality(run, proxy_reference)
         values["psnr_vs_reference"] = q["psnr"].replace([np.inf], np.nan).to_numpy()
@@ -266,7 +268,8 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
                      f"papers use 5k-50k images ({', '.join(f'{k}: {v}' for k, v in PAPER_SAMPLE_SIZES.items())})")
     rec = {"command": COMMAND, "protocol": record, "extractors": [e.describe() for e in exs],
            "runs": [{"spec": s.spec, "label": s.label, "images": s.n, "fingerprint": s.fingerprint,
-                     **{k: v for k, v in s.info.items() if k not in ("class_names", "seeds")}} for s in sets],
+                     **{k: v for k, v in s.info.items() if k not in ("class_names", "seeds", "image_indices")}}
+                    for s in sets],
            "results": df.to_dict(orient="records"), "paired": paired.to_dict(orient="records"),
            "notes": list(dict.fromkeys(notes)),
            "wall_time_s": round(time.perf_counter() - t0, 2)}

@@ -241,3 +241,12 @@ def test_paired_differences_are_exact_for_identical_resamples():
                            {"value": 1.5, "resamples": np.array([1.5, 2.5, 3.5])})
     assert d["diff"] == 0.5 and d["ci_low"] == pytest.approx(0.5) and d["ci_high"] == pytest.approx(0.5)
     assert d["p_greater"] == 1.0
+
+
+def test_proxies_follow_the_first_n_subset(sets, clf):
+    tmp, ref, good, bad = sets
+    assert main([f"{bad}@:10", *_args(tmp, ref, clf), "--proxy-reference", str(good)]) == 0
+    df = pd.read_parquet(tmp / "eval" / "metrics.parquet").set_index("metric")
+    assert df.loc["token_match_vs_reference", "n"] == 10 and df.loc["psnr_vs_reference", "n"] == 10
+    assert df.loc["fid_fmnist", "n"] == 10 and df.loc["token_match_vs_reference", "value"] == 1.0
+    assert df["label"].iloc[0] == "lantern k=64 δ=0.4 @:10"
