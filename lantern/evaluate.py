@@ -427,7 +427,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.target_scores:
         from ambiguity.models.registry import load_model
 
-        s = load_run(args.proxy_reference or args.runs[0])["summary"].get("settings", {})
+        gen = [parse_spec(r)[0] for r in [args.proxy_reference, *args.runs] if r]
+        gen = [r for r in gen if (Path(r).expanduser() / "summary.json").is_file()]
+        if not gen:
+            raise UsageError("--target-scores needs a lantern.generate run among the runs (its model scores the tokens)")
+        s = load_run(gen[0])["summary"].get("settings", {})
         target = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=device)
     df, rec = evaluate_runs(args.runs, protocol, names, weights, out, args.cache, args.data, device, args.batch_size,
                             _class_names(args.class_names), args.proxy_reference, target, args.overwrite,

@@ -245,6 +245,7 @@ def test_paired_differences_are_exact_for_identical_resamples():
 
 def test_proxies_follow_the_first_n_subset(sets, clf):
     tmp, ref, good, bad = sets
+    assert main([str(ref), *_args(tmp, ref, clf), "--target-scores"]) == 2  # no run whose model could score
     assert main([f"{bad}@:10", *_args(tmp, ref, clf), "--proxy-reference", str(good)]) == 0
     df = pd.read_parquet(tmp / "eval" / "metrics.parquet").set_index("metric")
     assert df.loc["token_match_vs_reference", "n"] == 10 and df.loc["psnr_vs_reference", "n"] == 10
