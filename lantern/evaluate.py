@@ -60,6 +60,7 @@ __all__ = ["evaluate_runs", "score_images", "flat_scores", "paired_table", "load
 
 COMMAND = "python -m lantern.evaluate"
 OUTPUTS = ("metrics.parquet", "paired.parquet", "evaluation.json", "sweep.parquet", "quality_sweep.png", "quality_sweep.pdf")
+ROW_COLUMNS = ["metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
 PART_FORMAT = 2  # parts hold the metric rows, the resampled values and the features
 _EXTRACTOR_CACHE: dict[tuple, Extractor] = {}
 
@@ -145,7 +146,7 @@ def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, ba
     def keep(rows: list[dict]) -> pd.DataFrame:
         for r in rows:
             boot[r["metric"]] = r.pop("resamples")
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, columns=ROW_COLUMNS) if not rows else pd.DataFrame(rows)
 
     def reuse(part) -> None:
         frames.append(part.tables["metrics"])

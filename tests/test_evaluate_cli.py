@@ -246,8 +246,11 @@ def test_paired_differences_are_exact_for_identical_resamples():
 def test_proxies_follow_the_first_n_subset(sets, clf):
     tmp, ref, good, bad = sets
     assert main([str(ref), *_args(tmp, ref, clf), "--target-scores"]) == 2  # no run whose model could score
-    assert main([f"{bad}@:10", *_args(tmp, ref, clf), "--proxy-reference", str(good)]) == 0
-    df = pd.read_parquet(tmp / "eval" / "metrics.parquet").set_index("metric")
+    assert main([f"{bad}@:10", str(ref), *_args(tmp, ref, clf), "--proxy-reference", str(good)]) == 0
+    df = pd.read_parquet(tmp / "eval" / "metrics.parquet")
+    assert set(df[df["run"] == str(ref)]["metric"]) == {f"{m}_fmnist" for m in ("fid", "kid", "precision", "recall",
+                                                                                 "density", "coverage")}
+    df = df[df["run"] != str(ref)].set_index("metric")
     assert df.loc["token_match_vs_reference", "n"] == 10 and df.loc["psnr_vs_reference", "n"] == 10
     assert df.loc["fid_fmnist", "n"] == 10 and df.loc["token_match_vs_reference", "value"] == 1.0
     assert df["label"].iloc[0] == "lantern k=64 δ=0.4 @:10"
