@@ -13,11 +13,15 @@ with the number of images n and a bootstrap interval (:mod:`lantern.quality.metr
 v2.1 when open_clip and its weights are installed (else a note), and the offline proxies: with
 ``--proxy-reference RUN`` the PSNR and token match against the run's image of the same index,
 with ``--target-scores`` the target's NLL of the tokens and class consistency
-(:mod:`lantern.replay`). Runs' speed (acceptance rate, τ, step compression) is printed beside.
+(:mod:`lantern.replay`). Runs' speed (acceptance rate, τ, step compression) is printed beside;
+``--paired-with RUN`` adds every metric's difference to RUN with a paired bootstrap interval
+(same image indices, hence seeds and classes, in both resamples).
 
 Outputs in ``--out`` (a run directory, :mod:`ambiguity.runs`): ``metrics.parquet`` (one row per
 run and metric: run, label, metric, extractor, value, ci_low, ci_high, n, bootstrap,
-reference_images), ``evaluation.json`` (the protocol — reference set and split, image count,
+reference_images), ``paired.parquet`` (with ``--paired-with``), ``sweep.parquet`` and
+``quality_sweep.png`` / ``.pdf`` (when LANTERN runs are given, :mod:`lantern.quality.report`),
+``evaluation.json`` (the protocol — reference set and split, image count,
 caption rule, resize and crop rule, extractors with their weights' SHA-256, CLIP scale, seeds —
 the runs and their results) and the printed table. Each (run, extractor) pair is saved as a part
 when it is done, so an interrupted evaluation resumes and adding runs reuses the others;
