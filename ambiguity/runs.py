@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
 import shutil
 import sys
@@ -238,7 +239,7 @@ class RunDir:
             rel = Path(f).resolve().relative_to(self.path.resolve()).as_posix()
             entries["../" + rel] = {"kind": "file", "key": Path(f).name}
         for rel, e in entries.items():
-            p = self.parts_dir / rel
+            p = Path(os.path.normpath(self.parts_dir / rel))
             e.update(bytes=p.stat().st_size, sha256=file_sha256(p))
         write_json({"part": name, "digest": self.digest, "holds": normalise(dict(holds)), "files": entries,
                     "meta": normalise(dict(meta or {}))}, self.manifest_path(name))
@@ -269,7 +270,7 @@ class RunDir:
         for rel, e in (m.get("files") or {}).items():
             if why is not None:
                 break
-            why = self._check_file(part, self.parts_dir / rel, e, load)
+            why = self._check_file(part, Path(os.path.normpath(self.parts_dir / rel)), e, load)
         if why is not None:
             self.note(f"{self.path.name}/{PART_DIR}/{name} is not reused: {why}; recomputing it")
             return None

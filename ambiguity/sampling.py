@@ -10,8 +10,9 @@ Names: ``guidance`` is the scale s; a prompt or a batch of logits is *guided* wh
 the unconditional halves that guidance needs (``rows = 2B``: conditional rows, then unconditional).
 The command line keeps the field's flag ``--cfg`` for the scale.
 
-Tokens are drawn by inversion (:func:`pick`): one uniform per row from that row's generator
-(:mod:`ambiguity.seeding`), so a row's token depends only on its own distribution and stream.
+Tokens are drawn by inversion (:func:`pick`, :func:`invert`): one uniform per row from that row's
+generator (:mod:`ambiguity.seeding`), so a row's token depends only on its own distribution and
+stream.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from ambiguity.errors import UsageError
 
 __all__ = ["SamplingConfig", "default_guidance", "split_rows", "expand_rows", "guide", "filter_logits",
-           "distribution", "pick", "Generators"]
+           "distribution", "pick", "invert", "Generators"]
 
 # One generator for every row, or one per row (see pick).
 Generators = Union[torch.Generator, Sequence[torch.Generator], None]
@@ -138,23 +139,32 @@ def distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: Optiona
 def pick(probs: torch.Tensor, greedy: bool, generator: Generators = None) -> torch.Tensor:
     """One token per row: probs (..., V) -> (...) int64 (argmax when ``greedy``, ties to the lowest index).
 
-    Sampling is by inversion: one uniform u per row, the token is the first index whose
-    cumulative probability (float64) exceeds ``u * total``; a zero-probability token is never
-    drawn. ``generator``: one :class:`torch.Generator` for all rows (their uniforms are drawn
-    in row order with one call) or a sequence of one generator per row (each row's token
-    depends only on its own stream); None uses torch's global RNG.
+    Sampling draws one uniform per row and inverts the row's CDF (:func:`invert`).
+    ``generator``: one :class:`torch.Generator` for all rows (their uniforms are drawn in row
+    order with one call) or a sequence of one generator per row (each row's token then depends
+    only on its own stream); None uses torch's global RNG.
     """
     if greedy:
         return probs.argmax(-1)
-    flat = probs.reshape(-1, probs.shape[-1]).double()
-    n = flat.shape[0]
+    n = probs[..., 0].numel()
     if generator is None or isinstance(generator, torch.Generator):
         u = torch.rand(n, generator=generator, device=probs.device, dtype=torch.float64)
     else:
         if len(generator) != n:
             raise ValueError(f"{len(generator)} generators for {n} rows")
         u = torch.cat([torch.rand(1, generator=g, device=probs.device, dtype=torch.float64) for g in generator])
+    return invert(probs, u.view(probs.shape[:-1]))
+
+
+def invert(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: probs (..., V) >= 0 (any scale), u (...) in [0, 1) -> (...) int64.
+
+    The token is the first index whose cumulative probability (float64) exceeds ``u * total``;
+    a zero-probability token is never returned, and ``u ~ U[0, 1)`` gives token ``v`` with
+    probability ``p(v) / total`` exactly (up to float64 rounding of the cumulative sums).
+    """
+    flat = probs.reshape(-1, probs.shape[-1]).double()
     cdf = flat.cumsum(-1)
-    x = (u * cdf[:, -1]).unsqueeze(-1)
+    x = (u.reshape(-1).double() * cdf[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, x, right=True).clamp_(max=flat.shape[-1] - 1)
     return idx.view(probs.shape[:-1])
