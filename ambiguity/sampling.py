@@ -91,48 +91,65 @@ def expand_rows(tokens: torch.Tensor, guided: bool) -> torch.Tensor:
 
 
 def guide(logits: torch.Tensor, scale: float, guided: bool) -> torch.Tensor:
-    """Classifier-free guidance on per-row logits: (rows, ..., V) -> (B, ..., V), float32.
+    """Classifier-free guidance on per-row logits: (rows, ..., V) -> (B, ..., V), float32 (float64
+    logits stay float64).
 
     guided = uncond + scale * (cond - uncond). Rows without unconditional halves pass through.
     """
-    cond, uncond = split_rows(logits.float(), guided)
+    cond, uncond = split_rows(logits if logits.dtype == torch.float64 else logits.float(), guided)
     if uncond is None:
         return cond
     return uncond + scale * (cond - uncond)
 
 
-def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Top-k then top-p filtering on (..., V) logits; removed entries become -inf.
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0, order: str = "kp") -> torch.Tensor:
+    """Top-k and top-p filtering on (..., V) logits; removed entries become -inf.
 
     top-k keeps every token whose logit is >= the k-th largest (ties kept). top-p keeps the
     smallest prefix of the sorted distribution whose mass reaches ``top_p`` (always >= 1 token).
+    order: ``"kp"`` top-k then top-p (LlamaGen's sampler, the default), ``"pk"`` top-p then top-k
+    (the official LANTERN code's ``TopPLogitsWarper`` before ``TopKLogitsWarper``).
+    Raises ValueError for another order.
     """
+    if order not in ("kp", "pk"):
+        raise ValueError(f"order must be 'kp' or 'pk', got {order!r}")
     out = logits.clone()
-    V = out.shape[-1]
-    if top_k and top_k < V:
-        kth = torch.topk(out, int(top_k), dim=-1).values[..., -1:]
-        out = out.masked_fill(out < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(out, dim=-1, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        remove = cum > top_p
-        remove[..., 1:] = remove[..., :-1].clone()
-        remove[..., 0] = False
-        out = out.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+    for step in order:
+        out = _top_k(out, top_k) if step == "k" else _top_p(out, top_p)
     return out
 
 
-def distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: Optional[bool] = None) -> torch.Tensor:
-    """Per-row logits (rows, ..., V) -> the sampling distribution p (B, ..., V), float32.
+def _top_k(x: torch.Tensor, top_k: int) -> torch.Tensor:
+    if not top_k or top_k >= x.shape[-1]:
+        return x
+    kth = torch.topk(x, int(top_k), dim=-1).values[..., -1:]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
+def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    if top_p >= 1.0:
+        return x
+    sorted_logits, order = torch.sort(x, dim=-1, descending=True)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+    remove = cum > top_p
+    remove[..., 1:] = remove[..., :-1].clone()
+    remove[..., 0] = False
+    return x.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+
+def distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: Optional[bool] = None,
+                 order: str = "kp") -> torch.Tensor:
+    """Per-row logits (rows, ..., V) -> the sampling distribution p (B, ..., V), float32 (float64
+    for float64 logits).
 
     Applies guidance (when the rows carry unconditional halves: ``guided``, default
-    ``sampling.guided``), temperature (skipped when greedy), top-k and top-p, then softmax.
-    Each row of the result sums to 1.
+    ``sampling.guided``), temperature (skipped when greedy), top-k and top-p (in ``order``, see
+    :func:`filter_logits`), then softmax. Each row of the result sums to 1.
     """
     x = guide(logits, sampling.guidance, sampling.guided if guided is None else guided)
     if sampling.temperature > 0:
         x = x / sampling.temperature
-    x = filter_logits(x, sampling.top_k, sampling.top_p)
+    x = filter_logits(x, sampling.top_k, sampling.top_p, order)
     return torch.softmax(x, dim=-1)
 
 

@@ -43,10 +43,11 @@ from ambiguity.models.registry import get_spec, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import RESIDUALS, AcceptanceRule
-from lantern.decoding import DEFAULT_METRIC, METHODS, DecodeConfig, decode, neighbour_table
+from lantern.acceptance import CONVENTIONS, AcceptanceRule
+from lantern.decoding import DEFAULT_METRIC, METHODS, DecodeConfig, check_depth, decode, neighbour_table
 from lantern.drafter import DraftModel, load_drafter
 from lantern.records import Decoded, summarize, summary_table
+from lantern.trees import STATIC_TREES, TreeSpec, parse_tree
 
 __all__ = ["build_parser", "main", "run_generate", "decode_config_from_args", "COMMAND", "OUTPUTS"]
 
@@ -58,7 +59,18 @@ _RULE = AcceptanceRule()  # the rule's defaults are the command's defaults
 def add_decoding_args(p) -> None:
     """``--method --gamma --k --delta --lam --metric --matrix --residual --drafter``."""
     p.add_argument("--method", default="lantern", choices=METHODS, help="decoding method (default: lantern)")
-    p.add_argument("--gamma", type=positive_int, default=4, help="draft tokens per verification step, >= 1 (default: 4)")
+    p.add_argument("--gamma", type=positive_int, default=4, help="draft tokens per verification step of a chain, "
+                                                                 ">= 1 (default: 4)")
+    p.add_argument("--tree", default="chain", metavar="SHAPE",
+                   help=f"chain (γ drafts), dynamic (EAGLE-2), a static EAGLE-1 tree ({', '.join(STATIC_TREES)}) or "
+                        f"a .json list of child-rank paths (default: chain)")
+    _TREE = TreeSpec()
+    p.add_argument("--total-tokens", type=positive_int, default=_TREE.total_tokens,
+                   help=f"dynamic tree: nodes incl. the root (official {_TREE.total_tokens})")
+    p.add_argument("--depth", type=positive_int, default=_TREE.depth,
+                   help=f"dynamic tree: expansion rounds; the deepest draft is depth + 1 (official {_TREE.depth})")
+    p.add_argument("--tree-top-k", type=positive_int, default=_TREE.top_k,
+                   help=f"dynamic tree: children per node and beam width (official {_TREE.top_k})")
     p.add_argument("--k", type=nonneg_int, default=_RULE.k,
                    help=f"latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = plain SD (default: {_RULE.k})")
     p.add_argument("--delta", type=finite_float, default=_RULE.delta,
@@ -70,16 +82,19 @@ def add_decoding_args(p) -> None:
     p.add_argument("--matrix", default="codebook", choices=MATRICES,
                    help="rows the distance is measured on: codebook (as the quantiser compares codes), "
                         "codebook-raw (the stored weights, as the official code for LlamaGen) (default: codebook)")
-    p.add_argument("--residual", default="exact", choices=RESIDUALS,
-                   help="distribution after a rejection: exact = norm(max(p-q,0)); official = LANTERN code's")
+    p.add_argument("--convention", "--residual", dest="convention", default="exact", choices=CONVENTIONS,
+                   help="exact: lossless at δ = 0 (residual norm(max(p-q,0)), recursive over tree siblings); "
+                        "official: what the official LANTERN code does (its residuals, greedy test and filter "
+                        "order) (default: exact; --residual is the old name)")
     p.add_argument("--drafter", default=None, metavar="FILE",
                    help="drafter .safetensors (default: lantern/weights/<model>_drafter)")
 
 
 def decode_config_from_args(args) -> DecodeConfig:
     """:class:`~lantern.decoding.DecodeConfig` from the decoding options (UsageError for bad values)."""
-    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, k=args.k, delta=args.delta,
-                           lam=args.lam, residual=args.residual)
+    tree = parse_tree(args.tree, args.total_tokens, args.depth, args.tree_top_k)
+    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, tree, k=args.k, delta=args.delta,
+                           lam=args.lam, convention=args.convention)
 
 
 def build_parser() -> ArgumentParser:
@@ -139,6 +154,7 @@ def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, samp
                                                     **sampling.as_dict(), "seed": seed}
     run = RunDir(out, record, command=COMMAND, outputs=OUTPUTS).open(overwrite)
     pixels = model.can_decode
+    check_depth(config, model)
     neighbours = neighbour_table(model, config)  # built once; decode() checks the drafter before any image
     frames, todo = {}, []
     for i, c in enumerate(conditions):
@@ -155,7 +171,7 @@ def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, samp
         frames[i] = {"steps": steps, "drafts": drafts, "image": images.assign(codes=[d.tokens[0].tolist()])}
     cat = lambda what: pd.concat([frames[i][what] for i in range(len(conditions))], ignore_index=True)  # noqa: E731
     steps, drafts, images = cat("steps"), cat("drafts"), cat("image")
-    gamma = 0 if config.rule is None else config.gamma
+    gamma = config.draft_depth
     summary = {"model": model.describe(), "settings": record, "method": config.method, "gamma": gamma,
                "sampling": sampling.as_dict(), "rule": config.as_dict(),
                "drafter": None if drafter is None else {"target": drafter.target.get("name"),
