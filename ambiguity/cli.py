@@ -35,7 +35,7 @@ from ambiguity.models.registry import resolve_dtype
 from ambiguity.sampling import SamplingConfig, default_guidance
 
 __all__ = ["ArgumentParser", "cli_main", "add_model_args", "add_device_args", "set_threads", "add_sampling_args",
-           "add_condition_args",
+           "add_condition_args", "add_shard_args",
            "add_run_args", "finite_float", "unit_float", "positive_int", "nonneg_int", "seed_int", "int_list",
            "float_list", "parse_mapping", "sampling_from_args", "device_from_args", "default_out",
            "check_out_dir", "safe_name", "run_subcommand", "MAX_SEED", "DEVICES"]
@@ -278,6 +278,15 @@ def add_condition_args(p, num_images: int = 64, batch_size: Optional[int] = 32, 
     if captions:
         p.add_argument("--captions", default=None, metavar="FILE",
                        help="t2i captions: a text file (one per line) or an MS-COCO captions_*.json")
+
+
+def add_shard_args(p) -> None:
+    """``--shard-index --num-shards`` (independent processes; torchrun needs neither, see
+    :mod:`ambiguity.distributed`)."""
+    p.add_argument("--shard-index", type=nonneg_int, default=None, metavar="I",
+                   help="this process's shard, 0..n-1, when shards run as independent processes (then merge with "
+                        "python -m ambiguity merge OUT); torchrun sets the shards itself")
+    p.add_argument("--num-shards", type=positive_int, default=None, metavar="N", help="number of independent shards")
 
 
 def add_run_args(p, out_help: str, overwrite: bool = True) -> None:
