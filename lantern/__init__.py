@@ -30,6 +30,9 @@ _API = {
     "Decoded": "lantern.records", "summarize": "lantern.records", "summary_table": "lantern.records",
     "run_generate": "lantern.generate", "load_run": "lantern.replay", "acceptance_by_ambiguity": "lantern.replay",
     "image_quality": "lantern.replay", "train_drafter": "lantern.train_drafter", "TrainConfig": "lantern.train_drafter",
+    "evaluate_runs": "lantern.evaluate", "score_images": "lantern.evaluate", "flat_scores": "lantern.evaluate",
+    "Protocol": "lantern.quality.scoring", "load_extractor": "lantern.quality.features",
+    "Extractor": "lantern.quality.features", "frechet_distance": "lantern.quality.metrics",
 }
 __all__ = sorted(_API)
 

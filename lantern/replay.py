@@ -9,7 +9,10 @@ frames) and relates
   (:func:`acceptance_by_ambiguity`). LANTERN's premise (Jang et al., ICLR 2025, Sec. 3) is that
   flat ``p`` (low top-1, high entropy) is where exact speculative decoding rejects and where
   the latent neighbourhood recovers acceptance;
-* **acceptance to image quality**, with proxies available offline (:func:`image_quality`):
+* **acceptance to image quality**, with distribution metrics (``--quality``: FID, KID,
+  precision / recall, density / coverage per feature extractor with bootstrap intervals, from
+  :mod:`lantern.evaluate`, printed next to each run's acceptance rate, τ and step compression)
+  and with proxies available offline (:func:`image_quality`, in :mod:`lantern.runs`):
   pixel MSE / PSNR (dB, data range 1) of an image against the reference run's image of the
   same index (same seed and condition; typically ``--method ar``), the fraction of tokens equal
   to the reference's and the first position where they differ; optionally
@@ -21,75 +24,36 @@ frames) and relates
 CLI::
 
     python -m lantern.replay runs/sd runs/lantern --reference runs/ar --out runs/replay
+    python -m lantern.replay runs/sd runs/lantern-* --reference runs/ar --quality --extractors fmnist,mobilenet
 
-writes ``acceptance_by_ambiguity.parquet``, ``image_quality.parquet``, ``replay.png`` / ``.pdf``
-and prints the tables.
+writes ``acceptance_by_ambiguity.parquet``, ``image_quality.parquet``, ``quality.parquet`` (with
+``--quality``; resumable parts in ``<out>/quality``), ``replay.png`` / ``.pdf`` and prints the
+tables. The run readers and proxies live in :mod:`lantern.runs` and are re-exported here.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
-from PIL import Image
 
 from ambiguity import plots
-from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, positive_int
+from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, nonneg_int, parse_mapping, positive_int
 from ambiguity.errors import UsageError
-from ambiguity.io import ensure_writable_dir, read_table, write_table
+from ambiguity.io import ensure_writable_dir, write_table
+from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
+from lantern.evaluate import evaluate_runs, speed_quality_table
+from lantern.quality.features import EXTRACTORS, OFFLINE
+from lantern.quality.scoring import Protocol
+from lantern.runs import image_quality, load_run, read_images, reference_notes, run_label, target_scores
 
 __all__ = ["load_run", "run_label", "ambiguity_bins", "acceptance_by_ambiguity", "read_images", "image_quality",
-           "reference_notes", "target_scores", "plot_replay", "main", "AMBIGUITY_COLUMNS"]
+           "reference_notes", "target_scores", "plot_replay", "run_quality", "main", "AMBIGUITY_COLUMNS"]
 
 AMBIGUITY_COLUMNS = {"p_top1": "top-1 probability of p", "p_entropy": "entropy of p (nats)"}
-
-
-def load_run(path: str | Path) -> dict:
-    """A generate run directory -> dict(path, summary, steps, drafts, images) (DataFrames).
-
-    Raises UsageError when the directory does not hold a finished, readable run (no or a broken
-    summary.json, a missing or damaged table): rerunning its generate command repairs it.
-    """
-    path = Path(path).expanduser()
-    fix = f"rerun python -m lantern.generate with --out {path} (finished images are reused)"
-    if not (path / "summary.json").is_file():
-        raise UsageError(f"{path} is not a finished lantern.generate run (no summary.json); {fix}")
-    try:
-        summary = json.loads((path / "summary.json").read_text())
-        if not isinstance(summary, dict):
-            raise ValueError
-    except (OSError, ValueError):
-        raise UsageError(f"{path}/summary.json is damaged; {fix}") from None
-    tables = {}
-    for name in ("steps", "drafts", "images"):
-        f = path / f"{name}.parquet"
-        if not f.is_file():
-            raise UsageError(f"{f} is missing; {fix}")
-        try:
-            tables[name] = read_table(f)
-        except Exception:  # pyarrow raises several types for truncated or foreign files
-            raise UsageError(f"{f} is damaged (not a readable Parquet table); {fix}") from None
-    missing = [c for c in ("image", "condition", "seed", "codes", "tokens", "target_forwards")
-               if c not in tables["images"].columns]
-    if missing:
-        raise UsageError(f"{path}/images.parquet lacks the column {missing[0]!r}; {fix}")
-    return {"path": path, "summary": summary, **tables}
-
-
-def run_label(summary: Mapping) -> str:
-    """Short legend text of a run: ``"ar"``, ``"sd"``, ``"lantern k=64 δ=0.2"``, ``"lantern++ k=64 λ=2"``."""
-    m = summary.get("method", "?")
-    rule = summary.get("rule", {}) or {}
-    if m == "lantern++":
-        return f"{m} k={rule.get('k')} λ={rule.get('lam'):g}"
-    if m in ("lantern", "lantern-jsd"):
-        return f"{m} k={rule.get('k')} δ={rule.get('delta'):g}"
-    return m
 
 
 def ambiguity_bins(drafts, by: str = "p_top1", edges: Optional[Sequence[float]] = None, bins: int = 10):
@@ -140,97 +104,6 @@ def acceptance_by_ambiguity(runs: Mapping[str, object], by: Sequence[str] = ("p_
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def read_images(run_dir: str | Path, images) -> np.ndarray:
-    """The per-image PNGs of a run, (B, C, H, W) float64 in [0, 1], in the order of ``images``.
-
-    Raises UsageError when a PNG is missing (the model could not decode pixels)."""
-    out = []
-    for i in images["image"]:
-        path = Path(run_dir) / "images" / f"{int(i):05d}.png"
-        if not path.is_file():
-            raise UsageError(f"{path} is missing; image quality needs runs of a model with a VQ decoder")
-        a = np.asarray(Image.open(path), dtype=np.float64) / 255.0
-        out.append(a[None] if a.ndim == 2 else a.transpose(2, 0, 1))
-    return np.stack(out)
-
-
-def image_quality(run: Mapping, reference: Mapping):
-    """Per-image comparison of a run with a reference run (same image index = same seed and condition).
-
-    run, reference: dicts from :func:`load_run`. Returns a DataFrame with image, condition,
-    acceptance_rate (committed / reached drafts of the image), tau (mean accepted length, bonus
-    counted), tokens_per_forward (tokens / target forwards), mse (pixels in [0, 1]), psnr (dB;
-    inf for identical images), token_match (fraction of equal tokens) and first_mismatch (the
-    first differing position, -1 when equal). Images present in both runs only; raises
-    UsageError when their seeds or conditions differ.
-    """
-    a, r = run["images"].set_index("image"), reference["images"].set_index("image")
-    common = [i for i in a.index if i in r.index]
-    if not common:
-        raise UsageError(f"{run['path']} and the reference {reference['path']} share no image index")
-    for col in ("seed", "condition"):
-        bad = [i for i in common if a.loc[i, col] != r.loc[i, col]]
-        if bad:
-            raise UsageError(f"image {bad[0]} has {col} {a.loc[bad[0], col]} in {run['path']} but "
-                             f"{r.loc[bad[0], col]} in the reference; generate both with the same --seed and --classes")
-    sub = pd.DataFrame({"image": common})
-    x, y = read_images(run["path"], sub), read_images(reference["path"], sub)
-    mse = ((x - y) ** 2).reshape(len(common), -1).mean(1)
-    with np.errstate(divide="ignore"):
-        psnr = np.where(mse > 0, 10 * np.log10(1.0 / np.where(mse > 0, mse, 1.0)), np.inf)
-    st, dr = run["steps"], run["drafts"]
-    rows = []
-    for j, i in enumerate(common):
-        ca, cr = np.asarray(a.loc[i, "codes"]), np.asarray(r.loc[i, "codes"])
-        diff = np.flatnonzero(ca != cr)
-        d = dr[dr["image"] == i]
-        s = st[st["image"] == i]
-        reached = int(d["reached"].sum())
-        rows.append({"image": i, "condition": a.loc[i, "condition"],
-                     "acceptance_rate": float(d["committed"].sum() / reached) if reached else float("nan"),
-                     "tau": float((s["accepted"] + 1).mean()) if len(s) else float("nan"),
-                     "tokens_per_forward": float(a.loc[i, "tokens"] / a.loc[i, "target_forwards"]),
-                     "mse": float(mse[j]), "psnr": float(psnr[j]), "token_match": float((ca == cr).mean()),
-                     "first_mismatch": int(diff[0]) if diff.size else -1})
-    return pd.DataFrame(rows)
-
-
-def target_scores(model, images, batch_size: int = 64):
-    """The target's view of generated tokens: NLL and, for c2i models, a Bayes class decision.
-
-    model: the target (a :class:`~ambiguity.models.base.TokenModel`); images: an images
-    DataFrame with ``codes`` (lists of N code indices) and ``condition``. Returns a DataFrame
-    with image, nll (mean negative log-likelihood per token, nats, under the *conditional*
-    model at temperature 1, no guidance, no top-k/top-p) and, for c2i: predicted (argmax over
-    all classes of the conditional log-likelihood, equal priors) and consistent (predicted ==
-    condition). Costs ``num_classes`` teacher-forced passes per image.
-    """
-    codes = torch.tensor(np.stack(images["codes"].to_numpy()), dtype=torch.long, device=model.device)
-    conds = list(images["condition"])
-    c2i = model.kind == "c2i" and model.num_classes
-    labels = [int(c) for c in conds] if c2i else conds
-
-    def loglik(cond_list, toks):
-        out = []
-        for s in range(0, len(cond_list), batch_size):
-            prompt = model.make_prompt(cond_list[s:s + batch_size], guided=False)
-            with torch.no_grad():
-                logits = model.teacher_force(prompt, toks[s:s + batch_size]).logits.float()
-            lp = torch.log_softmax(logits, -1).gather(-1, toks[s:s + batch_size, :, None])[..., 0]
-            out.append(lp.sum(-1).cpu())
-        return torch.cat(out)
-
-    ll = loglik(labels, codes)
-    df = pd.DataFrame({"image": images["image"].to_numpy(), "nll": (-ll / codes.shape[1]).numpy()})
-    if c2i:
-        C = int(model.num_classes)
-        every = torch.stack([loglik([c] * len(labels), codes) for c in range(C)], 1)  # (B, C)
-        pred = every.argmax(1).numpy()
-        df["predicted"] = pred
-        df["consistent"] = pred == np.asarray(labels)
-    return df
-
-
 def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay", min_drafts: int = 20) -> list[Path]:
     """Acceptance rate vs top-1 probability and vs entropy of p per method (bins with at least
     ``min_drafts`` reached drafts), and, when ``quality`` (image_quality rows with a ``method``
@@ -261,19 +134,26 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
         return plots.save_figure(fig, path)
 
 
-def reference_notes(run: Mapping, reference: Mapping) -> list[str]:
-    """What makes a run and its reference less comparable: sampling settings that differ, and images
-    of the run that the reference lacks (image quality covers the shared images only)."""
-    notes = []
-    s, r = run["summary"].get("settings", {}), reference["summary"].get("settings", {})
-    for key in ("model", "guidance", "temperature", "top_k", "top_p", "seed"):
-        if key in s and key in r and s[key] != r[key]:
-            notes.append(f"{key} is {s[key]} here but {r[key]} in the reference {reference['path']}")
-    mine, theirs = set(run["images"]["image"]), set(reference["images"]["image"])
-    if mine - theirs:
-        notes.append(f"image quality covers {len(mine & theirs)} of its {len(mine)} images: the reference has "
-                     f"{len(theirs)}; generate the reference with at least as many --num-images")
-    return notes
+def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out: Path) -> pd.DataFrame:
+    """``--quality``: distribution metrics of every run (and of the reference run) against
+    ``--quality-reference`` via :func:`lantern.evaluate.evaluate_runs` (parts in ``out/quality``);
+    prints them next to each run's speed and returns the metric rows."""
+    names = [n.strip() for n in args.extractors.split(",") if n.strip()]
+    bad = [n for n in names if n not in EXTRACTORS]
+    if bad:
+        raise UsageError(f"unknown extractor {bad[0]!r}; --extractors takes {', '.join(EXTRACTORS)}")
+    weights = parse_mapping(args.weights, list(EXTRACTORS), "--weights", must_exist=False)
+    specs = [str(r["path"]) for r in runs] + ([str(reference["path"])] if reference is not None else [])
+    df, rec = evaluate_runs(list(dict.fromkeys(specs)), Protocol(reference=args.quality_reference,
+                                                                 bootstrap=args.bootstrap),
+                            names, weights, out / "quality", device=resolve_device(args.device), progress=False)
+    print(f"image quality against {args.quality_reference} (n = {int(df['n'].max())} images per run, "
+          f"{args.bootstrap} bootstrap resamples, {int(100 * 0.95)} % intervals):")
+    with pd.option_context("display.width", 250, "display.max_columns", 50):
+        print(speed_quality_table(df, rec).to_string())
+    for note in rec["notes"]:
+        print(f"note: {note}")
+    return df
 
 
 @cli_main
@@ -289,6 +169,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N, for --scores (default: auto)")
     ap.add_argument("--out", default="runs/replay", help="output directory (default: runs/replay)")
     ap.add_argument("--figure", default=None, help="figure path without suffix (default: <out>/replay)")
+    ap.add_argument("--quality", action="store_true",
+                    help="FID, KID, precision/recall, density/coverage of every run (lantern.evaluate)")
+    ap.add_argument("--quality-reference", default="fashion-mnist:test",
+                    help="reference set of --quality (default: fashion-mnist:test)")
+    ap.add_argument("--extractors", default=",".join(OFFLINE),
+                    help=f"feature extractors of --quality (default: {','.join(OFFLINE)})")
+    ap.add_argument("--weights", action="append", default=None, metavar="NAME=PATH", help="extractor weights")
+    ap.add_argument("--bootstrap", type=nonneg_int, default=100, help="bootstrap resamples of --quality (default: 100)")
     args = ap.parse_args(argv)
     if args.bins > 1000:
         raise UsageError(f"--bins must be at most 1000 (bins of the ambiguity axes), got {args.bins}")
@@ -324,11 +212,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("per method, means over images (psnr over the non-identical images, dB):")
         print(table.groupby("method")[["acceptance_rate", "tau", "tokens_per_forward", "mse", "psnr",
                                        "token_match", "identical"]].mean().to_string(float_format="%.4g"))
+    if args.quality:
+        write_table(run_quality(runs, ref, args, out), out / "quality.parquet")
     wide = bins.pivot_table(index=["by", "mid"], columns="method", values="acceptance_rate")
     print(wide.to_string(float_format="%.3f"))
     files = plot_replay(bins, quality, args.figure or out / "replay")
     print(f"wrote {out}/acceptance_by_ambiguity.parquet"
-          + (", image_quality.parquet" if quality is not None else "") + f", {', '.join(str(f) for f in files)}")
+          + (", image_quality.parquet" if quality is not None else "")
+          + (", quality.parquet" if args.quality else "") + f", {', '.join(str(f) for f in files)}")
     return 0
 
 

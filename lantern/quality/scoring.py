@@ -1,0 +1,191 @@
+"""Scoring one image set against a reference: the protocol, cached reference statistics, metric rows.
+
+:class:`Protocol` holds every choice that changes a number (reference and its subset, k of the
+k-NN metrics, bootstrap count, interval level, seeds, the size of the precision/recall
+reference, CLIP settings); :func:`protocol_record` is what every result carries.
+
+Reference statistics (features, mean and covariance with its square root, the KID reference
+term) are cached on disk per (reference, extractor, protocol) under ``--cache``
+(default ``$LANTERN_EVAL_CACHE`` or ``~/.cache/lantern-ambiguity/reference-stats``), as a run
+directory (:class:`ambiguity.runs.RunDir`) whose settings are the reference's fingerprint and
+the extractor's record, including the SHA-256 of its weights; a changed file is recomputed.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ambiguity.runs import RunDir, settings_digest
+from ambiguity.seeding import derived_seed
+from lantern.quality import metrics as M
+from lantern.quality.features import DEFAULT_REPOS, Extractor, extract
+from lantern.quality.sources import ImageSet
+
+__all__ = ["Protocol", "protocol_record", "RefStats", "cache_dir", "reference_stats", "feature_metrics",
+           "value_metrics", "metric_name", "BOOTSTRAP_TAG", "PRDC_TAG", "PAPER_SAMPLE_SIZES"]
+
+BOOTSTRAP_TAG, PRDC_TAG = 12, 13
+BOUNDED = ("precision", "recall", "coverage", "token_match_vs_reference", "class_consistency")
+# Sample sizes to compare FIDs with. LANTERN's Table 2 (Jang et al. 2025) does not state n next to
+# the table; its official evaluation prompts are the MS-COCO 2017 validation captions, 5k images
+# (one caption per image; jadohu/LANTERN#9 reproduces with all 5,000). LlamaGen's text-to-image
+# FID uses 30k MS-COCO 2014 validation captions; ImageNet c2i FIDs use 50k samples against the
+# training-set statistics (ADM suite).
+PAPER_SAMPLE_SIZES = {"LANTERN t2i, MS-COCO 2017 val": 5000, "LlamaGen t2i, MS-COCO 2014 val": 30000,
+                      "ImageNet c2i": 50000}
+
+
+@dataclass
+class Protocol:
+    """Everything that changes a score besides the images and the extractor.
+
+    reference: source spec (see :mod:`lantern.quality.sources`); k: neighbours of the k-NN
+    metrics (3, Kynkäänniemi et al. 2019); bootstrap: resamples (0: no intervals); level:
+    interval coverage; seed: subsets and resamples; prdc_reference: ``"matched"`` (a seeded
+    reference subset of the generated set's size, as Kynkäänniemi et al. and Naeem et al.
+    compare equal sizes) or ``"full"``; clip_*: CLIP score settings; hps: try HPS v2.1.
+    """
+
+    reference: str = "fashion-mnist:test"
+    k: int = 3
+    bootstrap: int = 100
+    level: float = 0.95
+    seed: int = 0
+    prdc_reference: str = "matched"
+    clip_score: bool = False
+    clip_model: str = DEFAULT_REPOS["clip"]
+    clip_scale: str = "cosine"
+    prompt_template: str = "a photo of a {}"
+    hps: bool = False
+
+
+def protocol_record(p: Protocol, reference: Optional[ImageSet] = None) -> dict:
+    """The protocol as recorded in results: settings, seeds and the reference's facts."""
+    rec = asdict(p)
+    rec["seeds"] = {"subsets": f"derived_seed({p.seed}, 11)", "bootstrap": f"derived_seed({p.seed}, {BOOTSTRAP_TAG})",
+                    "prdc_reference_subset": f"derived_seed({p.seed}, {PRDC_TAG})"}
+    rec["bootstrap_scheme"] = ("resample the generated images with replacement (reference fixed; k-NN radii from "
+                               "the full sets); percentile interval shifted so that the resamples' mean sits on the "
+                               "full-sample value (sampling spread at this n, not a small-n bias correction)")
+    rec["caption_rule"] = "longest MS-COCO caption per image, seeded subset (ambiguity.data.captions), as generated"
+    if reference is not None:
+        rec["reference_set"] = {"spec": reference.spec, "images": reference.n, "fingerprint": reference.fingerprint,
+                                "size": list(reference.images.shape[1:]), **{k: v for k, v in reference.info.items()
+                                                                               if k != "class_names"}}
+    return rec
+
+
+def cache_dir(cache: Optional[str | Path] = None) -> Path:
+    """The reference-statistics cache directory (module docstring)."""
+    return Path(cache or os.environ.get("LANTERN_EVAL_CACHE") or "~/.cache/lantern-ambiguity/reference-stats").expanduser()
+
+
+@dataclass
+class RefStats:
+    """Reference features (M, D) float32 and the statistics derived from them."""
+
+    features: np.ndarray
+    fid: M.FidReference
+    kid: M.KidReference
+
+
+_MEMORY: dict[str, RefStats] = {}
+
+
+def _stats(features: np.ndarray) -> RefStats:
+    return RefStats(features, M.fid_reference(features), M.kid_reference(features))
+
+
+def reference_stats(ref: ImageSet, ex: Extractor, cache: Optional[str | Path] = None, batch_size: int = 64,
+                    use_cache: bool = True) -> RefStats:
+    """Features and statistics of the reference under extractor ``ex``, cached in memory and on
+    disk (module docstring; ``use_cache=False`` computes without touching the disk)."""
+    settings = {"reference": ref.spec, "fingerprint": ref.fingerprint, "shape": list(ref.images.shape),
+                "extractor": ex.describe()}
+    key = settings_digest(settings)
+    if key in _MEMORY:
+        return _MEMORY[key]
+    run = None
+    if use_cache:
+        run = RunDir(cache_dir(cache) / f"{ex.name}-{key}", settings, command="lantern.evaluate reference statistics")
+        run.open(overwrite=run.stored() is not None and run.stored().get("settings") != run.settings)
+        part = run.read_part("stats", {"images": ref.n})
+        if part is not None:
+            t = part.tensors["stats"]
+            fid = M.FidReference(t["mu"].numpy(), t["sigma"].numpy(), t["sqrt_sigma"].numpy(), ref.n)
+            out = RefStats(t["features"].numpy(), fid, M.KidReference(M.as_f64(t["features"]), float(t["mean_kyy"])))
+            _MEMORY[key] = out
+            return out
+    feats = extract(ref.images, ex, batch_size)
+    out = _stats(feats)
+    if run is not None:
+        run.write_part("stats", {"images": ref.n}, tensors={"stats": {
+            "features": torch.from_numpy(feats), "mu": torch.from_numpy(out.fid.mu),
+            "sigma": torch.from_numpy(out.fid.sigma), "sqrt_sigma": torch.from_numpy(out.fid.sqrt_sigma),
+            "mean_kyy": torch.tensor(out.kid.mean_kyy, dtype=torch.float64)}})
+    _MEMORY[key] = out
+    return out
+
+
+def metric_name(metric: str, extractor: Optional[str]) -> str:
+    """``fid`` + ``mobilenet`` -> ``fid_mobilenet``; metrics without an extractor keep their name."""
+    return f"{metric}_{extractor}" if extractor else metric
+
+
+def _row(metric: str, extractor: Optional[str], full: float, resampled: np.ndarray, n: int, p: Protocol) -> dict:
+    lo, hi = M.percentile_interval(resampled, p.level, full) if len(resampled) else (float("nan"), float("nan"))
+    if metric in BOUNDED:  # fractions stay fractions after the shift
+        lo, hi = max(lo, 0.0), min(hi, 1.0)
+    return {"metric": metric_name(metric, extractor), "extractor": extractor or "", "value": float(full),
+            "ci_low": lo, "ci_high": hi, "n": int(n), "bootstrap": int(len(resampled))}
+
+
+def resample_counts(n: int, p: Protocol) -> Optional[np.ndarray]:
+    """The bootstrap draw counts (B, n) shared by every metric of a set (None when B = 0)."""
+    return M.bootstrap_indices(n, p.bootstrap, derived_seed(p.seed, BOOTSTRAP_TAG)) if p.bootstrap else None
+
+
+def feature_metrics(feats: np.ndarray, stats: RefStats, p: Protocol, extractor: str) -> list[dict]:
+    """FID (Fréchet distance), KID, precision, recall, density and coverage of generated
+    features (N, D) against ``stats``, each with its bootstrap interval -> metric rows."""
+    x = M.as_f64(feats)
+    n = len(x)
+    counts = resample_counts(n, p)
+    rows = []
+    fid = M.fid_values(x, stats.fid)[0]
+    rows.append(_row("fid", extractor, fid, M.fid_values(x, stats.fid, counts) if counts is not None else [], n, p))
+    kid = M.kid_values(x, stats.kid)[0]
+    rows.append(_row("kid", extractor, kid, M.kid_values(x, stats.kid, counts) if counts is not None else [], n, p))
+    real = stats.features
+    if p.prdc_reference == "matched" and len(real) > n:
+        g = np.random.default_rng(derived_seed(p.seed, PRDC_TAG))
+        real = real[np.sort(g.choice(len(real), n, replace=False))]
+    terms = M.prdc_terms(real, x, p.k)
+    full = M.prdc_values(terms)
+    boot = M.prdc_values(terms, counts) if counts is not None else {}
+    for name in ("precision", "recall", "density", "coverage"):
+        rows.append(_row(name, extractor, full[name][0], boot.get(name, []), n, p))
+    for r in rows[2:]:
+        r["reference_images"] = int(len(real))
+    for r in rows[:2]:
+        r["reference_images"] = int(stats.fid.n)
+    return rows
+
+
+def value_metrics(values: dict[str, np.ndarray], p: Protocol) -> list[dict]:
+    """Means of per-image values (CLIP score, HPS, proxies) with bootstrap intervals -> metric rows."""
+    rows = []
+    for name, v in values.items():
+        v = np.asarray(v, np.float64)
+        ok = np.isfinite(v)
+        v = v[ok]
+        if not len(v):
+            continue
+        counts = resample_counts(len(v), p)
+        rows.append(_row(name, None, v.mean(), M.mean_values(v, counts) if counts is not None else [], len(v), p))
+    return rows

@@ -1,0 +1,207 @@
+"""Image sets to evaluate and to compare against: generation runs, image folders, data set splits.
+
+A source is named by one string, the same on the command line and in the Python API:
+
+* a directory written by ``python -m lantern.generate`` (it has ``summary.json``): its images in
+  index order, with their conditions (class labels or captions) and seeds;
+* any other directory: its image files (``.png``, ``.jpg``, ``.jpeg``, ``.bmp``, ``.webp``) in
+  name order;
+* ``fashion-mnist:test`` or ``fashion-mnist:train`` (the IDX files, see
+  :mod:`ambiguity.data.fashion_mnist`; ``--data DIR``): 28 x 28 padded to 32 x 32, the embedded
+  model's format, with true labels as conditions.
+
+``SPEC@N`` keeps a seeded random subset of N images (:func:`ambiguity.seeding.derived_seed` of
+the evaluation seed and the tag 11), e.g. ``fashion-mnist:train@1000`` as a real-data baseline
+at the sample size of a run; ``SPEC@:N`` keeps the first N (for runs: image indices 0..N-1, the
+same seeds and conditions in every run of one ``--seed``). A **reference** folder of images of other sizes is centre-cropped
+and resized (PIL bicubic) to the resolution of the generated images; generated sets must share
+one resolution with each other and with a fixed-size reference (runs and data sets), else the
+evaluation stops with one line naming the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ambiguity.data.fashion_mnist import CLASSES, find_dir, load_split
+from ambiguity.errors import UsageError
+from ambiguity.runs import file_sha256
+from ambiguity.seeding import derived_seed
+from lantern.runs import load_run, read_images
+
+__all__ = ["ImageSet", "load_source", "parse_spec", "subset_indices", "IMAGE_SUFFIXES", "DATASETS", "SUBSET_TAG"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+DATASETS = ("fashion-mnist:test", "fashion-mnist:train")
+SUBSET_TAG = 11
+
+
+@dataclass
+class ImageSet:
+    """Images of one source: images (N, C, H, W) float32 in [0, 1]; conditions (N,) (labels or
+    captions, None when unknown); fingerprint: SHA-256 prefix of what the images came from;
+    info: facts for the record (kind, path, model, sampling settings, class names)."""
+
+    spec: str
+    label: str
+    images: torch.Tensor
+    conditions: Optional[list]
+    fingerprint: str
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(self.images.shape[0])
+
+    @property
+    def hw(self) -> tuple[int, int]:
+        return tuple(int(v) for v in self.images.shape[-2:])
+
+
+def parse_spec(spec: str) -> tuple[str, Optional[int]]:
+    """``"SPEC@N"`` -> (SPEC, N); ``"SPEC@:N"`` -> (SPEC, -N) (the first N); ``"SPEC"`` -> (SPEC, None).
+
+    UsageError for a size below 1.
+    """
+    base, sep, n = str(spec).rpartition("@")
+    if not sep or not base:
+        return str(spec), None
+    first = n.startswith(":")
+    try:
+        k = int(n[1:] if first else n)
+    except ValueError:
+        return str(spec), None  # an '@' inside a path
+    if k < 1:
+        raise UsageError(f"{spec}: the subset size after '@' must be >= 1")
+    return base, -k if first else k
+
+
+def subset_indices(n: int, k: Optional[int], seed: int) -> np.ndarray:
+    """Sorted indices kept of range(n): all (k None or |k| >= n), the first -k (k < 0), or a
+    seeded random subset of k."""
+    if k is None or abs(k) >= n:
+        return np.arange(n)
+    if k < 0:
+        return np.arange(-k)
+    g = torch.Generator().manual_seed(derived_seed(seed, SUBSET_TAG))
+    return np.sort(torch.randperm(n, generator=g)[:k].numpy())
+
+
+def _read_image(path: Path) -> np.ndarray:
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L") if im.mode in ("1", "L", "LA", "I", "I;16") else im.convert("RGB")
+            a = np.asarray(im, dtype=np.float32) / 255.0
+    except OSError as exc:
+        raise UsageError(f"cannot read image {path} ({exc}); remove it or re-create it") from None
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+
+def _resize_square(a: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """Centre-crop to square and resize (PIL bicubic) to hw; (C, H, W) float in [0, 1]."""
+    c, h, w = a.shape
+    s = min(h, w)
+    a = a[:, (h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+    if (s, s) == tuple(hw):
+        return a
+    u8 = np.clip(np.rint(a * 255), 0, 255).astype(np.uint8)
+    im = Image.fromarray(u8[0] if c == 1 else u8.transpose(1, 2, 0))
+    out = np.asarray(im.resize((hw[1], hw[0]), Image.BICUBIC), dtype=np.float32) / 255.0
+    return out[None] if out.ndim == 2 else out.transpose(2, 0, 1)
+
+
+def _folder(path: Path, k: Optional[int], seed: int, resize_to: Optional[tuple[int, int]]) -> ImageSet:
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not files:
+        raise UsageError(f"{path} holds no image files ({', '.join(IMAGE_SUFFIXES)}) and no lantern.generate run; "
+                         f"pass a run directory, an image folder or one of {', '.join(DATASETS)}")
+    files = [files[i] for i in subset_indices(len(files), k, seed)]
+    arrays = [_read_image(f) for f in files]
+    if resize_to is not None:
+        arrays = [_resize_square(a, resize_to) for a in arrays]
+    shapes = sorted({a.shape for a in arrays})
+    if len(shapes) > 1:
+        raise UsageError(f"{path} holds images of several sizes ({shapes[0]} and {shapes[-1]}); resize them to one "
+                         f"size, or use the folder as --reference (references are cropped and resized)")
+    chans = {a.shape[0] for a in arrays}
+    if len(chans) > 1:  # mixed grey / RGB: make all RGB
+        arrays = [np.repeat(a, 3, 0) if a.shape[0] == 1 else a for a in arrays]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + file_sha256(f).encode())
+    fix = {"kind": "folder", "path": str(path.resolve()), "files": len(files)}
+    if resize_to is not None:
+        fix["resize"] = f"centre-crop to square, PIL bicubic to {resize_to[0]}x{resize_to[1]}"
+    return ImageSet(str(path), path.name, torch.from_numpy(np.stack(arrays)), None, h.hexdigest()[:16], fix)
+
+
+def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
+    run = load_run(path)
+    images = run["images"]
+    if len(images) == 0:
+        raise UsageError(f"{path} holds no images; generate some with python -m lantern.generate --out {path} "
+                         f"--num-images N")
+    images = images.iloc[subset_indices(len(images), k, seed)].reset_index(drop=True)
+    pix = torch.from_numpy(read_images(path, images).astype(np.float32))
+    s = run["summary"]
+    settings = s.get("settings", {}) or {}
+    fp = hashlib.sha256((file_sha256(path / "images.parquet") + json.dumps(sorted(images["image"].tolist()))).encode())
+    model = settings.get("model") or (s.get("model") or {}).get("name")
+    info = {"kind": "run", "path": str(path.resolve()), "method": s.get("method"), "rule": s.get("rule"),
+            "model": model, "sampling": s.get("sampling"), "seed": settings.get("seed"),
+            "captions": settings.get("captions"), "classes": settings.get("classes"),
+            "seeds": [int(v) for v in images["seed"]] if "seed" in images else None,
+            "speed": {key: s.get(key) for key in ("acceptance_rate", "tau", "tokens_per_forward",
+                                                  "seconds_per_image") if key in s}}
+    if model == "embedded":
+        info["class_names"] = list(CLASSES)
+    return ImageSet(str(path), path.name, pix, list(images["condition"]), fp.hexdigest()[:16], info)
+
+
+def _dataset(spec: str, k: Optional[int], seed: int, data: Optional[str]) -> ImageSet:
+    split = spec.split(":", 1)[1]
+    d = find_dir(data)
+    x, y = load_split(split, d)
+    idx = subset_indices(len(x), k, seed)
+    files = [f for f in sorted(d.iterdir()) if f.name.startswith("t10k" if split == "test" else "train")]
+    fp = hashlib.sha256("".join(file_sha256(f) for f in files).encode() + json.dumps(idx.tolist()).encode())
+    info = {"kind": "dataset", "dataset": spec, "path": str(d.resolve()), "images_in_split": int(len(x)),
+            "format": "28x28 uint8 / 255, zero-padded by 2 px to 32x32", "class_names": list(CLASSES)}
+    label = spec + ("" if k is None else f"@{k}" if k > 0 else f"@:{-k}")
+    return ImageSet(spec, label, x[idx], [int(v) for v in y[idx]], fp.hexdigest()[:16], info)
+
+
+def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to: Optional[tuple[int, int]] = None,
+                what: str = "run") -> ImageSet:
+    """Load the images named by ``spec`` (module docstring) -> :class:`ImageSet`.
+
+    seed: the evaluation seed (subsets); data: Fashion-MNIST directory; resize_to: (H, W) that a
+    folder of images is cropped and resized to (references only); what: ``"run"`` or
+    ``"reference"`` for messages. Raises UsageError for a missing path, an empty run or folder,
+    unreadable images or images of several sizes.
+    """
+    base, k = parse_spec(spec)
+    if base.startswith("fashion-mnist:"):
+        if base not in DATASETS:
+            raise UsageError(f"unknown data set {base!r}; use {' or '.join(DATASETS)}")
+        out = _dataset(base, k, seed, data)
+    else:
+        path = Path(base).expanduser()
+        if not path.exists():
+            hint = (f"pass a lantern.generate run, an image folder or one of {', '.join(DATASETS)}"
+                    if what == "reference" else "check the path, or generate it with python -m lantern.generate")
+            raise UsageError(f"{what} {path} does not exist; {hint}")
+        if not path.is_dir():
+            raise UsageError(f"{what} {path} is not a directory; pass a lantern.generate run or an image folder")
+        out = _run(path, k, seed) if (path / "summary.json").is_file() else _folder(path, k, seed, resize_to)
+    if out.n == 0:
+        raise UsageError(f"{what} {spec} holds no images")
+    out.spec = spec
+    return out

@@ -1,0 +1,181 @@
+"""Generation runs on disk: reading them, and comparing them image by image (offline quality proxies).
+
+A run is a directory written by ``python -m lantern.generate`` (``summary.json``,
+``steps.parquet``, ``drafts.parquet``, ``images.parquet``, ``images/NNNNN.png``).
+
+* :func:`load_run`, :func:`read_images`, :func:`run_label` read a run;
+* :func:`image_quality` compares each image with the reference run's image of the same index
+  (same seed and condition; typically ``--method ar``): pixel MSE / PSNR (dB, data range 1),
+  the fraction of equal tokens and the first differing position;
+* :func:`target_scores` is the target's view of the tokens: its negative log-likelihood under the
+  conditional model (nats per token, temperature 1, no guidance) and, for class-conditional
+  models, class consistency (the target as a Bayes classifier recovers the image's class);
+* :func:`reference_notes` says what makes a run and its reference less comparable.
+
+These are proxies; the distribution metrics (FID, KID, precision / recall, ...) are in
+:mod:`lantern.evaluate`. :mod:`lantern.replay` re-exports every name here.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+from PIL import Image
+
+from ambiguity.errors import UsageError
+from ambiguity.io import read_table
+
+__all__ = ["load_run", "run_label", "read_images", "image_quality", "target_scores", "reference_notes"]
+
+
+def load_run(path: str | Path) -> dict:
+    """A generate run directory -> dict(path, summary, steps, drafts, images) (DataFrames).
+
+    Raises UsageError when the directory does not hold a finished, readable run (no or a broken
+    summary.json, a missing or damaged table): rerunning its generate command repairs it.
+    """
+    path = Path(path).expanduser()
+    fix = f"rerun python -m lantern.generate with --out {path} (finished images are reused)"
+    if not (path / "summary.json").is_file():
+        raise UsageError(f"{path} is not a finished lantern.generate run (no summary.json); {fix}")
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+        if not isinstance(summary, dict):
+            raise ValueError
+    except (OSError, ValueError):
+        raise UsageError(f"{path}/summary.json is damaged; {fix}") from None
+    tables = {}
+    for name in ("steps", "drafts", "images"):
+        f = path / f"{name}.parquet"
+        if not f.is_file():
+            raise UsageError(f"{f} is missing; {fix}")
+        try:
+            tables[name] = read_table(f)
+        except Exception:  # pyarrow raises several types for truncated or foreign files
+            raise UsageError(f"{f} is damaged (not a readable Parquet table); {fix}") from None
+    missing = [c for c in ("image", "condition", "seed", "codes", "tokens", "target_forwards")
+               if c not in tables["images"].columns]
+    if missing:
+        raise UsageError(f"{path}/images.parquet lacks the column {missing[0]!r}; {fix}")
+    return {"path": path, "summary": summary, **tables}
+
+
+def run_label(summary: Mapping) -> str:
+    """Short legend text of a run: ``"ar"``, ``"sd"``, ``"lantern k=64 δ=0.2"``, ``"lantern++ k=64 λ=2"``."""
+    m = summary.get("method", "?")
+    rule = summary.get("rule", {}) or {}
+    if m == "lantern++":
+        return f"{m} k={rule.get('k')} λ={rule.get('lam'):g}"
+    if m in ("lantern", "lantern-jsd"):
+        return f"{m} k={rule.get('k')} δ={rule.get('delta'):g}"
+    return m
+
+
+def read_images(run_dir: str | Path, images) -> np.ndarray:
+    """The per-image PNGs of a run, (B, C, H, W) float64 in [0, 1], in the order of ``images``.
+
+    Raises UsageError when a PNG is missing (the model could not decode pixels)."""
+    out = []
+    for i in images["image"]:
+        path = Path(run_dir) / "images" / f"{int(i):05d}.png"
+        if not path.is_file():
+            raise UsageError(f"{path} is missing; image quality needs runs of a model with a VQ decoder")
+        a = np.asarray(Image.open(path), dtype=np.float64) / 255.0
+        out.append(a[None] if a.ndim == 2 else a.transpose(2, 0, 1))
+    return np.stack(out)
+
+
+def image_quality(run: Mapping, reference: Mapping):
+    """Per-image comparison of a run with a reference run (same image index = same seed and condition).
+
+    run, reference: dicts from :func:`load_run`. Returns a DataFrame with image, condition,
+    acceptance_rate (committed / reached drafts of the image), tau (mean accepted length, bonus
+    counted), tokens_per_forward (tokens / target forwards), mse (pixels in [0, 1]), psnr (dB;
+    inf for identical images), token_match (fraction of equal tokens) and first_mismatch (the
+    first differing position, -1 when equal). Images present in both runs only; raises
+    UsageError when their seeds or conditions differ.
+    """
+    a, r = run["images"].set_index("image"), reference["images"].set_index("image")
+    common = [i for i in a.index if i in r.index]
+    if not common:
+        raise UsageError(f"{run['path']} and the reference {reference['path']} share no image index")
+    for col in ("seed", "condition"):
+        bad = [i for i in common if a.loc[i, col] != r.loc[i, col]]
+        if bad:
+            raise UsageError(f"image {bad[0]} has {col} {a.loc[bad[0], col]} in {run['path']} but "
+                             f"{r.loc[bad[0], col]} in the reference; generate both with the same --seed and --classes")
+    sub = pd.DataFrame({"image": common})
+    x, y = read_images(run["path"], sub), read_images(reference["path"], sub)
+    mse = ((x - y) ** 2).reshape(len(common), -1).mean(1)
+    with np.errstate(divide="ignore"):
+        psnr = np.where(mse > 0, 10 * np.log10(1.0 / np.where(mse > 0, mse, 1.0)), np.inf)
+    st, dr = run["steps"], run["drafts"]
+    rows = []
+    for j, i in enumerate(common):
+        ca, cr = np.asarray(a.loc[i, "codes"]), np.asarray(r.loc[i, "codes"])
+        diff = np.flatnonzero(ca != cr)
+        d = dr[dr["image"] == i]
+        s = st[st["image"] == i]
+        reached = int(d["reached"].sum())
+        rows.append({"image": i, "condition": a.loc[i, "condition"],
+                     "acceptance_rate": float(d["committed"].sum() / reached) if reached else float("nan"),
+                     "tau": float((s["accepted"] + 1).mean()) if len(s) else float("nan"),
+                     "tokens_per_forward": float(a.loc[i, "tokens"] / a.loc[i, "target_forwards"]),
+                     "mse": float(mse[j]), "psnr": float(psnr[j]), "token_match": float((ca == cr).mean()),
+                     "first_mismatch": int(diff[0]) if diff.size else -1})
+    return pd.DataFrame(rows)
+
+
+def target_scores(model, images, batch_size: int = 64):
+    """The target's view of generated tokens: NLL and, for c2i models, a Bayes class decision.
+
+    model: the target (a :class:`~ambiguity.models.base.TokenModel`); images: an images
+    DataFrame with ``codes`` (lists of N code indices) and ``condition``. Returns a DataFrame
+    with image, nll (mean negative log-likelihood per token, nats, under the *conditional*
+    model at temperature 1, no guidance, no top-k/top-p) and, for c2i: predicted (argmax over
+    all classes of the conditional log-likelihood, equal priors) and consistent (predicted ==
+    condition). Costs ``num_classes`` teacher-forced passes per image.
+    """
+    codes = torch.tensor(np.stack(images["codes"].to_numpy()), dtype=torch.long, device=model.device)
+    conds = list(images["condition"])
+    c2i = model.kind == "c2i" and model.num_classes
+    labels = [int(c) for c in conds] if c2i else conds
+
+    def loglik(cond_list, toks):
+        out = []
+        for s in range(0, len(cond_list), batch_size):
+            prompt = model.make_prompt(cond_list[s:s + batch_size], guided=False)
+            with torch.no_grad():
+                logits = model.teacher_force(prompt, toks[s:s + batch_size]).logits.float()
+            lp = torch.log_softmax(logits, -1).gather(-1, toks[s:s + batch_size, :, None])[..., 0]
+            out.append(lp.sum(-1).cpu())
+        return torch.cat(out)
+
+    ll = loglik(labels, codes)
+    df = pd.DataFrame({"image": images["image"].to_numpy(), "nll": (-ll / codes.shape[1]).numpy()})
+    if c2i:
+        C = int(model.num_classes)
+        every = torch.stack([loglik([c] * len(labels), codes) for c in range(C)], 1)  # (B, C)
+        pred = every.argmax(1).numpy()
+        df["predicted"] = pred
+        df["consistent"] = pred == np.asarray(labels)
+    return df
+
+
+def reference_notes(run: Mapping, reference: Mapping) -> list[str]:
+    """What makes a run and its reference less comparable: sampling settings that differ, and images
+    of the run that the reference lacks (image quality covers the shared images only)."""
+    notes = []
+    s, r = run["summary"].get("settings", {}), reference["summary"].get("settings", {})
+    for key in ("model", "guidance", "temperature", "top_k", "top_p", "seed"):
+        if key in s and key in r and s[key] != r[key]:
+            notes.append(f"{key} is {s[key]} here but {r[key]} in the reference {reference['path']}")
+    mine, theirs = set(run["images"]["image"]), set(reference["images"]["image"])
+    if mine - theirs:
+        notes.append(f"image quality covers {len(mine & theirs)} of its {len(mine)} images: the reference has "
+                     f"{len(theirs)}; generate the reference with at least as many --num-images")
+    return notes

