@@ -98,6 +98,7 @@ __all__ = [
     "grow_proximity_set",
     "relaxed_mass",
     "judge",
+    "proximity",
     "judge_greedy",
     "residual",
     "output_distribution",
@@ -294,6 +295,13 @@ def grow_proximity_set(p: torch.Tensor, drafts: torch.Tensor, table: Optional[to
     return p_draft, p_draft + s_star, j_star, spent
 
 
+def proximity(p: torch.Tensor, draft: torch.Tensor, table: Optional[torch.Tensor], rule: AcceptanceRule):
+    """:func:`grow_proximity_set` of one draft per distribution: p (..., V), draft (...) int64 ->
+    (p_draft, p_tilde, j_star, spent), each (...). The decoders time this call on its own (the
+    ``proximity_s`` of their step records) and pass it to :func:`judge` / :func:`judge_greedy`."""
+    return tuple(t.squeeze(-1) for t in grow_proximity_set(p, draft.long().unsqueeze(-1), table, rule))
+
+
 def relaxed_mass(
     p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -308,8 +316,8 @@ def relaxed_mass(
     table = _table(p, neighbours, rule, validate)
     if validate:
         _check_draft(p, draft)
-    _, p_tilde, j_star, spent = grow_proximity_set(p, draft.long().unsqueeze(-1), table, rule)
-    return j_star.squeeze(-1), p_tilde.squeeze(-1), spent.squeeze(-1)
+    _, p_tilde, j_star, spent = proximity(p, draft, table, rule)
+    return j_star, p_tilde, spent
 
 
 def judge(
@@ -320,6 +328,7 @@ def judge(
     neighbours: torch.Tensor | None,
     rule: AcceptanceRule,
     validate: bool = True,
+    proximity_set: Optional[tuple] = None,
 ) -> Verdict:
     """Accept or reject each draft token independently (no prefix logic across positions).
 
@@ -335,7 +344,8 @@ def judge(
     draft with ``p̃(x̂) = 0`` is never accepted, one with ``q(x̂) = 0 < p̃(x̂)`` always.
     Leviathan et al. 2023 Alg. 1 (``"sd"``), LANTERN Sec. 3 / LANTERN++ (relaxed rules).
     Returns a :class:`Verdict`; sample the rejected position from :func:`residual`.
-    ``validate=False`` skips the input checks (the decoder validates once per decode).
+    ``validate=False`` skips the input checks (the decoder validates once per decode);
+    ``proximity_set``: :func:`proximity` of these drafts, when the caller computed (and timed) it.
     Raises :class:`UsageError` for mismatched shapes, a missing table, ``k >= V``.
     """
     table = _table(p, neighbours, rule, validate)
@@ -344,9 +354,8 @@ def judge(
             _check_q(p, q)
         _check_draft(p, draft)
         _check_draft(p, u, "u")
-    idx = draft.long().unsqueeze(-1)
-    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in grow_proximity_set(p, idx, table, rule))
-    q_draft = q.gather(-1, idx).squeeze(-1) if q is not None else torch.ones_like(p_draft)
+    p_draft, p_tilde, j_star, spent = proximity_set or proximity(p, draft, table, rule)
+    q_draft = q.gather(-1, draft.long().unsqueeze(-1)).squeeze(-1) if q is not None else torch.ones_like(p_draft)
     accepted = u * q_draft < p_tilde
     safe_q = torch.where(q_draft > 0, q_draft, torch.ones_like(q_draft))
     accept_prob = torch.where(q_draft > 0, (p_tilde / safe_q).clamp(max=1.0), (p_tilde > 0).to(p.dtype))
@@ -370,13 +379,14 @@ def _beats_lower_indices(p: torch.Tensor, drafts: torch.Tensor, value: torch.Ten
 
 
 def judge_greedy(
-    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True
+    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True,
+    proximity_set: Optional[tuple] = None,
 ) -> Verdict:
     """Greedy (temperature 0) verification: is ``x̂`` the argmax once ``p̃(x̂)`` replaces ``p(x̂)``?
 
     p: (..., V) float (V >= 2): for ``"exact"`` the target's temperature-1 distribution after
     the filters, for ``"official"`` the unfiltered softmax (what the official code compares);
-    draft: (...) int64; neighbours, rule, validate as in :func:`judge`.
+    draft: (...) int64; neighbours, rule, validate, proximity_set as in :func:`judge`.
     ``"exact"`` accepts iff ``p̃(x̂) >= max_{v != x̂} p(v)`` (ties accepted); ``"official"``
     iff ``p̃(x̂) > p(v)`` for every lower index ``v`` and ``>=`` for every higher one (argmax
     ties go to the lower code index). On rejection the decoder emits ``p.argmax(-1)``. With
@@ -389,7 +399,7 @@ def judge_greedy(
     if validate:
         _check_draft(p, draft)
     idx = draft.long().unsqueeze(-1)
-    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in grow_proximity_set(p, idx, table, rule))
+    p_draft, p_tilde, j_star, spent = proximity_set or proximity(p, draft, table, rule)
     accepted = p_tilde >= _max_other(p, idx).squeeze(-1)
     if rule.convention == "official":
         accepted &= _beats_lower_indices(p, idx, p_tilde.unsqueeze(-1)).squeeze(-1)

@@ -58,7 +58,7 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt, Step, TokenModel
 from ambiguity.sampling import Generators, SamplingConfig, distribution, expand_rows, pick
 from ambiguity.stats import entropy, top1_prob
-from lantern.acceptance import AcceptanceRule, Verdict, judge, judge_greedy, residual
+from lantern.acceptance import AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual
 from lantern.drafter import DraftModel
 from lantern.records import NEXT_KINDS, Decoded, StepLog
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
@@ -123,7 +123,7 @@ def verify(model: TokenModel, cache, last: torch.Tensor, drafts: torch.Tensor, g
 
 def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rule: AcceptanceRule,
            neighbours: Optional[torch.Tensor], greedy: bool, generator: Generators = None,
-           validate: bool = True) -> Acceptance:
+           validate: bool = True, timer: Optional[Timer] = None) -> Acceptance:
     """Apply the acceptance rule to a chain and draw the next token.
 
     p: (B, γ+1, V) float32 target distributions at the draft positions and the bonus
@@ -136,7 +136,9 @@ def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rul
     Greedy: :func:`lantern.acceptance.judge_greedy`; the next token is ``argmax p[:, a]``
     (the rejected position's argmax, or the bonus argmax). γ = 0: the next token is drawn from
     ``p[:, 0]``. ``validate=False``: the table was checked once by the caller
-    (:meth:`AcceptanceRule.prepare_table`). Leviathan et al. 2023, Alg. 1; LANTERN Sec. 3.
+    (:meth:`AcceptanceRule.prepare_table`). timer: the decoder's :class:`lantern.steps.Timer`;
+    growing the proximity sets is timed as its ``"proximity"`` section (inside the caller's
+    ``"acceptance"``). Leviathan et al. 2023, Alg. 1; LANTERN Sec. 3.
     """
     B, g = drafts.shape
     rows = torch.arange(B, device=p.device)
@@ -144,12 +146,15 @@ def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rul
         nxt = pick(p[:, 0], greedy, generator)
         return Acceptance(torch.zeros(B, dtype=torch.long, device=p.device), nxt,
                           torch.zeros(B, dtype=torch.long, device=p.device), None, None)
-    u = None
+    u, prox = None, None
+    if not validate and timer is not None:  # the decoder (table checked once): time the proximity sets alone
+        with timer("proximity"):
+            prox = proximity(p[:, :g], drafts, neighbours if rule.relaxed else None, rule)
     if greedy:
-        v = judge_greedy(p[:, :g], drafts, neighbours, rule, validate)
+        v = judge_greedy(p[:, :g], drafts, neighbours, rule, validate, prox)
     else:
         u = _uniforms(drafts.shape, generator, p)
-        v = judge(p[:, :g], q, drafts, u, neighbours, rule, validate)
+        v = judge(p[:, :g], q, drafts, u, neighbours, rule, validate, prox)
     a = v.accepted.long().cumprod(-1).sum(-1)  # (B,)
     rejected = a < g
     target = p[rows, a]  # (B, V): bonus position where all were accepted, else the rejected position
@@ -226,7 +231,7 @@ def speculative_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, s
             out = verify(model, cache, tokens[:, n - 1:n], drafts, guided)
         with timer("acceptance"):
             p = target_distribution(out.logits, sampling, guided, rule.convention)  # (1, g+1, V)
-            res = accept(p, q, drafts, rule, table, greedy, generator, validate=False)
+            res = accept(p, q, drafts, rule, table, greedy, generator, validate=False, timer=timer)
             a = int(res.accepted[0])
         tokens[:, n:n + a] = drafts[:, :a]
         tokens[:, n + a] = res.next_token
@@ -235,7 +240,7 @@ def speculative_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, s
             model.rollback(cache, n + a)  # keep x_0..x_{n+a-1}; the new token x_{n+a} is fed next round
         kind = NEXT_KINDS[int(res.next_kind[0])]
         log.add_step(step_no, n, g, a, kind, int(res.next_token[0]), elapsed_since(timer, before),
-                     _draft_columns(p[0, :g], q[0], drafts[0], res) if g else None)
+                     _draft_columns(p[0, :g], q[0], drafts[0], res) if g else None, drafter_forwards=g)
         n += a + 1
     steps, drafts_tab = log.tables()
     s = timer.seconds

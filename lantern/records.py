@@ -9,7 +9,10 @@ One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COL
   accepted prefix), ``emitted = accepted + 1`` (the +1 is the token the same target forward
   samples: the *bonus* token from the bonus position when every draft was accepted, the
   *residual* token at the first rejection, or the plain *target* token when nothing was
-  drafted), and the wall-clock of the step split into target, drafter and acceptance seconds.
+  drafted), ``drafter_forwards`` (drafter calls that built the drafts: γ for a chain, one per
+  tree level for a tree), and the wall-clock of the step split into target, drafter and
+  acceptance seconds; ``proximity_s`` is the part of ``acceptance_s`` spent growing the
+  proximity sets A (LANTERN App. F.2, timed inside the real step).
 * **drafts** — one row per draft token (per tree node for draft trees): position, token,
   ``p(x̂)``, ``q(x̂)`` (for a tree: the conditional probability it was drawn with, 1 for
   deterministic EAGLE-2 drafts), ``p̃(x̂)``, ``j*``, the divergence spent (units of the rule's
@@ -50,13 +53,13 @@ __all__ = ["STEP_COLUMNS", "DRAFT_COLUMNS", "IMAGE_COLUMNS", "NEXT_KINDS", "Deco
            "accept_histogram", "summary_table"]
 
 STEP_COLUMNS = ("image", "step", "position", "drafted", "accepted", "emitted", "next_kind", "next_token",
-                "target_s", "drafter_s", "acceptance_s")
+                "drafter_forwards", "target_s", "drafter_s", "acceptance_s", "proximity_s")
 DRAFT_COLUMNS = ("image", "step", "draft_index", "position", "token", "p_draft", "q_draft", "p_tilde", "j_star",
                  "spent", "accept_prob", "u", "accepted", "reached", "committed", "out_of_support", "p_top1",
                  "p_entropy", "q_top1", "node", "parent", "depth", "sibling")
 _TREE_INT = ("token", "j_star", "node", "parent", "depth", "sibling", "position", "draft_index")
 IMAGE_COLUMNS = ("image", "condition", "seed", "tokens", "target_forwards", "steps", "drafted", "accepted",
-                 "target_s", "drafter_s", "acceptance_s", "total_s")
+                 "target_s", "drafter_s", "acceptance_s", "proximity_s", "total_s")
 NEXT_KINDS = ("target", "bonus", "residual")  # how the token sampled by a verification forward was drawn
 
 
@@ -73,13 +76,14 @@ class StepLog:
         self.drafts: list[dict] = []
 
     def add_step(self, step: int, position: int, drafted: int, accepted: int, next_kind: str, next_token: int,
-                 seconds: dict, drafts: Optional[dict] = None) -> None:
+                 seconds: dict, drafts: Optional[dict] = None, drafter_forwards: int = 0) -> None:
         """One verification step; ``drafts`` maps draft columns to (γ,) tensors of a chain (absent
         when γ = 0), or — with a ``reached`` column — to the complete per-node arrays of a tree."""
         self.steps.append(dict(image=self.image, step=step, position=position, drafted=drafted, accepted=accepted,
                                emitted=accepted + 1, next_kind=next_kind, next_token=next_token,
-                               target_s=seconds.get("target", 0.0), drafter_s=seconds.get("drafter", 0.0),
-                               acceptance_s=seconds.get("acceptance", 0.0)))
+                               drafter_forwards=drafter_forwards, target_s=seconds.get("target", 0.0),
+                               drafter_s=seconds.get("drafter", 0.0), acceptance_s=seconds.get("acceptance", 0.0),
+                               proximity_s=seconds.get("proximity", 0.0)))
         if drafts is not None and drafted > 0:
             chain = "reached" not in drafts  # a tree brings its own per-node positions
             self.drafts.append(dict(drafts, step=step, accepted_count=accepted, **({"position": position} if chain else {})))

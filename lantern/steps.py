@@ -95,4 +95,5 @@ def image_row(image: int, prompt: Prompt, seed, N: int, steps_n: int, steps: dic
             "drafted": np.array([int(np.sum(steps["drafted"])) if steps_n else 0]),
             "accepted": np.array([int(np.sum(steps["accepted"])) if steps_n else 0]),
             "target_s": np.array([seconds.get("target", 0.0)]), "drafter_s": np.array([seconds.get("drafter", 0.0)]),
-            "acceptance_s": np.array([seconds.get("acceptance", 0.0)]), "total_s": np.array([total])}
+            "acceptance_s": np.array([seconds.get("acceptance", 0.0)]),
+            "proximity_s": np.array([seconds.get("proximity", 0.0)]), "total_s": np.array([total])}

@@ -31,7 +31,7 @@ import torch
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt, TokenModel
 from ambiguity.sampling import Generators, SamplingConfig, expand_rows
-from lantern.acceptance import AcceptanceRule, judge_greedy, relaxed_mass, residual
+from lantern.acceptance import AcceptanceRule, judge_greedy, proximity, residual
 from lantern.drafter import DraftModel
 from lantern.records import Decoded, StepLog
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
@@ -56,7 +56,7 @@ class TreeOutcome:
 
 
 def walk_tree(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional[torch.Tensor], greedy: bool,
-              draws: Optional[Draws]) -> TreeOutcome:
+              draws: Optional[Draws], timer: Optional[Timer] = None) -> TreeOutcome:
     """Judge the tree's nodes from the root down and pick the next token.
 
     p: (T, V) the target distribution after each node (:func:`lantern.steps.target_distribution`);
@@ -64,10 +64,12 @@ def walk_tree(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional
     ``"exact"`` greedy test; no randomness); draws: coins and categorical draws (sampling).
     A sampled tree (EAGLE-1 with temperature > 0) judges sibling ``i`` with the conditional
     ``q`` of the mass not yet drawn (its children were drawn without replacement in trial
-    order); a deterministic tree (EAGLE-2) with ``q(x̂) = 1``. LANTERN Sec. 3; EAGLE-2 Sec. 4.
+    order); a deterministic tree (EAGLE-2) with ``q(x̂) = 1``. timer: growing the proximity
+    sets is timed as its ``"proximity"`` section. LANTERN Sec. 3; EAGLE-2 Sec. 4.
     """
+    timed = timer or Timer(p.device)
     if greedy and rule.convention == "official":
-        return walk_official_greedy(tree, p, rule, table)
+        return walk_official_greedy(tree, p, rule, table, timed)
     cur, path, trials = 0, [0], []
     while True:
         target = p[cur]
@@ -76,13 +78,15 @@ def walk_tree(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional
         accepted, rejected = None, False
         for rank, c in enumerate(tree.children[cur]):
             x = tree.tokens[c]
+            with timed("proximity"):
+                prox = proximity(target, x, table, rule)
             if greedy:
-                v = judge_greedy(target, x, table, rule, validate=False)
+                v = judge_greedy(target, x, table, rule, False, prox)
                 ok = bool(v.accepted)
                 trials.append(_trial(c, rank, v.p_tilde, v.j_star, v.spent, 1.0, float(ok), float("nan"), ok))
             else:
                 q_cond = (left / left.sum()).to(target.dtype) if left is not None else None
-                j, pt, spent = relaxed_mass(target, x, table, rule, validate=False)
+                _, pt, j, spent = prox
                 qx = float(q_cond[x]) if q_cond is not None else 1.0
                 prob = min(1.0, float(pt) / qx) if qx > 0 else float(float(pt) > 0)
                 ok = draws.coin(prob)
@@ -102,7 +106,8 @@ def walk_tree(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional
         cur = accepted
 
 
-def walk_official_greedy(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional[torch.Tensor]) -> TreeOutcome:
+def walk_official_greedy(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional[torch.Tensor],
+                         timer: Optional[Timer] = None) -> TreeOutcome:
     """The official code's greedy tree verification: every node passes or fails on its own
     (:func:`lantern.acceptance.judge_greedy`, ``"official"``: ``x̂`` is the argmax of the
     unfiltered ``p`` with ``p̃(x̂)`` written at it, ties to the lower index); each root-to-leaf
@@ -111,8 +116,12 @@ def walk_official_greedy(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, tabl
     T = len(tree)
     passed = [False] * T
     trials = []
+    timed = timer or Timer(p.device)
     for t in range(1, T):
-        v = judge_greedy(p[tree.parents[t]], tree.tokens[t], table, rule, validate=False)
+        target = p[tree.parents[t]]
+        with timed("proximity"):
+            prox = proximity(target, tree.tokens[t], table, rule)
+        v = judge_greedy(target, tree.tokens[t], table, rule, False, prox)
         passed[t] = bool(v.accepted)
         rank = tree.children[tree.parents[t]].index(t)
         trials.append(_trial(t, rank, v.p_tilde, v.j_star, v.spent, 1.0, float(passed[t]), float("nan"), passed[t]))
@@ -226,7 +235,7 @@ def tree_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, sampling
                                     torch.tensor(tree.depths, dtype=torch.long), tree.ancestors())
         with timer("acceptance"):
             p = q_of(out.logits)  # (T, V): p after each node
-            outcome = walk_tree(tree, p, rule, table, greedy, draws)
+            outcome = walk_tree(tree, p, rule, table, greedy, draws, timer)
         path = torch.tensor(outcome.path, dtype=torch.long, device=model.device)
         m = len(outcome.path) - 1
         tokens[0, n:n + m] = tree.tokens[path[1:]]
@@ -236,7 +245,7 @@ def tree_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, sampling
             model.keep_path(cache, n - 1, path)  # keep x_0..x_{n+m-1}; the new token is fed next round
         max_drafted = max(max_drafted, max(tree.depths))
         log.add_step(step_no, n, len(tree) - 1, m, outcome.kind, outcome.token, elapsed_since(timer, before),
-                     _draft_columns(tree, p, outcome, n))
+                     _draft_columns(tree, p, outcome, n), drafter_forwards=tree.forwards)
         n += m + 1
     steps, drafts_tab = log.tables()
     images = image_row(image, prompt, seed, N, step_no, steps, timer.seconds, time.perf_counter() - t_start)

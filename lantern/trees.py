@@ -222,7 +222,8 @@ class Tree:
     (-1 for the root); depths: T ints; children: per node, its children's indices in trial order;
     q: per node the drafter's distribution of its children (V,) float32 (None for leaves);
     sampled: children were drawn from ``q`` (EAGLE-1 with temperature > 0), else they are the
-    drafter's top ranks (EAGLE-2, greedy) and count as deterministic drafts.
+    drafter's top ranks (EAGLE-2, greedy) and count as deterministic drafts. forwards: drafter
+    forwards that built the tree (the root's included).
     """
 
     tokens: torch.Tensor
@@ -231,6 +232,7 @@ class Tree:
     children: list[list[int]] = field(default_factory=list)
     q: list[Optional[torch.Tensor]] = field(default_factory=list)
     sampled: bool = False
+    forwards: int = 1
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -319,6 +321,7 @@ def _static(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_dep
     feats = [f_root]
     slots = [n - 1]  # the root's drafter entry: position n-1, computed from true features
     frontier = [()]
+    forwards = 1
     for depth in range(1, max_depth + 1):
         new = []
         for parent in frontier:
@@ -348,10 +351,11 @@ def _static(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_dep
             out = _expand(drafter, model, dcache, torch.tensor([tokens[i] for i in idx], device=model.device),
                           parent_f, pos, vis, guided)
             q_new = q_of(drafter.logits(model, out))
+            forwards += 1
             for j, i in enumerate(idx):
                 feats[i], qs[i], slots[i] = out[:, j:j + 1], q_new[j], L + j
         frontier = new
-    return _finish(tokens, parents, depths, qs, model, sampled=not greedy)
+    return _finish(tokens, parents, depths, qs, model, sampled=not greedy, forwards=forwards)
 
 
 def _choose(q: torch.Tensor, m: int, greedy: bool, draws: Optional[Draws]) -> list[int]:
@@ -376,7 +380,8 @@ def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_de
     beam = list(range(k))
     slot: dict[int, int] = {}
     feat: dict[int, torch.Tensor] = {}
-    for r in range(min(spec.depth, max_depth - 1)):
+    rounds = min(spec.depth, max_depth - 1)
+    for r in range(rounds):
         depth = r + 1
         L = _cache_length(dcache)
         anc = []
@@ -417,12 +422,13 @@ def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_de
     tokens = [int(root_token)] + [c_tok[c] for c in keep]
     parents = [-1] + [index[c_par[c]] if c_par[c] >= 0 else 0 for c in keep]
     depths = [0] + [c_depth[c] for c in keep]
-    return _finish(tokens, parents, depths, [None] * len(tokens), model, sampled=False)
+    return _finish(tokens, parents, depths, [None] * len(tokens), model, sampled=False, forwards=1 + max(rounds, 0))
 
 
-def _finish(tokens: list[int], parents: list[int], depths: list[int], qs, model: TokenModel, sampled: bool) -> Tree:
+def _finish(tokens: list[int], parents: list[int], depths: list[int], qs, model: TokenModel, sampled: bool,
+            forwards: int = 1) -> Tree:
     children: list[list[int]] = [[] for _ in tokens]
     for t in range(1, len(tokens)):
         children[parents[t]].append(t)
     return Tree(torch.tensor(tokens, dtype=torch.long, device=model.device), parents, depths, children, list(qs),
-                sampled)
+                sampled, forwards)
