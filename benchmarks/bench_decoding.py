@@ -29,11 +29,8 @@ configuration and round), ``summary.json`` and ``figures/lantern_sweep.{png,pdf}
 from __future__ import annotations
 
 import json
-import random
-import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -47,6 +44,7 @@ from ambiguity.sampling import SamplingConfig, default_guidance
 from lantern.decoding import DecodeConfig, decode, neighbour_table
 from lantern.drafter import load_drafter
 from lantern.replay import target_scores
+from lantern.timing import interleaved_timing, speedup_table
 from lantern.trees import STATIC_TREES, TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,40 +91,6 @@ def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingCo
             "mean_j_star": s["mean_j_star"], "accept_histogram": json.dumps(s["accept_histogram"]),
             "nll": float(scores["nll"].mean()),
             "class_consistency": float(scores["consistent"].mean()) if "consistent" in scores else float("nan")}
-
-
-def timing_round(model, drafter, table, configs, sampling, conditions, order) -> list[dict]:
-    """Decode ``conditions`` with every configuration, in ``order``; seconds per image and per
-    target forward of each."""
-    rows = []
-    for i in order:
-        name, config = configs[i]
-        t0 = time.perf_counter()
-        d = decode(model, conditions, config, sampling, drafter if config.speculative else None,
-                   table if config.speculative and config.rule.relaxed else None, seed=0)
-        seconds = time.perf_counter() - t0
-        forwards = int(np.sum(d.images["target_forwards"]))
-        rows.append({"config": name, "seconds_per_image": seconds / len(conditions),
-                     "target_s_per_forward": float(np.sum(d.images["target_s"])) / forwards,
-                     "target_forwards_per_image": forwards / len(conditions)})
-    return rows
-
-
-def speed_table(timing: pd.DataFrame) -> pd.DataFrame:
-    """Per (temperature, config): median and quartiles of seconds per image over rounds, and the
-    speed-up over AR as the median and quartiles of per-round ratios."""
-    ar = timing[timing["config"] == "ar"].set_index(["temperature", "round"])["seconds_per_image"]
-    t = timing.assign(ratio=[ar.loc[(tt, r)] / s for tt, r, s in
-                             zip(timing["temperature"], timing["round"], timing["seconds_per_image"])])
-    g = t.groupby(["temperature", "config"])
-    return pd.DataFrame({
-        "ms_per_image": 1e3 * g["seconds_per_image"].median(),
-        "ms_per_image_q25": 1e3 * g["seconds_per_image"].quantile(0.25),
-        "ms_per_image_q75": 1e3 * g["seconds_per_image"].quantile(0.75),
-        "speedup": g["ratio"].median(), "speedup_q25": g["ratio"].quantile(0.25),
-        "speedup_q75": g["ratio"].quantile(0.75),
-        "target_ms_per_forward": 1e3 * g["target_s_per_forward"].median(), "rounds": g["ratio"].size(),
-    }).reset_index()
 
 
 def plot_sweep(df: pd.DataFrame, path) -> list:
@@ -215,26 +179,23 @@ def main(argv=None) -> int:
             else:
                 stats.append(part.tables["row"].iloc[0].to_dict())
 
-    timing = []
-    sub = conditions[: args.timing_images]
+    timing, rows_all = [], []
+    named = dict(configs)
+    tables = {name: table for name, c in configs if c.speculative and c.rule.relaxed}
     for t in temps:
         sampling = SamplingConfig(guidance=guidance, temperature=t)
-        timing_round(model, drafter, table, configs, sampling, sub[:1], range(len(configs)))  # warm-up
-        for r in tqdm(range(args.repeats), desc=f"timing T={t:g}", unit="round"):
-            name = f"timing-T{t:g}-r{r}"
-            part = run.read_part(name, {"temperature": t, "round": r})
-            if part is None:
-                order = list(range(len(configs)))
-                random.Random(r).shuffle(order)
-                rows = pd.DataFrame(timing_round(model, drafter, table, configs, sampling, sub, order))
-                rows.insert(0, "round", r)
-                rows.insert(0, "temperature", t)
-                run.write_part(name, {"temperature": t, "round": r}, tables={"rows": rows})
-                timing.append(rows)
-            else:
-                timing.append(part.tables["rows"])
-    timing_df = pd.concat(timing, ignore_index=True)
-    df = pd.DataFrame(stats).merge(speed_table(timing_df), on=["temperature", "config"])
+        holds = lambda r: {"temperature": t, "round": r}  # noqa: E731
+        done = [p.tables["rows"] for r in range(args.repeats)
+                if (p := run.read_part(f"timing-T{t:g}-r{r}", holds(r))) is not None]
+        save = lambda r, rows: run.write_part(f"timing-T{t:g}-r{r}", holds(r), tables={"rows": rows})  # noqa: E731
+        rows = interleaved_timing(model, named, sampling, conditions, [(0, args.timing_images)] * args.repeats,
+                                  drafter, tables, seed=0, progress=True,
+                                  done=pd.concat(done, ignore_index=True) if done else None, on_round=save)
+        timing.append(speedup_table(rows).assign(temperature=t))
+        rows_all.append(rows.assign(temperature=t))
+    timing_df = pd.concat(rows_all, ignore_index=True)
+    speed = pd.concat(timing, ignore_index=True).drop(columns=["tokens_per_forward"])
+    df = pd.DataFrame(stats).merge(speed, on=["temperature", "config"])
     df["speedup_exceeds_tokens_per_forward"] = df["speedup"] > df["tokens_per_forward"]
     df["shape_kind"] = df["shape"].str.replace(r"\(.*\)|\d+$", "", regex=True)
     df["setting"] = df["config"].str.replace(r"^lantern(\+\+)?-(chain|static|dynamic)-", "", regex=True)
@@ -246,7 +207,7 @@ def main(argv=None) -> int:
     write_table(df, out / "decoding.parquet")
     write_table(timing_df, out / "timing.parquet")
     files = plot_sweep(df, args.figure)
-    ar_ms = df[df["config"] == "ar"].set_index("temperature")["target_ms_per_forward"].to_dict()
+    ar_ms = df[df["config"] == "ar"].set_index("temperature")["baseline_ms_per_forward"].to_dict()
     write_json({"settings": settings, "ar_target_ms_per_forward": ar_ms, "results": df.to_dict(orient="records")},
                out / "summary.json")
     shown = ["temperature", "config", "acceptance_rate", "tau", "tokens_per_forward", "ms_per_image", "speedup",
