@@ -187,7 +187,7 @@ def main(argv=None) -> int:
         holds = lambda r: {"temperature": t, "round": r}  # noqa: E731
         done = [p.tables["rows"] for r in range(args.repeats)
                 if (p := run.read_part(f"timing-T{t:g}-r{r}", holds(r))) is not None]
-        save = lambda r, rows: run.write_part(f"timing-T{t:g}-r{r}", holds(r), tables={"rows": rows})  # noqa: E731
+        save = lambda r, rows, _: run.write_part(f"timing-T{t:g}-r{r}", holds(r), tables={"rows": rows})  # noqa: E731
         rows = interleaved_timing(model, named, sampling, conditions, [(0, args.timing_images)] * args.repeats,
                                   drafter, tables, seed=0, progress=True,
                                   done=pd.concat(done, ignore_index=True) if done else None, on_round=save)

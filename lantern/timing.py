@@ -35,6 +35,7 @@ from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, decode, neighbour_table
 from lantern.drafter import DraftModel
+from lantern.records import Decoded
 
 __all__ = ["TIMING_COLUMNS", "neighbour_tables", "time_decode", "interleaved_timing", "speedup_table",
            "speedup_curve"]
@@ -49,52 +50,64 @@ def neighbour_tables(model: TokenModel, configs: Mapping[str, DecodeConfig]) -> 
 
 
 def time_decode(model: TokenModel, config: DecodeConfig, sampling: SamplingConfig, conditions: Sequence,
-                first: int, drafter: Optional[DraftModel], table, seed: int) -> dict:
-    """Decode ``conditions`` (image indices ``first ..``) once and return one timing row (seconds:
-    wall clock of the whole decode call; the rest from the decode's own records)."""
+                first: int, drafter: Optional[DraftModel], table, seed: int) -> tuple[dict, Decoded]:
+    """Decode ``conditions`` (image indices ``first ..``) once: (one timing row, the decode). seconds:
+    wall clock of the whole decode call; the rest from the decode's own records."""
     t0 = time.perf_counter()
     d = decode(model, list(conditions), config, sampling, drafter if config.speculative else None, table,
                seed=seed, first_index=first)
     seconds = time.perf_counter() - t0
     im = d.images
-    return {"first": first, "images": len(conditions), "seconds": seconds, "tokens": int(np.sum(im["tokens"])),
-            "target_forwards": int(np.sum(im["target_forwards"])),
-            **{c: float(np.sum(im[c])) for c in ("target_s", "drafter_s", "acceptance_s", "proximity_s")}}
+    row = {"first": first, "images": len(conditions), "seconds": seconds, "tokens": int(np.sum(im["tokens"])),
+           "target_forwards": int(np.sum(im["target_forwards"])),
+           **{c: float(np.sum(im[c])) for c in ("target_s", "drafter_s", "acceptance_s", "proximity_s")}}
+    return row, d
 
 
 def interleaved_timing(model: TokenModel, configs: Mapping[str, DecodeConfig], sampling: SamplingConfig,
-                       conditions: Sequence, schedule: Sequence[tuple[int, int]], drafter: Optional[DraftModel] = None,
+                       conditions: Sequence, schedule: Sequence[tuple[int, int]],
+                       drafter: Optional[DraftModel | Mapping[str, DraftModel]] = None,
                        tables: Optional[Mapping] = None, seed: int = 0, warmup: bool = True, order_seed: int = 0,
-                       progress: bool = False, done: Optional[pd.DataFrame] = None, on_round=None) -> pd.DataFrame:
+                       progress: bool = False, done: Optional[pd.DataFrame] = None, on_round=None,
+                       desc: str = "timing (interleaved)", only: Optional[Sequence[int]] = None,
+                       rounds_of: Optional[Mapping[str, int]] = None) -> pd.DataFrame:
     """Time every configuration on every round of ``schedule``, interleaved (module docstring).
 
     configs: name -> :class:`~lantern.decoding.DecodeConfig`; conditions: the conditions by image
-    index; schedule: per round (first image index, count); tables: name -> neighbour table
+    index; schedule: per round (first image index, count); drafter: one for every configuration
+    or name -> drafter; only: the rounds to run (default all; e.g. a shard's share);
+    rounds_of: name -> number of leading rounds the configuration takes part in (default all:
+    a large grid can join the first rounds of a long measurement); tables: name -> neighbour table
     (default :func:`neighbour_tables`, built before timing); done: rows of rounds already timed
-    (skipped: a resumed measurement); on_round: called with each new round's DataFrame (e.g.
-    to save it as a run part). Returns a DataFrame with :data:`TIMING_COLUMNS` (seconds of
+    (skipped: a resumed measurement); on_round: called as ``on_round(r, frame, decodes)`` after
+    each new round with its timing rows and ``{name: Decoded}`` (e.g. to save them as run parts:
+    the decodes are the method's samples, so one pass gives speed and quality). Returns a DataFrame with :data:`TIMING_COLUMNS` (seconds of
     wall clock, sums over the round's images).
     """
     tables = dict(tables) if tables is not None else neighbour_tables(model, configs)
     names = list(configs)
+    drafters = drafter if isinstance(drafter, Mapping) else {name: drafter for name in names}
+    active = lambda r: [n for n in names if rounds_of is None or r < rounds_of.get(n, len(schedule))]  # noqa: E731
     finished = set() if done is None or not len(done) else set(int(r) for r in done["round"])
-    todo = [r for r in range(len(schedule)) if r not in finished]
+    todo = [r for r in (range(len(schedule)) if only is None else only) if r not in finished]
     if warmup and todo:
         first, _ = schedule[todo[0]]
-        for name in names:
-            time_decode(model, configs[name], sampling, conditions[first:first + 1], first, drafter,
-                        tables.get(name), seed)
+        for name in active(todo[0]):
+            time_decode(model, configs[name], sampling, conditions[first:first + 1], first, drafters.get(name),
+                        tables.get(name), seed)  # not recorded
     frames = [done] if done is not None and len(done) else []
-    for r in tqdm(todo, desc="timing (interleaved)", unit="round", disable=not progress):
+    for r in tqdm(todo, desc=desc, unit="round", disable=not progress):
         first, count = schedule[r]
-        order = names[:]
+        order = active(r)
         random.Random(order_seed * 1_000_003 + r).shuffle(order)
-        rows = [{"round": r, "config": name,
-                 **time_decode(model, configs[name], sampling, conditions[first:first + count], first, drafter,
-                               tables.get(name), seed)} for name in order]
+        rows, decodes = [], {}
+        for name in order:
+            row, decodes[name] = time_decode(model, configs[name], sampling, conditions[first:first + count], first,
+                                             drafters.get(name), tables.get(name), seed)
+            rows.append({"round": r, "config": name, **row})
         frame = pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
         if on_round is not None:
-            on_round(r, frame)
+            on_round(r, frame, decodes)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(TIMING_COLUMNS))
 
