@@ -380,10 +380,11 @@ def table2(ctx: Context) -> Item:
         n = ctx.config.grid_images
         rows = [{"k_paper": None, "k": None, "delta": None, "method": "AR", **_pr(ctx, data, "ar", n),
                  "published_precision": P.AR_PRECISION_RECALL[0], "published_recall": P.AR_PRECISION_RECALL[1]}]
-        ours = {(k, d): name for k, d, name in _grid_methods(ctx)}
-        for k, d in sorted(set(ours) | set(P.PRECISION_RECALL)):  # every published cell, measured or not
+        measured = {(k, d): name for k, d, name in _grid_methods(ctx)}
+        for k, d in sorted(set(measured) | set(P.PRECISION_RECALL)):  # every published cell, measured or not
             pub = P.PRECISION_RECALL.get((k, d), (None, None))
-            mine = _pr(ctx, data, ours[(k, d)], n) if (k, d) in ours else {"extractor": "not in this run's grid"}
+            mine = (_pr(ctx, data, measured[(k, d)], n) if (k, d) in measured
+                    else {"extractor": "not in this run's grid"})
             rows.append({"k_paper": k, "k": ctx.k(ctx.primary, k), "delta": d, "method": "LANTERN", **mine,
                          "published_precision": pub[0], "published_recall": pub[1],
                          "published_hps": P.HPS.get((k, d))})
