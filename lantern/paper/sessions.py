@@ -125,7 +125,8 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
                 "methods": {m.name: {**m.config.as_dict(), "drafter": m.drafter} for m in session.methods},
                 "captions": ctx.config.captions}
     run = RunDir(ctx.path / "sessions" / session.name, settings, command=COMMAND, outputs=())
-    ctx.shard.first(lambda: run.open(shards=ctx.shard.count), lambda: run.open(shards=ctx.shard.count))
+    # rounds are independent units (each timed within one process): any number of shards may continue a session
+    ctx.shard.first(lambda: run.open(shards=None), lambda: run.open(shards=None))
     conditions = (generation_conditions(model, session.rounds, ctx.config.seed, None, ctx.config.captions)
                   if model.kind != "text" else model.default_conditions(session.rounds, ctx.config.seed))
     configs = {m.name: m.config for m in session.methods}
