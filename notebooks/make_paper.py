@@ -5,9 +5,11 @@ The notebook shows a ``python -m lantern.paper`` run: ``runs/paper/default`` whe
 ``runs/paper/quick`` (which it regenerates with ``--quick`` settings when absent, < 10 min on 2
 CPU cores). ``LANTERN_PAPER_RUN=DIR`` picks another run. tests/test_paper.py executes these cells.
 """
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbtools  # noqa: E402
 
 CELLS = [
     ("markdown", """# LANTERN, regenerated
@@ -80,25 +82,8 @@ t2[t2.temperature == 1][["method", "tau", "tokens_per_forward", "speedup", "spee
 
 
 def build() -> dict:
-    cells = []
-    for i, (kind, src) in enumerate(CELLS):
-        cell = {"cell_type": kind, "id": f"cell-{i}", "metadata": {}, "source": src.splitlines(keepends=True)}
-        if kind == "code":
-            cell.update(outputs=[], execution_count=None)
-        cells.append(cell)
-    return {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                                         "language_info": {"name": "python"}},
-            "nbformat": 4, "nbformat_minor": 5}
+    return nbtools.build(CELLS)
 
 
 if __name__ == "__main__":
-    out = Path(__file__).with_name("paper.ipynb")
-    out.write_text(json.dumps(build(), indent=1, ensure_ascii=False) + "\n")
-    if "--execute" in sys.argv:
-        import nbformat
-        from nbclient import NotebookClient
-
-        nb = nbformat.read(out, as_version=4)
-        NotebookClient(nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(out.parent)}}).execute()
-        nbformat.write(nb, out)
-    print(f"wrote {out}")
+    nbtools.write(Path(__file__).with_name("paper.ipynb"), CELLS, execute="--execute" in sys.argv)

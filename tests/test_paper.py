@@ -119,13 +119,3 @@ def test_quick_run_regenerates_every_item_and_resumes(tmp_path, monkeypatch):
         exec(compile("".join(cell["source"]), f"paper.ipynb[cell {i}]", "exec"), ns)
     plt.close("all")
     assert ns["RUN"] == out and len(ns["t2"]) == 6
-
-
-def test_notebook_matches_its_generator():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("make_paper", ROOT / "notebooks" / "make_paper.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    on_disk = json.loads((ROOT / "notebooks" / "paper.ipynb").read_text())
-    assert [c["source"] for c in on_disk["cells"]] == [c["source"] for c in mod.build()["cells"]], \
-        "notebooks/paper.ipynb is stale: run python notebooks/make_paper.py --execute"
