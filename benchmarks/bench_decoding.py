@@ -5,8 +5,10 @@ the embedded model and its shipped drafter by default):
 
 1. **Statistics** — every configuration decodes ``--num-images`` conditions with the same seeds
    (image i draws from its own stream): τ (mean accepted length, bonus token counted),
-   tokens per target forward, acceptance rate α, out-of-support acceptances, and the offline
-   quality proxies of the tokens (the target's NLL, nats/token; class consistency).
+   tokens per target forward, acceptance rate α, out-of-support acceptances, the offline
+   quality proxies of the tokens (the target's NLL, nats/token; class consistency) and image
+   quality against the real images (FID / KID / precision / recall per ``--extractors``,
+   :func:`lantern.evaluate.score_images`), so speed stands next to quality.
 2. **Speed** — after a warm-up pass, ``--repeats`` rounds; each round decodes the first
    ``--timing-images`` conditions with every configuration, in a fresh random order per round
    (interleaved, so drift and background load hit all methods alike). Reported per
@@ -37,6 +39,7 @@ from tqdm.auto import tqdm
 from ambiguity import plots
 from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, cli_main, device_from_args, finite_float,
                            float_list, int_list, nonneg_int, positive_int, set_threads)
+from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
 from ambiguity.models.registry import load_model
 from ambiguity.runs import RunDir
@@ -44,10 +47,13 @@ from ambiguity.sampling import SamplingConfig, default_guidance
 from lantern.decoding import DecodeConfig, decode, neighbour_table
 from lantern.drafter import load_drafter
 from lantern.replay import target_scores
+from lantern.evaluate import score_images
+from lantern.quality.features import EXTRACTORS
 from lantern.timing import interleaved_timing, speedup_table
 from lantern.trees import STATIC_TREES, TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
+QUALITY = ("fid", "kid", "precision", "recall")
 COMMAND = "python benchmarks/bench_decoding.py"
 
 
@@ -73,14 +79,22 @@ def _shape(config: DecodeConfig) -> str:
     return "ar" if config.rule is None else (config.tree.label if config.tree is not None else f"chain{config.gamma}")
 
 
-def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingConfig, conditions) -> dict:
-    """One configuration over all conditions: the decode's summary and the quality proxies."""
+def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingConfig, conditions,
+               extractors=()) -> dict:
+    """One configuration over all conditions: the decode's summary, the quality proxies and, with
+    ``extractors``, image quality against the real images (:func:`lantern.evaluate.score_images`:
+    FID / KID / precision / recall per extractor)."""
     d = decode(model, conditions, config, sampling, drafter if config.speculative else None,
-               table if config.speculative and config.rule.relaxed else None, seed=0)
+               table if config.speculative and config.rule.relaxed else None, seed=0,
+               pixels=bool(extractors) and model.can_decode)
     s = d.summary()
     _, _, images = d.frames()
     images["codes"] = [t.tolist() for t in d.tokens]
     scores = target_scores(model, images)
+    quality = {}
+    if extractors and d.pixels is not None:
+        q = score_images(d.pixels, extractors=extractors, conditions=conditions, class_names=model.class_names)
+        quality = {m: v["value"] for m, v in q.items() if isinstance(v, dict) and m.split("_")[0] in QUALITY}
     rule = config.rule
     return {"method": config.method, "shape": _shape(config), "k": rule.k if rule and rule.relaxed else 0,
             "delta": rule.delta if rule and rule.method in ("lantern", "lantern-jsd") else 0.0,
@@ -90,7 +104,8 @@ def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingCo
             "tokens_per_forward": s["tokens_per_forward"], "out_of_support": s["out_of_support"],
             "mean_j_star": s["mean_j_star"], "accept_histogram": json.dumps(s["accept_histogram"]),
             "nll": float(scores["nll"].mean()),
-            "class_consistency": float(scores["consistent"].mean()) if "consistent" in scores else float("nan")}
+            "class_consistency": float(scores["consistent"].mean()) if "consistent" in scores else float("nan"),
+            **quality}
 
 
 def plot_sweep(df: pd.DataFrame, path) -> list:
@@ -138,6 +153,8 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--tree-top-k", type=positive_int, default=10)
     ap.add_argument("--sd-gammas", default="1,2,4,6", help="chain lengths of the SD control")
     ap.add_argument("--sd-tree-sizes", default="10,25,59", help="dynamic-tree sizes of the SD control")
+    ap.add_argument("--extractors", default="fmnist",
+                    help="image quality of every configuration's images (lantern.evaluate extractors; '' for none)")
     ap.add_argument("--threads", type=nonneg_int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decoding"))
     ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
@@ -154,6 +171,10 @@ def main(argv=None) -> int:
     sd_gammas, sd_sizes = int_list(args.sd_gammas, "--sd-gammas", 1), int_list(args.sd_tree_sizes, "--sd-tree-sizes", 2)
     dynamic = TreeSpec("dynamic", total_tokens=args.total_tokens, depth=args.depth, top_k=args.tree_top_k)
     configs = sweep(args.gamma, ks, deltas, lams, args.static, dynamic, sd_gammas, sd_sizes)
+    extractors = tuple(x.strip() for x in args.extractors.split(",") if x.strip())
+    unknown = [x for x in extractors if x not in EXTRACTORS]
+    if unknown:
+        raise UsageError(f"unknown extractor {unknown[0]!r} in --extractors; choose from {', '.join(EXTRACTORS)}")
     out = check_out_dir(args.out)
     set_threads(args.threads)
     device, _ = device_from_args(args)
@@ -173,7 +194,8 @@ def main(argv=None) -> int:
         for name, config in tqdm(configs, desc=f"statistics T={t:g}", unit="config"):
             part = run.read_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t})
             if part is None:
-                row = {"temperature": t, "config": name, **statistics(model, drafter, table, config, sampling, conditions)}
+                row = {"temperature": t, "config": name,
+                       **statistics(model, drafter, table, config, sampling, conditions, extractors)}
                 run.write_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t}, tables={"row": pd.DataFrame([row])})
                 stats.append(row)
             else:
@@ -212,6 +234,7 @@ def main(argv=None) -> int:
                out / "summary.json")
     shown = ["temperature", "config", "acceptance_rate", "tau", "tokens_per_forward", "ms_per_image", "speedup",
              "speedup_q25", "speedup_q75", "nll", "class_consistency", "out_of_support"]
+    shown += [c for c in df.columns if c.split("_")[0] in QUALITY]
     print(f"{model.name}: statistics on {args.num_images} images, timing on {args.timing_images} images x "
           f"{args.repeats} interleaved rounds after a warm-up; cfg {guidance:g}, {args.threads} threads on {device}; "
           f"τ counts the bonus token")
