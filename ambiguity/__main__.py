@@ -8,6 +8,7 @@ COMMANDS = {
     "neighbourhood": ("ambiguity.neighbourhood", "exact k-nearest-neighbour table B_k of a codebook (FAISS)"),
     "analyses": ("ambiguity.analyses", "concentration / interchangeability: tests of LANTERN's latent premise"),
     "compare": ("ambiguity.compare", "ambiguity across models side by side (LANTERN Fig. 2)"),
+    "merge": ("ambiguity.merge", "assemble a sharded run's outputs from its parts (after --num-shards)"),
 }
 
 if __name__ == "__main__":

@@ -27,12 +27,15 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+import torch
+
 from ambiguity.errors import UsageError
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import resolve_dtype
 from ambiguity.sampling import SamplingConfig, default_guidance
 
-__all__ = ["ArgumentParser", "cli_main", "add_model_args", "add_sampling_args", "add_condition_args",
+__all__ = ["ArgumentParser", "cli_main", "add_model_args", "add_device_args", "set_threads", "add_sampling_args",
+           "add_condition_args", "add_shard_args",
            "add_run_args", "finite_float", "unit_float", "positive_int", "nonneg_int", "seed_int", "int_list",
            "float_list", "parse_mapping", "sampling_from_args", "device_from_args", "default_out",
            "check_out_dir", "safe_name", "run_subcommand", "MAX_SEED", "DEVICES"]
@@ -221,10 +224,30 @@ def add_model_args(p, default: str = "embedded", dtype: bool = True) -> None:
     p.add_argument("--model", default=default, metavar="NAME", help=f"registry name or hf:<repo> (default: {default})")
     p.add_argument("--weights", default=None, metavar="PATH",
                    help="checkpoint file or directory (default: shipped files / local Hugging Face cache)")
+    add_device_args(p, dtype=dtype)
+
+
+def add_device_args(p, dtype: bool = True, threads: Optional[int] = None) -> None:
+    """``--device [--dtype] [--threads]`` (``threads``: the default CPU thread count; None: no option)."""
     p.add_argument("--device", default="auto", metavar="DEVICE", help="auto | cpu | cuda | cuda:N (default: auto)")
     if dtype:
         p.add_argument("--dtype", default=None, metavar="DTYPE",
                        help="auto | float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
+    if threads is not None:
+        p.add_argument("--threads", type=nonneg_int, default=threads, metavar="N",
+                       help=f"CPU threads for torch, 0 = torch's default (default: {threads})")
+
+
+def set_threads(n: int) -> None:
+    """``torch.set_num_threads(n)`` (and faiss's OpenMP threads) unless ``n`` is 0."""
+    if n:
+        torch.set_num_threads(int(n))
+        try:
+            import faiss
+
+            faiss.omp_set_num_threads(int(n))
+        except (ImportError, AttributeError):  # faiss without OpenMP controls
+            pass
 
 
 def add_sampling_args(p, guidance: Optional[float] = None, guidance_help: Optional[str] = None) -> None:
@@ -255,6 +278,15 @@ def add_condition_args(p, num_images: int = 64, batch_size: Optional[int] = 32, 
     if captions:
         p.add_argument("--captions", default=None, metavar="FILE",
                        help="t2i captions: a text file (one per line) or an MS-COCO captions_*.json")
+
+
+def add_shard_args(p) -> None:
+    """``--shard-index --num-shards`` (independent processes; torchrun needs neither, see
+    :mod:`ambiguity.distributed`)."""
+    p.add_argument("--shard-index", type=nonneg_int, default=None, metavar="I",
+                   help="this process's shard, 0..n-1, when shards run as independent processes (then merge with "
+                        "python -m ambiguity merge OUT); torchrun sets the shards itself")
+    p.add_argument("--num-shards", type=positive_int, default=None, metavar="N", help="number of independent shards")
 
 
 def add_run_args(p, out_help: str, overwrite: bool = True) -> None:

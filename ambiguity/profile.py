@@ -47,7 +47,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ambiguity.cli import (ArgumentParser, add_condition_args, add_model_args, add_run_args, add_sampling_args,
-                           check_out_dir, cli_main, default_out, device_from_args, sampling_from_args)
+                           add_shard_args, check_out_dir, cli_main, default_out, device_from_args, sampling_from_args)
+from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions, image_files_subset, parse_classes
 from ambiguity.data.captions import read_captions
 from ambiguity.errors import UsageError
@@ -68,6 +69,7 @@ DISTRIBUTIONS = ("guided", "cond")
 STAT_COLUMNS = tuple(f"{d}_{s}" for d in DISTRIBUTIONS for s in STAT_NAMES)
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 COMMAND = "python -m ambiguity.profile"
+MERGE = "ambiguity.profile:merge_run"
 
 
 def _stats_pair(p_guided: torch.Tensor, p_cond: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -191,7 +193,7 @@ def _digest(obj) -> str:
 def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: Optional[SamplingConfig] = None, *,
             num_images: Optional[int] = None, batch_size: int = 32, seed: int = 0,
             tokens: Optional[torch.Tensor] = None, images=None, out: Optional[str | Path] = None,
-            overwrite: bool = False, settings: Optional[dict] = None, progress: bool = True):
+            overwrite: bool = False, settings: Optional[dict] = None, progress: bool = True, shard: Shard = SINGLE):
     """Profile ``model``'s next-token distributions; the Python entry point behind the CLI.
 
     Args:
@@ -212,10 +214,13 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
         overwrite: discard a run of other settings in ``out`` instead of refusing.
         settings: extra facts stored with the run and in the summary (the CLI's options).
         progress: show a tqdm bar (tokens per second).
+        shard: this process's share (:mod:`ambiguity.distributed`): it computes the batches
+            ``b % shard.count == shard.index``; the merging shard then reads every batch's part.
     Returns:
         (DataFrame, summary): one row per (image, position), columns as :func:`batch_table`;
         summary dict with the model facts, settings, per-column statistics (:func:`summarize`),
-        token count, wall time (seconds) and package versions.
+        token count, wall time (seconds) and package versions. (None, None) on a shard that does
+        not merge.
     Raises:
         UsageError for bad settings, conditions the model refuses, mismatched lengths, or an
         ``out`` holding results of other settings (unless ``overwrite``).
@@ -249,16 +254,21 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
            "sequences": _digest(given if images is None else images)}
     run = None
     if out is not None:
-        run = RunDir(out, {"settings": settings or {}, "key": key}, command=COMMAND, outputs=OUTPUTS).open(overwrite)
+        run = RunDir(out, {"settings": settings or {}, "key": key}, command=COMMAND, outputs=OUTPUTS, merge=MERGE)
+        shard.first(lambda: run.open(overwrite, shards=shard.count), lambda: run.open(shards=shard.count))
+    elif shard.count > 1:
+        raise UsageError("sharded profiling needs --out: the shards meet in its run directory")
 
     nb = math.ceil(num_images / batch_size)
     frames, resumed = [], 0
-    bar = tqdm(total=num_images * N, unit="tok", desc=f"profile {model.name}", disable=not progress,
-               dynamic_ncols=True, leave=False)
+    mine = [b for b in range(nb) if shard.owns(b)]
+    bar = tqdm(total=sum(min(batch_size, num_images - b * batch_size) for b in mine) * N, unit="tok",
+               desc=f"profile {model.name}" + (f" ({shard.label})" if shard.count > 1 else ""),
+               disable=not progress, dynamic_ncols=True, leave=False)
     try:
-        for b in range(nb):
+        for b in mine:
             s, e = b * batch_size, min((b + 1) * batch_size, num_images)
-            name, holds = f"batch_{b:05d}", {"images": [s, e]}
+            name, holds = _batch_part(b, batch_size, num_images)
             part = run.read_part(name, holds) if run is not None else None
             if part is not None:
                 frames.append(part.tables["tokens"])
@@ -280,13 +290,56 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
             frames.append(df)
     finally:
         bar.close()
+    if shard.count > 1:
+        shard.barrier()
+        if not shard.merges:
+            return None, None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
+        frames = _read_batches(run, nb, batch_size, num_images)
     table = pd.concat(frames, ignore_index=True)
-    summary = {"model": model.describe(), "source": source, "sampling": sampling.as_dict(), "seed": int(seed),
-               "batch_size": int(batch_size), "images": int(num_images), "tokens": int(len(table)),
-               "tokens_per_image": N, "grid": list(model.grid), "settings": settings or {},
-               "stats": summarize(table), "batches": {"total": nb, "resumed": resumed, "computed": nb - resumed},
-               "wall_time_s": round(time.perf_counter() - t0, 3), "versions": versions()}
+    summary = _summary(key, settings or {}, table, nb, resumed, time.perf_counter() - t0)
     return table, summary
+
+
+def _batch_part(b: int, batch_size: int, num_images: int) -> tuple[str, dict]:
+    """Name and content of the part of batch ``b``."""
+    return f"batch_{b:05d}", {"images": [b * batch_size, min((b + 1) * batch_size, num_images)]}
+
+
+def _read_batches(run: RunDir, nb: int, batch_size: int, num_images: int) -> list:
+    """Every batch's table from the run's parts (UsageError naming a missing or foreign one)."""
+    names, holds = zip(*(_batch_part(b, batch_size, num_images) for b in range(nb)))
+    return [p.tables["tokens"] for p in run.require_parts(names, holds)]
+
+
+def _summary(key: dict, settings: dict, table, nb: int, resumed: int, seconds: float) -> dict:
+    """The run's summary from its derived key (model facts, sampling, seed, sizes) and table."""
+    return {"model": key["model"], "source": key["source"], "sampling": key["sampling"], "seed": key["seed"],
+            "batch_size": key["batch_size"], "images": key["num_images"], "tokens": int(len(table)),
+            "tokens_per_image": int(len(table)) // max(1, key["num_images"]), "grid": key["model"]["grid"],
+            "settings": settings, "stats": summarize(table),
+            "batches": {"total": nb, "resumed": resumed, "computed": nb - resumed},
+            "wall_time_s": round(seconds, 3), "versions": versions()}
+
+
+def merge_run(path: str | Path, figures: bool = True) -> tuple[list[Path], list[str]]:
+    """``python -m ambiguity merge RUN`` for a profile run: the table, summary and figures from the
+    shards' parts (the model is loaded only to draw the images figure). Returns (written files,
+    notes). Raises UsageError when a part is missing, damaged or foreign."""
+    t0 = time.perf_counter()
+    record = RunDir(path, {}, command=COMMAND).stored()
+    if record is None:
+        raise UsageError(f"{path} holds no run.json: not a run directory")
+    run = RunDir(path, record["settings"], command=COMMAND, outputs=OUTPUTS, merge=MERGE)
+    key, settings = record["settings"]["key"], record["settings"]["settings"]
+    nb = math.ceil(key["num_images"] / key["batch_size"])
+    table = pd.concat(_read_batches(run, nb, key["batch_size"], key["num_images"]), ignore_index=True)
+    summary = _summary(key, settings, table, nb, nb, time.perf_counter() - t0)
+    model = None
+    if figures and settings.get("model"):
+        model = load_model(settings["model"], weights=settings.get("weights"), device="cpu")
+    files, notes = write_outputs(model, table, summary, run.path, figures=model is not None, started=t0)
+    print_summary(summary, run.path, files, notes)
+    return files, notes
 
 
 # --------------------------------------------------------------------------- command line
@@ -305,6 +358,7 @@ def build_parser() -> ArgumentParser:
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/profile/<model>)")
     p.add_argument("--no-figures", action="store_true", help="write only the table and summary")
+    add_shard_args(p)
     return p
 
 
@@ -315,13 +369,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = _START if __name__ == "__main__" else time.perf_counter()
     args = build_parser().parse_args(argv)
     out, settings = check_arguments(args)  # nothing is loaded or written before the options are valid
-    model = load_model(args.model, weights=args.weights, device=settings["device"], dtype=settings["dtype"])
+    device, _ = device_from_args(args)
+    shard = shard_from_args(args, device)
+    model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=settings["dtype"])
     sampling = sampling_from_args(args, model.kind)
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
     model.make_prompt(conditions[:1], guided=sampling.guided)  # e.g. a missing caption encoder fails before any output
     table, summary = profile(model, conditions, sampling, num_images=args.num_images, batch_size=args.batch_size,
                              seed=args.seed, tokens=tokens, images=images, out=out, overwrite=args.overwrite,
-                             settings=settings, progress=not args.no_progress)
+                             settings=settings, progress=not args.no_progress, shard=shard)
+    if table is None:
+        print(f"{shard.label} done: its batches are parts of {out}"
+              + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}"))
+        return 0
     files, notes = write_outputs(model, table, summary, out, figures=not args.no_figures, started=t0)
     print_summary(summary, out, files, notes)
     return 0

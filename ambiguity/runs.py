@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 import platform
 import shutil
 import sys
@@ -46,6 +47,7 @@ __all__ = ["RunDir", "Part", "settings_digest", "settings_difference", "versions
            "RUN_FILE", "PART_DIR"]
 
 RUN_FILE = "run.json"
+ABSENT = "it was never written"
 PART_DIR = "parts"
 
 
@@ -133,14 +135,16 @@ class RunDir:
         flag: the option that named ``path``, for error messages.
         outputs: final files / directories (relative to ``path``) that ``--overwrite`` removes.
         report: where one-line notes go (default: ``note: ...`` on stderr).
+        merge: ``"module:function"`` that assembles the outputs from the parts (recorded in
+            ``run.json`` for ``python -m ambiguity merge``).
     """
 
     def __init__(self, path: str | Path, settings: Mapping, *, command: str, flag: str = "--out",
-                 outputs: Sequence[str] = (), report: Callable[[str], None] = _note):
+                 outputs: Sequence[str] = (), report: Callable[[str], None] = _note, merge: Optional[str] = None):
         self.path = Path(path).expanduser()
         self.settings = normalise(dict(settings))
         self.digest = settings_digest(self.settings)
-        self.command, self.flag, self.outputs, self.report = command, flag, tuple(outputs), report
+        self.command, self.flag, self.outputs, self.report, self.merge = command, flag, tuple(outputs), report, merge
         self.notes: list[str] = []
 
     # ------------------------------------------------------------------ the record
@@ -183,12 +187,13 @@ class RunDir:
                              f"({settings_difference(old, new)}); pass another {self.flag} or add --overwrite")
         return self
 
-    def open(self, overwrite: bool = False, extra: Optional[Mapping] = None) -> "RunDir":
+    def open(self, overwrite: bool = False, extra: Optional[Mapping] = None, shards: Optional[int] = 1) -> "RunDir":
         """Create the directory and record this run, or check that it continues the stored one.
 
         overwrite: remove the stored run's files first. extra: facts stored with the record but
-        not compared (e.g. the process count). Raises UsageError for other settings, a damaged
-        ``run.json``, parts without a ``run.json`` or an unwritable directory.
+        not compared. shards: how many shards compute the run (:mod:`ambiguity.distributed`);
+        resuming with another number is refused (None: any number may continue the run). Raises UsageError for other settings, another
+        shard count, a damaged ``run.json``, parts without a ``run.json`` or an unwritable directory.
         """
         ensure_writable_dir(self.path)
         if overwrite:
@@ -199,10 +204,31 @@ class RunDir:
                 raise UsageError(f"{self.flag} {self.path} holds parts without their {RUN_FILE}, so their settings "
                                  f"are unknown; pass another {self.flag} or add --overwrite")
             write_json({"command": self.command, "settings": self.settings, "digest": self.digest,
+                        "shards": shards, "merge": self.merge,
                         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                         "versions": versions(), **dict(extra or {})}, self.run_file)
+        elif shards is not None and record.get("shards") is not None and int(record["shards"]) != int(shards):
+            was = int(record["shards"])
+            raise UsageError(f"{self.flag} {self.path} was started with {was} shard(s), not {shards}; resume it with "
+                             f"{was} (torchrun --nproc_per_node={was}, or --num-shards {was}), or pass another "
+                             f"{self.flag}")
         self.parts_dir.mkdir(exist_ok=True)
         return self
+
+    def require_parts(self, names: Sequence[str], holds: Sequence[Mapping], load: bool = True) -> list[Part]:
+        """Every part ``names[i]`` holding ``holds[i]``, read back; raises UsageError naming the first
+        missing, damaged or foreign ones (merging never mixes in a part that does not belong)."""
+        parts, missing = [], []
+        for name, h in zip(names, holds):
+            part, why = self._inspect_part(name, h, load)
+            if part is None:
+                missing.append((name, why))
+            parts.append(part)
+        if missing:
+            (name, why), more = missing[0], f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise UsageError(f"{self.path} lacks the intact part {name}{more}: {why}; rerun the shard(s) that own "
+                             f"them (the same command with their --shard-index) and merge again")
+        return parts
 
     def clear(self) -> None:
         """Remove ``run.json``, ``parts/`` and the outputs this command writes (nothing else)."""
@@ -238,7 +264,7 @@ class RunDir:
             rel = Path(f).resolve().relative_to(self.path.resolve()).as_posix()
             entries["../" + rel] = {"kind": "file", "key": Path(f).name}
         for rel, e in entries.items():
-            p = self.parts_dir / rel
+            p = Path(os.path.normpath(self.parts_dir / rel))
             e.update(bytes=p.stat().st_size, sha256=file_sha256(p))
         write_json({"part": name, "digest": self.digest, "holds": normalise(dict(holds)), "files": entries,
                     "meta": normalise(dict(meta or {}))}, self.manifest_path(name))
@@ -252,9 +278,16 @@ class RunDir:
         size/checksum/row mismatch) or foreign (other settings digest, other ``holds``) it also
         returns None, after a one-line note, so that the caller recomputes it.
         """
+        part, why = self._inspect_part(name, holds, load)
+        if why is not None and why != ABSENT:
+            self.note(f"{self.path.name}/{PART_DIR}/{name} is not reused: {why}; recomputing it")
+        return part
+
+    def _inspect_part(self, name: str, holds: Optional[Mapping], load: bool) -> tuple[Optional[Part], Optional[str]]:
+        """(the part, None) when it is usable, else (None, why not): ABSENT, or why it is damaged or foreign."""
         manifest = self.manifest_path(name)
         if not manifest.is_file():
-            return None
+            return None, ABSENT
         try:
             m = json.loads(manifest.read_text())
             if m.get("digest") != self.digest:
@@ -269,11 +302,8 @@ class RunDir:
         for rel, e in (m.get("files") or {}).items():
             if why is not None:
                 break
-            why = self._check_file(part, self.parts_dir / rel, e, load)
-        if why is not None:
-            self.note(f"{self.path.name}/{PART_DIR}/{name} is not reused: {why}; recomputing it")
-            return None
-        return part
+            why = self._check_file(part, Path(os.path.normpath(self.parts_dir / rel)), e, load)
+        return (None, why) if why is not None else (part, None)
 
     @staticmethod
     def _check_file(part: Part, path: Path, entry: dict, load: bool) -> Optional[str]:

@@ -10,8 +10,9 @@ Names: ``guidance`` is the scale s; a prompt or a batch of logits is *guided* wh
 the unconditional halves that guidance needs (``rows = 2B``: conditional rows, then unconditional).
 The command line keeps the field's flag ``--cfg`` for the scale.
 
-Tokens are drawn by inversion (:func:`pick`): one uniform per row from that row's generator
-(:mod:`ambiguity.seeding`), so a row's token depends only on its own distribution and stream.
+Tokens are drawn by inversion (:func:`pick`, :func:`invert`): one uniform per row from that row's
+generator (:mod:`ambiguity.seeding`), so a row's token depends only on its own distribution and
+stream.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from ambiguity.errors import UsageError
 
 __all__ = ["SamplingConfig", "default_guidance", "split_rows", "expand_rows", "guide", "filter_logits",
-           "distribution", "pick", "Generators"]
+           "distribution", "pick", "invert", "Generators"]
 
 # One generator for every row, or one per row (see pick).
 Generators = Union[torch.Generator, Sequence[torch.Generator], None]
@@ -90,71 +91,97 @@ def expand_rows(tokens: torch.Tensor, guided: bool) -> torch.Tensor:
 
 
 def guide(logits: torch.Tensor, scale: float, guided: bool) -> torch.Tensor:
-    """Classifier-free guidance on per-row logits: (rows, ..., V) -> (B, ..., V), float32.
+    """Classifier-free guidance on per-row logits: (rows, ..., V) -> (B, ..., V), float32 (float64
+    logits stay float64).
 
     guided = uncond + scale * (cond - uncond). Rows without unconditional halves pass through.
     """
-    cond, uncond = split_rows(logits.float(), guided)
+    cond, uncond = split_rows(logits if logits.dtype == torch.float64 else logits.float(), guided)
     if uncond is None:
         return cond
     return uncond + scale * (cond - uncond)
 
 
-def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Top-k then top-p filtering on (..., V) logits; removed entries become -inf.
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0, order: str = "kp") -> torch.Tensor:
+    """Top-k and top-p filtering on (..., V) logits; removed entries become -inf.
 
     top-k keeps every token whose logit is >= the k-th largest (ties kept). top-p keeps the
     smallest prefix of the sorted distribution whose mass reaches ``top_p`` (always >= 1 token).
+    order: ``"kp"`` top-k then top-p (LlamaGen's sampler, the default), ``"pk"`` top-p then top-k
+    (the official LANTERN code's ``TopPLogitsWarper`` before ``TopKLogitsWarper``).
+    Raises ValueError for another order.
     """
+    if order not in ("kp", "pk"):
+        raise ValueError(f"order must be 'kp' or 'pk', got {order!r}")
     out = logits.clone()
-    V = out.shape[-1]
-    if top_k and top_k < V:
-        kth = torch.topk(out, int(top_k), dim=-1).values[..., -1:]
-        out = out.masked_fill(out < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(out, dim=-1, descending=True)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        remove = cum > top_p
-        remove[..., 1:] = remove[..., :-1].clone()
-        remove[..., 0] = False
-        out = out.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+    for step in order:
+        out = _top_k(out, top_k) if step == "k" else _top_p(out, top_p)
     return out
 
 
-def distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: Optional[bool] = None) -> torch.Tensor:
-    """Per-row logits (rows, ..., V) -> the sampling distribution p (B, ..., V), float32.
+def _top_k(x: torch.Tensor, top_k: int) -> torch.Tensor:
+    if not top_k or top_k >= x.shape[-1]:
+        return x
+    kth = torch.topk(x, int(top_k), dim=-1).values[..., -1:]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
+def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    if top_p >= 1.0:
+        return x
+    sorted_logits, order = torch.sort(x, dim=-1, descending=True)
+    cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+    remove = cum > top_p
+    remove[..., 1:] = remove[..., :-1].clone()
+    remove[..., 0] = False
+    return x.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+
+def distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: Optional[bool] = None,
+                 order: str = "kp") -> torch.Tensor:
+    """Per-row logits (rows, ..., V) -> the sampling distribution p (B, ..., V), float32 (float64
+    for float64 logits).
 
     Applies guidance (when the rows carry unconditional halves: ``guided``, default
-    ``sampling.guided``), temperature (skipped when greedy), top-k and top-p, then softmax.
-    Each row of the result sums to 1.
+    ``sampling.guided``), temperature (skipped when greedy), top-k and top-p (in ``order``, see
+    :func:`filter_logits`), then softmax. Each row of the result sums to 1.
     """
     x = guide(logits, sampling.guidance, sampling.guided if guided is None else guided)
     if sampling.temperature > 0:
         x = x / sampling.temperature
-    x = filter_logits(x, sampling.top_k, sampling.top_p)
+    x = filter_logits(x, sampling.top_k, sampling.top_p, order)
     return torch.softmax(x, dim=-1)
 
 
 def pick(probs: torch.Tensor, greedy: bool, generator: Generators = None) -> torch.Tensor:
     """One token per row: probs (..., V) -> (...) int64 (argmax when ``greedy``, ties to the lowest index).
 
-    Sampling is by inversion: one uniform u per row, the token is the first index whose
-    cumulative probability (float64) exceeds ``u * total``; a zero-probability token is never
-    drawn. ``generator``: one :class:`torch.Generator` for all rows (their uniforms are drawn
-    in row order with one call) or a sequence of one generator per row (each row's token
-    depends only on its own stream); None uses torch's global RNG.
+    Sampling draws one uniform per row and inverts the row's CDF (:func:`invert`).
+    ``generator``: one :class:`torch.Generator` for all rows (their uniforms are drawn in row
+    order with one call) or a sequence of one generator per row (each row's token then depends
+    only on its own stream); None uses torch's global RNG.
     """
     if greedy:
         return probs.argmax(-1)
-    flat = probs.reshape(-1, probs.shape[-1]).double()
-    n = flat.shape[0]
+    n = probs[..., 0].numel()
     if generator is None or isinstance(generator, torch.Generator):
         u = torch.rand(n, generator=generator, device=probs.device, dtype=torch.float64)
     else:
         if len(generator) != n:
             raise ValueError(f"{len(generator)} generators for {n} rows")
         u = torch.cat([torch.rand(1, generator=g, device=probs.device, dtype=torch.float64) for g in generator])
+    return invert(probs, u.view(probs.shape[:-1]))
+
+
+def invert(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: probs (..., V) >= 0 (any scale), u (...) in [0, 1) -> (...) int64.
+
+    The token is the first index whose cumulative probability (float64) exceeds ``u * total``;
+    a zero-probability token is never returned, and ``u ~ U[0, 1)`` gives token ``v`` with
+    probability ``p(v) / total`` exactly (up to float64 rounding of the cumulative sums).
+    """
+    flat = probs.reshape(-1, probs.shape[-1]).double()
     cdf = flat.cumsum(-1)
-    x = (u * cdf[:, -1]).unsqueeze(-1)
+    x = (u.reshape(-1).double() * cdf[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, x, right=True).clamp_(max=flat.shape[-1] - 1)
     return idx.view(probs.shape[:-1])

@@ -12,7 +12,7 @@ One run measures, side by side on the same device (median wall-clock of ``--repe
 * **p from logits** — CFG, temperature, softmax of the verification logits;
 * **build A** — :func:`lantern.acceptance.relaxed_mass`: the proximity sets
   ``A_{k,δ}`` of the γ drafts (k = 1000, δ = 0.4): gather + cumsum over ``B_k``;
-* **accept** — :func:`lantern.acceptance.verify` (builds A and decides) plus the residual of
+* **accept** — :func:`lantern.acceptance.judge` (builds A and decides) plus the residual of
   the first rejected position (:func:`lantern.acceptance.residual`);
 * once: the exact k-NN table ``B_1000`` of a 16384 x 8 codebook (FAISS), cached in practice.
 
@@ -29,7 +29,17 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.cli import ArgumentParser, cli_main
+from ambiguity.errors import UsageError
+from ambiguity.cli import (ArgumentParser, add_device_args, cli_main, device_from_args, finite_float, nonneg_int,
+                           positive_int, set_threads)
+from ambiguity.io import write_json
+from ambiguity.models.gpt import GPT
+from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
+from ambiguity.neighbourhood import build_neighbourhoods
+from ambiguity.sampling import SamplingConfig, distribution, expand_rows
+from lantern.acceptance import AcceptanceRule, judge, relaxed_mass, residual
+from lantern.decoding import draft
+from lantern.drafter import Drafter
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -53,38 +63,26 @@ def timed(fn, device, repeats: int, warmup: int = 1) -> float:
 
 @cli_main
 def main(argv=None) -> int:
-    from ambiguity.sampling import expand_rows
-    from ambiguity.io import write_json
-    from ambiguity.models.base import resolve_device
-    from ambiguity.models.gpt import GPT
-    from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
-    from ambiguity.models.registry import resolve_dtype
-    from ambiguity.neighbourhood import build_neighbourhoods
-    from ambiguity.sampling import SamplingConfig, distribution
-    from lantern.acceptance import AcceptanceRule, relaxed_mass, residual, judge
-    from lantern.decoding import draft
-    from lantern.drafter import Drafter
-
     ap = ArgumentParser(prog="python benchmarks/bench_acceptance.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
-    ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--k", type=int, default=1000)
-    ap.add_argument("--delta", type=float, default=0.4)
-    ap.add_argument("--position", type=int, default=128, help="image tokens already in the KV cache")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
+    add_device_args(ap, threads=2)
+    ap.add_argument("--gamma", type=positive_int, default=4)
+    ap.add_argument("--k", type=positive_int, default=1000, help="neighbourhood size, < 16384")
+    ap.add_argument("--delta", type=finite_float, default=0.4)
+    ap.add_argument("--position", type=nonneg_int, default=128, help="image tokens already in the KV cache")
+    ap.add_argument("--repeats", type=positive_int, default=5)
     ap.add_argument("--out", default=str(RESULTS / "acceptance.json"))
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    rule = AcceptanceRule("lantern", k=args.k, delta=args.delta)
+    if args.k >= 16384 or args.position + args.gamma + 1 > 256:
+        raise UsageError("--k must be < 16384 and --position + --gamma + 1 <= 256 (a 16 x 16 LlamaGen grid)")
+    set_threads(args.threads)
+    device, dtype = device_from_args(args)
     g, rows = args.gamma, 2
     torch.manual_seed(0)
 
     t0 = time.perf_counter()
-    cfg = official_gpt_config("GPT-XL", "c2i", 256)
-    gpt = GPT(cfg)
+    config = official_gpt_config("GPT-XL", "c2i", 256)
+    gpt = GPT(config)
     torch.nn.init.normal_(gpt.output.weight, 0.0, 0.02)  # the official init zeroes the head: give p some shape
     model = LlamaGenModel(gpt.to(device, dtype).eval(), name="llamagen-c2i-xl-random")
     drafter = Drafter.for_target(model, seed=0).eval()
@@ -135,7 +133,6 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         table = build_neighbourhoods(codebook, args.k, "l2", cache=False).indices.to(device)
         t_table = time.perf_counter() - t1
-        rule = AcceptanceRule("lantern", k=args.k, delta=args.delta)
         t_build = timed(lambda: relaxed_mass(p, drafts, table, rule), device, args.repeats * 4)
 
         def decide():
@@ -150,7 +147,7 @@ def main(argv=None) -> int:
 
     result = {
         "device": str(device), "dtype": str(dtype).replace("torch.", ""), "threads": args.threads,
-        "target": "LlamaGen GPT-XL c2i 256 (random weights)", "hidden": cfg.dim, "layers": cfg.n_layer,
+        "target": "LlamaGen GPT-XL c2i 256 (random weights)", "hidden": config.dim, "layers": config.n_layer,
         "vocab": V, "gamma": g, "k": args.k, "delta": args.delta, "rows": rows, "position": args.position,
         "seconds": {"target_forward": t_target, "drafter_forward": t_drafter, "drafter_chain": t_chain,
                     "p_from_logits": t_p, "build_A": t_build, "accept_lantern": t_accept, "accept_sd": t_accept_sd,

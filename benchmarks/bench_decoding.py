@@ -1,195 +1,250 @@
-"""The §5 sweep: AR vs speculative decoding vs LANTERN on the embedded model with its drafter.
+"""Decoding sweep: chain vs static tree vs dynamic tree for AR / SD / LANTERN / LANTERN++, measured properly.
 
-For temperature 0 (greedy rule) and 1, and for AR, SD and LANTERN (TVD bound) over
-δ ∈ {0.05, 0.1, 0.2, 0.4} and k ∈ {8, 32, 128}, decode the same ``--num-images`` conditions
-with the same seeds (image i: seed i) and record, per configuration:
+Two passes over the same configurations (temperature 0 with the greedy rule and temperature 1;
+the embedded model and its shipped drafter by default):
 
-* mean accepted length in both conventions — ``tau_bonus`` (EAGLE's τ: accepted drafts + 1 per
-  verification forward) and ``accepted_per_step`` (without the bonus token);
-* acceptance rate α (committed / reached draft tokens);
-* step compression (tokens / target forwards, prefill included);
-* wall-clock seconds per image (total and its target / drafter / acceptance split) and the
-  speed-up over AR measured in the same run;
-* offline quality proxies of the images: the target's NLL of the tokens (nats per token, the
-  conditional model at temperature 1) and class consistency (the target as a Bayes classifier
-  recovers the class; :func:`lantern.replay.target_scores`).
+1. **Statistics** — every configuration decodes ``--num-images`` conditions with the same seeds
+   (image i draws from its own stream): τ (mean accepted length, bonus token counted),
+   tokens per target forward, acceptance rate α, out-of-support acceptances, the offline
+   quality proxies of the tokens (the target's NLL, nats/token; class consistency) and image
+   quality against the real images (FID / KID / precision / recall per ``--extractors``,
+   :func:`lantern.evaluate.score_images`), so speed stands next to quality.
+2. **Speed** — after a warm-up pass, ``--repeats`` rounds; each round decodes the first
+   ``--timing-images`` conditions with every configuration, in a fresh random order per round
+   (interleaved, so drift and background load hit all methods alike). Reported per
+   configuration: median seconds per image and the 25-75 % spread over rounds; the speed-up over
+   AR as the median (and quartiles) of per-round ratios against AR in the same round; AR's
+   milliseconds per target forward; and a flag where the speed-up exceeds the tokens per target
+   forward (more than step compression can explain: a sign of a slow baseline loop).
 
-Also copies the shipped drafter's per-epoch test accuracy table. Each configuration is saved
-as it finishes (``benchmarks/results/decoding_parts/``), so an interrupted run resumes.
-Writes ``benchmarks/results/decoding.parquet`` / ``.json`` and ``figures/lantern_sweep.png`` /
-``.pdf`` and prints the table. On 2 CPU cores run it in the background::
+The SD control (a relaxed rule's gain must not be a tuning artefact): SD with every chain
+length in ``--sd-gammas`` and every dynamic-tree size in ``--sd-tree-sizes``; the fastest is
+reported as the tuned SD baseline next to LANTERN.
+
+Every configuration's statistics and every timing round are parts of a run directory
+(``--out``, default ``benchmarks/results/decoding``), so an interrupted sweep resumes.
+Writes ``decoding.parquet`` (one row per configuration), ``timing.parquet`` (one row per
+configuration and round), ``summary.json`` and ``figures/lantern_sweep.{png,pdf}``::
 
     nohup python benchmarks/bench_decoding.py > benchmarks/results/decoding.log 2>&1 &
 """
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-import torch
+import pandas as pd
+from tqdm.auto import tqdm
 
+from ambiguity import plots
+from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, cli_main, device_from_args, finite_float,
+                           float_list, int_list, nonneg_int, positive_int, set_threads)
 from ambiguity.errors import UsageError
-from ambiguity.cli import ArgumentParser, cli_main
+from ambiguity.io import write_json, write_table
+from ambiguity.models.registry import load_model
+from ambiguity.runs import RunDir
+from ambiguity.sampling import SamplingConfig, default_guidance
+from lantern.decoding import DecodeConfig, decode, neighbour_table
+from lantern.drafter import load_drafter
+from lantern.replay import target_scores
+from lantern.evaluate import score_images
+from lantern.quality.features import EXTRACTORS
+from lantern.timing import interleaved_timing, speedup_table
+from lantern.trees import STATIC_TREES, TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-DELTAS = (0.05, 0.1, 0.2, 0.4)
-KS = (8, 32, 128)
+QUALITY = ("fid", "kid", "precision", "recall")
+COMMAND = "python benchmarks/bench_decoding.py"
 
 
-def configs(gamma: int, deltas=DELTAS, ks=KS) -> list:
-    """The sweep's DecodeConfigs: AR, SD, then LANTERN for every (k, δ)."""
-    from lantern.decoding import DecodeConfig
-
-    out = [DecodeConfig.of("ar", gamma), DecodeConfig.of("sd", gamma)]
-    out += [DecodeConfig.of("lantern", gamma, k=k, delta=d) for k in ks for d in deltas]
+def sweep(gamma: int, ks, deltas, lams, static: str, dynamic: TreeSpec, sd_gammas, sd_sizes) -> list[tuple[str, DecodeConfig]]:
+    """(name, config) of every configuration of one temperature: AR; the SD control (chain lengths,
+    dynamic-tree sizes, the static tree); LANTERN (k x δ) and LANTERN++ (λ) on a chain of
+    ``gamma``, the static tree and the dynamic tree."""
+    shapes = {"chain": None, "static": TreeSpec("static", STATIC_TREES[static], name=static), "dynamic": dynamic}
+    out = [("ar", DecodeConfig.of("ar"))]
+    out += [(f"sd-chain{g}", DecodeConfig.of("sd", g)) for g in sd_gammas]
+    out += [(f"sd-dynamic{n}", DecodeConfig.of("sd", tree=TreeSpec("dynamic", total_tokens=n, depth=dynamic.depth,
+                                                                   top_k=dynamic.top_k))) for n in sd_sizes]
+    out.append(("sd-static", DecodeConfig.of("sd", tree=shapes["static"])))
+    for shape, tree in shapes.items():
+        out += [(f"lantern-{shape}-k{k}-d{d:g}", DecodeConfig.of("lantern", gamma, tree=tree, k=k, delta=d))
+                for k in ks for d in deltas]
+        out += [(f"lantern++-{shape}-k{max(ks)}-l{lam:g}", DecodeConfig.of("lantern++", gamma, tree=tree, k=max(ks), lam=lam))
+                for lam in lams]
     return out
 
 
-def config_name(c, temperature: float) -> str:
-    tail = f"-k{c.k}-d{c.delta:g}" if c.method == "lantern" else ""
-    return f"T{temperature:g}-{c.method}{tail}"
+def _shape(config: DecodeConfig) -> str:
+    return "ar" if config.rule is None else (config.tree.label if config.tree is not None else f"chain{config.gamma}")
 
 
-def run_config(model, drafter, table, c, sampling, conditions) -> dict:
-    """Decode all conditions with one configuration; returns one result row (module docstring)."""
-    from lantern.decoding import decode
-    from lantern.replay import target_scores
-
-    d = decode(model, conditions, c, sampling, drafter if c.speculative else None,
-               table if c.speculative and c.rule.relaxed else None, seed=0)
+def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingConfig, conditions,
+               extractors=()) -> dict:
+    """One configuration over all conditions: the decode's summary, the quality proxies and, with
+    ``extractors``, image quality against the real images (:func:`lantern.evaluate.score_images`:
+    FID / KID / precision / recall per extractor)."""
+    d = decode(model, conditions, config, sampling, drafter if config.speculative else None,
+               table if config.speculative and config.rule.relaxed else None, seed=0,
+               pixels=bool(extractors) and model.can_decode)
     s = d.summary()
     _, _, images = d.frames()
     images["codes"] = [t.tolist() for t in d.tokens]
     scores = target_scores(model, images)
-    return {"temperature": sampling.temperature, "method": c.method, "k": c.k if c.method == "lantern" else 0,
-            "delta": c.delta if c.method == "lantern" else 0.0, "gamma": s["gamma"], "images": s["images"],
+    quality = {}
+    if extractors and d.pixels is not None:
+        q = score_images(d.pixels, extractors=extractors, conditions=conditions, class_names=model.class_names)
+        quality = {m: v["value"] for m, v in q.items() if isinstance(v, dict) and m.split("_")[0] in QUALITY}
+    rule = config.rule
+    return {"method": config.method, "shape": _shape(config), "k": rule.k if rule and rule.relaxed else 0,
+            "delta": rule.delta if rule and rule.method in ("lantern", "lantern-jsd") else 0.0,
+            "lam": rule.lam if rule and rule.method == "lantern++" else 1.0, "images": s["images"],
             "tokens": s["tokens"], "target_forwards": s["target_forwards"], "steps": s["steps"],
-            "acceptance_rate": s["acceptance_rate"], "tau_bonus": s["mean_accepted_length"],
-            "accepted_per_step": s["mean_accepted_drafts"], "step_compression": s["step_compression"],
-            "seconds_per_image": s["seconds_per_image"], "target_s_per_image": s["target_s_per_image"],
-            "drafter_s_per_image": s["drafter_s_per_image"], "acceptance_s_per_image": s["acceptance_s_per_image"],
+            "acceptance_rate": s["acceptance_rate"], "tau": s["tau"], "accepted_per_step": s["mean_accepted_drafts"],
+            "tokens_per_forward": s["tokens_per_forward"], "out_of_support": s["out_of_support"],
             "mean_j_star": s["mean_j_star"], "accept_histogram": json.dumps(s["accept_histogram"]),
             "nll": float(scores["nll"].mean()),
             "class_consistency": float(scores["consistent"].mean()) if "consistent" in scores else float("nan"),
-            "cfg": sampling.cfg}
+            **quality}
 
 
-def plot_sweep(df, path) -> list:
-    """τ (bonus counted), wall-clock speed-up over AR and target NLL vs δ, one line per k, rows =
-    temperatures; SD as a dashed line, AR as a dotted line. PNG + PDF."""
-    from ambiguity import plots
-
+def plot_sweep(df: pd.DataFrame, path) -> list:
+    """τ, speed-up and target NLL per configuration (rows: temperatures; bars grouped by drafting
+    shape, LANTERN settings along x). PNG + PDF."""
     temps = sorted(df["temperature"].unique())
-    cols = (("tau_bonus", "mean accepted length τ\n(+bonus token)"), ("speedup", "wall-clock speed-up vs AR"),
-            ("nll", "target NLL (nats/token)"))
+    cols = (("tau", "τ (+bonus)"), ("speedup", "speed-up vs AR"), ("nll", "target NLL (nats/token)"))
     with plots.style():
-        fig, axes = plots.new_figure(len(temps), len(cols), width=7.0, height=2.2 * len(temps), squeeze=False)
+        fig, axes = plots.new_figure(len(temps), len(cols), width=8.0, height=2.4 * len(temps), squeeze=False)
         for r, t in enumerate(temps):
-            sub = df[df["temperature"] == t]
-            lan = sub[sub["method"] == "lantern"]
+            sub = df[(df["temperature"] == t) & df["method"].isin(["lantern", "lantern++"])]
+            names = list(dict.fromkeys(sub["setting"]))
             for c, (col, label) in enumerate(cols):
                 ax = axes[r, c]
-                for j, k in enumerate(sorted(lan["k"].unique())):
-                    line = lan[lan["k"] == k].sort_values("delta")
-                    ax.plot(line["delta"], line[col], marker="o", ms=3, label=f"LANTERN k={k}",
-                            color=plots.color_for("", j))
-                for m, ls in (("sd", "--"), ("ar", ":")):
-                    row = sub[sub["method"] == m]
+                for j, shape in enumerate(dict.fromkeys(sub["shape_kind"])):
+                    s = sub[sub["shape_kind"] == shape].set_index("setting").reindex(names)
+                    ax.plot(range(len(names)), s[col], marker="o", ms=3, label=shape, color=plots.color_for(shape, j))
+                for m, ls in (("sd-best", "--"), ("ar", ":")):
+                    row = df[(df["temperature"] == t) & (df["config"] == m)]
                     if len(row):
-                        ax.axhline(float(row[col].iloc[0]), ls=ls, color="0.35", lw=0.9, label=m.upper())
-                ax.set_xlabel("δ (TVD)")
+                        ax.axhline(float(row[col].iloc[0]), ls=ls, color="0.35", lw=0.9, label=m)
+                ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=5)
                 ax.set_ylabel(label)
-                ax.set_title(f"temperature {t:g}" + (" (greedy rule)" if t == 0 else ""))
-        axes[0, 0].legend(loc="best", fontsize=6)
+                ax.set_title(f"temperature {t:g}" + (" (greedy)" if t == 0 else ""), fontsize=7)
+        axes[0, 0].legend(loc="best", fontsize=5)
         return plots.save_figure(fig, path)
+
+
+def build_parser() -> ArgumentParser:
+    ap = ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    add_model_args(ap, dtype=False)
+    ap.add_argument("--drafter", default=None, help="default: the shipped drafter of --model")
+    ap.add_argument("--num-images", type=positive_int, default=32, help="images per configuration for the statistics")
+    ap.add_argument("--timing-images", type=positive_int, default=8, help="images per configuration per timing round")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="interleaved timing rounds after a warm-up")
+    ap.add_argument("--gamma", type=positive_int, default=4, help="chain length of LANTERN's chain rows")
+    ap.add_argument("--cfg", type=finite_float, default=None, help="guidance scale (default: 4.0 for c2i)")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--ks", default="32,128")
+    ap.add_argument("--deltas", default="0.1,0.4")
+    ap.add_argument("--lams", default="2")
+    ap.add_argument("--static", default="mc_sim_7b_63", choices=sorted(STATIC_TREES))
+    ap.add_argument("--total-tokens", type=positive_int, default=59)
+    ap.add_argument("--depth", type=positive_int, default=4)
+    ap.add_argument("--tree-top-k", type=positive_int, default=10)
+    ap.add_argument("--sd-gammas", default="1,2,4,6", help="chain lengths of the SD control")
+    ap.add_argument("--sd-tree-sizes", default="10,25,59", help="dynamic-tree sizes of the SD control")
+    ap.add_argument("--extractors", default="fmnist",
+                    help="image quality of every configuration's images (lantern.evaluate extractors; '' for none)")
+    ap.add_argument("--threads", type=nonneg_int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decoding"))
+    ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
+    ap.add_argument("--overwrite", action="store_true")
+    return ap
 
 
 @cli_main
 def main(argv=None) -> int:
-    import pandas as pd
-    from tqdm.auto import tqdm
-
-    from ambiguity.io import read_table, write_json, write_table
-    from ambiguity.models.registry import load_model
-    from ambiguity.sampling import default_guidance
-    from ambiguity.sampling import SamplingConfig
-    from lantern.decoding import DecodeConfig, neighbour_table
-    from lantern.drafter import load_drafter
-    from lantern.train_drafter import accuracy_table_path
-
-    ap = ArgumentParser(prog="python benchmarks/bench_decoding.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="embedded")
-    ap.add_argument("--weights", default=None)
-    ap.add_argument("--drafter", default=None, help="default: the shipped drafter of --model")
-    ap.add_argument("--num-images", type=int, default=40)
-    ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--cfg", type=float, default=None, help="default: 4.0 for c2i")
-    ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--deltas", default=",".join(f"{d:g}" for d in DELTAS))
-    ap.add_argument("--ks", default=",".join(str(k) for k in KS))
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    try:
-        temps = [float(t) for t in args.temperatures.split(",")]
-        deltas = [float(d) for d in args.deltas.split(",")]
-        ks = [int(k) for k in args.ks.split(",")]
-    except ValueError:
-        raise UsageError("--temperatures, --deltas and --ks take comma-separated numbers") from None
-    out = Path(args.out)
-    parts = out / "decoding_parts"
-    parts.mkdir(parents=True, exist_ok=True)
-
-    model = load_model(args.model, weights=args.weights, device=args.device)
+    args = build_parser().parse_args(argv)
+    temps = float_list(args.temperatures, "--temperatures", 0.0, 10.0)
+    ks, deltas = int_list(args.ks, "--ks", 1), float_list(args.deltas, "--deltas", 0.0, 1.0)
+    lams = float_list(args.lams, "--lams", 1.0, 1e6)
+    sd_gammas, sd_sizes = int_list(args.sd_gammas, "--sd-gammas", 1), int_list(args.sd_tree_sizes, "--sd-tree-sizes", 2)
+    dynamic = TreeSpec("dynamic", total_tokens=args.total_tokens, depth=args.depth, top_k=args.tree_top_k)
+    configs = sweep(args.gamma, ks, deltas, lams, args.static, dynamic, sd_gammas, sd_sizes)
+    extractors = tuple(x.strip() for x in args.extractors.split(",") if x.strip())
+    unknown = [x for x in extractors if x not in EXTRACTORS]
+    if unknown:
+        raise UsageError(f"unknown extractor {unknown[0]!r} in --extractors; choose from {', '.join(EXTRACTORS)}")
+    out = check_out_dir(args.out)
+    set_threads(args.threads)
+    device, _ = device_from_args(args)
+    model = load_model(args.model, weights=args.weights, device=device)
     drafter = load_drafter(model, args.drafter)
-    cfg = default_guidance(model.kind) if args.cfg is None else args.cfg
+    guidance = default_guidance(model.kind) if args.cfg is None else args.cfg
     conditions = model.default_conditions(args.num_images)
-    table = neighbour_table(model, DecodeConfig.of("lantern", args.gamma, k=max(ks)))
-    key = {"model": model.name, "weights": args.weights, "drafter": args.drafter, "num_images": args.num_images,
-           "gamma": args.gamma, "cfg": cfg, "threads": args.threads, "device": str(model.device)}
-    todo = [(t, c) for t in temps for c in configs(args.gamma, deltas, ks)]
-    # warm-up (first calls allocate and pick kernels) so the first configuration is not penalised
-    warm = SamplingConfig(guidance=cfg, temperature=1.0)
-    run_config(model, drafter, table, DecodeConfig.of("lantern", args.gamma, k=8, delta=0.1), warm, conditions[:1])
-    rows = []
-    for t, c in tqdm(todo, desc="sweep", unit="config"):
-        f = parts / f"{config_name(c, t)}.json"
-        if f.is_file():
-            saved = json.loads(f.read_text())
-            if saved.get("key") == key:
-                rows.append(saved["row"])
-                continue
-        t0 = time.perf_counter()
-        row = run_config(model, drafter, table, c, SamplingConfig(guidance=cfg, temperature=t), conditions)
-        row["config_seconds"] = time.perf_counter() - t0
-        write_json({"key": key, "row": row}, f)
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    ar = df[df["method"] == "ar"].set_index("temperature")["seconds_per_image"]
-    df["speedup"] = df["temperature"].map(ar) / df["seconds_per_image"]
+    table = neighbour_table(model, DecodeConfig.of("lantern", k=max(ks)))
+    settings = {k: v for k, v in vars(args).items() if k not in ("overwrite", "figure", "out", "device")}
+    settings.update(device=device.type, guidance=guidance, model_facts=model.describe())
+    run = RunDir(out, settings, command=COMMAND, outputs=("decoding.parquet", "timing.parquet", "summary.json")
+                 ).open(args.overwrite)
+
+    stats = []
+    for t in temps:
+        sampling = SamplingConfig(guidance=guidance, temperature=t)
+        for name, config in tqdm(configs, desc=f"statistics T={t:g}", unit="config"):
+            part = run.read_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t})
+            if part is None:
+                row = {"temperature": t, "config": name,
+                       **statistics(model, drafter, table, config, sampling, conditions, extractors)}
+                run.write_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t}, tables={"row": pd.DataFrame([row])})
+                stats.append(row)
+            else:
+                stats.append(part.tables["row"].iloc[0].to_dict())
+
+    timing, rows_all = [], []
+    named = dict(configs)
+    tables = {name: table for name, c in configs if c.speculative and c.rule.relaxed}
+    for t in temps:
+        sampling = SamplingConfig(guidance=guidance, temperature=t)
+        holds = lambda r: {"temperature": t, "round": r}  # noqa: E731
+        done = [p.tables["rows"] for r in range(args.repeats)
+                if (p := run.read_part(f"timing-T{t:g}-r{r}", holds(r))) is not None]
+        save = lambda r, rows, _: run.write_part(f"timing-T{t:g}-r{r}", holds(r), tables={"rows": rows})  # noqa: E731
+        rows = interleaved_timing(model, named, sampling, conditions, [(0, args.timing_images)] * args.repeats,
+                                  drafter, tables, seed=0, progress=True,
+                                  done=pd.concat(done, ignore_index=True) if done else None, on_round=save)
+        timing.append(speedup_table(rows).assign(temperature=t))
+        rows_all.append(rows.assign(temperature=t))
+    timing_df = pd.concat(rows_all, ignore_index=True)
+    speed = pd.concat(timing, ignore_index=True).drop(columns=["tokens_per_forward"])
+    df = pd.DataFrame(stats).merge(speed, on=["temperature", "config"])
+    df["speedup_exceeds_tokens_per_forward"] = df["speedup"] > df["tokens_per_forward"]
+    df["shape_kind"] = df["shape"].str.replace(r"\(.*\)|\d+$", "", regex=True)
+    df["setting"] = df["config"].str.replace(r"^lantern(\+\+)?-(chain|static|dynamic)-", "", regex=True)
+    best = []
+    for t in temps:  # the tuned SD control: the fastest SD configuration of the temperature
+        sd = df[(df["temperature"] == t) & (df["method"] == "sd")].sort_values("speedup", ascending=False).head(1)
+        best.append(sd.assign(config="sd-best"))
+    df = pd.concat([df] + best, ignore_index=True)
     write_table(df, out / "decoding.parquet")
-    acc_path = accuracy_table_path(args.drafter or __import__("lantern.drafter", fromlist=["x"]).shipped_drafter_path(model.name))
-    accuracy = read_table(acc_path) if Path(acc_path).is_file() else None
-    write_json({"settings": key, "results": df.to_dict(orient="records"),
-                "drafter_accuracy": None if accuracy is None else accuracy.to_dict(orient="records"),
-                "drafter_info": drafter.info}, out / "decoding.json")
+    write_table(timing_df, out / "timing.parquet")
     files = plot_sweep(df, args.figure)
-    shown = df[["temperature", "method", "k", "delta", "acceptance_rate", "tau_bonus", "accepted_per_step",
-                "step_compression", "seconds_per_image", "speedup", "target_s_per_image", "drafter_s_per_image",
-                "acceptance_s_per_image", "nll", "class_consistency"]]
-    print(f"{model.name}, {args.num_images} images per configuration, γ={args.gamma}, cfg={cfg}, "
-          f"{args.threads} threads on {model.device}; τ counts the bonus token, accepted_per_step does not")
-    print(shown.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    if accuracy is not None:
-        print("drafter test accuracy per epoch (epoch 0 = random init):")
-        cols = [c for c in ("epoch", "top1", "top2", "top3", "test_ce") if c in accuracy]
-        print(accuracy[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-    print(f"wrote {out / 'decoding.parquet'}, {out / 'decoding.json'}, {', '.join(str(f) for f in files)}")
+    ar_ms = df[df["config"] == "ar"].set_index("temperature")["baseline_ms_per_forward"].to_dict()
+    write_json({"settings": settings, "ar_target_ms_per_forward": ar_ms, "results": df.to_dict(orient="records")},
+               out / "summary.json")
+    shown = ["temperature", "config", "acceptance_rate", "tau", "tokens_per_forward", "ms_per_image", "speedup",
+             "speedup_q25", "speedup_q75", "nll", "class_consistency", "out_of_support"]
+    shown += [c for c in df.columns if c.split("_")[0] in QUALITY]
+    print(f"{model.name}: statistics on {args.num_images} images, timing on {args.timing_images} images x "
+          f"{args.repeats} interleaved rounds after a warm-up; cfg {guidance:g}, {args.threads} threads on {device}; "
+          f"τ counts the bonus token")
+    print(f"AR: {', '.join(f'T={t:g} {ms:.2f} ms per target forward' for t, ms in ar_ms.items())}")
+    print(df[shown].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    flagged = df[df["speedup_exceeds_tokens_per_forward"]]
+    if len(flagged):
+        print(f"note: {len(flagged)} configurations are faster than their tokens per forward explain: "
+              f"{', '.join(flagged['config'])}")
+    print(f"wrote {out / 'decoding.parquet'}, {out / 'timing.parquet'}, {', '.join(str(f) for f in files)}")
     return 0
 
 

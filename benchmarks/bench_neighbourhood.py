@@ -19,13 +19,19 @@ float64 distances). Prints a table of seconds and ratios (baseline / ours) and w
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import time
 from pathlib import Path
 
+import faiss
+import pandas as pd
 import torch
+
+from ambiguity.cli import ArgumentParser, cli_main, finite_float, positive_int, set_threads
+from ambiguity.errors import UsageError
+from ambiguity.io import write_json
+from ambiguity.neighbourhood import exact_knn
 
 SHAPES = {"llamagen-vq16": (16384, 8), "chameleon-vqgan": (8192, 256), "emu3-vq": (32768, 4)}
 
@@ -88,23 +94,28 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
+@cli_main
 def main(argv=None) -> int:
-    import faiss
-
-    from ambiguity.io import write_json
-    from ambiguity.neighbourhood import exact_knn
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--k", type=int, default=1000)
+    ap = ArgumentParser(prog="python benchmarks/bench_neighbourhood.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--k", type=positive_int, default=1000)
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from: " + ", ".join(SHAPES))
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--official-bytes", type=float, default=4.5e9, help="memory for one official block (bytes)")
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--official-bytes", type=finite_float, default=4.5e9, help="memory for one official block (bytes)")
     ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"))
     args = ap.parse_args(argv)
+    shapes = [s for s in args.shapes.split(",") if s]
+    bad = [s for s in shapes if s not in SHAPES] + [s for s in args.skip.split(",") if s and s not in ("official", "sklearn")]
+    if bad or not shapes:
+        raise UsageError(f"unknown --shapes/--skip entry {bad[0] if bad else '(none given)'}; shapes: "
+                         f"{', '.join(SHAPES)}; skip: official, sklearn")
+    if any(args.k >= SHAPES[s][0] for s in shapes):
+        raise UsageError(f"--k {args.k} must be smaller than every codebook size "
+                         f"({min(SHAPES[s][0] for s in shapes)})")
+    if args.official_bytes < 1e6:
+        raise UsageError(f"--official-bytes must be at least 1e6, got {args.official_bytes:g}")
 
-    torch.set_num_threads(args.threads)
-    faiss.omp_set_num_threads(args.threads)
+    set_threads(args.threads)
     try:
         from threadpoolctl import threadpool_limits
 
@@ -114,7 +125,7 @@ def main(argv=None) -> int:
     skip = {s for s in args.skip.split(",") if s}
     exact_knn(torch.randn(64, 4), 8)                              # warm-up: imports, thread pools
     records = []
-    for name in [s for s in args.shapes.split(",") if s]:
+    for name in shapes:
         n, d = SHAPES[name]
         x = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
         rec = {"codebook": name, "n": n, "d": d, "k": args.k, "load_before": os.getloadavg()[0]}
@@ -135,8 +146,6 @@ def main(argv=None) -> int:
             print(f"{name}: sklearn {rec['sklearn_s']:.2f} s", flush=True)
         rec["load_after"] = os.getloadavg()[0]
         records.append(rec)
-
-    import pandas as pd
 
     df = pd.DataFrame(records)
     for m in ("official", "sklearn"):

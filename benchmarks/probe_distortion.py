@@ -19,27 +19,28 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.cli import ArgumentParser, cli_main
+import lantern.decoding as decoding
+from ambiguity.cli import ArgumentParser, cli_main, finite_float, float_list, int_list, positive_int, seed_int
+from ambiguity.io import write_json
+from ambiguity.models.registry import load_model
+from ambiguity.sampling import SamplingConfig
+from lantern.acceptance import AcceptanceRule, output_distribution
+from lantern.divergences import tvd
+from lantern.drafter import load_drafter
 
 
 @cli_main
 def main(argv=None) -> int:
-    import lantern.decoding as decoding
-    from ambiguity.models.registry import load_model
-    from ambiguity.sampling import SamplingConfig
-    from lantern.acceptance import AcceptanceRule, output_distribution
-    from lantern.divergences import tvd
-    from lantern.drafter import load_drafter
-
     ap = ArgumentParser(prog="python benchmarks/probe_distortion.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--num-images", type=int, default=20)
-    ap.add_argument("--cfg", type=float, default=4.0)
+    ap.add_argument("--num-images", type=positive_int, default=20)
+    ap.add_argument("--cfg", type=finite_float, default=4.0)
     ap.add_argument("--ks", default="8,32,128")
     ap.add_argument("--deltas", default="0.05,0.1,0.2,0.4")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed_int, default=0)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "distortion.json"))
     args = ap.parse_args(argv)
-    ks, deltas = [int(k) for k in args.ks.split(",")], [float(d) for d in args.deltas.split(",")]
+    ks, deltas = int_list(args.ks, "--ks", 1, 1023), float_list(args.deltas, "--deltas", 0.0, 1.0)
+    SamplingConfig(guidance=args.cfg)  # one-line error for a bad --cfg before any work
 
     model = load_model("embedded", device="cpu")
     drafter = load_drafter(model)
@@ -72,8 +73,6 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['what']:12s} k={r['k']:4d} δ={r['delta']:.2f}: mean {r['mean']:.3f}  median {r['median']:.3f}  "
               f"max {r['max']:.3f}")
-    from ambiguity.io import write_json
-
     write_json({"model": "embedded", "positions": int(p.shape[0]), "cfg": args.cfg, "temperature": 1.0,
                 "num_images": args.num_images, "seed": args.seed, "rows": rows}, args.out)
     print(f"wrote {args.out}")

@@ -33,6 +33,10 @@ _API = {
     "evaluate_runs": "lantern.evaluate", "score_images": "lantern.evaluate", "flat_scores": "lantern.evaluate",
     "Protocol": "lantern.quality.scoring", "load_extractor": "lantern.quality.features",
     "Extractor": "lantern.quality.features", "frechet_distance": "lantern.quality.metrics",
+    "TreeSpec": "lantern.trees", "STATIC_TREES": "lantern.trees",
+    "interleaved_timing": "lantern.timing", "speedup_table": "lantern.timing", "speedup_curve": "lantern.timing",
+    "real_pairs": "lantern.distortion", "distortion_table": "lantern.distortion",
+    "run_paper": "lantern.paper", "PaperConfig": "lantern.paper",
 }
 __all__ = sorted(_API)
 

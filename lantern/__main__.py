@@ -9,6 +9,7 @@ COMMANDS = {
     "evaluate": ("lantern.evaluate", "FID, KID, precision/recall, density/coverage, CLIP score, HPS v2.1 of runs"),
     "train_drafter": ("lantern.train_drafter", "train an EAGLE drafter and measure its test accuracy per epoch"),
     "compare": ("lantern.compare", "ambiguity across models with their drafters' accuracy (LANTERN Fig. 2)"),
+    "paper": ("lantern.paper.__main__", "regenerate the paper's figures and tables next to its published values"),
 }
 
 if __name__ == "__main__":

@@ -25,40 +25,42 @@ the bound. ``S_j`` is non-decreasing in ``j`` and the three bounds are non-decre
 of ``S_j`` (the JSD's derivative in ``S`` is positive, see :mod:`lantern.divergences`), so the
 first break also gives the largest ``j`` within the bound — what the official code computes.
 
-Residual on rejection (``AcceptanceRule.residual``):
+Conventions (``AcceptanceRule.convention``): what happens after a rejection, for drafts drawn
+from ``q`` (chains, EAGLE-1 static trees: ``q`` given) and for deterministic drafts (EAGLE-2
+dynamic trees take the drafter's top-k: ``q = None``, a point mass at ``x̂``):
 
-* ``"exact"`` — with ``α(x) = min(q(x), p̃_x(x))`` the accepted mass of each possible draft
-  ``x`` (``p̃_x`` computed as if ``x`` were the draft), sample from ``norm(max(p - α, 0))``.
-  Because ``p̃_x(x) >= p(x)``, ``max(p - α, 0) = max(p - q, 0)`` entry by entry (where
-  ``q <= p̃`` the two agree; where ``q > p̃ >= p`` both are 0), so this *is* the standard
-  residual ``norm(max(p - q, 0))``: it needs no neighbour table and does not depend on which
-  draft was rejected. With ``δ = 0`` or ``k = 0`` the output distribution is exactly ``p``.
-  Whatever residual is used, a token ``y`` is emitted with probability at least ``α(y)``; this
-  one emits exactly ``α(y)`` where ``α(y) >= p(y)`` and at most ``p(y)`` elsewhere, so
-  ``TVD(out, p) = Σ_y max(α(y) - p(y), 0)``, the least distortion the relaxed acceptance allows.
-* ``"official"`` — what the official LANTERN code (github.com/jadohu/LANTERN, release
-  3a56e45, ``models/ea_model_llamagen.py`` ``evaluate_posterior``, the default dynamic-tree
-  path; the Anole and Lumina-mGPT files are the same) does after rejecting ``x̂``: set ``p`` to
-  0 at ``x̂`` and, only when ``j* >= 1``, also at ``nearest_latents[x̂, :k+1]``, then
-  renormalise. Its table excludes ``x̂`` itself, so the zeroed set is ``{x̂} ∪ B_{k+1}(x̂)``:
-  all of ``B_k`` whatever ``j*`` is (not the proximity set ``A``) plus the (k+1)-th
-  neighbour. We reproduce it with the first ``k+1`` columns of ``neighbours`` (all ``K``
-  columns when the table has only ``K = k``). That path
-  takes ``q(x̂) = 1`` (accepts with probability ``p̃(x̂)``), for which zeroing ``x̂`` alone is
-  the standard residual; with a stochastic drafter's ``q`` this residual is lossy even at
-  ``δ = 0``. With ``δ = 0`` a neighbour of zero probability (e.g. cut by top-k) still counts as
-  "moved", so ``j* >= 1`` and ``B_{k+1}`` is zeroed. (The static-tree path,
-  ``evaluate_posterior_v1``, instead uses ``norm(max(p - q', 0))`` with ``q'`` the drafter's
-  ``q`` zeroed at already-tried siblings and, when ``j* >= 1``, at ``B_{k+1}(x̂)``; a tree
-  decoder chaining siblings applies our rule again with the residual as the new ``p``.)
+* ``"exact"`` — lossless at ``δ = 0``. With ``α(x) = min(q(x), p̃_x(x))`` the accepted mass of
+  each possible draft ``x`` (``p̃_x`` computed as if ``x`` were the draft), sample from
+  ``norm(max(p - α, 0))``. Because ``p̃_x(x) >= p(x)``, ``max(p - α, 0) = max(p - q, 0)`` entry
+  by entry (where ``q <= p̃`` the two agree; where ``q > p̃ >= p`` both are 0), so this *is* the
+  standard residual ``norm(max(p - q, 0))``: it needs no neighbour table and does not depend on
+  which draft was rejected; for a deterministic draft it is ``p`` with ``x̂`` zeroed. With
+  ``δ = 0`` or ``k = 0`` the output distribution is exactly ``p``. Whatever residual is used,
+  a token ``y`` is emitted with probability at least ``α(y)``; this one emits exactly ``α(y)``
+  where ``α(y) >= p(y)`` and at most ``p(y)`` elsewhere, so ``TVD(out, p) = Σ_y max(α(y) - p(y), 0)``,
+  the least distortion the relaxed acceptance allows. A tree decoder judges the next sibling
+  against this residual (recursive rejection sampling; siblings drawn from ``q`` without
+  replacement use the conditional ``q`` of the remaining mass), which keeps ``δ = 0`` lossless.
+* ``"official"`` — what the official LANTERN code (github.com/jadohu/LANTERN, release 3a56e45,
+  ``models/ea_model_llamagen.py``; the Anole and Lumina-mGPT files are the same) does after
+  rejecting ``x̂``. Let ``Z = nearest_latents[x̂, :k+1]`` when ``j* >= 1`` (its table excludes
+  ``x̂``, so ``Z`` is ``B_{k+1}(x̂)``: all of ``B_k`` whatever ``j*`` is, plus the (k+1)-th
+  neighbour; we use the first ``k+1`` columns of ``neighbours``), else empty. Deterministic
+  drafts (``evaluate_posterior``, the dynamic tree, ``q(x̂) = 1``): ``p`` zeroed at ``x̂`` and
+  ``Z``, renormalised. Sampled drafts (``evaluate_posterior_v1``, static trees): ``q`` zeroed
+  at ``Z`` (not renormalised), then ``norm(max(p - q, 0))``. A residual without mass becomes
+  the uniform distribution. With ``δ = 0`` a neighbour of zero probability (e.g. cut by top-k)
+  still counts as "moved" (``S_j = 0 <= δ``), so ``j* >= 1`` and ``Z`` is zeroed: lossy even at
+  ``δ = 0`` when filters cut neighbours.
 
-Zero-mass residual: when ``max(p - α, 0)`` (or the zeroed ``p``) has no mass at all we return
-``p`` itself. (The official code falls back to the uniform distribution.)
+Zero-mass residual (``"exact"``): when ``max(p - α, 0)`` has no mass at all we return ``p``
+itself (a rejection then has probability 0).
 
 Greedy decoding (temperature 0; ``p`` is then the temperature-1 distribution after the filters,
-see :mod:`ambiguity.sampling`): accept ``x̂`` iff ``p̃(x̂) >= max_{v != x̂} p(v)``; on rejection
-emit ``argmax p``. (The official code takes ``argmax`` of ``p`` with ``p̃(x̂)`` written at
-``x̂``; it breaks ties towards the lower code index, we accept on ties.)
+see :mod:`ambiguity.sampling`): ``"exact"`` accepts ``x̂`` iff ``p̃(x̂) >= max_{v != x̂} p(v)``;
+on rejection the decoder emits ``argmax p``. ``"official"`` writes ``p̃(x̂)`` at ``x̂`` in the
+unfiltered softmax and accepts iff ``x̂`` is then its argmax, ties going to the lower code
+index (:func:`judge_greedy` with ``official=True``).
 
 Typical decoder use (``p``: (B, γ+1, V) target incl. the bonus position; ``q``: (B, γ, V);
 ``draft``, ``u``: (B, γ))::
@@ -88,7 +90,7 @@ from lantern.divergences import moved_jsd
 
 __all__ = [
     "RULES",
-    "RESIDUALS",
+    "CONVENTIONS",
     "BOUNDS",
     "Bound",
     "AcceptanceRule",
@@ -96,12 +98,13 @@ __all__ = [
     "grow_proximity_set",
     "relaxed_mass",
     "judge",
+    "proximity",
     "judge_greedy",
     "residual",
     "output_distribution",
 ]
 
-RESIDUALS = ("exact", "official")
+CONVENTIONS = ("exact", "official")
 
 
 def _relative_mass(a: torch.Tensor, moved: torch.Tensor) -> torch.Tensor:
@@ -150,10 +153,11 @@ class AcceptanceRule:
        in [0, 1]; 0 is lossless. The official code reads ``delta > 1`` as the relative bound λ;
        here that is ``method="lantern++", lam=...``.
     lam: λ >= 1 of ``"lantern++"`` (``p̃(x̂) <= λ p(x̂)``); 1 is lossless.
-    residual: ``"exact"`` | ``"official"`` — the distribution sampled after a rejection.
+    convention: ``"exact"`` | ``"official"`` — what happens after a rejection, and the greedy
+       test (module docstring).
 
     The defaults (k = 64, δ = 0.2, λ = 2) are the toolkit's defaults everywhere (CLI included).
-    Raises :class:`UsageError` (one line naming the fix) for an unknown method or residual,
+    Raises :class:`UsageError` (one line naming the fix) for an unknown method or convention,
     ``k < 0`` or non-integer, ``delta < 0`` (or > 1 for the TVD/JSD rules), ``lam < 1``.
     """
 
@@ -161,13 +165,13 @@ class AcceptanceRule:
     k: int = 64
     delta: float = 0.2
     lam: float = 2.0
-    residual: str = "exact"
+    convention: str = "exact"
 
     def __post_init__(self):
         if self.method not in BOUNDS:
             raise UsageError(f"unknown acceptance method {self.method!r}; use one of {', '.join(RULES)}")
-        if self.residual not in RESIDUALS:
-            raise UsageError(f"unknown residual {self.residual!r}; use 'exact' or 'official'")
+        if self.convention not in CONVENTIONS:
+            raise UsageError(f"unknown convention {self.convention!r}; use 'exact' or 'official'")
         if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 0:
             raise UsageError(f"k (--k) must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}")
         if not 0 <= self.delta < float("inf"):
@@ -291,6 +295,13 @@ def grow_proximity_set(p: torch.Tensor, drafts: torch.Tensor, table: Optional[to
     return p_draft, p_draft + s_star, j_star, spent
 
 
+def proximity(p: torch.Tensor, draft: torch.Tensor, table: Optional[torch.Tensor], rule: AcceptanceRule):
+    """:func:`grow_proximity_set` of one draft per distribution: p (..., V), draft (...) int64 ->
+    (p_draft, p_tilde, j_star, spent), each (...). The decoders time this call on its own (the
+    ``proximity_s`` of their step records) and pass it to :func:`judge` / :func:`judge_greedy`."""
+    return tuple(t.squeeze(-1) for t in grow_proximity_set(p, draft.long().unsqueeze(-1), table, rule))
+
+
 def relaxed_mass(
     p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -305,42 +316,46 @@ def relaxed_mass(
     table = _table(p, neighbours, rule, validate)
     if validate:
         _check_draft(p, draft)
-    _, p_tilde, j_star, spent = grow_proximity_set(p, draft.long().unsqueeze(-1), table, rule)
-    return j_star.squeeze(-1), p_tilde.squeeze(-1), spent.squeeze(-1)
+    _, p_tilde, j_star, spent = proximity(p, draft, table, rule)
+    return j_star, p_tilde, spent
 
 
 def judge(
     p: torch.Tensor,
-    q: torch.Tensor,
+    q: Optional[torch.Tensor],
     draft: torch.Tensor,
     u: torch.Tensor,
     neighbours: torch.Tensor | None,
     rule: AcceptanceRule,
     validate: bool = True,
+    proximity_set: Optional[tuple] = None,
 ) -> Verdict:
     """Accept or reject each draft token independently (no prefix logic across positions).
 
     p, q: (..., V) float probabilities of the target and the drafter at the draft positions,
-    e.g. (B, γ, V); draft: (...) int64 code indices drawn from q; u: (...) uniforms in [0, 1)
-    (``torch.rand``), passed in so that randomness is the caller's; neighbours: (V, K >= k)
-    integer table, row v = B_K(v) nearest first, v excluded (None when the rule is not relaxed;
-    an ``ambiguity.neighbourhood.Neighbourhoods`` is accepted and its ``indices`` used).
+    e.g. (B, γ, V); q None: deterministic drafts (the drafter's top-k, EAGLE-2 trees), judged
+    as a point mass ``q(x̂) = 1``; draft: (...) int64 code indices (drawn from q); u: (...)
+    uniforms in [0, 1) (``torch.rand``), passed in so that randomness is the caller's;
+    neighbours: (V, K >= k) integer table, row v = B_K(v) nearest first, v excluded (None when
+    the rule is not relaxed; an ``ambiguity.neighbourhood.Neighbourhoods`` is accepted and its
+    ``indices`` used).
 
     Accepts iff ``u * q(x̂) < p̃(x̂)``: probability ``min(1, p̃(x̂)/q(x̂))`` for u ~ U[0, 1); a
     draft with ``p̃(x̂) = 0`` is never accepted, one with ``q(x̂) = 0 < p̃(x̂)`` always.
     Leviathan et al. 2023 Alg. 1 (``"sd"``), LANTERN Sec. 3 / LANTERN++ (relaxed rules).
     Returns a :class:`Verdict`; sample the rejected position from :func:`residual`.
-    ``validate=False`` skips the input checks (the decoder validates once per decode).
+    ``validate=False`` skips the input checks (the decoder validates once per decode);
+    ``proximity_set``: :func:`proximity` of these drafts, when the caller computed (and timed) it.
     Raises :class:`UsageError` for mismatched shapes, a missing table, ``k >= V``.
     """
     table = _table(p, neighbours, rule, validate)
     if validate:
-        _check_q(p, q)
+        if q is not None:
+            _check_q(p, q)
         _check_draft(p, draft)
         _check_draft(p, u, "u")
-    idx = draft.long().unsqueeze(-1)
-    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in grow_proximity_set(p, idx, table, rule))
-    q_draft = q.gather(-1, idx).squeeze(-1)
+    p_draft, p_tilde, j_star, spent = proximity_set or proximity(p, draft, table, rule)
+    q_draft = q.gather(-1, draft.long().unsqueeze(-1)).squeeze(-1) if q is not None else torch.ones_like(p_draft)
     accepted = u * q_draft < p_tilde
     safe_q = torch.where(q_draft > 0, q_draft, torch.ones_like(q_draft))
     accept_prob = torch.where(q_draft > 0, (p_tilde / safe_q).clamp(max=1.0), (p_tilde > 0).to(p.dtype))
@@ -354,15 +369,29 @@ def _max_other(p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     return torch.where(drafts == top.indices[..., :1], second, first)
 
 
-def judge_greedy(
-    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True
-) -> Verdict:
-    """Greedy (temperature 0) verification: accept iff ``p̃(x̂) >= max_{v != x̂} p(v)``.
+def _beats_lower_indices(p: torch.Tensor, drafts: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value > max_{v < x} p(v)`` for drafts (..., n) against p (..., V) (True when x = 0)."""
+    V = p.shape[-1]
+    lower = torch.arange(V, device=p.device) < drafts.unsqueeze(-1)  # (..., n, V)
+    rows = p.unsqueeze(-2).expand(*drafts.shape, V)
+    best = torch.where(lower, rows, torch.full_like(rows, float("-inf"))).amax(-1)
+    return value > best
 
-    p: (..., V) float, the target's temperature-1 distribution after the filters (V >= 2);
-    draft: (...) int64; neighbours, rule, validate as in :func:`judge` (``rule.residual`` is unused).
-    On rejection the decoder emits ``p.argmax(-1)``. With ``"sd"`` (or δ = 0 and no zero-mass
-    neighbours) this accepts exactly when ``x̂`` is an argmax of ``p``. LANTERN Sec. 3 (greedy).
+
+def judge_greedy(
+    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True,
+    proximity_set: Optional[tuple] = None,
+) -> Verdict:
+    """Greedy (temperature 0) verification: is ``x̂`` the argmax once ``p̃(x̂)`` replaces ``p(x̂)``?
+
+    p: (..., V) float (V >= 2): for ``"exact"`` the target's temperature-1 distribution after
+    the filters, for ``"official"`` the unfiltered softmax (what the official code compares);
+    draft: (...) int64; neighbours, rule, validate, proximity_set as in :func:`judge`.
+    ``"exact"`` accepts iff ``p̃(x̂) >= max_{v != x̂} p(v)`` (ties accepted); ``"official"``
+    iff ``p̃(x̂) > p(v)`` for every lower index ``v`` and ``>=`` for every higher one (argmax
+    ties go to the lower code index). On rejection the decoder emits ``p.argmax(-1)``. With
+    ``"sd"`` (or δ = 0 and no zero-mass neighbours) this accepts exactly when ``x̂`` is an
+    argmax of ``p``. LANTERN Sec. 3 (greedy).
     Returns a :class:`Verdict` with ``q_draft = 1`` and ``accept_prob`` 0. or 1.
     Raises :class:`UsageError` as :func:`judge`.
     """
@@ -370,57 +399,71 @@ def judge_greedy(
     if validate:
         _check_draft(p, draft)
     idx = draft.long().unsqueeze(-1)
-    p_draft, p_tilde, j_star, spent = (t.squeeze(-1) for t in grow_proximity_set(p, idx, table, rule))
+    p_draft, p_tilde, j_star, spent = proximity_set or proximity(p, draft, table, rule)
     accepted = p_tilde >= _max_other(p, idx).squeeze(-1)
+    if rule.convention == "official":
+        accepted &= _beats_lower_indices(p, idx, p_tilde.unsqueeze(-1)).squeeze(-1)
     return Verdict(accepted, accepted.to(p.dtype), p_draft, torch.ones_like(p_draft), p_tilde, j_star, spent)
 
 
-def _normalise(r: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """r (..., V) >= 0 -> r / sum(r), or p where r has no mass."""
+def _normalise(r: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """r (..., V) >= 0 -> r / sum(r), or ``fallback`` where r has no mass."""
     mass = r.sum(-1, keepdim=True)
-    return torch.where(mass > 0, r / torch.where(mass > 0, mass, torch.ones_like(mass)), p)
+    return torch.where(mass > 0, r / torch.where(mass > 0, mass, torch.ones_like(mass)), fallback)
 
 
-def _exact_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(p - α, 0)) = norm(max(p - q, 0)) (see the module docstring), or p without mass."""
-    return _normalise((p - q).clamp_min(0.0), p)
+def _point_mass(p: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(p).scatter_(-1, draft.unsqueeze(-1), 1.0)
 
 
-def _official_residual(p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tensor, table: Optional[torch.Tensor],
-                       rule: AcceptanceRule) -> torch.Tensor:
-    """p (..., V), draft and j_star (...) -> p zeroed at x̂ (and B_{k+1}(x̂) where j* >= 1), renormalised."""
-    keep = torch.ones_like(p, dtype=torch.bool)
+def _official_zap(p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tensor, table: Optional[torch.Tensor],
+                  rule: AcceptanceRule) -> torch.Tensor:
+    """(..., V) bool: ``B_{k+1}(x̂)`` where ``j* >= 1`` (the official code's zeroed neighbours), else nothing."""
+    zap = torch.zeros_like(p, dtype=torch.bool)
     if table is not None:
-        zap = table[:, : rule.k + 1][draft]  # (..., min(k+1, K))
-        keep.scatter_(-1, zap, (j_star == 0).unsqueeze(-1).expand_as(zap))
-    keep.scatter_(-1, draft.unsqueeze(-1), False)
-    return _normalise(p * keep, p)
+        cols = table[:, : rule.k + 1][draft]  # (..., min(k+1, K))
+        zap.scatter_(-1, cols, (j_star > 0).unsqueeze(-1).expand_as(cols))
+    return zap
+
+
+def _residual(p: torch.Tensor, q: Optional[torch.Tensor], draft: torch.Tensor, j_star: torch.Tensor,
+              table: Optional[torch.Tensor], rule: AcceptanceRule) -> torch.Tensor:
+    """The residual of the rule's convention (module docstring); shapes as :func:`residual`."""
+    point = q is None
+    q = _point_mass(p, draft) if point else q
+    if rule.convention == "exact":
+        return _normalise((p - q).clamp_min(0.0), p)
+    zap = _official_zap(p, draft, j_star, table, rule)
+    if point:
+        r = p.masked_fill(zap, 0.0).scatter(-1, draft.unsqueeze(-1), 0.0)
+    else:
+        r = (p - q.masked_fill(zap, 0.0)).clamp_min(0.0)
+    return _normalise(r, torch.full_like(p, 1.0 / p.shape[-1]))
 
 
 def residual(
-    p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule,
-    validate: bool = True,
+    p: torch.Tensor, q: Optional[torch.Tensor], draft: torch.Tensor, neighbours: torch.Tensor | None,
+    rule: AcceptanceRule, validate: bool = True,
 ) -> torch.Tensor:
-    """The distribution to sample after rejecting ``draft``: (..., V), p's dtype, rows sum to 1.
+    """The distribution to sample (or to judge the next sibling against) after rejecting ``draft``:
+    (..., V), p's dtype, rows sum to 1.
 
-    p, q: (..., V) float; draft: (...) int64, the rejected tokens; neighbours as in
-    :func:`judge`. ``rule.residual == "exact"``: ``norm(max(p - α, 0))`` with
-    ``α(x) = min(q(x), p̃_x(x))``, which equals the standard ``norm(max(p - q, 0))`` (module
-    docstring; independent of ``draft`` and of the table);
-    ``"official"``: ``p`` zeroed at ``x̂`` and, when ``j* >= 1``, at the first ``k+1`` table
-    columns of ``x̂``, renormalised (the official LANTERN code; module docstring). A residual
-    with no mass falls back to ``p``. Call it only where a draft was rejected.
+    p: (..., V) float; q: (..., V) the distribution the draft was drawn from, or None for a
+    deterministic draft (a point mass at ``draft``: EAGLE-2 tree children); draft: (...) int64,
+    the rejected tokens; neighbours as in :func:`judge`. ``rule.convention == "exact"``:
+    ``norm(max(p - q, 0))`` (module docstring; for a deterministic draft, ``p`` with ``x̂``
+    zeroed), ``p`` when it has no mass; ``"official"``: the official LANTERN code's residual
+    (module docstring), uniform when it has no mass. Call it only where a draft was rejected.
     Raises :class:`UsageError` as :func:`judge`.
     """
     table = _table(p, neighbours, rule, validate)
     if validate:
-        _check_q(p, q)
+        if q is not None:
+            _check_q(p, q)
         _check_draft(p, draft)
-    if rule.residual == "exact":
-        return _exact_residual(p, q)
     idx = draft.long()
-    _, _, j_star, _ = grow_proximity_set(p, idx.unsqueeze(-1), table, rule)
-    return _official_residual(p, idx, j_star.squeeze(-1), table, rule)
+    j_star = grow_proximity_set(p, idx.unsqueeze(-1), table, rule)[2].squeeze(-1)
+    return _residual(p, q, idx, j_star, table, rule)
 
 
 def output_distribution(
@@ -437,7 +480,7 @@ def output_distribution(
     is the distribution of the greedy draft (one-hot for a deterministic drafter),
     ``P(accept x)`` is 0 or 1 as in :func:`judge_greedy` and a rejection emits ``argmax p``.
     Compare with p, e.g. ``lantern.divergences.tvd(out, p)``, to see a rule's distortion;
-    ``"sd"``, or δ = 0 / k = 0 with the ``"exact"`` residual, give ``out == p``. The δ bound
+    ``"sd"``, or δ = 0 / k = 0 with the ``"exact"`` convention, give ``out == p``. The δ bound
     holds per draft (``S_j* <= δ``), not for ``out``: with the exact residual
     ``TVD(out, p) = Σ_y max(α(y) - p(y), 0) <= Σ_y min(max(q(y) - p(y), 0), δ)``, which can
     exceed δ. Memory: (..., V, k) for p̃ of every draft, plus (..., V, V) for ``"official"``
@@ -457,8 +500,8 @@ def output_distribution(
     accept = torch.where(q > 0, (p_tilde_all / safe_q).clamp(max=1.0), torch.ones_like(q))
     out = q * accept
     weight = q * (1 - accept)  # (..., V): probability of drafting x and rejecting it
-    if rule.residual == "exact":
-        return out + weight.sum(-1, keepdim=True) * _exact_residual(p, q)
-    rows = p.unsqueeze(-2).expand(*p.shape, p.shape[-1])  # (..., V_x, V_y)
-    res = _official_residual(rows, every, j_all, table, rule)
+    if rule.convention == "exact":
+        return out + weight.sum(-1, keepdim=True) * _residual(p, q, every[..., 0], j_all[..., 0], table, rule)
+    rows = p.unsqueeze(-2).expand(*p.shape, p.shape[-1])  # (..., V_x, V_y): the residual after each x
+    res = _residual(rows, q.unsqueeze(-2).expand_as(rows), every, j_all, table, rule)
     return out + (weight.unsqueeze(-1) * res).sum(-2)

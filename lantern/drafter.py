@@ -69,21 +69,24 @@ class DraftModel(Protocol):
     """The drafter seam of :mod:`lantern.decoding`: what a decoder needs from a drafter network.
 
     ``target``: the fingerprint of the target model it was built for (:func:`target_fingerprint`).
-    ``new_cache(rows)`` / ``rollback(cache, n)``: its own KV cache, kept to the first ``n``
+    ``new_cache(rows, spare=0)`` / ``rollback(cache, n)``: its own KV cache (with room for
+    ``spare`` draft-tree nodes), kept to the first ``n``
     image-token positions after a rejection. ``__call__(model, tokens (rows, T), features
-    (rows, T, H), cache, start)`` -> predicted features (rows, T, H) for positions
-    ``start .. start + T - 1``; ``logits(model, features (..., H))`` -> float32 (..., V) through
+    (rows, T, H), cache, start, positions=None, attend=None)`` -> predicted features (rows, T, H)
+    for positions ``start .. start + T - 1`` (or, for draft-tree nodes, at ``positions`` with the
+    visibility ``attend``, appended after the cache); ``logits(model, features (..., H))`` -> float32 (..., V) through
     the target's frozen head. :class:`Drafter` (EAGLE) implements it.
     """
 
     target: dict
 
-    def new_cache(self, rows: int) -> Any: ...
+    def new_cache(self, rows: int, spare: int = 0) -> Any: ...
 
     def rollback(self, cache: Any, n: int) -> None: ...
 
     def __call__(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any = None,
-                 start: int = 0) -> torch.Tensor: ...
+                 start: int = 0, positions: Optional[torch.Tensor] = None,
+                 attend: Optional[torch.Tensor] = None) -> torch.Tensor: ...
 
     def logits(self, model: TokenModel, features: torch.Tensor) -> torch.Tensor: ...
 
@@ -196,9 +199,10 @@ class Drafter(nn.Module):
         return self.fc.weight.device
 
     # ------------------------------------------------------------------ KV cache
-    def new_cache(self, rows: int) -> Any:
-        """A fresh drafter-layer KV cache for ``rows`` rows (all image-token positions of one image)."""
-        return self.layer.new_cache(rows)
+    def new_cache(self, rows: int, spare: int = 0) -> Any:
+        """A fresh drafter-layer KV cache for ``rows`` rows: all image-token positions of one image
+        plus room for ``spare`` draft-tree nodes."""
+        return self.layer.new_cache(rows, spare)
 
     def rollback(self, cache: Any, n: int) -> None:
         """Keep the first ``n`` drafter positions (image tokens 0..n-1) of every row; drop the rest."""
@@ -206,7 +210,8 @@ class Drafter(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any = None,
-                start: int = 0) -> torch.Tensor:
+                start: int = 0, positions: Optional[torch.Tensor] = None,
+                attend: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Predicted features for ``T`` consecutive image-token positions.
 
         Args:
@@ -219,13 +224,15 @@ class Drafter(nn.Module):
                 positions (training). With a cache the positions before ``start`` must be in
                 it; entries at ``>= start`` are overwritten.
             start: absolute image-token index of ``tokens[:, 0]`` (sets the rotary positions).
+            positions, attend: draft-tree nodes (see :class:`ambiguity.models.base.DraftLayer`):
+                (T,) int64 image positions and (T, cache length + T) bool visibility.
         Returns:
             (rows, T, H) predicted features ``f_{start} .. f_{start+T-1}`` in the drafter's dtype.
         """
         with torch.no_grad():
             emb = model.embed(tokens.to(model.device))
         x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
-        return self.layer(self.fc(x), cache, start)
+        return self.layer(self.fc(x), cache, start, positions, attend)
 
     def logits(self, model: TokenModel, features: torch.Tensor) -> torch.Tensor:
         """Next-token logits (..., V) float32 from features (..., H) through the target's frozen head."""

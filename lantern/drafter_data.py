@@ -44,6 +44,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from ambiguity.data.fashion_mnist import load_split
+from ambiguity.distributed import SINGLE, Shard
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.io import load_tensors, save_tensors
@@ -260,21 +261,34 @@ def fashion_mnist_tokens(model: TokenModel, split: str = "train", limit: Optiona
     return TokenSet(torch.cat(chunks), labels.tolist(), source=f"fashion-mnist:{split}")
 
 
+def _selfgen_part(k: int, batch_size: int, n: int) -> tuple[str, dict]:
+    """Name and content of self-generated batch ``k``."""
+    return f"selfgen_{k:05d}", {"images": [k * batch_size, min(n, (k + 1) * batch_size)]}
+
+
 def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list] = None, batch_size: int = 32,
-                  seed: int = 0, run: Optional[RunDir] = None, progress: bool = True) -> TokenSet:
+                  seed: int = 0, run: Optional[RunDir] = None, progress: bool = True,
+                  shard: Shard = SINGLE) -> Optional[TokenSet]:
     """Sample ``n`` images' token sequences from the target itself (``ambiguity.generation.sample_tokens``).
 
     ``sampling``: an :class:`ambiguity.sampling.SamplingConfig` (guidance scale, temperature,
     top-k/top-p). ``conditions``: cycled to ``n``; default ``model.default_conditions(n)``
     (class labels round-robin for c2i). Image ``i`` samples from its own stream seeded by
     ``(seed, i)`` (:mod:`ambiguity.seeding`), whatever the batch size. With ``run`` every batch
-    is a checked part (``selfgen_NNNNN``), so an interrupted run resumes. Returns the sequences;
-    raises UsageError for ``n < 1``, ``batch_size < 1`` or models that need explicit conditions.
+    is a checked part (``selfgen_NNNNN``), so an interrupted run resumes.
+
+    shard: this process's share (:mod:`ambiguity.distributed`): it samples the batches
+    ``k % shard.count == shard.index``; under torchrun every rank then reads all batches (the
+    sequences equal a single process's), an independent shard returns None after its own.
+    Returns the sequences; raises UsageError for ``n < 1``, ``batch_size < 1``, models that need
+    explicit conditions, or a sharded call without ``run``.
     """
     if n <= 0:
         raise UsageError(f"--self-generate needs a positive number of sequences, got {n}")
     if batch_size < 1:
         raise UsageError(f"--gen-batch-size must be >= 1, got {batch_size}")
+    if shard.count > 1 and run is None:
+        raise UsageError("sharded self-generation needs a run directory: the shards meet in its parts")
     if conditions is None:
         try:
             conditions = model.default_conditions(n, seed)
@@ -282,20 +296,31 @@ def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list
             raise UsageError(f"{model.name} needs conditions for --self-generate; pass --conditions FILE "
                              f"(one caption or prompt a line)") from None
     conds = [conditions[i % len(conditions)] for i in range(n)]
-    out_tokens, info = [], {"sampling": sampling.as_dict(), "seed": seed, "model": model.name}
-    for k, i in enumerate(tqdm(range(0, n, batch_size), desc="self-generate", unit="batch", disable=not progress)):
-        j = min(n, i + batch_size)
-        name, holds = f"selfgen_{k:05d}", {"images": [i, j]}
+    info = {"sampling": sampling.as_dict(), "seed": seed, "model": model.name}
+    batches = math.ceil(n / batch_size)
+    out_tokens = {}
+    mine = [k for k in range(batches) if shard.owns(k)]
+    label = "self-generate" + (f" ({shard.label})" if shard.count > 1 else "")
+    for k in tqdm(mine, desc=label, unit="batch", disable=not progress):
+        name, holds = _selfgen_part(k, batch_size, n)
+        i, j = holds["images"]
         got = load_token_part(run, name, holds) if run is not None else None
         if got is not None:
-            out_tokens.append(got.tokens)
+            out_tokens[k] = got.tokens
             continue
         prompt = model.make_prompt(conds[i:j], guided=sampling.guided)
         toks = sample_tokens(model, prompt, sampling, image_generators(seed, range(i, j), model.device)).cpu()
         if run is not None:
             save_token_part(run, name, TokenSet(toks, conds[i:j], "self-generated"), holds)
-        out_tokens.append(toks)
-    return TokenSet(torch.cat(out_tokens), conds, source="self-generated", info=info)
+        out_tokens[k] = toks
+    if shard.count > 1:
+        shard.barrier()
+        if not shard.group:
+            return None
+        names, holds = zip(*(_selfgen_part(k, batch_size, n) for k in range(batches)))
+        parts = run.require_parts(names, holds)
+        out_tokens = {k: part.tensors["tokens"]["tokens"] for k, part in enumerate(parts)}
+    return TokenSet(torch.cat([out_tokens[k] for k in range(batches)]), conds, source="self-generated", info=info)
 
 
 # --------------------------------------------------------------------------- features
@@ -361,7 +386,8 @@ def _shard_size(n_tokens: int, hidden: int, dtype: torch.dtype, target_bytes: in
 
 
 def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: str, batch_size: int = 32,
-                        uncond_fraction: float = 0.0, seed: int = 0, progress: bool = True) -> list[Path]:
+                        uncond_fraction: float = 0.0, seed: int = 0, progress: bool = True,
+                        shard: Shard = SINGLE) -> list[Path]:
     """Teacher-force every sequence once and store (tokens, hidden, uncond) rows as parts of ``run``.
 
     Parts ``<prefix>_features_00000`` ... hold about 64 MB each: ``tokens`` (R, N) int64,
@@ -369,7 +395,10 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
     kept (resume); damaged ones are recomputed. A seeded random subset of the sequences also
     runs the unconditional stream, chosen so that about ``uncond_fraction`` of all rows are
     unconditional (each chosen sequence adds one conditional and one unconditional row).
-    Returns the shards' safetensors paths in order (for :func:`iterate_batches`).
+    shard: under torchrun each rank computes the parts ``s % count == index`` and, after a
+    barrier, every rank gets all paths (the parts equal a single process's).
+    Returns the parts' safetensors paths in order (for :func:`iterate_batches`); raises
+    UsageError when a part is missing after the barrier.
     """
     if not 0 <= uncond_fraction < 0.5:
         raise UsageError(f"--uncond-fraction must be in [0, 0.5), got {uncond_fraction}")
@@ -379,12 +408,15 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
     size = _shard_size(ts.tokens.shape[1], model.hidden_size, dtype)
     p = uncond_fraction / (1 - uncond_fraction)
     chosen = torch.rand(len(ts), generator=torch.Generator().manual_seed(seed)) < p
-    paths = []
-    n_shards = math.ceil(len(ts) / size)
-    bar = tqdm(total=len(ts), desc=f"target features ({prefix})", unit="seq", disable=not progress)
-    for s in range(n_shards):
-        lo, hi = s * size, min(len(ts), (s + 1) * size)
-        name, holds = f"{prefix}_features_{s:05d}", {"sequences": [lo, hi], "uncond_fraction": uncond_fraction}
+    n_parts = math.ceil(len(ts) / size)
+    parts = [(f"{prefix}_features_{s:05d}", {"sequences": [s * size, min(len(ts), (s + 1) * size)],
+                                               "uncond_fraction": uncond_fraction}) for s in range(n_parts)]
+    mine = [s for s in range(n_parts) if shard.owns(s)]
+    bar = tqdm(total=sum(parts[s][1]["sequences"][1] - parts[s][1]["sequences"][0] for s in mine),
+               desc=f"target features ({prefix})", unit="seq", disable=not progress)
+    for s in mine:
+        name, holds = parts[s]
+        lo, hi = holds["sequences"]
         part = run.read_part(name, holds, load=False)
         if part is None:
             toks, hid, unc = [], [], []
@@ -399,9 +431,11 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
                                                           "uncond": torch.cat(unc)}})
         else:
             bar.update(hi - lo)
-        paths.append(run.parts_dir / f"{name}.rows.safetensors")
     bar.close()
-    return paths
+    if shard.count > 1:
+        shard.barrier()
+        run.require_parts(*zip(*parts), load=False)
+    return [run.parts_dir / f"{name}.rows.safetensors" for name, _ in parts]
 
 
 def shard_rows(paths: Sequence[Path]) -> list[int]:

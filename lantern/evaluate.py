@@ -335,7 +335,7 @@ def wide_table(df: pd.DataFrame, metrics: Optional[Sequence[str]] = None) -> pd.
     return wide[["n"] + [c for c in dict.fromkeys(df["metric"]) if c in wide.columns]]
 
 
-SPEED = {"acceptance_rate": "α", "mean_accepted_length": "τ", "step_compression": "compr."}
+SPEED = {"acceptance_rate": "α", "tau": "τ", "tokens_per_forward": "tok/fwd"}
 
 
 def speed_quality_table(df: pd.DataFrame, record: dict,

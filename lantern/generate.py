@@ -34,8 +34,10 @@ from tqdm.auto import tqdm
 
 from ambiguity import plots
 from ambiguity.cli import (ArgumentParser, add_condition_args, add_model_args, add_run_args, add_sampling_args,
-                           check_out_dir, cli_main, default_out, device_from_args, nonneg_int, finite_float,
-                           positive_int, sampling_from_args)
+                           add_shard_args, check_out_dir, cli_main, default_out, device_from_args, finite_float,
+                           nonneg_int, positive_int, sampling_from_args)
+from ambiguity.distributed import SINGLE, Shard, shard_from_args
+from ambiguity.errors import UsageError
 from ambiguity.conditions import generation_conditions, parse_classes
 from ambiguity.io import abspath, atomic_path, write_json, write_table
 from ambiguity.models.base import TokenModel
@@ -43,14 +45,16 @@ from ambiguity.models.registry import get_spec, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import RESIDUALS, AcceptanceRule
-from lantern.decoding import DEFAULT_METRIC, METHODS, DecodeConfig, decode, neighbour_table
+from lantern.acceptance import CONVENTIONS, AcceptanceRule
+from lantern.decoding import DEFAULT_METRIC, METHODS, DecodeConfig, check_depth, decode, neighbour_table
 from lantern.drafter import DraftModel, load_drafter
 from lantern.records import Decoded, summarize, summary_table
+from lantern.trees import STATIC_TREES, TreeSpec, parse_tree
 
 __all__ = ["build_parser", "main", "run_generate", "decode_config_from_args", "COMMAND", "OUTPUTS"]
 
 COMMAND = "python -m lantern.generate"
+MERGE = "lantern.generate:merge_run"
 OUTPUTS = ("steps.parquet", "drafts.parquet", "images.parquet", "summary.json", "grid.png", "grid.pdf", "images")
 _RULE = AcceptanceRule()  # the rule's defaults are the command's defaults
 
@@ -58,7 +62,18 @@ _RULE = AcceptanceRule()  # the rule's defaults are the command's defaults
 def add_decoding_args(p) -> None:
     """``--method --gamma --k --delta --lam --metric --matrix --residual --drafter``."""
     p.add_argument("--method", default="lantern", choices=METHODS, help="decoding method (default: lantern)")
-    p.add_argument("--gamma", type=positive_int, default=4, help="draft tokens per verification step, >= 1 (default: 4)")
+    p.add_argument("--gamma", type=positive_int, default=4, help="draft tokens per verification step of a chain, "
+                                                                 ">= 1 (default: 4)")
+    p.add_argument("--tree", default="chain", metavar="SHAPE",
+                   help=f"chain (γ drafts), dynamic (EAGLE-2), a static EAGLE-1 tree ({', '.join(STATIC_TREES)}) or "
+                        f"a .json list of child-rank paths (default: chain)")
+    _TREE = TreeSpec()
+    p.add_argument("--total-tokens", type=positive_int, default=_TREE.total_tokens,
+                   help=f"dynamic tree: nodes incl. the root (official {_TREE.total_tokens})")
+    p.add_argument("--depth", type=positive_int, default=_TREE.depth,
+                   help=f"dynamic tree: expansion rounds; the deepest draft is depth + 1 (official {_TREE.depth})")
+    p.add_argument("--tree-top-k", type=positive_int, default=_TREE.top_k,
+                   help=f"dynamic tree: children per node and beam width (official {_TREE.top_k})")
     p.add_argument("--k", type=nonneg_int, default=_RULE.k,
                    help=f"latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = plain SD (default: {_RULE.k})")
     p.add_argument("--delta", type=finite_float, default=_RULE.delta,
@@ -70,16 +85,19 @@ def add_decoding_args(p) -> None:
     p.add_argument("--matrix", default="codebook", choices=MATRICES,
                    help="rows the distance is measured on: codebook (as the quantiser compares codes), "
                         "codebook-raw (the stored weights, as the official code for LlamaGen) (default: codebook)")
-    p.add_argument("--residual", default="exact", choices=RESIDUALS,
-                   help="distribution after a rejection: exact = norm(max(p-q,0)); official = LANTERN code's")
+    p.add_argument("--convention", "--residual", dest="convention", default="exact", choices=CONVENTIONS,
+                   help="exact: lossless at δ = 0 (residual norm(max(p-q,0)), recursive over tree siblings); "
+                        "official: what the official LANTERN code does (its residuals, greedy test and filter "
+                        "order) (default: exact; --residual is the old name)")
     p.add_argument("--drafter", default=None, metavar="FILE",
                    help="drafter .safetensors (default: lantern/weights/<model>_drafter)")
 
 
 def decode_config_from_args(args) -> DecodeConfig:
     """:class:`~lantern.decoding.DecodeConfig` from the decoding options (UsageError for bad values)."""
-    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, k=args.k, delta=args.delta,
-                           lam=args.lam, residual=args.residual)
+    tree = parse_tree(args.tree, args.total_tokens, args.depth, args.tree_top_k)
+    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, tree, k=args.k, delta=args.delta,
+                           lam=args.lam, convention=args.convention)
 
 
 def build_parser() -> ArgumentParser:
@@ -91,6 +109,7 @@ def build_parser() -> ArgumentParser:
     add_condition_args(p, num_images=8, batch_size=None)
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/generate/<model>-<method>)")
+    add_shard_args(p)
     return p
 
 
@@ -126,58 +145,96 @@ def _save_image(run: RunDir, i: int, condition, decoded: Decoded) -> None:
 
 def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, sampling: SamplingConfig,
                  out: str | Path, drafter: Optional[DraftModel] = None, seed: int = 0, progress: bool = True,
-                 settings: Optional[dict] = None, overwrite: bool = False):
+                 settings: Optional[dict] = None, overwrite: bool = False, shard: Shard = SINGLE):
     """Decode ``conditions`` (image ``i`` from its own stream seeded by ``(seed, i)``) into the run
     directory ``out``, reusing the intact parts of finished images.
 
+    shard: this process's share (:mod:`ambiguity.distributed`): it decodes the images
+    ``i % shard.count == shard.index``; the merging shard then reads every image's part.
     Returns ``(steps, drafts, images, summary)``: the three DataFrames of the images of these
-    conditions and the summary dict also written to ``summary.json``. Raises UsageError as
-    :func:`lantern.decoding.decode`, or for an ``out`` holding a run of other settings.
+    conditions and the summary dict also written to ``summary.json``; None on a shard that does
+    not merge. Raises UsageError as :func:`lantern.decoding.decode`, or for an ``out`` holding a
+    run of other settings or another shard count.
     """
     t0 = time.perf_counter()
     record = settings if settings is not None else {"model": model.describe(), **config.as_dict(),
                                                     **sampling.as_dict(), "seed": seed}
-    run = RunDir(out, record, command=COMMAND, outputs=OUTPUTS).open(overwrite)
+    run = RunDir(out, record, command=COMMAND, outputs=OUTPUTS, merge=MERGE)
+    shard.first(lambda: run.open(overwrite, shards=shard.count), lambda: run.open(shards=shard.count))
     pixels = model.can_decode
+    check_depth(config, model)
     neighbours = neighbour_table(model, config)  # built once; decode() checks the drafter before any image
-    frames, todo = {}, []
-    for i, c in enumerate(conditions):
-        part = run.read_part(f"image_{i:05d}", {"image": i, "condition": str(c)})
-        if part is not None and (not pixels or part.files):  # an image run's part lists its PNG
-            frames[i] = part.tables
-        else:
-            todo.append(i)
-    for i in tqdm(todo, desc=f"{config.method} images", disable=not progress, unit="img"):
+    facts = {"model": model.describe(), "class_names": model.class_names, "method": config.method,
+             "gamma": config.draft_depth, "sampling": sampling.as_dict(), "rule": config.as_dict(), "pixels": pixels,
+             "drafter": None if drafter is None else {"target": drafter.target.get("name"),
+                                                      "training": getattr(drafter, "info", {})},
+             "conditions": [str(c) for c in conditions]}
+    if shard.index == 0:  # what the merge needs to know: how many images, their conditions, the facts
+        run.write_part("request", {"num_images": len(conditions)}, meta=facts)
+    todo = [i for i, c in enumerate(conditions) if shard.owns(i) and not _finished(run, i, c, pixels)]
+    for i in tqdm(todo, desc=f"{config.method} images" + (f" ({shard.label})" if shard.count > 1 else ""),
+                  disable=not progress, unit="img"):
         d = decode(model, [conditions[i]], config, sampling, drafter, neighbours, seed=seed, pixels=pixels,
                    first_index=i)
         _save_image(run, i, conditions[i], d)
-        steps, drafts, images = d.frames()
-        frames[i] = {"steps": steps, "drafts": drafts, "image": images.assign(codes=[d.tokens[0].tolist()])}
-    cat = lambda what: pd.concat([frames[i][what] for i in range(len(conditions))], ignore_index=True)  # noqa: E731
+    if shard.count > 1:
+        shard.barrier()
+        if not shard.merges:
+            return None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
+    return _assemble(run, facts, len(todo), t0)
+
+
+def _image_part(i: int, condition) -> tuple[str, dict]:
+    return f"image_{i:05d}", {"image": i, "condition": str(condition)}
+
+
+def _finished(run: RunDir, i: int, condition, pixels: bool) -> bool:
+    part = run.read_part(*_image_part(i, condition), load=False)
+    return part is not None and (not pixels or any(k.endswith(".png") for k in part.files))
+
+
+def _assemble(run: RunDir, facts: dict, computed: int, t0: float):
+    """The run's tables, grid and summary from every image's part (UsageError naming a missing one)."""
+    conditions = facts["conditions"]
+    parts = run.require_parts(*zip(*(_image_part(i, c) for i, c in enumerate(conditions))))
+    if facts["pixels"] and not all(any(k.endswith(".png") for k in p.files) for p in parts):
+        raise UsageError(f"{run.path} has image parts without their PNG; rerun the generate command to repair them")
+    cat = lambda what: pd.concat([p.tables[what] for p in parts], ignore_index=True)  # noqa: E731
     steps, drafts, images = cat("steps"), cat("drafts"), cat("image")
-    gamma = 0 if config.rule is None else config.gamma
-    summary = {"model": model.describe(), "settings": record, "method": config.method, "gamma": gamma,
-               "sampling": sampling.as_dict(), "rule": config.as_dict(),
-               "drafter": None if drafter is None else {"target": drafter.target.get("name"),
-                                                         "training": getattr(drafter, "info", {})},
-               **summarize(steps, drafts, images, gamma),
-               "images_resumed": len(conditions) - len(todo), "images_computed": len(todo),
+    summary = {"model": facts["model"], "settings": run.settings, "method": facts["method"], "gamma": facts["gamma"],
+               "sampling": facts["sampling"], "rule": facts["rule"], "drafter": facts["drafter"],
+               **summarize(steps, drafts, images, facts["gamma"]),
+               "images_resumed": len(conditions) - computed, "images_computed": computed,
                "notes": run.notes, "wall_time_s": round(time.perf_counter() - t0, 3)}
     write_table(steps, run.path / "steps.parquet")
     write_table(drafts, run.path / "drafts.parquet")
     write_table(images, run.path / "images.parquet")
-    if pixels:
-        _grid(model, run.path, images)
+    if facts["pixels"]:
+        _grid(facts["class_names"], run.path, images)
     write_json(summary, run.path / "summary.json")
     return steps, drafts, images, summary
 
 
-def _grid(model: TokenModel, out: Path, images) -> None:
+def merge_run(path: str | Path, figures: bool = True):
+    """``python -m ambiguity merge RUN`` for a generate run: tables, grid and summary from the
+    shards' parts. Raises UsageError when a part is missing, damaged or foreign."""
+    t0 = time.perf_counter()
+    record = RunDir(path, {}, command=COMMAND).stored()
+    run = RunDir(path, record["settings"], command=COMMAND, outputs=OUTPUTS, merge=MERGE)
+    request = run.read_part("request")
+    if request is None:
+        raise UsageError(f"{path} lacks its request part (shard 0 writes it); run shard 0 and merge again")
+    facts = dict(request.meta, pixels=request.meta["pixels"] and figures)
+    _, _, _, summary = _assemble(run, facts, 0, t0)
+    print(summary_table([summary]))
+    return summary
+
+
+def _grid(class_names, out: Path, images) -> None:
     arr = [np.asarray(Image.open(out / "images" / f"{int(i):05d}.png"), dtype=np.float32) / 255.0
            for i in images["image"]]
     x = np.stack([a[None] if a.ndim == 2 else a.transpose(2, 0, 1) for a in arr])
-    names = model.class_names
-    titles = [names[int(c)] if names and str(c).isdigit() and int(c) < len(names) else str(c)
+    titles = [class_names[int(c)] if class_names and str(c).isdigit() and int(c) < len(class_names) else str(c)
               for c in images["condition"]]
     fig = plots.image_grid(x, ncol=min(8, len(x)), titles=titles)
     plots.save_figure(fig, out / "grid")
@@ -197,11 +254,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not args.overwrite:
         RunDir(out, settings, command=COMMAND).check()
 
-    model = load_model(args.model, weights=args.weights, device=device, dtype=dtype)
+    shard = shard_from_args(args, device)
+    model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
-    _, _, _, summary = run_generate(model, conditions, config, sampling, out, drafter, args.seed,
-                                    progress=not args.no_progress, settings=settings, overwrite=args.overwrite)
+    result = run_generate(model, conditions, config, sampling, out, drafter, args.seed, progress=not args.no_progress,
+                          settings=settings, overwrite=args.overwrite, shard=shard)
+    if result is None:
+        print(f"{shard.label} done: its images are parts of {out}"
+              + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}"))
+        return 0
+    summary = result[3]
     print(summary_table([summary]))
     hist = summary["accept_histogram"]
     print(f"accepted drafts per step (0..{len(hist) - 1}): {hist}; cfg {sampling.guidance}, temperature "

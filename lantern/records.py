@@ -9,27 +9,37 @@ One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COL
   accepted prefix), ``emitted = accepted + 1`` (the +1 is the token the same target forward
   samples: the *bonus* token from the bonus position when every draft was accepted, the
   *residual* token at the first rejection, or the plain *target* token when nothing was
-  drafted), and the wall-clock of the step split into target, drafter and acceptance seconds.
-* **drafts** — one row per draft token: position, token, ``p(x̂)``, ``q(x̂)``, ``p̃(x̂)``,
-  ``j*``, the divergence spent (units of the rule's bound: TVD for ``lantern``, nats for
-  ``lantern-jsd``, relative mass for ``lantern++``), the uniform ``u`` (NaN when greedy), the
-  per-token verdict ``accepted``, ``reached`` (the token is at or before the first rejection of
-  its chain, so its verdict mattered), ``committed`` (accepted *and* in the accepted prefix),
-  and the ambiguity of ``p`` there: top-1 probability and entropy (nats); ``q``'s top-1.
+  drafted), ``drafter_forwards`` (drafter calls that built the drafts: γ for a chain, one per
+  tree level for a tree), and the wall-clock of the step split into target, drafter and
+  acceptance seconds; ``proximity_s`` is the part of ``acceptance_s`` spent growing the
+  proximity sets A (LANTERN App. F.2, timed inside the real step).
+* **drafts** — one row per draft token (per tree node for draft trees): position, token,
+  ``p(x̂)``, ``q(x̂)`` (for a tree: the conditional probability it was drawn with, 1 for
+  deterministic EAGLE-2 drafts), ``p̃(x̂)``, ``j*``, the divergence spent (units of the rule's
+  bound: TVD for ``lantern``, nats for ``lantern-jsd``, relative mass for ``lantern++``), the
+  uniform ``u`` (NaN when greedy), the per-token verdict ``accepted``, ``reached`` (the token
+  was judged: at or before the first rejection of its chain; in a tree, a child of an accepted
+  node tried before its parent's accepted child), ``committed`` (on the accepted path),
+  ``out_of_support`` (committed although ``p(x̂) = 0``: only a relaxed rule can do that), the
+  ambiguity of ``p`` there: top-1 probability and entropy (nats); ``q``'s top-1; and the tree
+  coordinates ``node``, ``parent``, ``depth`` (1 = the first draft), ``sibling`` (trial order).
 * **images** — one row per image: condition, seed, tokens, target forwards (prefill
   included), drafted/accepted totals and seconds.
 
 Definitions (:func:`summarize`), per decode, summed over images:
 
-* ``step_compression = tokens / target_forwards`` with ``target_forwards = images + steps``
+* ``tokens_per_forward = tokens / target_forwards`` with ``target_forwards = images + steps``
   (the prefill counts as a target forward: it emits the first token). AR gives 1.
-* ``mean_accepted_length`` (EAGLE's τ, *bonus token counted*) ``= mean over steps of
-  (accepted + 1)`` — tokens emitted per verification forward; ``= (tokens - images) / steps``.
+* ``tau`` (EAGLE's mean accepted length τ, *bonus token counted*; the official LANTERN code
+  calls it ``step_compression``) ``= mean over steps of (accepted + 1)`` — tokens emitted per
+  verification forward; ``= (tokens - images) / steps``.
 * ``mean_accepted_drafts`` (*without* the bonus token) ``= mean over steps of accepted``
-  ``= mean_accepted_length - 1``.
+  ``= tau - 1``.
 * ``acceptance_rate = committed / reached`` over draft tokens (the per-token acceptance rate α
   of speculative decoding; draft tokens after a rejection are not counted).
 * ``accept_histogram[j]`` = number of steps that accepted exactly ``j`` draft tokens.
+* ``out_of_support`` = committed drafts whose own target probability is 0 (and their share
+  ``out_of_support_rate`` of the committed drafts).
 """
 from __future__ import annotations
 
@@ -43,11 +53,13 @@ __all__ = ["STEP_COLUMNS", "DRAFT_COLUMNS", "IMAGE_COLUMNS", "NEXT_KINDS", "Deco
            "accept_histogram", "summary_table"]
 
 STEP_COLUMNS = ("image", "step", "position", "drafted", "accepted", "emitted", "next_kind", "next_token",
-                "target_s", "drafter_s", "acceptance_s")
+                "drafter_forwards", "target_s", "drafter_s", "acceptance_s", "proximity_s")
 DRAFT_COLUMNS = ("image", "step", "draft_index", "position", "token", "p_draft", "q_draft", "p_tilde", "j_star",
-                 "spent", "accept_prob", "u", "accepted", "reached", "committed", "p_top1", "p_entropy", "q_top1")
+                 "spent", "accept_prob", "u", "accepted", "reached", "committed", "out_of_support", "p_top1",
+                 "p_entropy", "q_top1", "node", "parent", "depth", "sibling")
+_TREE_INT = ("token", "j_star", "node", "parent", "depth", "sibling", "position", "draft_index")
 IMAGE_COLUMNS = ("image", "condition", "seed", "tokens", "target_forwards", "steps", "drafted", "accepted",
-                 "target_s", "drafter_s", "acceptance_s", "total_s")
+                 "target_s", "drafter_s", "acceptance_s", "proximity_s", "total_s")
 NEXT_KINDS = ("target", "bonus", "residual")  # how the token sampled by a verification forward was drawn
 
 
@@ -64,14 +76,17 @@ class StepLog:
         self.drafts: list[dict] = []
 
     def add_step(self, step: int, position: int, drafted: int, accepted: int, next_kind: str, next_token: int,
-                 seconds: dict, drafts: Optional[dict] = None) -> None:
-        """One verification step; ``drafts`` maps draft columns to (γ,) tensors (absent when γ = 0)."""
+                 seconds: dict, drafts: Optional[dict] = None, drafter_forwards: int = 0) -> None:
+        """One verification step; ``drafts`` maps draft columns to (γ,) tensors of a chain (absent
+        when γ = 0), or — with a ``reached`` column — to the complete per-node arrays of a tree."""
         self.steps.append(dict(image=self.image, step=step, position=position, drafted=drafted, accepted=accepted,
                                emitted=accepted + 1, next_kind=next_kind, next_token=next_token,
-                               target_s=seconds.get("target", 0.0), drafter_s=seconds.get("drafter", 0.0),
-                               acceptance_s=seconds.get("acceptance", 0.0)))
+                               drafter_forwards=drafter_forwards, target_s=seconds.get("target", 0.0),
+                               drafter_s=seconds.get("drafter", 0.0), acceptance_s=seconds.get("acceptance", 0.0),
+                               proximity_s=seconds.get("proximity", 0.0)))
         if drafts is not None and drafted > 0:
-            self.drafts.append(dict(drafts, step=step, position=position, accepted_count=accepted))
+            chain = "reached" not in drafts  # a tree brings its own per-node positions
+            self.drafts.append(dict(drafts, step=step, accepted_count=accepted, **({"position": position} if chain else {})))
 
     def tables(self) -> tuple[dict, dict]:
         """(steps, drafts) as dicts of numpy columns (see the module docstring)."""
@@ -82,22 +97,40 @@ class StepLog:
             return steps, _empty(DRAFT_COLUMNS)
         cols: dict[str, list] = {c: [] for c in DRAFT_COLUMNS}
         for d in self.drafts:
-            g = int(d["token"].numel())
-            idx = np.arange(g)
-            acc = d["accepted"].cpu().numpy().astype(bool)
-            a = d["accepted_count"]
-            cols["image"].append(np.full(g, self.image))
-            cols["step"].append(np.full(g, d["step"]))
-            cols["draft_index"].append(idx)
-            cols["position"].append(d["position"] + idx)
-            cols["accepted"].append(acc)
-            cols["reached"].append(idx <= a)
-            cols["committed"].append(idx < a)
-            for c in ("token", "p_draft", "q_draft", "p_tilde", "j_star", "spent", "accept_prob", "u", "p_top1",
-                      "p_entropy", "q_top1"):
-                cols[c].append(d[c].detach().double().cpu().numpy() if c not in ("token", "j_star")
-                               else d[c].cpu().numpy().astype(np.int64))
+            rows = _tree_rows(d) if "reached" in d else _chain_rows(d)
+            g = len(rows["token"])
+            rows["image"], rows["step"] = np.full(g, self.image), np.full(g, d["step"])
+            rows["out_of_support"] = rows["committed"] & (rows["p_draft"] == 0)
+            for c in DRAFT_COLUMNS:
+                cols[c].append(rows[c])
         return steps, {c: np.concatenate(v) for c, v in cols.items()}
+
+
+def _chain_rows(d: dict) -> dict:
+    """Columns of one chain step from its (γ,) tensors: the accepted prefix is committed."""
+    g = int(d["token"].numel())
+    idx = np.arange(g)
+    a = d["accepted_count"]
+    rows = {"draft_index": idx, "position": d["position"] + idx, "accepted": d["accepted"].cpu().numpy().astype(bool),
+            "reached": idx <= a, "committed": idx < a, "node": idx + 1, "parent": idx, "depth": idx + 1,
+            "sibling": np.zeros(g, dtype=np.int64)}
+    for c in ("token", "p_draft", "q_draft", "p_tilde", "j_star", "spent", "accept_prob", "u", "p_top1", "p_entropy",
+              "q_top1"):
+        rows[c] = (d[c].cpu().numpy().astype(np.int64) if c in ("token", "j_star")
+                   else d[c].detach().double().cpu().numpy())
+    return rows
+
+
+def _tree_rows(d: dict) -> dict:
+    """Columns of one tree step, given complete per-node arrays (see ``lantern.tree_decoding``)."""
+    rows = {c: np.asarray(v) for c, v in d.items() if c in DRAFT_COLUMNS}
+    for c in _TREE_INT:
+        rows[c] = rows[c].astype(np.int64)
+    for c in ("accepted", "reached", "committed"):
+        rows[c] = rows[c].astype(bool)
+    for c in ("p_draft", "q_draft", "p_tilde", "spent", "accept_prob", "u", "p_top1", "p_entropy", "q_top1"):
+        rows[c] = rows[c].astype(np.float64)
+    return rows
 
 
 def _empty(columns: Sequence[str]) -> dict:
@@ -159,11 +192,11 @@ def accept_histogram(steps, gamma: int) -> list[int]:
 def summarize(steps, drafts, images, gamma: int) -> dict:
     """Scalar statistics of a decode (definitions in the module docstring).
 
-    Returns a JSON-able dict: images, tokens, target_forwards, steps, step_compression,
-    mean_accepted_length (bonus counted, EAGLE τ), mean_accepted_drafts (no bonus),
+    Returns a JSON-able dict: images, tokens, target_forwards, steps, tokens_per_forward,
+    tau (mean accepted length, bonus counted, EAGLE τ), mean_accepted_drafts (no bonus),
     acceptance_rate (committed / reached draft tokens; NaN without drafts), accept_histogram,
-    mean j* and spent over committed drafts, and seconds per image (total, target, drafter,
-    acceptance; wall-clock).
+    out_of_support (count) and out_of_support_rate (of committed drafts), mean j* and spent over
+    committed drafts, and seconds per image (total, target, drafter, acceptance; wall-clock).
     """
     n_img = len(images["image"])
     tokens = int(np.sum(images["tokens"])) if n_img else 0
@@ -179,11 +212,14 @@ def summarize(steps, drafts, images, gamma: int) -> dict:
         "tokens": tokens,
         "target_forwards": forwards,
         "steps": n_steps,
-        "step_compression": tokens / forwards if forwards else nan,
-        "mean_accepted_length": float(np.mean(acc + 1)) if n_steps else nan,
+        "tokens_per_forward": tokens / forwards if forwards else nan,
+        "tau": float(np.mean(acc + 1)) if n_steps else nan,
         "mean_accepted_drafts": float(np.mean(acc)) if n_steps else nan,
         "acceptance_rate": float(committed.sum() / reached.sum()) if reached.sum() else nan,
         "accept_histogram": accept_histogram(steps, gamma),
+        "out_of_support": int(np.sum(np.asarray(drafts["out_of_support"], dtype=bool))) if len(drafts["token"]) else 0,
+        "out_of_support_rate": (float(np.sum(np.asarray(drafts["out_of_support"], dtype=bool)) / committed.sum())
+                                if committed.sum() else nan),
         "mean_j_star": float(np.mean(np.asarray(drafts["j_star"])[committed])) if committed.any() else nan,
         "mean_spent": float(np.mean(np.asarray(drafts["spent"])[committed])) if committed.any() else nan,
         "seconds_per_image": per("total_s"),
@@ -195,8 +231,8 @@ def summarize(steps, drafts, images, gamma: int) -> dict:
 
 
 SUMMARY_SHOWN = (("method", "method"), ("images", "images"), ("tokens", "tokens"), ("target_forwards", "fwd"),
-                 ("acceptance_rate", "α"), ("mean_accepted_length", "τ (+bonus)"),
-                 ("mean_accepted_drafts", "accepted/step"), ("step_compression", "compression"),
+                 ("acceptance_rate", "α"), ("tau", "τ (+bonus)"),
+                 ("mean_accepted_drafts", "accepted/step"), ("tokens_per_forward", "tokens/fwd"),
                  ("seconds_per_image", "s/img"), ("target_s_per_image", "target s"),
                  ("drafter_s_per_image", "drafter s"), ("acceptance_s_per_image", "accept s"))
 

@@ -217,7 +217,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         write_table(quality, out / "image_quality.parquet")
         table = quality.assign(identical=quality["mse"] == 0, psnr=quality["psnr"].replace([np.inf], np.nan))
         print("per method, means over images (psnr over the non-identical images, dB):")
-        print(table.groupby("method")[["acceptance_rate", "mean_accepted_length", "step_compression", "mse", "psnr",
+        print(table.groupby("method")[["acceptance_rate", "tau", "tokens_per_forward", "mse", "psnr",
                                        "token_match", "identical"]].mean().to_string(float_format="%.4g"))
     if args.quality:
         write_table(run_quality(runs, ref, args, out), out / "quality.parquet")

@@ -93,8 +93,8 @@ def image_quality(run: Mapping, reference: Mapping):
     """Per-image comparison of a run with a reference run (same image index = same seed and condition).
 
     run, reference: dicts from :func:`load_run`. Returns a DataFrame with image, condition,
-    acceptance_rate (committed / reached drafts of the image), mean_accepted_length (τ, bonus
-    counted), step_compression (tokens / target forwards), mse (pixels in [0, 1]), psnr (dB;
+    acceptance_rate (committed / reached drafts of the image), tau (mean accepted length, bonus
+    counted), tokens_per_forward (tokens / target forwards), mse (pixels in [0, 1]), psnr (dB;
     inf for identical images), token_match (fraction of equal tokens) and first_mismatch (the
     first differing position, -1 when equal). Images present in both runs only; raises
     UsageError when their seeds or conditions differ.
@@ -123,8 +123,8 @@ def image_quality(run: Mapping, reference: Mapping):
         reached = int(d["reached"].sum())
         rows.append({"image": i, "condition": a.loc[i, "condition"],
                      "acceptance_rate": float(d["committed"].sum() / reached) if reached else float("nan"),
-                     "mean_accepted_length": float((s["accepted"] + 1).mean()) if len(s) else float("nan"),
-                     "step_compression": float(a.loc[i, "tokens"] / a.loc[i, "target_forwards"]),
+                     "tau": float((s["accepted"] + 1).mean()) if len(s) else float("nan"),
+                     "tokens_per_forward": float(a.loc[i, "tokens"] / a.loc[i, "target_forwards"]),
                      "mse": float(mse[j]), "psnr": float(psnr[j]), "token_match": float((ca == cr).mean()),
                      "first_mismatch": int(diff[0]) if diff.size else -1})
     return pd.DataFrame(rows)

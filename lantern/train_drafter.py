@@ -35,11 +35,14 @@ from typing import Optional, Sequence
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, check_out_dir, cli_main, default_out,
-                           device_from_args, finite_float, nonneg_int, positive_int, sampling_from_args, seed_int)
+from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, add_shard_args, check_out_dir, cli_main,
+                           default_out, device_from_args, finite_float, nonneg_int, positive_int, sampling_from_args,
+                           seed_int)
+from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import abspath, read_table, write_table
 from ambiguity.models.base import TokenModel
@@ -143,10 +146,12 @@ def lr_at(step: int, total: int, config: TrainConfig) -> float:
 
 
 # --------------------------------------------------------------------------- steps
-def _forward(drafter: Drafter, model: TokenModel, tokens: torch.Tensor, hidden: torch.Tensor):
-    """Drafter outputs and targets for teacher-forced rows (tokens (R, N), hidden (R, N, H))."""
+def _forward(drafter: Drafter, model: TokenModel, tokens: torch.Tensor, hidden: torch.Tensor,
+             ddp: Optional[torch.nn.Module] = None):
+    """Drafter outputs and targets for teacher-forced rows (tokens (R, N), hidden (R, N, H));
+    the features pass through ``ddp`` (the wrapped drafter) when given."""
     tok_in, feat_in, feat_tgt = training_inputs(tokens, hidden)
-    pred = drafter(model, tok_in, feat_in, None, 0)
+    pred = (ddp or drafter)(model, tok_in, feat_in, None, 0)
     draft_logits = drafter.logits(model, pred)
     with torch.no_grad():
         target_logits = model.head(feat_tgt.to(model.dtype))
@@ -154,21 +159,25 @@ def _forward(drafter: Drafter, model: TokenModel, tokens: torch.Tensor, hidden: 
 
 
 def train_step(drafter: Drafter, model: TokenModel, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
-               hidden: torch.Tensor, config: TrainConfig, lr: Optional[float] = None) -> dict[str, float]:
+               hidden: torch.Tensor, config: TrainConfig, lr: Optional[float] = None, scale: float = 1.0,
+               ddp: Optional[torch.nn.Module] = None) -> dict[str, float]:
     """One AdamW step on a batch of teacher-forced rows; only the drafter's weights change.
 
-    tokens (R, N) int64, hidden (R, N, H) from the feature cache. Returns the batch's loss,
-    smooth_l1 and ce (nats) before the step.
+    tokens (R, N) int64, hidden (R, N, H) from the feature cache. scale multiplies the loss
+    before the backward pass; ddp: the drafter wrapped in ``DistributedDataParallel``, whose
+    backward averages the gradients over the ranks (each rank passes its slice of the global
+    batch with ``scale = world * rows / global rows``, so the step equals the single-process
+    step on the whole batch). Returns this call's loss, smooth_l1 and ce (nats) before the step.
     """
     drafter.train()
     if lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = lr
-    pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden)
+    pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden, ddp)
     loss, l1, ce = drafter_loss(pred, tgt, dl, tl, config.ce_weight)
     optimizer.zero_grad(set_to_none=True)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    loss.backward(inputs=params)  # the target's frozen head and embedding get no gradients
+    (loss * scale).backward(inputs=params)  # the target's frozen head and embedding get no gradients
     if config.grad_clip:
         torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
     optimizer.step()
@@ -177,19 +186,26 @@ def train_step(drafter: Drafter, model: TokenModel, optimizer: torch.optim.Optim
 
 @torch.no_grad()
 def evaluate(drafter: Drafter, model: TokenModel, paths: Sequence[Path], batch_size: int = 64,
-             ks: Sequence[int] = KS) -> dict[str, float]:
-    """Teacher-forced test metrics over feature shards: top-k accuracy (fractions), mean
-    smooth_l1 and ce (nats) per position, and the number of positions."""
+             ks: Sequence[int] = KS, shard: Shard = SINGLE) -> dict[str, float]:
+    """Teacher-forced test metrics over feature parts: top-k accuracy (fractions), mean
+    smooth_l1 and ce (nats) per position, and the number of positions.
+
+    shard: under torchrun each rank evaluates the batches ``b % count == index`` and the sums
+    are all-reduced (every rank returns the same metrics)."""
     drafter.eval()
-    hits = torch.zeros(len(ks), dtype=torch.long)
-    n, l1_sum, ce_sum = 0, 0.0, 0.0
-    for tokens, hidden, _ in iterate_batches(paths, batch_size, None, model.device):
+    sums = torch.zeros(len(ks) + 3, dtype=torch.float64)  # hits per k, positions, smooth_l1 and ce sums
+    for b, (tokens, hidden, _) in enumerate(iterate_batches(paths, batch_size, None, model.device)):
+        if not shard.owns(b):
+            continue
         pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden)
         _, l1, ce = drafter_loss(pred, tgt, dl, tl)
         m = dl[..., 0].numel()
-        hits += topk_hits(dl, tl, ks)
-        l1_sum, ce_sum, n = l1_sum + float(l1) * m, ce_sum + float(ce) * m, n + m
-    out = {f"top{k}": float(h) / max(n, 1) for k, h in zip(ks, hits)}
+        sums[:len(ks)] += topk_hits(dl, tl, ks).double()
+        sums[len(ks):] += torch.tensor([m, float(l1) * m, float(ce) * m], dtype=torch.float64)
+    sums = shard.all_sum(sums)
+    hits, (n, l1_sum, ce_sum) = sums[:len(ks)], sums[len(ks):].tolist()
+    n = int(n)
+    out = {f"top{k}": float(h) / max(n, 1) for k, h in zip(ks, hits.tolist())}
     out.update(test_smooth_l1=l1_sum / max(n, 1), test_ce=ce_sum / max(n, 1), test_positions=n)
     return out
 
@@ -204,7 +220,8 @@ def _run_record(model: TokenModel, config: "TrainConfig", data: dict) -> dict:
 
 
 def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: str | Path | RunDir,
-                  config: Optional[TrainConfig] = None, progress: bool = True, overwrite: bool = False):
+                  config: Optional[TrainConfig] = None, progress: bool = True, overwrite: bool = False,
+                  shard: Shard = SINGLE):
     """Train a drafter for ``model`` and measure its test accuracy after every epoch.
 
     Args:
@@ -213,6 +230,11 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
         run_dir: a run directory (path or :class:`ambiguity.runs.RunDir`) for features,
             checkpoints and the table; an existing run of the same settings resumes, other
             settings are refused unless ``overwrite``.
+        shard: under torchrun (:mod:`ambiguity.distributed`) the ranks share the feature cache's
+            parts and train data-parallel (``DistributedDataParallel``): every optimiser step
+            takes the same global batch as one process, split across the ranks, so the result
+            equals a single process's up to the order of floating-point reductions. Rank 0 writes
+            checkpoints and tables; every rank returns the same drafter.
     Returns:
         (drafter, table): the drafter after the last epoch (float32, eval mode) and a pandas
         DataFrame with one row per epoch (0 = random init): model, epoch, top1, top2, top3 (fractions),
@@ -227,13 +249,14 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
     if isinstance(run_dir, RunDir):
         run = run_dir
     else:
-        run = RunDir(run_dir, _run_record(model, config, data), command=COMMAND, outputs=OUTPUTS).open(overwrite)
+        run = RunDir(run_dir, _run_record(model, config, data), command=COMMAND, outputs=OUTPUTS)
+        shard.first(lambda: run.open(overwrite, shards=None), lambda: run.open(shards=None))
     run_dir = run.path
     batch = max(1, config.batch_size)
     uncond = config.uncond_fraction if model.kind != "text" else 0.0  # text LMs have no guidance stream
-    train_paths = build_feature_cache(model, train, run, "train", batch, uncond, config.seed, progress)
-    test_paths = build_feature_cache(model, test, run, "test", batch, 0.0, config.seed, progress)
-    steps_per_epoch = sum(math.ceil(r / config.batch_size) for r in shard_rows(train_paths))  # batches stay in a shard
+    train_paths = build_feature_cache(model, train, run, "train", batch, uncond, config.seed, progress, shard)
+    test_paths = build_feature_cache(model, test, run, "test", batch, 0.0, config.seed, progress, shard)
+    steps_per_epoch = sum(math.ceil(r / config.batch_size) for r in shard_rows(train_paths))  # batches stay in a part
     total = steps_per_epoch * config.epochs
 
     drafter = Drafter.for_target(model, dtype=torch.float32, seed=config.seed)
@@ -245,44 +268,78 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
         drafter.load_state_dict(state["drafter"])
         optimizer.load_state_dict(state["optimizer"])
         rows, step = state["rows"], state["step"]
+    ddp = _data_parallel(drafter, shard)
     if not rows:
         t0 = time.perf_counter()
-        ev = evaluate(drafter, model, test_paths, config.batch_size)
+        ev = evaluate(drafter, model, test_paths, config.batch_size, shard=shard)
         rows.append({"model": model.name, "epoch": 0, **ev, "train_loss": float("nan"),
                      "train_smooth_l1": float("nan"), "train_ce": float("nan"), "lr": 0.0, "steps": 0,
                      "train_rows": 0, "seconds": time.perf_counter() - t0})
-        _save_checkpoint(run, drafter, optimizer, rows, step)
-        write_table(pd.DataFrame(rows), run_dir / "accuracy.parquet")
+        _save_progress(run, shard, drafter, optimizer, rows, step)
 
     for epoch in range(rows[-1]["epoch"] + 1, config.epochs + 1):
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(config.seed * 1000 + epoch)
-        sums, n = {"loss": 0.0, "smooth_l1": 0.0, "ce": 0.0}, 0
-        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{config.epochs}", unit="step", disable=not progress)
+        sums = torch.zeros(4, dtype=torch.float64)  # loss, smooth_l1, ce (row-weighted), rows
+        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{config.epochs}", unit="step",
+                   disable=not progress or shard.index != 0)
         lr = config.lr
         for tokens, hidden, _ in iterate_batches(train_paths, config.batch_size, gen, model.device):
             lr = lr_at(step, total, config)
-            stats = train_step(drafter, model, optimizer, tokens, hidden, config, lr)
-            for k in sums:
-                sums[k] += stats[k] * tokens.shape[0]
-            n += tokens.shape[0]
+            mine = _rank_rows(tokens.shape[0], shard)
+            n_mine = len(mine)
+            scale = shard.count * n_mine / tokens.shape[0]
+            if n_mine == 0:  # fewer rows than ranks: join the gradient all-reduce with a zero gradient
+                mine = torch.arange(1)
+            stats = train_step(drafter, model, optimizer, tokens[mine], hidden[mine], config, lr, scale, ddp)
+            sums += torch.tensor([stats["loss"] * n_mine, stats["smooth_l1"] * n_mine, stats["ce"] * n_mine, n_mine],
+                                 dtype=torch.float64)
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", ce=f"{stats['ce']:.3f}")
         bar.close()
-        ev = evaluate(drafter, model, test_paths, config.batch_size)
-        rows.append({"model": model.name, "epoch": epoch, **ev, "train_loss": sums["loss"] / max(n, 1),
-                     "train_smooth_l1": sums["smooth_l1"] / max(n, 1), "train_ce": sums["ce"] / max(n, 1), "lr": lr,
-                     "steps": step, "train_rows": n, "seconds": time.perf_counter() - t0})
-        _save_checkpoint(run, drafter, optimizer, rows, step)
-        drafter.save(run_dir / f"drafter_epoch{epoch:03d}.safetensors", dtype=torch.float32,
-                     **_training_info(data, config, rows))
-        write_table(pd.DataFrame(rows), run_dir / "accuracy.parquet")
-        if progress:
+        sums = shard.all_sum(sums)
+        n = max(int(sums[3]), 1)
+        ev = evaluate(drafter, model, test_paths, config.batch_size, shard=shard)
+        rows.append({"model": model.name, "epoch": epoch, **ev, "train_loss": float(sums[0]) / n,
+                     "train_smooth_l1": float(sums[1]) / n, "train_ce": float(sums[2]) / n, "lr": lr,
+                     "steps": step, "train_rows": int(sums[3]), "seconds": time.perf_counter() - t0})
+        _save_progress(run, shard, drafter, optimizer, rows, step, data, config)
+        if progress and shard.index == 0:
             tqdm.write(f"epoch {epoch}: top-1 {ev['top1']:.2%}  top-2 {ev['top2']:.2%}  top-3 {ev['top3']:.2%}  "
                        f"test ce {ev['test_ce']:.3f} nats")
     drafter.info.update(_training_info(data, config, rows))
     return drafter.eval(), pd.DataFrame(rows)
+
+
+def _rank_rows(rows: int, shard: Shard) -> torch.Tensor:
+    """This rank's contiguous slice of a global batch of ``rows`` rows (all rows without a group)."""
+    if not shard.group:
+        return torch.arange(rows)
+    return torch.tensor_split(torch.arange(rows), shard.count)[shard.index]
+
+
+def _data_parallel(drafter: Drafter, shard: Shard) -> Optional[torch.nn.Module]:
+    """The drafter wrapped in ``DistributedDataParallel`` under torchrun (None otherwise); its
+    backward all-reduces (averages) the gradients of the ranks."""
+    if not shard.group:
+        return None
+    ids = [drafter.device.index] if drafter.device.type == "cuda" else None
+    return DistributedDataParallel(drafter, device_ids=ids)
+
+
+def _save_progress(run: RunDir, shard: Shard, drafter: Drafter, optimizer, rows: list, step: int,
+                   data: Optional[dict] = None, config: Optional["TrainConfig"] = None) -> None:
+    """After an epoch: the checkpoint, the epoch's drafter (when ``data``) and the accuracy table,
+    written by the merging rank while the others wait."""
+    if shard.index == 0:
+        _save_checkpoint(run, drafter, optimizer, rows, step)
+        epoch = int(rows[-1]["epoch"])
+        if data is not None:
+            drafter.save(run.path / f"drafter_epoch{epoch:03d}.safetensors", dtype=torch.float32,
+                         **_training_info(data, config, rows))
+        write_table(pd.DataFrame(rows), run.path / "accuracy.parquet")
+    shard.barrier()
 
 
 def _training_info(data: dict, config: "TrainConfig", rows: list) -> dict:
@@ -348,9 +405,10 @@ def _data_settings(args) -> dict:
             if args.self_generate else None}
 
 
-def _data(args, model: TokenModel, run: RunDir) -> tuple[TokenSet, TokenSet]:
+def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Optional[tuple[TokenSet, TokenSet]]:
     """Train/test sequences: reused from the run's parts, else from --tokens, --self-generate or
-    Fashion-MNIST (then saved as parts ``tokens_train`` / ``tokens_test``)."""
+    Fashion-MNIST (then saved as parts ``tokens_train`` / ``tokens_test`` by shard 0). None on an
+    independent shard, which only samples its share of ``--self-generate``."""
     train, test = load_token_part(run, "tokens_train"), load_token_part(run, "tokens_test")
     if train is None or test is None:
         if args.tokens and args.self_generate:
@@ -361,7 +419,9 @@ def _data(args, model: TokenModel, run: RunDir) -> tuple[TokenSet, TokenSet]:
         elif args.self_generate:
             sampling = sampling_from_args(args, model.kind)
             ts = self_generate(model, args.self_generate, sampling, conds, args.gen_batch_size, args.seed, run,
-                               progress=not args.no_progress)
+                               progress=not args.no_progress, shard=shard)
+            if ts is None:
+                return None
             train, test = split_holdout(ts, args.test_size, args.seed)
         elif model.kind == "c2i" and model.num_classes == 10 and _takes_fashion_mnist(model):
             train = fashion_mnist_tokens(model, "train", args.train_size, args.data, progress=not args.no_progress)
@@ -370,8 +430,10 @@ def _data(args, model: TokenModel, run: RunDir) -> tuple[TokenSet, TokenSet]:
             raise UsageError(f"--model {model.name} needs training sequences: pass --tokens FILE or --self-generate N")
         if args.train_size is not None and len(train) > args.train_size:
             train = train.subset(range(args.train_size))
-        save_token_part(run, "tokens_train", train, {"split": "train"})
-        save_token_part(run, "tokens_test", test, {"split": "test"})
+        if shard.index == 0:
+            save_token_part(run, "tokens_train", train, {"split": "train"})
+            save_token_part(run, "tokens_test", test, {"split": "test"})
+        shard.barrier()
     check_tokens(train, model)
     check_tokens(test, model)
     return train, test
@@ -418,6 +480,7 @@ def build_parser() -> ArgumentParser:
     o.add_argument("--save-dtype", default="fp16", choices=["fp16", "bf16", "fp32"], help="dtype of the saved drafter")
     o.add_argument("--overwrite", action="store_true", help="discard a run of other settings in --run-dir")
     o.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_shard_args(o)
     return p
 
 
@@ -436,14 +499,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise UsageError(f"--out {out} is a directory; pass a file name ending in .safetensors")
     if args.figure is not None:
         check_out_dir(Path(args.figure).parent, "--figure")
+    shard = shard_from_args(args, device)
+    if shard.count > 1 and not shard.group and not args.self_generate:
+        raise UsageError("--shard-index/--num-shards split --self-generate N across independent processes; to "
+                         "train data-parallel launch with torchrun --nproc_per_node=N instead")
     torch.manual_seed(args.seed)
-    model = load_model(args.model, weights=args.weights, device=device, dtype=dtype)
+    model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
     record = _run_record(model, config, _data_settings(args))
-    run = RunDir(run_dir, record, command=COMMAND, flag="--run-dir", outputs=OUTPUTS).open(args.overwrite)
-    train, test = _data(args, model, run)
-    print(f"target {model.name}: {len(train)} training and {len(test)} test sequences of {train.tokens.shape[1]} "
-          f"tokens; run dir {run_dir}")
-    drafter, table = train_drafter(model, train, test, run, config, progress=not args.no_progress)
+    run = RunDir(run_dir, record, command=COMMAND, flag="--run-dir", outputs=OUTPUTS)
+    shard.first(lambda: run.open(args.overwrite, shards=None), lambda: run.open(shards=None))
+    data = _data(args, model, run, shard)
+    if data is None:
+        print(f"{shard.label} done: its --self-generate batches are parts of {run_dir}; after every shard, train "
+              f"with the same command without --shard-index/--num-shards (or under torchrun)")
+        return 0
+    train, test = data
+    if shard.index == 0:
+        print(f"target {model.name}: {len(train)} training and {len(test)} test sequences of "
+              f"{train.tokens.shape[1]} tokens; run dir {run_dir}" + (f"; {shard.count} ranks" if shard.group else ""))
+    drafter, table = train_drafter(model, train, test, run, config, progress=not args.no_progress, shard=shard)
+    if shard.index != 0:
+        return 0
     save_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
     drafter.save(out, dtype=save_dtype)
     write_table(table, accuracy_table_path(out))

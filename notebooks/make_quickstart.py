@@ -4,8 +4,11 @@
     jupyter nbconvert --to notebook --execute --inplace notebooks/quickstart.ipynb   # fill in the outputs
 The test suite executes these cells (tests/test_notebook.py), so the notebook keeps working.
 """
-import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbtools  # noqa: E402
 
 CELLS = [
     ("markdown", """# Token-selection ambiguity and LANTERN decoding — quick start
@@ -62,18 +65,8 @@ drafts.groupby(pd.cut(drafts.p_top1, [0, .1, .2, .4, .6, 1.0])).committed.mean()
 
 
 def build() -> dict:
-    cells = []
-    for i, (kind, src) in enumerate(CELLS):
-        cell = {"cell_type": kind, "id": f"cell-{i}", "metadata": {}, "source": src.splitlines(keepends=True)}
-        if kind == "code":
-            cell.update(outputs=[], execution_count=None)
-        cells.append(cell)
-    return {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                                         "language_info": {"name": "python"}},
-            "nbformat": 4, "nbformat_minor": 5}
+    return nbtools.build(CELLS)
 
 
 if __name__ == "__main__":
-    out = Path(__file__).with_name("quickstart.ipynb")
-    out.write_text(json.dumps(build(), indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {out}")
+    nbtools.write(Path(__file__).with_name("quickstart.ipynb"), CELLS, execute="--execute" in sys.argv)

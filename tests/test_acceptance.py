@@ -84,16 +84,24 @@ def ref_prefix(p, x, table, rule):
 
 
 def ref_residual(p, q, x, table, rule):
+    """Residual after rejecting x drawn from q (q None: a deterministic draft), by loops."""
     V = len(p)
-    if rule.residual == "exact":
-        alpha = [min(q[y], ref_prefix(p, y, table, rule)[1]) for y in range(V)]
+    if q is None:
+        q = [1.0 if y == x else 0.0 for y in range(V)]
+    if rule.convention == "exact":
+        alpha = [min(q[y], ref_prefix(p, y, table, rule)[1]) if q[y] < 1 else q[y] for y in range(V)]
         r = [max(p[y] - alpha[y], 0.0) for y in range(V)]
-    else:
-        j = ref_prefix(p, x, table, rule)[0]
-        zero = {x} | (set(table[x][: rule.k + 1]) if j >= 1 else set())
-        r = [0.0 if y in zero else p[y] for y in range(V)]
+        mass = sum(r)
+        return [v / mass for v in r] if mass > 0 else list(p)
+    j = ref_prefix(p, x, table, rule)[0]
+    zap = set(table[x][: rule.k + 1]) if j >= 1 and rule.method != "sd" and rule.k > 0 else set()
+    deterministic = q[x] == 1.0
+    if deterministic:  # the dynamic-tree path: p zeroed at x̂ and the zapped neighbours
+        r = [0.0 if (y == x or y in zap) else p[y] for y in range(V)]
+    else:  # the static-tree path: q zeroed at the zapped neighbours, then max(p - q, 0)
+        r = [max(p[y] - (0.0 if y in zap else q[y]), 0.0) for y in range(V)]
     mass = sum(r)
-    return [v / mass for v in r] if mass > 0 else list(p)
+    return [v / mass for v in r] if mass > 0 else [1.0 / V] * V
 
 
 def ref_output(p, q, table, rule, greedy=False):
@@ -225,10 +233,10 @@ def test_tvd_and_jsd_direct():
 
 
 # ----------------------------------------------------------------------------- exact enumeration
-@pytest.mark.parametrize("residual_mode", ["exact", "official"])
+@pytest.mark.parametrize("convention", ["exact", "official"])
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.method}-k{r.k}")
-def test_output_distribution_matches_loop_reference(rule, residual_mode):
-    rule = AcceptanceRule(rule.method, rule.k, rule.delta, rule.lam, residual_mode)
+def test_output_distribution_matches_loop_reference(rule, convention):
+    rule = AcceptanceRule(rule.method, rule.k, rule.delta, rule.lam, convention)
     gen = torch.Generator().manual_seed(1)
     for V in (4, 6, 8):
         for zeros in (0, 2):
@@ -253,6 +261,8 @@ def test_output_distribution_matches_loop_reference(rule, residual_mode):
                         assert got == want
                 r = residual(p, q, torch.tensor(x), table, rule)
                 assert torch.allclose(r, t(ref_residual(p.tolist(), q.tolist(), x, table.tolist(), rule)), atol=1e-12)
+                r = residual(p, None, torch.tensor(x), table, rule)  # a deterministic draft
+                assert torch.allclose(r, t(ref_residual(p.tolist(), None, x, table.tolist(), rule)), atol=1e-12)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.method}-k{r.k}")
@@ -290,43 +300,55 @@ def test_lossless_when_nothing_moves(rule):
         assert torch.allclose(output_distribution(pp, qq, table, rule), pp, atol=1e-14, rtol=0)
 
 
-def test_official_residual_lossless_only_for_deterministic_draft():
-    """The official residual (zero x̂, renormalise) pairs with q(x̂) = 1: exact at δ = 0 then,
-    lossy for a stochastic drafter."""
+def test_official_at_delta_zero_is_lossless_only_while_no_neighbour_is_zapped():
+    """Sampled drafts, δ = 0: with every neighbour of positive mass nothing moves (j* = 0) and the
+    official residual is the exact one; a neighbour cut to p = 0 (e.g. by top-k) still counts as
+    moved, B_{k+1} is zeroed in q and the output leaves p."""
     gen = torch.Generator().manual_seed(4)
+    official = AcceptanceRule("lantern", k=2, delta=0.0, convention="official")
     p, q, table = random_case(gen, 6)
-    rule = AcceptanceRule("lantern", k=2, delta=0.0, residual="official")
-    for x in range(6):
-        one_hot = torch.zeros(6, dtype=F64)
-        one_hot[x] = 1
-        assert torch.allclose(output_distribution(p, one_hot, table, rule), p, atol=1e-14)
-    assert tvd(output_distribution(p, q, table, rule), p).item() > 1e-3
+    assert torch.allclose(output_distribution(p, q, table, official), p, atol=1e-14)
+    p, q, table = random_case(gen, 6, zeros=2)
+    assert tvd(output_distribution(p, q, table, official), p).item() > 1e-3
+    assert torch.allclose(output_distribution(p, q, table, AcceptanceRule("lantern", k=2, delta=0.0)), p, atol=1e-14)
 
 
-def test_official_residual_zeroes_b_k_plus_one():
-    """Hand case: after rejecting x̂ = 0 with j* = 2 of k = 2 the official code zeroes p at 0 and
-    at nearest_latents[0, :3] = {2, 3, 1}; with j* = 0 only at 0."""
+def test_official_deterministic_residual_zeroes_b_k_plus_one():
+    """Hand case (dynamic tree, q(x̂) = 1): after rejecting x̂ = 0 with j* = 2 of k = 2 the official
+    code zeroes p at 0 and at nearest_latents[0, :3] = {2, 3, 1}; with j* = 0 only at 0."""
     p, table = t(P8), nb(NB8)
-    q = torch.zeros(8, dtype=F64)
-    q[0] = 1
-    rule = AcceptanceRule("lantern", k=2, delta=2 / 16, residual="official")
-    r = residual(p, q, torch.tensor(0), table, rule)
+    rule = AcceptanceRule("lantern", k=2, delta=2 / 16, convention="official")
+    r = residual(p, None, torch.tensor(0), table, rule)
     # left: codes 4, 5, 6, 7 with 2, 4, 1, 1 sixteenths -> /8
     assert torch.equal(r, t([0, 0, 0, 0, 2 / 8, 4 / 8, 1 / 8, 1 / 8]))
     # table with only k columns: B_k = {2, 3}
-    r = residual(p, q, torch.tensor(0), table[:, :2], rule)
+    r = residual(p, None, torch.tensor(0), table[:, :2], rule)
     assert torch.equal(r, t([0, 2 / 10, 0, 0, 2 / 10, 4 / 10, 1 / 10, 1 / 10]))
-    # δ below S_1 -> j* = 0 -> only x̂ zeroed
-    rule0 = AcceptanceRule("lantern", k=2, delta=0.01, residual="official")
-    r = residual(p, q, torch.tensor(0), table, rule0)
-    assert torch.equal(r, t([0, 2 / 12, 1 / 12, 1 / 12, 2 / 12, 4 / 12, 1 / 12, 1 / 12]))
+    # δ below S_1 -> j* = 0 -> only x̂ zeroed (= the exact residual of a deterministic draft)
+    for rule0 in (AcceptanceRule("lantern", k=2, delta=0.01, convention="official"), AcceptanceRule("sd")):
+        r = residual(p, None, torch.tensor(0), table, rule0)
+        assert torch.equal(r, t([0, 2 / 12, 1 / 12, 1 / 12, 2 / 12, 4 / 12, 1 / 12, 1 / 12]))
     # δ = 0 but n_1 = 1 has p = 0 (cut by top-k): j* = 1, so {0} ∪ B_2(0) = {0, 1, 2} is zeroed
-    p0, q0 = t([8, 0, 4, 4]) / 16, t([1.0, 0, 0, 0])
+    p0 = t([8, 0, 4, 4]) / 16
     t0 = nb([[1, 2, 3], [0, 2, 3], [3, 0, 1], [2, 0, 1]])
-    rule = AcceptanceRule("lantern", k=1, delta=0.0, residual="official")
+    rule = AcceptanceRule("lantern", k=1, delta=0.0, convention="official")
     assert relaxed_mass(p0, torch.tensor(0), t0, rule)[0].item() == 1
-    assert torch.equal(residual(p0, q0, torch.tensor(0), t0, rule), t([0, 0, 0, 1.0]))
-    assert torch.equal(residual(p0, q0, torch.tensor(0), t0, AcceptanceRule("lantern", k=1)), t([0, 0, 4, 4]) / 8)
+    assert torch.equal(residual(p0, None, torch.tensor(0), t0, rule), t([0, 0, 0, 1.0]))
+    assert torch.equal(residual(p0, None, torch.tensor(0), t0, AcceptanceRule("lantern", k=1)), t([0, 0, 4, 4]) / 8)
+
+
+def test_official_sampled_residual_hand_case():
+    """Hand case (static tree / chain, q given): p = (8, 4, 2, 2)/16, q = (4, 8, 2, 2)/16,
+    B: 1 -> (0, 3), 2 -> (3, 0), k = 1, δ = 1/8. x̂ = 1: S_1 = p(0) = 1/2 > δ, j* = 0, nothing is
+    zapped: norm(max(p - q, 0)) = e_0. x̂ = 2: S_1 = p(3) = 1/8 <= δ, j* = 1, q is zeroed at
+    B_2(2) = {3, 0}: q'' = (0, 8, 2, 0)/16, max(p - q'', 0) = (8, 0, 0, 2)/16 -> (4/5, 0, 0, 1/5)."""
+    p, q = t([8, 4, 2, 2]) / 16, t([4, 8, 2, 2]) / 16
+    table = nb([[1, 2], [0, 3], [3, 0], [2, 1]])
+    rule = AcceptanceRule("lantern", k=1, delta=2 / 16, convention="official")
+    assert torch.equal(residual(p, q, torch.tensor(1), table, rule), t([1, 0, 0, 0]))
+    assert torch.allclose(residual(p, q, torch.tensor(2), table, rule), t([0.8, 0, 0, 0.2]), atol=1e-15)
+    exact = AcceptanceRule("lantern", k=1, delta=2 / 16)
+    assert torch.equal(residual(p, q, torch.tensor(2), table, exact), t([1, 0, 0, 0]))
 
 
 def test_exact_residual_hand_case():
@@ -359,14 +381,14 @@ def test_exact_residual_is_standard_residual():
         assert torch.allclose(r / r.sum(), standard / standard.sum(), atol=1e-15)
 
 
-def test_zero_mass_residual_falls_back_to_p():
+def test_zero_mass_residual_falls_back_to_p_or_uniform():
     p = t([0.5, 0.5, 0.0, 0.0])
     table = nb([[1, 2, 3], [0, 2, 3], [3, 0, 1], [2, 0, 1]])
-    # exact, q = p: α = p, max(p - α, 0) = 0
+    # exact, q = p: α = p, max(p - α, 0) = 0 -> p
     assert torch.equal(residual(p, p, torch.tensor(0), table, AcceptanceRule("sd")), p)
-    # official, j* = 3 >= 1: zeroes {0, 1, 2, 3}
-    rule = AcceptanceRule("lantern", k=3, delta=0.5, residual="official")
-    assert torch.equal(residual(p, t([1.0, 0, 0, 0]), torch.tensor(0), table, rule), p)
+    # official, deterministic draft, j* = 3 >= 1: zeroes {0, 1, 2, 3} -> uniform (the official code)
+    rule = AcceptanceRule("lantern", k=3, delta=0.5, convention="official")
+    assert torch.equal(residual(p, None, torch.tensor(0), table, rule), t([0.25] * 4))
 
 
 # ----------------------------------------------------------------------------- distortion bounds
@@ -381,7 +403,7 @@ def test_tvd_rule_distortion_bound():
         delta = [0.02, 0.1, 0.3][trial % 3]
         k = 1 + trial % (V - 2)
         exact = AcceptanceRule("lantern", k=k, delta=delta)
-        official = AcceptanceRule("lantern", k=k, delta=delta, residual="official")
+        official = AcceptanceRule("lantern", k=k, delta=delta, convention="official")
         xs = torch.arange(V)
         j, pt, spent = relaxed_mass(p.expand(V, V), xs, table, exact)
         assert (spent <= delta).all() and torch.allclose(pt - p, spent, atol=1e-15)
@@ -400,7 +422,7 @@ def test_output_tvd_can_exceed_delta():
     p, q = t([2, 2, 6, 6]) / 16, t([8, 8, 0, 0]) / 16
     table = nb([[2], [3], [0], [1]])
     for mode in ("exact", "official"):
-        out = output_distribution(p, q, table, AcceptanceRule("lantern", k=1, delta=6 / 16, residual=mode))
+        out = output_distribution(p, q, table, AcceptanceRule("lantern", k=1, delta=6 / 16, convention=mode))
         assert torch.equal(out, q)
         assert tvd(out, p).item() == 0.75
 
@@ -492,7 +514,7 @@ def test_batched_matches_per_element(rule, mode):
         (dict(method="lantern++", lam=0.5), r"lam \(--lam\) must be >= 1"),
         (dict(method="lantern", k=-1), r"k \(--k\) must be an integer >= 0"),
         (dict(method="lantern", k=2.5), r"k \(--k\) must be an integer >= 0"),
-        (dict(residual="uniform"), "unknown residual"),
+        (dict(convention="uniform"), "unknown convention"),
     ],
 )
 def test_bad_rule_raises_usage_error(kwargs, needle):

@@ -48,7 +48,7 @@ def _fake_run(d, arr, method="lantern", k=64, delta=0.2):
         d / "drafts.parquet")
     (d / "summary.json").write_text(json.dumps({
         "method": method, "rule": {"k": k, "delta": delta}, "settings": {"model": "embedded", "seed": 0},
-        "acceptance_rate": 0.8, "mean_accepted_length": 3.1, "step_compression": 2.9}))
+        "acceptance_rate": 0.8, "tau": 3.1, "tokens_per_forward": 2.9}))
     return d
 
 
@@ -217,7 +217,7 @@ def test_sweep_table_and_figure(sets, clf, capsys):
     frame = pd.read_parquet(tmp / "eval" / "sweep.parquet")
     row = frame[(frame["metric"] == "fid_fmnist") & (frame["method"] == "lantern")].sort_values("delta")
     assert row["delta"].tolist() == [0.2, 0.4] and row["k"].tolist() == [64, 64]
-    assert (frame["mean_accepted_length"] == 3.1).all()
+    assert (frame["tau"] == 3.1).all()
     assert (tmp / "eval" / "quality_sweep.png").is_file() and (tmp / "eval" / "quality_sweep.pdf").is_file()
 
 

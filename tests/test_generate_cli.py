@@ -73,7 +73,7 @@ def test_outputs_summary_and_resume(tiny, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["images"] == 2 and summary["tokens"] == 32 == images["tokens"].sum()
     assert summary["steps"] == len(steps) and summary["target_forwards"] == 2 + len(steps)
-    assert summary["mean_accepted_length"] == pytest.approx(30 / len(steps))
+    assert summary["tau"] == pytest.approx(30 / len(steps))
     assert summary["acceptance_rate"] == pytest.approx(drafts["committed"].sum() / drafts["reached"].sum())
     assert [len(c) for c in images["codes"]] == [16, 16]
     assert images["seed"].tolist() == [image_seed(0, 0), image_seed(0, 1)]

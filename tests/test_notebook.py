@@ -15,14 +15,15 @@ def _cells(path: Path) -> list[str]:
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
-def test_notebook_matches_its_generator():
+@pytest.mark.parametrize("name", ["quickstart", "paper"])
+def test_notebook_matches_its_generator(name):
     import importlib.util
-    spec = importlib.util.spec_from_file_location("make_quickstart", ROOT / "notebooks" / "make_quickstart.py")
+    spec = importlib.util.spec_from_file_location(f"make_{name}", ROOT / "notebooks" / f"make_{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    on_disk = json.loads((ROOT / "notebooks" / "quickstart.ipynb").read_text())
+    on_disk = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
     assert [c["source"] for c in on_disk["cells"]] == [c["source"] for c in mod.build()["cells"]], \
-        "notebooks/quickstart.ipynb is stale: run python notebooks/make_quickstart.py"
+        f"notebooks/{name}.ipynb is stale: run python notebooks/make_{name}.py"
 
 
 @pytest.mark.slow

@@ -99,18 +99,23 @@ class Step:
 class DraftLayer(nn.Module, abc.ABC):
     """One decoder layer of the target's architecture, with its own KV cache, for EAGLE drafters.
 
-    ``forward(x, cache, start)``: x (rows, T, H) at image-token positions ``start..start+T-1``
-    -> (rows, T, H). ``new_cache(rows)`` and ``rollback(cache, n)`` mirror :class:`TokenModel`.
+    ``forward(x, cache, start, positions=None, attend=None)``: x (rows, T, H) at image-token
+    positions ``start..start+T-1`` -> (rows, T, H), written at cache positions ``start..``; with
+    ``positions`` (T,) int64 (draft-tree nodes) the inputs take those positions, are appended
+    after the cache and see the cache positions ``attend`` (T, cache length + T) bool allows.
+    ``new_cache(rows, spare)`` (room for ``spare`` draft-tree nodes beyond one image) and
+    ``rollback(cache, n)`` mirror :class:`TokenModel`.
     """
 
     @abc.abstractmethod
-    def new_cache(self, rows: int) -> Any: ...
+    def new_cache(self, rows: int, spare: int = 0) -> Any: ...
 
     @abc.abstractmethod
     def rollback(self, cache: Any, n: int) -> None: ...
 
     @abc.abstractmethod
-    def forward(self, x: torch.Tensor, cache: Any, start: int) -> torch.Tensor: ...
+    def forward(self, x: torch.Tensor, cache: Any, start: int, positions: Optional[torch.Tensor] = None,
+                attend: Optional[torch.Tensor] = None) -> torch.Tensor: ...
 
 
 class TokenModel(abc.ABC):
@@ -200,6 +205,25 @@ class TokenModel(abc.ABC):
     @abc.abstractmethod
     def cache_tokens(self, cache: Any) -> int:
         """Number of image tokens currently held by the cache (after the prefix)."""
+
+    def extend_tree(self, cache: Any, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> Step:
+        """Verify a draft tree in one forward: tokens (rows, T) int64 code indices of the T nodes
+        (node 0 the root: the last committed token, not yet in the cache), depths (T,) int64
+        (root 0), ancestors (T, T) bool (``[t, s]`` true when node s is t or an ancestor of t).
+
+        Node t sits at image position ``cache_tokens(cache) + depths[t]`` (its own rotary
+        position: a 2D grid cell for LlamaGen) and attends to the cached prefix and image tokens
+        and to its ancestors only. Returns a Step (rows, T, .): logits[:, t] is the distribution
+        of the token after node t. The T nodes are appended to the cache; follow with
+        :meth:`keep_path`. Raises NotImplementedError when the adapter cannot verify trees.
+        """
+        raise NotImplementedError(f"{self.name} does not verify draft trees; use chain drafting")
+
+    def keep_path(self, cache: Any, n: int, nodes: torch.Tensor) -> None:
+        """After :meth:`extend_tree` on a cache holding ``n`` image tokens: keep those and then the
+        tree nodes ``nodes`` (m,) int64 (the accepted path, root first) as image tokens
+        ``n .. n+m-1``; every other node is dropped."""
+        raise NotImplementedError(f"{self.name} does not verify draft trees; use chain drafting")
 
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
         """Logits and hidden states (rows, N, .) for known sequences tokens (rows, N).

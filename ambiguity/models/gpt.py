@@ -217,6 +217,17 @@ class KVCache:
             raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
         self.length = length
 
+    def keep(self, start: int, indices: torch.Tensor) -> None:
+        """Keep positions ``0..start-1`` and then the entries at ``indices`` (m,) (absolute cache
+        positions >= start, e.g. the accepted path of a draft tree), moved to ``start..start+m-1``."""
+        idx = indices.to(self.k.device, torch.long)
+        m = int(idx.numel())
+        if m and (int(idx.min()) < start or int(idx.max()) >= self.length):
+            raise ValueError(f"keep indices must lie in {start}..{self.length - 1}")
+        self.k[:, :, :, start:start + m] = self.k[:, :, :, idx].clone()
+        self.v[:, :, :, start:start + m] = self.v[:, :, :, idx].clone()
+        self.length = start + m
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given batch rows (e.g. to drop finished images)."""
         self.k, self.v, self.key_mask = self.k[:, rows], self.v[:, rows], self.key_mask[rows]
@@ -374,8 +385,9 @@ class GPT(nn.Module):
         return self.tok_embeddings(tokens)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Post-norm hidden (..., dim) -> float32 logits (..., vocab_size)."""
-        return self.output(hidden).float()
+        """Post-norm hidden (..., dim) -> float32 logits (..., vocab_size) (float64 for a float64 model)."""
+        out = self.output(hidden)
+        return out if out.dtype == torch.float64 else out.float()
 
     # ---------------------------------------------------------------- cache
     def new_cache(self, rows: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
@@ -393,26 +405,35 @@ class GPT(nn.Module):
         return self.rope[start:start + length]
 
     @staticmethod
-    def attention_mask(T: int, start: int, cache: Optional[KVCache]) -> Optional[torch.Tensor]:
-        """Bool mask (R|1, 1, T, start+T) or None when plain causal attention suffices."""
-        if cache is None or (T == 1 and not cache.has_key_mask):
+    def attention_mask(T: int, start: int, cache: Optional[KVCache],
+                       attend: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """Bool mask (R|1, 1, T, start+T) or None when plain causal attention suffices.
+
+        ``attend``: (T, start+T) bool, which cache positions each new token sees (a draft tree's
+        ancestry); default causal. Padded prefix keys (``cache.key_mask``) are never seen.
+        """
+        if cache is None or (attend is None and T == 1 and not cache.has_key_mask):
             return None
         total = start + T
         q = torch.arange(start, total, device=cache.k.device)[:, None]
         kpos = torch.arange(total, device=cache.k.device)[None, :]
-        causal = kpos <= q  # (T, total)
+        allowed = (kpos <= q) if attend is None else attend.to(cache.k.device, torch.bool)  # (T, total)
         if not cache.has_key_mask:
-            return causal[None, None]
-        allowed = causal[None] & cache.key_mask[:, None, :total]
+            return allowed[None, None]
+        allowed = allowed[None] & cache.key_mask[:, None, :total]
         allowed |= (kpos == q)[None]  # a padded prefix token still attends to itself (official)
         return allowed[:, None]
 
     # ---------------------------------------------------------------- forward
-    def forward(self, h: torch.Tensor, cache: Optional[KVCache] = None, start: int | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, cache: Optional[KVCache] = None, start: int | None = None,
+                positions: Optional[torch.Tensor] = None, attend: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Run the blocks over input embeddings h (R, T, dim) -> hidden after final norm (R, T, dim).
 
-        Positions are ``start .. start+T-1`` (default: ``cache.length``, or 0 without a cache).
-        With a cache, the new keys/values are written and ``cache.length`` advances by T.
+        The new entries are written at cache positions ``start .. start+T-1`` (default:
+        ``cache.length``, or 0 without a cache) and ``cache.length`` advances to ``start + T``.
+        positions: (T,) int64 rows of the rotary table (default ``start .. start+T-1``): tree
+        nodes take the position of their depth. attend: (T, start+T) bool attention over the
+        cache and the new tokens (default causal): tree nodes see only their ancestors.
         """
         R, T, _ = h.shape
         if start is None:
@@ -421,8 +442,12 @@ class GPT(nn.Module):
             raise ValueError(f"KV cache holds {cache.max_len} positions; cannot write {start}..{start + T}")
         if cache is not None and start != cache.length:
             cache.crop(start)
-        rope = self.rope_at(start, T)
-        mask = self.attention_mask(T, start, cache)
+        if positions is None:
+            rope = self.rope_at(start, T)
+        else:
+            self.rope_at(int(positions.max()), 1)  # extends a 1D table / checks the 2D grid
+            rope = self.rope[positions.to(self.rope.device)]
+        mask = self.attention_mask(T, start, cache, attend)
         h = self.tok_dropout(h)
         for i, layer in enumerate(self.layers):
             h = layer(h, rope, i, cache, mask)

@@ -42,7 +42,8 @@ from ambiguity.models.hub import hf_snapshot_dir
 
 __all__ = ["HFCache", "HFTokenModel", "HFDraftLayer", "cache_kwarg", "new_dynamic_cache", "run_decoder",
            "left_pad_ids", "position_ids", "decoder_layers", "new_decoder_layer", "load_pretrained",
-           "load_tokenizer", "rows_of", "token_id", "make_draft_layer", "crop_dynamic_cache", "local_dir"]
+           "load_tokenizer", "rows_of", "token_id", "make_draft_layer", "crop_dynamic_cache", "select_dynamic_cache",
+           "additive_mask", "local_dir"]
 
 
 # --------------------------------------------------------------------------- caches
@@ -61,6 +62,20 @@ def new_dynamic_cache(config=None):
         return DynamicCache(config=config) if config is not None else DynamicCache()
     except TypeError:  # older transformers without the config argument
         return DynamicCache()
+
+
+def select_dynamic_cache(kv, index: torch.Tensor) -> None:
+    """Keep the cached positions ``index`` (L',) int64 of every layer of a DynamicCache, in that order."""
+    for layer in getattr(kv, "layers", []):
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            i = index.to(layer.keys.device)
+            layer.keys, layer.values = layer.keys[..., i, :], layer.values[..., i, :]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool mask (..., T, L), True = attend -> the additive float mask transformers layers take
+    (0 where allowed, the dtype's minimum elsewhere)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def crop_dynamic_cache(kv, length: int) -> None:
@@ -243,6 +258,36 @@ class HFTokenModel(TokenModel):
         cache.tokens += tokens.shape[1]
         return Step(self.head(h), h)
 
+    @torch.no_grad()
+    def extend_tree(self, cache: HFCache, tokens: torch.Tensor, depths: torch.Tensor,
+                    ancestors: torch.Tensor) -> Step:
+        """Verify a draft tree in one forward with a 4D attention mask and per-node position ids
+        (see :meth:`TokenModel.extend_tree`). Not for layouts with end-of-row tokens."""
+        if self.eol_id is not None:
+            raise UsageError(f"{self.name} inserts end-of-row tokens, which draft trees do not model yet; "
+                             f"use chain drafting (--tree chain)")
+        rows, T = tokens.shape
+        embeds = self.embed(tokens.to(self.device))
+        past = cache.mask
+        before = past.sum(1, keepdim=True)
+        pos = before + depths.to(self.device)[None]
+        allowed = torch.cat([past.bool()[:, None, :].expand(rows, T, past.shape[1]),
+                             ancestors.to(self.device).bool()[None].expand(rows, T, T)], 2)
+        kwargs: dict[str, Any] = dict(inputs_embeds=embeds, attention_mask=additive_mask(allowed[:, None], embeds.dtype),
+                                      position_ids=pos, use_cache=True)
+        kwargs[cache_kwarg(self.decoder.forward)] = cache.kv
+        h = self.decoder(**kwargs).last_hidden_state
+        cache.mask = torch.cat([past, torch.ones(rows, T, dtype=past.dtype, device=past.device)], 1)
+        return Step(self.head(h), h)
+
+    def keep_path(self, cache: HFCache, n: int, nodes: torch.Tensor) -> None:
+        """Keep the prompt, ``n`` image tokens and the tree nodes ``nodes`` (see TokenModel)."""
+        base = cache.prefix + self.cache_positions(n)
+        index = torch.cat([torch.arange(base), base + nodes.to(torch.long).cpu()])
+        select_dynamic_cache(cache.kv, index)
+        cache.mask = cache.mask[:, index.to(cache.mask.device)]
+        cache.tokens = n + int(nodes.numel())
+
     def rollback(self, cache: HFCache, n: int) -> None:
         """Keep the prompt and the first ``n`` image tokens (``DynamicCache`` crop by
         :meth:`cache_positions`); ValueError when ``n`` exceeds what the cache holds."""
@@ -325,28 +370,31 @@ class HFDraftLayer(DraftLayer):
         self._cache_kw = cache_kwarg(layer.forward)
         self._takes_pe = "position_embeddings" in inspect.signature(layer.forward).parameters
 
-    def new_cache(self, rows: int):
-        """An empty ``DynamicCache`` (its batch size is set by the first forward)."""
+    def new_cache(self, rows: int, spare: int = 0):
+        """An empty ``DynamicCache`` (its batch size is set by the first forward; it grows as needed)."""
         return new_dynamic_cache()
 
     def rollback(self, cache, n: int) -> None:
         """Keep the first ``n`` positions of the layer's cache."""
         crop_dynamic_cache(cache, n)
 
-    def forward(self, x: torch.Tensor, cache, start: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache, start: int, positions: Optional[torch.Tensor] = None,
+                attend: Optional[torch.Tensor] = None) -> torch.Tensor:
         rows, T = x.shape[:2]
         past = 0
         if cache is not None:
             held = cache.get_seq_length()
-            if start > held:
-                raise ValueError(f"draft layer cache holds {held} positions; cannot start at {start}")
-            crop_dynamic_cache(cache, start)
-            past = start
-        q = torch.arange(T, device=x.device)[:, None] + past
-        k = torch.arange(past + T, device=x.device)[None, :]
-        mask = torch.zeros(T, past + T, dtype=x.dtype, device=x.device)
-        mask = mask.masked_fill(k > q, torch.finfo(x.dtype).min)[None, None].expand(rows, 1, T, past + T)
-        pos = (torch.arange(T, device=x.device) + start)[None].expand(rows, T)
+            if positions is None:
+                if start > held:
+                    raise ValueError(f"draft layer cache holds {held} positions; cannot start at {start}")
+                crop_dynamic_cache(cache, start)
+            past = start if positions is None else held  # tree nodes are appended after the cache
+        if attend is None:
+            q = torch.arange(T, device=x.device)[:, None] + past
+            attend = torch.arange(past + T, device=x.device)[None, :] <= q
+        mask = additive_mask(attend.to(x.device).bool(), x.dtype)[None, None].expand(rows, 1, T, past + T)
+        pos_t = torch.arange(T, device=x.device) + start if positions is None else positions.to(x.device)
+        pos = pos_t[None].expand(rows, T)
         kwargs: dict[str, Any] = dict(attention_mask=mask, position_ids=pos, use_cache=cache is not None)
         kwargs[self._cache_kw] = cache
         rotary = self._rotary[0]

@@ -40,27 +40,31 @@ class GPTDraftLayer(DraftLayer):
         self.block = TransformerBlock(config)
         self.register_buffer("rope", rope_table(config), persistent=False)
 
-    def new_cache(self, rows: int) -> KVCache:
+    def new_cache(self, rows: int, spare: int = 0) -> KVCache:
         p = next(self.parameters())
-        return KVCache(1, rows, self.config.block_size, self.config.kv_heads, self.config.head_dim, p.dtype, p.device)
+        return KVCache(1, rows, self.config.block_size + int(spare), self.config.kv_heads, self.config.head_dim,
+                       p.dtype, p.device)
 
     def rollback(self, cache: KVCache, n: int) -> None:
         cache.crop(n)
 
-    def forward(self, x: torch.Tensor, cache: Optional[KVCache], start: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache], start: int,
+                positions: Optional[torch.Tensor] = None, attend: Optional[torch.Tensor] = None) -> torch.Tensor:
         T = x.shape[1]
         off = self.config.cls_token_num
-        if off + start + T > self.rope.shape[0]:
-            self.rope = rope_table(self.config, off + start + T).to(self.rope.device)
-        rope = self.rope[off + start: off + start + T]
-        if cache is not None:
-            if start != cache.length:
-                cache.crop(start)
-            mask = GPT.attention_mask(T, start, cache)
-            out = self.block(x, rope, 0, cache, mask)
-            cache.length = start + T
-            return out
-        return self.block(x, rope, 0, None, None)
+        pos = torch.arange(start, start + T) if positions is None else positions.cpu()
+        if off + int(pos.max()) + 1 > self.rope.shape[0]:
+            self.rope = rope_table(self.config, off + int(pos.max()) + 1).to(self.rope.device)
+        rope = self.rope[(off + pos).to(self.rope.device)]
+        if cache is None:
+            return self.block(x, rope, 0, None, None)
+        at = cache.length if positions is not None else start  # tree nodes are appended after the cache
+        if at != cache.length:
+            cache.crop(at)
+        mask = GPT.attention_mask(T, at, cache, attend)
+        out = self.block(x, rope, 0, cache, mask)
+        cache.length = at + T
+        return out
 
 
 class LlamaGenModel(TokenModel):
@@ -144,6 +148,18 @@ class LlamaGenModel(TokenModel):
     def extend(self, cache: GPTCache, tokens: torch.Tensor) -> Step:
         h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv)
         return Step(self.gpt.head(h), h)
+
+    def extend_tree(self, cache: GPTCache, tokens: torch.Tensor, depths: torch.Tensor,
+                    ancestors: torch.Tensor) -> Step:
+        L = cache.kv.length
+        positions = L + depths.to(torch.long).cpu()  # prefix offset + image position of each node
+        attend = torch.cat([torch.ones(len(depths), L, dtype=torch.bool), ancestors.cpu().bool()], 1)
+        h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv, L, positions, attend)
+        return Step(self.gpt.head(h), h)
+
+    def keep_path(self, cache: GPTCache, n: int, nodes: torch.Tensor) -> None:
+        base = cache.prefix + n
+        cache.kv.keep(base, base + nodes.to(torch.long))
 
     def rollback(self, cache: GPTCache, n: int) -> None:
         cache.kv.crop(cache.prefix + n)

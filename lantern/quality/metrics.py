@@ -191,8 +191,8 @@ def kid_values(x, ref: KidReference, counts: Optional[np.ndarray] = None) -> np.
     out = []
     for c in counts:
         n = c.sum()
-        pairs = n * n - (c ** 2).sum()
-        xx = (c @ kxx @ c - (c ** 2 * diag).sum()) / pairs
+        pairs = n * n - (c ** 2).sum()  # 0 when a resample drew one image only: no within-set pair
+        xx = (c @ kxx @ c - (c ** 2 * diag).sum()) / pairs if pairs > 0 else np.nan
         out.append(xx + ref.mean_kyy - 2 * (c @ kxy) / n)
     return np.array(out)
 

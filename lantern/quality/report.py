@@ -20,7 +20,7 @@ from ambiguity import plots
 __all__ = ["sweep_frame", "plot_quality_sweep", "DEFAULT_PANELS"]
 
 DEFAULT_PANELS = ("fid", "precision", "recall")
-_SPEED = ("acceptance_rate", "mean_accepted_length", "step_compression")
+_SPEED = ("acceptance_rate", "tau", "tokens_per_forward")
 
 
 def sweep_frame(df: pd.DataFrame, record: dict) -> pd.DataFrame:
@@ -40,7 +40,7 @@ def sweep_frame(df: pd.DataFrame, record: dict) -> pd.DataFrame:
 
 def _panel(ax, frame: pd.DataFrame, metric: str, speed: bool) -> None:
     lan = frame[frame["method"] == "lantern"]
-    col = "mean_accepted_length" if speed else "value"
+    col = "tau" if speed else "value"
     rows = lan.drop_duplicates("run") if speed else lan[lan["metric"] == metric]
     for j, k in enumerate(sorted(rows["k"].dropna().unique())):
         line = rows[rows["k"] == k].sort_values("delta")

@@ -159,7 +159,7 @@ def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
             "captions": settings.get("captions"), "classes": settings.get("classes"),
             "seeds": [int(v) for v in images["seed"]] if "seed" in images else None,
             "image_indices": [int(v) for v in images["image"]],
-            "speed": {key: s.get(key) for key in ("acceptance_rate", "mean_accepted_length", "step_compression",
+            "speed": {key: s.get(key) for key in ("acceptance_rate", "tau", "tokens_per_forward",
                                                   "seconds_per_image") if key in s}}
     if model == "embedded":
         info["class_names"] = list(CLASSES)

@@ -1,0 +1,88 @@
+"""The state a paper run shares between experiments: its directory, models, drafters, shard."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ambiguity.distributed import SINGLE, Shard
+from ambiguity.errors import UsageError
+from ambiguity.models.base import TokenModel, resolve_device
+from ambiguity.models.registry import get_spec, load_model, resolve_dtype
+from ambiguity.runs import RunDir
+from lantern.drafter import Drafter, load_drafter
+from lantern.paper.config import PaperConfig, map_to_codebook
+
+__all__ = ["Context"]
+
+
+@dataclass
+class Context:
+    """One paper run: ``config``, the run directory ``run`` (``runs/paper/<name>``), this process's
+    ``shard`` and lazily loaded models and drafters (one copy each per process)."""
+
+    config: PaperConfig
+    run: RunDir
+    shard: Shard = SINGLE
+    progress: bool = True
+    sessions: dict = field(default_factory=dict)  # the primary model's decoding sessions by temperature
+    _models: dict = field(default_factory=dict)
+    _drafters: dict = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.run.path
+
+    @property
+    def device(self) -> torch.device:
+        return self.shard.device(resolve_device(self.config.device))
+
+    # ------------------------------------------------------------------ models
+    def kind(self, name: str) -> str:
+        """The registry's kind of ``name`` ("c2i", "t2i", "text") without loading it."""
+        return get_spec(name).kind
+
+    @property
+    def image_models(self) -> list[str]:
+        return [m for m in self.config.models if self.kind(m) != "text"]
+
+    @property
+    def primary(self) -> str:
+        """The image model the decoding experiments run on (the first in ``--models``)."""
+        if not self.image_models:
+            raise UsageError("--models names no image model; the decoding experiments need one, e.g. "
+                             "--models embedded,text-twin")
+        return self.image_models[0]
+
+    def model(self, name: str) -> TokenModel:
+        if name not in self._models:
+            self._models[name] = load_model(name, weights=self.config.weights.get(name), device=self.device,
+                                            dtype=resolve_dtype(self.config.dtype, self.device))
+        return self._models[name]
+
+    def drafter(self, name: str, which: str = "trained"):
+        """The model's trained drafter (``--drafter MODEL=FILE`` or the shipped one) or, with
+        ``which="random-init"``, a randomly initialised drafter of the same architecture (seeded)."""
+        key = (name, which)
+        if key not in self._drafters:
+            model = self.model(name)
+            if which == "random-init":
+                self._drafters[key] = Drafter.for_target(model, dtype=model.dtype, seed=self.config.seed).eval()
+            else:
+                self._drafters[key] = load_drafter(model, self.config.drafters.get(name))
+        return self._drafters[key]
+
+    def k(self, name: str, paper_k: int) -> int:
+        """The paper's k mapped to ``name``'s codebook (:func:`map_to_codebook`)."""
+        return map_to_codebook(paper_k, self.model(name).vocab_size)
+
+    def subdir(self, *parts: str) -> Path:
+        p = self.path.joinpath(*parts)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def note_quick(self) -> Optional[str]:
+        return ("QUICK MODE: a handful of images per measurement; numbers show that the pipeline runs, not what the "
+                "model does") if self.config.quick else None

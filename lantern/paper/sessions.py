@@ -1,0 +1,196 @@
+"""Decoding sessions: one pass that gives a method's speed, its statistics and its samples.
+
+A *session* decodes images ``0 .. rounds-1`` of one model at one temperature with several
+methods, interleaved: round ``r`` decodes image ``r`` with every method in a fresh random order
+after a warm-up (:func:`lantern.timing.interleaved_timing`). Image ``r`` draws from its own
+random stream (:mod:`ambiguity.seeding`), so a method's decode of image ``r`` is the same
+whether it is timed or not: the timed decodes *are* the method's samples. Every round is a
+checked part of ``sessions/<name>/`` (timing rows, step records with per-step reached and
+committed draft counts, image rows, tokens), so an interrupted session resumes at the next
+round, and under torchrun the rounds are split across ranks (``r % world == rank``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ambiguity.conditions import generation_conditions
+from ambiguity.runs import RunDir
+from ambiguity.sampling import SamplingConfig
+from lantern.decoding import DecodeConfig
+from lantern.evaluate import score_images
+from lantern.paper.context import Context
+from lantern.records import Decoded
+from lantern.timing import TIMING_COLUMNS, interleaved_timing, neighbour_tables, speedup_table
+
+__all__ = ["Method", "Session", "SessionData", "sampling_for", "run_session", "pixels", "quality"]
+
+COMMAND = "python -m lantern.paper (session)"
+
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding method of a session: a name (``"ar"``, ``"eagle2"``, ``"lantern-k62-d0.1"``),
+    its :class:`~lantern.decoding.DecodeConfig`, the drafter it uses (``"trained"`` or
+    ``"random-init"``), how many leading rounds it takes part in (None: all) and its label."""
+
+    name: str
+    config: DecodeConfig
+    label: str
+    drafter: str = "trained"
+    rounds: Optional[int] = None
+    facts: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Session:
+    """``rounds`` images of ``model`` at ``temperature`` decoded by every method (module docstring)."""
+
+    name: str
+    model: str
+    temperature: float
+    methods: tuple[Method, ...]
+    rounds: int
+
+
+def sampling_for(ctx: Context, model: str, temperature: float) -> SamplingConfig:
+    """The paper's sampling for image models (guidance, top-k mapped to the codebook, top-p);
+    text models sample without guidance or filters."""
+    if ctx.kind(model) == "text":
+        return SamplingConfig(guidance=1.0, temperature=temperature)
+    c = ctx.config
+    return SamplingConfig(guidance=c.guidance, temperature=temperature, top_k=ctx.k(model, c.top_k), top_p=c.top_p)
+
+
+@dataclass
+class SessionData:
+    """A finished session: ``timing`` (:data:`lantern.timing.TIMING_COLUMNS`, one row per method
+    and round), ``steps`` and ``images`` (decode records with a ``method`` column), ``tokens``
+    {method: (n, N) int64}, the ``session``, its run directory and its ``sampling``."""
+
+    session: Session
+    run: RunDir
+    sampling: SamplingConfig
+    conditions: list
+    timing: pd.DataFrame
+    steps: pd.DataFrame
+    images: pd.DataFrame
+    tokens: dict
+
+    def stats(self, method: str, n: Optional[int] = None) -> dict:
+        """τ (mean accepted length, bonus counted), tokens per target forward, acceptance rate
+        (committed / reached drafts) and images, over the first ``n`` images of ``method``."""
+        st = self.steps[self.steps["method"] == method]
+        im = self.images[self.images["method"] == method]
+        if n is not None:
+            st, im = st[st["image"] < n], im[im["image"] < n]
+        reached = float(st["reached"].sum())
+        return {"images": int(len(im)), "tau": float((st["accepted"] + 1).mean()) if len(st) else float("nan"),
+                "tokens_per_forward": float(im["tokens"].sum() / im["target_forwards"].sum()),
+                "acceptance_rate": float(st["committed"].sum()) / reached if reached else float("nan")}
+
+    def speed(self, n: Optional[int] = None, methods: Optional[Sequence[str]] = None) -> pd.DataFrame:
+        """:func:`lantern.timing.speedup_table` over the first ``n`` rounds (and ``methods``), against AR."""
+        t = self.timing if n is None else self.timing[self.timing["round"] < n]
+        if methods is not None:
+            t = t[t["config"].isin(list(methods) + ["ar"])]
+        return speedup_table(t, baseline="ar")
+
+
+def _round_part(session: Session, r: int) -> tuple[str, dict]:
+    names = sorted(m.name for m in session.methods if m.rounds is None or r < m.rounds)
+    return f"round_{r:05d}", {"round": r, "methods": names}
+
+
+def _step_counts(d: Decoded) -> pd.DataFrame:
+    """The decode's step rows with the reached and committed draft tokens of each step."""
+    steps, drafts, _ = d.frames()
+    if len(drafts):
+        per = drafts.groupby(["image", "step"])[["reached", "committed"]].sum().reset_index()
+        steps = steps.merge(per, on=["image", "step"], how="left")
+    else:
+        steps = steps.assign(reached=0, committed=0)
+    return steps.fillna({"reached": 0, "committed": 0})
+
+
+def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
+    """Run (or resume) ``session``; returns its data on the merging process, None on other shards."""
+    model = ctx.model(session.model)
+    sampling = sampling_for(ctx, session.model, session.temperature)
+    settings = {"model": model.describe(), "sampling": sampling.as_dict(), "seed": ctx.config.seed,
+                "methods": {m.name: {**m.config.as_dict(), "drafter": m.drafter} for m in session.methods},
+                "captions": ctx.config.captions}
+    run = RunDir(ctx.path / "sessions" / session.name, settings, command=COMMAND, outputs=())
+    # rounds are independent units (each timed within one process): any number of shards may continue a session
+    ctx.shard.first(lambda: run.open(shards=None), lambda: run.open(shards=None))
+    conditions = (generation_conditions(model, session.rounds, ctx.config.seed, None, ctx.config.captions)
+                  if model.kind != "text" else model.default_conditions(session.rounds, ctx.config.seed))
+    configs = {m.name: m.config for m in session.methods}
+    speculative = [m for m in session.methods if m.config.speculative]
+    drafters = {m.name: ctx.drafter(session.model, m.drafter) for m in speculative}
+    rounds_of = {m.name: m.rounds for m in session.methods if m.rounds is not None}
+    done = [(r, run.read_part(*_round_part(session, r))) for r in range(session.rounds)]
+    finished = {r for r, p in done if p is not None}
+    mine = [r for r in range(session.rounds) if ctx.shard.owns(r) and r not in finished]
+
+    def save(r: int, timing: pd.DataFrame, decodes: dict) -> None:
+        steps = pd.concat([_step_counts(d).assign(method=name) for name, d in decodes.items()], ignore_index=True)
+        images = pd.concat([d.frames()[2].assign(method=name) for name, d in decodes.items()], ignore_index=True)
+        run.write_part(*_round_part(session, r), tables={"timing": timing, "steps": steps, "images": images},
+                       tensors={"tokens": {name: d.tokens for name, d in decodes.items()}})
+
+    if mine:
+        interleaved_timing(model, configs, sampling, conditions, [(r, 1) for r in range(session.rounds)], drafters,
+                           neighbour_tables(model, configs), seed=ctx.config.seed, progress=ctx.progress,
+                           only=mine, rounds_of=rounds_of, on_round=save, desc=session.name)
+    ctx.shard.barrier()
+    if not ctx.shard.merges:
+        return None
+    parts = run.require_parts(*zip(*(_round_part(session, r) for r in range(session.rounds))))
+    cat = lambda key: pd.concat([p.tables[key] for p in parts], ignore_index=True)  # noqa: E731
+    tokens = {m.name: torch.cat([p.tensors["tokens"][m.name] for p in parts if m.name in p.tensors["tokens"]])
+              for m in session.methods}
+    timing = cat("timing")[list(TIMING_COLUMNS)]
+    return SessionData(session, run, sampling, conditions, timing, cat("steps"), cat("images"), tokens)
+
+
+def pixels(ctx: Context, data: SessionData, method: str, n: int, batch: int = 64) -> torch.Tensor:
+    """The first ``n`` images of ``method`` decoded to pixels: (n, C, H, W) float32 in [0, 1]."""
+    model = ctx.model(data.session.model)
+    h, w = model.grid
+    codes = data.tokens[method][:n]
+    with torch.no_grad():
+        return torch.cat([model.decode_codes(codes[i:i + batch].view(-1, h, w).to(model.device)).float().cpu()
+                          for i in range(0, len(codes), batch)])
+
+
+def quality(ctx: Context, data: SessionData, method: str, n: int) -> dict:
+    """Quality metrics of the first ``n`` images of ``method`` (:func:`lantern.evaluate.score_images`
+    with the run's extractors and reference), cached as a part of the session; {metric: value dict}."""
+    run = data.run
+    holds = {"method": method, "n": int(n), "extractors": list(ctx.config.extractors),
+             "reference": ctx.config.reference}
+    name = f"quality_{method}_{n}"
+    part = run.read_part(name, holds)
+    if part is not None:
+        return part.meta["scores"]
+    model = ctx.model(data.session.model)
+    scores = score_images(pixels(ctx, data, method, n), reference=ctx.config.reference,
+                          extractors=ctx.config.extractors, conditions=data.conditions[:n],
+                          class_names=model.class_names, data=ctx.config.data, device=ctx.device,
+                          label=method)
+    scores = {k: v for k, v in scores.items() if isinstance(v, dict) and "value" in v}
+    run.write_part(name, holds, meta={"scores": _jsonable(scores)})
+    return scores
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return x

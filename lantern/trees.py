@@ -1,0 +1,434 @@
+"""Draft trees: EAGLE-2 dynamic trees and EAGLE-1 static trees, drafted with the EAGLE drafter.
+
+A draft tree replaces the chain of :func:`lantern.decoding.draft`: several candidates per
+position, verified by the target in one forward with tree attention
+(:meth:`ambiguity.models.base.TokenModel.extend_tree`). Node 0 is the *root*, the last committed
+token ``x_{n-1}``; a node at depth ``d`` is a candidate for ``x_{n-1+d}``.
+
+* **Dynamic** (EAGLE-2, Li et al. 2024, arXiv 2406.16858, Sec. 4; LANTERN's default; official
+  ``total_token`` 59, ``depth`` 4, ``top_k`` 10): the root's ``top_k`` most likely children
+  (drafter log-probabilities) form the first beam; each of ``depth`` rounds expands every beam
+  node into its ``top_k`` children, scores them by cumulative log-probability and keeps the
+  ``top_k`` best as the next beam. All candidates are then reranked and the ``total_tokens - 1``
+  best (by cumulative log-probability; ties to the earlier candidate, so a parent always
+  precedes its children) form the tree. Drafts are deterministic (``q(x̂) = 1``). The deepest
+  node is at depth ``depth + 1``.
+* **Static** (EAGLE-1, arXiv 2401.15077): a fixed shape given as paths of child ranks, e.g.
+  ``[[0], [1], [0, 0]]``: the root's two children and the first child of its first child. With
+  sampling the children of a node are drawn from ``q`` without replacement, in rank order (each
+  with the conditional probability of the mass not yet drawn); greedy takes the top ranks. The
+  official shapes ship by name (:data:`STATIC_TREES`).
+
+Every random choice goes through a :class:`Draws` object (one torch generator per image in
+decoding), so that tests can enumerate all outcomes of the real code exactly.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Protocol
+
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.models.base import TokenModel
+from ambiguity.sampling import expand_rows, invert
+from lantern.drafter import DraftModel
+
+__all__ = ["STATIC_TREES", "TreeSpec", "Tree", "Draws", "GeneratorDraws", "draft_tree", "parse_tree"]
+
+# The official trees (jadohu/LANTERN models/drafters/choices.py, from EAGLE/Medusa): child-rank paths.
+STATIC_TREES: dict[str, tuple[tuple[int, ...], ...]] = {
+    "mc_sim_7b_63": ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
+                     (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
+                     (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1)),
+    "mc_sim_7b_63_balanced": ((0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1),
+                              (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0),
+                              (1, 1, 1), (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1)),
+    "naive_extend_57": tuple(
+        [(i,) for i in range(5)]
+        + [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (4, 0)]
+        + [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3), (0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 2, 0), (0, 2, 1),
+           (0, 2, 2), (0, 3, 0), (0, 3, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (2, 0, 0)]
+        + [(0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 3), (0, 0, 1, 0), (0, 0, 1, 1), (0, 0, 1, 2),
+           (0, 0, 2, 0), (0, 0, 2, 1), (0, 0, 3, 0), (0, 1, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (0, 2, 0, 0)]
+        + [(0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 2), (0, 0, 0, 1, 0), (0, 0, 0, 1, 1), (0, 0, 1, 0, 0),
+           (0, 0, 1, 0, 1), (0, 0, 1, 1, 0), (0, 0, 2, 0, 0)]),
+    "medusa_2_7b_63": tuple(
+        [(i,) for i in range(10)]
+        + [(0, i) for i in range(10)] + [(1, i) for i in range(5)] + [(2, 0), (2, 1), (3, 0), (3, 1), (4, 0), (5, 0),
+                                                                       (6, 0), (7, 0)]
+        + [(0, 0, i) for i in range(9)] + [(0, 1, i) for i in range(4)] + [(0, 2, 0), (0, 2, 1), (0, 3, 0), (0, 4, 0),
+                                                                           (0, 5, 0)]
+        + [(1, 0, 0), (1, 0, 1), (1, 0, 2), (1, 1, 0), (2, 0, 0)]
+        + [(0, 0, 0, i) for i in range(4)] + [(0, 0, 1, 0), (0, 0, 2, 0), (0, 1, 0, 0)]),
+    "reverse_balanced_25": ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2),
+                            (0, 1, 0), (0, 1, 1), (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 1, 0),
+                            (0, 0, 1, 1), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 2), (0, 0, 0, 0, 3),
+                            (0, 0, 0, 1, 0), (0, 0, 0, 1, 1), (0, 0, 0, 1, 2)),
+    "chain": ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)),
+}
+TREE_KINDS = ("chain", "static", "dynamic")
+
+
+# --------------------------------------------------------------------------- specification
+@dataclass(frozen=True)
+class TreeSpec:
+    """How to draft: a chain (``lantern.decoding``'s γ), a static tree or an EAGLE-2 dynamic tree.
+
+    kind: ``"chain"`` | ``"static"`` | ``"dynamic"``. paths (static): child-rank paths, each
+    path's prefixes present (validated), e.g. ``((0,), (1,), (0, 0))``; name: the shape's name.
+    total_tokens (dynamic): nodes of the tree, the root included (official 59); depth (dynamic):
+    expansion rounds after the root's children, the deepest draft sits at ``depth + 1``
+    (official 4); top_k (dynamic): children per expanded node and beam width (official 10).
+    Raises :class:`UsageError` for a shape that is not a tree, ``total_tokens < 2``, ``depth < 1``
+    or ``top_k < 1``.
+    """
+
+    kind: str = "dynamic"
+    paths: tuple[tuple[int, ...], ...] = ()
+    name: str = ""
+    total_tokens: int = 59
+    depth: int = 4
+    top_k: int = 10
+
+    def __post_init__(self):
+        if self.kind not in TREE_KINDS:
+            raise UsageError(f"unknown tree kind {self.kind!r}; use chain, dynamic or a static tree name")
+        if self.kind == "dynamic":
+            for name, low in (("total_tokens", 2), ("depth", 1), ("top_k", 1)):
+                v = getattr(self, name)
+                if isinstance(v, bool) or int(v) != v or v < low:
+                    flag = {"total_tokens": "--total-tokens", "depth": "--depth", "top_k": "--tree-top-k"}[name]
+                    raise UsageError(f"{flag} must be an integer >= {low}, got {v}")
+        if self.kind == "static":
+            object.__setattr__(self, "paths", check_paths(self.paths))
+
+    @property
+    def max_depth(self) -> int:
+        """Depth of the deepest draft (a chain: γ is the decoder's)."""
+        if self.kind == "dynamic":
+            return self.depth + 1
+        return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def nodes(self) -> int:
+        """The most nodes a tree of this spec verifies, the root included."""
+        return self.total_tokens if self.kind == "dynamic" else len(self.paths) + 1
+
+    @property
+    def drafter_nodes(self) -> int:
+        """The most nodes the drafter runs while drafting one tree (its cache needs that room)."""
+        if self.kind == "dynamic":
+            return self.depth * self.top_k
+        return len(self.paths)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "dynamic":
+            return f"dynamic({self.total_tokens},{self.depth},{self.top_k})"
+        return self.name or self.kind
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["paths"] = [list(p) for p in self.paths]
+        return d
+
+
+def check_paths(paths) -> tuple[tuple[int, ...], ...]:
+    """Validate static-tree paths -> sorted by (depth, path). Raises UsageError when a path is
+    empty or has a negative rank, a path repeats, a path's parent path is missing, or a rank
+    skips one (children are the top ranks 0, 1, 2, ... of their parent)."""
+    try:
+        out = [tuple(int(r) for r in p) for p in paths]
+    except (TypeError, ValueError):
+        raise UsageError("a static tree is a list of paths of child ranks, e.g. [[0], [1], [0, 0]]") from None
+    if not out:
+        raise UsageError("the static tree has no paths; give at least [[0]]")
+    seen = set(out)
+    if len(seen) != len(out):
+        raise UsageError("the static tree lists a path twice; list each node once")
+    for p in out:
+        if not p or min(p) < 0:
+            raise UsageError(f"static tree path {list(p)} is empty or has a negative rank; ranks start at 0")
+        if len(p) > 1 and p[:-1] not in seen:
+            raise UsageError(f"static tree path {list(p)} has no parent {list(p[:-1])}: not a tree")
+        if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in seen:
+            raise UsageError(f"static tree path {list(p)} has no elder sibling {list(p[:-1] + (p[-1] - 1,))}; "
+                             f"child ranks must be 0, 1, 2, ... without gaps")
+    return tuple(sorted(out, key=lambda p: (len(p), p)))
+
+
+def parse_tree(text: str, total_tokens: int = 59, depth: int = 4, top_k: int = 10) -> Optional[TreeSpec]:
+    """``--tree``: ``chain`` (None: the decoder's chain of γ drafts), ``dynamic`` (with
+    ``total_tokens``, ``depth``, ``top_k``), a name of :data:`STATIC_TREES`, or a JSON file with a
+    list of paths. Raises UsageError for anything else."""
+    if text == "chain":
+        return None
+    if text == "dynamic":
+        return TreeSpec("dynamic", total_tokens=total_tokens, depth=depth, top_k=top_k)
+    if text in STATIC_TREES:
+        return TreeSpec("static", STATIC_TREES[text], name=text)
+    path = Path(text).expanduser()
+    if path.suffix == ".json" and path.is_file():
+        try:
+            paths = json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise UsageError(f"--tree {path} is not readable JSON; write a list of paths like [[0], [1], [0, 0]]") from None
+        return TreeSpec("static", check_paths(paths), name=path.stem)
+    raise UsageError(f"unknown --tree {text!r}; use chain, dynamic, one of {', '.join(STATIC_TREES)} "
+                     f"or a .json file of paths")
+
+
+# --------------------------------------------------------------------------- randomness
+class Draws(Protocol):
+    """Where a tree decoder's random choices come from (one source per image).
+
+    ``coin(prob)`` -> True with probability ``prob`` (clamped to [0, 1]); ``categorical(probs)``
+    -> a token drawn from ``probs`` (V,) (any positive scale; zero-mass tokens never drawn).
+    """
+
+    def coin(self, prob: float) -> bool: ...
+
+    def categorical(self, probs: torch.Tensor) -> int: ...
+
+
+class GeneratorDraws:
+    """:class:`Draws` from a torch.Generator: a coin is one uniform ``u < prob``; a categorical
+    draw inverts the CDF with one uniform (:func:`ambiguity.sampling.invert`). ``last_u`` is the
+    uniform of the last coin (recorded with each verdict)."""
+
+    def __init__(self, generator: Optional[torch.Generator], device: torch.device | str = "cpu"):
+        self.generator, self.device, self.last_u = generator, torch.device(device), float("nan")
+
+    def _uniform(self) -> torch.Tensor:
+        return torch.rand((), generator=self.generator, device=self.device, dtype=torch.float64)
+
+    def coin(self, prob: float) -> bool:
+        self.last_u = float(self._uniform())
+        return self.last_u < float(prob)
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        return int(invert(probs, self._uniform()))
+
+
+# --------------------------------------------------------------------------- the tree
+@dataclass
+class Tree:
+    """One draft tree, nodes in topological order (parents first; siblings in trial order).
+
+    tokens: (T,) int64 code indices on the model's device (node 0: the root); parents: T ints
+    (-1 for the root); depths: T ints; children: per node, its children's indices in trial order;
+    q: per node the drafter's distribution of its children (V,) float32 (None for leaves);
+    sampled: children were drawn from ``q`` (EAGLE-1 with temperature > 0), else they are the
+    drafter's top ranks (EAGLE-2, greedy) and count as deterministic drafts. forwards: drafter
+    forwards that built the tree (the root's included).
+    """
+
+    tokens: torch.Tensor
+    parents: list[int]
+    depths: list[int]
+    children: list[list[int]] = field(default_factory=list)
+    q: list[Optional[torch.Tensor]] = field(default_factory=list)
+    sampled: bool = False
+    forwards: int = 1
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    def ancestors(self) -> torch.Tensor:
+        """(T, T) bool: ``[t, s]`` is True when s is t or an ancestor of t."""
+        T = len(self.parents)
+        out = torch.eye(T, dtype=torch.bool)
+        for t in range(1, T):
+            out[t] |= out[self.parents[t]]
+        return out
+
+    def path_to(self, node: int) -> list[int]:
+        """Nodes from the root to ``node`` (inclusive)."""
+        path = [node]
+        while self.parents[path[-1]] >= 0:
+            path.append(self.parents[path[-1]])
+        return path[::-1]
+
+
+# --------------------------------------------------------------------------- drafting
+def _root_features(drafter: DraftModel, model: TokenModel, dcache, tokens: torch.Tensor, features: torch.Tensor,
+                   start: int) -> torch.Tensor:
+    """The drafter over the pending positions (true target features); its last output f_{n-1}."""
+    return drafter(model, tokens, features, dcache, start)[:, -1:]
+
+
+def _expand(drafter: DraftModel, model: TokenModel, dcache, node_tokens: torch.Tensor, parent_f: torch.Tensor,
+            positions: torch.Tensor, visible: torch.Tensor, guided: bool) -> torch.Tensor:
+    """One drafter forward over F tree nodes: tokens (F,), their parents' features (rows, F, H),
+    image positions (F,), visibility (F, cache length + F) -> features (rows, F, H)."""
+    rows_tokens = expand_rows(node_tokens[None], guided)
+    return drafter(model, rows_tokens, parent_f, dcache, int(positions[0]), positions, visible)
+
+
+def _visibility(dcache_len: int, n: int, slots: list[int], ancestors_of: list[list[int]]) -> torch.Tensor:
+    """(F, dcache_len + F) bool: each new node sees the committed drafter positions 0..n-1, the
+    cache slots of its tree ancestors and itself."""
+    F = len(ancestors_of)
+    vis = torch.zeros(F, dcache_len + F, dtype=torch.bool)
+    vis[:, :n] = True
+    for i, anc in enumerate(ancestors_of):
+        for a in anc:
+            if slots[a] >= 0:
+                vis[i, slots[a]] = True
+        vis[i, dcache_len + i] = True
+    return vis
+
+
+def _cache_length(dcache) -> int:
+    length = getattr(dcache, "length", None)  # the GPT KV cache
+    return int(length) if length is not None else int(dcache.get_seq_length())
+
+
+def draft_tree(drafter: DraftModel, model: TokenModel, dcache, tokens: torch.Tensor, features: torch.Tensor,
+               start: int, spec: TreeSpec, max_depth: int, q_of, greedy: bool, draws: Optional[Draws],
+               guided: bool) -> Tree:
+    """Draft one tree after the committed tokens (EAGLE alignment as :func:`lantern.decoding.draft`).
+
+    tokens (rows, P) / features (rows, P, H): the pending positions ``start .. n-1`` with true
+    target features (``n = start + P``; the root is ``x_{n-1}``); spec: static or dynamic;
+    max_depth: the deepest draft allowed (the image's remaining tokens); q_of: drafter logits
+    (rows, F, V) -> distributions (F, V) (guidance, temperature, filters); greedy: children are
+    top ranks (else static children are drawn from q without replacement through ``draws``).
+    The drafter cache holds the committed positions afterwards plus the tree's nodes; roll it
+    back to ``n`` after verification. Returns the :class:`Tree`.
+    """
+    n = start + tokens.shape[1]
+    f_root = _root_features(drafter, model, dcache, tokens, features, start)  # (rows, 1, H)
+    root_q = q_of(drafter.logits(model, f_root))[0]
+    if spec.kind == "dynamic":
+        return _dynamic(drafter, model, dcache, tokens[0, -1], f_root, root_q, n, spec, max_depth, q_of, guided)
+    return _static(drafter, model, dcache, tokens[0, -1], f_root, root_q, n, spec, max_depth, q_of, greedy,
+                   draws, guided)
+
+
+def _static(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_depth, q_of, greedy, draws,
+            guided) -> Tree:
+    paths = [p for p in spec.paths if len(p) <= max_depth]
+    kids: dict[tuple, int] = {}
+    for p in paths:  # children per parent path (ranks 0 .. m-1)
+        kids[p[:-1]] = max(kids.get(p[:-1], 0), p[-1] + 1)
+    node_of: dict[tuple, int] = {(): 0}
+    tokens, parents, depths = [int(root_token)], [-1], [0]
+    qs: list[Optional[torch.Tensor]] = [root_q]
+    feats = [f_root]
+    slots = [n - 1]  # the root's drafter entry: position n-1, computed from true features
+    frontier = [()]
+    forwards = 1
+    for depth in range(1, max_depth + 1):
+        new = []
+        for parent in frontier:
+            m = kids.get(parent, 0)
+            if not m:
+                continue
+            u = node_of[parent]
+            for r, tok in enumerate(_choose(qs[u], m, greedy, draws)):
+                path = parent + (r,)
+                node_of[path] = len(tokens)
+                tokens.append(tok)
+                parents.append(u)
+                depths.append(depth)
+                qs.append(None)
+                feats.append(None)
+                slots.append(-1)
+                new.append(path)
+        expand = [p for p in new if p in kids]
+        if expand:
+            idx = [node_of[p] for p in expand]
+            tree = Tree(torch.tensor(tokens), parents, depths)
+            anc = [tree.path_to(i) for i in idx]
+            L = _cache_length(dcache)
+            vis = _visibility(L, n, slots, anc)
+            parent_f = torch.cat([feats[parents[i]] for i in idx], 1)
+            pos = torch.full((len(idx),), n - 1 + depth, dtype=torch.long)
+            out = _expand(drafter, model, dcache, torch.tensor([tokens[i] for i in idx], device=model.device),
+                          parent_f, pos, vis, guided)
+            q_new = q_of(drafter.logits(model, out))
+            forwards += 1
+            for j, i in enumerate(idx):
+                feats[i], qs[i], slots[i] = out[:, j:j + 1], q_new[j], L + j
+        frontier = new
+    return _finish(tokens, parents, depths, qs, model, sampled=not greedy, forwards=forwards)
+
+
+def _choose(q: torch.Tensor, m: int, greedy: bool, draws: Optional[Draws]) -> list[int]:
+    """``m`` children from q (V,): its top ranks (greedy), else drawn without replacement in order."""
+    m = min(m, int((q > 0).sum()))
+    if greedy or draws is None:
+        return q.topk(m).indices.tolist()
+    left, out = q.clone().double(), []
+    for _ in range(m):
+        x = draws.categorical(left)
+        out.append(x)
+        left[x] = 0.0
+    return out
+
+
+def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_depth, q_of, guided) -> Tree:
+    k = min(spec.top_k, root_q.shape[-1])
+    logq = torch.log(root_q.double().clamp_min(1e-300)).masked_fill(root_q <= 0, float("-inf"))
+    top = logq.topk(k)
+    # candidates: token, parent candidate (-1: the root), score (cumulative log q), depth, drafter slot
+    c_tok, c_par, c_score, c_depth = top.indices.tolist(), [-1] * k, top.values.tolist(), [1] * k
+    beam = list(range(k))
+    slot: dict[int, int] = {}
+    feat: dict[int, torch.Tensor] = {}
+    rounds = min(spec.depth, max_depth - 1)
+    for r in range(rounds):
+        depth = r + 1
+        L = _cache_length(dcache)
+        anc = []
+        for b in beam:
+            chain, c = [], b
+            while c >= 0:
+                chain.append(c)
+                c = c_par[c]
+            anc.append(chain)
+        vis = torch.zeros(len(beam), L + len(beam), dtype=torch.bool)
+        vis[:, :n] = True
+        for i, chain in enumerate(anc):
+            for c in chain[1:]:
+                vis[i, slot[c]] = True
+            vis[i, L + i] = True
+        parent_f = torch.cat([feat[c_par[b]] if c_par[b] >= 0 else f_root for b in beam], 1)
+        pos = torch.full((len(beam),), n - 1 + depth, dtype=torch.long)
+        out = _expand(drafter, model, dcache, torch.tensor([c_tok[b] for b in beam], device=model.device),
+                      parent_f, pos, vis, guided)
+        q_new = q_of(drafter.logits(model, out))  # (F, V)
+        logq = torch.log(q_new.double().clamp_min(1e-300)).masked_fill(q_new <= 0, float("-inf"))
+        kk = min(spec.top_k, logq.shape[-1])
+        child = logq.topk(kk, dim=-1)
+        first = len(c_tok)
+        for j, b in enumerate(beam):
+            slot[b], feat[b] = L + j, out[:, j:j + 1]
+            for t in range(kk):
+                c_tok.append(int(child.indices[j, t]))
+                c_par.append(b)
+                c_score.append(c_score[b] + float(child.values[j, t]))
+                c_depth.append(depth + 1)
+        pool = list(range(first, len(c_tok)))
+        pool.sort(key=lambda c: (-c_score[c], c))
+        beam = pool[:k]
+    order = sorted(range(len(c_tok)), key=lambda c: (-c_score[c], c))[: spec.total_tokens - 1]
+    keep = sorted(c for c in order if c_score[c] > float("-inf"))
+    index = {c: i + 1 for i, c in enumerate(keep)}
+    tokens = [int(root_token)] + [c_tok[c] for c in keep]
+    parents = [-1] + [index[c_par[c]] if c_par[c] >= 0 else 0 for c in keep]
+    depths = [0] + [c_depth[c] for c in keep]
+    return _finish(tokens, parents, depths, [None] * len(tokens), model, sampled=False, forwards=1 + max(rounds, 0))
+
+
+def _finish(tokens: list[int], parents: list[int], depths: list[int], qs, model: TokenModel, sampled: bool,
+            forwards: int = 1) -> Tree:
+    children: list[list[int]] = [[] for _ in tokens]
+    for t in range(1, len(tokens)):
+        children[parents[t]].append(t)
+    return Tree(torch.tensor(tokens, dtype=torch.long, device=model.device), parents, depths, children, list(qs),
+                sampled, forwards)

@@ -1,0 +1,101 @@
+"""Shared command-line plumbing (ambiguity.cli) and the package entry points."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ambiguity.cli import (ArgumentParser, add_condition_args, add_model_args, add_sampling_args, check_out_dir,
+                           cli_main, float_list, int_list, parse_mapping, sampling_from_args)
+from ambiguity.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _parser():
+    p = ArgumentParser(prog="tool")
+    add_model_args(p)
+    add_condition_args(p)
+    add_sampling_args(p)
+    return p
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--cfg", "inf"], "argument --cfg: expected a finite number, got 'inf'"),
+    (["--temperature", "nan"], "argument --temperature: expected a finite number, got 'nan'"),
+    (["--seed", str(2 ** 64)], "argument --seed: seeds must be in 0..2**63-1"),
+    (["--seed", "-1"], "argument --seed: seeds must be in 0..2**63-1"),
+    (["--num-images", "0"], "argument --num-images: must be >= 1, got 0"),
+    (["--batch-size", "x"], "argument --batch-size: expected an integer, got 'x'"),
+    (["--top-k", "-2"], "argument --top-k: must be >= 0, got -2"),
+])
+def test_value_parsers_give_one_line_and_exit_2(argv, needle, capsys):
+    @cli_main
+    def main(args=None):
+        _parser().parse_args(args)
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and needle in err and "(see tool --help)" in err
+
+
+def test_cli_main_returns_statuses(capsys):
+    @cli_main
+    def main(kind):
+        if kind == "usage":
+            raise UsageError("pass --x")
+        if kind == "interrupt":
+            raise KeyboardInterrupt
+        if kind == "help":
+            _parser().parse_args(["--help"])
+        return None
+
+    assert main("usage") == 2 and capsys.readouterr().err == "error: pass --x\n"
+    assert main("interrupt") == 130 and "rerun the same command" in capsys.readouterr().err
+    assert main("help") == 0 and "--num-images" in capsys.readouterr().out
+    assert main("ok") == 0
+
+
+def test_lists_and_mappings(tmp_path):
+    assert int_list("1, 4,16", "--ks") == [1, 4, 16] and float_list("0.1,0.5", "--deltas") == [0.1, 0.5]
+    for bad, fn, msg in (("1,x", int_list, "comma-separated integers"), ("", int_list, "is empty"),
+                         ("0.1,inf", float_list, "finite numbers"), ("2", lambda t, w: float_list(t, w, 0, 1), "[0, 1]")):
+        with pytest.raises(UsageError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+            fn(bad, "--list")
+    with pytest.raises(UsageError, match=">= 1"):
+        int_list("0,3", "--ks", minimum=1)
+    assert parse_mapping([f"a={tmp_path}"], ["a", "b"]) == {"a": tmp_path}
+
+
+def test_sampling_defaults_by_kind():
+    args = _parser().parse_args([])
+    assert sampling_from_args(args, "c2i").guidance == 4.0 and sampling_from_args(args, "t2i").guidance == 7.5
+    assert sampling_from_args(_parser().parse_args(["--cfg", "3"]), "text").guidance == 1.0  # text: no guidance
+
+
+def test_out_dir_checks(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(UsageError, match="is a file"):
+        check_out_dir(f)
+    with pytest.raises(UsageError, match="lies below the file"):
+        check_out_dir(f / "sub")
+    assert check_out_dir(tmp_path / "new" / "dir") == (tmp_path / "new" / "dir").absolute()
+
+
+def test_package_apis_and_command_lists():
+    import ambiguity as amb
+    import lantern as lt
+
+    for name in ("load_model", "SamplingConfig", "profile_model", "model_neighbourhoods", "compare_models", "RunDir"):
+        assert callable(getattr(amb, name)), name
+    for name in ("AcceptanceRule", "DecodeConfig", "decode", "load_drafter", "judge", "tvd", "DraftModel"):
+        assert getattr(lt, name) is not None, name
+    with pytest.raises(AttributeError):
+        amb.no_such_name  # noqa: B018
+    for pkg, commands in (("ambiguity", ("profile", "neighbourhood", "analyses", "compare")),
+                          ("lantern", ("generate", "replay", "train_drafter", "compare"))):
+        r = subprocess.run([sys.executable, "-m", pkg], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert r.returncode == 0 and all(c in r.stdout for c in commands) and not r.stderr
+        r = subprocess.run([sys.executable, "-m", pkg, "nope"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown command 'nope'" in r.stderr

@@ -1,0 +1,116 @@
+"""Run directories (ambiguity.runs): settings records, refuse / overwrite / resume, and checked parts."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.runs import RunDir, file_sha256, settings_difference, settings_digest
+
+
+def _table(n: int, start: int = 0) -> pd.DataFrame:
+    return pd.DataFrame({"image": range(start, start + n), "x": [0.5 * i for i in range(n)]})
+
+
+def test_record_is_written_once_and_other_settings_are_refused(tmp_path):
+    run = RunDir(tmp_path / "r", {"seed": 0, "k": 4}, command="test", outputs=("summary.json",)).open()
+    record = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert record["settings"] == {"seed": 0, "k": 4} and record["digest"] == run.digest == settings_digest({"k": 4, "seed": 0})
+    assert {"python", "torch", "lantern-ambiguity"} <= set(record["versions"])
+    RunDir(tmp_path / "r", {"k": 4, "seed": 0}, command="test").open()  # key order does not matter
+    with pytest.raises(UsageError, match=r"holds results of a run with other settings \(seed: 0 there, 1 now\); "
+                                         r"pass another --out or add --overwrite"):
+        RunDir(tmp_path / "r", {"seed": 1, "k": 4}, command="test").open()
+    # only some keys (the CLI options, before a model is loaded)
+    RunDir(tmp_path / "r", {"seed": 0, "k": 5}, command="test").check(only=("seed",))
+    with pytest.raises(UsageError, match="k: 4 there, 5 now"):
+        RunDir(tmp_path / "r", {"seed": 0, "k": 5}, command="test").check()
+
+
+def test_overwrite_clears_only_the_runs_own_files(tmp_path):
+    d = tmp_path / "r"
+    run = RunDir(d, {"a": 1}, command="test", outputs=("summary.json", "images")).open()
+    run.write_part("p0", {"images": [0, 2]}, tables={"t": _table(2)})
+    (d / "summary.json").write_text("{}")
+    (d / "images").mkdir()
+    (d / "images" / "0.png").write_bytes(b"x")
+    (d / "notes.txt").write_text("mine")
+    RunDir(d, {"a": 2}, command="test", outputs=("summary.json", "images")).open(overwrite=True)
+    assert sorted(p.name for p in d.iterdir()) == ["notes.txt", "parts", "run.json"]
+    assert json.loads((d / "run.json").read_text())["settings"] == {"a": 2}
+
+
+def test_damaged_record_and_parts_without_record_are_refused(tmp_path):
+    d = tmp_path / "r"
+    RunDir(d, {"a": 1}, command="test").open().write_part("p", {"i": 0}, tables={"t": _table(1)})
+    (d / "run.json").write_text("{broken")
+    with pytest.raises(UsageError, match="damaged run.json"):
+        RunDir(d, {"a": 1}, command="test").open()
+    (d / "run.json").unlink()
+    with pytest.raises(UsageError, match="parts without their run.json"):
+        RunDir(d, {"a": 1}, command="test").open()
+
+
+def test_part_round_trip_and_manifest(tmp_path):
+    run = RunDir(tmp_path / "r", {"a": 1}, command="test").open()
+    png = tmp_path / "r" / "images" / "00000.png"
+    png.parent.mkdir()
+    png.write_bytes(b"\x89PNG fake")
+    t = torch.arange(6).view(2, 3)
+    run.write_part("batch_00000", {"images": [0, 2]}, tables={"rows": _table(2)}, tensors={"codes": {"codes": t}},
+                   files=[png], meta={"source": "unit test"})
+    m = json.loads(run.manifest_path("batch_00000").read_text())
+    assert m["digest"] == run.digest and m["holds"] == {"images": [0, 2]} and m["meta"] == {"source": "unit test"}
+    assert m["files"]["batch_00000.rows.parquet"]["rows"] == 2
+    assert m["files"]["../images/00000.png"]["sha256"] == file_sha256(png)
+    part = run.read_part("batch_00000", {"images": [0, 2]})
+    pd.testing.assert_frame_equal(part.tables["rows"], _table(2))
+    assert torch.equal(part.tensors["codes"]["codes"], t) and part.files["00000.png"] == png
+    assert run.part_names() == ["batch_00000"] and run.read_part("batch_00001", {"images": [2, 4]}) is None
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("truncate", "checksum mismatch"),
+    ("delete", "is missing"),
+    ("foreign", "holds {'images': [2, 4]} instead of {'images': [0, 2]}"),
+    ("manifest", "manifest is unreadable"),
+    ("png", "checksum mismatch"),
+])
+def test_damaged_or_foreign_parts_are_not_reused(tmp_path, damage, why):
+    notes = []
+    run = RunDir(tmp_path / "r", {"a": 1}, command="test", report=notes.append).open()
+    png = tmp_path / "r" / "x.png"
+    png.write_bytes(b"image bytes")
+    run.write_part("batch_00000", {"images": [0, 2]}, tables={"rows": _table(2)}, files=[png])
+    run.write_part("batch_00001", {"images": [2, 4]}, tables={"rows": _table(2, 2)})
+    data = run.parts_dir / "batch_00000.rows.parquet"
+    if damage == "truncate":
+        data.write_bytes(data.read_bytes()[:-20])
+    elif damage == "delete":
+        data.unlink()
+    elif damage == "foreign":  # another batch's complete part copied over this one
+        for suffix in (".json", ".rows.parquet"):
+            (run.parts_dir / f"batch_00000{suffix}").write_bytes((run.parts_dir / f"batch_00001{suffix}").read_bytes())
+    elif damage == "manifest":
+        run.manifest_path("batch_00000").write_text("{not json")
+    else:
+        png.write_bytes(b"other bytes")
+    assert run.read_part("batch_00000", {"images": [0, 2]}) is None
+    assert len(notes) == 1 and why in notes[0] and "recomputing" in notes[0] and "\n" not in notes[0]
+    assert run.read_part("batch_00001", {"images": [2, 4]}) is not None  # the intact part is still reused
+
+
+def test_parts_of_other_settings_are_not_reused(tmp_path):
+    d = tmp_path / "r"
+    RunDir(d, {"a": 1}, command="test").open().write_part("p", {"i": 0}, tables={"t": _table(1)})
+    run = RunDir(d, {"a": 2}, command="test")  # e.g. run.json replaced by hand; the digest tells
+    notes = []
+    run.report = notes.append
+    assert run.read_part("p", {"i": 0}) is None and "other settings" in notes[0]
+
+
+def test_settings_difference_names_the_first_nested_key():
+    assert settings_difference({"s": {"guidance": 4.0, "seed": 0}}, {"s": {"guidance": 2.0, "seed": 0}}) == \
+        "s.guidance: 4.0 there, 2.0 now"
+    assert settings_difference(None, {"a": 1}) == "unreadable run file"

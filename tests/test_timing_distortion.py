@@ -1,0 +1,102 @@
+"""lantern.timing (speed-up statistics, interleaved rounds) and lantern.distortion (real (p, q) pairs,
+exact per-step distortion), against hand-computed values and the real decoder."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from ambiguity.models.registry import load_model
+from ambiguity.sampling import SamplingConfig
+from lantern.decoding import DecodeConfig, decode, neighbour_table
+from lantern.distortion import distortion_table, real_pairs
+from lantern.drafter import load_drafter
+from lantern.timing import interleaved_timing, speedup_curve, speedup_table
+
+
+def _timing(rows):
+    cols = ["round", "config", "seconds", "tokens", "target_forwards", "target_s"]
+    df = pd.DataFrame(rows, columns=cols)
+    return df.assign(first=df["round"], images=1, drafter_s=0.0, acceptance_s=0.0, proximity_s=0.0)
+
+
+def test_speedup_table_and_curve_by_hand():
+    # AR takes 2, 2, 4 s; the method 1, 2, 1 s -> per-round ratios 2, 1, 4
+    t = _timing([(0, "ar", 2.0, 64, 64, 1.28), (0, "m", 1.0, 64, 16, 0.5),
+                 (1, "ar", 2.0, 64, 64, 1.28), (1, "m", 2.0, 64, 32, 0.5),
+                 (2, "ar", 4.0, 64, 64, 1.28), (2, "m", 1.0, 64, 16, 0.5)])
+    s = speedup_table(t).set_index("config")
+    assert s.loc["m", "speedup"] == pytest.approx(2.0)              # median of 2, 1, 4
+    assert s.loc["m", "speedup_q25"] == pytest.approx(1.5)
+    assert s.loc["m", "speedup_q75"] == pytest.approx(3.0)
+    assert s.loc["m", "speedup_total"] == pytest.approx(8.0 / 4.0)
+    assert s.loc["m", "tokens_per_forward"] == pytest.approx(192 / 64)
+    assert s.loc["m", "baseline_ms_per_forward"] == pytest.approx(1e3 * 3 * 1.28 / 192)
+    assert s.loc["ar", "speedup"] == 1.0 and s.loc["m", "rounds"] == 3
+    assert not s.loc["m", "speedup_exceeds_tokens_per_forward"]     # 2 < 3 tokens per forward
+    c = speedup_curve(t, "m", ns=[1, 2, 3], n_boot=200)
+    assert c["speedup"].tolist() == pytest.approx([2.0, 4.0 / 3.0, 2.0])
+    assert (c["ci_low"] <= c["speedup"] + 1e-12).all() and (c["speedup"] <= c["ci_high"] + 1e-12).all()
+    assert c.loc[0, "ci_low"] == c.loc[0, "ci_high"] == pytest.approx(2.0)  # one round: no spread
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    model = load_model("embedded", device="cpu")
+    return model, load_drafter(model)
+
+
+def test_interleaved_timing_decodes_the_samples_of_plain_decoding(embedded):
+    model, drafter = embedded
+    sampling = SamplingConfig(guidance=3.0)
+    configs = {"ar": DecodeConfig.of("ar"), "sd": DecodeConfig.of("sd", gamma=3),
+               "lantern": DecodeConfig.of("lantern", gamma=3, k=16, delta=0.2)}
+    conditions = [3, 7, 1]
+    seen = {}
+    rows = interleaved_timing(model, configs, sampling, conditions, [(0, 1), (1, 1), (2, 1)], drafter,
+                              rounds_of={"lantern": 2}, only=[0, 2], seed=5,
+                              on_round=lambda r, frame, decodes: seen.update({(r, n): d for n, d in decodes.items()}))
+    assert sorted(rows["round"].unique()) == [0, 2]  # only the asked rounds
+    assert set(rows[rows["round"] == 0]["config"]) == {"ar", "sd", "lantern"}
+    assert set(rows[rows["round"] == 2]["config"]) == {"ar", "sd"}  # lantern takes part in rounds 0, 1 only
+    assert (rows["seconds"] > 0).all() and (rows["tokens"] == 64).all()
+    # what a timed round decodes is exactly what an untimed decode of that image gives
+    for (r, name), d in seen.items():
+        plain = decode(model, [conditions[r]], configs[name], sampling, drafter if name != "ar" else None,
+                       seed=5, first_index=r)
+        assert torch.equal(d.tokens, plain.tokens), (r, name)
+    # a resumed measurement keeps the rounds already timed
+    more = interleaved_timing(model, configs, sampling, conditions, [(0, 1), (1, 1), (2, 1)], drafter,
+                              rounds_of={"lantern": 2}, seed=5, done=rows, warmup=False)
+    assert sorted(more["round"].unique()) == [0, 1, 2] and len(more) == len(rows) + 3
+
+
+def test_real_pairs_are_the_decoders_first_draft_distributions(embedded):
+    """p and q from teacher forcing equal what speculative decoding recorded at the first draft of
+    every step (same guidance, temperature and top-k processing)."""
+    model, drafter = embedded
+    sampling = SamplingConfig(guidance=3.0, top_k=200)
+    d = decode(model, [4], DecodeConfig.of("sd", gamma=4), sampling, drafter, seed=1)
+    _, drafts, _ = d.frames()
+    first = drafts[drafts["draft_index"] == 0]
+    p, q = real_pairs(model, drafter, d.tokens, [4], sampling)
+    assert p.shape == q.shape == (63, model.vocab_size)
+    at = first["position"].to_numpy() - 1  # pair i predicts position i + 1
+    tok = torch.tensor(first["token"].to_numpy())
+    np.testing.assert_allclose(p[at, tok].numpy(), first["p_draft"].to_numpy(), atol=2e-5)
+    np.testing.assert_allclose(q[at, tok].numpy(), first["q_draft"].to_numpy(), atol=2e-5)
+    np.testing.assert_allclose(p[at].max(-1).values.numpy(), first["p_top1"].to_numpy(), atol=2e-5)
+    assert torch.allclose(p.sum(-1), torch.ones(63), atol=1e-5) and ((p > 0).sum(-1) <= 200).all()
+
+
+def test_distortion_is_zero_at_delta_zero_and_grows_with_delta(embedded):
+    model, drafter = embedded
+    sampling = SamplingConfig(guidance=3.0)
+    d = decode(model, [2, 5], DecodeConfig.of("ar"), sampling, seed=0)
+    p, q = real_pairs(model, drafter, d.tokens, [2, 5], sampling)
+    table = neighbour_table(model, DecodeConfig.of("lantern", k=32))
+    df = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4])
+    assert df.iloc[0]["what"] == "TVD(q, p)" and df.iloc[0]["positions"] == 126
+    out = df[df["what"] == "TVD(out, p)"].set_index(["k", "delta"])["mean"]
+    assert out.loc[(8, 0.0)] == pytest.approx(0.0, abs=1e-6) and out.loc[(32, 0.0)] == pytest.approx(0.0, abs=1e-6)
+    assert out.loc[(32, 0.1)] < out.loc[(32, 0.4)]
+    assert (out <= df.iloc[0]["mean"] + 1e-6).all()  # never further from p than the drafter itself
