@@ -142,6 +142,19 @@ def _folder(path: Path, k: Optional[int], seed: int, resize_to: Optional[tuple[i
     return ImageSet(str(path), path.name, torch.from_numpy(np.stack(arrays)), None, h.hexdigest()[:16], fix)
 
 
+_OLD_KEYS = {"tau": "mean_accepted_length", "tokens_per_forward": "step_compression"}  # summaries before the rename
+
+
+def _speed(summary: dict) -> dict:
+    """Acceptance rate, τ, tokens per target forward and seconds per image of a run's summary."""
+    out = {}
+    for key in ("acceptance_rate", "tau", "tokens_per_forward", "seconds_per_image"):
+        v = summary.get(key, summary.get(_OLD_KEYS.get(key, key)))
+        if v is not None:
+            out[key] = v
+    return out
+
+
 def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
     run = load_run(path)
     images = run["images"]
@@ -159,8 +172,7 @@ def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
             "captions": settings.get("captions"), "classes": settings.get("classes"),
             "seeds": [int(v) for v in images["seed"]] if "seed" in images else None,
             "image_indices": [int(v) for v in images["image"]],
-            "speed": {key: s.get(key) for key in ("acceptance_rate", "tau", "tokens_per_forward",
-                                                  "seconds_per_image") if key in s}}
+            "speed": _speed(s)}
     if model == "embedded":
         info["class_names"] = list(CLASSES)
     return ImageSet(str(path), path.name, pix, list(images["condition"]), fp.hexdigest()[:16], info)
