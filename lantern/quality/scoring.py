@@ -27,7 +27,7 @@ from lantern.quality.features import DEFAULT_REPOS, Extractor, extract
 from lantern.quality.sources import ImageSet
 
 __all__ = ["Protocol", "protocol_record", "RefStats", "cache_dir", "reference_stats", "feature_metrics",
-           "value_metrics", "metric_name", "BOOTSTRAP_TAG", "PRDC_TAG", "PAPER_SAMPLE_SIZES"]
+           "value_metrics", "metric_name", "paired_differences", "BOOTSTRAP_TAG", "PRDC_TAG", "PAPER_SAMPLE_SIZES"]
 
 BOOTSTRAP_TAG, PRDC_TAG = 12, 13
 BOUNDED = ("precision", "recall", "coverage", "token_match_vs_reference", "class_consistency")
@@ -142,7 +142,8 @@ def _row(metric: str, extractor: Optional[str], full: float, resampled: np.ndarr
     if metric in BOUNDED:  # fractions stay fractions after the shift
         lo, hi = max(lo, 0.0), min(hi, 1.0)
     return {"metric": metric_name(metric, extractor), "extractor": extractor or "", "value": float(full),
-            "ci_low": lo, "ci_high": hi, "n": int(n), "bootstrap": int(len(resampled))}
+            "ci_low": lo, "ci_high": hi, "n": int(n), "bootstrap": int(len(resampled)),
+            "resamples": np.asarray(resampled, np.float64)}
 
 
 def resample_counts(n: int, p: Protocol) -> Optional[np.ndarray]:
@@ -152,7 +153,10 @@ def resample_counts(n: int, p: Protocol) -> Optional[np.ndarray]:
 
 def feature_metrics(feats: np.ndarray, stats: RefStats, p: Protocol, extractor: str) -> list[dict]:
     """FID (Fréchet distance), KID, precision, recall, density and coverage of generated
-    features (N, D) against ``stats``, each with its bootstrap interval -> metric rows."""
+    features (N, D) against ``stats``, each with its bootstrap interval -> metric rows (dicts
+    with metric, extractor, value, ci_low, ci_high, n, bootstrap, reference_images and
+    ``resamples``: the (B,) resampled values; resample b draws the same image indices in every
+    set of the same n, so two runs of one seed are paired image by image)."""
     x = M.as_f64(feats)
     n = len(x)
     counts = resample_counts(n, p)
@@ -189,3 +193,20 @@ def value_metrics(values: dict[str, np.ndarray], p: Protocol) -> list[dict]:
         counts = resample_counts(len(v), p)
         rows.append(_row(name, None, v.mean(), M.mean_values(v, counts) if counts is not None else [], len(v), p))
     return rows
+
+
+def paired_differences(base: dict, other: dict, level: float = 0.95) -> dict:
+    """Difference ``other - base`` of one metric for two sets of the same n and seed.
+
+    base, other: {"value": float, "resamples": (B,)} (rows of :func:`feature_metrics`). The
+    bootstrap resamples are paired (same image indices, hence same seeds and conditions), so the
+    interval of the per-resample differences (shifted like :func:`lantern.quality.metrics.percentile_interval`)
+    is far narrower than the two separate intervals. Returns {diff, ci_low, ci_high, p_greater}
+    (p_greater: the fraction of resamples with a positive difference); NaN intervals without resamples.
+    """
+    d = float(other["value"]) - float(base["value"])
+    a, b = np.asarray(base["resamples"], np.float64), np.asarray(other["resamples"], np.float64)
+    if len(a) == 0 or len(a) != len(b):
+        return {"diff": d, "ci_low": float("nan"), "ci_high": float("nan"), "p_greater": float("nan")}
+    lo, hi = M.percentile_interval(b - a, level, d)
+    return {"diff": d, "ci_low": lo, "ci_high": hi, "p_greater": float(((b - a) > 0).mean())}

@@ -142,6 +142,19 @@ def _folder(path: Path, k: Optional[int], seed: int, resize_to: Optional[tuple[i
     return ImageSet(str(path), path.name, torch.from_numpy(np.stack(arrays)), None, h.hexdigest()[:16], fix)
 
 
+_OLD_KEYS = {"tau": "mean_accepted_length", "tokens_per_forward": "step_compression"}  # summaries before the rename
+
+
+def _speed(summary: dict) -> dict:
+    """Acceptance rate, τ, tokens per target forward and seconds per image of a run's summary."""
+    out = {}
+    for key in ("acceptance_rate", "tau", "tokens_per_forward", "seconds_per_image"):
+        v = summary.get(key, summary.get(_OLD_KEYS.get(key, key)))
+        if v is not None:
+            out[key] = v
+    return out
+
+
 def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
     run = load_run(path)
     images = run["images"]
@@ -158,8 +171,8 @@ def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
             "model": model, "sampling": s.get("sampling"), "seed": settings.get("seed"),
             "captions": settings.get("captions"), "classes": settings.get("classes"),
             "seeds": [int(v) for v in images["seed"]] if "seed" in images else None,
-            "speed": {key: s.get(key) for key in ("acceptance_rate", "tau", "tokens_per_forward",
-                                                  "seconds_per_image") if key in s}}
+            "image_indices": [int(v) for v in images["image"]],
+            "speed": _speed(s)}
     if model == "embedded":
         info["class_names"] = list(CLASSES)
     return ImageSet(str(path), path.name, pix, list(images["condition"]), fp.hexdigest()[:16], info)
@@ -200,7 +213,8 @@ def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to:
             raise UsageError(f"{what} {path} does not exist; {hint}")
         if not path.is_dir():
             raise UsageError(f"{what} {path} is not a directory; pass a lantern.generate run or an image folder")
-        out = _run(path, k, seed) if (path / "summary.json").is_file() else _folder(path, k, seed, resize_to)
+        is_run = any((path / f).is_file() for f in ("summary.json", "run.json", "images.parquet"))
+        out = _run(path, k, seed) if is_run else _folder(path, k, seed, resize_to)  # unfinished runs: load_run says so
     if out.n == 0:
         raise UsageError(f"{what} {spec} holds no images")
     out.spec = spec

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from ambiguity.errors import UsageError
 from ambiguity.models.hub import find_weight
-from lantern.quality.features import Extractor, prepare
+from lantern.quality.features import CLIP_MEAN, CLIP_STD, Extractor, prepare
 
 __all__ = ["CLIP_SCALES", "prompts_for", "clip_text_embeddings", "clip_scores", "find_hps_weights", "hps_scores",
            "HPS_REPO", "HPS_FILE"]
@@ -89,8 +89,6 @@ def clip_scores(images: torch.Tensor, prompts: Sequence[str], model_dir: str | P
     model = CLIPModel.from_pretrained(model_dir).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     size = int(model.config.vision_config.image_size)
-    from lantern.quality.features import CLIP_MEAN, CLIP_STD
-
     ex = Extractor("clip", int(model.config.projection_dim), size, 3, "bicubic", lambda x: x, CLIP_MEAN, CLIP_STD)
     unique = list(dict.fromkeys(prompts))
     text = clip_text_embeddings(model, tokenizer, unique, device)
@@ -132,7 +130,7 @@ def hps_scores(images: torch.Tensor, prompts: Sequence[str], weights: Optional[s
     model.load_state_dict(state.get("state_dict", state))
     model.eval()
     tokenizer = open_clip.get_tokenizer("ViT-H-14")
-    ex = Extractor("hps", 1024, 224, 3, "bicubic", lambda x: x, CLIP_MEAN_OPENAI, CLIP_STD_OPENAI)
+    ex = Extractor("hps", 1024, 224, 3, "bicubic", lambda x: x, CLIP_MEAN, CLIP_STD)  # OpenCLIP's OpenAI mean/std
     out = []
     for s in range(0, len(images), batch_size):
         x = prepare(images[s:s + batch_size].to(device), ex)
@@ -141,6 +139,3 @@ def hps_scores(images: torch.Tensor, prompts: Sequence[str], weights: Optional[s
         out.append((img * txt).sum(-1).cpu())
     return torch.cat(out).double().numpy(), f"HPS v2.1 from {f}"
 
-
-CLIP_MEAN_OPENAI = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD_OPENAI = (0.26862954, 0.26130258, 0.27577711)
