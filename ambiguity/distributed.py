@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from ambiguity.errors import UsageError
 
-__all__ = ["Shard", "SINGLE", "setup_shards", "torchrun_world", "shard_from_args"]
+__all__ = ["Shard", "SINGLE", "merging_shard", "setup_shards", "torchrun_world", "shard_from_args"]
 
 T = TypeVar("T")
 
@@ -43,26 +43,29 @@ class Shard:
     """This process's share of a run: shard ``index`` of ``count``.
 
     group: a torch.distributed process group connects the shards (torchrun); local_rank: the
-    process's index on its node (its GPU). merges: whether this process writes the run's final
-    outputs (rank 0 under torchrun; the only process of an unsharded run).
+    process's index on its node (its GPU); merging: a process that only assembles the parts of a
+    run computed by ``count`` independent shards (:func:`merging_shard`). merges: whether this
+    process writes the run's final outputs (rank 0 under torchrun; the only process of an
+    unsharded run; a merging process).
     """
 
     index: int = 0
     count: int = 1
     group: bool = False
     local_rank: int = 0
+    merging: bool = False  # ``python -m ambiguity merge``: computes nothing, assembles every shard's parts
 
     @property
     def merges(self) -> bool:
-        return self.index == 0 and (self.group or self.count == 1)
+        return self.merging or (self.index == 0 and (self.group or self.count == 1))
 
     @property
     def label(self) -> str:
         return f"shard {self.index + 1}/{self.count}" + (" (torchrun)" if self.group else "")
 
     def owns(self, unit: int) -> bool:
-        """Whether unit ``unit`` (a global index) is this shard's."""
-        return unit % self.count == self.index
+        """Whether unit ``unit`` (a global index) is this shard's (none for a merging-only shard)."""
+        return not self.merging and unit % self.count == self.index
 
     def barrier(self) -> None:
         """Wait for every shard (a no-op without a process group)."""
@@ -96,6 +99,12 @@ class Shard:
 
 
 SINGLE = Shard()
+
+
+def merging_shard(count: int) -> Shard:
+    """The shard of ``python -m ambiguity merge`` for a run of ``count`` independent shards: it
+    owns no unit and merges (a missing part is then refused, not computed)."""
+    return Shard(0, int(count), False, 0, merging=True)
 
 
 def torchrun_world() -> Optional[tuple[int, int, int, int]]:

@@ -192,8 +192,9 @@ class RunDir:
 
         overwrite: remove the stored run's files first. extra: facts stored with the record but
         not compared. shards: how many shards compute the run (:mod:`ambiguity.distributed`);
-        resuming with another number is refused (None: any number may continue the run). Raises UsageError for other settings, another
-        shard count, a damaged ``run.json``, parts without a ``run.json`` or an unwritable directory.
+        resuming with another number is refused (None: any number may continue the run).
+        Raises UsageError for other settings, another shard count, a damaged ``run.json``, parts
+        without a ``run.json`` or an unwritable directory.
         """
         ensure_writable_dir(self.path)
         if overwrite:

@@ -34,6 +34,7 @@ weights) ends with one ``error:`` line naming the fix and exit status 2; finishe
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -44,11 +45,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, check_out_dir, cli_main, nonneg_int, parse_mapping, positive_int,
-                           safe_name, seed_int, unit_float)
+from ambiguity.cli import (ArgumentParser, add_shard_args, check_out_dir, cli_main, nonneg_int, parse_mapping,
+                           positive_int, safe_name, seed_int, unit_float)
+from ambiguity.distributed import SINGLE, Shard, merging_shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
 from ambiguity.models.base import resolve_device
+from ambiguity.models.registry import load_model
 from ambiguity.runs import RunDir
 from lantern.quality.features import EXTRACTORS, OFFLINE, Extractor, extract, load_extractor, locate_weights
 from lantern.quality.report import plot_quality_sweep, sweep_frame
@@ -63,6 +66,7 @@ __all__ = ["evaluate_runs", "score_images", "flat_scores", "paired_table", "load
            "COMMAND", "OUTPUTS"]
 
 COMMAND = "python -m lantern.evaluate"
+MERGE = "lantern.evaluate:merge_run"
 OUTPUTS = ("metrics.parquet", "paired.parquet", "evaluation.json", "sweep.parquet", "quality_sweep.png", "quality_sweep.pdf")
 ROW_COLUMNS = ["metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
 PART_FORMAT = 2  # parts hold the metric rows, the resampled values and the features
@@ -139,11 +143,35 @@ def _proxy_values(s: ImageSet, proxy_reference, target, device) -> dict:
     return values
 
 
+def _features(s: ImageSet, ex: Extractor, batch_size: int, run_dir: Optional[RunDir], key: str,
+              shard: Shard) -> Optional[np.ndarray]:
+    """Features (N, D) of the set under ``ex``; across shards, chunks of ``16 * batch_size`` images
+    (whole extractor batches, so each equals a single process's) are parts of ``run_dir`` owned by
+    ``chunk % count``; None on a shard that does not merge."""
+    if shard.count == 1:
+        return extract(s.images, ex, batch_size)
+    size = 16 * batch_size
+    chunks = [(f"{key}.{ex.name}.chunk{c:05d}", {"set": s.spec, "fingerprint": s.fingerprint,
+                                                 "extractor": ex.describe(), "images": [lo, min(s.n, lo + size)]})
+              for c, lo in enumerate(range(0, s.n, size))]
+    for c, (name, holds) in enumerate(chunks):
+        if shard.owns(c) and run_dir.read_part(name, holds, load=False) is None:
+            lo, hi = holds["images"]
+            run_dir.write_part(name, holds, tensors={"features": {"features": torch.from_numpy(
+                extract(s.images[lo:hi], ex, batch_size))}})
+    shard.barrier()
+    if not shard.merges:
+        return None
+    parts = run_dir.require_parts(*zip(*chunks))
+    return np.concatenate([p.tensors["features"]["features"].numpy() for p in parts])
+
+
 def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, batch_size, run_dir: Optional[RunDir],
                weights: dict, device, class_names=None, proxy_reference=None, target=None,
-               notes=None) -> tuple[pd.DataFrame, dict]:
+               notes=None, shard: Shard = SINGLE) -> tuple[pd.DataFrame, dict]:
     """All metric rows of one image set (parts reused / written when ``run_dir`` is given) and
-    the resampled values of each metric ({metric: (B,) array})."""
+    the resampled values of each metric ({metric: (B,) array}); (None, None) on a shard that does
+    not merge (it only extracts its chunks of features)."""
     key = safe_name(f"{s.label}-{s.fingerprint[:8]}")
     frames, boot = [], {}
 
@@ -169,10 +197,14 @@ def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, ba
         if part is not None:
             reuse(part)
             continue
+        feats = _features(s, ex, batch_size, run_dir, key, shard)
+        if feats is None:
+            continue
         stats = reference_stats(ref, ex, cache, batch_size, use_cache=cache is not False)
-        feats = extract(s.images, ex, batch_size)
         save(f"{key}.{ex.name}", holds, keep(feature_metrics(feats, stats, p, ex.name)),
              {"features": {"features": torch.from_numpy(feats)}})
+    if not shard.merges:
+        return None, None
     extra = {"clip": p.clip_score, "hps": p.hps, "proxy": proxy_reference is not None and proxy_reference["path"].name,
              "target": target is not None}
     if any(extra.values()):
@@ -225,7 +257,8 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
                   weights: Optional[dict] = None, out: Optional[str | Path] = None, cache: Optional[str | Path] = None,
                   data: Optional[str] = None, device="cpu", batch_size: int = 64, class_names=None,
                   proxy_reference: Optional[str] = None, target_scores_model=None, overwrite: bool = False,
-                  progress: bool = True, paired_with: Optional[str] = None) -> tuple[pd.DataFrame, dict]:
+                  progress: bool = True, paired_with: Optional[str] = None, shard: Shard = SINGLE,
+                  request: Optional[dict] = None) -> tuple[Optional[pd.DataFrame], Optional[dict]]:
     """Score generation runs (or image folders, or data-set splits) against ``protocol.reference``.
 
     runs: source specs (:mod:`lantern.quality.sources`); extractors: names of
@@ -234,9 +267,13 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     reference cache); cache: reference-statistics cache (False: none); proxy_reference: a
     generate run for PSNR / token match; target_scores_model: a loaded TokenModel for NLL and
     class consistency; paired_with: one of ``runs`` whose metrics every other set of the same n
-    is compared with by a paired bootstrap (``record["paired"]``, ``paired.parquet``). Returns
-    (metrics DataFrame, the evaluation record). Every input is checked before anything is
-    computed; raises UsageError (module docstring).
+    is compared with by a paired bootstrap (``record["paired"]``, ``paired.parquet``).
+    shard (:mod:`ambiguity.distributed`): every set's images are split into chunks of whole
+    extractor batches; shard i extracts the chunks ``c % n == i`` as parts of ``out`` and the
+    merging process computes every metric from all chunks (equal to one process's). request:
+    stored with the run for ``python -m ambiguity merge`` (the CLI's arguments). Returns
+    (metrics DataFrame, the evaluation record), (None, None) on a shard that does not merge.
+    Every input is checked before anything is computed; raises UsageError (module docstring).
     """
     t0 = time.perf_counter()
     if not runs:
@@ -253,17 +290,24 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     _labels(sets)
     record = protocol_record(protocol, ref)
     run_dir = None
+    if shard.count > 1 and out is None:
+        raise UsageError("a sharded evaluation needs --out: the shards meet in its parts")
     if out is not None:
         run_dir = RunDir(out, {"protocol": {k: v for k, v in record.items() if k != "reference_set"},
                                "reference_fingerprint": ref.fingerprint, "data": data},
-                         command=COMMAND, outputs=OUTPUTS).open(overwrite)
+                         command=COMMAND, outputs=OUTPUTS, merge=MERGE)
+        extra = {"request": request or {}}  # whichever shard starts the run records the command
+        shard.first(lambda: run_dir.open(overwrite and not shard.merging, extra=extra, shards=shard.count),
+                    lambda: run_dir.open(extra=extra, shards=shard.count))
     notes = []
     frames, boot = [], {}
     for s in tqdm(sets, desc="evaluate", unit="run", disable=not progress):
         f, boot[s.spec] = _score_set(s, ref, exs, protocol, cache=cache, batch_size=batch_size, run_dir=run_dir,
                                      weights=dict(weights or {}), device=device, class_names=class_names,
-                                     proxy_reference=proxy, target=target_scores_model, notes=notes)
+                                     proxy_reference=proxy, target=target_scores_model, notes=notes, shard=shard)
         frames.append(f)
+    if not shard.merges:
+        return None, None
     df = pd.concat(frames, ignore_index=True)
     paired = paired_table(df, boot, paired_with, protocol.level) if paired_with else pd.DataFrame()
     df = df[["run", "label", "metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
@@ -399,6 +443,7 @@ def build_parser() -> ArgumentParser:
                         "given (default: <out>/quality_sweep)")
     p.add_argument("--overwrite", action="store_true", help="discard results of an evaluation with another protocol")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_shard_args(p)
     return p
 
 
@@ -418,6 +463,25 @@ def _class_names(path: Optional[str]) -> Optional[list[str]]:
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point (module docstring); 0, or 2 with one ``error:`` line."""
     args = build_parser().parse_args(argv)
+    request = {"argv": [a for a in (argv if argv is not None else sys.argv[1:])]}
+    return _run(args, shard_from_args(args, resolve_device(args.device)), request)
+
+
+def merge_run(path: str | Path, figures: bool = True) -> int:
+    """``python -m ambiguity merge RUN`` for an evaluation split over independent shards: the
+    stored command's metrics and outputs from every shard's feature chunks (a missing chunk is
+    refused with one line)."""
+    record = RunDir(path, {}, command=COMMAND).stored() or {}
+    argv = list((record.get("request") or {}).get("argv") or [])
+    if not argv:
+        raise UsageError(f"{path} does not record the evaluate command that wrote it; rerun that command")
+    drop = {"--shard-index", "--num-shards"}
+    kept = [a for i, a in enumerate(argv) if a not in drop and (i == 0 or argv[i - 1] not in drop)]
+    args = build_parser().parse_args(kept)
+    return _run(args, merging_shard(int(record.get("shards") or 1)), {"argv": kept})
+
+
+def _run(args, shard: Shard, request: dict) -> int:
     names = [n.strip() for n in args.extractors.split(",") if n.strip()]
     bad = [n for n in names if n not in EXTRACTORS]
     if bad:
@@ -430,8 +494,6 @@ def main(argv: Optional[list[str]] = None) -> int:
                         clip_scale=args.clip_scale, prompt_template=args.prompt, hps=args.hps)
     target = None
     if args.target_scores:
-        from ambiguity.models.registry import load_model
-
         gen = [parse_spec(r)[0] for r in [args.proxy_reference, *args.runs] if r]
         gen = [r for r in gen if (Path(r).expanduser() / "summary.json").is_file()]
         if not gen:
@@ -440,7 +502,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         target = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=device)
     df, rec = evaluate_runs(args.runs, protocol, names, weights, out, args.cache, args.data, device, args.batch_size,
                             _class_names(args.class_names), args.proxy_reference, target, args.overwrite,
-                            not args.no_progress, args.paired_with)
+                            not args.no_progress, args.paired_with, shard, request)
+    if df is None:
+        print(f"{shard.label} done: its feature chunks are parts of {out}"
+              + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}"))
+        return 0
     with pd.option_context("display.width", 250, "display.max_columns", 50):
         print(f"speed and quality against {args.reference} ({args.bootstrap} bootstrap resamples, "
               f"{100 * args.level:g} % intervals):")

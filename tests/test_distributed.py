@@ -102,6 +102,33 @@ def test_drafter_data_and_ddp_training_under_torchrun(tmp_path):
     assert acc[0]["train_rows"].tolist() == acc[1]["train_rows"].tolist()
 
 
+EVALUATE = ("lantern.evaluate", "fashion-mnist:train@40", "--extractors", "fmnist", "--batch-size", 2, "--bootstrap", 20,
+            "--no-progress")
+METRICS = ["metric", "value", "ci_low", "ci_high", "n"]
+
+
+def test_evaluate_sharded_equals_one_process(tmp_path):
+    """Feature chunks (whole extractor batches) split over torchrun ranks or independent shards
+    give the single process's metrics and intervals exactly."""
+    run(*EVALUATE, "--out", tmp_path / "one")
+    run(*EVALUATE, "--out", tmp_path / "two", torchrun=True)
+    for i in (1, 0):
+        run(*EVALUATE, "--out", tmp_path / "ind", "--shard-index", i, "--num-shards", 2)
+    run("ambiguity", "merge", tmp_path / "ind")
+    one = pd.read_parquet(tmp_path / "one" / "metrics.parquet")[METRICS]
+    for d in ("two", "ind"):
+        pd.testing.assert_frame_equal(one, pd.read_parquet(tmp_path / d / "metrics.parquet")[METRICS])
+
+
+def test_paper_items_under_torchrun_equal_one_process(tmp_path):
+    args = ("lantern.paper", "--quick", "--only", "fig2a", "--no-progress")
+    run(*args, "--out", tmp_path / "one")
+    run(*args, "--out", tmp_path / "two", torchrun=True)
+    cols = ["model", "temperature", "images", "tau", "tokens_per_forward", "acceptance_rate"]
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "fig2a" / "fig2a_ours.csv")[cols],
+                                  pd.read_csv(tmp_path / "two" / "fig2a" / "fig2a_ours.csv")[cols])
+
+
 # --------------------------------------------------------------------------- independent shards
 def test_independent_shards_killed_shard_rerun_and_merge(tmp_path):
     ref, out = tmp_path / "ref", tmp_path / "sharded"
