@@ -1,10 +1,11 @@
 import os
+import tempfile
 
 # Tests run tiny models: one thread avoids OpenMP start-up and spin costs that make tiny
 # matmuls 10x slower on a 2-core machine, and keeps parallel pytest runs from fighting.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # reference statistics of lantern.evaluate go to a per-session folder, never the user's cache
-os.environ.setdefault("LANTERN_EVAL_CACHE", __import__("tempfile").mkdtemp(prefix="lantern-eval-cache-"))
+os.environ.setdefault("LANTERN_EVAL_CACHE", tempfile.mkdtemp(prefix="lantern-eval-cache-"))
 
 from pathlib import Path  # noqa: E402
 
