@@ -540,7 +540,8 @@ def main(argv=None) -> int:
     model = load_model(args.model, weights=args.weights, device=args.device)
     rows = model_matrix(model, args.matrix)
     k = rows.shape[0] - 1 if k == "all" else check_k(k, rows.shape[0], "--k")
-    out = _check_out(args.out or f"runs/neighbourhoods/{safe_name(model.name)}-{args.matrix}-{args.metric}-k{k}.parquet")
+    name = f"{safe_name(model.name)}-{args.matrix}-{args.metric}-k{k}.parquet"
+    out = _check_out(args.out or f"runs/neighbourhoods/{name}")
     ensure_writable_dir(out.parent)
     nb = build_neighbourhoods(rows, k, args.metric, seed=args.seed, image_token_ids=model.image_token_ids,
                               source=f"{model.name}:{args.matrix}", cache=not args.no_cache,

@@ -65,8 +65,8 @@ def _read_idx(fh, name: str = "IDX file") -> np.ndarray:
                 raise UsageError(f"{name} ends inside its IDX header; the file is truncated, re-download it")
             dims = struct.unpack(">" + "I" * head[3], sizes)
             if math.prod(dims) > MAX_IDX_BYTES:
-                raise UsageError(f"{name} has the shape {tuple(dims)} in its header, more data than any Fashion-MNIST file; "
-                                 f"the file is damaged, re-download it")
+                raise UsageError(f"{name} has the shape {tuple(dims)} in its header, more data than any "
+                                 f"Fashion-MNIST file; the file is damaged, re-download it")
             data = fh.read(math.prod(dims) + 1)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError; EOFError: truncated .gz
         raise UsageError(f"cannot read {name} ({type(exc).__name__}: {exc}); the file is damaged or truncated, "
