@@ -160,7 +160,7 @@ def check_depth(config: DecodeConfig, model: TokenModel, num_tokens: Optional[in
                          f"use --tree-top-k {model.vocab_size} or less")
     per_node = 2 * ((kv_bytes_per_token(model) or 0) + 3 * 4 * model.vocab_size)
     check_count(tree.nodes, per_node, "--total-tokens" if tree.kind == "dynamic" else "the tree's node count",
-                "the key/value cache and distributions of the tree's nodes")
+                "the key/value cache and distributions of the tree's nodes", device=model.device)
 
 
 def check_drafter(drafter: DraftModel, model: TokenModel) -> None:

@@ -2,9 +2,9 @@
 
 Each case of :data:`CASES` (407 of them: ``python tests/test_bad_inputs.py`` runs them all and
 prints the tally) runs one command in its own process, ``python -m <module>`` or ``python
-<script>``, with ``OMP_NUM_THREADS=1`` and an empty Hugging Face cache, in a fresh directory (also
-its working directory, so default outputs land there) after an optional ``setup`` that writes the
-bad files. The case passes when
+<script>``, with ``OMP_NUM_THREADS=1``, no visible GPU (the same verdicts on every machine) and an
+empty Hugging Face cache, in a fresh directory (also its working directory, so default outputs
+land there) after an optional ``setup`` that writes the bad files. The case passes when
 
 * the exit status is 2,
 * stderr holds no ``Traceback``,
@@ -319,6 +319,7 @@ def llamagen_pair(gpt: Optional[Callable[[Path], None]] = None) -> Callable[[Pat
 # --------------------------------------------------------------------------- the table
 HUGE = str(10 ** 12)
 BIG_SEED = str(2 ** 64)
+NO_GPU = "cuda:99"  # absent on CPU machines and on GPU machines alike
 C = Case
 P, N, CO, IN = ("ambiguity.profile", "ambiguity.neighbourhood", "ambiguity.analyses concentration",
                 "ambiguity.analyses interchangeability")
@@ -412,7 +413,7 @@ CASES: list[Case] = [
     C("profile-classes-text", P, ["--classes", "shoe,bag"], expect="--classes"),
     C("profile-classes-empty", P, ["--classes", ","], expect="--classes"),
     C("profile-device-bogus", P, ["--device", "bogus"], expect="--device must be auto, cpu, cuda or cuda:N"),
-    C("profile-device-cuda-absent", P, ["--device", "cuda:7"], expect="cuda"),
+    C("profile-device-cuda-absent", P, ["--device", NO_GPU], expect="cuda"),
     C("profile-device-mps", P, ["--device", "mps"], expect="--device"),
     C("profile-dtype-bogus", P, ["--dtype", "int8"], expect="--dtype"),
     C("profile-source-bogus", P, ["--source", "web"], expect="--source"),
@@ -443,7 +444,7 @@ CASES: list[Case] = [
     C("profile-hf-dir-not-a-model", P, ["--model", "hf:{tmp}/empty"], lambda tmp: (tmp / "empty").mkdir(), "empty"),
     C("profile-text-twin-dataset-too-many", P, ["--model", "text-twin", "--source", "dataset", "--num-images",
                                                 "100000"], expect="--num-images"),
-    C("profile-device-cuda-dtype", P, ["--device", "cuda", "--dtype", "bf16"], expect="cuda"),
+    C("profile-device-cuda-dtype", P, ["--device", NO_GPU, "--dtype", "bf16"], expect="cuda"),
 
     # ---------------------------------------------------------------- ambiguity.neighbourhood
     C("nb-k-zero", N, ["--k", "0"], expect="--k"),
@@ -589,7 +590,7 @@ CASES: list[Case] = [
     C("gen-text-twin-lantern-codebook", G, ["--model", "text-twin", "--num-images", "1"], expect="codebook"),
     C("gen-classes-for-text-model", G, ["--model", "text-twin", "--classes", "3", "--num-images", "1",
                                         "--method", "ar"], expect="--classes"),
-    C("gen-device-cuda-index", G, ["--device", "cuda:0", "--num-images", "1"], expect="cuda"),
+    C("gen-device-cuda-index", G, ["--device", NO_GPU, "--num-images", "1"], expect="cuda"),
     C("gen-seed-64bit", G, ["--seed", BIG_SEED], expect="--seed"),
     C("gen-cfg-inf", G, ["--cfg", "inf"], expect="--cfg"),
     C("gen-cfg-huge", G, ["--cfg", "1e300", "--num-images", "1"], expect="--cfg"),
@@ -597,7 +598,7 @@ CASES: list[Case] = [
     C("gen-captions-to-c2i", G, ["--captions", "{tmp}/caps.txt", "--num-images", "1"], CAPS, "class-conditional"),
     C("gen-classes-out-of-range", G, ["--classes", "3,12"], expect="0..9"),
     C("gen-device-bogus", G, ["--device", "bogus"], expect="--device must be auto, cpu, cuda or cuda:N"),
-    C("gen-device-cuda", G, ["--device", "cuda"], expect="cuda"),
+    C("gen-device-cuda", G, ["--device", NO_GPU, "--method", "ar"], expect="cuda"),
     C("gen-out-below-file", G, ["--out", "{tmp}/file/run"], below_file, "below the file"),
     C("gen-out-is-file", G, ["--out", "{tmp}/file"], below_file, "is a file"),
     C("gen-num-shards-zero", G, ["--num-shards", "0"], expect="--num-shards"),
@@ -697,7 +698,7 @@ CASES: list[Case] = [
                                             "{tmp}/run"], gen_run(truncate_file("drafts.parquet")), "drafts.parquet"),
     C("eval-folder-mixed-sizes", E, ["{tmp}/imgs", "--extractors", "fmnist", "--reference", "fashion-mnist:test@10"],
       lambda tmp: _pngs(tmp / "imgs", [(32, 32), (40, 40)]), "size"),
-    C("eval-device-cuda", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--device", "cuda"],
+    C("eval-device-cuda", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--device", NO_GPU],
       expect="cuda"),
 
     # ---------------------------------------------------------------- lantern.train_drafter
@@ -751,7 +752,7 @@ CASES: list[Case] = [
     C("td-damaged-run-json", T, [], files(**{"run/run.json": "][" }), "damaged"),
     C("td-tokens-dir", T, ["--tokens", "{tmp}"], expect="--tokens"),
     C("td-conditions-dir", T, ["--self-generate", "4", "--conditions", "{tmp}"], expect="conditions"),
-    C("td-device-cuda", T, ["--device", "cuda"], expect="cuda"),
+    C("td-device-cuda", T, ["--device", NO_GPU], expect="cuda"),
 
     # ---------------------------------------------------------------- scripts
     C("fig-weights-truncated", FIG, [*EMB_W], TRUNC_GPT, "fashion_gpt.safetensors"),
@@ -882,9 +883,9 @@ def _set_image_column(run: Path, column: str, value) -> None:
 # --------------------------------------------------------------------------- running and judging
 def _env(tmp: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "FASHION_MNIST", "AMBIGUITY_"))}
-    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg", HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp / "hf-cache"),
-               HF_HOME=str(tmp / "hf-home"), AMBIGUITY_NEIGHBOURHOOD_CACHE=str(tmp / "nb-cache"),
-               PYTHONPATH=str(ROOT))
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", MPLBACKEND="Agg", HF_HUB_OFFLINE="1",
+               HF_HUB_CACHE=str(tmp / "hf-cache"), HF_HOME=str(tmp / "hf-home"),
+               AMBIGUITY_NEIGHBOURHOOD_CACHE=str(tmp / "nb-cache"), PYTHONPATH=str(ROOT))
     return env
 
 
