@@ -409,7 +409,7 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
     """Train/test sequences: reused from the run's parts, else from --tokens, --self-generate or
     Fashion-MNIST (then saved as parts ``tokens_train`` / ``tokens_test`` by shard 0). None on an
     independent shard, which only samples its share of ``--self-generate``."""
-    train, test = load_token_part(run, "tokens_train"), load_token_part(run, "tokens_test")
+    train, test = (load_token_part(run, f"tokens_{split}", {"split": split}) for split in ("train", "test"))
     if train is None or test is None:
         if args.tokens and args.self_generate:
             raise UsageError("give either --tokens FILE or --self-generate N, not both")
