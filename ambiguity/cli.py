@@ -13,7 +13,7 @@ Groups (each adds its options to a parser or an argument group):
 * :func:`add_run_args` — ``--out --overwrite --no-progress``
 
 Value parsers (argparse ``type=`` callables) reject what would fail later with a traceback:
-non-finite numbers, seeds beyond 63 bits, negative sizes, malformed lists.
+non-finite numbers, seeds beyond 63 bits, negative sizes, malformed lists, empty paths.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -36,9 +37,9 @@ from ambiguity.sampling import SamplingConfig, default_guidance
 
 __all__ = ["ArgumentParser", "cli_main", "add_model_args", "add_device_args", "set_threads", "add_sampling_args",
            "add_condition_args", "add_shard_args",
-           "add_run_args", "finite_float", "unit_float", "positive_int", "nonneg_int", "seed_int", "int_list",
+           "add_run_args", "finite_float", "path_arg", "unit_float", "positive_int", "nonneg_int", "seed_int", "int_list",
            "float_list", "parse_mapping", "sampling_from_args", "device_from_args", "default_out",
-           "check_out_dir", "safe_name", "run_subcommand", "MAX_SEED", "DEVICES"]
+           "check_out_dir", "check_out_file", "safe_name", "run_subcommand", "MAX_SEED", "DEVICES"]
 
 MAX_SEED = 2 ** 63 - 1
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
@@ -51,32 +52,67 @@ def cli_main(fn: Callable[..., int | None]) -> Callable[..., int]:
     UsageError -> one line ``error: ...`` on stderr and 2; argparse's own exits (``--help``: 0,
     a malformed option: 2, already printed on one line) are returned instead of raised;
     KeyboardInterrupt -> 130 with a one-line note (results already written stay on disk); out
-    of memory or a full disk -> 2 with a one-line note. Programming errors still raise.
+    of memory (MemoryError, torch's allocator errors) or a full disk -> 2 with one line. Warnings
+    show as one ``note:`` line each. Programming errors still raise.
     """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs) -> int:
-        try:
-            return int(fn(*args, **kwargs) or 0)
-        except SystemExit as exc:
-            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-        except UsageError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("interrupted: finished results are on disk; rerun the same command to resume", file=sys.stderr)
-            return 130
-        except MemoryError:
-            print("error: out of memory; lower --num-images / --batch-size (or the sizes of the run)", file=sys.stderr)
-            return 2
-        except OSError as exc:
-            if exc.errno == 28:  # ENOSPC
-                print(f"error: no space left on the device ({exc.filename or 'output'}); free space or pass "
-                      f"another --out", file=sys.stderr)
-                return 2
-            raise
+        with warnings.catch_warnings():
+            warnings.showwarning = _warning_as_note
+            return _run(fn, *args, **kwargs)
 
     return wrapper
+
+
+def _warning_as_note(message, category, filename, lineno, file=None, line=None) -> None:
+    """Show a warning as one ``note:`` line on stderr (no source line, no location)."""
+    text = str(message).strip().splitlines()
+    print(f"note: {text[0] if text else category.__name__}", file=sys.stderr)
+
+
+def _run(fn: Callable[..., int | None], *args, **kwargs) -> int:
+    """``fn``'s exit status, with the conversions of :func:`cli_main`."""
+    try:
+        return int(fn(*args, **kwargs) or 0)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished results are on disk; rerun the same command to resume", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print(f"error: {OUT_OF_MEMORY}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # torch's allocators raise RuntimeError (CUDA: torch.OutOfMemoryError)
+        if not _out_of_memory(exc):
+            raise
+        print(f"error: {OUT_OF_MEMORY} ({_first_line(exc)})", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno == 28:  # ENOSPC
+            print(f"error: no space left on the device ({exc.filename or 'output'}); free space or pass "
+                  f"another --out", file=sys.stderr)
+            return 2
+        raise
+
+
+OUT_OF_MEMORY = "out of memory; lower --num-images / --batch-size (or the sizes of the run)"
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocator's out-of-memory error (CPU or CUDA)."""
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
+    text = str(exc)
+    return isinstance(exc, oom) or "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def _first_line(exc: BaseException, width: int = 120) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[-1] if text else type(exc).__name__
+    return line if len(line) <= width else line[:width - 3] + "..."
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -146,7 +182,14 @@ def _unit(text: str) -> float:
     return x
 
 
+def _path(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a path, got an empty string")
+    return text
+
+
 finite_float = _type("number", _finite)
+path_arg = _type("path", _path)
 unit_float = _type("probability", _unit)
 positive_int = _type("positive integer", _positive)
 nonneg_int = _type("integer >= 0", _nonneg)
@@ -222,7 +265,7 @@ def parse_mapping(items: Optional[Sequence[str]], names: Sequence[str], flag: st
 def add_model_args(p, default: str = "embedded", dtype: bool = True) -> None:
     """``--model --weights --device [--dtype]``."""
     p.add_argument("--model", default=default, metavar="NAME", help=f"registry name or hf:<repo> (default: {default})")
-    p.add_argument("--weights", default=None, metavar="PATH",
+    p.add_argument("--weights", type=path_arg, default=None, metavar="PATH",
                    help="checkpoint file or directory (default: shipped files / local Hugging Face cache)")
     add_device_args(p, dtype=dtype)
 
@@ -276,7 +319,7 @@ def add_condition_args(p, num_images: int = 64, batch_size: Optional[int] = 32, 
     if classes:
         p.add_argument("--classes", default=None, metavar="LIST", help="class labels for c2i models, e.g. 0,3,7 (cycled)")
     if captions:
-        p.add_argument("--captions", default=None, metavar="FILE",
+        p.add_argument("--captions", type=path_arg, default=None, metavar="FILE",
                        help="t2i captions: a text file (one per line) or an MS-COCO captions_*.json")
 
 
@@ -291,7 +334,7 @@ def add_shard_args(p) -> None:
 
 def add_run_args(p, out_help: str, overwrite: bool = True) -> None:
     """``--out [--overwrite] --no-progress``."""
-    p.add_argument("--out", default=None, metavar="DIR", help=out_help)
+    p.add_argument("--out", type=path_arg, default=None, metavar="DIR", help=out_help)
     if overwrite:
         p.add_argument("--overwrite", action="store_true", help="discard results of a run with other settings in --out")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -330,17 +373,56 @@ def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
     Raises UsageError (one line naming ``flag``) when ``out`` is a file, lies below a file, or its
     nearest existing ancestor is not a writable directory.
     """
+    if not str(out):
+        raise UsageError(f"{flag} is empty; pass a directory path")
     out = Path(out).expanduser().absolute()
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{flag} {out} is a file; pass a directory")
-    anc = out
-    while not anc.exists():
-        anc = anc.parent
+    try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"{flag} {out} is a file; pass a directory")
+        anc = out
+        while not anc.exists():
+            anc = anc.parent
+    except OSError as exc:  # a name too long for the file system, a loop of links, ...
+        raise UsageError(f"{flag} {_short(out)} is not a usable path ({exc.strerror or exc}); pass another "
+                         f"{flag}") from None
     if not anc.is_dir():
         raise UsageError(f"{flag} {out} lies below the file {anc}; pass a directory path")
     if not os.access(anc, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write to {out} ({anc} is not a writable directory); pass a writable {flag}")
     return out
+
+
+def _short(path: Path, width: int = 100) -> str:
+    text = str(path)
+    return text if len(text) <= width else f"{text[:width // 2]}...{text[-width // 2:]}"
+
+
+def check_out_file(path: str | Path, flag: str = "--out") -> Path:
+    """Check that the file ``path`` can be written (its directory created), without creating anything.
+
+    Raises UsageError (one line naming ``flag``) when ``path`` is a directory, its directory is a
+    file or lies below one, or cannot be written.
+    """
+    if not str(path):
+        raise UsageError(f"{flag} is empty; pass a file path")
+    path = Path(path).expanduser().absolute()
+    try:
+        below_file = path.parent.exists() and not path.parent.is_dir()
+    except OSError:
+        below_file = False  # check_out_dir names the problem
+    if below_file:
+        raise UsageError(f"{flag} {path} lies below the file {path.parent}; pass a path in a directory")
+    check_out_dir(path.parent, flag)
+    try:
+        if path.is_dir():
+            raise UsageError(f"{flag} {path} is a directory; pass a file path")
+        os.stat(path.parent / (path.name or "x"))  # a name too long for the file system fails here
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {_short(path)} is not a usable path ({exc.strerror or exc}); pass another "
+                         f"{flag}") from None
+    return path
 
 
 def run_subcommand(prog: str, commands: Mapping[str, tuple[str, str]], argv: Optional[Sequence[str]] = None,

@@ -46,6 +46,7 @@ from ambiguity.cli import (ArgumentParser, add_run_args, add_sampling_args, chec
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, read_table, write_json, write_table
+from ambiguity.memory import check_count
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.profile import profile
 from ambiguity.sampling import SamplingConfig
@@ -92,6 +93,7 @@ class CompareSettings:
             raise UsageError(f"--source must be generate or dataset, got {self.source!r}")
         if self.n_boot < 1:
             raise UsageError(f"--bootstrap must be >= 1, got {self.n_boot}")
+        check_count(self.n_boot, 3 * 8 * self.num_images, "--bootstrap", f"the resamples of {self.num_images} images")
         if not 0 < self.level < 1:
             raise UsageError(f"--level must be in (0, 1), got {self.level}")
 
@@ -427,6 +429,8 @@ def main(argv: Optional[list[str]] = None, accuracy_lookup: Optional[AccuracyLoo
     settings = CompareSettings(sampling, args.num_images, args.batch_size, args.seed, args.source, args.bootstrap,
                                args.level)
     device, dtype = device_from_args(args)
+    if args.figures is not None:
+        check_out_dir(args.figures, "--figures")
     out = ensure_writable_dir(check_out_dir(args.out or "runs/compare"))
     result, _ = compare(models, settings, weights=weights, out=out, figures=args.figures, device=device, dtype=dtype,
                         data=args.data, accuracy_paths=acc, accuracy_lookup=accuracy_lookup,

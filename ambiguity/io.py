@@ -41,16 +41,33 @@ def _umask() -> int:
     return mask
 
 
-def ensure_writable_dir(path: str | Path) -> Path:
-    """Create ``path`` if needed and check it is writable; UsageError otherwise."""
+def ensure_writable_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Create ``path`` if needed and check it is writable; UsageError naming ``flag`` otherwise
+    (a path below a file is named as such)."""
     path = Path(path).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
             pass
     except OSError as exc:
-        raise UsageError(f"cannot write to output directory {path} ({exc.strerror or exc}); pass a writable --out") from None
+        blocker = _file_in_the_way(path)
+        if blocker is not None:
+            where = "is a file" if blocker == path else f"lies below the file {blocker}"
+            raise UsageError(f"{flag} {path} {where}; pass a directory path") from None
+        raise UsageError(f"cannot write to output directory {path} ({exc.strerror or exc}); "
+                         f"pass a writable {flag}") from None
     return path
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """``path`` or its nearest ancestor when that is an existing non-directory, else None."""
+    for a in [path, *path.parents]:
+        try:
+            if a.exists():
+                return None if a.is_dir() else a
+        except OSError:  # e.g. a name too long for the file system
+            continue
+    return None
 
 
 def write_json(obj, path: str | Path) -> Path:

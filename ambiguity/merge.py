@@ -19,6 +19,8 @@ from ambiguity.runs import RUN_FILE, RunDir
 
 __all__ = ["main", "merge"]
 
+PACKAGES = ("ambiguity", "lantern")  # a run.json may only name a merge_run of these packages
+
 
 def merge(path: str | Path, figures: bool = True):
     """Merge the run directory ``path`` with the function its ``run.json`` names. Raises UsageError
@@ -30,7 +32,10 @@ def merge(path: str | Path, figures: bool = True):
     target = record.get("merge")
     if not target:
         raise UsageError(f"{path} was written by {record.get('command', 'a command')}, whose runs need no merge")
-    module, _, func = target.partition(":")
+    module, _, func = str(target).partition(":")
+    if module.split(".")[0] not in PACKAGES or func != "merge_run":
+        raise UsageError(f"{path}/{RUN_FILE} names {target!r} as its merge, not a merge of this toolkit "
+                         f"(<ambiguity|lantern module>:merge_run); the run directory is damaged or foreign")
     try:
         fn = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError):

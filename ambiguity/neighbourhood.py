@@ -57,7 +57,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import ArgumentParser, add_model_args, cli_main, safe_name, seed_int
+from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, check_out_file, cli_main, safe_name,
+                           seed_int)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, load_tensors, save_tensors, write_table
 from ambiguity.models.registry import load_model
@@ -222,15 +223,15 @@ def load_neighbourhoods(path: str | Path, device="cpu") -> Neighbourhoods:
 
 
 # --------------------------------------------------------------------------- checks and keys
-def check_k(k, n: int) -> int:
-    """k as an int in 1..n-1, else UsageError naming the valid range."""
+def check_k(k, n: int, name: str = "k") -> int:
+    """k as an int in 1..n-1, else UsageError naming ``name`` (e.g. the flag ``--k``) and the valid range."""
     try:
         ok = int(k) == k
     except (TypeError, ValueError):
         ok = False
     if not ok or not 1 <= int(k) <= n - 1:
-        raise UsageError(f"k must be an integer in 1..{n - 1} (N - 1 for {n} codes; B_k excludes the code itself), "
-                         f"got {k}")
+        raise UsageError(f"{name} must be an integer in 1..{n - 1} (N - 1 for {n} codes; B_k excludes the code "
+                         f"itself), got {k}")
     return int(k)
 
 
@@ -505,6 +506,15 @@ def _parse_k(text: str):
         raise UsageError(f"--k must be an integer or 'all' (N - 1), got {text!r}") from None
 
 
+def _check_out(path: str | Path) -> Path:
+    """``--out``: a writable .parquet or .safetensors file path."""
+    out = Path(path)
+    if out.suffix not in (".parquet", ".safetensors"):
+        raise UsageError(f"--out must end in .parquet or .safetensors, got {out.name}")
+    check_out_file(out)
+    return out
+
+
 @cli_main
 def main(argv=None) -> int:
     """``python -m ambiguity.neighbourhood``: build (or load) B_k of a model's matrix and write it."""
@@ -521,14 +531,17 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None, help=f"cache folder (default: {default_cache_dir()})")
     ap.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     args = ap.parse_args(argv)
+    k = _parse_k(args.k)
+    if args.out is not None:
+        _check_out(args.out)
+    if args.cache_dir is not None and not args.no_cache:
+        check_out_dir(args.cache_dir, "--cache-dir")
 
     model = load_model(args.model, weights=args.weights, device=args.device)
     rows = model_matrix(model, args.matrix)
-    k = _parse_k(args.k)
-    k = rows.shape[0] - 1 if k == "all" else check_k(k, rows.shape[0])
-    out = Path(args.out or f"runs/neighbourhoods/{safe_name(model.name)}-{args.matrix}-{args.metric}-k{k}.parquet")
-    if out.suffix not in (".parquet", ".safetensors"):
-        raise UsageError(f"--out must end in .parquet or .safetensors, got {out.name}")
+    k = rows.shape[0] - 1 if k == "all" else check_k(k, rows.shape[0], "--k")
+    name = f"{safe_name(model.name)}-{args.matrix}-{args.metric}-k{k}.parquet"
+    out = _check_out(args.out or f"runs/neighbourhoods/{name}")
     ensure_writable_dir(out.parent)
     nb = build_neighbourhoods(rows, k, args.metric, seed=args.seed, image_token_ids=model.image_token_ids,
                               source=f"{model.name}:{args.matrix}", cache=not args.no_cache,

@@ -54,6 +54,7 @@ from ambiguity.data.captions import read_captions
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.io import abspath
+from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.profile_report import OUTPUTS, print_summary, write_outputs
@@ -235,6 +236,7 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
         raise UsageError(f"--num-images must be >= 1, got {num_images}")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
+    check_run_size(model, num_images, batch_size, sampling.guided)
     if conditions is None:
         try:
             conditions = model.default_conditions(num_images, seed)
@@ -329,9 +331,13 @@ def merge_run(path: str | Path, figures: bool = True) -> tuple[list[Path], list[
     record = RunDir(path, {}, command=COMMAND).stored()
     if record is None:
         raise UsageError(f"{path} holds no run.json: not a run directory")
-    run = RunDir(path, record["settings"], command=COMMAND, outputs=OUTPUTS, merge=MERGE)
-    key, settings = record["settings"]["key"], record["settings"]["settings"]
-    nb = math.ceil(key["num_images"] / key["batch_size"])
+    try:
+        run = RunDir(path, record["settings"], command=COMMAND, outputs=OUTPUTS, merge=MERGE)
+        key, settings = record["settings"]["key"], record["settings"]["settings"]
+        nb = math.ceil(int(key["num_images"]) / int(key["batch_size"]))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        raise UsageError(f"{path}/run.json lacks the settings of a profile run; it is damaged, rerun the shards "
+                         f"into a fresh --out") from None
     table = pd.concat(_read_batches(run, nb, key["batch_size"], key["num_images"]), ignore_index=True)
     summary = _summary(key, settings, table, nb, nb, time.perf_counter() - t0)
     model = None
@@ -373,6 +379,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     shard = shard_from_args(args, device)
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=settings["dtype"])
     sampling = sampling_from_args(args, model.kind)
+    check_run_size(model, args.num_images, args.batch_size, sampling.guided)  # before any per-image list is built
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
     model.make_prompt(conditions[:1], guided=sampling.guided)  # e.g. a missing caption encoder fails before any output
     table, summary = profile(model, conditions, sampling, num_images=args.num_images, batch_size=args.batch_size,

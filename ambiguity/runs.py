@@ -295,16 +295,23 @@ class RunDir:
                 why = "it was computed under other settings"
             elif holds is not None and m.get("holds") != normalise(dict(holds)):
                 why = f"it holds {m.get('holds')} instead of {normalise(dict(holds))}"
+            elif m.get("part") != name:
+                why = f"its manifest is that of the part {m.get('part')!r}"
             else:
                 why = None
-        except (OSError, ValueError, AttributeError):
+            files = m.get("files")
+            if why is None and not (isinstance(files, dict) and all(isinstance(e, dict) for e in files.values())):
+                why = "its manifest is malformed"
+        except (OSError, ValueError, AttributeError, TypeError):
             m, why = {}, "its manifest is unreadable"
+        if why is not None:
+            return None, why
         part = Part(name, dict(m.get("holds") or {}), meta=dict(m.get("meta") or {}))
-        for rel, e in (m.get("files") or {}).items():
-            if why is not None:
-                break
+        for rel, e in m["files"].items():
             why = self._check_file(part, Path(os.path.normpath(self.parts_dir / rel)), e, load)
-        return (None, why) if why is not None else (part, None)
+            if why is not None:
+                return None, why
+        return part, None
 
     @staticmethod
     def _check_file(part: Part, path: Path, entry: dict, load: bool) -> Optional[str]:

@@ -30,6 +30,10 @@ __all__ = ["SamplingConfig", "default_guidance", "split_rows", "expand_rows", "g
 Generators = Union[torch.Generator, Sequence[torch.Generator], None]
 
 
+MAX_GUIDANCE = 100.0  # uncond + s (cond - uncond) stays finite in float32 for any real logits
+MIN_TEMPERATURE = 1e-4  # logits / T stays finite in float32; use 0 for greedy decoding
+
+
 def default_guidance(kind: str) -> float:
     """The guidance scale used when ``--cfg`` is not given: LlamaGen's sampler defaults.
 
@@ -43,8 +47,8 @@ def default_guidance(kind: str) -> float:
 class SamplingConfig:
     """Sampling settings as the field uses them.
 
-    guidance: classifier-free guidance scale s >= 0 (finite); s == 1 means no guidance (and no
-    doubled batch). temperature: >= 0; 0 is greedy. top_k: 0 disables; top_p: in (0, 1], 1
+    guidance: classifier-free guidance scale s in [0, 100]; s == 1 means no guidance (and no
+    doubled batch). temperature: 0 (greedy) or >= 1e-4. top_k: 0 disables; top_p: in (0, 1], 1
     disables. Raises :class:`UsageError` (naming the CLI flag) for out-of-range values.
     """
 
@@ -57,8 +61,14 @@ class SamplingConfig:
         if not 0 <= self.guidance < float("inf"):
             raise UsageError(f"--cfg (guidance scale) must be a finite number >= 0 (1 disables guidance), "
                              f"got {self.guidance}")
+        if self.guidance > MAX_GUIDANCE:
+            raise UsageError(f"--cfg (guidance scale) must be at most {MAX_GUIDANCE:g} (larger scales overflow the "
+                             f"logits), got {self.guidance:g}")
         if not 0 <= self.temperature < float("inf"):
             raise UsageError(f"--temperature must be a finite number >= 0 (0 is greedy), got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise UsageError(f"--temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (smaller ones "
+                             f"overflow the logits), got {self.temperature:g}")
         if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
             raise UsageError(f"--top-k must be an integer >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:

@@ -114,11 +114,23 @@ def save_checkpoint(path: Path, **state) -> None:
         torch.save(state, tmp)
 
 
-def load_checkpoint(path: Path) -> Optional[dict]:
-    """The checkpoint at ``path``, or None when there is none."""
+def load_checkpoint(path: Path, keys: tuple[str, ...] = ("recipe",),
+                    fix: str = "pass --fresh to start over or another --run-dir") -> Optional[dict]:
+    """The checkpoint at ``path`` (a dict holding ``keys``), or None when there is none.
+
+    Raises UsageError (naming ``fix``) when the file is damaged, truncated or not such a
+    checkpoint: resuming from it could only be wrong.
+    """
     if not Path(path).is_file():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # truncated zip, foreign pickle, ...: nothing to resume from
+        ck = exc
+    if not isinstance(ck, dict) or not all(k in ck for k in keys):
+        why = type(ck).__name__ if isinstance(ck, Exception) else f"it lacks {', '.join(keys)}"
+        raise UsageError(f"checkpoint {path} is damaged ({why}); {fix}")
+    return ck
 
 
 def _check_resume(ck: dict, expected: dict, path: Path) -> None:

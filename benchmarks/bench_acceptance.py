@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.cli import (ArgumentParser, add_device_args, cli_main, device_from_args, finite_float, nonneg_int,
-                           positive_int, set_threads)
+from ambiguity.cli import (ArgumentParser, add_device_args, check_out_file, cli_main, device_from_args, finite_float,
+                           nonneg_int, positive_int, set_threads)
 from ambiguity.io import write_json
 from ambiguity.models.gpt import GPT
 from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=positive_int, default=5)
     ap.add_argument("--out", default=str(RESULTS / "acceptance.json"))
     args = ap.parse_args(argv)
+    check_out_file(args.out)
     rule = AcceptanceRule("lantern", k=args.k, delta=args.delta)
     if args.k >= 16384 or args.position + args.gamma + 1 > 256:
         raise UsageError("--k must be < 16384 and --position + --gamma + 1 <= 256 (a 16 x 16 LlamaGen grid)")

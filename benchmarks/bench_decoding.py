@@ -37,14 +37,14 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, cli_main, device_from_args, finite_float,
-                           float_list, int_list, nonneg_int, positive_int, set_threads)
+from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, check_out_file, cli_main, device_from_args,
+                           finite_float, float_list, int_list, nonneg_int, positive_int, set_threads)
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
 from ambiguity.models.registry import load_model
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig, default_guidance
-from lantern.decoding import DecodeConfig, decode, neighbour_table
+from lantern.decoding import DecodeConfig, check_depth, decode, neighbour_table
 from lantern.drafter import load_drafter
 from lantern.replay import target_scores
 from lantern.evaluate import score_images
@@ -176,9 +176,13 @@ def main(argv=None) -> int:
     if unknown:
         raise UsageError(f"unknown extractor {unknown[0]!r} in --extractors; choose from {', '.join(EXTRACTORS)}")
     out = check_out_dir(args.out)
+    check_out_file(args.figure, "--figure")
     set_threads(args.threads)
     device, _ = device_from_args(args)
     model = load_model(args.model, weights=args.weights, device=device)
+    int_list(ks, "--ks", 1, model.vocab_size - 1)
+    for _, config in configs:
+        check_depth(config, model)
     drafter = load_drafter(model, args.drafter)
     guidance = default_guidance(model.kind) if args.cfg is None else args.cfg
     conditions = model.default_conditions(args.num_images)

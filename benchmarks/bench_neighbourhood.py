@@ -28,7 +28,7 @@ import faiss
 import pandas as pd
 import torch
 
-from ambiguity.cli import ArgumentParser, cli_main, finite_float, positive_int, set_threads
+from ambiguity.cli import ArgumentParser, check_out_file, cli_main, finite_float, positive_int, set_threads
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 from ambiguity.neighbourhood import exact_knn
@@ -104,6 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"))
     args = ap.parse_args(argv)
+    check_out_file(args.out)
     shapes = [s for s in args.shapes.split(",") if s]
     bad = [s for s in shapes if s not in SHAPES] + [s for s in args.skip.split(",") if s and s not in ("official", "sklearn")]
     if bad or not shapes:

@@ -27,7 +27,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ambiguity.cli import ArgumentParser, cli_main, positive_int
+from ambiguity.cli import ArgumentParser, check_out_file, cli_main, positive_int
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 
@@ -71,6 +71,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="one thread per process in both (outputs then identical; checked)")
     ap.add_argument("--out", default="benchmarks/results/scaleout.json")
     args = ap.parse_args(argv)
+    check_out_file(args.out)
     argv_ = COMMANDS[args.command](args.num_images)
     threads = 1 if args.same_threads else None  # None: the defaults (all cores; cores / N per process)
     work = Path(tempfile.mkdtemp(prefix="scaleout-"))
@@ -100,6 +101,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               "seconds": {str(p): ts for p, ts in times.items()},
               "images_per_s": {str(p): dict(zip(("q1", "median", "q3"), quartiles(r))) for p, r in rate.items()},
               "ratio_median": statistics.median(ratio), "ratio_per_round": ratio, "identical_outputs": identical}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(result, args.out)
     for p in (1, args.procs):
         q1, med, q3 = quartiles(rate[p])

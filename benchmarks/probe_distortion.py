@@ -2,7 +2,7 @@
 
 Not a test. Decodes ``--num-images`` images of the embedded model with lossless SD (γ = 4,
 ``--cfg``, temperature 1), records the target distribution p and the drafter distribution q at
-the first draft position of every verification step (by wrapping :func:`lantern.decoding.accept`),
+the first draft position of every verification step (by wrapping :func:`lantern.chain.accept`),
 and then computes, with no sampling, the distribution one LANTERN step emits
 (:func:`lantern.acceptance.output_distribution`, ``exact`` residual) for every k and δ of the
 decoding sweep. It prints the mean / median / max of TVD(out, p) per setting and writes
@@ -19,9 +19,12 @@ from pathlib import Path
 
 import torch
 
+import lantern.chain as chain
 import lantern.decoding as decoding
-from ambiguity.cli import ArgumentParser, cli_main, finite_float, float_list, int_list, positive_int, seed_int
+from ambiguity.cli import (ArgumentParser, check_out_file, cli_main, finite_float, float_list, int_list, positive_int,
+                           seed_int)
 from ambiguity.io import write_json
+from ambiguity.memory import check_count
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import AcceptanceRule, output_distribution
@@ -41,24 +44,27 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     ks, deltas = int_list(args.ks, "--ks", 1, 1023), float_list(args.deltas, "--deltas", 0.0, 1.0)
     SamplingConfig(guidance=args.cfg)  # one-line error for a bad --cfg before any work
+    out = check_out_file(args.out)
 
     model = load_model("embedded", device="cpu")
+    check_count(args.num_images, model.num_tokens * 2 * 4 * model.vocab_size, "--num-images",
+                "the recorded (p, q) pairs (two distributions a token)")
     drafter = load_drafter(model)
     pairs = []
-    accept = decoding.accept
+    accept = chain.accept  # the chain decoder looks accept up in its own module
 
     def recording_accept(p, q, drafts, *rest, **kw):
         if q is not None:
             pairs.append((p[:, 0].clone(), q[:, 0].clone()))
         return accept(p, q, drafts, *rest, **kw)
 
-    decoding.accept = recording_accept
+    chain.accept = recording_accept
     try:
         conditions = [i % 10 for i in range(args.num_images)]
         decoding.decode(model, conditions, decoding.DecodeConfig.of("sd", gamma=4), SamplingConfig(guidance=args.cfg),
                         drafter=drafter, seed=args.seed, progress=True)
     finally:
-        decoding.accept = accept
+        chain.accept = accept
     p = torch.cat([a for a, _ in pairs])
     q = torch.cat([b for _, b in pairs])
     table = decoding.neighbour_table(model, decoding.DecodeConfig.of("lantern", k=max(ks)))
@@ -74,8 +80,8 @@ def main(argv=None) -> int:
         print(f"{r['what']:12s} k={r['k']:4d} δ={r['delta']:.2f}: mean {r['mean']:.3f}  median {r['median']:.3f}  "
               f"max {r['max']:.3f}")
     write_json({"model": "embedded", "positions": int(p.shape[0]), "cfg": args.cfg, "temperature": 1.0,
-                "num_images": args.num_images, "seed": args.seed, "rows": rows}, args.out)
-    print(f"wrote {args.out}")
+                "num_images": args.num_images, "seed": args.seed, "rows": rows}, out)
+    print(f"wrote {out}")
     return 0
 
 

@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ambiguity.errors import UsageError
+from ambiguity.memory import check_count, kv_bytes_per_token
 from ambiguity.models.base import TokenModel
 from ambiguity.neighbourhood import MATRICES, METRICS, model_neighbourhoods
 from ambiguity.sampling import SamplingConfig
@@ -142,13 +143,24 @@ def neighbour_table(model: TokenModel, config: DecodeConfig, **kwargs) -> Option
 
 def check_depth(config: DecodeConfig, model: TokenModel, num_tokens: Optional[int] = None) -> None:
     """Raise UsageError when the chain or tree drafts deeper than an image has tokens to draft
-    (N - 1: the first token comes from the prefill)."""
+    (N - 1: the first token comes from the prefill), when a dynamic tree asks for more children
+    per node than the vocabulary has, or when the tree's nodes do not fit in memory (their key/value
+    cache and distributions, two rows a node)."""
     N = int(num_tokens or model.num_tokens)
     if config.rule is not None and config.draft_depth > N - 1:
         what = (f"the tree {config.tree.label} drafts {config.draft_depth} deep" if config.tree is not None
                 else f"--gamma {config.gamma}")
         raise UsageError(f"{what} but an image of {model.name} has {N} tokens (at most {N - 1} can be drafted); "
                          f"use a smaller tree (--depth) or --gamma")
+    tree = config.tree if config.rule is not None else None
+    if tree is None:
+        return
+    if tree.kind == "dynamic" and tree.top_k > model.vocab_size:
+        raise UsageError(f"--tree-top-k {tree.top_k} exceeds the vocabulary size {model.vocab_size} of {model.name}; "
+                         f"use --tree-top-k {model.vocab_size} or less")
+    per_node = 2 * ((kv_bytes_per_token(model) or 0) + 3 * 4 * model.vocab_size)
+    check_count(tree.nodes, per_node, "--total-tokens" if tree.kind == "dynamic" else "the tree's node count",
+                "the key/value cache and distributions of the tree's nodes", device=model.device)
 
 
 def check_drafter(drafter: DraftModel, model: TokenModel) -> None:

@@ -48,6 +48,7 @@ from ambiguity.distributed import SINGLE, Shard
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.io import load_tensors, save_tensors
+from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.runs import RunDir
 from ambiguity.seeding import image_generators
@@ -198,12 +199,16 @@ def load_token_file(path: str | Path, conditions_file: str | Path | None = None)
                          f"see lantern.drafter_data for the format") from None
     if tokens is None:
         raise UsageError(f"token file {path} has no 'tokens' array of shape (N, h*w)")
+    tokens = torch.as_tensor(tokens)
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise UsageError(f"token file {path} holds {str(tokens.dtype).replace('torch.', '')} tokens; tokens must be "
+                         f"integer code indices")
     if conditions_file is not None:
         conds = read_conditions(conditions_file)
     if conds is None:
         raise UsageError(f"token file {path} holds no conditions; "
                          f"pass --conditions FILE (one class label or caption a line)")
-    return TokenSet(torch.as_tensor(tokens), conds, source=str(path), info=info)
+    return TokenSet(tokens, conds, source=str(path), info=info)
 
 
 def check_tokens(ts: TokenSet, model: TokenModel) -> None:
@@ -289,6 +294,7 @@ def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list
         raise UsageError(f"--gen-batch-size must be >= 1, got {batch_size}")
     if shard.count > 1 and run is None:
         raise UsageError("sharded self-generation needs a run directory: the shards meet in its parts")
+    check_run_size(model, n, batch_size, sampling.guided, "--self-generate", "--gen-batch-size")
     if conditions is None:
         try:
             conditions = model.default_conditions(n, seed)

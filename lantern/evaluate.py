@@ -45,8 +45,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_shard_args, check_out_dir, cli_main, nonneg_int, parse_mapping,
-                           positive_int, safe_name, seed_int, unit_float)
+from ambiguity.cli import (ArgumentParser, add_shard_args, check_out_dir, check_out_file, cli_main, nonneg_int,
+                           parse_mapping, positive_int, safe_name, seed_int, unit_float)
 from ambiguity.distributed import SINGLE, Shard, merging_shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
@@ -488,6 +488,10 @@ def _run(args, shard: Shard, request: dict) -> int:
         raise UsageError(f"unknown extractor {bad[0]!r}; --extractors takes {', '.join(EXTRACTORS)}")
     weights = parse_mapping(args.weights, list(EXTRACTORS) + ["hps"], "--weights", must_exist=False)
     out = check_out_dir(args.out)
+    if args.figure is not None:
+        check_out_file(args.figure, "--figure")
+    if args.cache is not None:
+        check_out_dir(args.cache, "--cache")
     device = resolve_device(args.device)
     protocol = Protocol(reference=args.reference, k=args.k, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
                         prdc_reference=args.prdc_reference, clip_score=args.clip_score, clip_model=args.clip_model,

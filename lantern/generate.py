@@ -40,6 +40,7 @@ from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.conditions import generation_conditions, parse_classes
 from ambiguity.io import abspath, atomic_path, write_json, write_table
+from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS
@@ -222,7 +223,7 @@ def merge_run(path: str | Path, figures: bool = True):
     record = RunDir(path, {}, command=COMMAND).stored()
     run = RunDir(path, record["settings"], command=COMMAND, outputs=OUTPUTS, merge=MERGE)
     request = run.read_part("request")
-    if request is None:
+    if request is None or not {"pixels", "conditions"} <= set(request.meta):
         raise UsageError(f"{path} lacks its request part (shard 0 writes it); run shard 0 and merge again")
     facts = dict(request.meta, pixels=request.meta["pixels"] and figures)
     _, _, _, summary = _assemble(run, facts, 0, t0)
@@ -256,6 +257,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     shard = shard_from_args(args, device)
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
+    check_run_size(model, args.num_images)  # steps and drafts rows of every image; before the conditions list
+    check_depth(config, model)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
     result = run_generate(model, conditions, config, sampling, out, drafter, args.seed, progress=not args.no_progress,

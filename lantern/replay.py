@@ -40,7 +40,8 @@ import numpy as np
 import pandas as pd
 
 from ambiguity import plots
-from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, nonneg_int, parse_mapping, positive_int
+from ambiguity.cli import (ArgumentParser, check_out_dir, check_out_file, cli_main, nonneg_int, parse_mapping,
+                           positive_int)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_table
 from ambiguity.models.base import resolve_device
@@ -189,7 +190,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         raise UsageError(f"--bins must be at most 1000 (bins of the ambiguity axes), got {args.bins}")
     out = check_out_dir(args.out)
     if args.figure is not None:
-        check_out_dir(Path(args.figure).parent, "--figure")
+        check_out_file(args.figure, "--figure")
     runs = [load_run(r) for r in args.runs]
     ref = load_run(args.reference) if args.reference else None
     out = ensure_writable_dir(out)

@@ -32,6 +32,12 @@ from ambiguity.io import read_table
 __all__ = ["load_run", "run_label", "read_images", "image_quality", "target_scores", "reference_notes"]
 
 
+# the columns the readers of a run use (a table without them is damaged or another table)
+REQUIRED = {"steps": ("image", "accepted"),
+            "drafts": ("image", "reached", "committed", "p_draft", "p_tilde", "j_star", "p_top1", "p_entropy"),
+            "images": ("image", "condition", "seed", "codes", "tokens", "target_forwards")}
+
+
 def load_run(path: str | Path) -> dict:
     """A generate run directory -> dict(path, summary, steps, drafts, images) (DataFrames).
 
@@ -57,35 +63,44 @@ def load_run(path: str | Path) -> dict:
             tables[name] = read_table(f)
         except Exception:  # pyarrow raises several types for truncated or foreign files
             raise UsageError(f"{f} is damaged (not a readable Parquet table); {fix}") from None
-    missing = [c for c in ("image", "condition", "seed", "codes", "tokens", "target_forwards")
-               if c not in tables["images"].columns]
-    if missing:
-        raise UsageError(f"{path}/images.parquet lacks the column {missing[0]!r}; {fix}")
+    for name, columns in REQUIRED.items():
+        missing = [c for c in columns if c not in tables[name].columns]
+        if missing:
+            raise UsageError(f"{path}/{name}.parquet lacks the column {missing[0]!r}, so it is not the {name} "
+                             f"table of a run; {fix}")
     return {"path": path, "summary": summary, **tables}
 
 
 def run_label(summary: Mapping) -> str:
     """Short legend text of a run: ``"ar"``, ``"sd"``, ``"lantern k=64 δ=0.2"``, ``"lantern++ k=64 λ=2"``."""
     m = summary.get("method", "?")
-    rule = summary.get("rule", {}) or {}
+    rule = summary.get("rule") if isinstance(summary.get("rule"), dict) else {}
+    g = lambda x: f"{x:g}" if isinstance(x, (int, float)) else str(x)  # noqa: E731 - a damaged summary shows "None"
     if m == "lantern++":
-        return f"{m} k={rule.get('k')} λ={rule.get('lam'):g}"
+        return f"{m} k={rule.get('k')} λ={g(rule.get('lam'))}"
     if m in ("lantern", "lantern-jsd"):
-        return f"{m} k={rule.get('k')} δ={rule.get('delta'):g}"
-    return m
+        return f"{m} k={rule.get('k')} δ={g(rule.get('delta'))}"
+    return str(m)
 
 
 def read_images(run_dir: str | Path, images) -> np.ndarray:
     """The per-image PNGs of a run, (B, C, H, W) float64 in [0, 1], in the order of ``images``.
 
-    Raises UsageError when a PNG is missing (the model could not decode pixels)."""
+    Raises UsageError when a PNG is missing (the model could not decode pixels) or damaged."""
     out = []
     for i in images["image"]:
         path = Path(run_dir) / "images" / f"{int(i):05d}.png"
         if not path.is_file():
             raise UsageError(f"{path} is missing; image quality needs runs of a model with a VQ decoder")
-        a = np.asarray(Image.open(path), dtype=np.float64) / 255.0
+        try:
+            with Image.open(path) as im:
+                a = np.asarray(im, dtype=np.float64) / 255.0
+        except OSError as exc:  # truncated or not a PNG
+            raise UsageError(f"{path} is damaged ({exc}); rerun python -m lantern.generate with --out {Path(run_dir)} "
+                             f"to recompute that image") from None
         out.append(a[None] if a.ndim == 2 else a.transpose(2, 0, 1))
+    if len({a.shape for a in out}) > 1:
+        raise UsageError(f"the PNGs of {run_dir} differ in size; rerun its lantern.generate command")
     return np.stack(out)
 
 

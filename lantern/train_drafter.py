@@ -39,9 +39,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, add_shard_args, check_out_dir, cli_main,
-                           default_out, device_from_args, finite_float, nonneg_int, positive_int, sampling_from_args,
-                           seed_int)
+from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, add_shard_args, check_out_dir,
+                           check_out_file, cli_main, default_out, device_from_args, finite_float, nonneg_int,
+                           positive_int, sampling_from_args, seed_int)
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import abspath, read_table, write_table
@@ -94,8 +94,8 @@ class TrainConfig:
             raise UsageError(f"--epochs must be >= 0, got {self.epochs}")
         if self.batch_size < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise UsageError(f"--lr must be > 0, got {self.lr}")
+        if not 0 < self.lr <= 1:
+            raise UsageError(f"--lr must be in (0, 1] (AdamW's peak learning rate), got {self.lr}")
         if not 0 <= self.uncond_fraction < 0.5:
             raise UsageError(f"--uncond-fraction must be in [0, 0.5), got {self.uncond_fraction}")
 
@@ -409,7 +409,7 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
     """Train/test sequences: reused from the run's parts, else from --tokens, --self-generate or
     Fashion-MNIST (then saved as parts ``tokens_train`` / ``tokens_test`` by shard 0). None on an
     independent shard, which only samples its share of ``--self-generate``."""
-    train, test = load_token_part(run, "tokens_train"), load_token_part(run, "tokens_test")
+    train, test = (load_token_part(run, f"tokens_{split}", {"split": split}) for split in ("train", "test"))
     if train is None or test is None:
         if args.tokens and args.self_generate:
             raise UsageError("give either --tokens FILE or --self-generate N, not both")
@@ -494,11 +494,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     device, dtype = device_from_args(args)
     run_dir = check_out_dir(args.run_dir or default_out(f"drafter-{args.model}"), "--run-dir")
     out = Path(args.out) if args.out else run_dir / "drafter.safetensors"
-    check_out_dir(out.parent, "--out")
-    if out.exists() and out.is_dir():
-        raise UsageError(f"--out {out} is a directory; pass a file name ending in .safetensors")
+    check_out_file(out, "--out")
     if args.figure is not None:
-        check_out_dir(Path(args.figure).parent, "--figure")
+        check_out_file(args.figure, "--figure")
     shard = shard_from_args(args, device)
     if shard.count > 1 and not shard.group and not args.self_generate:
         raise UsageError("--shard-index/--num-shards split --self-generate N across independent processes; to "

@@ -173,10 +173,11 @@ def parse_tree(text: str, total_tokens: int = 59, depth: int = 4, top_k: int = 1
     path = Path(text).expanduser()
     if path.suffix == ".json" and path.is_file():
         try:
-            paths = json.loads(path.read_text())
+            return TreeSpec("static", check_paths(json.loads(path.read_text())), name=path.stem)
+        except UsageError as exc:
+            raise UsageError(f"--tree {path}: {exc}") from None
         except (OSError, ValueError):
             raise UsageError(f"--tree {path} is not readable JSON; write a list of paths like [[0], [1], [0, 0]]") from None
-        return TreeSpec("static", check_paths(paths), name=path.stem)
     raise UsageError(f"unknown --tree {text!r}; use chain, dynamic, one of {', '.join(STATIC_TREES)} "
                      f"or a .json file of paths")
 

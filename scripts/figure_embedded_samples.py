@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from ambiguity.data.fashion_mnist import CLASSES, load_split
-from ambiguity.errors import UsageError
-from ambiguity.cli import ArgumentParser, cli_main
+from ambiguity.cli import ArgumentParser, add_sampling_args, check_out_file, cli_main, positive_int, seed_int
 from ambiguity.generation import sample_tokens
 from ambiguity.io import atomic_path, ensure_writable_dir
+from ambiguity.memory import check_batch
 from ambiguity.models.base import resolve_device
 from ambiguity.models.embedded import METRICS_FILE, load_embedded, weights_dir
 from ambiguity.sampling import SamplingConfig
@@ -31,13 +31,10 @@ def parse_args(argv=None):
     p.add_argument("--weights", default=None, help="directory with the two weight files (default: the shipped ones)")
     p.add_argument("--data", default=None, help="directory with the Fashion-MNIST IDX files")
     p.add_argument("--out", default=str(ROOT / "figures" / "embedded_samples"), help="output path without suffix")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cfg", type=float, default=2.0, help="classifier-free guidance scale (1: none)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--n-real", type=int, default=4, help="test images per class")
-    p.add_argument("--n-samples", type=int, default=6, help="generated samples per class")
+    p.add_argument("--seed", type=seed_int, default=0)
+    add_sampling_args(p, guidance=2.0)
+    p.add_argument("--n-real", type=positive_int, default=4, help="test images per class")
+    p.add_argument("--n-samples", type=positive_int, default=6, help="generated samples per class")
     p.add_argument("--device", default="auto")
     return p.parse_args(argv)
 
@@ -97,12 +94,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import json
 
-    for name in ("n_real", "n_samples"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
     sampling = SamplingConfig(guidance=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     device = resolve_device(args.device)
+    out = check_out_file(args.out)
     model = load_embedded(args.weights, device=device)
+    check_batch(model, args.n_samples, model.num_tokens + 1, "--n-samples", rows_per_item=10 * (1 + sampling.guided))
     images, labels = load_split("test", args.data)
     real = pick_test_images(images, labels, args.n_real, args.seed)
     recon = model.decode_codes(model.encode_images(real.to(device))).cpu()
@@ -122,7 +118,6 @@ def main(argv=None) -> int:
                      f"GPT {m['gpt']['parameters'] / 1e6:.2f}M params, test NLL "
                      f"{m['gpt']['test']['nll_bits_per_token']:.2f} bits/token")
     fig = draw(real, recon, samples, CLASSES, f"samples ({knobs})", note)
-    out = Path(args.out)
     ensure_writable_dir(out.parent)
     written = []
     for ext in ("png", "pdf"):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.cli import ArgumentParser, cli_main
+from ambiguity.cli import ArgumentParser, cli_main, seed_int
 from ambiguity.data.fashion_mnist import find_dir, load_split
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_json
@@ -40,7 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
     p.add_argument("--run-dir", default=None, help="checkpoints and caches (default runs/embedded, runs/embedded-quick)")
     p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
     p.add_argument("--quick", action="store_true", help="tiny models, a few steps, a data subset (smoke test)")
@@ -67,7 +67,11 @@ def stage_done(done: dict, weights: Path, model_cfg, train_cfg, seed: int) -> bo
 def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str) -> tuple[torch.Tensor, float]:
     """Codes (N, 64) int64 of ``images`` under the VQ whose file hash is ``vq_sha``, cached in
     ``path``, and the seconds the tokenization took (when it was computed, also on a cache hit)."""
-    ck = load_checkpoint(path)
+    try:
+        ck = load_checkpoint(path, keys=("vq_sha", "codes"))
+    except UsageError:
+        print(f"note: the token cache {path} is damaged; recomputing it", file=sys.stderr)
+        ck = None
     if ck is not None and ck["vq_sha"] == vq_sha and ck["codes"].shape[0] == images.shape[0]:
         return ck["codes"].long(), float(ck.get("time_s", float("nan")))
     t0 = time.perf_counter()
@@ -162,7 +166,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     data = find_dir(args.data)
-    run = ensure_writable_dir(args.run_dir or ROOT / ("runs/embedded-quick" if args.quick else "runs/embedded"))
+    run = ensure_writable_dir(args.run_dir or ROOT / ("runs/embedded-quick" if args.quick else "runs/embedded"),
+                              "--run-dir")
     out = ensure_writable_dir(args.out or (run / "weights" if args.quick else WEIGHTS_DIR))
     if args.fresh:
         for f in ("vq_ckpt.pt", "gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", "vq_done.json", "gpt_done.json"):

@@ -63,7 +63,7 @@ def train(cfg: FashionNetConfig, recipe: dict, images, labels, run_dir: Path, pr
     opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
     total = recipe["epochs"] * len(images) // recipe["batch_size"]
     ck_path, step = run_dir / "checkpoint.pt", 0
-    ck = load_checkpoint(ck_path)
+    ck = load_checkpoint(ck_path, fix="delete it to start over, or pass another --run-dir")
     if ck is not None:
         _check_resume(ck, recipe, ck_path)
         model.load_state_dict(ck["model"])
@@ -106,6 +106,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    run_dir = ensure_writable_dir(Path(args.run_dir or ROOT / "runs" / ("fmnist_classifier" + "-quick" * args.quick)),
+                                  "--run-dir")
+    out = ensure_writable_dir(Path(args.out) if args.out else WEIGHTS_FILE.parent)
     limit = 1000 if args.quick else None
     train_x, train_y = load_split("train", args.data, limit)
     test_x, test_y = load_split("test", args.data, limit)
@@ -113,8 +116,6 @@ def main(argv=None) -> int:
     recipe = {"seed": args.seed, "epochs": 1 if args.quick else args.epochs, "batch_size": 128, "lr": 2e-3,
               "weight_decay": 5e-4, "warmup": 50, "ckpt_every": args.ckpt_every, "config": asdict(cfg),
               "train_images": len(train_x)}
-    run_dir = ensure_writable_dir(Path(args.run_dir or ROOT / "runs" / ("fmnist_classifier" + "-quick" * args.quick)))
-    out = ensure_writable_dir(Path(args.out) if args.out else WEIGHTS_FILE.parent)
     t0 = time.perf_counter()
     model = train(cfg, recipe, train_x, train_y, run_dir)
     weights = save_module(model, cfg, out / WEIGHTS_FILE.name, dtype=torch.float32,

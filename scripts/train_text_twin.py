@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ambiguity.cli import ArgumentParser, cli_main  # noqa: E402
+from ambiguity.cli import (ArgumentParser, check_out_dir, cli_main, nonneg_int, positive_int,  # noqa: E402
+                           seed_int)
 from ambiguity.data import text_corpus as tc  # noqa: E402
 from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.io import atomic_path, ensure_writable_dir, save_tensors, write_json  # noqa: E402
@@ -68,14 +69,13 @@ def image_reference(weights: Path):
     if not gpt_path.is_file() or not metrics_path.is_file():
         raise UsageError(f"the image model ({gpt_path.name} + {metrics_path.name}) is not in {weights} yet; "
                          f"train it first (python scripts/train_embedded.py) or pass --image-weights DIR")
-    from safetensors import safe_open
-
-    with safe_open(str(gpt_path), framework="pt") as f:
-        cfg = GPTConfig(**json.loads(f.metadata()["config"]))
-    metrics = json.loads(metrics_path.read_text())
-    if "gpt" not in metrics or "train" not in metrics["gpt"]:
-        raise UsageError(f"{metrics_path} has no GPT training record; rerun python scripts/train_embedded.py --stage gpt")
-    return cfg, GPTTrainConfig(**metrics["gpt"]["train"]), metrics
+    cfg = load_gpt(gpt_path)[0].config  # a damaged or foreign file is a one-line UsageError
+    try:
+        metrics = json.loads(metrics_path.read_text())
+        return cfg, GPTTrainConfig(**metrics["gpt"]["train"]), metrics
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"{metrics_path} has no readable GPT training record; rerun python scripts/train_embedded.py "
+                         f"--stage gpt") from None
 
 
 def quick_reference():
@@ -157,17 +157,17 @@ def parse_args(argv):
     p.add_argument("--image-weights", default=None, help="folder with the image model's fashion_gpt.safetensors "
                                                           "and embedded_metrics.json (default ambiguity/weights)")
     p.add_argument("--corpus", default=None, help="a UTF-8 text file instead of the KJV")
-    p.add_argument("--test-every", type=int, default=10, help="hold out every N-th chapter (default 10)")
-    p.add_argument("--token-budget", type=int, default=None, help="training tokens (default: the image GPT's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--test-every", type=positive_int, default=10, help="hold out every N-th chapter (default 10)")
+    p.add_argument("--token-budget", type=positive_int, default=None, help="training tokens (default: the image GPT's)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--threads", type=nonneg_int, default=0, help="CPU threads for torch (0: torch's default)")
     p.add_argument("--drafter-tokens", default=None, metavar="RUN_DIR",
                    help="also write tokens_train/tokens_test.safetensors for python -m lantern.train_drafter "
                         "--model text-twin --run-dir RUN_DIR")
-    p.add_argument("--drafter-train-size", type=int, default=0,
+    p.add_argument("--drafter-train-size", type=nonneg_int, default=0,
                    help="seeded subset of training passages in tokens_train (default 0: all)")
-    p.add_argument("--drafter-test-size", type=int, default=1000, help="held-out passages in tokens_test (default 1000)")
+    p.add_argument("--drafter-test-size", type=positive_int, default=1000, help="held-out passages in tokens_test (default 1000)")
     p.add_argument("--fresh", action="store_true", help="discard the checkpoint in --run-dir and start again")
     p.add_argument("--quick", action="store_true", help="tiny synthetic corpus and model, a few steps (smoke test)")
     p.add_argument("--no-progress", action="store_true")
@@ -178,19 +178,20 @@ def parse_args(argv):
 def main(argv=None) -> int:
     """Entry point; see the module docstring. Returns 0; UsageErrors exit 2 with one line."""
     args = parse_args(argv)
-    if args.threads < 0:
-        raise UsageError(f"--threads must be >= 0 (0 keeps torch's default), got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    run_dir = ensure_writable_dir(args.run_dir or ROOT / ("runs/text_twin-quick" if args.quick else "runs/text_twin"),
+                                  "--run-dir")
+    out = ensure_writable_dir(args.out or (run_dir / "weights" if args.quick else WEIGHTS_DIR))
+    if args.drafter_tokens:
+        check_out_dir(args.drafter_tokens, "--drafter-tokens")
     if args.quick:
         image_cfg, train_cfg, image_metrics = quick_reference()
         chapters = tc.read_text_file(args.corpus) if args.corpus else tc.synthetic_corpus()
     else:
         image_cfg, train_cfg, image_metrics = image_reference(Path(args.image_weights or WEIGHTS_DIR))
         chapters = tc.load_corpus(args.corpus)
-    run_dir = ensure_writable_dir(args.run_dir or ROOT / ("runs/text_twin-quick" if args.quick else "runs/text_twin"))
-    out = ensure_writable_dir(args.out or (run_dir / "weights" if args.quick else WEIGHTS_DIR))
     cfg = twin_config(image_cfg)
     length = cfg.block_size
     if args.token_budget:  # same batch and schedule shape, as many steps as the budget needs

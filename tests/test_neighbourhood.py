@@ -237,7 +237,7 @@ def test_cli_writes_table_and_errors_in_one_line(tiny_weights, tmp_path, capsys)
     assert f"wrote {out}" in capsys.readouterr().out
     rc = nbm.main(["--weights", str(tiny_weights), "--k", "64", "--out", str(out), "--no-cache", "--device", "cpu"])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.startswith("error: k must be an integer in 1..63") and "\n" not in err
+    assert rc == 2 and err.startswith("error: --k must be an integer in 1..63") and "\n" not in err
     rc = nbm.main(["--weights", str(tiny_weights), "--k", "all", "--out", str(tmp_path / "all.safetensors"),
                    "--no-cache", "--device", "cpu"])
     assert rc == 0 and load_neighbourhoods(tmp_path / "all.safetensors").k == 63

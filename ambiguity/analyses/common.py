@@ -18,6 +18,7 @@ from ambiguity.cli import add_condition_args, add_model_args, add_run_args, add_
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions, parse_classes
 from ambiguity.errors import UsageError
 from ambiguity.generation import StepHook, sample_tokens
+from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig
 from ambiguity.seeding import image_generators
@@ -48,6 +49,7 @@ def analysis_inputs(model: TokenModel, num_images: int, seed: int, classes: Opti
     """
     if isinstance(classes, str) or classes is None:
         classes = parse_classes(classes)
+    check_run_size(model, num_images)
     if data is not None:
         if captions is not None:
             raise UsageError("--data teacher-forces labelled Fashion-MNIST images; drop --captions")

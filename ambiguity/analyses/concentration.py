@@ -35,6 +35,7 @@ from ambiguity.analyses.common import add_analysis_args, analysis_inputs, batche
 from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, default_out, int_list, sampling_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import write_table
+from ambiguity.memory import check_run_size
 from ambiguity.models.registry import load_model
 from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
 from ambiguity.runs import RunDir
@@ -178,6 +179,7 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
                          f"got {metrics}")
     V = model.vocab_size
     ks = _check_ks(ks if ks is not None else default_ks(V), V - 1)
+    check_run_size(model, num_images, batch_size, sampling.guided)
     rows = model_matrix(model, matrix)
     tables = {m: build_neighbourhoods(rows, ks[-1], m, image_token_ids=model.image_token_ids,
                                       source=f"{model.name}:{matrix}", cache_dir=cache_dir) for m in metrics}
@@ -290,6 +292,8 @@ def main(argv=None) -> int:
 
     ks = int_list(args.ks, "--ks", minimum=1) if args.ks else None
     out = check_out_dir(args.out or default_out("concentration", args.model))
+    if args.cache_dir is not None:
+        check_out_dir(args.cache_dir, "--cache-dir")
     model = load_model(args.model, weights=args.weights, device=args.device)
     sampling = sampling_from_args(args, "c2i")
     conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)

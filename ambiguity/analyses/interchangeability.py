@@ -39,6 +39,7 @@ from ambiguity.cli import (ArgumentParser, check_out_dir, cli_main, default_out,
                            sampling_from_args)
 from ambiguity.errors import UsageError
 from ambiguity.io import write_table
+from ambiguity.memory import RECORD_BYTES, check_count, check_run_size
 from ambiguity.models.registry import load_model
 from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
 from ambiguity.runs import RunDir
@@ -261,6 +262,9 @@ def run_interchangeability(model, ks: Optional[Sequence[int]] = None, rates: Seq
         raise UsageError(f"--rates must lie in [0, 1], got {rates}")
     if repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {repeats}")
+    check_run_size(model, num_images, batch_size, sampling.guided)
+    check_count(repeats, num_images * len(replacement_settings(ks, rates)) * RECORD_BYTES, "--repeats",
+                "the per-image rows of every replacement setting")
     rows = model_matrix(model, matrix)
     nb = build_neighbourhoods(rows, ks[-1], metric, seed=seed, image_token_ids=model.image_token_ids,
                               source=f"{model.name}:{matrix}", cache_dir=cache_dir)
@@ -312,7 +316,11 @@ def main(argv=None) -> int:
 
     ks = int_list(args.ks, "--ks", minimum=1) if args.ks else None
     rates = float_list(args.rates, "--rates", 0.0, 1.0)
+    if args.grid_k is not None and ks is not None and args.grid_k > max(ks):
+        raise UsageError(f"--grid-k must be in 1..{max(ks)} (the largest of --ks), got {args.grid_k}")
     out = check_out_dir(args.out or default_out("interchangeability", args.model))
+    if args.cache_dir is not None:
+        check_out_dir(args.cache_dir, "--cache-dir")
     model = load_model(args.model, weights=args.weights, device=args.device)
     sampling = sampling_from_args(args, "c2i")
     conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)

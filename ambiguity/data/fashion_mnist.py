@@ -8,8 +8,10 @@ so that a VQ tokenizer with 4x downsampling gives an 8 x 8 token grid.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
+import zlib
 from pathlib import Path
 from typing import Optional
 
@@ -22,6 +24,7 @@ __all__ = ["CLASSES", "DEFAULT_DIRS", "find_dir", "load_split", "pad_to_32", "re
 
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 DEFAULT_DIRS = ("/usr/share/datasets/fashion-mnist", "~/.cache/fashion-mnist", "data/fashion-mnist")
+MAX_IDX_BYTES = 2 ** 31  # the largest Fashion-MNIST file holds 47 MB
 _FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
           "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
@@ -51,17 +54,26 @@ def find_dir(root: Optional[str | os.PathLike] = None) -> Path:
 
 
 def _read_idx(fh, name: str = "IDX file") -> np.ndarray:
-    with fh:
-        head = fh.read(4)
-        if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] != 0x08:
-            raise UsageError(f"{name} is not an unsigned-byte IDX file (bad magic {head.hex()}); "
-                             f"re-download the Fashion-MNIST files")
-        ndim = head[3]
-        dims = struct.unpack(">" + "I" * ndim, fh.read(4 * ndim))
-        data = fh.read()
-    if len(data) != int(np.prod(dims)):
-        raise UsageError(f"{name} holds {len(data)} bytes but its header says {tuple(dims)}; "
-                         f"the file is truncated, re-download it")
+    try:
+        with fh:
+            head = fh.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] != 0x08:
+                raise UsageError(f"{name} is not an unsigned-byte IDX file (bad magic {head.hex() or 'none'}); "
+                                 f"re-download the Fashion-MNIST files")
+            sizes = fh.read(4 * head[3])
+            if len(sizes) != 4 * head[3]:
+                raise UsageError(f"{name} ends inside its IDX header; the file is truncated, re-download it")
+            dims = struct.unpack(">" + "I" * head[3], sizes)
+            if math.prod(dims) > MAX_IDX_BYTES:
+                raise UsageError(f"{name} has the shape {tuple(dims)} in its header, more data than any "
+                                 f"Fashion-MNIST file; the file is damaged, re-download it")
+            data = fh.read(math.prod(dims) + 1)
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError; EOFError: truncated .gz
+        raise UsageError(f"cannot read {name} ({type(exc).__name__}: {exc}); the file is damaged or truncated, "
+                         f"re-download the Fashion-MNIST files") from None
+    if len(data) != math.prod(dims):
+        raise UsageError(f"{name} holds {len(data)} bytes of data but its header says {tuple(dims)}; "
+                         f"the file is truncated or damaged, re-download it")
     return np.frombuffer(data, dtype=np.uint8).reshape(dims)
 
 
@@ -116,8 +128,8 @@ def load_split(split: str = "train", root: Optional[str | os.PathLike] = None,
     for f in (img_f, lab_f):
         if _open(d / f) is None:
             raise UsageError(f"{d / f}[.gz] not found; pass --data DIR with the Fashion-MNIST {split} files")
-    images = torch.from_numpy(_read_idx(_open(d / img_f), img_f).copy())
-    labels = torch.from_numpy(_read_idx(_open(d / lab_f), lab_f).astype(np.int64))
+    images = torch.from_numpy(_read_idx(_open(d / img_f), str(d / img_f)).copy())
+    labels = torch.from_numpy(_read_idx(_open(d / lab_f), str(d / lab_f)).astype(np.int64))
     if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
         raise UsageError(f"{d}: {split} images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match; "
                          f"re-download the Fashion-MNIST files")

@@ -115,7 +115,7 @@ def split_chapters(chapters: Sequence[Chapter], test_every: int = 10) -> tuple[l
     Returns (train, test). Raises UsageError when either side would be empty.
     """
     if test_every < 2:
-        raise UsageError(f"test_every must be >= 2, got {test_every}")
+        raise UsageError(f"--test-every (hold out every N-th chapter) must be >= 2, got {test_every}")
     train = [c for i, c in enumerate(chapters) if i % test_every != test_every - 1]
     test = [c for i, c in enumerate(chapters) if i % test_every == test_every - 1]
     if not train or not test:

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ambiguity.data.fashion_mnist import CLASSES
-from ambiguity.errors import WeightsNotFoundError
+from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.models.checkpoints import load_module
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
@@ -55,6 +55,9 @@ def load_embedded(weights=None, device="cpu", dtype=torch.float32) -> LlamaGenMo
     regenerate them with ``python scripts/train_embedded.py``).
     """
     d = weights_dir(weights)
+    if d.is_file():
+        raise UsageError(f"--weights {d} is a file; the embedded model takes a directory holding {VQ_FILE} and "
+                         f"{GPT_FILE}")
     missing = [f for f in (VQ_FILE, GPT_FILE) if not (d / f).is_file()]
     if missing:
         raise WeightsNotFoundError(f"embedded model weights {', '.join(missing)} not found in {d}; "

@@ -98,8 +98,7 @@ class LlamaGenModel(TokenModel):
     def make_prompt(self, conditions: Sequence | torch.Tensor, guided: bool = False) -> Prompt:
         gpt = self.gpt
         if gpt.config.model_type == "c2i":
-            labels = torch.as_tensor(list(conditions) if not torch.is_tensor(conditions) else conditions,
-                                     dtype=torch.long, device=self.device).view(-1)
+            labels = class_labels(conditions, self.name).to(self.device)
             if labels.numel() == 0:
                 raise UsageError("no conditions given; ask for at least one image")
             if labels.min() < 0 or labels.max() >= gpt.config.num_classes:
@@ -122,8 +121,13 @@ class LlamaGenModel(TokenModel):
             feats, mask = left_pad(feats.to(self.device, self.dtype), mask.to(self.device).bool())
             shown = captions
         P = gpt.config.cls_token_num
-        if feats.shape[1] != P:
-            raise UsageError(f"caption features have {feats.shape[1]} tokens; {self.name} expects {P}")
+        if feats.ndim != 3 or feats.shape[1] != P:
+            raise UsageError(f"caption features have shape {tuple(feats.shape)}; {self.name} expects (B, {P}, "
+                             f"{gpt.config.caption_dim})")
+        if feats.shape[2] != gpt.config.caption_dim:
+            raise UsageError(f"the caption encoder gives {feats.shape[2]}-wide features but {self.name} takes "
+                             f"{gpt.config.caption_dim}; use the text encoder it was trained with (flan-t5-xl for "
+                             f"LlamaGen t2i)")
         feats = feats * mask[..., None]
         B = feats.shape[0]
         if guided:
@@ -271,6 +275,30 @@ def check_checkpoint_name(path: str | Path, name: str, stage: Optional[int], res
     if r and int(r.group(1)) != resolution:
         raise UsageError(f"{fname} is a {r.group(1)} px checkpoint but --model {name} generates {resolution} px; "
                          f"pick the model name with -{r.group(1)} or the matching file")
+
+
+def class_labels(conditions: Sequence | torch.Tensor, name: str) -> torch.Tensor:
+    """Class-label conditions -> (B,) int64 tensor; UsageError for anything that is not an integer
+    label (a caption given to a class-conditional model, say). Ranges are checked by the caller."""
+    if torch.is_tensor(conditions):
+        if conditions.is_floating_point() or conditions.is_complex():
+            raise UsageError(f"{name} is class-conditional: conditions must be integer class labels, got a "
+                             f"{conditions.dtype} tensor")
+        return conditions.long().view(-1)
+    bad = next((c for c in conditions if not _is_label(c)), None)
+    if bad is not None:
+        raise UsageError(f"{name} is class-conditional: conditions must be class labels, got {str(bad)[:40]!r}; "
+                         f"captions are for text-to-image models")
+    return torch.tensor([int(c) for c in conditions], dtype=torch.long)
+
+
+def _is_label(c) -> bool:
+    try:
+        if isinstance(c, str):
+            return c.strip().lstrip("-").isdigit() and abs(int(c)) < 2 ** 62
+        return not isinstance(c, bool) and int(c) == c and abs(int(c)) < 2 ** 62
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 # --------------------------------------------------------------------------- official checkpoints

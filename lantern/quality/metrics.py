@@ -37,6 +37,7 @@ import faiss
 import numpy as np
 
 from ambiguity.errors import UsageError
+from ambiguity.memory import check_count
 
 __all__ = ["as_f64", "gaussian_stats", "frechet_distance", "psd_sqrt", "FidReference", "fid_reference", "fid_values",
            "poly_kernel", "KidReference", "kid_reference", "kid_values", "knn_radii", "pairwise_distances",
@@ -217,7 +218,7 @@ def knn_radii(x, k: int = 3) -> np.ndarray:
     """
     x = as_f64(x)
     if len(x) <= k:
-        raise UsageError(f"k-NN radii with k = {k} need more than {k} images per set, got {len(x)}")
+        raise UsageError(f"--k {k} (k-NN radii) needs more than {k} images per set, got {len(x)}; lower --k")
     index = faiss.IndexFlatL2(x.shape[1])
     xf = np.ascontiguousarray(x, dtype=np.float32)
     index.add(xf)
@@ -277,7 +278,8 @@ def prdc_values(t: PrdcTerms, counts: Optional[np.ndarray] = None) -> dict[str, 
 # --------------------------------------------------------------------------- bootstrap
 def bootstrap_indices(n: int, b: int, seed: int) -> np.ndarray:
     """(b, n) float64 counts: how often each of n items is drawn in each of b resamples with
-    replacement (numpy's PCG64 seeded with ``seed``)."""
+    replacement (numpy's PCG64 seeded with ``seed``). Raises UsageError when they do not fit in memory."""
+    check_count(b, 3 * 8 * n, "--bootstrap", f"the resample counts of {n} images")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(b, n))
     return np.stack([np.bincount(i, minlength=n) for i in idx]).astype(np.float64)
