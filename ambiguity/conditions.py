@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from ambiguity.data.captions import read_captions, read_coco_captions, sample_captions, is_coco_json
-from ambiguity.data.fashion_mnist import load_split
+from ambiguity.data.fashion_mnist import load_split, model_image_size
 from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
 
@@ -89,14 +89,16 @@ def fashion_mnist_subset(model: TokenModel, n: int, seed: int, classes: Optional
                          data: Optional[str | Path] = None) -> tuple[torch.Tensor, list[int]]:
     """``n`` Fashion-MNIST test images drawn with ``seed`` (only ``classes`` when given).
 
-    Returns (images (n, 1, 32, 32) float32 in [0, 1], their true labels). Raises UsageError
-    when the data are absent, the model does not take 1 x 32 x 32 images, or fewer than ``n``
+    Returns (images (n, 1, S, S) float32 in [0, 1], S = 32 or the model's larger side, their true
+    labels). Raises UsageError
+    when the data are absent, the model does not take 1 x S x S images, or fewer than ``n``
     test images are left after the class filter.
     """
     shape = _image_shape(model)
-    if tuple(shape) != (1, 32, 32):
+    size = model_image_size(shape)
+    if size is None:
         raise UsageError(f"{model.name} takes {tuple(shape)} images, not Fashion-MNIST; pass --images DIR")
-    images, labels = load_split("test", data)
+    images, labels = load_split("test", data, size=size)
     keep = torch.arange(labels.numel())
     if classes:
         check_labels(model, classes)

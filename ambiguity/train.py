@@ -13,10 +13,15 @@ perceptual loss, which need pretrained networks and far more compute than 2 CPU 
   from random (l2-normalised) encoder outputs of the current batch, and their Adam moments
   are zeroed ("dead-code restart", as in Dhariwal et al. 2020 Jukebox Sec. 3.1 / Zeghidour
   et al. 2021 SoundStream Sec. 3.3). Restarts stop for the last ``reinit_stop`` fraction of
-  training so that the decoder settles on a fixed codebook.
+  training so that the decoder settles on a fixed codebook. Optionally (``entropy_weight``)
+  LlamaGen's codebook entropy loss (from MAGVIT): on softmax(-distance / T) over the codes,
+  the mean per-latent entropy minus the entropy of the batch-mean distribution, which pushes
+  latents to commit to one code each while the batch spreads over the whole codebook.
 * GPT: next-token cross-entropy on the VQ codes of the training images, class label prefix
   with 10% label dropout (the null class, needed for classifier-free guidance), AdamW with
   linear warmup and cosine decay, gradient clipping.
+* ``bf16``: forward passes under CPU/CUDA bf16 autocast (parameters, optimiser state and the
+  quantiser's nearest-code search stay fp32); about 2x faster on CPUs with avx512_bf16.
 
 Nothing heavy happens at import time.
 """
@@ -40,7 +45,7 @@ from ambiguity.models.vq import VQConfig, VQModel
 
 __all__ = ["VQTrainConfig", "GPTTrainConfig", "lr_at", "batch_indices", "vq_loss", "reinit_dead_codes",
            "train_vq", "train_gpt", "tokenize", "vq_metrics", "code_usage", "gpt_nll", "count_params",
-           "save_checkpoint", "load_checkpoint", "embedded_recipe"]
+           "save_checkpoint", "load_checkpoint", "codebook_entropy_loss", "embedded_recipe", "embedded16_recipe"]
 
 
 @dataclass
@@ -58,6 +63,11 @@ class VQTrainConfig:
     reinit_every: int = 25    # how often (steps) dead codes are looked for
     reinit_stop: float = 0.2  # no restarts in the last 20% of the steps
     ckpt_every: int = 50
+    entropy_weight: float = 0.0       # LlamaGen's entropy_loss_ratio (0: off)
+    entropy_temperature: float = 0.01
+    entropy_sample: int = 0           # latents per step the entropy loss sees (0: all)
+    restart_pick: str = "uniform"     # restart pool rows drawn uniformly, or "error": by squared distance to their code
+    bf16: bool = False
 
 
 @dataclass
@@ -73,6 +83,7 @@ class GPTTrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     ckpt_every: int = 50
+    bf16: bool = False
 
 
 def count_params(module: torch.nn.Module) -> int:
@@ -141,37 +152,79 @@ def _check_resume(ck: dict, expected: dict, path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- VQ
-def vq_loss(model: VQModel, x: torch.Tensor, l1_weight: float) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
+def codebook_entropy_loss(z: torch.Tensor, codebook: torch.Tensor, temperature: float = 0.01) -> torch.Tensor:
+    """LlamaGen's (MAGVIT's) codebook entropy loss for latents z (M, d) and codes (K, d).
+
+    With p_i = softmax(-||z_i - e||^2 / temperature) over the K codes: mean_i H(p_i) - H(mean_i p_i)
+    in nats. Minimising it makes each latent pick one code (low per-latent entropy) while the
+    batch uses many codes (high entropy of the average assignment). Between -log K and log K.
+    """
+    z, codebook = z.float(), codebook.float()
+    d = z.pow(2).sum(1, keepdim=True) + codebook.pow(2).sum(1) - 2 * z @ codebook.t()
+    logits = -d / temperature
+    logp = F.log_softmax(logits, dim=-1)
+    p = logp.exp()
+    sample_entropy = -(p * logp).sum(-1).mean()
+    avg = p.mean(0)
+    avg_entropy = -(avg * torch.log(avg.clamp_min(1e-12))).sum()
+    return sample_entropy - avg_entropy
+
+
+def vq_loss(model: VQModel, x: torch.Tensor, l1_weight: float, entropy_weight: float = 0.0,
+            entropy_temperature: float = 0.01, entropy_sample: int = 0, bf16: bool = False,
+            generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
     """One VQ training loss on images x (B, C, H, W) in [-1, 1].
 
-    Returns (loss scalar, parts {mse, l1, codebook, commit} as floats, codes (B, h, w) int64,
-    l2-normalised latents (B*h*w, d) detached — the restart pool for dead codes).
+    ``entropy_weight`` > 0 adds :func:`codebook_entropy_loss` on the (l2-normalised) latents, on
+    ``entropy_sample`` random ones of them when > 0 (drawn with ``generator``); ``bf16`` runs
+    encoder and decoder under bf16 autocast (the quantiser and the losses in fp32).
+    Returns (loss scalar, parts {mse, l1, codebook, commit[, entropy]} as floats, codes (B, h, w)
+    int64, l2-normalised latents (B*h*w, d) detached — the restart pool for dead codes).
     """
-    z = model.encode_latent(x)
+    dev = x.device.type
+    with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16):
+        z = model.encode_latent(x)
+    z = z.float()
     zq, codes, cb, commit = model.quantize(z)
-    rec = model.decode_latent(zq)
+    with torch.autocast(dev, dtype=torch.bfloat16, enabled=bf16):
+        rec = model.decode_latent(zq)
+    rec = rec.float()
     mse, l1 = F.mse_loss(rec, x), F.l1_loss(rec, x)
     loss = mse + l1_weight * l1 + cb + commit
-    zf = z.detach().permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+    zf = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
     if model.quantize.l2_norm:
         zf = F.normalize(zf, dim=-1)
     parts = {"mse": mse.item(), "l1": l1.item(), "codebook": cb.item(), "commit": commit.item()}
-    return loss, parts, codes, zf
+    if entropy_weight > 0:
+        ze = zf
+        if 0 < entropy_sample < zf.shape[0]:
+            ze = zf[torch.randperm(zf.shape[0], generator=generator)[:entropy_sample].to(zf.device)]
+        ent = codebook_entropy_loss(ze, model.quantize.codebook(), entropy_temperature)
+        loss = loss + entropy_weight * ent
+        parts["entropy"] = ent.item()
+    return loss, parts, codes, zf.detach()
 
 
 @torch.no_grad()
 def reinit_dead_codes(model: VQModel, last_used: torch.Tensor, step: int, dead_after: int,
-                      pool: torch.Tensor, optimizer: Optional[torch.optim.Optimizer] = None) -> int:
+                      pool: torch.Tensor, optimizer: Optional[torch.optim.Optimizer] = None,
+                      weights: Optional[torch.Tensor] = None) -> int:
     """Restart codes not used since ``step - dead_after`` from random rows of ``pool``.
 
     last_used: (K,) int64, the last step each code was chosen (updated in place for restarts).
-    pool: (M, d) float encoder outputs (l2-normalised when the codebook is). Adam moments of the
-    restarted rows are zeroed. Returns the number of restarted codes.
+    pool: (M, d) float encoder outputs (l2-normalised when the codebook is). ``weights`` (M,)
+    >= 0: draw pool rows with these probabilities (e.g. their squared quantisation error, so
+    that restarts go where the codebook fits the latents worst, not to the many identical
+    background latents); None: uniformly. Adam moments of the restarted rows are zeroed.
+    Returns the number of restarted codes.
     """
     dead = (step - last_used >= dead_after).nonzero().flatten()
     if dead.numel() == 0:
         return 0
-    pick = torch.randint(0, pool.shape[0], (dead.numel(),), device=pool.device)
+    if weights is not None and float(weights.sum()) > 0:
+        pick = torch.multinomial(weights.float(), dead.numel(), replacement=True)
+    else:
+        pick = torch.randint(0, pool.shape[0], (dead.numel(),), device=pool.device)
     new = pool[pick] + 0.01 * torch.randn(dead.numel(), pool.shape[1], device=pool.device) / math.sqrt(pool.shape[1])
     w = model.quantize.embedding.weight
     w[dead] = new.to(w.dtype)
@@ -223,14 +276,19 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
         for g in opt.param_groups:
             g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
         x = images[batch_indices(step, train.batch_size, images.shape[0], seed)].to(device) * 2 - 1
-        loss, parts, codes, pool = vq_loss(model, x, train.l1_weight)
+        gen = torch.Generator().manual_seed(seed * 7919 + step)
+        loss, parts, codes, pool = vq_loss(model, x, train.l1_weight, train.entropy_weight, train.entropy_temperature,
+                                           train.entropy_sample, train.bf16, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         last_used[codes.unique()] = step + 1
         state["step"] = step = step + 1
         if step % train.reinit_every == 0 and step <= stop_reinit:
-            state["restarts"] += reinit_dead_codes(model, last_used, step, train.dead_after, pool, opt)
+            weights = None
+            if train.restart_pick == "error":
+                weights = (pool - model.quantize.codebook().detach()[codes.flatten()]).pow(2).sum(1)
+            state["restarts"] += reinit_dead_codes(model, last_used, step, train.dead_after, pool, opt, weights)
         state["history"].append({"step": step, "loss": loss.item(), **parts})
         bar.update(1)
         bar.set_postfix(mse=f"{parts['mse']:.4f}", l1=f"{parts['l1']:.3f}", refresh=False)
@@ -240,7 +298,8 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
             checkpoint()
     bar.close()
     tail = state["history"][-50:]
-    final = {k: sum(h[k] for h in tail) / len(tail) for k in ("loss", "mse", "l1", "codebook", "commit")} if tail else {}
+    keys = [k for k in ("loss", "mse", "l1", "codebook", "commit", "entropy") if tail and k in tail[-1]]
+    final = {k: sum(h[k] for h in tail) / len(tail) for k in keys} if tail else {}
     stats = {"steps": train.steps, "batch_size": train.batch_size, "images_seen": train.steps * train.batch_size,
              "train_time_s": state["time_s"], "code_restarts": state["restarts"], "final_train": final}
     return model.eval(), stats
@@ -306,7 +365,7 @@ def vq_metrics(vq: VQModel, images: torch.Tensor, batch_size: int = 250, progres
 # ----------------------------------------------------------------------------- GPT
 def gpt_loss(gpt: GPT, labels: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in nats. labels (B,) int64, tokens (B, N) int64."""
-    logits = gpt.teacher_forced_logits(labels, tokens)
+    logits = gpt.teacher_forced_logits(labels, tokens).float()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1))
 
 
@@ -368,7 +427,9 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
         for g in opt.param_groups:
             g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
         idx = batch_indices(step, train.batch_size, tokens.shape[0], seed)
-        loss = gpt_loss(model, labels[idx].to(device), tokens[idx].to(device))
+        with torch.autocast(device.type if isinstance(device, torch.device) else str(device),
+                            dtype=torch.bfloat16, enabled=train.bf16):
+            loss = gpt_loss(model, labels[idx].to(device), tokens[idx].to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if train.grad_clip:
@@ -417,3 +478,33 @@ def embedded_recipe(quick: bool = False):
         return (vq, VQTrainConfig(steps=4, batch_size=8, warmup=1, dead_after=2, reinit_every=2, ckpt_every=2),
                 gpt, GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2))
     return vq, VQTrainConfig(), gpt, GPTTrainConfig()
+
+
+def embedded16_recipe(quick: bool = False):
+    """The ``embedded-16`` model: LlamaGen's token geometry on Fashion-MNIST -> (VQConfig,
+    VQTrainConfig, GPTConfig, GPTTrainConfig).
+
+    VQ: LlamaGen's quantiser (16384 codes of dim 8, l2-normalised, commitment beta 0.25) behind
+    the embedded model's small convolutional encoder/decoder (base width 32, ch_mult [1, 2, 2]:
+    4x downsampling), on Fashion-MNIST padded to 32 x 32 and bilinearly upsampled to 64 x 64
+    (:func:`ambiguity.data.fashion_mnist.upsample`), so 16 x 16 tokens. Dead codes are restarted
+    from encoder outputs drawn by their quantisation error (not uniformly: most latents are
+    identical black background). GPT: the embedded model's body (dim 192, 6 layers, 6 heads,
+    2D RoPE, 10 classes, 10% label dropout) with a 16384-token embedding and head, block 256.
+    Both train under bf16 autocast. ``quick``: tiny versions (64 codes, still 16 x 16
+    tokens on 64 x 64 px, GPT dim 32, 2 layers, 4 steps each) for smoke tests.
+    """
+    K = 64 if quick else 16384
+    vq = VQConfig(codebook_size=K, codebook_embed_dim=8, codebook_l2_norm=True, encoder_ch_mult=[1, 2, 2],
+                  decoder_ch_mult=[1, 2, 2], z_channels=32 if quick else 64, ch=32, num_res_blocks=1,
+                  in_channels=1, commit_loss_beta=0.25)
+    gpt = GPTConfig(dim=32 if quick else 192, n_layer=2 if quick else 6, n_head=2 if quick else 6,
+                    multiple_of=32, num_classes=len(CLASSES), class_dropout_prob=0.1, model_type="c2i",
+                    vocab_size=K, cls_token_num=1, block_size=256, rope="2d")
+    if quick:
+        return (vq, VQTrainConfig(steps=4, batch_size=8, warmup=1, dead_after=2, reinit_every=2, ckpt_every=2,
+                                  restart_pick="error", bf16=True),
+                gpt, GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2, bf16=True))
+    return (vq, VQTrainConfig(steps=1000, batch_size=32, warmup=50, dead_after=100, reinit_every=25,
+                              restart_pick="error", bf16=True, ckpt_every=25),
+            gpt, GPTTrainConfig(steps=1875, batch_size=32, bf16=True, ckpt_every=25))

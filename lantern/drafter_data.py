@@ -43,7 +43,7 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from ambiguity.data.fashion_mnist import load_split
+from ambiguity.data.fashion_mnist import load_split, model_image_size
 from ambiguity.distributed import SINGLE, Shard
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
@@ -247,16 +247,18 @@ def fashion_mnist_tokens(model: TokenModel, split: str = "train", limit: Optiona
     """Encode real Fashion-MNIST images with the model's VQ tokenizer -> (N, h*w) token sequences
     with their class labels. ``limit`` keeps the first N images of the split.
 
-    Raises UsageError when the IDX files are absent or the model does not take 1 x 32 x 32 images.
+    Images are padded to 32 x 32 and upsampled to the model's side when it is larger.
+    Raises UsageError when the IDX files are absent or the model does not take 1 x S x S images.
     """
     try:
         shape = tuple(model.image_shape)
     except NotImplementedError:
         shape = None
-    if shape != (1, 32, 32):
-        raise UsageError(f"{model.name} does not take 1x32x32 Fashion-MNIST images; "
+    size = model_image_size(shape)
+    if size is None:
+        raise UsageError(f"{model.name} does not take 1xSxS Fashion-MNIST images; "
                          f"pass --tokens FILE or --self-generate N")
-    images, labels = load_split(split, root)
+    images, labels = load_split(split, root, limit=limit, size=size)
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
     chunks = []

@@ -440,8 +440,10 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
 
 
 def _takes_fashion_mnist(model: TokenModel) -> bool:
+    from ambiguity.data.fashion_mnist import model_image_size
+
     try:
-        return tuple(model.image_shape) == (1, 32, 32)
+        return model_image_size(model.image_shape) is not None
     except NotImplementedError:
         return False
 

@@ -3,10 +3,12 @@
     python scripts/train_embedded.py                      # both stages -> ambiguity/weights/
     python scripts/train_embedded.py --stage gpt          # GPT only (uses the shipped VQ file)
     python scripts/train_embedded.py --quick --out /tmp/w # seconds-long smoke run, tiny models
+    python scripts/train_embedded.py --recipe embedded-16 # LlamaGen's token geometry (16384 codes, 16x16)
 
 Writes ``fashion_vq.safetensors``, ``fashion_gpt.safetensors`` (fp16, config in the metadata)
-and ``embedded_metrics.json`` to ``--out``. Checkpoints, token caches and per-stage results go
-to ``--run-dir``; rerunning the same command resumes where an interrupted run stopped.
+and ``embedded_metrics.json`` to ``--out`` (``--recipe embedded-16``: ``fashion16_*`` and
+``embedded16_metrics.json``, images upsampled to 64 x 64, run dir ``runs/embedded-16``).
+Checkpoints, token caches and per-stage results go to ``--run-dir``; rerunning the same command resumes where an interrupted run stopped.
 Test metrics are computed with the fp16 files as shipped (reloaded), on the Fashion-MNIST
 test split: VQ reconstruction MSE/L1/PSNR and codebook usage, GPT teacher-forced NLL.
 """
@@ -27,18 +29,29 @@ from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.base import resolve_device
 from ambiguity.models.checkpoints import save_module
-from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, VQ_SKIP, WEIGHTS_DIR, load_gpt, load_vq
-from ambiguity.train import (count_params, embedded_recipe, gpt_nll, load_checkpoint, save_checkpoint, tokenize,
-                             train_gpt, train_vq, vq_metrics)
+from ambiguity.models.embedded import (GPT16_FILE, GPT_FILE, METRICS16_FILE, METRICS_FILE, VQ16_FILE, VQ_FILE, VQ_SKIP,
+                                       WEIGHTS_DIR, load_gpt, load_vq)
+from ambiguity.train import (count_params, embedded16_recipe, embedded_recipe, gpt_nll, load_checkpoint,
+                             save_checkpoint, tokenize, train_gpt, train_vq, vq_metrics)
 
 ROOT = Path(__file__).resolve().parents[1]
+# recipe name -> (VQ file, GPT file, metrics file, image side in px)
+RECIPES = {"embedded": (VQ_FILE, GPT_FILE, METRICS_FILE, 32),
+           "embedded-16": (VQ16_FILE, GPT16_FILE, METRICS16_FILE, 64)}
+
+
+def get_recipe(name: str, quick: bool = False):
+    """(VQConfig, VQTrainConfig, GPTConfig, GPTTrainConfig) of recipe ``name``."""
+    return (embedded_recipe if name == "embedded" else embedded16_recipe)(quick)
 
 
 def parse_args(argv=None):
     p = ArgumentParser(prog="train_embedded.py", description=__doc__.split("\n")[0])
     p.add_argument("--data", default=None, help="directory with the Fashion-MNIST IDX files (default: search the usual places)")
     p.add_argument("--out", default=None, help="where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
-    p.add_argument("--run-dir", default=None, help="checkpoints and caches (default runs/embedded, runs/embedded-quick)")
+    p.add_argument("--run-dir", default=None, help="checkpoints and caches (default runs/<recipe>, runs/<recipe>-quick)")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="embedded",
+                   help="embedded (1024 codes, 8x8 tokens) or embedded-16 (16384 codes, 16x16 tokens)")
     p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -61,11 +74,23 @@ def stage_done(done: dict, weights: Path, model_cfg, train_cfg, seed: int) -> bo
     """Whether ``done`` (a run dir's ``*_done.json``) records this recipe and the file as it is now."""
     m = done.get("metrics", {})
     return (weights.is_file() and done.get("sha") == file_sha(weights) and done.get("seed", seed) == seed
-            and m.get("config") == asdict(model_cfg) and m.get("train") == asdict(train_cfg))
+            and _with_defaults(m.get("config"), model_cfg) == asdict(model_cfg)
+            and _with_defaults(m.get("train"), train_cfg) == asdict(train_cfg))
+
+
+def _with_defaults(recorded, cfg) -> dict:
+    """``recorded`` (a config dict from an older run) completed with the defaults of fields
+    ``cfg``'s dataclass gained since (e.g. ``bf16``), so old records still match."""
+    from dataclasses import fields
+
+    if not isinstance(recorded, dict):
+        return {}
+    defaults = {f.name: asdict(type(cfg)())[f.name] for f in fields(cfg) if f.name not in recorded}
+    return {**defaults, **recorded}
 
 
 def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str) -> tuple[torch.Tensor, float]:
-    """Codes (N, 64) int64 of ``images`` under the VQ whose file hash is ``vq_sha``, cached in
+    """Codes (N, h*w) int64 of ``images`` under the VQ whose file hash is ``vq_sha``, cached in
     ``path``, and the seconds the tokenization took (when it was computed, also on a cache hit)."""
     try:
         ck = load_checkpoint(path, keys=("vq_sha", "codes"))
@@ -84,12 +109,13 @@ def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str
 def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
 
     vq_cfg, vq_train, _, _ = recipe
+    VQ_FILE, _, _, size = RECIPES[args.recipe]
     done = read_json(run / "vq_done.json")
     if stage_done(done, out / VQ_FILE, vq_cfg, vq_train, args.seed):
         print(f"VQ stage already done ({out / VQ_FILE}); pass --fresh to retrain")
         return done["metrics"]
-    images, _ = load_split("train", data, limit=64 if args.quick else None)
-    test, _ = load_split("test", data, limit=32 if args.quick else None)
+    images, _ = load_split("train", data, limit=64 if args.quick else None, size=size)
+    test, _ = load_split("test", data, limit=32 if args.quick else None, size=size)
     vq, stats = train_vq(vq_cfg, vq_train, images, run, args.seed, device, progress)
     save_module(vq, vq_cfg, out / VQ_FILE, skip=VQ_SKIP, seed=args.seed, stage="vq")
     shipped, _ = load_vq(out / VQ_FILE, device)
@@ -105,6 +131,7 @@ def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> 
 def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
 
     _, _, gpt_cfg, gpt_train = recipe
+    VQ_FILE, GPT_FILE, _, size = RECIPES[args.recipe]
     if not (out / VQ_FILE).is_file():
         raise UsageError(f"{out / VQ_FILE} not found; run with --stage vq (or all) first")
     vq_sha = file_sha(out / VQ_FILE)
@@ -116,8 +143,8 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
     if vq.config.codebook_size != gpt_cfg.vocab_size:
         raise UsageError(f"{out / VQ_FILE} has {vq.config.codebook_size} codes but the GPT expects "
                          f"{gpt_cfg.vocab_size}; retrain the VQ with --stage all --fresh")
-    images, labels = load_split("train", data, limit=64 if args.quick else None)
-    test, test_labels = load_split("test", data, limit=32 if args.quick else None)
+    images, labels = load_split("train", data, limit=64 if args.quick else None, size=size)
+    test, test_labels = load_split("test", data, limit=32 if args.quick else None, size=size)
     tokens, t_train = cached_tokens(vq, images, run / "tokens_train.pt", vq_sha, progress, "tokenize train")
     test_tokens, t_test = cached_tokens(vq, test, run / "tokens_test.pt", vq_sha, progress, "tokenize test")
     gpt, stats = train_gpt(gpt_cfg, gpt_train, tokens, labels, run, args.seed, device, progress)
@@ -166,17 +193,19 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     data = find_dir(args.data)
-    run = ensure_writable_dir(args.run_dir or ROOT / ("runs/embedded-quick" if args.quick else "runs/embedded"),
-                              "--run-dir")
+    VQ_FILE, GPT_FILE, METRICS_FILE, size = RECIPES[args.recipe]
+    run_name = "runs/" + args.recipe + ("-quick" if args.quick else "")
+    run = ensure_writable_dir(args.run_dir or ROOT / run_name, "--run-dir")
     out = ensure_writable_dir(args.out or (run / "weights" if args.quick else WEIGHTS_DIR))
     if args.fresh:
         for f in ("vq_ckpt.pt", "gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", "vq_done.json", "gpt_done.json"):
             (run / f).unlink(missing_ok=True)
-    recipe = embedded_recipe(args.quick)
+    recipe = get_recipe(args.recipe, args.quick)
     progress = not args.no_progress
     metrics = read_json(out / METRICS_FILE)
     metrics.update(seed=args.seed, quick=args.quick, device=str(device), threads=torch.get_num_threads(),
-                   data="Fashion-MNIST (Xiao et al. 2017), 32x32 (28x28 padded 2 px), 60k train / 10k test",
+                   data="Fashion-MNIST (Xiao et al. 2017), 32x32 (28x28 padded 2 px)"
+                        + (f", bilinearly upsampled to {size}x{size}" if size != 32 else "") + ", 60k train / 10k test",
                    torch=torch.__version__)
     if args.stage in ("vq", "all"):
         metrics["vq"] = run_vq(args, recipe, data, out, run, device, progress)

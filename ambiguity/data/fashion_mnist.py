@@ -3,7 +3,8 @@
 On Debian ``apt-get install dataset-fashion-mnist`` puts them in
 ``/usr/share/datasets/fashion-mnist/``; any directory with the four standard files works
 (gzipped or not). Images are returned as float32 in [0, 1], padded from 28 x 28 to 32 x 32
-so that a VQ tokenizer with 4x downsampling gives an 8 x 8 token grid.
+so that a VQ tokenizer with 4x downsampling gives an 8 x 8 token grid; ``load_split(size=64)``
+upsamples them (:func:`upsample`) to 64 x 64 for a 16 x 16 grid (the ``embedded-16`` model).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import torch
 
 from ambiguity.errors import UsageError
 
-__all__ = ["CLASSES", "DEFAULT_DIRS", "find_dir", "load_split", "pad_to_32", "read_idx", "write_idx"]
+__all__ = ["CLASSES", "DEFAULT_DIRS", "find_dir", "load_split", "pad_to_32", "read_idx", "write_idx", "upsample",
+           "model_image_size"]
 
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 DEFAULT_DIRS = ("/usr/share/datasets/fashion-mnist", "~/.cache/fashion-mnist", "data/fashion-mnist")
@@ -113,12 +115,38 @@ def pad_to_32(images: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x, (2, 2, 2, 2))
 
 
+def upsample(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Padded images (N, 1, 32, 32) in [0, 1] -> (N, 1, size, size), bilinearly resized
+    (``align_corners=False``, no antialiasing; an identity for size 32).
+
+    The one resizing used wherever Fashion-MNIST meets a model with larger images: VQ
+    training, drafter data, profiling and the analyses. For size 64 each output pixel is
+    0.75 * its nearer source pixel + 0.25 * the next one along each axis (edges replicated),
+    so values stay in [0, 1]. Raises ValueError when size is not a multiple of 32.
+    """
+    if size <= 0 or size % 32:
+        raise ValueError(f"Fashion-MNIST images are resized to a multiple of 32 px, got {size}")
+    if images.shape[-1] == size and images.shape[-2] == size:
+        return images
+    return torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+
+
+def model_image_size(shape) -> Optional[int]:
+    """The side S when a model's ``image_shape`` is (1, S, S) with S a multiple of 32 (a model
+    that takes Fashion-MNIST, padded and :func:`upsample`-d), else None."""
+    shape = tuple(shape) if shape is not None else None
+    if shape is None or len(shape) != 3 or shape[0] != 1 or shape[1] != shape[2] or shape[1] % 32:
+        return None
+    return int(shape[1])
+
+
 def load_split(split: str = "train", root: Optional[str | os.PathLike] = None,
-               limit: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read a split -> (images (N, 1, 32, 32) float32 in [0, 1], labels (N,) int64 in 0..9).
+               limit: Optional[int] = None, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read a split -> (images (N, 1, size, size) float32 in [0, 1], labels (N,) int64 in 0..9).
 
     ``root``: directory with the IDX files (default: see :func:`find_dir`); ``limit``: keep only
-    the first ``limit`` examples (smoke runs). Raises UsageError
+    the first ``limit`` examples (smoke runs); ``size``: 32 (padded), or a multiple of 32 the
+    padded images are :func:`upsample`-d to. Raises UsageError
     for an unknown split, missing or corrupt files, or image/label counts that differ.
     """
     if split not in _FILES:
@@ -135,4 +163,4 @@ def load_split(split: str = "train", root: Optional[str | os.PathLike] = None,
                          f"re-download the Fashion-MNIST files")
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
-    return pad_to_32(images), labels
+    return upsample(pad_to_32(images), size), labels

@@ -18,8 +18,8 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.vq import VQConfig, VQModel
 
-__all__ = ["WEIGHTS_DIR", "VQ_FILE", "GPT_FILE", "METRICS_FILE", "load_gpt", "load_vq", "load_embedded",
-           "weights_dir", "VQ_SKIP"]
+__all__ = ["WEIGHTS_DIR", "VQ_FILE", "GPT_FILE", "METRICS_FILE", "VQ16_FILE", "GPT16_FILE", "METRICS16_FILE",
+           "load_gpt", "load_vq", "load_embedded", "weights_dir", "VQ_SKIP"]
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
 VQ_FILE = "fashion_vq.safetensors"
@@ -27,6 +27,10 @@ GPT_FILE = "fashion_gpt.safetensors"
 METRICS_FILE = "embedded_metrics.json"
 TRAIN_HINT = "python scripts/train_embedded.py"
 VQ_SKIP = ("quantize.codebook_used",)  # bookkeeping buffer of training, not saved with the weights
+# embedded-16: LlamaGen's token geometry (16384 codes of dim 8, 16 x 16 tokens on 64 x 64 px)
+VQ16_FILE = "fashion16_vq.safetensors"
+GPT16_FILE = "fashion16_gpt.safetensors"
+METRICS16_FILE = "embedded16_metrics.json"
 
 
 def weights_dir(weights: Optional[str | Path] = None) -> Path:
@@ -47,21 +51,25 @@ def load_vq(path: str | Path, device="cpu") -> tuple[VQModel, dict]:
                        fix=f"retrain it ({TRAIN_HINT})")
 
 
-def load_embedded(weights=None, device="cpu", dtype=torch.float32) -> LlamaGenModel:
-    """The shipped Fashion-MNIST model (``weights``: a directory with the two files instead).
+def load_embedded(weights=None, device="cpu", dtype=torch.float32, vq_file: str = VQ_FILE, gpt_file: str = GPT_FILE,
+                  name: str = "embedded", recipe: str = "embedded") -> LlamaGenModel:
+    """A shipped Fashion-MNIST model (``weights``: a directory with the two files instead).
 
-    Images are 1 x 32 x 32 (Fashion-MNIST padded by 2 px), 8 x 8 tokens.
+    ``embedded`` (the defaults): images 1 x 32 x 32 (Fashion-MNIST padded by 2 px), 8 x 8 tokens.
+    ``embedded-16`` (``vq_file=VQ16_FILE, gpt_file=GPT16_FILE``): images upsampled to 1 x 64 x 64,
+    16 x 16 tokens of a 16384-code codebook; the grid and vocabulary come from the files.
     Raises WeightsNotFoundError when the files are missing (a checkout without them can
-    regenerate them with ``python scripts/train_embedded.py``).
+    regenerate them with ``python scripts/train_embedded.py --recipe <recipe>``).
     """
     d = weights_dir(weights)
+    hint = TRAIN_HINT + ("" if recipe == "embedded" else f" --recipe {recipe}")
     if d.is_file():
-        raise UsageError(f"--weights {d} is a file; the embedded model takes a directory holding {VQ_FILE} and "
-                         f"{GPT_FILE}")
-    missing = [f for f in (VQ_FILE, GPT_FILE) if not (d / f).is_file()]
+        raise UsageError(f"--weights {d} is a file; the {name} model takes a directory holding {vq_file} and "
+                         f"{gpt_file}")
+    missing = [f for f in (vq_file, gpt_file) if not (d / f).is_file()]
     if missing:
-        raise WeightsNotFoundError(f"embedded model weights {', '.join(missing)} not found in {d}; "
-                                   f"run `{TRAIN_HINT}` to train them")
-    vq, _ = load_vq(d / VQ_FILE, device)
-    gpt, _ = load_gpt(d / GPT_FILE, device, dtype)
-    return LlamaGenModel(gpt, vq, name="embedded", class_names=list(CLASSES))
+        raise WeightsNotFoundError(f"{name} model weights {', '.join(missing)} not found in {d}; "
+                                   f"run `{hint}` to train them")
+    vq, _ = load_vq(d / vq_file, device)
+    gpt, _ = load_gpt(d / gpt_file, device, dtype)
+    return LlamaGenModel(gpt, vq, name=name, class_names=list(CLASSES))
