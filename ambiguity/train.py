@@ -490,8 +490,10 @@ def embedded16_recipe(quick: bool = False):
     (:func:`ambiguity.data.fashion_mnist.upsample`), so 16 x 16 tokens. Dead codes are restarted
     from encoder outputs drawn by their quantisation error (not uniformly: most latents are
     identical black background). GPT: the embedded model's body (dim 192, 6 layers, 6 heads,
-    2D RoPE, 10 classes, 10% label dropout) with a 16384-token embedding and head, block 256.
-    Both train under bf16 autocast. ``quick``: tiny versions (64 codes, still 16 x 16
+    2D RoPE, 10 classes, 10% label dropout) with a 16384-token embedding and head, block 256,
+    trained on the embedded model's token budget (900 steps x 32 sequences x 256 tokens =
+    7,372,800 tokens, 0.48 epochs), so the two differ only in the token geometry.
+    VQ: 1000 steps x 32 images. Both train under bf16 autocast. ``quick``: tiny versions (64 codes, still 16 x 16
     tokens on 64 x 64 px, GPT dim 32, 2 layers, 4 steps each) for smoke tests.
     """
     K = 64 if quick else 16384
@@ -507,4 +509,4 @@ def embedded16_recipe(quick: bool = False):
                 gpt, GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2, bf16=True))
     return (vq, VQTrainConfig(steps=1000, batch_size=32, warmup=50, dead_after=100, reinit_every=25,
                               restart_pick="error", bf16=True, ckpt_every=25),
-            gpt, GPTTrainConfig(steps=1875, batch_size=32, bf16=True, ckpt_every=25))
+            gpt, GPTTrainConfig(steps=900, batch_size=32, bf16=True, ckpt_every=25))

@@ -98,7 +98,7 @@ def test_recipe_full_and_quick():
     assert (vq.codebook_size, vq.codebook_embed_dim, vq.codebook_l2_norm, vq.downsample) == (16384, 8, True, 4)
     assert vq.commit_loss_beta == 0.25 and vq_train.restart_pick == "error" and vq_train.bf16
     assert (gpt.vocab_size, gpt.block_size, gpt.grid_size, gpt.dim, gpt.n_layer) == (16384, 256, 16, 192, 6)
-    assert gpt_train.bf16 and gpt_train.steps * gpt_train.batch_size == 60000
+    assert gpt_train.bf16 and gpt_train.steps * gpt_train.batch_size * gpt.block_size == 1800 * 64 * 64
     q = embedded16_recipe(quick=True)
     assert q[0].codebook_size == q[2].vocab_size == 64 and q[2].block_size == 256 and q[3].steps == 4
 
