@@ -52,7 +52,7 @@ def show(name: str, width: int = 640) -> None:
 
 report = (RUN / "report.md").read_text()
 display(Markdown(report.split("\\n## ")[0]))
-print(RUN)"""),
+print("run:", RUN.relative_to(ROOT) if RUN.is_relative_to(ROOT) else RUN)"""),
     ("markdown", """## Fig. 2 — token selection ambiguity
 (a) mean accepted length of lossless speculative decoding with the EAGLE-2 tree, image vs text
 models; (b) drafter test accuracy per epoch and a random-initialised drafter; (c) average top-1

@@ -27,6 +27,9 @@ def write(path: Path, cells, execute: bool = False, timeout: int = 1800) -> Path
 
         nb = nbformat.read(path, as_version=4)
         NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+        for cell in nb.cells:  # the kernel's and libraries' warnings (machine paths) are not the notebook's content
+            if cell.cell_type == "code":
+                cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
         nbformat.write(nb, path)
     print(f"wrote {path}")
     return path

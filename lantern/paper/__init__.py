@@ -86,6 +86,7 @@ def run_paper(config: PaperConfig, out: str | Path, only: Optional[Sequence[str]
             continue
         t1 = time.perf_counter()
         item = EXPERIMENTS[name](ctx)
+        item.seconds = time.perf_counter() - t1
         if shard.merges:
             save_item(run, item)
         timings[name] = f"{time.perf_counter() - t1:.0f} s"
@@ -122,7 +123,7 @@ def _header(ctx: Context, items: list[Item], seconds: float) -> str:
     when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     lines = ["# LANTERN, regenerated", "",
              f"`{' '.join(['python -m lantern.paper'] + sys.argv[1:])}` — {when}, device {ctx.device}, "
-             f"{seconds / 60:.1f} min for this invocation.", "",
+             f"{seconds / 60:.1f} min for this invocation{_total(items)}.", "",
              f"Models: {', '.join(c.models)} (decoding experiments on **{ctx.primary}**). Paper: Jang et al., "
              f"LANTERN, ICLR 2025 (arXiv 2410.03355). τ here is the mean accepted length (bonus token counted); the "
              f"paper writes τ for the temperature.", ""]
@@ -133,6 +134,16 @@ def _header(ctx: Context, items: list[Item], seconds: float) -> str:
               "and tables (CSV with every column, Markdown as shown here); intervals are written `value [lo, hi]`.",
               ""]
     return "\n".join(lines)
+
+
+def _total(items: list[Item]) -> str:
+    """", 52.3 min computing the items over all invocations" (or which items' times are unknown)."""
+    known = [it.seconds for it in items if it.seconds is not None]
+    if not known:
+        return ""
+    unknown = [it.name for it in items if it.seconds is None]
+    return (f", {sum(known) / 60:.1f} min computing the items over all invocations"
+            + (f" (not counting {', '.join(unknown)}: computed before times were kept)" if unknown else ""))
 
 
 def _print_summary(items: list[Item], timings: dict, report: Path) -> None:

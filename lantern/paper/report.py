@@ -27,7 +27,9 @@ class Item:
     """One paper item. name: short key (``"fig2a"``); title: what it shows (with the paper's
     figure/table number); tables: {"ours": ..., "published": ..., ...} DataFrames; figures:
     PNG paths relative to the run directory (a PDF sits next to each); settings: what decided
-    the numbers; notes: caveats (quick mode, mapped k, cells that are not available)."""
+    the numbers; notes: caveats (quick mode, mapped k, cells that are not available); seconds:
+    wall time of computing it (decoding sessions included when it was the first to need them;
+    None when unknown)."""
 
     name: str
     title: str
@@ -35,6 +37,7 @@ class Item:
     figures: list = field(default_factory=list)
     settings: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    seconds: Optional[float] = None
 
 
 def compact(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
@@ -75,7 +78,7 @@ def save_item(run: RunDir, item: Item) -> None:
     tables = {k: _parquet_safe(v) for k, v in item.tables.items()}
     run.write_part(f"item_{item.name}", {"item": item.name}, tables=tables,
                    meta={"title": item.title, "figures": list(item.figures), "settings": _plain(item.settings),
-                         "notes": list(item.notes)})
+                         "notes": list(item.notes), "seconds": item.seconds})
 
 
 def load_item(run: RunDir, name: str) -> Optional[Item]:
@@ -86,7 +89,8 @@ def load_item(run: RunDir, name: str) -> Optional[Item]:
     m = part.meta
     if any(not (run.path / f).is_file() for f in m.get("figures", [])):
         return None  # a figure file is missing: draw the item again
-    return Item(name, m["title"], dict(part.tables), list(m["figures"]), dict(m["settings"]), list(m["notes"]))
+    return Item(name, m["title"], dict(part.tables), list(m["figures"]), dict(m["settings"]), list(m["notes"]),
+                m.get("seconds"))
 
 
 def write_report(path: Path, items: Sequence[Item], header: str, settings: dict) -> Path:
