@@ -3,6 +3,7 @@ reconstructions, and class-conditional samples of the GPT.
 
     python scripts/figure_embedded_samples.py            # -> figures/embedded_samples.{png,pdf}
     python scripts/figure_embedded_samples.py --cfg 4 --temperature 0.9 --out /tmp/samples
+    python scripts/figure_embedded_samples.py --model embedded-16   # -> figures/embedded16_samples.{png,pdf}
 
 Seeded (``--seed``): the same test images and samples on every run on the same device.
 """
@@ -19,7 +20,8 @@ from ambiguity.generation import sample_tokens
 from ambiguity.io import atomic_path, ensure_writable_dir
 from ambiguity.memory import check_batch
 from ambiguity.models.base import resolve_device
-from ambiguity.models.embedded import METRICS_FILE, load_embedded, weights_dir
+from ambiguity.models.embedded import (GPT16_FILE, METRICS16_FILE, METRICS_FILE, VQ16_FILE, load_embedded,
+                                       weights_dir)
 from ambiguity.sampling import SamplingConfig
 from ambiguity.seeding import image_generators
 
@@ -28,9 +30,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args(argv=None):
     p = ArgumentParser(prog="figure_embedded_samples.py", description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=["embedded", "embedded-16"], default="embedded",
+                   help="which shipped model (default: %(default)s)")
     p.add_argument("--weights", default=None, help="directory with the two weight files (default: the shipped ones)")
     p.add_argument("--data", default=None, help="directory with the Fashion-MNIST IDX files")
-    p.add_argument("--out", default=str(ROOT / "figures" / "embedded_samples"), help="output path without suffix")
+    p.add_argument("--out", default=None,
+                   help="output path without suffix (default figures/embedded_samples, figures/embedded16_samples)")
     p.add_argument("--seed", type=seed_int, default=0)
     add_sampling_args(p, guidance=2.0)
     p.add_argument("--n-real", type=positive_int, default=4, help="test images per class")
@@ -40,7 +45,7 @@ def parse_args(argv=None):
 
 
 def pick_test_images(images: torch.Tensor, labels: torch.Tensor, n: int, seed: int) -> torch.Tensor:
-    """n random test images of each class, class-major: (10 * n, 1, 32, 32) in [0, 1]."""
+    """n random test images of each class, class-major: (10 * n, 1, S, S) in [0, 1]."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for c in range(10):
@@ -72,7 +77,8 @@ def draw(real, recon, samples, class_names, title_samples: str, note: str):
     panels = [(mosaic(real, 10), "test images"), (mosaic(recon, 10), "VQ reconstructions"),
               (mosaic(samples, 10), title_samples)]
     widths = [p[0].shape[1] for p in panels]
-    fig, axes = plt.subplots(1, 3, figsize=(0.42 * sum(widths) / 34 + 1.4, 4.9),
+    scale = real.shape[-1] / 32  # the figure's size does not grow with the image side
+    fig, axes = plt.subplots(1, 3, figsize=(0.42 * sum(widths) / (34 * scale) + 1.4, 4.9),
                              gridspec_kw={"width_ratios": widths, "wspace": 0.04})
     H = panels[0][0].shape[0]
     for k, (ax, (img, title)) in enumerate(zip(axes, panels)):
@@ -96,10 +102,12 @@ def main(argv=None) -> int:
 
     sampling = SamplingConfig(guidance=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     device = resolve_device(args.device)
-    out = check_out_file(args.out)
-    model = load_embedded(args.weights, device=device)
+    sixteen = args.model == "embedded-16"
+    out = check_out_file(args.out or str(ROOT / "figures" / ("embedded16_samples" if sixteen else "embedded_samples")))
+    files = dict(vq_file=VQ16_FILE, gpt_file=GPT16_FILE, name="embedded-16", recipe="embedded-16") if sixteen else {}
+    model = load_embedded(args.weights, device=device, **files)
     check_batch(model, args.n_samples, model.num_tokens + 1, "--n-samples", rows_per_item=10 * (1 + sampling.guided))
-    images, labels = load_split("test", args.data)
+    images, labels = load_split("test", args.data, size=model.image_shape[-1])
     real = pick_test_images(images, labels, args.n_real, args.seed)
     recon = model.decode_codes(model.encode_images(real.to(device))).cpu()
     conditions = [c for c in range(10) for _ in range(args.n_samples)]
@@ -109,8 +117,8 @@ def main(argv=None) -> int:
 
     knobs = f"CFG {args.cfg:g}, temperature {args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") \
         + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
-    metrics_path = weights_dir(args.weights) / METRICS_FILE
-    note = f"embedded model (LlamaGen VQ + c2i GPT trained on Fashion-MNIST), seed {args.seed}"
+    metrics_path = weights_dir(args.weights) / (METRICS16_FILE if sixteen else METRICS_FILE)
+    note = f"{model.name} model (LlamaGen VQ + c2i GPT trained on Fashion-MNIST), seed {args.seed}"
     if metrics_path.is_file():
         m = json.loads(metrics_path.read_text())
         if "vq" in m and "gpt" in m:
