@@ -1,39 +1,29 @@
 """The embedded-16 model (LlamaGen's token geometry): Fashion-MNIST upsampling, the recipe's
 quick variant end to end, the entropy loss and error-weighted restarts, the shipped weights."""
-import importlib.util
 import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from ambiguity.data.fashion_mnist import load_split, model_image_size, upsample, write_idx
+from ambiguity.data.fashion_mnist import load_split, model_image_size, upsample
 from ambiguity.models.embedded import GPT16_FILE, METRICS16_FILE, VQ16_FILE, WEIGHTS_DIR, load_embedded
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.train import GPTTrainConfig, codebook_entropy_loss, embedded16_recipe, reinit_dead_codes
+from fake_data import load_script as _load_script, write_fake_fashion_mnist
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("train_embedded_script16", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load_script(SCRIPT, "train_embedded_script16")
 
 
 @pytest.fixture
 def fake_data(tmp_path):
     """A tiny Fashion-MNIST: 24 train / 12 test random 28x28 images."""
-    rng = np.random.default_rng(1)
-    d = tmp_path / "data"
-    d.mkdir()
-    for prefix, n in (("train", 24), ("t10k", 12)):
-        write_idx(d / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
-        write_idx(d / f"{prefix}-labels-idx1-ubyte", (np.arange(n) % 10).astype(np.uint8))
-    return d
+    return write_fake_fashion_mnist(tmp_path / "data", 24, 12, seed=1)
 
 
 def test_upsample_exact_values():

@@ -1,15 +1,12 @@
 """Training of the embedded model: the --quick smoke run end to end on a fake Fashion-MNIST,
 resume after an interruption, and the small pieces (schedule, data order, metrics)."""
-import importlib.util
 import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from ambiguity.data.fashion_mnist import write_idx
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, load_embedded
@@ -18,28 +15,20 @@ from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.sampling import SamplingConfig
 from ambiguity.train import (GPTTrainConfig, batch_indices, code_usage, gpt_nll, lr_at, reinit_dead_codes,
                              train_gpt)
+from fake_data import load_script as _load_script, write_fake_fashion_mnist
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
 FIGURE = SCRIPT.with_name("figure_embedded_samples.py")
 
 
 def load_script(path=SCRIPT):
-    spec = importlib.util.spec_from_file_location(path.stem + "_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load_script(path)
 
 
 @pytest.fixture
 def fake_data(tmp_path):
     """A tiny Fashion-MNIST: 40 train / 20 test random 28x28 images, train gzipped, test not."""
-    rng = np.random.default_rng(0)
-    d = tmp_path / "data"
-    d.mkdir()
-    for prefix, n, ext in (("train", 40, ".gz"), ("t10k", 20, "")):
-        write_idx(d / f"{prefix}-images-idx3-ubyte{ext}", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
-        write_idx(d / f"{prefix}-labels-idx1-ubyte{ext}", (np.arange(n) % 10).astype(np.uint8))
-    return d
+    return write_fake_fashion_mnist(tmp_path / "data", 40, 20, seed=0, gzip_train=True)
 
 
 def test_quick_run_end_to_end(fake_data, tmp_path, capsys):
