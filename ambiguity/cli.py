@@ -441,7 +441,7 @@ def run_subcommand(prog: str, commands: Mapping[str, tuple[str, str]], argv: Opt
         width = max(len(c) for c in commands)
         print(f"usage: {prog} COMMAND [options]   (or python -m <module> [options])\n\ncommands:")
         for name, (module, text) in commands.items():
-            print(f"  {name:<{width}}  {text}  [python -m {module}]")
+            print(f"  {name:<{width}}  {text}  [python -m {module.removesuffix('.__main__')}]")
         print(f"\nRun `{prog} COMMAND --help` for the options of one command.")
         return 0
     name = argv[0]

@@ -81,6 +81,10 @@ def new_figure(nrows: int = 1, ncols: int = 1, width: float = 3.3, height: float
     return fig, axes
 
 
+# no creation date in the files: a regenerated figure is byte-identical when nothing changed
+_METADATA = {"png": {"Creator": "lantern-ambiguity"}, "pdf": {"Creator": "lantern-ambiguity", "CreationDate": None}}
+
+
 def save_figure(fig, path: str | Path, formats: Sequence[str] = ("png", "pdf"), dpi: int = 200) -> list[Path]:
     """Write ``fig`` as ``<path>.png`` and ``<path>.pdf`` (suffix of ``path`` ignored), atomically.
 
@@ -95,7 +99,7 @@ def save_figure(fig, path: str | Path, formats: Sequence[str] = ("png", "pdf"), 
             target = stem.with_name(f"{stem.name}.{fmt}")
             with atomic_path(target) as tmp:
                 fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.02,
-                            metadata={"Creator": "lantern-ambiguity"} if fmt in ("png", "pdf") else None)
+                            metadata=_METADATA.get(fmt))
             written.append(target)
     return written
 

@@ -191,6 +191,13 @@ def test_data_set_specs_and_subsets(tmp_path, clf):
         pytest.skip(f"Fashion-MNIST IDX files absent ({exc})")
     assert s.images.shape == (50, 1, 32, 32) and s.n == 50 and len(s.conditions) == 50
     assert s.info["class_names"][0] == "T-shirt/top"
+    # the reference of 64 x 64 runs (embedded-16) is upsampled as that model's training data were
+    big = load_source("fashion-mnist:test@50", seed=0, resize_to=(64, 64), what="reference")
+    from ambiguity.data.fashion_mnist import upsample
+
+    torch.testing.assert_close(torch.as_tensor(big.images), upsample(torch.as_tensor(s.images), 64), rtol=0, atol=0)
+    assert big.conditions == s.conditions and big.fingerprint != s.fingerprint
+    assert load_source("fashion-mnist:test@50", seed=0, resize_to=(32, 32)).fingerprint == s.fingerprint
 
 
 def test_replay_quality_prints_speed_next_to_quality(sets, clf, capsys):

@@ -384,6 +384,9 @@ def test_plots_image_grid_with_row_labels_saves_png_and_pdf(tmp_path):
     assert (tmp_path / "grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "grid.pdf").read_bytes()[:5] == b"%PDF-"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.pdf", "grid.png"]  # no temporary files left
+    first = {p.name: p.read_bytes() for p in paths}
+    plots.save_figure(fig, tmp_path / "grid.png")  # no creation date: regenerating changes no byte
+    assert {p.name: p.read_bytes() for p in paths} == first and b"CreationDate" not in first["grid.pdf"]
     with pytest.raises(ValueError, match="row labels"):
         plots.image_grid(imgs, ncol=3, row_labels=["only one"])
     with pytest.raises(ValueError, match="C, H, W"):

@@ -44,7 +44,7 @@ def get_spec(name: str) -> ModelSpec:
                          {"repo": name[3:]}, kind="text")
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
-        close = difflib.get_close_matches(name, list(_REGISTRY) + list(_ALIASES), n=1)
+        close = difflib.get_close_matches(name, list(_REGISTRY) + list(_ALIASES), n=1, cutoff=0.75)
         hint = f"did you mean {close[0]}? " if close else ""
         raise UsageError(f"unknown model {name!r}; {hint}choose one of {', '.join(sorted(_REGISTRY))} or hf:<repo>")
     return _REGISTRY[key]

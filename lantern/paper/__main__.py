@@ -20,7 +20,7 @@ def build_parser() -> ArgumentParser:
     defaults = PaperConfig()
     p = ArgumentParser(prog=COMMAND, description="Regenerate the LANTERN paper's figures and tables next to its "
                                                  "published values.",
-                       epilog="experiments: " + "; ".join(f"{k}: {v}" for k, v in TITLES.items()))
+                       epilog="experiments: " + "; ".join(f"{k}: {v.rstrip('.')}" for k, v in TITLES.items()) + ".")
     p.add_argument("--models", default=",".join(defaults.models),
                    help="comma-separated registry names; the first image model runs the decoding experiments "
                         "(default: embedded,text-twin)")

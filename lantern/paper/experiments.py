@@ -544,4 +544,5 @@ EXPERIMENTS: dict[str, Callable[[Context], Item]] = {
     "fig2a": fig2a, "fig2b": fig2b, "fig2c": fig2c, "fig3": fig3, "fig4": fig4, "fig5": fig5,
     "table2": table2, "table3": table3, "f1": f1, "f2": f2, "distortion": distortion,
 }
-TITLES = {name: fn.__doc__.splitlines()[0] for name, fn in EXPERIMENTS.items()}
+# one line per experiment for --help: the first paragraph of its docstring, without reST markup
+TITLES = {name: " ".join(fn.__doc__.split("\n\n")[0].split()).replace("``", "") for name, fn in EXPERIMENTS.items()}

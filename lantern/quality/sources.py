@@ -8,7 +8,9 @@ A source is named by one string, the same on the command line and in the Python 
   name order;
 * ``fashion-mnist:test`` or ``fashion-mnist:train`` (the IDX files, see
   :mod:`ambiguity.data.fashion_mnist`; ``--data DIR``): 28 x 28 padded to 32 x 32, the embedded
-  model's format, with true labels as conditions.
+  model's format, with true labels as conditions; as the reference of runs with square images
+  of a multiple of 32 px (embedded-16: 64 x 64) it is upsampled to their size exactly as that
+  model's training data were.
 
 ``SPEC@N`` keeps a seeded random subset of N images (:func:`ambiguity.seeding.derived_seed` of
 the evaluation seed and the tag 11), e.g. ``fashion-mnist:train@1000`` as a real-data baseline
@@ -178,15 +180,21 @@ def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
     return ImageSet(str(path), path.name, pix, list(images["condition"]), fp.hexdigest()[:16], info)
 
 
-def _dataset(spec: str, k: Optional[int], seed: int, data: Optional[str]) -> ImageSet:
+def _dataset(spec: str, k: Optional[int], seed: int, data: Optional[str],
+             resize_to: Optional[tuple[int, int]] = None) -> ImageSet:
     split = spec.split(":", 1)[1]
     d = find_dir(data)
-    x, y = load_split(split, d)
+    # a reference for larger images (embedded-16: 64 x 64) is upsampled exactly as that model's
+    # training data were (ambiguity.data.fashion_mnist.upsample); other sizes stay 32 x 32
+    size = resize_to[0] if resize_to and resize_to[0] == resize_to[1] and resize_to[0] % 32 == 0 else 32
+    x, y = load_split(split, d, size=size)
     idx = subset_indices(len(x), k, seed)
     files = [f for f in sorted(d.iterdir()) if f.name.startswith("t10k" if split == "test" else "train")]
-    fp = hashlib.sha256("".join(file_sha256(f) for f in files).encode() + json.dumps(idx.tolist()).encode())
+    fp = hashlib.sha256("".join(file_sha256(f) for f in files).encode() + json.dumps(idx.tolist()).encode()
+                        + (f"@{size}px".encode() if size != 32 else b""))
     info = {"kind": "dataset", "dataset": spec, "path": str(d.resolve()), "images_in_split": int(len(x)),
-            "format": "28x28 uint8 / 255, zero-padded by 2 px to 32x32", "class_names": list(CLASSES)}
+            "format": "28x28 uint8 / 255, zero-padded by 2 px to 32x32"
+                      + (f", bilinearly upsampled to {size}x{size}" if size != 32 else ""), "class_names": list(CLASSES)}
     label = spec + ("" if k is None else f"@{k}" if k > 0 else f"@:{-k}")
     return ImageSet(spec, label, x[idx], [int(v) for v in y[idx]], fp.hexdigest()[:16], info)
 
@@ -196,7 +204,8 @@ def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to:
     """Load the images named by ``spec`` (module docstring) -> :class:`ImageSet`.
 
     seed: the evaluation seed (subsets); data: Fashion-MNIST directory; resize_to: (H, W) that a
-    folder of images is cropped and resized to (references only); what: ``"run"`` or
+    folder of images is cropped and resized to, and that Fashion-MNIST is upsampled to when it is
+    a square multiple of 32 (references only); what: ``"run"`` or
     ``"reference"`` for messages. Raises UsageError for a missing path, an empty run or folder,
     unreadable images or images of several sizes.
     """
@@ -204,7 +213,7 @@ def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to:
     if base.startswith("fashion-mnist:"):
         if base not in DATASETS:
             raise UsageError(f"unknown data set {base!r}; use {' or '.join(DATASETS)}")
-        out = _dataset(base, k, seed, data)
+        out = _dataset(base, k, seed, data, resize_to)
     else:
         path = Path(base).expanduser()
         if not path.exists():
