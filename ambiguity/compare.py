@@ -63,7 +63,7 @@ PAPER = [
     {"model": "LlamaGen (paper)", "kind": "t2i", "top1": 0.206, "top10": 0.520, "drafter_top1": 0.3880},
     {"model": "Anole (paper)", "kind": "t2i", "top1": 0.064, "top10": 0.204, "drafter_top1": 0.2760},
 ]
-DEFAULT_MODELS = ("embedded", "text-twin")
+DEFAULT_MODELS = ("embedded", "embedded-16", "text-twin")  # two image geometries and the text twin
 STATS = ("top1", "top10", "entropy")
 
 
@@ -390,7 +390,7 @@ def build_parser(prog: str = "python -m ambiguity.compare") -> ArgumentParser:
                        description="Compare next-token ambiguity across models (LANTERN Fig. 2): average top-1 "
                                    "probability and top-10 mass with bootstrap CIs, and drafter test accuracy.")
     p.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                   help="comma-separated registry names or hf:<repo> (default: embedded,text-twin)")
+                   help="comma-separated registry names or hf:<repo> (default: %(default)s)")
     p.add_argument("--weights", action="append", default=None, metavar="MODEL=PATH",
                    help="checkpoint file or directory per model, e.g. anole=/ckpt/Anole-7b (repeatable)")
     p.add_argument("--drafter-accuracy", action="append", default=None, metavar="MODEL=PATH",

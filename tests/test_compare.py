@@ -107,7 +107,8 @@ def tiny(tmp_path_factory):
 
 
 def _args(tiny, out, *extra):
-    return ["--weights", f"embedded={tiny / 'emb'}", "--weights", f"text-twin={tiny / 'twin'}", "--out", str(out),
+    return ["--models", "embedded,text-twin", "--weights", f"embedded={tiny / 'emb'}", "--weights",
+            f"text-twin={tiny / 'twin'}", "--out", str(out),
             "--num-images", "4", "--batch-size", "2", "--bootstrap", "100", "--no-progress",
             "--drafter-accuracy", f"text-twin={tiny / 'acc.parquet'}", *extra]
 
