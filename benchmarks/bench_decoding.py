@@ -223,7 +223,8 @@ def main(argv=None) -> int:
     speed = pd.concat(timing, ignore_index=True).drop(columns=["tokens_per_forward"])
     df = pd.DataFrame(stats).merge(speed, on=["temperature", "config"])
     df["speedup_exceeds_tokens_per_forward"] = df["speedup"] > df["tokens_per_forward"]
-    df["shape_kind"] = df["shape"].str.replace(r"\(.*\)|\d+$", "", regex=True)
+    # "chain4" -> "chain", "dynamic(59,4,10)" -> "dynamic"; a static tree keeps its name ("mc_sim_7b_63")
+    df["shape_kind"] = df["shape"].str.replace(r"\(.*\)$", "", regex=True).str.replace(r"^chain\d+$", "chain", regex=True)
     df["setting"] = df["config"].str.replace(r"^lantern(\+\+)?-(chain|static|dynamic)-", "", regex=True)
     best = []
     for t in temps:  # the tuned SD control: the fastest SD configuration of the temperature

@@ -62,12 +62,15 @@ def real_pairs(model: TokenModel, drafter: DraftModel, tokens: torch.Tensor, con
 
 def distortion_table(p: torch.Tensor, q: torch.Tensor, neighbours: torch.Tensor, ks: Sequence[int],
                      deltas: Sequence[float], method: str = "lantern", convention: str = "exact",
-                     chunk: int = 256) -> pd.DataFrame:
+                     chunk: int = 256, max_bytes: int = 1 << 30) -> pd.DataFrame:
     """Exact per-step distortion of a relaxed rule on (p, q) pairs (P, V).
 
     neighbours: (V, >= max(ks)) int64 table (nearest first). Returns one row per (k, δ) with
     mean / median / q90 / max of ``TVD(out, p)`` (probabilities), plus a first row
     ``k = 0, δ = 0`` holding ``TVD(q, p)`` (what the drafter's own error is), and ``positions``.
+    Positions go through :func:`~lantern.acceptance.output_distribution` ``chunk`` at a time, fewer
+    when its (chunk, V, k) working set (and (chunk, V, V) for ``"official"``) would pass
+    ``max_bytes`` (bytes; at least one position): at V = 16384, k = 1000 that is 2 positions.
     """
     def stats(t: torch.Tensor) -> dict:
         v = t.double().numpy()
@@ -78,7 +81,16 @@ def distortion_table(p: torch.Tensor, q: torch.Tensor, neighbours: torch.Tensor,
     for k in ks:
         for d in deltas:
             rule = AcceptanceRule(method, k=int(k), delta=float(d), convention=convention)
-            t = torch.cat([tvd(output_distribution(p[i:i + chunk], q[i:i + chunk], neighbours[:, :k], rule),
-                               p[i:i + chunk]) for i in range(0, len(p), chunk)])
+            n = _positions_per_chunk(p.shape[-1], int(k), convention, chunk, max_bytes)
+            t = torch.cat([tvd(output_distribution(p[i:i + n], q[i:i + n], neighbours[:, :k], rule), p[i:i + n])
+                           for i in range(0, len(p), n)])
             rows.append({"what": "TVD(out, p)", "k": int(k), "delta": float(d), **stats(t)})
     return pd.DataFrame(rows)
+
+
+def _positions_per_chunk(V: int, k: int, convention: str, chunk: int, max_bytes: int) -> int:
+    """Positions per call of ``output_distribution`` whose working set stays under ``max_bytes``:
+    about six float32 (V, k) tensors per position (gathered p, cumulative sums, masks), plus
+    three (V, V) ones for the official residual."""
+    per_position = 6 * 4 * V * max(k, 1) + (3 * 4 * V * V if convention == "official" else 0)
+    return max(1, min(chunk, max_bytes // per_position))

@@ -100,3 +100,15 @@ def test_distortion_is_zero_at_delta_zero_and_grows_with_delta(embedded):
     assert out.loc[(8, 0.0)] == pytest.approx(0.0, abs=1e-6) and out.loc[(32, 0.0)] == pytest.approx(0.0, abs=1e-6)
     assert out.loc[(32, 0.1)] < out.loc[(32, 0.4)]
     assert (out <= df.iloc[0]["mean"] + 1e-6).all()  # never further from p than the drafter itself
+    # a memory cap only changes how many positions go through at once, never the numbers
+    capped = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4], max_bytes=1)
+    pd.testing.assert_frame_equal(capped, df, check_exact=False, rtol=1e-6, atol=1e-7)
+
+
+def test_positions_per_chunk_follow_the_memory_cap():
+    from lantern.distortion import _positions_per_chunk
+
+    assert _positions_per_chunk(1024, 62, "exact", 256, 1 << 30) == 256  # the embedded model: not capped
+    assert _positions_per_chunk(16384, 1000, "exact", 256, 1 << 30) == 2  # 16384 codes, k = 1000: 384 MiB each
+    assert _positions_per_chunk(16384, 1000, "official", 256, 1 << 30) == 1
+    assert _positions_per_chunk(16384, 1000, "exact", 256, 1) == 1
