@@ -89,7 +89,7 @@ def _run(fn: Callable[..., int | None], *args, **kwargs) -> int:
     except RuntimeError as exc:  # torch's allocators raise RuntimeError (CUDA: torch.OutOfMemoryError)
         if not _out_of_memory(exc):
             raise
-        print(f"error: {OUT_OF_MEMORY} ({_first_line(exc)})", file=sys.stderr)
+        print(f"error: {OUT_OF_MEMORY} ({_last_line(exc)})", file=sys.stderr)
         return 2
     except OSError as exc:
         if exc.errno == 28:  # ENOSPC
@@ -109,7 +109,8 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, oom) or "can't allocate memory" in text or "out of memory" in text.lower()
 
 
-def _first_line(exc: BaseException, width: int = 120) -> str:
+def _last_line(exc: BaseException, width: int = 120) -> str:
+    """The last line of ``exc``'s message (where allocators put the size), at most ``width`` characters."""
     text = str(exc).strip().splitlines()
     line = text[-1] if text else type(exc).__name__
     return line if len(line) <= width else line[:width - 3] + "..."

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -427,8 +427,7 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
         for g in opt.param_groups:
             g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
         idx = batch_indices(step, train.batch_size, tokens.shape[0], seed)
-        with torch.autocast(device.type if isinstance(device, torch.device) else str(device),
-                            dtype=torch.bfloat16, enabled=train.bf16):
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=train.bf16):
             loss = gpt_loss(model, labels[idx].to(device), tokens[idx].to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -496,13 +495,10 @@ def embedded16_recipe(quick: bool = False):
     VQ: 1000 steps x 32 images. Both train under bf16 autocast. ``quick``: tiny versions (64 codes, still 16 x 16
     tokens on 64 x 64 px, GPT dim 32, 2 layers, 4 steps each) for smoke tests.
     """
+    vq, _, gpt, _ = embedded_recipe(quick)  # the same networks, with LlamaGen's codebook size and a 16 x 16 grid
     K = 64 if quick else 16384
-    vq = VQConfig(codebook_size=K, codebook_embed_dim=8, codebook_l2_norm=True, encoder_ch_mult=[1, 2, 2],
-                  decoder_ch_mult=[1, 2, 2], z_channels=32 if quick else 64, ch=32, num_res_blocks=1,
-                  in_channels=1, commit_loss_beta=0.25)
-    gpt = GPTConfig(dim=32 if quick else 192, n_layer=2 if quick else 6, n_head=2 if quick else 6,
-                    multiple_of=32, num_classes=len(CLASSES), class_dropout_prob=0.1, model_type="c2i",
-                    vocab_size=K, cls_token_num=1, block_size=256, rope="2d")
+    vq = replace(vq, codebook_size=K, commit_loss_beta=0.25)
+    gpt = replace(gpt, vocab_size=K, block_size=256)
     if quick:
         return (vq, VQTrainConfig(steps=4, batch_size=8, warmup=1, dead_after=2, reinit_every=2, ckpt_every=2,
                                   restart_pick="error", bf16=True),

@@ -259,8 +259,6 @@ def fashion_mnist_tokens(model: TokenModel, split: str = "train", limit: Optiona
         raise UsageError(f"{model.name} does not take 1xSxS Fashion-MNIST images; "
                          f"pass --tokens FILE or --self-generate N")
     images, labels = load_split(split, root, limit=limit, size=size)
-    if limit is not None:
-        images, labels = images[:limit], labels[:limit]
     chunks = []
     for i in tqdm(range(0, len(images), batch_size), desc=f"encode fashion-mnist {split}", disable=not progress,
                   unit="batch"):

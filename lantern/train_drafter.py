@@ -42,6 +42,7 @@ from ambiguity import plots
 from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, add_shard_args, check_out_dir,
                            check_out_file, cli_main, default_out, device_from_args, finite_float, nonneg_int,
                            positive_int, sampling_from_args, seed_int)
+from ambiguity.data.fashion_mnist import model_image_size
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import abspath, read_table, write_table
@@ -440,8 +441,6 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
 
 
 def _takes_fashion_mnist(model: TokenModel) -> bool:
-    from ambiguity.data.fashion_mnist import model_image_size
-
     try:
         return model_image_size(model.image_shape) is not None
     except NotImplementedError:

@@ -20,8 +20,7 @@ from ambiguity.generation import sample_tokens
 from ambiguity.io import atomic_path, ensure_writable_dir
 from ambiguity.memory import check_batch
 from ambiguity.models.base import resolve_device
-from ambiguity.models.embedded import (GPT16_FILE, METRICS16_FILE, METRICS_FILE, VQ16_FILE, load_embedded,
-                                       weights_dir)
+from ambiguity.models.embedded import VARIANTS, load_embedded, weights_dir
 from ambiguity.sampling import SamplingConfig
 from ambiguity.seeding import image_generators
 
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args(argv=None):
     p = ArgumentParser(prog="figure_embedded_samples.py", description=__doc__.split("\n")[0])
-    p.add_argument("--model", choices=["embedded", "embedded-16"], default="embedded",
+    p.add_argument("--model", choices=list(VARIANTS), default="embedded",
                    help="which shipped model (default: %(default)s)")
     p.add_argument("--weights", default=None, help="directory with the two weight files (default: the shipped ones)")
     p.add_argument("--data", default=None, help="directory with the Fashion-MNIST IDX files")
@@ -102,10 +101,9 @@ def main(argv=None) -> int:
 
     sampling = SamplingConfig(guidance=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     device = resolve_device(args.device)
-    sixteen = args.model == "embedded-16"
-    out = check_out_file(args.out or str(ROOT / "figures" / ("embedded16_samples" if sixteen else "embedded_samples")))
-    files = dict(vq_file=VQ16_FILE, gpt_file=GPT16_FILE, name="embedded-16", recipe="embedded-16") if sixteen else {}
-    model = load_embedded(args.weights, device=device, **files)
+    stem = "embedded16_samples" if args.model == "embedded-16" else "embedded_samples"
+    out = check_out_file(args.out or str(ROOT / "figures" / stem))
+    model = load_embedded(args.weights, device=device, variant=args.model)
     check_batch(model, args.n_samples, model.num_tokens + 1, "--n-samples", rows_per_item=10 * (1 + sampling.guided))
     images, labels = load_split("test", args.data, size=model.image_shape[-1])
     real = pick_test_images(images, labels, args.n_real, args.seed)
@@ -117,7 +115,7 @@ def main(argv=None) -> int:
 
     knobs = f"CFG {args.cfg:g}, temperature {args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") \
         + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
-    metrics_path = weights_dir(args.weights) / (METRICS16_FILE if sixteen else METRICS_FILE)
+    metrics_path = weights_dir(args.weights) / VARIANTS[args.model].metrics_file
     note = f"{model.name} model (LlamaGen VQ + c2i GPT trained on Fashion-MNIST), seed {args.seed}"
     if metrics_path.is_file():
         m = json.loads(metrics_path.read_text())

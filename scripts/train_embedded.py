@@ -29,20 +29,13 @@ from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.base import resolve_device
 from ambiguity.models.checkpoints import save_module
-from ambiguity.models.embedded import (GPT16_FILE, GPT_FILE, METRICS16_FILE, METRICS_FILE, VQ16_FILE, VQ_FILE, VQ_SKIP,
-                                       WEIGHTS_DIR, load_gpt, load_vq)
+from ambiguity.models.embedded import VARIANTS, VQ_SKIP, WEIGHTS_DIR, load_gpt, load_vq
 from ambiguity.train import (count_params, embedded16_recipe, embedded_recipe, gpt_nll, load_checkpoint,
                              save_checkpoint, tokenize, train_gpt, train_vq, vq_metrics)
 
 ROOT = Path(__file__).resolve().parents[1]
-# recipe name -> (VQ file, GPT file, metrics file, image side in px)
-RECIPES = {"embedded": (VQ_FILE, GPT_FILE, METRICS_FILE, 32),
-           "embedded-16": (VQ16_FILE, GPT16_FILE, METRICS16_FILE, 64)}
-
-
-def get_recipe(name: str, quick: bool = False):
-    """(VQConfig, VQTrainConfig, GPTConfig, GPTTrainConfig) of recipe ``name``."""
-    return (embedded_recipe if name == "embedded" else embedded16_recipe)(quick)
+# recipe name -> (VQConfig, VQTrainConfig, GPTConfig, GPTTrainConfig) of it; its files: VARIANTS[name]
+RECIPES = {"embedded": embedded_recipe, "embedded-16": embedded16_recipe}
 
 
 def parse_args(argv=None):
@@ -81,12 +74,9 @@ def stage_done(done: dict, weights: Path, model_cfg, train_cfg, seed: int) -> bo
 def _with_defaults(recorded, cfg) -> dict:
     """``recorded`` (a config dict from an older run) completed with the defaults of fields
     ``cfg``'s dataclass gained since (e.g. ``bf16``), so old records still match."""
-    from dataclasses import fields
-
     if not isinstance(recorded, dict):
         return {}
-    defaults = {f.name: asdict(type(cfg)())[f.name] for f in fields(cfg) if f.name not in recorded}
-    return {**defaults, **recorded}
+    return {**asdict(type(cfg)()), **recorded}
 
 
 def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str) -> tuple[torch.Tensor, float]:
@@ -109,7 +99,7 @@ def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str
 def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
 
     vq_cfg, vq_train, _, _ = recipe
-    VQ_FILE, _, _, size = RECIPES[args.recipe]
+    VQ_FILE, _, _, size = VARIANTS[args.recipe]
     done = read_json(run / "vq_done.json")
     if stage_done(done, out / VQ_FILE, vq_cfg, vq_train, args.seed):
         print(f"VQ stage already done ({out / VQ_FILE}); pass --fresh to retrain")
@@ -131,7 +121,7 @@ def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> 
 def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
 
     _, _, gpt_cfg, gpt_train = recipe
-    VQ_FILE, GPT_FILE, _, size = RECIPES[args.recipe]
+    VQ_FILE, GPT_FILE, _, size = VARIANTS[args.recipe]
     if not (out / VQ_FILE).is_file():
         raise UsageError(f"{out / VQ_FILE} not found; run with --stage vq (or all) first")
     vq_sha = file_sha(out / VQ_FILE)
@@ -193,14 +183,14 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     data = find_dir(args.data)
-    VQ_FILE, GPT_FILE, METRICS_FILE, size = RECIPES[args.recipe]
+    VQ_FILE, GPT_FILE, METRICS_FILE, size = VARIANTS[args.recipe]
     run_name = "runs/" + args.recipe + ("-quick" if args.quick else "")
     run = ensure_writable_dir(args.run_dir or ROOT / run_name, "--run-dir")
     out = ensure_writable_dir(args.out or (run / "weights" if args.quick else WEIGHTS_DIR))
     if args.fresh:
         for f in ("vq_ckpt.pt", "gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", "vq_done.json", "gpt_done.json"):
             (run / f).unlink(missing_ok=True)
-    recipe = get_recipe(args.recipe, args.quick)
+    recipe = RECIPES[args.recipe](args.quick)
     progress = not args.no_progress
     metrics = read_json(out / METRICS_FILE)
     metrics.update(seed=args.seed, quick=args.quick, device=str(device), threads=torch.get_num_threads(),

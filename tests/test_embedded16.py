@@ -106,7 +106,7 @@ def test_quick_recipe_end_to_end(fake_data, tmp_path, capsys):
     assert m["vq"]["train"]["bf16"] is True and m["vq"]["train"]["restart_pick"] == "error"
     assert not (out / "fashion_vq.safetensors").exists()
 
-    model = load_embedded(weights=out, vq_file=VQ16_FILE, gpt_file=GPT16_FILE, name="embedded-16")
+    model = load_embedded(weights=out, variant="embedded-16")
     assert model.grid == (16, 16) and model.image_shape == (1, 64, 64) and model.name == "embedded-16"
     from lantern.drafter_data import fashion_mnist_tokens
     ts = fashion_mnist_tokens(model, "test", limit=3, root=fake_data, progress=False)

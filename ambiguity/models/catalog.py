@@ -50,9 +50,7 @@ _add(ModelSpec(
 _add(ModelSpec(
     "embedded-16", "The embedded model with LlamaGen's token geometry: 16384 x 8 l2-normalised codebook, "
     "16x16 tokens (Fashion-MNIST upsampled to 64 px), shipped with the package",
-    "ambiguity.models.embedded:load_embedded",
-    dict(vq_file="fashion16_vq.safetensors", gpt_file="fashion16_gpt.safetensors", name="embedded-16",
-         recipe="embedded-16"), aliases=("embedded16",), kind="c2i"))
+    "ambiguity.models.embedded:load_embedded", dict(variant="embedded-16"), aliases=("embedded16",), kind="c2i"))
 
 # Official LlamaGen class-conditional checkpoints (ImageNet, VQ-16 tokenizer).
 _C2I = {

@@ -7,7 +7,7 @@ Weights ship inside the package as safetensors with the architecture in the file
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -19,7 +19,7 @@ from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.vq import VQConfig, VQModel
 
 __all__ = ["WEIGHTS_DIR", "VQ_FILE", "GPT_FILE", "METRICS_FILE", "VQ16_FILE", "GPT16_FILE", "METRICS16_FILE",
-           "load_gpt", "load_vq", "load_embedded", "weights_dir", "VQ_SKIP"]
+           "Variant", "VARIANTS", "load_gpt", "load_vq", "load_embedded", "weights_dir", "VQ_SKIP"]
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
 VQ_FILE = "fashion_vq.safetensors"
@@ -31,6 +31,20 @@ VQ_SKIP = ("quantize.codebook_used",)  # bookkeeping buffer of training, not sav
 VQ16_FILE = "fashion16_vq.safetensors"
 GPT16_FILE = "fashion16_gpt.safetensors"
 METRICS16_FILE = "embedded16_metrics.json"
+
+
+class Variant(NamedTuple):
+    """A shipped embedded model: its weight and metrics file names and its image side in px."""
+
+    vq_file: str
+    gpt_file: str
+    metrics_file: str
+    image_size: int
+
+
+# registry name (= --recipe of scripts/train_embedded.py) -> its files
+VARIANTS = {"embedded": Variant(VQ_FILE, GPT_FILE, METRICS_FILE, 32),
+            "embedded-16": Variant(VQ16_FILE, GPT16_FILE, METRICS16_FILE, 64)}
 
 
 def weights_dir(weights: Optional[str | Path] = None) -> Path:
@@ -51,18 +65,21 @@ def load_vq(path: str | Path, device="cpu") -> tuple[VQModel, dict]:
                        fix=f"retrain it ({TRAIN_HINT})")
 
 
-def load_embedded(weights=None, device="cpu", dtype=torch.float32, vq_file: str = VQ_FILE, gpt_file: str = GPT_FILE,
-                  name: str = "embedded", recipe: str = "embedded") -> LlamaGenModel:
-    """A shipped Fashion-MNIST model (``weights``: a directory with the two files instead).
+def load_embedded(weights=None, device="cpu", dtype=torch.float32, variant: str = "embedded") -> LlamaGenModel:
+    """A shipped Fashion-MNIST model, ``variant`` of :data:`VARIANTS` (``weights``: a directory
+    with its two files instead).
 
-    ``embedded`` (the defaults): images 1 x 32 x 32 (Fashion-MNIST padded by 2 px), 8 x 8 tokens.
-    ``embedded-16`` (``vq_file=VQ16_FILE, gpt_file=GPT16_FILE``): images upsampled to 1 x 64 x 64,
-    16 x 16 tokens of a 16384-code codebook; the grid and vocabulary come from the files.
+    ``embedded``: images 1 x 32 x 32 (Fashion-MNIST padded by 2 px), 8 x 8 tokens.
+    ``embedded-16``: images upsampled to 1 x 64 x 64, 16 x 16 tokens of a 16384-code codebook;
+    the grid and vocabulary come from the files.
     Raises WeightsNotFoundError when the files are missing (a checkout without them can
-    regenerate them with ``python scripts/train_embedded.py --recipe <recipe>``).
+    regenerate them with ``python scripts/train_embedded.py --recipe <variant>``).
     """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown embedded variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    name, (vq_file, gpt_file, _, _) = variant, VARIANTS[variant]
     d = weights_dir(weights)
-    hint = TRAIN_HINT + ("" if recipe == "embedded" else f" --recipe {recipe}")
+    hint = TRAIN_HINT + ("" if variant == "embedded" else f" --recipe {variant}")
     if d.is_file():
         raise UsageError(f"--weights {d} is a file; the {name} model takes a directory holding {vq_file} and "
                          f"{gpt_file}")

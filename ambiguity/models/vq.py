@@ -216,14 +216,8 @@ class VectorQuantizer(nn.Module):
         e = self.codebook()
         e2 = e.pow(2).sum(1)
         rows = max(1, 2 ** 20 // e.shape[0])  # cache-sized distance blocks (16384 codes: 64 rows); same result
-        if zf.shape[0] <= rows:
-            d = zf.pow(2).sum(1, keepdim=True) + e2 - 2 * zf @ e.t()
-            return d.argmin(1).view(z.shape[0], z.shape[2], z.shape[3])
-        out = torch.empty(zf.shape[0], dtype=torch.long, device=zf.device)
-        for i in range(0, zf.shape[0], rows):
-            c = zf[i:i + rows]
-            out[i:i + rows] = (c.pow(2).sum(1, keepdim=True) + e2 - 2 * c @ e.t()).argmin(1)
-        return out.view(z.shape[0], z.shape[2], z.shape[3])
+        codes = [(c.pow(2).sum(1, keepdim=True) + e2 - 2 * c @ e.t()).argmin(1) for c in zf.split(rows)]
+        return torch.cat(codes).view(z.shape[0], z.shape[2], z.shape[3])
 
     def lookup(self, codes: torch.Tensor) -> torch.Tensor:
         """codes (B, h, w) -> latents (B, d, h, w)."""
