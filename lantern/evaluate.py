@@ -53,7 +53,9 @@ from ambiguity.io import write_json, write_table
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
 from ambiguity.runs import RunDir
-from lantern.quality.features import EXTRACTORS, OFFLINE, Extractor, extract, load_extractor, locate_weights
+from ambiguity.memory import check_count
+from lantern.quality.features import (EXTRACTORS, OFFLINE, Extractor, default_extractors, extract, load_extractor,
+                                      locate_weights)
 from lantern.quality.report import plot_quality_sweep, sweep_frame
 from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metrics, paired_differences,
                                      protocol_record, reference_stats, value_metrics)
@@ -89,6 +91,13 @@ def load_extractors(names: Sequence[str], weights: Optional[dict] = None, device
             _EXTRACTOR_CACHE[key] = load_extractor(n, weights.get(n), device)
         out.append(_EXTRACTOR_CACHE[key])
     return out
+
+
+def check_bootstrap(resamples: int, n: int) -> None:
+    """Refuse ``--bootstrap`` before any image is scored when its resample counts of ``n`` images
+    (float64, as :func:`lantern.quality.metrics.bootstrap_indices` holds them, with its working
+    copies) cannot fit in memory; UsageError naming the largest count that fits."""
+    check_count(resamples, 3 * 8 * max(n, 1), "--bootstrap", f"the resample counts of {n} images")
 
 
 def check_sizes(runs: Sequence[ImageSet], reference: Optional[ImageSet]) -> None:
@@ -253,7 +262,7 @@ def _labels(sets: Sequence[ImageSet]) -> None:
             s.label = f"{s.label} ({Path(s.spec).name})"
 
 
-def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extractors: Sequence[str] = OFFLINE,
+def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extractors: Optional[Sequence[str]] = None,
                   weights: Optional[dict] = None, out: Optional[str | Path] = None, cache: Optional[str | Path] = None,
                   data: Optional[str] = None, device="cpu", batch_size: int = 64, class_names=None,
                   proxy_reference: Optional[str] = None, target_scores_model=None, overwrite: bool = False,
@@ -262,7 +271,8 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     """Score generation runs (or image folders, or data-set splits) against ``protocol.reference``.
 
     runs: source specs (:mod:`lantern.quality.sources`); extractors: names of
-    :data:`lantern.quality.features.EXTRACTORS`; weights: {extractor or "clip"/"hps": path};
+    :data:`lantern.quality.features.EXTRACTORS` (None: the offline ones whose weights are present,
+    :func:`lantern.quality.features.default_extractors`, with a note on what was skipped); weights: {extractor or "clip"/"hps": path};
     out: run directory for resumable parts and the outputs (None: nothing written but the
     reference cache); cache: reference-statistics cache (False: none); proxy_reference: a
     generate run for PSNR / token match; target_scores_model: a loaded TokenModel for NLL and
@@ -283,8 +293,12 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     sets = [load_source(r, protocol.seed, data, what="run") for r in runs]
     ref = load_source(protocol.reference, protocol.seed, data, resize_to=sets[0].hw, what="reference")
     check_sizes(sets, ref)
+    check_bootstrap(protocol.bootstrap, max(s.n for s in sets))
     if protocol.clip_score:
         locate_weights("clip", (weights or {}).get("clip") or protocol.clip_model)
+    notes: list[str] = []
+    if extractors is None:
+        extractors, notes = default_extractors(weights)
     exs = load_extractors(extractors, weights, device)
     proxy = load_run(proxy_reference) if proxy_reference else None
     _labels(sets)
@@ -299,7 +313,6 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
         extra = {"request": request or {}}  # whichever shard starts the run records the command
         shard.first(lambda: run_dir.open(overwrite and not shard.merging, extra=extra, shards=shard.count),
                     lambda: run_dir.open(extra=extra, shards=shard.count))
-    notes = []
     frames, boot = [], {}
     for s in tqdm(sets, desc="evaluate", unit="run", disable=not progress):
         f, boot[s.spec] = _score_set(s, ref, exs, protocol, cache=cache, batch_size=batch_size, run_dir=run_dir,
@@ -330,14 +343,15 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     return df, rec
 
 
-def score_images(images, reference: str = "fashion-mnist:test", extractors: Sequence[str] = OFFLINE,
+def score_images(images, reference: str = "fashion-mnist:test", extractors: Optional[Sequence[str]] = None,
                  conditions: Optional[Sequence] = None, class_names: Optional[Sequence[str]] = None,
                  protocol: Optional[Protocol] = None, weights: Optional[dict] = None, data: Optional[str] = None,
                  cache: Optional[str | Path] = None, device="cpu", batch_size: int = 64, label: str = "images") -> dict:
     """Quality metrics of in-memory images, for the decoding sweep and notebooks.
 
     images: (N, C, H, W) float in [0, 1] (torch or numpy; grey or RGB); reference: a source
-    spec (default the Fashion-MNIST test split); extractors: feature extractors to use;
+    spec (default the Fashion-MNIST test split); extractors: feature extractors to use (None:
+    as :func:`evaluate_runs`);
     conditions / class_names: for the CLIP score (``protocol.clip_score``). Returns
     ``{metric: {"value", "ci_low", "ci_high", "n", "bootstrap"}, ..., "protocol": {...},
     "extractors": [...], "notes": [...]}`` with metric names as :func:`evaluate_runs`
@@ -352,8 +366,11 @@ def score_images(images, reference: str = "fashion-mnist:test", extractors: Sequ
                  {"kind": "memory", "class_names": list(class_names) if class_names else None})
     ref = load_source(p.reference, p.seed, data, resize_to=s.hw, what="reference")
     check_sizes([s], ref)
-    exs = load_extractors(extractors, weights, device)
+    check_bootstrap(p.bootstrap, s.n)
     notes: list[str] = []
+    if extractors is None:
+        extractors, notes = default_extractors(weights)
+    exs = load_extractors(extractors, weights, device)
     df, _ = _score_set(s, ref, exs, p, cache=cache, batch_size=batch_size, run_dir=None,
                        weights=dict(weights or {}), device=device, class_names=class_names, notes=notes)
     out = {r["metric"]: {k: r[k] for k in ("value", "ci_low", "ci_high", "n", "bootstrap")} for r in
@@ -410,8 +427,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("runs", nargs="+", help="lantern.generate run directories, image folders or fashion-mnist:SPLIT[@N]")
     p.add_argument("--reference", default="fashion-mnist:test",
                    help="reference set: fashion-mnist:test|train[@N], an image folder or a run (default: fashion-mnist:test)")
-    p.add_argument("--extractors", default=",".join(OFFLINE),
-                   help=f"feature extractors, comma-separated: {', '.join(EXTRACTORS)} (default: {','.join(OFFLINE)})")
+    p.add_argument("--extractors", default=None,
+                   help=f"feature extractors, comma-separated: {', '.join(EXTRACTORS)} (default: {','.join(OFFLINE)}, "
+                        f"mobilenet only when its weights are found, with a note otherwise)")
     p.add_argument("--weights", action="append", default=None, metavar="NAME=PATH",
                    help="weights of an extractor (or clip / hps), e.g. mobilenet=~/mobilenet_v2-b0353104.pth")
     p.add_argument("--bootstrap", type=nonneg_int, default=100, help="bootstrap resamples, 0 = none (default: 100)")
@@ -481,11 +499,21 @@ def merge_run(path: str | Path, figures: bool = True) -> int:
     return _run(args, merging_shard(int(record.get("shards") or 1)), {"argv": kept})
 
 
-def _run(args, shard: Shard, request: dict) -> int:
-    names = [n.strip() for n in args.extractors.split(",") if n.strip()]
+def parse_extractors(text: Optional[str]) -> Optional[list[str]]:
+    """``--extractors`` -> names (None when not given: :func:`default_extractors` decides);
+    UsageError for an unknown name."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
     bad = [n for n in names if n not in EXTRACTORS]
     if bad:
         raise UsageError(f"unknown extractor {bad[0]!r}; --extractors takes {', '.join(EXTRACTORS)}")
+    return names
+
+
+def _run(args, shard: Shard, request: dict) -> int:
+    names = parse_extractors(args.extractors)
+    check_bootstrap(args.bootstrap, 1)  # the least any run needs: refused before a source or network loads
     weights = parse_mapping(args.weights, list(EXTRACTORS) + ["hps"], "--weights", must_exist=False)
     out = check_out_dir(args.out)
     if args.figure is not None:
@@ -515,6 +543,7 @@ def _run(args, shard: Shard, request: dict) -> int:
         print(f"speed and quality against {args.reference} ({args.bootstrap} bootstrap resamples, "
               f"{100 * args.level:g} % intervals):")
         print(speed_quality_table(df, rec).to_string())
+        names = [e["name"] for e in rec["extractors"]]
         for ex in [""] + names:
             sub = df[df["extractor"] == ex]
             if len(sub):

@@ -46,7 +46,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_table
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
-from lantern.evaluate import evaluate_runs, speed_quality_table, wide_table
+from lantern.evaluate import evaluate_runs, parse_extractors, speed_quality_table, wide_table
 from lantern.quality.features import EXTRACTORS, OFFLINE
 from lantern.quality.scoring import Protocol
 from lantern.runs import image_quality, load_run, read_images, reference_notes, run_label, target_scores
@@ -140,10 +140,7 @@ def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out
     ``--quality-reference`` via :func:`lantern.evaluate.evaluate_runs` (parts in ``out/quality``);
     prints them next to each run's speed, and each run's difference to the reference run with a
     paired bootstrap interval (runs of the same size), and returns the metric rows."""
-    names = [n.strip() for n in args.extractors.split(",") if n.strip()]
-    bad = [n for n in names if n not in EXTRACTORS]
-    if bad:
-        raise UsageError(f"unknown extractor {bad[0]!r}; --extractors takes {', '.join(EXTRACTORS)}")
+    names = parse_extractors(args.extractors)
     weights = parse_mapping(args.weights, list(EXTRACTORS), "--weights", must_exist=False)
     specs = [str(r["path"]) for r in runs] + ([str(reference["path"])] if reference is not None else [])
     base = str(reference["path"]) if reference is not None else None
@@ -181,8 +178,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="FID, KID, precision/recall, density/coverage of every run (lantern.evaluate)")
     ap.add_argument("--quality-reference", default="fashion-mnist:test",
                     help="reference set of --quality (default: fashion-mnist:test)")
-    ap.add_argument("--extractors", default=",".join(OFFLINE),
-                    help=f"feature extractors of --quality (default: {','.join(OFFLINE)})")
+    ap.add_argument("--extractors", default=None,
+                    help=f"feature extractors of --quality (default: {','.join(OFFLINE)}, mobilenet only when its "
+                         f"weights are found)")
     ap.add_argument("--weights", action="append", default=None, metavar="NAME=PATH", help="extractor weights")
     ap.add_argument("--bootstrap", type=nonneg_int, default=100, help="bootstrap resamples of --quality (default: 100)")
     args = ap.parse_args(argv)

