@@ -362,7 +362,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--data", default=None, metavar="DIR", help="Fashion-MNIST directory for --source dataset on the embedded model")
     p.add_argument("--images", default=None, metavar="DIR", help="folder of image files for --source dataset on other models")
     add_sampling_args(p)
-    add_run_args(p, "output directory (default: runs/profile/<model>)")
+    add_run_args(p, "output directory (default: runs/profile/<model>, runs/profile/<model>-dataset for --source dataset)")
     p.add_argument("--no-figures", action="store_true", help="write only the table and summary")
     add_shard_args(p)
     return p
@@ -409,7 +409,7 @@ def check_arguments(args) -> tuple[Path, dict]:
     if args.source == "generate" and (args.images or args.data):
         raise UsageError("--images and --data are for --source dataset; add --source dataset or drop them")
     device, dtype = device_from_args(args)
-    out = Path(args.out) if args.out is not None else default_out("profile", args.model)
+    out = Path(args.out) if args.out is not None else default_out("profile", args.model + ("-dataset" if args.source == "dataset" else ""))
     check_out_dir(out)
     settings = {"model": args.model, "weights": abspath(args.weights), "device": device.type,
                 "dtype": str(dtype).replace("torch.", ""), "num_images": args.num_images,

@@ -399,3 +399,21 @@ def test_registered_kind_is_the_loaded_models_kind(name):
 
     assert load_model(name, device="cpu").kind == get_spec(name).kind
 
+
+
+def test_readme_profile_examples_run_one_after_the_other(tmp_path, monkeypatch, capsys):
+    """The README's two embedded examples (generated, then ``--source dataset``) run in a row with
+    their default ``--out``: each source has its own folder, so the second is not refused."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "tests"))
+    from fake_data import write_fake_fashion_mnist
+
+    data = write_fake_fashion_mnist(tmp_path / "fm", 0, 10)
+    monkeypatch.chdir(tmp_path)
+    common = ["--no-progress", "--num-images", "2", "--no-figures"]  # the shipped embedded model
+    assert main(common) == 0
+    assert main(common + ["--source", "dataset", "--data", str(data)]) == 0, capsys.readouterr().err
+    gen = json.loads((tmp_path / "runs/profile/embedded/summary.json").read_text())
+    forced = json.loads((tmp_path / "runs/profile/embedded-dataset/summary.json").read_text())
+    assert (gen["source"], forced["source"]) == ("generate", "dataset")
