@@ -1,7 +1,10 @@
 """Writes notebooks/quickstart.ipynb from the cells below (keeps the notebook reviewable as code).
 
-    python notebooks/make_quickstart.py          # rewrite the .ipynb (no outputs)
-    jupyter nbconvert --to notebook --execute --inplace notebooks/quickstart.ipynb   # fill in the outputs
+    python notebooks/make_quickstart.py --execute   # rewrite the .ipynb and fill in the outputs (about 1.5 min)
+
+(``--execute`` needs ``pip install nbclient ipykernel``; run it from the repository root with
+``PYTHONPATH=$PWD`` and no ``MPLBACKEND`` so the figures are drawn inline.) The committed notebook
+must keep its outputs: tests/test_notebook.py fails on code cells without them.
 The test suite executes these cells (tests/test_notebook.py), so the notebook keeps working.
 """
 import sys
@@ -58,7 +61,7 @@ for method, delta in [("ar", 0.0), ("sd", 0.0), ("lantern", 0.1), ("lantern", 0.
     runs[f"{method} δ={delta}"] = lt.decode(model, classes, config, sampling, drafter=drafter, pixels=True)
 print(lt.summary_table([r.summary() for r in runs.values()], extra=["delta"]))"""),
     ("code", """images = torch.cat([r.pixels for r in runs.values()])
-amb.plots.image_grid(images, ncol=10, row_labels=list(runs), title="same seeds and classes, per decoding method");"""),
+amb.plots.image_grid(images, ncol=10, row_labels=list(runs), title="same seeds and classes, per decoding method")"""),
     ("code", """steps, drafts, _ = runs["lantern δ=0.4"].frames()
 drafts.groupby(pd.cut(drafts.p_top1, [0, .1, .2, .4, .6, 1.0])).committed.mean().rename("acceptance rate by top-1 of p")"""),
 ]

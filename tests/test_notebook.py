@@ -26,6 +26,26 @@ def test_notebook_matches_its_generator(name):
         f"notebooks/{name}.ipynb is stale: run python notebooks/make_{name}.py"
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_committed_notebook_keeps_its_outputs(path):
+    """The README promises notebooks "with outputs": every code cell of a committed notebook was
+    executed (an execution count) and shows something (rewrite one with
+    ``python notebooks/make_<name>.py --execute``)."""
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    bare = [i for i, c in enumerate(code) if not c.get("outputs") or c.get("execution_count") is None]
+    assert code and not bare, (f"{path.name}: code cells {bare} have no outputs; "
+                               f"run python notebooks/make_{path.stem}.py --execute")
+
+
+def test_the_outputs_check_fails_on_a_notebook_without_outputs(tmp_path):
+    nb = {"cells": [{"cell_type": "code", "source": ["1 + 1"], "outputs": [], "execution_count": None,
+                     "metadata": {}}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "bare.ipynb").write_text(json.dumps(nb))
+    with pytest.raises(AssertionError, match=r"code cells \[0\] have no outputs"):
+        test_committed_notebook_keeps_its_outputs(tmp_path / "bare.ipynb")
+
+
 @pytest.mark.slow
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
