@@ -328,7 +328,7 @@ def fig5(ctx: Context) -> Item:
         figs.append(_savefig(ctx, _plot_quality_speed(df, ctx), "fig5", "fig5"))
     notes = _quick(ctx, [_k_note(ctx), f"Quality of the first {n} images of every method against the real "
                          f"{ctx.config.reference} images (FID/KID/precision/recall per feature extractor, "
-                         f"bootstrap intervals); FID at small n is biased upward: compare at equal n only.",
+                         f"95 % intervals: jackknife, Wilson for precision); FID at small n is biased upward: compare at equal n only.",
                          "CLIP score and HPS v2 need captions (text-to-image models): not available for a "
                          "class-conditional model."])
     return Item("fig5", "Fig. 5: image quality vs speed-up and mean accepted length over δ and k", {"ours": df},
