@@ -8,17 +8,18 @@ Example (the embedded model; the two extractors that work offline)::
 For every run and extractor X it reports ``fid_X`` (Fréchet distance of the features; the FID
 proper with X = inception, FD-DINOv2 with X = dinov2), ``kid_X``, ``precision_X``, ``recall_X``
 (Kynkäänniemi et al. 2019, k = 3), ``density_X`` and ``coverage_X`` (Naeem et al. 2020), each
-with the number of images n and a bootstrap interval (:mod:`lantern.quality.metrics`); with
+with the number of images n and an interval (delete-a-group jackknife, Wilson for precision;
+:mod:`lantern.quality.metrics`); with
 ``--clip-score`` the CLIP score (raw cosine unless ``--clip-scale x100``), with ``--hps`` HPS
 v2.1 when open_clip and its weights are installed (else a note), and the offline proxies: with
 ``--proxy-reference RUN`` the PSNR and token match against the run's image of the same index,
 with ``--target-scores`` the target's NLL of the tokens and class consistency
 (:mod:`lantern.replay`). Runs' speed (acceptance rate, τ, step compression) is printed beside;
-``--paired-with RUN`` adds every metric's difference to RUN with a paired bootstrap interval
-(same image indices, hence seeds and classes, in both resamples).
+``--paired-with RUN`` adds every metric's difference to RUN with a paired jackknife interval
+(same image indices, hence seeds and classes, in both leave-one-group-out sets).
 
 Outputs in ``--out`` (a run directory, :mod:`ambiguity.runs`): ``metrics.parquet`` (one row per
-run and metric: run, label, metric, extractor, value, ci_low, ci_high, n, bootstrap,
+run and metric: run, label, metric, extractor, value, ci_low, ci_high, n, bootstrap (jackknife groups),
 reference_images), ``paired.parquet`` (with ``--paired-with``), ``sweep.parquet`` and
 ``quality_sweep.png`` / ``.pdf`` (when LANTERN runs are given, :mod:`lantern.quality.report`),
 ``evaluation.json`` (the protocol — reference set and split, image count,
@@ -71,7 +72,7 @@ COMMAND = "python -m lantern.evaluate"
 MERGE = "lantern.evaluate:merge_run"
 OUTPUTS = ("metrics.parquet", "paired.parquet", "evaluation.json", "sweep.parquet", "quality_sweep.png", "quality_sweep.pdf")
 ROW_COLUMNS = ["metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
-PART_FORMAT = 2  # parts hold the metric rows, the resampled values and the features
+PART_FORMAT = 3  # parts hold the metric rows, the leave-one-group-out (jackknife) values and the features
 _EXTRACTOR_CACHE: dict[tuple, Extractor] = {}
 
 
@@ -235,7 +236,7 @@ def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, ba
 
 def paired_table(df: pd.DataFrame, boot: dict, base: str, level: float = 0.95) -> pd.DataFrame:
     """Differences of every set's metrics to the set ``base`` (a spec) with paired bootstrap
-    intervals (:func:`lantern.quality.scoring.paired_differences`); sets of another n are left out.
+    jackknife intervals (:func:`lantern.quality.scoring.paired_differences`); sets of another n are left out.
     Columns: run, label, baseline, metric, diff, ci_low, ci_high, p_greater, n."""
     rows = []
     b = df[df["run"] == base].set_index("metric")
@@ -432,7 +433,7 @@ def build_parser() -> ArgumentParser:
                         f"mobilenet only when its weights are found, with a note otherwise)")
     p.add_argument("--weights", action="append", default=None, metavar="NAME=PATH",
                    help="weights of an extractor (or clip / hps), e.g. mobilenet=~/mobilenet_v2-b0353104.pth")
-    p.add_argument("--bootstrap", type=nonneg_int, default=100, help="bootstrap resamples, 0 = none (default: 100)")
+    p.add_argument("--bootstrap", type=nonneg_int, default=100, help="groups of the jackknife behind the intervals (at most n), 0 = none (default: 100)")
     p.add_argument("--level", type=unit_float, default=0.95, help="interval coverage (default: 0.95)")
     p.add_argument("--k", type=positive_int, default=3, help="k of the k-NN metrics (default: 3)")
     p.add_argument("--prdc-reference", choices=("matched", "full"), default="matched",
@@ -450,7 +451,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--target-scores", action="store_true", help="target NLL and class consistency (loads the model)")
     p.add_argument("--paired-with", default=None, metavar="RUN",
                    help="one of the runs (e.g. runs/ar): print every metric's difference to it with a paired "
-                        "bootstrap interval (same image indices = same seeds and classes)")
+                        "jackknife interval (same image indices = same seeds and classes)")
     p.add_argument("--data", default=None, metavar="DIR", help="Fashion-MNIST IDX directory")
     p.add_argument("--cache", default=None, metavar="DIR", help="reference-statistics cache")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
@@ -540,7 +541,7 @@ def _run(args, shard: Shard, request: dict) -> int:
               + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}"))
         return 0
     with pd.option_context("display.width", 250, "display.max_columns", 50):
-        print(f"speed and quality against {args.reference} ({args.bootstrap} bootstrap resamples, "
+        print(f"speed and quality against {args.reference} (jackknife over min({args.bootstrap}, n) groups, "
               f"{100 * args.level:g} % intervals):")
         print(speed_quality_table(df, rec).to_string())
         names = [e["name"] for e in rec["extractors"]]
@@ -551,7 +552,7 @@ def _run(args, shard: Shard, request: dict) -> int:
                 print(wide_table(sub).to_string())
         if rec["paired"]:
             pt = pd.DataFrame(rec["paired"]).rename(columns={"diff": "value"})
-            print(f"\n== difference to {args.paired_with} (paired bootstrap over image indices) ==")
+            print(f"\n== difference to {args.paired_with} (paired jackknife over image indices) ==")
             print(wide_table(pt.assign(n=pt["n"])).to_string())
     for note in rec["notes"]:
         print(f"note: {note}")

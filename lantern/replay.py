@@ -10,7 +10,7 @@ frames) and relates
   flat ``p`` (low top-1, high entropy) is where exact speculative decoding rejects and where
   the latent neighbourhood recovers acceptance;
 * **acceptance to image quality**, with distribution metrics (``--quality``: FID, KID,
-  precision / recall, density / coverage per feature extractor with bootstrap intervals, from
+  precision / recall, density / coverage per feature extractor with jackknife intervals, from
   :mod:`lantern.evaluate`, printed next to each run's acceptance rate, τ and step compression)
   and with proxies available offline (:func:`image_quality`, in :mod:`lantern.runs`):
   pixel MSE / PSNR (dB, data range 1) of an image against the reference run's image of the
@@ -139,7 +139,7 @@ def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out
     """``--quality``: distribution metrics of every run (and of the reference run) against
     ``--quality-reference`` via :func:`lantern.evaluate.evaluate_runs` (parts in ``out/quality``);
     prints them next to each run's speed, and each run's difference to the reference run with a
-    paired bootstrap interval (runs of the same size), and returns the metric rows."""
+    paired jackknife interval (runs of the same size), and returns the metric rows."""
     names = parse_extractors(args.extractors)
     weights = parse_mapping(args.weights, list(EXTRACTORS), "--weights", must_exist=False)
     specs = [str(r["path"]) for r in runs] + ([str(reference["path"])] if reference is not None else [])
@@ -149,12 +149,12 @@ def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out
                             names, weights, out / "quality", device=resolve_device(args.device), progress=False,
                             paired_with=base)
     print(f"image quality against {args.quality_reference} (n = {int(df['n'].max())} images per run, "
-          f"{args.bootstrap} bootstrap resamples, {int(100 * 0.95)} % intervals):")
+          f"jackknife over min({args.bootstrap}, n) groups, {int(100 * 0.95)} % intervals):")
     with pd.option_context("display.width", 250, "display.max_columns", 50):
         print(speed_quality_table(df, rec).to_string())
         if rec["paired"]:
             pt = pd.DataFrame(rec["paired"]).rename(columns={"diff": "value"})
-            print(f"difference to the reference run {base} (paired bootstrap over image indices):")
+            print(f"difference to the reference run {base} (paired jackknife over image indices):")
             print(wide_table(pt, ("fid", "kid", "precision", "recall")).to_string())
     for note in rec["notes"]:
         print(f"note: {note}")
@@ -182,7 +182,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help=f"feature extractors of --quality (default: {','.join(OFFLINE)}, mobilenet only when its "
                          f"weights are found)")
     ap.add_argument("--weights", action="append", default=None, metavar="NAME=PATH", help="extractor weights")
-    ap.add_argument("--bootstrap", type=nonneg_int, default=100, help="bootstrap resamples of --quality (default: 100)")
+    ap.add_argument("--bootstrap", type=nonneg_int, default=100, help="jackknife groups of --quality's intervals (default: 100)")
     args = ap.parse_args(argv)
     if args.bins > 1000:
         raise UsageError(f"--bins must be at most 1000 (bins of the ambiguity axes), got {args.bins}")

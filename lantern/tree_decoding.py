@@ -111,8 +111,9 @@ def walk_official_greedy(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, tabl
     """The official code's greedy tree verification: every node passes or fails on its own
     (:func:`lantern.acceptance.judge_greedy`, ``"official"``: ``x̂`` is the argmax of the
     unfiltered ``p`` with ``p̃(x̂)`` written at it, ties to the lower index); each root-to-leaf
-    path accepts its longest passing prefix; the first leaf (by node index) with the longest
-    prefix wins; the next token is the argmax of ``p`` at its last accepted node."""
+    path accepts its longest passing prefix; the first path with the longest prefix wins, paths
+    in the official order (:meth:`lantern.trees.Tree.official_leaves`: lexicographic on a
+    static tree, by node index on a dynamic one); the next token is the argmax of ``p`` at its last accepted node."""
     T = len(tree)
     passed = [False] * T
     trials = []
@@ -126,7 +127,7 @@ def walk_official_greedy(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, tabl
         rank = tree.children[tree.parents[t]].index(t)
         trials.append(_trial(t, rank, v.p_tilde, v.j_star, v.spent, 1.0, float(passed[t]), float("nan"), passed[t]))
     best, best_len = [0], 0
-    for leaf in (t for t in range(T) if not tree.children[t]):
+    for leaf in tree.official_leaves():
         path = tree.path_to(leaf)
         m = 0
         while m + 1 < len(path) and passed[path[m + 1]]:

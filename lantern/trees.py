@@ -224,7 +224,9 @@ class Tree:
     q: per node the drafter's distribution of its children (V,) float32 (None for leaves);
     sampled: children were drawn from ``q`` (EAGLE-1 with temperature > 0), else they are the
     drafter's top ranks (EAGLE-2, greedy) and count as deterministic drafts. forwards: drafter
-    forwards that built the tree (the root's included).
+    forwards that built the tree (the root's included). static: built from a static shape
+    (:class:`TreeSpec` ``kind="static"``); the official greedy verification then orders its
+    root-to-leaf paths lexicographically (:meth:`official_leaves`).
     """
 
     tokens: torch.Tensor
@@ -234,6 +236,7 @@ class Tree:
     q: list[Optional[torch.Tensor]] = field(default_factory=list)
     sampled: bool = False
     forwards: int = 1
+    static: bool = False
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -252,6 +255,20 @@ class Tree:
         while self.parents[path[-1]] >= 0:
             path.append(self.parents[path[-1]])
         return path[::-1]
+
+    def official_leaves(self) -> list[int]:
+        """Leaves in the order the official code lists its candidate paths (its
+        ``retrieve_indices``), whose first longest accepted path wins a greedy tie.
+
+        Static trees: the official ``generate_tree_buffers`` numbers nodes by (depth, path) (as
+        :func:`_static` does) and sorts the root-to-leaf index paths lexicographically, so a
+        leaf below an earlier-ranked sibling comes first. Dynamic trees: EAGLE-2's
+        ``topK_genrate`` lists leaves by node index (it sorts only when sampling).
+        Source: jadohu/LANTERN ``models/ea_model_llamagen.py`` ``generate_tree_buffers``,
+        ``models/drafters/cnets_llamagen.py`` ``topK_genrate``.
+        """
+        leaves = [t for t in range(len(self)) if not self.children[t]]
+        return sorted(leaves, key=self.path_to) if self.static else leaves
 
 
 # --------------------------------------------------------------------------- drafting
@@ -356,7 +373,9 @@ def _static(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_dep
             for j, i in enumerate(idx):
                 feats[i], qs[i], slots[i] = out[:, j:j + 1], q_new[j], L + j
         frontier = new
-    return _finish(tokens, parents, depths, qs, model, sampled=not greedy, forwards=forwards)
+    tree = _finish(tokens, parents, depths, qs, model, sampled=not greedy, forwards=forwards)
+    tree.static = True
+    return tree
 
 
 def _choose(q: torch.Tensor, m: int, greedy: bool, draws: Optional[Draws]) -> list[int]:

@@ -143,3 +143,62 @@ def test_bad_features_are_usage_errors():
         M.as_f64(np.array([[np.nan, 1.0]]))
     with pytest.raises(Exception, match="dimensions"):
         M.fid_values(_gauss(5, 3, 0), M.fid_reference(_gauss(5, 4, 0)))
+
+
+def test_jackknife_and_wilson_intervals_by_hand():
+    w = M.jackknife_counts(10, 5, seed=0)
+    assert w.shape == (5, 10) and (w.sum(1) == 8).all() and (w.sum(0) == 4).all()  # each image left out once
+    np.testing.assert_array_equal(w, M.jackknife_counts(10, 5, seed=0))
+    assert M.jackknife_counts(3, 100, seed=0).shape == (3, 3)  # G = n: the classic jackknife
+    # leave-one-out means of (0, 1, 2, 3): (2, 5/3, 4/3, 1); se = sqrt(3/4 * 5/9) = sd / sqrt(n)
+    v = np.array([2.0, 5 / 3, 4 / 3, 1.0])
+    lo, hi = M.jackknife_interval(v, 1.5, 0.95)
+    se = np.std([0, 1, 2, 3], ddof=1) / 2
+    assert (lo, hi) == pytest.approx((1.5 - 3.182446 * se, 1.5 + 3.182446 * se), rel=1e-6)  # t_3, 97.5 %
+    assert M.jackknife_interval(v, 1.5, 0.95, (0.0, 1.0)) == (pytest.approx(0.0), 1.0)
+    assert np.isnan(M.jackknife_interval(np.array([1.0]), 1.0)[0])
+    lo, hi = M.wilson_interval(1.0, 4)  # 4 of 4 inside: not the degenerate [1, 1]
+    assert lo == pytest.approx(0.5101, abs=1e-4) and hi == 1.0
+    assert M.wilson_interval(0.5, 100) == pytest.approx((0.4038, 0.5962), abs=1e-4)
+
+
+@pytest.mark.slow  # ~10 s on the shared 2-core machine: 900 generated sets
+def test_intervals_cover_the_expected_value_at_their_nominal_level():
+    """Simulation with a known answer: reference N(0, I_4) (2000 images for FID / KID, the matched
+    subset of n = 40 for the k-NN metrics, held fixed), generated sets of n = 40 from
+    N(0.25, 1.15² I_4). The true value of each metric is its mean over 600 independent generated
+    sets; 300 more sets each get :func:`lantern.quality.scoring.feature_metrics`'s 95 % interval
+    (20 jackknife groups; Wilson for precision). Each coverage is a binomial proportion over 300
+    sets (SE 0.0126): it must lie within 3 SE of 0.95, with 0.005 more below for the Monte Carlo
+    error of the true value (measured: FID 0.94, KID 0.92, precision 0.967, recall 0.967, density
+    0.957, coverage 0.973). The former shifted percentile bootstrap covered 0.85-0.88 for coverage
+    in a like simulation (76.5 % in issue 21's)."""
+    from ambiguity.seeding import derived_seed
+    from lantern.quality.scoring import PRDC_TAG, Protocol, RefStats, feature_metrics
+
+    n, d, sims, truth_sets = 40, 4, 300, 600
+    ref = _gauss(2000, d, 0)
+    stats = RefStats(ref, M.fid_reference(ref), M.kid_reference(ref))
+    p = Protocol(bootstrap=20, seed=0)
+    g = np.random.default_rng(derived_seed(p.seed, PRDC_TAG))
+    real = ref[np.sort(g.choice(len(ref), n, replace=False))]  # the matched subset feature_metrics uses
+    radii = M.knn_radii(real, p.k)
+    draw = np.random.default_rng(1)
+    values = {}
+    for _ in range(truth_sets):
+        x = draw.normal(0.25, 1.15, size=(n, d))
+        one = {"fid": M.fid_values(x, stats.fid)[0], "kid": M.kid_values(x, stats.kid)[0],
+               **{k: v[0] for k, v in M.prdc_values(M.prdc_terms(real, x, p.k, radii)).items()}}
+        for k, v in one.items():
+            values.setdefault(k, []).append(v)
+    truth = {k: float(np.mean(v)) for k, v in values.items()}
+    hits = {k: 0 for k in truth}
+    for _ in range(sims):
+        for r in feature_metrics(draw.normal(0.25, 1.15, size=(n, d)), stats, p, "x"):
+            m = r["metric"][:-2]
+            lo_range, hi_range = M.RANGES[m]
+            assert lo_range <= r["ci_low"] <= r["value"] <= r["ci_high"] <= hi_range, r
+            hits[m] += r["ci_low"] <= truth[m] <= r["ci_high"]
+    se = np.sqrt(0.95 * 0.05 / sims)
+    cover = {k: h / sims for k, h in hits.items()}
+    assert all(0.95 - 3 * se - 0.005 <= c <= 0.95 + 3 * se for c in cover.values()), cover

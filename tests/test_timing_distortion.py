@@ -20,21 +20,24 @@ def _timing(rows):
 
 
 def test_speedup_table_and_curve_by_hand():
-    # AR takes 2, 2, 4 s; the method 1, 2, 1 s -> per-round ratios 2, 1, 4
+    # AR takes 2, 2, 4 s; the method 1, 2, 0.5 s -> per-round ratios 2, 1, 8; totals 8 / 3.5
     t = _timing([(0, "ar", 2.0, 64, 64, 1.28), (0, "m", 1.0, 64, 16, 0.5),
                  (1, "ar", 2.0, 64, 64, 1.28), (1, "m", 2.0, 64, 32, 0.5),
-                 (2, "ar", 4.0, 64, 64, 1.28), (2, "m", 1.0, 64, 16, 0.5)])
+                 (2, "ar", 4.0, 64, 64, 1.28), (2, "m", 0.5, 64, 16, 0.5)])
     s = speedup_table(t).set_index("config")
-    assert s.loc["m", "speedup"] == pytest.approx(2.0)              # median of 2, 1, 4
+    assert s.loc["m", "speedup"] == pytest.approx(8.0 / 3.5)        # the paper's ratio of total (mean) latencies
+    assert s.loc["m", "speedup_median"] == pytest.approx(2.0)       # median of 2, 1, 8
     assert s.loc["m", "speedup_q25"] == pytest.approx(1.5)
-    assert s.loc["m", "speedup_q75"] == pytest.approx(3.0)
-    assert s.loc["m", "speedup_total"] == pytest.approx(8.0 / 4.0)
+    assert s.loc["m", "speedup_q75"] == pytest.approx(5.0)
     assert s.loc["m", "tokens_per_forward"] == pytest.approx(192 / 64)
     assert s.loc["m", "baseline_ms_per_forward"] == pytest.approx(1e3 * 3 * 1.28 / 192)
     assert s.loc["ar", "speedup"] == 1.0 and s.loc["m", "rounds"] == 3
-    assert not s.loc["m", "speedup_exceeds_tokens_per_forward"]     # 2 < 3 tokens per forward
+    assert not s.loc["m", "speedup_exceeds_tokens_per_forward"]     # 2.29 < 3 tokens per forward
+    # a round the baseline did not run does not enter the ratio of totals
+    s = speedup_table(pd.concat([t, _timing([(3, "m", 9.0, 64, 16, 0.5)])])).set_index("config")
+    assert s.loc["m", "speedup"] == pytest.approx(8.0 / 3.5) and s.loc["m", "rounds"] == 3
     c = speedup_curve(t, "m", ns=[1, 2, 3], n_boot=200)
-    assert c["speedup"].tolist() == pytest.approx([2.0, 4.0 / 3.0, 2.0])
+    assert c["speedup"].tolist() == pytest.approx([2.0, 4.0 / 3.0, 8.0 / 3.5])
     assert (c["ci_low"] <= c["speedup"] + 1e-12).all() and (c["speedup"] <= c["ci_high"] + 1e-12).all()
     assert c.loc[0, "ci_low"] == c.loc[0, "ci_high"] == pytest.approx(2.0)  # one round: no spread
 

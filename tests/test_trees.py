@@ -328,6 +328,47 @@ def test_official_greedy_takes_the_longest_passing_path():
     assert walk_tree(tree, p, AcceptanceRule("sd"), table, True, None).path == [0, 2, 4]
 
 
+def test_official_greedy_static_tie_goes_to_the_first_sorted_path():
+    """Issue 21: static tree [[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0]] with drafts (0) and (2) both
+    passing. The official code numbers nodes by (depth, path) and sorts its root-to-leaf index
+    paths lexicographically: (0,0,0) -> [0,1,4,7] comes before (2) -> [0,3], both accept one
+    draft, so argmax keeps (0): path [0, 1], next token argmax p at node 1 = 3. A dynamic tree
+    (EAGLE-2 lists leaves by node index) keeps the first leaf by index, (2): next token 2.
+    Drafts: the TokenDrafter's top ranks, root token 1 -> (1, 0, 2); 1 -> (1, 0); 0 -> (0,).
+    p at the root (1, 4, 3, 0)/8, k = 1, δ = 0.6, B_1: 0 -> 3, 1 -> 2, 2 -> 1: draft 1 has
+    p̃ = 7/8, draft 2 p̃ = 7/8 (both pass), draft 0 p̃ = 1/8 (fails); below, p = e_3 fails every
+    draft (tokens 0 and 1); p at node 3 = e_2."""
+    from lantern.trees import draft_tree
+
+    V = 4
+    L = torch.zeros(V, V)
+    L[1] = torch.tensor([2.0, 3.0, 1.0, 0.0])
+    L[0] = torch.tensor([3.0, 0.0, 0.0, 0.0])
+    m = tiny(vocab=V, block=16, dim=16)
+    spec = TreeSpec("static", ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
+    d = TokenDrafter(L)
+    q_of = lambda logits: torch.softmax(logits[0].double(), -1)  # noqa: E731
+    tree = draft_tree(d, m, d.new_cache(1), torch.tensor([[3, 1]]), torch.zeros(1, 2, 4), 0, spec, 10, q_of,
+                      True, None, False)
+    assert tree.static and tree.tokens.tolist() == [1, 1, 0, 2, 1, 0, 0, 1]
+    assert tree.parents == [-1, 0, 0, 0, 1, 1, 2, 4]  # node t + 1 is the t-th path in (depth, path) order
+    assert tree.official_leaves() == [7, 5, 6, 3]
+    table = torch.tensor([[3, 1, 2], [2, 0, 3], [1, 0, 3], [0, 1, 2]])
+    rule = AcceptanceRule("lantern", k=1, delta=0.6, convention="official")
+    p = torch.zeros(len(tree), V, dtype=F64)
+    p[:, 3] = 1.0
+    p[0] = torch.tensor([1, 4, 3, 0], dtype=F64) / 8
+    p[3] = torch.tensor([0, 0, 1, 0], dtype=F64)
+    out = walk_official_greedy(tree, p, rule, table)
+    passed = {tr["node"] for tr in out.trials if tr["accepted"]}
+    assert passed == {1, 3}
+    assert out.path == [0, 1] and out.token == 3 and out.kind == "residual"
+    tree.static = False  # the same tree read as a dynamic one: leaves by node index
+    assert tree.official_leaves() == [3, 5, 6, 7]
+    out = walk_official_greedy(tree, p, rule, table)
+    assert out.path == [0, 3] and out.token == 2 and out.kind == "bonus"
+
+
 # --------------------------------------------------------------------------- dynamic tree shape
 class TokenDrafter:
     """A drafter whose next-token logits depend only on the token it reads: row ``x`` of ``L``.

@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from scipy import stats
 
 from ambiguity.runs import RunDir, settings_digest
 from ambiguity.seeding import derived_seed
@@ -45,7 +46,8 @@ class Protocol:
     """Everything that changes a score besides the images and the extractor.
 
     reference: source spec (see :mod:`lantern.quality.sources`); k: neighbours of the k-NN
-    metrics (3, Kynkäänniemi et al. 2019); bootstrap: resamples (0: no intervals); level:
+    metrics (3, Kynkäänniemi et al. 2019); bootstrap: groups of the delete-a-group jackknife
+    behind the intervals, at most n (0: no intervals; the name is the CLI's ``--bootstrap``); level:
     interval coverage; seed: subsets and resamples; prdc_reference: ``"matched"`` (a seeded
     reference subset of the generated set's size, as Kynkäänniemi et al. and Naeem et al.
     compare equal sizes) or ``"full"``; clip_*: CLIP score settings; hps: try HPS v2.1.
@@ -69,9 +71,11 @@ def protocol_record(p: Protocol, reference: Optional[ImageSet] = None) -> dict:
     rec = asdict(p)
     rec["seeds"] = {"subsets": f"derived_seed({p.seed}, 11)", "bootstrap": f"derived_seed({p.seed}, {BOOTSTRAP_TAG})",
                     "prdc_reference_subset": f"derived_seed({p.seed}, {PRDC_TAG})"}
-    rec["bootstrap_scheme"] = ("resample the generated images with replacement (reference fixed; k-NN radii from "
-                               "the full sets); percentile interval shifted so that the resamples' mean sits on the "
-                               "full-sample value (sampling spread at this n, not a small-n bias correction)")
+    rec["bootstrap_scheme"] = ("delete-a-group jackknife over the generated images (min(bootstrap, n) seeded groups, "
+                               "one left out at a time; reference fixed; k-NN radii from the full sets): estimate "
+                               "± t_(G-1) jackknife SE, clipped to the metric's range; precision (and 0/1 per-image "
+                               "values): Wilson score interval; for the metric's expected value at this n, not a "
+                               "small-n bias correction")
     rec["caption_rule"] = "longest MS-COCO caption per image, seeded subset (ambiguity.data.captions), as generated"
     if reference is not None:
         rec["reference_set"] = {"spec": reference.spec, "images": reference.n, "fingerprint": reference.fingerprint,
@@ -137,26 +141,37 @@ def metric_name(metric: str, extractor: Optional[str]) -> str:
     return f"{metric}_{extractor}" if extractor else metric
 
 
-def _row(metric: str, extractor: Optional[str], full: float, resampled: np.ndarray, n: int, p: Protocol) -> dict:
-    lo, hi = M.percentile_interval(resampled, p.level, full) if len(resampled) else (float("nan"), float("nan"))
-    if metric in BOUNDED:  # fractions stay fractions after the shift
-        lo, hi = max(lo, 0.0), min(hi, 1.0)
+def _row(metric: str, extractor: Optional[str], full: float, resampled: np.ndarray, n: int, p: Protocol,
+         proportion: bool = False) -> dict:
+    """One metric row; ``resampled``: the leave-one-group-out values; ``proportion``: ``full`` is a
+    mean of n independent 0/1 outcomes (Wilson score interval)."""
+    if not len(resampled):
+        lo, hi = float("nan"), float("nan")
+    elif proportion:
+        lo, hi = M.wilson_interval(float(full), n, p.level)
+    else:
+        bounds = (0.0, 1.0) if metric in BOUNDED else M.RANGES.get(metric, (-np.inf, np.inf))
+        lo, hi = M.jackknife_interval(resampled, float(full), p.level, bounds)
     return {"metric": metric_name(metric, extractor), "extractor": extractor or "", "value": float(full),
             "ci_low": lo, "ci_high": hi, "n": int(n), "bootstrap": int(len(resampled)),
             "resamples": np.asarray(resampled, np.float64)}
 
 
 def resample_counts(n: int, p: Protocol) -> Optional[np.ndarray]:
-    """The bootstrap draw counts (B, n) shared by every metric of a set (None when B = 0)."""
-    return M.bootstrap_indices(n, p.bootstrap, derived_seed(p.seed, BOOTSTRAP_TAG)) if p.bootstrap else None
+    """The jackknife weights (G, n) shared by every metric of a set (None without intervals or
+    with fewer than 2 images): :func:`lantern.quality.metrics.jackknife_counts`."""
+    if not p.bootstrap or n < 2:
+        return None
+    return M.jackknife_counts(n, max(int(p.bootstrap), 2), derived_seed(p.seed, BOOTSTRAP_TAG))
 
 
 def feature_metrics(feats: np.ndarray, stats: RefStats, p: Protocol, extractor: str) -> list[dict]:
     """FID (Fréchet distance), KID, precision, recall, density and coverage of generated
-    features (N, D) against ``stats``, each with its bootstrap interval -> metric rows (dicts
-    with metric, extractor, value, ci_low, ci_high, n, bootstrap, reference_images and
-    ``resamples``: the (B,) resampled values; resample b draws the same image indices in every
-    set of the same n, so two runs of one seed are paired image by image)."""
+    features (N, D) against ``stats``, each with its interval (module :mod:`lantern.quality.metrics`)
+    -> metric rows (dicts with metric, extractor, value, ci_low, ci_high, n, bootstrap (the
+    jackknife groups), reference_images and ``resamples``: the (G,) leave-one-group-out values;
+    group g holds the same image indices in every set of the same n and seed, so two runs are
+    paired image by image)."""
     x = M.as_f64(feats)
     n = len(x)
     counts = resample_counts(n, p)
@@ -173,7 +188,7 @@ def feature_metrics(feats: np.ndarray, stats: RefStats, p: Protocol, extractor: 
     full = M.prdc_values(terms)
     boot = M.prdc_values(terms, counts) if counts is not None else {}
     for name in ("precision", "recall", "density", "coverage"):
-        rows.append(_row(name, extractor, full[name][0], boot.get(name, []), n, p))
+        rows.append(_row(name, extractor, full[name][0], boot.get(name, []), n, p, proportion=name == "precision"))
     for r in rows[2:]:
         r["reference_images"] = int(len(real))
     for r in rows[:2]:
@@ -182,7 +197,8 @@ def feature_metrics(feats: np.ndarray, stats: RefStats, p: Protocol, extractor: 
 
 
 def value_metrics(values: dict[str, np.ndarray], p: Protocol) -> list[dict]:
-    """Means of per-image values (CLIP score, HPS, proxies) with bootstrap intervals -> metric rows."""
+    """Means of per-image values (CLIP score, HPS, proxies) with intervals -> metric rows (0/1
+    values: Wilson score interval; others: jackknife, :func:`_row`)."""
     rows = []
     for name, v in values.items():
         v = np.asarray(v, np.float64)
@@ -191,22 +207,27 @@ def value_metrics(values: dict[str, np.ndarray], p: Protocol) -> list[dict]:
         if not len(v):
             continue
         counts = resample_counts(len(v), p)
-        rows.append(_row(name, None, v.mean(), M.mean_values(v, counts) if counts is not None else [], len(v), p))
+        rows.append(_row(name, None, v.mean(), M.mean_values(v, counts) if counts is not None else [], len(v), p,
+                         proportion=bool(np.isin(v, (0.0, 1.0)).all())))
     return rows
 
 
 def paired_differences(base: dict, other: dict, level: float = 0.95) -> dict:
     """Difference ``other - base`` of one metric for two sets of the same n and seed.
 
-    base, other: {"value": float, "resamples": (B,)} (rows of :func:`feature_metrics`). The
-    bootstrap resamples are paired (same image indices, hence same seeds and conditions), so the
-    interval of the per-resample differences (shifted like :func:`lantern.quality.metrics.percentile_interval`)
-    is far narrower than the two separate intervals. Returns {diff, ci_low, ci_high, p_greater}
-    (p_greater: the fraction of resamples with a positive difference); NaN intervals without resamples.
+    base, other: {"value": float, "resamples": (G,)} (rows of :func:`feature_metrics`). The
+    leave-one-group-out values are paired (same image indices, hence same seeds and conditions),
+    so the jackknife interval of the per-group differences
+    (:func:`lantern.quality.metrics.jackknife_interval`, unclipped) is far narrower than the two
+    separate intervals. Returns {diff, ci_low, ci_high, p_greater} (p_greater: the t
+    approximation of P(difference > 0), ``t_{G-1}`` cdf of diff / se); NaN without resamples.
     """
     d = float(other["value"]) - float(base["value"])
     a, b = np.asarray(base["resamples"], np.float64), np.asarray(other["resamples"], np.float64)
-    if len(a) == 0 or len(a) != len(b):
+    if len(a) < 2 or len(a) != len(b):
         return {"diff": d, "ci_low": float("nan"), "ci_high": float("nan"), "p_greater": float("nan")}
-    lo, hi = M.percentile_interval(b - a, level, d)
-    return {"diff": d, "ci_low": lo, "ci_high": hi, "p_greater": float(((b - a) > 0).mean())}
+    lo, hi = M.jackknife_interval(b - a, d, level)
+    g = len(a)
+    se = float(np.sqrt((g - 1) / g * (((b - a) - (b - a).mean()) ** 2).sum()))
+    p_greater = float(stats.t.cdf(d / se, g - 1)) if se > 0 else float(np.sign(d) / 2 + 0.5)
+    return {"diff": d, "ci_low": lo, "ci_high": hi, "p_greater": p_greater}
