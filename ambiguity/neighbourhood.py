@@ -62,6 +62,7 @@ from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, check_
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, load_tensors, save_tensors, write_table
 from ambiguity.models.registry import load_model
+from ambiguity.seeding import random_control_seed
 
 __all__ = ["METRICS", "MATRICES", "Neighbourhoods", "exact_knn", "build_neighbourhoods", "model_neighbourhoods",
            "model_matrix", "matrix_key", "default_cache_dir", "load_neighbourhoods", "check_k", "main"]
@@ -369,7 +370,7 @@ def _torch_block(q: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, k: int, m
 def _random_block(q: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, k: int, seed: int):
     """The random control for rows that lie in one fixed RANDOM_CHUNK (keys from a per-chunk seed)."""
     chunk = int(rows[0]) // RANDOM_CHUNK
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence([int(seed), chunk]).generate_state(1)[0]))
+    g = torch.Generator().manual_seed(random_control_seed(seed, chunk))
     keys = torch.rand(RANDOM_CHUNK, x.shape[0], generator=g)[int(rows[0]) - chunk * RANDOM_CHUNK:][:len(rows)]
     keys = keys.to(q.device)
     keys[torch.arange(len(rows), device=q.device), rows] = 2.0      # self last
