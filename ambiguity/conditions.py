@@ -25,6 +25,7 @@ from ambiguity.data.captions import read_captions, read_coco_captions, sample_ca
 from ambiguity.data.fashion_mnist import load_split, model_image_size
 from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
+from ambiguity.seeding import subset_seed
 
 __all__ = ["parse_classes", "check_labels", "generation_conditions", "fashion_mnist_subset", "ImageFiles",
            "image_files_subset", "IMAGE_SUFFIXES"]
@@ -81,7 +82,7 @@ def generation_conditions(model: TokenModel, n: int, seed: int, classes: Optiona
 
 
 def _subset(n_total: int, n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(int(seed))
+    g = torch.Generator().manual_seed(subset_seed(seed))
     return torch.randperm(n_total, generator=g)[:n].tolist()
 
 

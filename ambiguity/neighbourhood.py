@@ -62,6 +62,7 @@ from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, check_
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, load_tensors, save_tensors, write_table
 from ambiguity.models.registry import load_model
+from ambiguity.seeding import random_control_seed
 
 __all__ = ["METRICS", "MATRICES", "Neighbourhoods", "exact_knn", "build_neighbourhoods", "model_neighbourhoods",
            "model_matrix", "matrix_key", "default_cache_dir", "load_neighbourhoods", "check_k", "main"]
@@ -320,16 +321,39 @@ def _to_distance(scores: torch.Tensor, metric: str) -> torch.Tensor:
     return scores.clamp_min(0).sqrt()
 
 
-def _drop_self(D: torch.Tensor, I: torch.Tensor, rows: torch.Tensor, k: int):
-    """(b, k+1) candidates -> (b, k) without the query's own index, ordered by (distance, index)."""
+def _order_by_distance_then_index(D: torch.Tensor, I: torch.Tensor):
+    """Rows of (b, m) candidates reordered by (distance, index): two stable sorts (index, then distance)."""
     o = torch.argsort(I, dim=1, stable=True)
     D, I = D.gather(1, o), I.gather(1, o)
     o = torch.argsort(D, dim=1, stable=True)
-    D, I = D.gather(1, o), I.gather(1, o)
-    keep = I != rows[:, None]
-    has_self = (~keep).any(1)
-    keep[~has_self, -1] = False          # self not among the k+1: drop the last candidate instead
-    return D[keep].view(-1, k), I[keep].view(-1, k)
+    return D.gather(1, o), I.gather(1, o)
+
+
+def _out_of_order_rows(D: torch.Tensor, I: torch.Tensor) -> torch.Tensor:
+    """(b,) bool: rows not already ascending in (distance, index) (lexicographic, indices distinct)."""
+    d0, d1, i0, i1 = D[:, :-1], D[:, 1:], I[:, :-1], I[:, 1:]
+    return ((d1 < d0) | ((d1 == d0) & (i1 < i0))).any(1)
+
+
+def _drop_self(D: torch.Tensor, I: torch.Tensor, rows: torch.Tensor, k: int):
+    """(b, k+1) candidates -> (b, k) without the query's own index, ordered by (distance, index).
+
+    FAISS already returns most rows in this order (its heaps break score ties by id), so only the
+    rows that are not (a distance tie created by the sqrt of squared l2 scores, or by duplicate codes
+    whose scores differ in rounding but clamp to 0) are re-sorted; the self code is then removed by
+    shifting the later entries left one place. Same table as re-sorting every row, at a fraction of
+    the cost (``benchmarks/bench_neighbourhood.py``: ``drop_resort_s`` vs ``drop_s``).
+    """
+    bad = _out_of_order_rows(D, I)
+    if bool(bad.any()):
+        D, I = D.clone(), I.clone()
+        D[bad], I[bad] = _order_by_distance_then_index(D[bad], I[bad])
+    is_self = I == rows[:, None]
+    # position of the self code in each row; k (the last candidate) where it is not among the k + 1
+    pos = torch.where(is_self.any(1), is_self.to(torch.int8).argmax(1), torch.full_like(rows, k))
+    j = torch.arange(k, device=I.device)
+    take = j + (j[None, :] >= pos[:, None])
+    return D.gather(1, take), I.gather(1, take)
 
 
 def _torch_block(q: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, k: int, metric: str):
@@ -346,7 +370,7 @@ def _torch_block(q: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, k: int, m
 def _random_block(q: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, k: int, seed: int):
     """The random control for rows that lie in one fixed RANDOM_CHUNK (keys from a per-chunk seed)."""
     chunk = int(rows[0]) // RANDOM_CHUNK
-    g = torch.Generator().manual_seed(int(np.random.SeedSequence([int(seed), chunk]).generate_state(1)[0]))
+    g = torch.Generator().manual_seed(random_control_seed(seed, chunk))
     keys = torch.rand(RANDOM_CHUNK, x.shape[0], generator=g)[int(rows[0]) - chunk * RANDOM_CHUNK:][:len(rows)]
     keys = keys.to(q.device)
     keys[torch.arange(len(rows), device=q.device), rows] = 2.0      # self last

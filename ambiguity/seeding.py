@@ -8,8 +8,12 @@ or on which command produced them: ``python -m ambiguity.profile`` and ``python 
 lantern.generate --method ar`` give image ``i`` the same tokens for the same seed, condition and
 sampling settings (up to floating-point differences between batched and single forwards).
 
-Random choices that are not per image (a data subset, the random neighbour control, the
-replacement draws of an analysis) use :func:`derived_seed` of the run seed and what they are for.
+Every other stream is listed in :data:`STREAMS`, one row per purpose, and seeded by the named
+function of that row. Streams added since the per-image scheme use :func:`tagged_seed`
+(:func:`derived_seed` of the run seed and the stream's tag in :data:`SEED_TAGS`). Older streams keep
+their historic formulas (``seed * 100003 + epoch`` and so on) behind named functions, because
+the shipped weights (the embedded VQ and GPT, the Fashion-MNIST classifier, the drafters) and
+the recorded results were produced with them; changing one would change those files.
 """
 from __future__ import annotations
 
@@ -18,7 +22,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-__all__ = ["image_seed", "image_generator", "image_generators", "derived_seed"]
+__all__ = ["image_seed", "image_generator", "image_generators", "derived_seed", "SEED_TAGS", "tagged_seed", "STREAMS",
+           "vq_init_seed", "gpt_init_seed", "epoch_permutation_seed", "vq_step_seed", "drafter_init_seed",
+           "drafter_epoch_seed", "classifier_init_seed", "holdout_seed", "uncond_rows_seed", "subset_seed", "augment_seed",
+           "random_control_seed", "replacement_seed", "FINGERPRINT_PROBE_SEED"]
 
 
 def derived_seed(*parts: int) -> int:
@@ -43,3 +50,119 @@ def image_generator(seed: int, index: int, device: torch.device | str = "cpu") -
 def image_generators(seed: int, indices: Sequence[int], device: torch.device | str = "cpu") -> list[torch.Generator]:
     """One generator per image index (a batch of rows each drawing from its own stream)."""
     return [image_generator(seed, int(i), device) for i in indices]
+
+
+# --------------------------------------------------------------------------- the other streams
+#: Tags of the streams seeded by :func:`tagged_seed` (``derived_seed(seed, tag, *parts)``).
+#: The values are part of recorded results (``lantern.quality`` writes them into its protocol); never reuse one.
+SEED_TAGS: dict[str, int] = {
+    "quality-subset": 11,             # lantern.quality.sources: the random subset of ``SPEC@N``
+    "quality-bootstrap": 12,          # lantern.quality.scoring: bootstrap resamples of the generated images
+    "quality-prdc-reference": 13,     # lantern.quality.scoring: the reference subset for precision/recall
+}
+
+
+def tagged_seed(seed: int, name: str, *parts: int) -> int:
+    """The seed of stream ``name`` (a key of :data:`SEED_TAGS`): ``derived_seed(seed, tag, *parts)``.
+
+    Raises KeyError for an unknown name (add the stream to the table first).
+    """
+    return derived_seed(seed, SEED_TAGS[name], *parts)
+
+
+#: The drafter fingerprint's probe feature (:func:`lantern.drafter.target_fingerprint`); shipped
+#: drafters record the logits it produces, so it never changes.
+FINGERPRINT_PROBE_SEED = 0
+
+
+def vq_init_seed(seed: int) -> int:
+    """Global torch seed before initialising the embedded VQ model (``ambiguity.train.train_vq``): ``seed``."""
+    return int(seed)
+
+
+def gpt_init_seed(seed: int) -> int:
+    """Global torch seed before initialising the embedded GPT (``ambiguity.train.train_gpt``): ``seed + 1``."""
+    return int(seed) + 1
+
+
+def epoch_permutation_seed(seed: int, epoch: int) -> int:
+    """Seed of epoch ``epoch``'s permutation of the training examples (``ambiguity.train.batch_indices``,
+    also the Fashion-MNIST classifier's): ``seed * 100003 + epoch``."""
+    return int(seed) * 100003 + int(epoch)
+
+
+def classifier_init_seed(seed: int) -> int:
+    """Global torch seed before initialising the Fashion-MNIST classifier (``scripts/train_fmnist_classifier.py``):
+    ``seed``."""
+    return int(seed)
+
+
+def vq_step_seed(seed: int, step: int) -> int:
+    """Seed of the VQ loss's random draws at step ``step`` (entropy-loss sample): ``seed * 7919 + step``."""
+    return int(seed) * 7919 + int(step)
+
+
+def drafter_init_seed(seed: int) -> int:
+    """Global torch seed set by ``python -m lantern.train_drafter`` before loading the target and
+    initialising the drafter: ``seed``."""
+    return int(seed)
+
+
+def drafter_epoch_seed(seed: int, epoch: int) -> int:
+    """Seed of the drafter's batch order in epoch ``epoch`` (``lantern.train_drafter``): ``seed * 1000 + epoch``."""
+    return int(seed) * 1000 + int(epoch)
+
+
+def holdout_seed(seed: int) -> int:
+    """Seed of a held-out / training-subset permutation of sequences (``lantern.drafter_data.split_holdout``,
+    the text twin's held-out passages and training subset): ``seed``."""
+    return int(seed)
+
+
+def uncond_rows_seed(seed: int) -> int:
+    """Seed of the choice of rows trained unconditionally (``lantern.drafter_data.build_feature_cache``): ``seed``."""
+    return int(seed)
+
+
+def subset_seed(seed: int) -> int:
+    """Seed of a random choice of conditions (Fashion-MNIST test images, captions) for a run: ``seed``."""
+    return int(seed)
+
+
+def augment_seed(seed: int, step: int) -> int:
+    """Seed of the Fashion-MNIST classifier's augmentation at step ``step``: ``derived_seed(seed, step)``."""
+    return derived_seed(seed, step)
+
+
+def random_control_seed(seed: int, chunk: int) -> int:
+    """Seed of the random-neighbour control's keys for row chunk ``chunk`` (``ambiguity.neighbourhood``):
+    the first 32-bit word of ``SeedSequence([seed, chunk])``."""
+    return int(np.random.SeedSequence([int(seed), int(chunk)]).generate_state(1)[0])
+
+
+def replacement_seed(seed: int, random_mode: bool, k: int, rate: float, repeat: int) -> int:
+    """Seed of one replacement draw of the interchangeability analysis: ``derived_seed(seed, random_mode,
+    k, round(rate * 1e6), repeat)``."""
+    return derived_seed(seed, bool(random_mode), int(k), int(round(rate * 1e6)), int(repeat))
+
+
+#: Every random stream besides the per-image one: name -> (seed function, where it is used).
+STREAMS: dict[str, tuple] = {
+    "image": (image_seed, "every image's tokens, drafts and acceptance draws (all generating commands)"),
+    **{name: (lambda seed, *parts, _n=name: tagged_seed(seed, _n, *parts), "lantern.quality")
+       for name in SEED_TAGS},
+    "vq-init": (vq_init_seed, "ambiguity.train.train_vq"),
+    "gpt-init": (gpt_init_seed, "ambiguity.train.train_gpt"),
+    "epoch-permutation": (epoch_permutation_seed, "ambiguity.train.batch_indices, scripts/train_fmnist_classifier.py"),
+    "vq-step": (vq_step_seed, "ambiguity.train.train_vq"),
+    "drafter-init": (drafter_init_seed, "lantern.train_drafter"),
+    "drafter-epoch": (drafter_epoch_seed, "lantern.train_drafter"),
+    "holdout": (holdout_seed, "lantern.drafter_data.split_holdout, the text twin"),
+    "uncond-rows": (uncond_rows_seed, "lantern.drafter_data.build_feature_cache"),
+    "subset": (subset_seed, "ambiguity.conditions, ambiguity.data.captions, scripts/figure_embedded_samples.py"),
+    "classifier-init": (classifier_init_seed, "scripts/train_fmnist_classifier.py"),
+    "augment": (augment_seed, "scripts/train_fmnist_classifier.py"),
+    "random-control": (random_control_seed, "ambiguity.neighbourhood (metric 'random')"),
+    "replacement": (replacement_seed, "ambiguity.analyses.interchangeability"),
+    "fingerprint-probe": (lambda seed=0: FINGERPRINT_PROBE_SEED, "lantern.drafter.target_fingerprint"),
+}

@@ -42,6 +42,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import atomic_path
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
+from ambiguity.seeding import epoch_permutation_seed, gpt_init_seed, vq_init_seed, vq_step_seed
 
 __all__ = ["VQTrainConfig", "GPTTrainConfig", "lr_at", "batch_indices", "vq_loss", "reinit_dead_codes",
            "train_vq", "train_gpt", "tokenize", "vq_metrics", "code_usage", "gpt_nll", "count_params",
@@ -110,7 +111,7 @@ def batch_indices(step: int, batch_size: int, n: int, seed: int) -> torch.Tensor
     out, pos = [], start
     while pos < start + batch_size:
         epoch, offset = divmod(pos, n)
-        g = torch.Generator().manual_seed(seed * 100003 + epoch)
+        g = torch.Generator().manual_seed(epoch_permutation_seed(seed, epoch))
         perm = torch.randperm(n, generator=g)
         take = min(n - offset, start + batch_size - pos)
         out.append(perm[offset:offset + take])
@@ -248,7 +249,7 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
     path = Path(run_dir) / "vq_ckpt.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     recipe = {"vq_config": asdict(vq_config), "train": asdict(train), "seed": seed, "n_images": int(images.shape[0])}
-    torch.manual_seed(seed)
+    torch.manual_seed(vq_init_seed(seed))
     model = VQModel(vq_config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=(0.9, 0.99), weight_decay=train.weight_decay)
     last_used = torch.zeros(vq_config.codebook_size, dtype=torch.long, device=device)
@@ -276,7 +277,7 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
         for g in opt.param_groups:
             g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
         x = images[batch_indices(step, train.batch_size, images.shape[0], seed)].to(device) * 2 - 1
-        gen = torch.Generator().manual_seed(seed * 7919 + step)
+        gen = torch.Generator().manual_seed(vq_step_seed(seed, step))
         loss, parts, codes, pool = vq_loss(model, x, train.l1_weight, train.entropy_weight, train.entropy_temperature,
                                            train.entropy_sample, train.bf16, gen)
         opt.zero_grad(set_to_none=True)
@@ -403,7 +404,7 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
     path.parent.mkdir(parents=True, exist_ok=True)
     recipe = {"gpt_config": asdict(gpt_config), "train": asdict(train), "seed": seed,
               "n_sequences": int(tokens.shape[0]), "tokens_sum": int(tokens.sum())}
-    torch.manual_seed(seed + 1)
+    torch.manual_seed(gpt_init_seed(seed))
     model = GPT(gpt_config).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]

@@ -12,6 +12,11 @@ and Emu3's (32768 x 4):
 * ``sklearn``: ``sklearn.neighbors.NearestNeighbors(algorithm="brute")`` with k + 1 neighbours,
   self removed.
 
+``drop`` splits ``ours`` into its parts: the raw FAISS search for k + 1 candidates (``faiss_s``),
+and removing each code from its own list, now (``drop_s``: rows already in (distance, index) order
+kept, self removed by a shift) and as the builder did before (``drop_resort_s``: two stable sorts
+of every row), checking both give the same table.
+
 All three must return the same neighbour sets up to ties at the k-th distance (checked against
 float64 distances). Prints a table of seconds and ratios (baseline / ours) and writes JSON to
 ``benchmarks/results/bench_neighbourhood.json``. CPU heavy (minutes): run it alone, e.g.
@@ -31,7 +36,7 @@ import torch
 from ambiguity.cli import ArgumentParser, check_out_file, cli_main, finite_float, positive_int, set_threads
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
-from ambiguity.neighbourhood import exact_knn
+from ambiguity.neighbourhood import _drop_self, _faiss_search, _to_distance, exact_knn
 
 SHAPES = {"llamagen-vq16": (16384, 8), "chameleon-vqgan": (8192, 256), "emu3-vq": (32768, 4)}
 
@@ -64,6 +69,35 @@ def sklearn_knn(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     keep = idx != torch.arange(len(idx))[:, None]
     keep[~(~keep).any(1), -1] = False
     return idx[keep].view(-1, k), dist[keep].view(-1, k)
+
+
+def drop_self_resorting(D: torch.Tensor, I: torch.Tensor, rows: torch.Tensor, k: int):
+    """The builder's previous self removal: sort every row by (distance, index) with two stable sorts."""
+    o = torch.argsort(I, dim=1, stable=True)
+    D, I = D.gather(1, o), I.gather(1, o)
+    o = torch.argsort(D, dim=1, stable=True)
+    D, I = D.gather(1, o), I.gather(1, o)
+    keep = I != rows[:, None]
+    keep[~(~keep).any(1), -1] = False
+    return D[keep].view(-1, k), I[keep].view(-1, k)
+
+
+def drop_costs(x: torch.Tensor, k: int) -> dict:
+    """Seconds (wall and this process's CPU, the machine may be shared) of the raw FAISS search (all
+    rows at once) and of both self removals on its output, and whether they give the same table."""
+    rows = torch.arange(x.shape[0])
+    c0 = time.process_time()
+    (scores, cand), faiss_s = timed(lambda: _faiss_search(x, x.numpy(), k + 1, "l2", False))
+    c1 = time.process_time()
+    D = _to_distance(scores, "l2")
+    c2 = time.process_time()
+    new, drop_s = timed(lambda: _drop_self(D, cand, rows, k))
+    c3 = time.process_time()
+    old, resort_s = timed(lambda: drop_self_resorting(D, cand, rows, k))
+    c4 = time.process_time()
+    return {"faiss_s": faiss_s, "drop_s": drop_s, "drop_resort_s": resort_s, "faiss_cpu_s": c1 - c0,
+            "drop_cpu_s": c3 - c2, "drop_resort_cpu_s": c4 - c3,
+            "drop_same_table": bool(torch.equal(new[0], old[0]) and torch.equal(new[1], old[1]))}
 
 
 def same_sets(x: torch.Tensor, ref: torch.Tensor, other: torch.Tensor, rel_tol: float = 1e-4) -> dict:
@@ -101,15 +135,15 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from: " + ", ".join(SHAPES))
     ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--official-bytes", type=finite_float, default=4.5e9, help="memory for one official block (bytes)")
-    ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn")
+    ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn, drop")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"))
     args = ap.parse_args(argv)
     check_out_file(args.out)
     shapes = [s for s in args.shapes.split(",") if s]
-    bad = [s for s in shapes if s not in SHAPES] + [s for s in args.skip.split(",") if s and s not in ("official", "sklearn")]
+    bad = [s for s in shapes if s not in SHAPES] + [s for s in args.skip.split(",") if s and s not in ("official", "sklearn", "drop")]
     if bad or not shapes:
         raise UsageError(f"unknown --shapes/--skip entry {bad[0] if bad else '(none given)'}; shapes: "
-                         f"{', '.join(SHAPES)}; skip: official, sklearn")
+                         f"{', '.join(SHAPES)}; skip: official, sklearn, drop")
     if any(args.k >= SHAPES[s][0] for s in shapes):
         raise UsageError(f"--k {args.k} must be smaller than every codebook size "
                          f"({min(SHAPES[s][0] for s in shapes)})")
@@ -132,6 +166,11 @@ def main(argv=None) -> int:
         rec = {"codebook": name, "n": n, "d": d, "k": args.k, "load_before": os.getloadavg()[0]}
         (I, D), rec["ours_s"] = timed(lambda: exact_knn(x, args.k, "l2", progress=False))
         print(f"{name}: ours {rec['ours_s']:.2f} s", flush=True)
+        if "drop" not in skip:
+            rec.update(drop_costs(x, args.k))
+            print(f"{name}: faiss {rec['faiss_s']:.2f} s (CPU {rec['faiss_cpu_s']:.2f} s), drop self "
+                  f"{rec['drop_s']:.2f} s (CPU {rec['drop_cpu_s']:.2f} s), re-sorting {rec['drop_resort_s']:.2f} s "
+                  f"(CPU {rec['drop_resort_cpu_s']:.2f} s), same table: {rec['drop_same_table']}", flush=True)
         if "official" not in skip:
             (Io, Do, how), rec["official_s"] = timed(lambda: official_knn(x, args.k, int(args.official_bytes)))
             rec["official_how"] = how
@@ -152,7 +191,7 @@ def main(argv=None) -> int:
     for m in ("official", "sklearn"):
         if f"{m}_s" in df:
             df[f"{m}/ours"] = df[f"{m}_s"] / df["ours_s"]
-    cols = [c for c in ("codebook", "n", "d", "k", "ours_s", "official_s", "sklearn_s", "official/ours", "sklearn/ours",
+    cols = [c for c in ("codebook", "n", "d", "k", "ours_s", "faiss_s", "drop_s", "drop_resort_s", "official_s", "sklearn_s", "official/ours", "sklearn/ours",
                         "official_how", "load_before") if c in df]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     for r in records:
@@ -169,6 +208,7 @@ def main(argv=None) -> int:
     write_json({"env": env, "results": records}, out)
     print(f"wrote {out}")
     ok = all(r.get(f"{m}_check", {}).get("rows_not_ties", 0) == 0 for r in records for m in ("official", "sklearn"))
+    ok = ok and all(r.get("drop_same_table", True) for r in records)
     return 0 if ok else 1
 
 

@@ -37,6 +37,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import save_tensors
 from ambiguity.models.base import DraftLayer, TokenModel
 from ambiguity.models.checkpoints import load_strict, read_safetensors
+from ambiguity.seeding import FINGERPRINT_PROBE_SEED
 
 __all__ = ["DraftModel", "Drafter", "load_drafter", "target_fingerprint", "fingerprint_mismatch",
            "shipped_drafter_path", "accuracy_table_path", "shipped_accuracy_path", "WEIGHTS_DIR", "FORMAT"]
@@ -114,7 +115,7 @@ def target_fingerprint(model: TokenModel) -> dict:
     Returns a JSON-able dict.
     """
     H, V = model.hidden_size, model.vocab_size
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(FINGERPRINT_PROBE_SEED)
     probe = torch.randn(H, generator=gen)
     probe = probe / probe.pow(2).mean().sqrt()
     logits = model.head(probe.to(model.device, model.dtype)[None])[0].float().cpu()

@@ -51,7 +51,7 @@ from ambiguity.io import load_tensors, save_tensors
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.runs import RunDir
-from ambiguity.seeding import image_generators
+from ambiguity.seeding import holdout_seed, image_generators, uncond_rows_seed
 
 __all__ = ["TokenSet", "save_token_file", "load_token_file", "read_conditions", "check_tokens",
            "fashion_mnist_tokens", "self_generate", "split_holdout", "teacher_forced_rows", "training_inputs",
@@ -237,7 +237,7 @@ def split_holdout(ts: TokenSet, test_size: int, seed: int = 0) -> tuple[TokenSet
     """
     if not 0 < test_size < len(ts):
         raise UsageError(f"cannot hold out {test_size} of {len(ts)} sequences; lower --test-size or add data")
-    perm = torch.randperm(len(ts), generator=torch.Generator().manual_seed(seed))
+    perm = torch.randperm(len(ts), generator=torch.Generator().manual_seed(holdout_seed(seed)))
     return ts.subset(perm[test_size:].sort().values), ts.subset(perm[:test_size].sort().values)
 
 
@@ -413,7 +413,7 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
     dtype = feature_dtype(model)
     size = _shard_size(ts.tokens.shape[1], model.hidden_size, dtype)
     p = uncond_fraction / (1 - uncond_fraction)
-    chosen = torch.rand(len(ts), generator=torch.Generator().manual_seed(seed)) < p
+    chosen = torch.rand(len(ts), generator=torch.Generator().manual_seed(uncond_rows_seed(seed))) < p
     n_parts = math.ceil(len(ts) / size)
     parts = [(f"{prefix}_features_{s:05d}", {"sequences": [s * size, min(len(ts), (s + 1) * size)],
                                                "uncond_fraction": uncond_fraction}) for s in range(n_parts)]

@@ -49,6 +49,7 @@ from ambiguity.io import abspath, read_table, write_table
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.runs import RunDir
+from ambiguity.seeding import drafter_epoch_seed, drafter_init_seed
 from ambiguity.train import lr_at as ambiguity_lr_at
 from ambiguity.train import save_checkpoint
 from lantern.drafter import Drafter, accuracy_table_path, target_fingerprint
@@ -280,7 +281,7 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
 
     for epoch in range(rows[-1]["epoch"] + 1, config.epochs + 1):
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(config.seed * 1000 + epoch)
+        gen = torch.Generator().manual_seed(drafter_epoch_seed(config.seed, epoch))
         sums = torch.zeros(4, dtype=torch.float64)  # loss, smooth_l1, ce (row-weighted), rows
         bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{config.epochs}", unit="step",
                    disable=not progress or shard.index != 0)
@@ -502,7 +503,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if shard.count > 1 and not shard.group and not args.self_generate:
         raise UsageError("--shard-index/--num-shards split --self-generate N across independent processes; to "
                          "train data-parallel launch with torchrun --nproc_per_node=N instead")
-    torch.manual_seed(args.seed)
+    torch.manual_seed(drafter_init_seed(args.seed))
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
     record = _run_record(model, config, _data_settings(args))
     run = RunDir(run_dir, record, command=COMMAND, flag="--run-dir", outputs=OUTPUTS)

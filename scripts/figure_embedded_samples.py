@@ -22,7 +22,7 @@ from ambiguity.memory import check_batch
 from ambiguity.models.base import resolve_device
 from ambiguity.models.embedded import VARIANTS, load_embedded, weights_dir
 from ambiguity.sampling import SamplingConfig
-from ambiguity.seeding import image_generators
+from ambiguity.seeding import image_generators, subset_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def parse_args(argv=None):
 
 def pick_test_images(images: torch.Tensor, labels: torch.Tensor, n: int, seed: int) -> torch.Tensor:
     """n random test images of each class, class-major: (10 * n, 1, S, S) in [0, 1]."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(subset_seed(seed))
     rows = []
     for c in range(10):
         idx = (labels == c).nonzero().flatten()

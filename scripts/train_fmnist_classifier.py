@@ -27,7 +27,7 @@ from ambiguity.data.fashion_mnist import CLASSES, load_split
 from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.checkpoints import save_module
 from ambiguity.runs import file_sha256
-from ambiguity.seeding import derived_seed
+from ambiguity.seeding import augment_seed, classifier_init_seed
 from ambiguity.train import _check_resume, batch_indices, count_params, load_checkpoint, lr_at, save_checkpoint
 from lantern.quality.fmnist import METRICS_FILE, WEIGHTS_FILE, FashionNet, FashionNetConfig, load_fashion_net
 
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def augment(x: torch.Tensor, seed: int, step: int) -> torch.Tensor:
     """Random horizontal flip and a shift of up to 2 px (zero fill) per image, seeded by (seed, step)."""
-    g = torch.Generator().manual_seed(derived_seed(seed, step))
+    g = torch.Generator().manual_seed(augment_seed(seed, step))
     flip = torch.rand(len(x), generator=g) < 0.5
     x = torch.where(flip[:, None, None, None], x.flip(-1), x)
     shifts = torch.randint(-2, 3, (len(x), 2), generator=g)
@@ -58,7 +58,7 @@ def evaluate(model: FashionNet, images: torch.Tensor, labels: torch.Tensor, batc
 
 def train(cfg: FashionNetConfig, recipe: dict, images, labels, run_dir: Path, progress: bool = True) -> FashionNet:
     """The training loop (module docstring); resumes from ``run_dir/checkpoint.pt``."""
-    torch.manual_seed(recipe["seed"])
+    torch.manual_seed(classifier_init_seed(recipe["seed"]))
     model = FashionNet(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
     total = recipe["epochs"] * len(images) // recipe["batch_size"]

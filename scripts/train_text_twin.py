@@ -51,6 +51,7 @@ from ambiguity.models.embedded import GPT_FILE, WEIGHTS_DIR, load_gpt  # noqa: E
 from ambiguity.models.embedded import METRICS_FILE as IMAGE_METRICS  # noqa: E402
 from ambiguity.models.gpt import GPTConfig  # noqa: E402
 from ambiguity.models.text_twin import HELDOUT_FILE, METRICS_FILE, TOKENIZER_FILE, TWIN_FILE, twin_config  # noqa: E402
+from ambiguity.seeding import holdout_seed  # noqa: E402
 from ambiguity.train import GPTTrainConfig, count_params, gpt_nll, train_gpt  # noqa: E402
 
 HELDOUT_SHIPPED = 512  # held-out passages shipped for --source dataset (64 KB as int16)
@@ -141,7 +142,7 @@ def write_drafter_tokens(run_dir: Path, data: dict, test_size: int, train_size: 
     run_dir.mkdir(parents=True, exist_ok=True)
     train = data["train"]
     if 0 < train_size < train.shape[0]:
-        keep = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(seed))[:train_size]
+        keep = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(holdout_seed(seed)))[:train_size]
         train = train[keep.sort().values]
     for name, x, source in (("tokens_train", train, "text twin training passages"),
                             ("tokens_test", data["heldout"][:test_size], "text twin held-out passages")):

@@ -62,3 +62,53 @@ def test_tokens_do_not_depend_on_batch_size_or_command(model):
     alone = sample_tokens(model, prompt, s, image_generators(11, [3]))
     ar = decode(model, [4], DecodeConfig.of("ar"), s, seed=11, first_index=3)
     assert alone[0].tolist() == ar.tokens[0].tolist() == a["token"].tolist()[3 * 16:4 * 16]
+
+
+def test_named_streams_reproduce_the_historic_formulas_exactly():
+    """The shipped weights were trained with these formulas; the named functions must keep them bit for bit."""
+    import numpy as np
+
+    import ambiguity.seeding as S
+
+    for seed in (0, 1, 7, 1234, 2**31 - 1):
+        for t in (0, 1, 5, 999, 100002):
+            assert S.epoch_permutation_seed(seed, t) == seed * 100003 + t
+            assert S.vq_step_seed(seed, t) == seed * 7919 + t
+            assert S.drafter_epoch_seed(seed, t) == seed * 1000 + t
+            assert S.augment_seed(seed, t) == derived_seed(seed, t)
+            assert S.random_control_seed(seed, t) == int(np.random.SeedSequence([seed, t]).generate_state(1)[0])
+        assert S.vq_init_seed(seed) == S.drafter_init_seed(seed) == S.classifier_init_seed(seed) == seed
+        assert S.holdout_seed(seed) == S.uncond_rows_seed(seed) == S.subset_seed(seed) == seed
+        assert S.gpt_init_seed(seed) == seed + 1
+        assert S.replacement_seed(seed, True, 0, 0.25, 3) == derived_seed(seed, True, 0, 250000, 3)
+        assert S.replacement_seed(seed, False, 8, 0.1, 0) == derived_seed(seed, False, 8, 100000, 0)
+        assert S.tagged_seed(seed, "quality-subset") == derived_seed(seed, 11)
+        assert S.tagged_seed(seed, "quality-bootstrap") == derived_seed(seed, 12)
+        assert S.tagged_seed(seed, "quality-prdc-reference") == derived_seed(seed, 13)
+    assert S.FINGERPRINT_PROBE_SEED == 0
+    # concrete values, so a change of derived_seed itself is caught too
+    assert S.epoch_permutation_seed(3, 2) == 300011 and S.vq_step_seed(3, 2) == 23759
+    assert derived_seed(0, 11) == S.STREAMS["quality-subset"][0](0)
+
+
+def test_stream_table_is_complete_and_tags_unique():
+    import ambiguity.seeding as S
+
+    assert len(set(S.SEED_TAGS.values())) == len(S.SEED_TAGS)
+    named = {n for n in S.__all__ if n.endswith("_seed") and n not in ("derived_seed", "tagged_seed")}
+    in_table = {f.__name__ for f, _ in S.STREAMS.values()}
+    assert named <= in_table
+    with pytest.raises(KeyError):
+        S.tagged_seed(0, "no-such-stream")
+
+
+def test_callers_use_the_named_streams():
+    """The modules that used to spell the formulas out now call the table's functions (same values)."""
+    from ambiguity.train import batch_indices
+
+    g = torch.Generator().manual_seed(5 * 100003 + 0)
+    assert batch_indices(0, 4, 10, 5).tolist() == torch.randperm(10, generator=g)[:4].tolist()
+    from lantern.quality.scoring import BOOTSTRAP_TAG, PRDC_TAG
+    from lantern.quality.sources import SUBSET_TAG
+
+    assert (SUBSET_TAG, BOOTSTRAP_TAG, PRDC_TAG) == (11, 12, 13)

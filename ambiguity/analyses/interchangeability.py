@@ -44,7 +44,7 @@ from ambiguity.models.registry import load_model
 from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
-from ambiguity.seeding import derived_seed
+from ambiguity.seeding import replacement_seed
 
 __all__ = ["replace_tokens", "pixel_errors", "replacement_settings", "interchangeability",
            "summarize_interchangeability", "replacement_rows", "replacement_grid", "plot_psnr",
@@ -106,7 +106,7 @@ def replacement_settings(ks: Sequence[int], rates: Sequence[float]) -> list[tupl
 
 
 def _setting_seed(seed: int, mode: str, k: Optional[int], rate: float, repeat: int) -> int:
-    return derived_seed(seed, mode == "random", k or 0, int(round(rate * 1e6)), repeat)
+    return replacement_seed(seed, mode == "random", k or 0, rate, repeat)
 
 
 def _replace(codes, setting, neighbourhoods: Neighbourhoods, vocab_size: int, seed: int, repeat: int):

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ambiguity.errors import UsageError
+from ambiguity.seeding import subset_seed
 
 __all__ = ["read_captions", "read_text_captions", "read_coco_captions", "longest_per_image", "sample_captions",
            "load_captions", "is_coco_json"]
@@ -130,7 +131,7 @@ def sample_captions(captions: list[str], n: Optional[int], seed: int = 0) -> lis
     if n > len(captions):
         raise UsageError(f"the captions file has {len(captions)} captions but {n} images were asked for; "
                          f"lower --num-images or pass a larger --captions file")
-    g = torch.Generator().manual_seed(int(seed))
+    g = torch.Generator().manual_seed(subset_seed(seed))
     order = torch.randperm(len(captions), generator=g)[:n]
     return [captions[i] for i in order.tolist()]
 

@@ -38,6 +38,7 @@ from ambiguity.models.base import Prompt, Step
 from ambiguity.models.embedded import load_gpt, weights_dir
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import GPTCache, LlamaGenModel
+from ambiguity.seeding import holdout_seed
 
 __all__ = ["TWIN_FILE", "TOKENIZER_FILE", "HELDOUT_FILE", "METRICS_FILE", "twin_config", "TextTwinModel",
            "load_text_twin", "load_heldout"]
@@ -95,7 +96,7 @@ class TextTwinModel(LlamaGenModel):
         tokens = load_heldout(self.heldout_path)
         if tokens.shape[0] < n:
             raise UsageError(f"only {tokens.shape[0]} held-out passages ship with {self.name}; lower --num-images")
-        idx = torch.randperm(tokens.shape[0], generator=torch.Generator().manual_seed(int(seed)))[:n]
+        idx = torch.randperm(tokens.shape[0], generator=torch.Generator().manual_seed(holdout_seed(seed)))[:n]
         return tokens[idx], [""] * n
 
     # ------------------------------------------------------------------ text

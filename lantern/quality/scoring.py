@@ -22,7 +22,7 @@ import torch
 from scipy import stats
 
 from ambiguity.runs import RunDir, settings_digest
-from ambiguity.seeding import derived_seed
+from ambiguity.seeding import SEED_TAGS, derived_seed
 from lantern.quality import metrics as M
 from lantern.quality.features import DEFAULT_REPOS, Extractor, extract
 from lantern.quality.sources import ImageSet
@@ -30,7 +30,7 @@ from lantern.quality.sources import ImageSet
 __all__ = ["Protocol", "protocol_record", "RefStats", "cache_dir", "reference_stats", "feature_metrics",
            "value_metrics", "metric_name", "paired_differences", "BOOTSTRAP_TAG", "PRDC_TAG", "PAPER_SAMPLE_SIZES"]
 
-BOOTSTRAP_TAG, PRDC_TAG = 12, 13
+BOOTSTRAP_TAG, PRDC_TAG = SEED_TAGS["quality-bootstrap"], SEED_TAGS["quality-prdc-reference"]
 BOUNDED = ("precision", "recall", "coverage", "token_match_vs_reference", "class_consistency")
 # Sample sizes to compare FIDs with. LANTERN's Table 2 (Jang et al. 2025) does not state n next to
 # the table; its official evaluation prompts are the MS-COCO 2017 validation captions, 5k images
@@ -69,7 +69,7 @@ class Protocol:
 def protocol_record(p: Protocol, reference: Optional[ImageSet] = None) -> dict:
     """The protocol as recorded in results: settings, seeds and the reference's facts."""
     rec = asdict(p)
-    rec["seeds"] = {"subsets": f"derived_seed({p.seed}, 11)", "bootstrap": f"derived_seed({p.seed}, {BOOTSTRAP_TAG})",
+    rec["seeds"] = {"subsets": f"derived_seed({p.seed}, {SEED_TAGS['quality-subset']})", "bootstrap": f"derived_seed({p.seed}, {BOOTSTRAP_TAG})",
                     "prdc_reference_subset": f"derived_seed({p.seed}, {PRDC_TAG})"}
     rec["bootstrap_scheme"] = ("delete-a-group jackknife over the generated images (min(bootstrap, n) seeded groups, "
                                "one left out at a time; reference fixed; k-NN radii from the full sets): estimate "

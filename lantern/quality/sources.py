@@ -35,14 +35,14 @@ from PIL import Image
 from ambiguity.data.fashion_mnist import CLASSES, find_dir, load_split
 from ambiguity.errors import UsageError
 from ambiguity.runs import file_sha256
-from ambiguity.seeding import derived_seed
+from ambiguity.seeding import SEED_TAGS, derived_seed
 from lantern.runs import load_run, read_images
 
 __all__ = ["ImageSet", "load_source", "parse_spec", "subset_indices", "IMAGE_SUFFIXES", "DATASETS", "SUBSET_TAG"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 DATASETS = ("fashion-mnist:test", "fashion-mnist:train")
-SUBSET_TAG = 11
+SUBSET_TAG = SEED_TAGS["quality-subset"]
 
 
 @dataclass
