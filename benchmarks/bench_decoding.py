@@ -155,9 +155,8 @@ def plot_sweep(df: pd.DataFrame, path, title: str = "") -> list:
         fig.suptitle(title or "LANTERN (k neighbours, δ) and LANTERN++ (λ) by drafting shape; bars on the speed-up: "
                               "quartiles of per-round ratios",
                      fontsize=8)
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=6,
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles), fontsize=6,
                    frameon=False)
-        fig.tight_layout(rect=(0, 0.25 / (2.3 * len(temps) + 0.5), 1, 1))
         return plots.save_figure(fig, path)
 
 

@@ -436,8 +436,7 @@ def _plot_quality_speed(df: pd.DataFrame, ctx: Context):
                     for d in deltas]
         handles += [Line2D([], [], color="0.3", marker=m, ls="none", markersize=4.5, label=label)
                     for m, label in (("X", "AR"), ("*", "EAGLE-2 (lossless)"))]
-        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=6, frameon=False)
-        fig.tight_layout(rect=(0, 0.3 / height, 1, 1))
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=6, frameon=False)
     return fig
 
 
