@@ -67,7 +67,7 @@ probability and top-10 mass."""),
 Speed-ups are ratios of total (mean) latencies, AR / method, as the paper reports them, timed
 interleaved after a warm-up; `per_image_speedup`, the median [quartiles] of the per-image ratios,
 gives the spread; τ is the mean accepted length with the bonus token; quality against the
-real images with bootstrap intervals."""),
+real images with 95 % intervals (jackknife; Wilson for precision)."""),
     ("code", """show("fig5")"""),
     ("code", """show("table2")"""),
     ("code", """show("table3")"""),
