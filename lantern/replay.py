@@ -110,10 +110,12 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
     """Acceptance rate vs top-1 probability and vs entropy of p per method, with the Wilson
     ``level`` interval of each bin (:func:`lantern.quality.metrics.wilson_interval` over its
     reached drafts, which treats drafts as independent: within one image they are not, so read
-    it as a lower bound on the uncertainty) and, below, the reached drafts per bin (log scale);
+    it as a lower bound on the uncertainty) and, below, the reached drafts per bin;
     bins with fewer than ``min_drafts`` drafts are left out. When ``quality`` (image_quality rows
     with a ``method`` column) is given, PSNR against the reference vs per-image acceptance rate.
     One legend below the panels. PNG + PDF."""
+    import matplotlib.ticker as mticker
+
     from lantern.quality.metrics import wilson_interval
 
     cols = [c for c in AMBIGUITY_COLUMNS if c in set(bins["by"])]
@@ -138,7 +140,8 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
             ax.set_ylabel("acceptance rate")
             ax.set_title(f"acceptance vs {AMBIGUITY_COLUMNS[col]}", fontsize=7)
             ax.set_ylim(0, 1.02)
-            cnt.set_yscale("log")
+            cnt.set_ylim(bottom=0)
+            cnt.yaxis.set_major_locator(mticker.MaxNLocator(3, integer=True))
             cnt.set_ylabel("reached drafts\nper bin")
             cnt.set_xlabel(AMBIGUITY_COLUMNS[col])
             if col == "p_top1":
