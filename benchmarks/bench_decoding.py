@@ -13,7 +13,8 @@ the embedded model and its shipped drafter by default):
    ``--timing-images`` conditions with every configuration, in a fresh random order per round
    (interleaved, so drift and background load hit all methods alike). Reported per
    configuration: median seconds per image and the 25-75 % spread over rounds; the speed-up over
-   AR as the median (and quartiles) of per-round ratios against AR in the same round; AR's
+   AR as the ratio of total latencies (the paper's), with the median and quartiles of per-round
+   ratios against AR in the same round as its spread; AR's
    milliseconds per target forward; and a flag where the speed-up exceeds the tokens per target
    forward (more than step compression can explain: a sign of a slow baseline loop).
 
@@ -27,12 +28,16 @@ Writes ``decoding.parquet`` (one row per configuration), ``timing.parquet`` (one
 configuration and round), ``summary.json`` and ``figures/lantern_sweep.{png,pdf}``::
 
     nohup python benchmarks/bench_decoding.py > benchmarks/results/decoding.log 2>&1 &
+
+``--replot benchmarks/results/decoding.parquet`` recomputes the speed columns of a results file
+from its timing rounds and redraws the figure without decoding anything.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -108,30 +113,93 @@ def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingCo
             **quality}
 
 
-def plot_sweep(df: pd.DataFrame, path) -> list:
-    """τ, speed-up and target NLL per configuration (rows: temperatures; bars grouped by drafting
-    shape, LANTERN settings along x). PNG + PDF."""
+def plot_sweep(df: pd.DataFrame, path, title: str = "") -> list:
+    """τ, speed-up and target NLL per LANTERN setting (rows: temperatures; x: the settings, which
+    have no order, so points are not joined: one marker per drafting shape, side by side). The
+    speed-up is the ratio of total latencies with the per-round quartiles as bars; the tuned SD
+    and AR are horizontal lines; one legend below the panels. PNG + PDF."""
     temps = sorted(df["temperature"].unique())
-    cols = (("tau", "τ (+bonus)"), ("speedup", "speed-up vs AR"), ("nll", "target NLL (nats/token)"))
+    cols = (("tau", "τ (bonus token counted)"), ("speedup", "speed-up vs AR\n(ratio of total latencies)"),
+            ("nll", "target NLL (nats/token)"))
+    markers = "osD^v"
     with plots.style():
-        fig, axes = plots.new_figure(len(temps), len(cols), width=8.0, height=2.4 * len(temps), squeeze=False)
+        fig, axes = plots.new_figure(len(temps), len(cols), width=8.0, height=2.3 * len(temps) + 0.5, squeeze=False)
+        handles = {}
         for r, t in enumerate(temps):
             sub = df[(df["temperature"] == t) & df["method"].isin(["lantern", "lantern++"])]
             names = list(dict.fromkeys(sub["setting"]))
+            shapes = list(dict.fromkeys(sub["shape_kind"]))
             for c, (col, label) in enumerate(cols):
                 ax = axes[r, c]
-                for j, shape in enumerate(dict.fromkeys(sub["shape_kind"])):
+                for j, shape in enumerate(shapes):
                     s = sub[sub["shape_kind"] == shape].set_index("setting").reindex(names)
-                    ax.plot(range(len(names)), s[col], marker="o", ms=3, label=shape, color=plots.color_for(shape, j))
+                    x = np.arange(len(names)) + (j - (len(shapes) - 1) / 2) * 0.22
+                    err = None
+                    if col == "speedup" and {"speedup_q25", "speedup_q75"} <= set(s.columns):
+                        err = np.vstack([(s[col] - s["speedup_q25"]).clip(lower=0), (s["speedup_q75"] - s[col]).clip(lower=0)])
+                    h = ax.errorbar(x, s[col], yerr=err, fmt=markers[j % len(markers)], ms=3.5, capsize=1.5,
+                                    elinewidth=0.7, color=plots.color_for(shape, j))
+                    handles.setdefault(shape if shape in ("chain", "dynamic") else f"static tree {shape}", h)
                 for m, ls in (("sd-best", "--"), ("ar", ":")):
                     row = df[(df["temperature"] == t) & (df["config"] == m)]
                     if len(row):
-                        ax.axhline(float(row[col].iloc[0]), ls=ls, color="0.35", lw=0.9, label=m)
-                ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=5)
+                        h = ax.axhline(float(row[col].iloc[0]), ls=ls, color="0.35", lw=0.9)
+                        handles.setdefault({"sd-best": "SD, tuned", "ar": "AR"}[m], h)
+                for xb in np.arange(len(names) - 1) + 0.5:  # separate the categories
+                    ax.axvline(xb, color="0.9", lw=0.6, zorder=0)
+                ax.set_xticks(range(len(names)), [_setting_label(n) for n in names], rotation=45, ha="right",
+                              fontsize=5.5)
+                ax.set_xlim(-0.6, len(names) - 0.4)
                 ax.set_ylabel(label)
                 ax.set_title(f"temperature {t:g}" + (" (greedy)" if t == 0 else ""), fontsize=7)
-        axes[0, 0].legend(loc="best", fontsize=5)
+        fig.suptitle(title or "LANTERN (k neighbours, δ) and LANTERN++ (λ) by drafting shape; bars on the speed-up: "
+                              "quartiles of per-round ratios",
+                     fontsize=8)
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles), fontsize=6,
+                   frameon=False)
         return plots.save_figure(fig, path)
+
+
+def _setting_label(setting: str) -> str:
+    """``k32-d0.1`` -> ``k=32 δ=0.1``; ``k128-l2`` (LANTERN++) -> ``++ k=128 λ=2``."""
+    k, _, rest = setting.partition("-")
+    if rest.startswith("d"):
+        return f"k={k[1:]} δ={rest[1:]}"
+    if rest.startswith("l"):
+        return f"++ k={k[1:]} λ={rest[1:]}"
+    return setting
+
+
+SPEED_COLUMNS = ("ms_per_image", "ms_per_image_q25", "ms_per_image_q75", "speedup_total", "speedup", "speedup_median",
+                 "speedup_q25", "speedup_q75", "baseline_ms_per_forward", "target_ms_per_forward", "rounds",
+                 "speedup_exceeds_tokens_per_forward")
+
+
+def with_speed(stats: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
+    """Configuration rows (temperature, config, ...) joined with :func:`lantern.timing.speedup_table`
+    of their temperature's timing rounds, plus the tuned SD control ``sd-best`` (the fastest SD
+    configuration of each temperature)."""
+    stats = stats[stats["config"] != "sd-best"].drop(columns=[c for c in SPEED_COLUMNS if c in stats.columns])
+    speed = pd.concat([speedup_table(timing[timing["temperature"] == t]).assign(temperature=t)
+                       for t in sorted(timing["temperature"].unique())], ignore_index=True)
+    df = stats.merge(speed.drop(columns=["tokens_per_forward"]), on=["temperature", "config"])
+    df["speedup_exceeds_tokens_per_forward"] = df["speedup"] > df["tokens_per_forward"]
+    best = [df[(df["temperature"] == t) & (df["method"] == "sd")].sort_values("speedup", ascending=False).head(1)
+            .assign(config="sd-best") for t in sorted(df["temperature"].unique())]
+    return pd.concat([df] + best, ignore_index=True)
+
+
+def replot(path: Path, figure) -> list:
+    """Recompute the speed columns of a results Parquet file (``decoding.parquet``) from its timing
+    rounds (``<stem>_timing.parquet`` next to it, else ``timing.parquet``), rewrite it and redraw the figure."""
+    timing_path = path.with_name(f"{path.stem}_timing.parquet")
+    if not timing_path.is_file():
+        timing_path = path.with_name("timing.parquet")
+    if not path.is_file() or not timing_path.is_file():
+        raise UsageError(f"--replot needs {path} and its timing rounds ({timing_path}); run the sweep first")
+    df = with_speed(pd.read_parquet(path), pd.read_parquet(timing_path))
+    write_table(df, path)
+    return plot_sweep(df, figure)
 
 
 def build_parser() -> ArgumentParser:
@@ -159,12 +227,20 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decoding"))
     ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
     ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--replot", default=None, metavar="PARQUET",
+                    help="only recompute the speed-ups of a results file (e.g. benchmarks/results/decoding.parquet) "
+                         "from its timing rounds and redraw --figure; decodes nothing")
     return ap
 
 
 @cli_main
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.replot:
+        check_out_file(args.figure, "--figure")
+        files = replot(Path(args.replot), args.figure)
+        print(f"wrote {args.replot}, {', '.join(str(f) for f in files)}")
+        return 0
     temps = float_list(args.temperatures, "--temperatures", 0.0, 10.0)
     ks, deltas = int_list(args.ks, "--ks", 1), float_list(args.deltas, "--deltas", 0.0, 1.0)
     lams = float_list(args.lams, "--lams", 1.0, 1e6)
@@ -205,7 +281,7 @@ def main(argv=None) -> int:
             else:
                 stats.append(part.tables["row"].iloc[0].to_dict())
 
-    timing, rows_all = [], []
+    rows_all = []
     named = dict(configs)
     tables = {name: table for name, c in configs if c.speculative and c.rule.relaxed}
     for t in temps:
@@ -217,20 +293,13 @@ def main(argv=None) -> int:
         rows = interleaved_timing(model, named, sampling, conditions, [(0, args.timing_images)] * args.repeats,
                                   drafter, tables, seed=0, progress=True,
                                   done=pd.concat(done, ignore_index=True) if done else None, on_round=save)
-        timing.append(speedup_table(rows).assign(temperature=t))
         rows_all.append(rows.assign(temperature=t))
     timing_df = pd.concat(rows_all, ignore_index=True)
-    speed = pd.concat(timing, ignore_index=True).drop(columns=["tokens_per_forward"])
-    df = pd.DataFrame(stats).merge(speed, on=["temperature", "config"])
-    df["speedup_exceeds_tokens_per_forward"] = df["speedup"] > df["tokens_per_forward"]
+    df = pd.DataFrame(stats)
     # "chain4" -> "chain", "dynamic(59,4,10)" -> "dynamic"; a static tree keeps its name ("mc_sim_7b_63")
     df["shape_kind"] = df["shape"].str.replace(r"\(.*\)$", "", regex=True).str.replace(r"^chain\d+$", "chain", regex=True)
     df["setting"] = df["config"].str.replace(r"^lantern(\+\+)?-(chain|static|dynamic)-", "", regex=True)
-    best = []
-    for t in temps:  # the tuned SD control: the fastest SD configuration of the temperature
-        sd = df[(df["temperature"] == t) & (df["method"] == "sd")].sort_values("speedup", ascending=False).head(1)
-        best.append(sd.assign(config="sd-best"))
-    df = pd.concat([df] + best, ignore_index=True)
+    df = with_speed(df, timing_df)  # with the tuned SD control: the fastest SD configuration of each temperature
     write_table(df, out / "decoding.parquet")
     write_table(timing_df, out / "timing.parquet")
     files = plot_sweep(df, args.figure)
@@ -238,7 +307,7 @@ def main(argv=None) -> int:
     write_json({"settings": settings, "ar_target_ms_per_forward": ar_ms, "results": df.to_dict(orient="records")},
                out / "summary.json")
     shown = ["temperature", "config", "acceptance_rate", "tau", "tokens_per_forward", "ms_per_image", "speedup",
-             "speedup_q25", "speedup_q75", "nll", "class_consistency", "out_of_support"]
+             "speedup_median", "speedup_q25", "speedup_q75", "nll", "class_consistency", "out_of_support"]
     shown += [c for c in df.columns if c.split("_")[0] in QUALITY]
     print(f"{model.name}: statistics on {args.num_images} images, timing on {args.timing_images} images x "
           f"{args.repeats} interleaved rounds after a warm-up; cfg {guidance:g}, {args.threads} threads on {device}; "

@@ -105,33 +105,63 @@ def acceptance_by_ambiguity(runs: Mapping[str, object], by: Sequence[str] = ("p_
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay", min_drafts: int = 20) -> list[Path]:
-    """Acceptance rate vs top-1 probability and vs entropy of p per method (bins with at least
-    ``min_drafts`` reached drafts), and, when ``quality`` (image_quality rows with a ``method``
-    column) is given, PSNR against the reference vs per-image acceptance rate. PNG + PDF."""
+def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay", min_drafts: int = 20,
+                level: float = 0.95) -> list[Path]:
+    """Acceptance rate vs top-1 probability and vs entropy of p per method, with the Wilson
+    ``level`` interval of each bin (:func:`lantern.quality.metrics.wilson_interval` over its
+    reached drafts, which treats drafts as independent: within one image they are not, so read
+    it as a lower bound on the uncertainty) and, below, the reached drafts per bin;
+    bins with fewer than ``min_drafts`` drafts are left out. When ``quality`` (image_quality rows
+    with a ``method`` column) is given, PSNR against the reference vs per-image acceptance rate.
+    One legend below the panels. PNG + PDF."""
+    import matplotlib.ticker as mticker
+
+    from lantern.quality.metrics import wilson_interval
+
     cols = [c for c in AMBIGUITY_COLUMNS if c in set(bins["by"])]
     n = len(cols) + (quality is not None and len(quality) > 0)
+    methods = list(dict.fromkeys(bins["method"]))
     with plots.style():
-        fig, axes = plots.new_figure(1, n, width=2.5 * n, height=2.3)
-        axes = np.atleast_1d(axes)
-        methods = list(dict.fromkeys(bins["method"]))
-        for ax, col in zip(axes, cols):
+        fig, axes = plots.new_figure(2, n, width=2.6 * n, height=3.6, squeeze=False,
+                                     gridspec_kw={"height_ratios": [2.2, 1]})
+        for c, col in enumerate(cols):
+            ax, cnt = axes[0, c], axes[1, c]
+            los = np.unique(bins.loc[bins["by"] == col, "lo"])
+            width = float(np.diff(los).min()) if len(los) > 1 else 0.1
             for j, m in enumerate(methods):
                 b = bins[(bins["by"] == col) & (bins["method"] == m) & (bins["drafts"] >= min_drafts)]
-                ax.plot(b["mid"], b["acceptance_rate"], marker="o", ms=2.5, label=m, color=plots.color_for(m, j))
-            ax.set_xlabel(AMBIGUITY_COLUMNS[col])
+                ci = np.array([wilson_interval(r, int(k), level) for r, k in zip(b["acceptance_rate"], b["drafts"])])
+                err = None if not len(b) else np.vstack([b["acceptance_rate"] - ci[:, 0], ci[:, 1] - b["acceptance_rate"]])
+                dodge = (j - (len(methods) - 1) / 2) * 0.12 * width  # side by side within a bin
+                color = plots.color_for(m, j)
+                ax.errorbar(b["mid"] + dodge, b["acceptance_rate"], yerr=err, marker="o", ms=2.5, capsize=1.5, lw=1.0,
+                            elinewidth=0.6, label=m, color=color)
+                cnt.plot(b["mid"] + dodge, b["drafts"], marker="o", ms=2, lw=0.8, color=color)
             ax.set_ylabel("acceptance rate")
+            ax.set_title(f"acceptance vs {AMBIGUITY_COLUMNS[col]}", fontsize=7)
+            ax.set_ylim(0, 1.02)
+            cnt.set_ylim(bottom=0)
+            cnt.yaxis.set_major_locator(mticker.MaxNLocator(3, integer=True))
+            cnt.set_ylabel("reached drafts\nper bin")
+            cnt.set_xlabel(AMBIGUITY_COLUMNS[col])
             if col == "p_top1":
                 ax.set_xlim(0, 1)
-            ax.set_ylim(0, 1.02)
-        axes[0].legend(loc="best")
+                cnt.set_xlim(0, 1)
+            else:
+                cnt.set_xlim(*ax.get_xlim())
         if n > len(cols):
-            ax = axes[-1]
+            ax = axes[0, -1]
             for j, m in enumerate(dict.fromkeys(quality["method"])):
                 q = quality[(quality["method"] == m) & np.isfinite(quality["psnr"])]
-                ax.scatter(q["acceptance_rate"], q["psnr"], s=6, label=m, color=plots.color_for(m, j), alpha=0.7)
+                ax.scatter(q["acceptance_rate"], q["psnr"], s=6, color=plots.color_for(m, j), alpha=0.7)
             ax.set_xlabel("acceptance rate of the image")
             ax.set_ylabel("PSNR vs reference (dB)")
+            ax.set_title("per image: PSNR vs acceptance", fontsize=7)
+            axes[1, -1].set_visible(False)
+        fig.suptitle(f"Acceptance by ambiguity of the target's p (bars: {100 * level:g} % Wilson intervals per bin; "
+                     f"bins with >= {min_drafts} drafts)", fontsize=7.5)
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=6, frameon=False)
         return plots.save_figure(fig, path)
 
 

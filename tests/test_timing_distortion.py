@@ -115,3 +115,34 @@ def test_positions_per_chunk_follow_the_memory_cap():
     assert _positions_per_chunk(16384, 1000, "exact", 256, 1 << 30) == 2  # 16384 codes, k = 1000: 384 MiB each
     assert _positions_per_chunk(16384, 1000, "official", 256, 1 << 30) == 1
     assert _positions_per_chunk(16384, 1000, "exact", 256, 1) == 1
+
+
+def test_bench_decoding_replot_recomputes_the_ratio_of_totals(tmp_path):
+    """benchmarks/bench_decoding.py --replot: speed columns from the timing rounds (ratio of totals),
+    the tuned SD control = the fastest SD row, the figure written."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_decoding.py"
+    spec = importlib.util.spec_from_file_location("bench_decoding", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    t = _timing([(0, "ar", 2.0, 64, 64, 1.28), (0, "sd-chain1", 1.0, 64, 32, 0.5), (0, "sd-chain2", 4.0, 64, 16, 0.5),
+                 (0, "lantern-chain-k8-d0.1", 1.0, 64, 16, 0.5),
+                 (1, "ar", 4.0, 64, 64, 1.28), (1, "sd-chain1", 4.0, 64, 32, 0.5), (1, "sd-chain2", 1.5, 64, 16, 0.5),
+                 (1, "lantern-chain-k8-d0.1", 1.0, 64, 16, 0.5)]).assign(temperature=1.0)
+    stats = pd.DataFrame({"temperature": 1.0, "config": ["ar", "sd-chain1", "sd-chain2", "lantern-chain-k8-d0.1"],
+                          "method": ["ar", "sd", "sd", "lantern"], "shape_kind": ["ar", "chain", "chain", "chain"],
+                          "setting": ["ar", "sd-chain1", "sd-chain2", "k8-d0.1"], "tau": [1.0, 2.0, 2.5, 3.0],
+                          "nll": [2.0, 2.0, 2.0, 2.5], "tokens_per_forward": [1.0, 2.0, 4.0, 4.0], "speedup": 9.0})  # a stale speed column is replaced
+    stats.to_parquet(tmp_path / "decoding.parquet")
+    t.to_parquet(tmp_path / "decoding_timing.parquet")
+    files = bench.replot(tmp_path / "decoding.parquet", tmp_path / "sweep")
+    assert [f.name for f in files] == ["sweep.png", "sweep.pdf"]
+    df = pd.read_parquet(tmp_path / "decoding.parquet").set_index("config")
+    assert df.loc["sd-chain1", "speedup"] == pytest.approx(6.0 / 5.0)   # totals: AR 6 s, chain1 5 s
+    assert df.loc["sd-chain2", "speedup"] == pytest.approx(6.0 / 5.5)   # ... chain2 5.5 s (ratios 0.5 and 8/3)
+    assert df.loc["sd-chain2", "speedup_median"] == pytest.approx((0.5 + 8 / 3) / 2)
+    assert df.loc["lantern-chain-k8-d0.1", "speedup"] == pytest.approx(3.0)
+    assert df.loc["sd-best", "setting"] == "sd-chain1"  # the fastest SD row by the ratio of totals
+    assert not df.loc["lantern-chain-k8-d0.1", "speedup_exceeds_tokens_per_forward"]  # 3 < 4 tokens per forward

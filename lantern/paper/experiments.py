@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import matplotlib.ticker as mticker
 import numpy as np
 import pandas as pd
 import torch
@@ -28,6 +29,7 @@ from lantern.paper import published as P
 from lantern.paper.context import Context
 from lantern.paper.report import Item
 from lantern.paper.sessions import Method, Session, SessionData, pixels, quality, run_session, sampling_for
+from lantern.quality.scoring import Protocol
 from lantern.timing import speedup_curve
 from lantern.trees import TreeSpec
 
@@ -104,8 +106,10 @@ def _speed_row(data: SessionData, method: str, n: Optional[int] = None) -> dict:
     if method not in sp.index:
         return {}
     r = sp.loc[method]
-    return {"speedup": r["speedup"], "speedup_median": r["speedup_median"], "speedup_q25": r["speedup_q25"],
-            "speedup_q75": r["speedup_q75"], "ms_per_image": r["ms_per_image"],
+    # the headline (ratio of totals) stands alone; its spread is shown as median [quartiles] of the per-image ratios
+    return {"speedup": r["speedup"], "per_image_speedup": r["speedup_median"],
+            "per_image_speedup_q25": r["speedup_q25"], "per_image_speedup_q75": r["speedup_q75"],
+            "ms_per_image": r["ms_per_image"],
             "ar_ms_per_forward": r["baseline_ms_per_forward"],
             # a wall-clock gain larger than the step compression points at a slow baseline loop
             "flag": "speed-up > tokens per forward" if r["speedup_exceeds_tokens_per_forward"] else None}
@@ -134,13 +138,26 @@ def _method_rows(ctx: Context, data: SessionData, methods, n: int, speed: bool =
     return pd.DataFrame(rows)
 
 
-def _settings(ctx: Context, data: Optional[SessionData] = None, **extra) -> dict:
+def _settings(ctx: Context, data: Optional[SessionData] = None, tree: bool = True, **extra) -> dict:
+    """An item's settings line; ``tree``: the item decodes with the draft tree (its shape is listed)."""
     c = ctx.config
-    out = {"model": ctx.primary, "seed": c.seed, "tree (total, depth, top-k)": list(c.tree)}
+    out = {"model": ctx.primary, "seed": c.seed}
+    if tree:
+        out["tree (total, depth, top-k)"] = list(c.tree)
     if data is not None:
         out.update({"sampling": data.sampling.as_dict(), "images": data.session.rounds})
     out.update(extra)
     return out
+
+
+def _prdc_note(n: int, k: int = Protocol.k) -> list:
+    """A note when precision / recall are degenerate: at n <= k + 1 images per set every k-NN ball
+    reaches the farthest other image, so each set covers the other and both are 1 by construction."""
+    if n > k + 1:
+        return []
+    return [f"Precision and recall use k = {k} nearest neighbours: on n = {n} <= k + 1 images per set every "
+            f"neighbourhood ball reaches the farthest image, so they are 1 by construction for every method and "
+            f"say nothing (the published 0.48 / 0.56 are on 5000 images); compare them only on full runs."]
 
 
 def _quick(ctx: Context, notes: list) -> list:
@@ -265,11 +282,12 @@ def fig2c(ctx: Context) -> Item:
         result = result[["model", "kind", "images", "tokens", "top1", "top1_lo", "top1_hi", "top10", "top10_lo",
                          "top10_hi", "entropy", "entropy_lo", "entropy_hi"]]
     pub = pd.DataFrame([{"model": m, **v} for m, v in P.AMBIGUITY.items()])
-    notes = _quick(ctx, ["Means over tokens of the guided next-token distribution, 95 % bootstrap intervals over "
-                         "images; sampled at temperature 1 without guidance (the paper profiles MS-COCO captions)."])
+    notes = _quick(ctx, ["Means over tokens of the next-token distribution each model samples from (temperature 1, "
+                         "no classifier-free guidance: cfg 1), 95 % bootstrap intervals over images (the paper "
+                         "profiles MS-COCO captions)."])
     return Item("fig2c", "Fig. 2c: average top-1 probability and top-10 mass per model",
                 {"ours": result, "published": pub}, figs,
-                _settings(ctx, images=ctx.config.profile_images, models=list(ctx.config.models)), notes)
+                _settings(ctx, tree=False, images=ctx.config.profile_images, models=list(ctx.config.models)), notes)
 
 
 # --------------------------------------------------------------------------- Fig. 3
@@ -298,7 +316,7 @@ def fig3(ctx: Context) -> Item:
                          "member of B_k (latent neighbours, l2 on the codebook) or by uniformly random codes.",
                          "The paper shows this qualitatively (Fig. 3, images); no numbers are published."])
     return Item("fig3", "Fig. 3: latent interchangeability of tokens", {"ours": summary}, figs,
-                _settings(ctx, images=ctx.config.interchange_images), notes)
+                _settings(ctx, tree=False, images=ctx.config.interchange_images), notes)
 
 
 # --------------------------------------------------------------------------- Fig. 4 and 5
@@ -340,36 +358,85 @@ def fig5(ctx: Context) -> Item:
                          f"{ctx.config.reference} images (FID/KID/precision/recall per feature extractor, "
                          f"95 % intervals: jackknife, Wilson for precision); FID at small n is biased upward: compare at equal n only.",
                          "CLIP score and HPS v2 need captions (text-to-image models): not available for a "
-                         "class-conditional model."])
+                         "class-conditional model."] + _prdc_note(n))
     return Item("fig5", "Fig. 5: image quality vs speed-up and mean accepted length over δ and k", {"ours": df},
                 figs, _settings(ctx, data, grid_images=n), notes)
 
 
+METRIC_TITLES = {"fid": "FID", "kid": "KID", "precision": "precision", "recall": "recall", "density": "density",
+                 "coverage": "coverage"}
+
+
+def _metric_title(metric: str) -> str:
+    """``fid_fmnist`` -> ``FID (fmnist features)``."""
+    name, _, extractor = metric.partition("_")
+    return METRIC_TITLES.get(name, name) + (f" ({extractor} features)" if extractor else "")
+
+
+DELTA_MARKERS = "osDvP^<>"
+
+
 def _plot_quality_speed(df: pd.DataFrame, ctx: Context):
+    """Fig. 5: one row per quality metric (title: metric and extractor), speed-up (ratio of total
+    latencies) and τ along x; LANTERN: one line per k (colour) through its δ values (marker shape,
+    so coinciding points never overprint text), each point with its 95 % interval (the table's ci
+    columns); AR and EAGLE-2 as grey markers; one legend below the panels."""
+    from matplotlib.lines import Line2D
+
     metrics = [m for m in df.columns if m.split("_")[0] in ("fid", "precision", "recall") and
                not m.endswith(("_lo", "_hi"))]
+    rows = max(1, len(metrics))
+    height = 1.9 * rows + 0.6
+    grid = df[df["name"].str.startswith("lantern")]
+    ks = sorted(grid["k"].dropna().unique())
+    deltas = sorted(grid["delta"].dropna().unique())
+    marker_of = {d: DELTA_MARKERS[i % len(DELTA_MARKERS)] for i, d in enumerate(deltas)}
+
+    def bars(rows_, metric, lo, hi):
+        if lo is None or hi is None:
+            return None
+        return np.vstack([(rows_[metric] - lo[rows_.index]).clip(lower=0), (hi[rows_.index] - rows_[metric]).clip(lower=0)])
+
     with plots.style():
-        fig, axes = plots.new_figure(max(1, len(metrics)), 2, width=5.6, height=1.9 * max(1, len(metrics)))
+        fig, axes = plots.new_figure(rows, 2, width=6.0, height=height)
         axes = np.atleast_2d(axes)
-        grid = df[df["name"].str.startswith("lantern")]
         for i, metric in enumerate(metrics):
+            lo, hi = df.get(f"{metric}_lo"), df.get(f"{metric}_hi")
             for j, x in enumerate(("speedup", "tau")):
                 ax = axes[i, j]
-                for ci, k in enumerate(sorted(grid["k"].dropna().unique())):
+                for ci, k in enumerate(ks):
+                    col = plots.color_for(f"k{k}", ci)
                     d = grid[grid["k"] == k].sort_values("delta")
-                    ax.plot(d[x], d[metric], marker="o", markersize=3, color=plots.color_for(f"k{k}", ci),
-                            label=f"LANTERN k={int(k)}")
-                    for _, r in d.iterrows():
-                        ax.annotate(f"δ={r['delta']:g}", (r[x], r[metric]), fontsize=4.5, xytext=(2, 2),
-                                    textcoords="offset points")
-                for name, marker in (("ar", "s"), ("eagle2", "^")):
+                    ax.plot(d[x], d[metric], color=col, lw=1.0, zorder=2)
+                    for delta, r in d.groupby("delta"):
+                        ax.errorbar(r[x], r[metric], yerr=bars(r, metric, lo, hi), fmt=marker_of[delta], color=col,
+                                    markersize=3.5, capsize=1.5, elinewidth=0.6, zorder=3)
+                for name, marker in (("ar", "X"), ("eagle2", "*")):
                     r = df[df["name"] == name]
                     if len(r):
-                        ax.scatter(r[x], r[metric], marker=marker, color="0.3", s=14,
-                                   label="AR" if name == "ar" else "EAGLE-2")
-                ax.set_xlabel("speed-up over AR" if x == "speedup" else "mean accepted length τ")
-                ax.set_ylabel(metric)
-        axes[0, 0].legend(fontsize=5)
+                        ax.errorbar(r[x], r[metric], yerr=bars(r, metric, lo, hi), fmt=marker, color="0.3",
+                                    markersize=4.5, capsize=1.5, elinewidth=0.6, zorder=3)
+                values = pd.concat([df[metric]] + [c for c in (lo, hi) if c is not None]).dropna()
+                if len(values) and float(values.max() - values.min()) < 1e-9:  # one value for every method
+                    v = float(values.iloc[0])
+                    ax.set_ylim(v - 0.5, v + 0.5)
+                    ax.set_yticks([v])
+                    ax.text(0.5, 0.12, "the same value for every method", transform=ax.transAxes, ha="center",
+                            fontsize=5.5, color="0.35")
+                ax.set_xlabel("speed-up over AR (ratio of total latencies)" if x == "speedup"
+                              else "mean accepted length τ (bonus token counted)")
+                ax.set_ylabel(METRIC_TITLES.get(metric.split("_")[0], metric))
+                ax.set_title(_metric_title(metric), fontsize=7)
+        n = int(df["images"].max()) if "images" in df and df["images"].notna().any() else None
+        fig.suptitle(f"{ctx.primary}: quality vs speed over δ and k (temperature 1"
+                     + (f", {n} images per method" if n else "") + "; bars: 95 % intervals)", fontsize=8)
+        handles = [Line2D([], [], color=plots.color_for(f"k{k}", ci), lw=1.0, label=f"LANTERN k={int(k)}")
+                   for ci, k in enumerate(ks)]
+        handles += [Line2D([], [], color="0.45", marker=marker_of[d], ls="none", markersize=3.5, label=f"δ={d:g}")
+                    for d in deltas]
+        handles += [Line2D([], [], color="0.3", marker=m, ls="none", markersize=4.5, label=label)
+                    for m, label in (("X", "AR"), ("*", "EAGLE-2 (lossless)"))]
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=6, frameon=False)
     return fig
 
 
@@ -406,15 +473,16 @@ def table2(ctx: Context) -> Item:
     notes = _quick(ctx, [_k_note(ctx),
                          "Speed-up: the ratio of total (equivalently mean) latencies, AR / method, as the paper "
                          "reports it; each image is decoded by every method in a random order after a warm-up. Its "
-                         "spread: speedup_median, speedup_q25, speedup_q75 are the median and quartiles of the "
-                         "per-image ratios AR / method. ar_ms_per_forward is AR's milliseconds per target forward; "
+                         "spread: per_image_speedup is the median [quartiles] of the per-image ratios AR / method "
+                         "(the ratio of totals weighs slow images more, so it can lie outside them). ar_ms_per_forward is AR's milliseconds per target forward; "
                          "a 'flag' column appears where the speed-up exceeds the tokens per target forward (a slow "
                          "baseline loop).",
                          "τ counts the bonus token; the paper writes τ for the temperature, here 'temperature'.",
                          f"Published speed-ups are LlamaGen-XL Stage I on a GPU ({P.SOURCES['table2']}); "
                          f"{P.SOURCES['abstract']}.",
                          "CLIP score and HPS v2 need captions: not available for a class-conditional model "
-                         "(published HPS v2 at δ = 0.05 is in the precision/recall table)."])
+                         "(published HPS v2 at δ = 0.05 is in the precision/recall table)."]
+                   + _prdc_note(min(ctx.config.grid_images, ctx.config.main_images)))
     tables = {"ours": ours, "published": pub}
     if len(pr):
         tables["precision_recall"] = pr
@@ -453,6 +521,7 @@ def table3(ctx: Context) -> Item:
                      "compares l2-normalised codes, and on unit vectors |a - b|² = 2 - 2 cos(a, b), so l2 and "
                      "cosine would order neighbours identically and their rows would be equal by construction. "
                      "The TVD-vs-JSD rows use the quantiser's (normalised) codebook like every other item.")
+        notes.append(_raw_codebook_note(ctx, ctx.k(ctx.primary, c.paper_k)))
         notes.append("The paper reports L2 ≈ cosine > random and TVD ≈ JSD in words; its Table 3 values are not "
                      "published here as numbers.")
     return Item("table3", "Table 3: neighbour metric (l2 / cosine / random) and TVD vs JSD at matched speed-up",
@@ -460,14 +529,29 @@ def table3(ctx: Context) -> Item:
                 notes)
 
 
+def _raw_codebook_note(ctx: Context, k: int) -> str:
+    """How far apart l2 and cosine neighbours are on the primary model's raw codebook: the norm
+    range of its stored codes and the shared fraction of the two B_k tables."""
+    from ambiguity.neighbourhood import model_neighbourhoods
+
+    model = ctx.model(ctx.primary)
+    norms = model.raw_codebook().norm(dim=1)
+    a, b = (model_neighbourhoods(model, k, metric, "codebook-raw").indices for metric in ("l2", "cosine"))
+    shared = sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b)) / a.numel()
+    return (f"On {ctx.primary}'s raw codebook the stored codes have norms {float(norms.min()):.2f}-"
+            f"{float(norms.max()):.2f}, so l2 and cosine B_{k} share {100 * shared:.1f} % of their neighbours: the "
+            f"closer the norms are to equal, the closer the two rows are by construction.")
+
+
 # --------------------------------------------------------------------------- App. F
+F1_MIN_BAND = 5  # F.1 draws bootstrap bands from this many images on
 def f1(ctx: Context) -> Item:
     """Speed-up over AR measured on the first n images, for n up to ``main_images``."""
     data = main_session(ctx, 1.0)
     df, figs = pd.DataFrame(), []
     if data is not None:
         n = data.session.rounds
-        ns = sorted({x for x in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if x <= n} | {n})
+        ns = sorted({x for x in (*range(1, 11), 20, 50, 100, 200, 500, 1000, 2000, 5000) if x <= n} | {n})
         lantern = _lantern_name(ctx, ctx.config.paper_k, ctx.config.paper_delta)
         curves = {label: speedup_curve(data.timing, name, "ar", ns, seed=ctx.config.seed)
                   for label, name in (("EAGLE-2", "eagle2"), ("LANTERN", lantern))}
@@ -477,15 +561,22 @@ def f1(ctx: Context) -> Item:
             for i, (label, c) in enumerate(curves.items()):
                 col = plots.color_for(label, i)
                 ax.plot(c["n"], c["speedup"], marker="o", markersize=2.5, color=col, label=label)
-                ax.fill_between(c["n"], c["ci_low"], c["ci_high"], color=col, alpha=0.2, linewidth=0)
+                band = c[c["n"] >= F1_MIN_BAND]  # a bootstrap over a handful of images says nothing
+                ax.fill_between(band["n"], band["ci_low"], band["ci_high"], color=col, alpha=0.2, linewidth=0)
             ax.axhline(1.0, color="0.5", lw=0.7, ls=":")
             ax.set_xscale("log")
+            ticks = ns if len(ns) <= 10 else [x for x in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if x <= n]
+            ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
+            ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(mticker.NullFormatter())
             ax.set_xlabel("images measured (n)")
             ax.set_ylabel("speed-up over AR\n(ratio of total latencies)")
-            ax.legend(fontsize=6)
+            ax.set_title(f"{ctx.primary}, temperature 1: speed-up on the first n images", fontsize=7)
+            ax.legend(fontsize=6, loc="best")
         figs.append(_savefig(ctx, fig, "f1", "f1"))
-    notes = _quick(ctx, ["Speed-up on the first n images (each decoded once by AR, EAGLE-2 and LANTERN, interleaved "
-                         "in a random order per image after a warm-up); band: 95 % bootstrap over those images.",
+    notes = _quick(ctx, ["Speed-up (ratio of total latencies) on the first n images, n = 1 ... 10 then 20, 50, ... "
+                         "(each decoded once by AR, EAGLE-2 and LANTERN, interleaved in a random order per image after "
+                         f"a warm-up); band: 95 % bootstrap over those images, drawn from n = {F1_MIN_BAND} on.",
                          P.SOURCES["f1"] + "."])
     return Item("f1", "App. F.1: measured speed-up vs number of images", {"ours": df}, figs,
                 _settings(ctx, data), notes)
@@ -556,7 +647,7 @@ def distortion(ctx: Context) -> Item:
                          "The δ bound holds per draft (moved mass ≤ δ), not for the output: TVD(out, p) can exceed δ "
                          "when the drafter is far from p. Our own finding; not in the paper."])
     return Item("distortion", "Distortion: exact per-step TVD(output, p) of the relaxed rule", {"ours": df}, figs,
-                _settings(ctx, data, pairs_images=c.pairs_images), notes)
+                _settings(ctx, data, tree=False, pairs_images=c.pairs_images), notes)
 
 
 EXPERIMENTS: dict[str, Callable[[Context], Item]] = {

@@ -173,7 +173,7 @@ def quality(ctx: Context, data: SessionData, method: str, n: int) -> dict:
     with the run's extractors and reference), cached as a part of the session; {metric: value dict}."""
     run = data.run
     holds = {"method": method, "n": int(n), "extractors": list(ctx.config.extractors),
-             "reference": ctx.config.reference}
+             "reference": ctx.config.reference, "intervals": "jackknife+wilson"}  # parts of the old bootstrap recompute
     name = f"quality_{method}_{n}"
     part = run.read_part(name, holds)
     if part is not None:
