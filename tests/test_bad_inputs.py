@@ -142,6 +142,45 @@ def swap_weights(d: Path) -> None:
     tmp.rename(vq)
 
 
+def nan_in(file: str, key: str, value: float = float("nan")) -> Callable[[Path], None]:
+    """A change for :func:`embedded_weights` (or a drafter copy): tensor ``key`` of ``file`` set to
+    ``value`` everywhere, the file otherwise valid (same metadata)."""
+
+    def change(d: Path) -> None:
+        import torch
+
+        from ambiguity.io import load_tensors, save_tensors
+
+        t, meta = load_tensors(d / file)
+        t[key] = torch.full_like(t[key], value)
+        save_tensors(t, d / file, meta)
+
+    return change
+
+
+def other_variant(src_prefix: str, dst_prefix: str) -> Callable[[Path], None]:
+    """A setup: ``{tmp}/w`` holding the shipped ``<src_prefix>_*`` files under ``<dst_prefix>_*`` names."""
+
+    def setup(tmp: Path) -> None:
+        d = tmp / "w"
+        d.mkdir(parents=True)
+        for part in ("gpt", "vq"):
+            shutil.copy(AW / f"{src_prefix}_{part}.safetensors", d / f"{dst_prefix}_{part}.safetensors")
+
+    return setup
+
+
+def nan_drafter(tmp: Path) -> None:
+    """A setup: ``{tmp}/d.safetensors``, the shipped drafter with every weight NaN."""
+    import torch
+
+    from ambiguity.io import load_tensors, save_tensors
+
+    t, meta = load_tensors(LW / "embedded_drafter.safetensors")
+    save_tensors({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in t.items()},
+                 tmp / "d.safetensors", meta)
+
+
 def idx_dir(kind: str) -> Callable[[Path], None]:
     """A setup: ``{tmp}/fm`` with Fashion-MNIST files of one kind of damage."""
 
@@ -350,6 +389,14 @@ CASES: list[Case] = [
     C("profile-weights-empty-vq", P, ["--num-images", "1", *EMB_W], EMPTY_VQ, "fashion_vq.safetensors"),
     C("profile-weights-swapped", P, ["--num-images", "1", *EMB_W], SWAPPED, "which file goes where"),
     C("profile-weights-missing-dir", P, ["--weights", "{tmp}/nope"], expect="not found"),
+    C("profile-weights-nan", P, ["--num-images", "1", *EMB_W],
+      embedded_weights(nan_in("fashion_gpt.safetensors", "output.weight")), "NaN"),
+    C("profile-weights-inf-vq", P, ["--num-images", "1", *EMB_W],
+      embedded_weights(nan_in("fashion_vq.safetensors", "quantize.embedding.weight", float("inf"))), "NaN"),
+    C("profile-weights-of-embedded-16", P, ["--num-images", "1", *EMB_W], other_variant("fashion16", "fashion"),
+      "--model embedded-16"),
+    C("profile-16-weights-of-embedded", P, ["--model", "embedded-16", "--num-images", "1", *EMB_W],
+      other_variant("fashion", "fashion16"), "--model embedded"),
     C("profile-weights-is-file", P, ["--weights", AW / "fashion_gpt.safetensors"], expect="directory"),
     C("profile-weights-dir-of-junk", P, ["--weights", "{tmp}/w"],
       embedded_weights(lambda d: [(d / f).unlink() for f in ("fashion_gpt.safetensors",)]), "fashion_gpt"),
@@ -480,6 +527,8 @@ CASES: list[Case] = [
     C("conc-data-garbage", CO, ["--data", "{tmp}/fm", "--num-images", "2"], idx_dir("garbage-gz"), "t10k"),
     C("conc-data-missing", CO, ["--data", "{tmp}/nope", "--num-images", "2"], expect="--data"),
     C("conc-weights-swapped", CO, [*EMB_W, "--num-images", "1"], SWAPPED, "which file goes where"),
+    C("conc-weights-nan", CO, [*EMB_W, "--num-images", "1"],
+      embedded_weights(nan_in("fashion_gpt.safetensors", "output.weight")), "NaN"),
     C("conc-captions-to-c2i", CO, ["--captions", "{tmp}/caps.txt", "--num-images", "1"], CAPS, "class-conditional"),
     C("conc-out-below-file", CO, ["--out", "{tmp}/file/o"], below_file, "below the file"),
     C("conc-cache-below-file", CO, ["--cache-dir", "{tmp}/file/c", "--num-images", "1"], below_file, "--cache-dir"),
@@ -578,6 +627,7 @@ CASES: list[Case] = [
       expect="text-twin"),
     C("gen-drafter-is-model-weights", G, ["--num-images", "1", "--drafter", AW / "fashion_gpt.safetensors"],
       expect="drafter"),
+    C("gen-drafter-all-nan", G, ["--num-images", "1", "--drafter", "{tmp}/d.safetensors"], nan_drafter, "NaN"),
     C("gen-drafter-dir", G, ["--num-images", "1", "--drafter", "{tmp}"], expect="drafter"),
     C("gen-drafter-missing", G, ["--num-images", "1", "--drafter", "{tmp}/nope.safetensors"],
       expect="does not exist"),
