@@ -164,7 +164,7 @@ def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, samp
     shard.first(lambda: run.open(overwrite, shards=shard.count), lambda: run.open(shards=shard.count))
     pixels = model.can_decode
     check_depth(config, model)
-    neighbours = neighbour_table(model, config)  # built once; decode() checks the drafter before any image
+    neighbours = neighbour_table(model, config, progress=progress)  # built once; decode() checks the drafter before any image
     facts = {"model": model.describe(), "class_names": model.class_names, "method": config.method,
              "gamma": config.draft_depth, "sampling": sampling.as_dict(), "rule": config.as_dict(), "pixels": pixels,
              "drafter": None if drafter is None else {"target": drafter.target.get("name"),

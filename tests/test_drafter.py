@@ -1,4 +1,5 @@
 """EAGLE drafter: input alignment, loss, accuracy, KV cache, files, training run and CLI (tiny models)."""
+import json
 import math
 
 import numpy as np
@@ -318,6 +319,8 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "top-1 %" in text and "init" in text
+    init = next(ln for ln in text.splitlines() if ln.strip().startswith("init"))
+    assert "nan" not in init.lower() and " - " in f"{init} "  # no training loss before training: a dash
     import pandas as pd
 
     table = pd.read_parquet(tmp_path / "out" / "d_accuracy.parquet")
@@ -327,6 +330,20 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
 
     drafter = load_drafter(load_embedded(tmp_path / "w"), out)
     assert drafter.info["epochs_done"] == 1 and drafter.info["data"]["train_sequences"] == 32
+    # --classes keeps the sequences of those labels (train and test), recorded with the run
+    from lantern.drafter_data import split_holdout
+
+    out3 = tmp_path / "out3" / "d.safetensors"
+    cls_argv = [*argv[:-7], "--run-dir", str(tmp_path / "run3"), "--out", str(out3), "--no-progress", "--classes", "0,1,2,3,4"]
+    assert main(cls_argv) == 0
+    train, test = split_holdout(seqs, 8, 0)
+    kept = [sum(c < 5 for c in ts.conditions) for ts in (train, test)]
+    info = load_drafter(load_embedded(tmp_path / "w"), out3).info
+    assert info["data"]["train_sequences"] == kept[0] and info["data"]["test_sequences"] == kept[1]
+    assert json.loads((tmp_path / "run3" / "run.json").read_text())["settings"]["data"]["classes"] == [0, 1, 2, 3, 4]
+    capsys.readouterr()
+    assert main([*cls_argv[:-1], "9,10"]) == 2
+    assert "class 10 is out of range" in capsys.readouterr().err
     # bad input: one line on stderr, exit code 2
     assert main(argv[:4] + ["--tokens", str(tmp_path / "missing.pt"), "--run-dir", str(tmp_path / "r2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
