@@ -62,19 +62,30 @@ def settings_digest(settings: Mapping) -> str:
     return hashlib.sha256(json.dumps(normalise(settings), sort_keys=True).encode()).hexdigest()[:16]
 
 
+# settings named first when several differ: what a user changes most deliberately (the model, its
+# weights, the method, the data), then the rest alphabetically
+FIRST_SETTINGS = ("model", "name", "weights", "method", "source", "dataset", "data", "tokens", "self_generate")
+
+
+def _relevance(key: str) -> tuple:
+    return (FIRST_SETTINGS.index(key) if key in FIRST_SETTINGS else len(FIRST_SETTINGS), key)
+
+
 def settings_difference(old, new, prefix: str = "") -> str:
-    """The first setting that differs between a stored record ``old`` (parsed JSON, None when
-    unreadable) and ``new``, as ``"key: <old> there, <new> now"`` (nested dicts are descended)."""
+    """The most relevant setting that differs between a stored record ``old`` (parsed JSON, None
+    when unreadable) and ``new``, as ``"key: <old> there, <new> now"`` (nested dicts are
+    descended, ``outer.inner``): keys of :data:`FIRST_SETTINGS` in that order (the model first),
+    then the others alphabetically."""
     new = normalise(new)
     if old is None and not prefix:
         return "unreadable run file"
     if not isinstance(old, dict) or not isinstance(new, dict):
         return f"{prefix or 'settings'}: {old!r} there, {new!r} now"
-    for k in sorted(set(old) | set(new)):
+    for k in sorted(set(old) | set(new), key=_relevance):
         if old.get(k) != new.get(k):
-            if isinstance(old.get(k), dict) and isinstance(new.get(k), dict):
-                return settings_difference(old[k], new[k], k)
             name = f"{prefix}.{k}" if prefix else k
+            if isinstance(old.get(k), dict) and isinstance(new.get(k), dict):
+                return settings_difference(old[k], new[k], name)
             return f"{name}: {old.get(k)!r} there, {new.get(k)!r} now"
     return "unreadable run file"
 
