@@ -300,6 +300,11 @@ class Shared:
         return self._build("gen", ["lantern.generate", "--num-images", "2", "--gamma", "2", "--k", "8",
                                    "--no-progress"])
 
+    def generate16(self) -> Path:
+        """One AR image of embedded-16 (16 x 16 tokens, 64 px): another geometry than :meth:`generate`."""
+        return self._build("gen16", ["lantern.generate", "--model", "embedded-16", "--method", "ar", "--num-images",
+                                     "1", "--no-progress"])
+
     def profile_shard(self) -> Path:
         """Shard 0 of 2 of a profile run: the merge lacks shard 1's part."""
         return self._build("prof", ["ambiguity.profile", "--num-images", "2", "--batch-size", "1", "--no-figures",
@@ -318,6 +323,10 @@ def gen_run(damage: Optional[Callable[[Path], None]] = None, name: str = "run") 
             damage(tmp / name)
 
     return setup
+
+
+def gen16_run(tmp: Path) -> None:
+    shutil.copytree(SHARED.generate16(), tmp / "run16")
 
 
 def prof_shard_run(tmp: Path) -> None:
@@ -694,6 +703,8 @@ CASES: list[Case] = [
                                             "fmnist={tmp}/f.safetensors"],
       both(gen_run(), files(f__safetensors="nope")), "f.safetensors"),
     C("replay-scores-device-bogus", R, ["{tmp}/run", "--scores", "--device", "bogus"], gen_run(), "--device"),
+    C("replay-reference-of-embedded-16", R, ["{tmp}/run16", "--reference", "{tmp}/run"], both(gen_run(), gen16_run),
+      "256 tokens per image but the reference"),
     C("replay-bootstrap-negative", R, ["{tmp}/run", "--bootstrap", "-5"], expect="--bootstrap"),
 
     # ---------------------------------------------------------------- lantern.evaluate
