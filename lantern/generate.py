@@ -213,6 +213,8 @@ def _assemble(run: RunDir, facts: dict, computed: int, t0: float):
     if facts["pixels"]:
         _grid(facts["class_names"], run.path, images)
     write_json(summary, run.path / "summary.json")
+    run.seal(["steps.parquet", "drafts.parquet", "images.parquet", "summary.json"]  # lantern.runs.load_run checks them
+             + ([f"images/{int(i):05d}.png" for i in images["image"]] if facts["pixels"] else []))
     return steps, drafts, images, summary
 
 

@@ -28,6 +28,7 @@ from PIL import Image
 
 from ambiguity.errors import UsageError
 from ambiguity.io import read_table
+from ambiguity.runs import check_sealed
 
 __all__ = ["load_run", "run_label", "read_images", "image_quality", "check_comparable", "target_scores", "reference_notes"]
 
@@ -68,6 +69,7 @@ def load_run(path: str | Path) -> dict:
         if missing:
             raise UsageError(f"{path}/{name}.parquet lacks the column {missing[0]!r}, so it is not the {name} "
                              f"table of a run; {fix}")
+    check_sealed(path, fix)  # the tables, summary and PNGs are the bytes the run wrote
     return {"path": path, "summary": summary, **tables}
 
 

@@ -945,6 +945,16 @@ def _set_image_column(run: Path, column: str, value) -> None:
     df = pd.read_parquet(run / "images.parquet")
     df[column] = value
     df.to_parquet(run / "images.parquet", index=False)
+    _reseal(run, "images.parquet")  # as if the run had been generated so (a changed final file is its own case)
+
+
+def _reseal(run: Path, name: str) -> None:
+    """Record the current SHA-256 of ``run/name`` in the run's seal (ambiguity.runs.RunDir.seal)."""
+    from ambiguity.runs import RUN_FILE, SEAL_KEY, file_sha256
+
+    record = json.loads((run / RUN_FILE).read_text())
+    record[SEAL_KEY][name] = file_sha256(run / name)
+    (run / RUN_FILE).write_text(json.dumps(record))
 
 
 # --------------------------------------------------------------------------- running and judging
