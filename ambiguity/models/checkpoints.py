@@ -18,7 +18,7 @@ import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.io import load_tensors, save_tensors
-from ambiguity.memory import available_bytes, format_bytes
+from ambiguity.memory import available_bytes, check_weights_fit, format_bytes
 
 __all__ = ["load_checkpoint_state", "read_safetensors", "load_strict", "save_module", "load_module",
            "first_non_finite", "check_finite"]
@@ -31,6 +31,8 @@ def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
     Raises UsageError for a missing, unreadable or truncated file, or one that holds no state dict.
     """
     path = Path(path)
+    if path.is_file():  # torch.load materialises the whole file in CPU memory
+        check_weights_fit([path], torch.float32, "cpu", str(path))
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
