@@ -1,6 +1,6 @@
 """Every entry point against a table of bad inputs (issue 15): one ``error:`` line, exit 2, no traceback.
 
-Each case of :data:`CASES` (407 of them: ``python tests/test_bad_inputs.py`` runs them all and
+Each case of :data:`CASES` (419 of them: ``python tests/test_bad_inputs.py`` runs them all and
 prints the tally) runs one command in its own process, ``python -m <module>`` or ``python
 <script>``, with ``OMP_NUM_THREADS=1``, no visible GPU (the same verdicts on every machine) and an
 empty Hugging Face cache, in a fresh directory (also its working directory, so default outputs
@@ -15,7 +15,8 @@ land there) after an optional ``setup`` that writes the bad files. The case pass
   warning, a second error line, a stray print) fails the case;
 * the error line contains ``expect`` when the case gives one (the fix it must name).
 
-Classes covered for every command: damaged, swapped, foreign or missing weights and data files;
+Classes covered for every command: damaged, swapped, foreign or missing weights and data files
+(also valid files holding NaN / Inf, another embedded variant's files under this one's names);
 numbers that are zero, negative, huge (sizes checked against memory up front), NaN or infinite;
 bad enums, lists and devices; outputs that are files, below files or unusable; damaged or foreign
 runs given as input. Most cases fail on their options before a model loads; the others load the

@@ -220,6 +220,28 @@ def test_save_load_round_trip(model, tmp_path):
     assert sorted(k.split(".")[0] for k in half.state_dict()) == ["fc"] * 2 + ["layer"] * 7  # no embedding / head
 
 
+def test_a_drafter_file_is_refused_for_nan_weights_and_memory_is_named_as_memory(model, tmp_path, monkeypatch):
+    """An all-NaN drafter would decode with τ = 1 and no error: refused naming the tensor. A
+    MemoryError while reading a sound file is reported as memory, not as a damaged file."""
+    import ambiguity.models.checkpoints as ck
+
+    drafter = Drafter.for_target(model, dtype=torch.float32, seed=1)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.fill_(float("nan"))
+    path = drafter.save(tmp_path / "nan.safetensors")
+    with pytest.raises(UsageError, match=r"holds NaN or infinite values \(in fc\.weight\)"):
+        Drafter.load(path, model)
+
+    def no_memory(path, device="cpu"):
+        raise MemoryError
+
+    good = Drafter.for_target(model, dtype=torch.float32, seed=1).save(tmp_path / "good.safetensors")
+    monkeypatch.setattr(ck, "load_tensors", no_memory)
+    with pytest.raises(UsageError, match=r"^not enough memory to read .*good\.safetensors \(.* on disk, .* available\)"):
+        Drafter.load(good, model)
+
+
 def test_loading_for_another_target_is_refused(model, tmp_path):
     path = Drafter.for_target(model, seed=0).save(tmp_path / "d.safetensors")
     with pytest.raises(UsageError, match=r"trained for embedded, not other.*--model other"):
