@@ -89,11 +89,15 @@ def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: s
     module.load_state_dict(state, strict=True)
 
 
-def first_non_finite(module: torch.nn.Module) -> Optional[str]:
+def first_non_finite(module: torch.nn.Module, seen: Optional[set] = None) -> Optional[str]:
     """Name of the first floating parameter or buffer of ``module`` holding NaN or +-Inf (None when
     all are finite). Checked tensor by tensor, so the extra memory is one bool per element of the
-    largest tensor."""
+    largest tensor; ``seen``: ids of tensors already checked (shared modules are checked once)."""
+    seen = set() if seen is None else seen
     for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             return name
     return None
@@ -104,8 +108,9 @@ def check_finite(modules, what: str, fix: str) -> None:
     or one module): weights like that give NaN distributions and figures without any error.
     what: the weights' name or file; fix: what to do (restore or re-create the file)."""
     items = modules.items() if isinstance(modules, dict) else [("", modules)]
+    seen: set = set()
     for prefix, module in items:
-        bad = first_non_finite(module)
+        bad = first_non_finite(module, seen)
         if bad is not None:
             where = f"{prefix}.{bad}" if prefix else bad
             raise UsageError(f"{what} holds NaN or infinite values (in {where}); the weights are damaged: {fix}")
