@@ -11,19 +11,24 @@ in the memory available now.
   the flag, the need, what is available and the largest count that fits;
 * :func:`kv_bytes_per_token` — key/value cache bytes per row and token of a model (None when the
   model does not say), for the batch checks of :func:`check_batch`;
-* :func:`check_run_size` — a run's per-token records and one batch (``--num-images``, ``--batch-size``).
+* :func:`check_run_size` — a run's per-token records and one batch (``--num-images``, ``--batch-size``);
+* :func:`checkpoint_bytes` / :func:`check_weights_fit` — a model's weights at the dtype they will
+  be loaded in (safetensors headers read without the data), refused before loading.
 """
 from __future__ import annotations
 
+import json
 import os
-from typing import Optional
+import struct
+from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 
 from ambiguity.errors import UsageError
 
 __all__ = ["available_bytes", "format_bytes", "check_count", "kv_bytes_per_token", "check_batch", "check_run_size",
-           "SHARE", "RECORD_BYTES", "PREFIX_ROOM"]
+           "checkpoint_bytes", "check_weights_fit", "SHARE", "RECORD_BYTES", "PREFIX_ROOM"]
 
 SHARE = 0.8  # the share of the available memory a run may plan to fill
 RECORD_BYTES = 128  # one row of a per-token table in memory (numbers and a condition string)
@@ -115,3 +120,64 @@ def check_run_size(model, num_images: int, batch_size: Optional[int] = None, gui
     check_count(num_images, n * RECORD_BYTES, flag, f"the per-token records of the run ({n} tokens an image)")
     if batch_size:
         check_batch(model, min(batch_size, num_images), n + PREFIX_ROOM, batch_flag, 1 + bool(guided))
+
+
+# --------------------------------------------------------------------------- weights
+_ST_FLOAT = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+_ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
+             "I8": 1, "U8": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8}
+
+
+def checkpoint_bytes(files: Sequence[str | Path], dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes, parameters) the tensors of checkpoint ``files`` take once loaded with floating
+    tensors in ``dtype`` (e.g. bf16 on disk loaded as fp32 on a CPU: twice the file).
+
+    Safetensors files: from their headers (the tensors are not read); other files (``.bin``,
+    ``.pt``): their size on disk, one parameter per 4 bytes. Unreadable headers count as their
+    file size (the loader reports the damage)."""
+    size = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 4
+    total = params = 0
+    for f in files:
+        f = Path(f)
+        if f.suffix == ".safetensors":
+            try:
+                with open(f, "rb") as fh:
+                    n = struct.unpack("<Q", fh.read(8))[0]
+                    header = json.loads(fh.read(n)) if n < 100_000_000 else None
+                if not isinstance(header, dict):
+                    raise ValueError
+                for name, t in header.items():
+                    if name == "__metadata__" or not isinstance(t, dict):
+                        continue
+                    count = 1
+                    for d in t.get("shape", []):
+                        count *= int(d)
+                    params += count
+                    total += count * (size if t.get("dtype") in _ST_FLOAT else _ST_BYTES.get(t.get("dtype"), 4))
+                continue
+            except (OSError, ValueError, struct.error):
+                pass
+        try:
+            nbytes = f.stat().st_size
+        except OSError:
+            continue
+        total, params = total + nbytes, params + nbytes // 4
+    return total, params
+
+
+def check_weights_fit(files: Sequence[str | Path], dtype: torch.dtype, device: torch.device | str | None,
+                      what: str) -> None:
+    """Raise UsageError before loading when the weights in ``files`` at ``dtype``
+    (:func:`checkpoint_bytes`) cannot fit in the memory available on ``device``, naming the
+    need, what is free and the setting that would fit (a 16-bit ``--dtype`` when it does)."""
+    need, params = checkpoint_bytes(files, dtype)
+    have = available_bytes(device)
+    if need <= SHARE * have:
+        return
+    where = "" if torch.device(device or "cpu").type == "cpu" else f" on {device}"
+    name = str(dtype).replace("torch.", "")
+    half = need * 2 // max(torch.finfo(dtype).bits // 8, 1) if dtype.is_floating_point else need
+    fix = ("use --dtype bfloat16 (about " + format_bytes(half) + ")" if dtype == torch.float32 and half <= SHARE * have
+           else "use a machine or device with more memory")
+    raise UsageError(f"{what}: its weights need about {format_bytes(need)} at {name} ({params / 1e9:.2f} B "
+                     f"parameters), more than the {format_bytes(have)} of memory available{where}; {fix}")

@@ -13,6 +13,10 @@ train_drafter, evaluate and paper) keeps them in a run directory::
 * **Refuse / overwrite**: a rerun with other settings is refused with one line that names the
   first difference, ``--out`` and ``--overwrite``; ``--overwrite`` clears the run's own files
   (``run.json``, ``parts/`` and the command's outputs) and starts afresh.
+* **Sealed outputs**: :meth:`RunDir.seal` records the SHA-256 of the final files in ``run.json``
+  (key ``outputs_sha256``) once they are written; :func:`check_sealed` lets a reader refuse a
+  final table, summary or image that is not what the run wrote (copied from another run,
+  replaced, duplicated).
 * **Honest parts**: a manifest says what its part holds (e.g. the image indices), the settings
   digest it was computed under, and each file's size, row count and SHA-256. :meth:`RunDir.read_part`
   checks all of it; a damaged, truncated, foreign or stale part is recomputed with a one-line
@@ -44,9 +48,10 @@ from ambiguity.io import (ensure_writable_dir, json_default, load_tensors, read_
                           write_json, write_table)
 
 __all__ = ["RunDir", "Part", "settings_digest", "settings_difference", "versions", "normalise", "file_sha256",
-           "RUN_FILE", "PART_DIR"]
+           "check_sealed", "RUN_FILE", "PART_DIR", "SEAL_KEY"]
 
 RUN_FILE = "run.json"
+SEAL_KEY = "outputs_sha256"  # run.json: {relative path of a final file: SHA-256}
 ABSENT = "it was never written"
 PART_DIR = "parts"
 
@@ -62,19 +67,30 @@ def settings_digest(settings: Mapping) -> str:
     return hashlib.sha256(json.dumps(normalise(settings), sort_keys=True).encode()).hexdigest()[:16]
 
 
+# settings named first when several differ: what a user changes most deliberately (the model, its
+# weights, the method, the data), then the rest alphabetically
+FIRST_SETTINGS = ("model", "name", "weights", "method", "source", "dataset", "data", "tokens", "self_generate")
+
+
+def _relevance(key: str) -> tuple:
+    return (FIRST_SETTINGS.index(key) if key in FIRST_SETTINGS else len(FIRST_SETTINGS), key)
+
+
 def settings_difference(old, new, prefix: str = "") -> str:
-    """The first setting that differs between a stored record ``old`` (parsed JSON, None when
-    unreadable) and ``new``, as ``"key: <old> there, <new> now"`` (nested dicts are descended)."""
+    """The most relevant setting that differs between a stored record ``old`` (parsed JSON, None
+    when unreadable) and ``new``, as ``"key: <old> there, <new> now"`` (nested dicts are
+    descended, ``outer.inner``): keys of :data:`FIRST_SETTINGS` in that order (the model first),
+    then the others alphabetically."""
     new = normalise(new)
     if old is None and not prefix:
         return "unreadable run file"
     if not isinstance(old, dict) or not isinstance(new, dict):
         return f"{prefix or 'settings'}: {old!r} there, {new!r} now"
-    for k in sorted(set(old) | set(new)):
+    for k in sorted(set(old) | set(new), key=_relevance):
         if old.get(k) != new.get(k):
-            if isinstance(old.get(k), dict) and isinstance(new.get(k), dict):
-                return settings_difference(old[k], new[k], k)
             name = f"{prefix}.{k}" if prefix else k
+            if isinstance(old.get(k), dict) and isinstance(new.get(k), dict):
+                return settings_difference(old[k], new[k], name)
             return f"{name}: {old.get(k)!r} there, {new.get(k)!r} now"
     return "unreadable run file"
 
@@ -102,6 +118,30 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def check_sealed(path: str | Path, fix: str, only: Optional[Sequence[str]] = None) -> None:
+    """Raise UsageError when a final file of the run at ``path`` is missing or differs from what
+    the run wrote (its SHA-256 in ``run.json``, :meth:`RunDir.seal`), naming the file and ``fix``
+    (the command that rewrites it). only: check just these relative paths (default: all sealed).
+    Runs written before outputs were sealed (no record) pass unchecked."""
+    path = Path(path)
+    try:
+        record = json.loads((path / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    sealed = record.get(SEAL_KEY) if isinstance(record, dict) else None
+    if not isinstance(sealed, dict):
+        return
+    for name in (only if only is not None else sealed):
+        if name not in sealed:
+            continue
+        f = path / name
+        if not f.is_file():
+            raise UsageError(f"{f} is missing although the run wrote it; {fix}")
+        if file_sha256(f) != sealed[name]:
+            raise UsageError(f"{f} is not the file this run wrote (its SHA-256 differs from the one in "
+                             f"{path / RUN_FILE}: copied from another run or changed since); {fix}")
 
 
 def _note(text: str) -> None:
@@ -215,6 +255,14 @@ class RunDir:
                              f"{self.flag}")
         self.parts_dir.mkdir(exist_ok=True)
         return self
+
+    def seal(self, names: Sequence[str]) -> None:
+        """Record the SHA-256 of the final files ``names`` (relative to the run directory, all
+        written) in ``run.json``, replacing an earlier seal; readers check them with
+        :func:`check_sealed`."""
+        record = self.stored() or {}
+        record[SEAL_KEY] = {str(n): file_sha256(self.path / n) for n in names}
+        write_json(record, self.run_file)
 
     def require_parts(self, names: Sequence[str], holds: Sequence[Mapping], load: bool = True) -> list[Part]:
         """Every part ``names[i]`` holding ``holds[i]``, read back; raises UsageError naming the first

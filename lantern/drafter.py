@@ -36,7 +36,7 @@ import torch.nn as nn
 from ambiguity.errors import UsageError
 from ambiguity.io import save_tensors
 from ambiguity.models.base import DraftLayer, TokenModel
-from ambiguity.models.checkpoints import load_strict, read_safetensors
+from ambiguity.models.checkpoints import check_finite, load_strict, read_safetensors
 from ambiguity.seeding import FINGERPRINT_PROBE_SEED
 
 __all__ = ["DraftModel", "Drafter", "load_drafter", "target_fingerprint", "fingerprint_mismatch",
@@ -276,6 +276,7 @@ class Drafter(nn.Module):
         state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
         drafter = drafter.float()
         load_strict(drafter, state, path.name)
+        check_finite(drafter, f"drafter {path}", _train_hint(model.name))
         return drafter.to(model.device, model.dtype).eval()
 
 

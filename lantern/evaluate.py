@@ -297,9 +297,10 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     check_bootstrap(protocol.bootstrap, max(s.n for s in sets))
     if protocol.clip_score:
         locate_weights("clip", (weights or {}).get("clip") or protocol.clip_model)
-    notes: list[str] = []
+    notes: list[str] = [n for s in (*sets, ref) for n in s.info.get("notes", [])]
     if extractors is None:
-        extractors, notes = default_extractors(weights)
+        extractors, skipped = default_extractors(weights)
+        notes += skipped
     exs = load_extractors(extractors, weights, device)
     proxy = load_run(proxy_reference) if proxy_reference else None
     _labels(sets)
@@ -368,9 +369,10 @@ def score_images(images, reference: str = "fashion-mnist:test", extractors: Opti
     ref = load_source(p.reference, p.seed, data, resize_to=s.hw, what="reference")
     check_sizes([s], ref)
     check_bootstrap(p.bootstrap, s.n)
-    notes: list[str] = []
+    notes: list[str] = list(ref.info.get("notes", []))
     if extractors is None:
-        extractors, notes = default_extractors(weights)
+        extractors, skipped = default_extractors(weights)
+        notes += skipped
     exs = load_extractors(extractors, weights, device)
     df, _ = _score_set(s, ref, exs, p, cache=cache, batch_size=batch_size, run_dir=None,
                        weights=dict(weights or {}), device=device, class_names=class_names, notes=notes)

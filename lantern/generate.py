@@ -122,6 +122,15 @@ def _settings(args, config: DecodeConfig, sampling: SamplingConfig, device, dtyp
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": args.seed}
 
 
+def check_tree_support(spec, config: DecodeConfig) -> None:
+    """Refuse ``--tree`` for a registered model whose layout draft trees do not model (end-of-row
+    tokens: ``ModelSpec.trees`` is False), from the registry alone, before its weights load.
+    spec: an :class:`ambiguity.models.catalog.ModelSpec`."""
+    if config.tree is not None and not spec.trees:
+        raise UsageError(f"{spec.name} inserts end-of-row tokens, which draft trees do not model yet; "
+                         f"use chain drafting (--tree chain)")
+
+
 def _write_png(image: np.ndarray, path: Path) -> None:
     """(C, H, W) float in [0, 1] -> 8-bit PNG, atomically."""
     x = np.clip(np.rint(image.transpose(1, 2, 0) * 255), 0, 255).astype(np.uint8)
@@ -164,7 +173,7 @@ def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, samp
     shard.first(lambda: run.open(overwrite, shards=shard.count), lambda: run.open(shards=shard.count))
     pixels = model.can_decode
     check_depth(config, model)
-    neighbours = neighbour_table(model, config)  # built once; decode() checks the drafter before any image
+    neighbours = neighbour_table(model, config, progress=progress)  # built once; decode() checks the drafter before any image
     facts = {"model": model.describe(), "class_names": model.class_names, "method": config.method,
              "gamma": config.draft_depth, "sampling": sampling.as_dict(), "rule": config.as_dict(), "pixels": pixels,
              "drafter": None if drafter is None else {"target": drafter.target.get("name"),
@@ -213,6 +222,8 @@ def _assemble(run: RunDir, facts: dict, computed: int, t0: float):
     if facts["pixels"]:
         _grid(facts["class_names"], run.path, images)
     write_json(summary, run.path / "summary.json")
+    run.seal(["steps.parquet", "drafts.parquet", "images.parquet", "summary.json"]  # lantern.runs.load_run checks them
+             + ([f"images/{int(i):05d}.png" for i in images["image"]] if facts["pixels"] else []))
     return steps, drafts, images, summary
 
 
@@ -248,6 +259,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # cheap checks first: nothing is loaded or written before the settings are known to be valid
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
+    check_tree_support(get_spec(args.model), config)
     classes = parse_classes(args.classes)
     device, dtype = device_from_args(args)
     out = check_out_dir(args.out or default_out("generate", f"{args.model}-{args.method}"))

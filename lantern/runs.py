@@ -28,8 +28,9 @@ from PIL import Image
 
 from ambiguity.errors import UsageError
 from ambiguity.io import read_table
+from ambiguity.runs import check_sealed
 
-__all__ = ["load_run", "run_label", "read_images", "image_quality", "target_scores", "reference_notes"]
+__all__ = ["load_run", "run_label", "read_images", "image_quality", "check_comparable", "target_scores", "reference_notes"]
 
 
 # the columns the readers of a run use (a table without them is damaged or another table)
@@ -68,6 +69,7 @@ def load_run(path: str | Path) -> dict:
         if missing:
             raise UsageError(f"{path}/{name}.parquet lacks the column {missing[0]!r}, so it is not the {name} "
                              f"table of a run; {fix}")
+    check_sealed(path, fix)  # the tables, summary and PNGs are the bytes the run wrote
     return {"path": path, "summary": summary, **tables}
 
 
@@ -124,7 +126,11 @@ def image_quality(run: Mapping, reference: Mapping):
             raise UsageError(f"image {bad[0]} has {col} {a.loc[bad[0], col]} in {run['path']} but "
                              f"{r.loc[bad[0], col]} in the reference; generate both with the same --seed and --classes")
     sub = pd.DataFrame({"image": common})
+    first = common[0]
+    check_comparable(run, reference, len(np.asarray(a.loc[first, "codes"])), len(np.asarray(r.loc[first, "codes"])),
+                     "tokens")
     x, y = read_images(run["path"], sub), read_images(reference["path"], sub)
+    check_comparable(run, reference, "x".join(map(str, x.shape[1:])), "x".join(map(str, y.shape[1:])), "pixels (CxHxW)")
     mse = ((x - y) ** 2).reshape(len(common), -1).mean(1)
     with np.errstate(divide="ignore"):
         psnr = np.where(mse > 0, 10 * np.log10(1.0 / np.where(mse > 0, mse, 1.0)), np.inf)
@@ -179,6 +185,18 @@ def target_scores(model, images, batch_size: int = 64):
         df["predicted"] = pred
         df["consistent"] = pred == np.asarray(labels)
     return df
+
+
+def check_comparable(run: Mapping, reference: Mapping, mine, theirs, what: str) -> None:
+    """Raise UsageError naming both models when a run's images and its reference's differ in
+    ``what`` (token count or pixel shape), e.g. an ``embedded-16`` run (16 x 16 tokens, 64 px)
+    against an ``embedded`` reference (8 x 8, 32 px): per-image comparison needs one geometry."""
+    if mine == theirs:
+        return
+    model = (run["summary"].get("settings") or {}).get("model", "?")
+    ref_model = (reference["summary"].get("settings") or {}).get("model", "?")
+    raise UsageError(f"{run['path']} ({model}) has {mine} {what} per image but the reference {reference['path']} "
+                     f"({ref_model}) {theirs}; compare runs of one model: generate the reference with --model {model}")
 
 
 def reference_notes(run: Mapping, reference: Mapping) -> list[str]:

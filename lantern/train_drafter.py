@@ -4,6 +4,7 @@
         --out lantern/weights/embedded_drafter.safetensors --figure figures/drafter_accuracy.png
     python -m lantern.train_drafter --model llamagen-c2i-b --self-generate 50000 --cfg 4 --temperature 1
     python -m lantern.train_drafter --model llamagen-c2i-b --tokens imagenet_codes.safetensors
+    python -m lantern.train_drafter --model embedded --classes 0,3,7 --run-dir runs/drafter-037   # some classes only
 
 Objective (EAGLE, Li et al., 2024, arXiv 2401.15077, Sec. 4.2; LANTERN, arXiv 2410.03355,
 App. B): at every image-token position ``i`` the drafter gets (``x_i``, ``h_{i-1}``) and
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +44,12 @@ from ambiguity import plots
 from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, add_shard_args, check_out_dir,
                            check_out_file, cli_main, default_out, device_from_args, finite_float, nonneg_int,
                            positive_int, sampling_from_args, seed_int)
+from ambiguity.conditions import check_labels, parse_classes
 from ambiguity.data.fashion_mnist import model_image_size
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import abspath, read_table, write_table
+from ambiguity.memory import check_count
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.runs import RunDir
@@ -391,7 +395,7 @@ def summary(table) -> str:
     for k in KS:
         df[f"top-{k} %"] = (100 * df[f"top{k}"]).round(2)
     df["test CE"] = df["test_ce"].round(3)
-    df["train loss"] = df["train_loss"].round(4)
+    df["train loss"] = [f"{v:.4f}" if v == v else "-" for v in df["train_loss"]]  # before training: none
     df["s"] = df["seconds"].round(0).astype(int)
     df["epoch"] = ["init" if e == 0 else str(e) for e in df["epoch"]]
     return df[["epoch", "top-1 %", "top-2 %", "top-3 %", "test CE", "train loss", "s"]].to_string(index=False)
@@ -402,6 +406,7 @@ def _data_settings(args) -> dict:
     """What decides the training sequences (part of the run record)."""
     return {"tokens": abspath(args.tokens), "conditions": abspath(args.conditions),
             "self_generate": args.self_generate, "data": abspath(args.data), "train_size": args.train_size,
+            **({"classes": parse_classes(args.classes)} if args.classes else {}),
             "test_size": args.test_size, "seed": args.seed,
             "sampling": {k: getattr(args, k) for k in ("cfg", "temperature", "top_k", "top_p")}
             if args.self_generate else None}
@@ -415,7 +420,10 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
     if train is None or test is None:
         if args.tokens and args.self_generate:
             raise UsageError("give either --tokens FILE or --self-generate N, not both")
-        conds = read_conditions(args.conditions) if args.conditions else None
+        classes = parse_classes(args.classes)
+        if classes is not None and args.conditions:
+            raise UsageError("give either --classes LIST or --conditions FILE, not both")
+        conds = read_conditions(args.conditions) if args.conditions else classes
         if args.tokens:
             train, test = split_holdout(load_token_file(args.tokens, args.conditions), args.test_size, args.seed)
         elif args.self_generate:
@@ -430,8 +438,16 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
             test = fashion_mnist_tokens(model, "test", args.test_size, args.data, progress=not args.no_progress)
         else:
             raise UsageError(f"--model {model.name} needs training sequences: pass --tokens FILE or --self-generate N")
+        if classes is not None and not args.self_generate:  # keep the sequences of those classes
+            train, test = (keep_classes(ts, classes, what) for ts, what in ((train, "training"), (test, "test")))
         if args.train_size is not None and len(train) > args.train_size:
             train = train.subset(range(args.train_size))
+        elif args.train_size is not None and len(train) < args.train_size:
+            _note(f"--train-size {args.train_size}: only {len(train)} training sequences exist ({train.source}); "
+                  f"training on all of them")
+        if args.test_size is not None and len(test) < args.test_size and not (args.tokens or args.self_generate):
+            _note(f"--test-size {args.test_size}: only {len(test)} test sequences exist ({test.source}); "
+                  f"testing on all of them")
         if shard.index == 0:
             save_token_part(run, "tokens_train", train, {"split": "train"})
             save_token_part(run, "tokens_test", test, {"split": "test"})
@@ -439,6 +455,36 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
     check_tokens(train, model)
     check_tokens(test, model)
     return train, test
+
+
+def keep_classes(ts: TokenSet, classes: list[int], what: str) -> TokenSet:
+    """The sequences of ``ts`` whose class label is in ``classes`` (``--classes``); UsageError when
+    none is left."""
+    keep = [i for i, c in enumerate(ts.conditions) if c in set(classes)]
+    if not keep:
+        raise UsageError(f"no {what} sequence has a class in --classes {','.join(map(str, classes))}; "
+                         f"pass classes the data holds")
+    return ts.subset(keep)
+
+
+def check_sizes(args, model: TokenModel) -> None:
+    """Refuse ``--train-size`` / ``--test-size`` / ``--classes`` that cannot work before any
+    sequence is read or generated: sizes whose token table (int64, plus the 1 x S x S float32
+    image of each sequence when real Fashion-MNIST images are encoded) cannot fit in memory, and
+    classes outside the model's labels."""
+    per = model.num_tokens * 8 + (4 * model.image_shape[-1] ** 2 if _takes_fashion_mnist(model) else 0)
+    for flag, n in (("--train-size", args.train_size), ("--test-size", args.test_size)):
+        if n is not None:
+            check_count(n, per, flag, f"its token sequences ({model.num_tokens} tokens each)")
+    classes = parse_classes(args.classes)
+    if classes is not None:
+        if model.kind != "c2i":
+            raise UsageError(f"--classes needs a class-conditional model; {model.name} is {model.kind}")
+        check_labels(model, classes)
+
+
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
 
 
 def _takes_fashion_mnist(model: TokenModel) -> bool:
@@ -458,6 +504,8 @@ def build_parser() -> ArgumentParser:
     d.add_argument("--tokens", default=None, help="token file: .safetensors/.pt/.npz/.npy of (N, h*w) code indices "
                                                    "plus labels or conditions (see lantern.drafter_data)")
     d.add_argument("--conditions", default=None, help="text file, one class label or caption a line")
+    d.add_argument("--classes", default=None, metavar="LIST",
+                   help="c2i: train and test on these class labels only, e.g. 0,3,7 (cycled by --self-generate)")
     d.add_argument("--self-generate", type=positive_int, default=None, metavar="N",
                    help="sample N sequences from the target itself and train on them (kept as parts of the run)")
     add_sampling_args(d, guidance=1.0, guidance_help="guidance scale for --self-generate (1 = none)")
@@ -505,6 +553,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "train data-parallel launch with torchrun --nproc_per_node=N instead")
     torch.manual_seed(drafter_init_seed(args.seed))
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
+    check_sizes(args, model)
     record = _run_record(model, config, _data_settings(args))
     run = RunDir(run_dir, record, command=COMMAND, flag="--run-dir", outputs=OUTPUTS)
     shard.first(lambda: run.open(args.overwrite, shards=None), lambda: run.open(shards=None))

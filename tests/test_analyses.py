@@ -252,3 +252,32 @@ def test_analyses_without_an_analysis_exits_2(capsys):
 
     assert main([]) == 2
     assert capsys.readouterr().err.strip().startswith("error: name a command: concentration, interchangeability")
+
+
+def test_no_progress_silences_the_neighbourhood_bar(tmp_path, monkeypatch, capsys):
+    """``--no-progress`` reaches the k-NN build (its bar shows by default from 8192 codes, as for
+    embedded-16's 16384), in the analyses and in lantern.generate."""
+    import ambiguity.neighbourhood as nbm
+    from lantern import generate
+
+    rows = torch.randn(8192, 4, generator=torch.Generator().manual_seed(0))
+    nbm.build_neighbourhoods(rows, 2, "l2", cache_dir=tmp_path / "a", progress=False)
+    assert "neighbourhoods" not in capsys.readouterr().err
+    nbm.build_neighbourhoods(rows, 2, "l2", cache_dir=tmp_path / "b")  # the default for a large codebook
+    assert "neighbourhoods (l2, k=2)" in capsys.readouterr().err
+    monkeypatch.setenv("AMBIGUITY_NEIGHBOURHOOD_CACHE", str(tmp_path / "nb-cache"))
+    seen = []
+    real = nbm.build_neighbourhoods
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("progress"))
+        return real(*args, **kwargs)
+
+    for mod in (conc, inter, nbm):
+        monkeypatch.setattr(mod, "build_neighbourhoods", spy)
+    common = ["--num-images", "1", "--batch-size", "1", "--no-progress", "--cache-dir", str(tmp_path / "c")]
+    assert conc.main([*common, "--ks", "1,4", "--out", str(tmp_path / "conc")]) == 0
+    assert inter.main([*common, "--ks", "4", "--rates", "0.5", "--out", str(tmp_path / "inter")]) == 0
+    assert generate.main(["--method", "lantern", "--k", "4", "--num-images", "1", "--no-progress",
+                          "--out", str(tmp_path / "gen")]) == 0
+    assert seen and all(p is False for p in seen), seen

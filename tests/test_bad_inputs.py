@@ -1,6 +1,6 @@
 """Every entry point against a table of bad inputs (issue 15): one ``error:`` line, exit 2, no traceback.
 
-Each case of :data:`CASES` (407 of them: ``python tests/test_bad_inputs.py`` runs them all and
+Each case of :data:`CASES` (419 of them: ``python tests/test_bad_inputs.py`` runs them all and
 prints the tally) runs one command in its own process, ``python -m <module>`` or ``python
 <script>``, with ``OMP_NUM_THREADS=1``, no visible GPU (the same verdicts on every machine) and an
 empty Hugging Face cache, in a fresh directory (also its working directory, so default outputs
@@ -15,7 +15,8 @@ land there) after an optional ``setup`` that writes the bad files. The case pass
   warning, a second error line, a stray print) fails the case;
 * the error line contains ``expect`` when the case gives one (the fix it must name).
 
-Classes covered for every command: damaged, swapped, foreign or missing weights and data files;
+Classes covered for every command: damaged, swapped, foreign or missing weights and data files
+(also valid files holding NaN / Inf, another embedded variant's files under this one's names);
 numbers that are zero, negative, huge (sizes checked against memory up front), NaN or infinite;
 bad enums, lists and devices; outputs that are files, below files or unusable; damaged or foreign
 runs given as input. Most cases fail on their options before a model loads; the others load the
@@ -142,6 +143,45 @@ def swap_weights(d: Path) -> None:
     tmp.rename(vq)
 
 
+def nan_in(file: str, key: str, value: float = float("nan")) -> Callable[[Path], None]:
+    """A change for :func:`embedded_weights` (or a drafter copy): tensor ``key`` of ``file`` set to
+    ``value`` everywhere, the file otherwise valid (same metadata)."""
+
+    def change(d: Path) -> None:
+        import torch
+
+        from ambiguity.io import load_tensors, save_tensors
+
+        t, meta = load_tensors(d / file)
+        t[key] = torch.full_like(t[key], value)
+        save_tensors(t, d / file, meta)
+
+    return change
+
+
+def other_variant(src_prefix: str, dst_prefix: str) -> Callable[[Path], None]:
+    """A setup: ``{tmp}/w`` holding the shipped ``<src_prefix>_*`` files under ``<dst_prefix>_*`` names."""
+
+    def setup(tmp: Path) -> None:
+        d = tmp / "w"
+        d.mkdir(parents=True)
+        for part in ("gpt", "vq"):
+            shutil.copy(AW / f"{src_prefix}_{part}.safetensors", d / f"{dst_prefix}_{part}.safetensors")
+
+    return setup
+
+
+def nan_drafter(tmp: Path) -> None:
+    """A setup: ``{tmp}/d.safetensors``, the shipped drafter with every weight NaN."""
+    import torch
+
+    from ambiguity.io import load_tensors, save_tensors
+
+    t, meta = load_tensors(LW / "embedded_drafter.safetensors")
+    save_tensors({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in t.items()},
+                 tmp / "d.safetensors", meta)
+
+
 def idx_dir(kind: str) -> Callable[[Path], None]:
     """A setup: ``{tmp}/fm`` with Fashion-MNIST files of one kind of damage."""
 
@@ -261,6 +301,11 @@ class Shared:
         return self._build("gen", ["lantern.generate", "--num-images", "2", "--gamma", "2", "--k", "8",
                                    "--no-progress"])
 
+    def generate16(self) -> Path:
+        """One AR image of embedded-16 (16 x 16 tokens, 64 px): another geometry than :meth:`generate`."""
+        return self._build("gen16", ["lantern.generate", "--model", "embedded-16", "--method", "ar", "--num-images",
+                                     "1", "--no-progress"])
+
     def profile_shard(self) -> Path:
         """Shard 0 of 2 of a profile run: the merge lacks shard 1's part."""
         return self._build("prof", ["ambiguity.profile", "--num-images", "2", "--batch-size", "1", "--no-figures",
@@ -279,6 +324,10 @@ def gen_run(damage: Optional[Callable[[Path], None]] = None, name: str = "run") 
             damage(tmp / name)
 
     return setup
+
+
+def gen16_run(tmp: Path) -> None:
+    shutil.copytree(SHARED.generate16(), tmp / "run16")
 
 
 def prof_shard_run(tmp: Path) -> None:
@@ -350,6 +399,14 @@ CASES: list[Case] = [
     C("profile-weights-empty-vq", P, ["--num-images", "1", *EMB_W], EMPTY_VQ, "fashion_vq.safetensors"),
     C("profile-weights-swapped", P, ["--num-images", "1", *EMB_W], SWAPPED, "which file goes where"),
     C("profile-weights-missing-dir", P, ["--weights", "{tmp}/nope"], expect="not found"),
+    C("profile-weights-nan", P, ["--num-images", "1", *EMB_W],
+      embedded_weights(nan_in("fashion_gpt.safetensors", "output.weight")), "NaN"),
+    C("profile-weights-inf-vq", P, ["--num-images", "1", *EMB_W],
+      embedded_weights(nan_in("fashion_vq.safetensors", "quantize.embedding.weight", float("inf"))), "NaN"),
+    C("profile-weights-of-embedded-16", P, ["--num-images", "1", *EMB_W], other_variant("fashion16", "fashion"),
+      "--model embedded-16"),
+    C("profile-16-weights-of-embedded", P, ["--model", "embedded-16", "--num-images", "1", *EMB_W],
+      other_variant("fashion", "fashion16"), "--model embedded"),
     C("profile-weights-is-file", P, ["--weights", AW / "fashion_gpt.safetensors"], expect="directory"),
     C("profile-weights-dir-of-junk", P, ["--weights", "{tmp}/w"],
       embedded_weights(lambda d: [(d / f).unlink() for f in ("fashion_gpt.safetensors",)]), "fashion_gpt"),
@@ -480,6 +537,8 @@ CASES: list[Case] = [
     C("conc-data-garbage", CO, ["--data", "{tmp}/fm", "--num-images", "2"], idx_dir("garbage-gz"), "t10k"),
     C("conc-data-missing", CO, ["--data", "{tmp}/nope", "--num-images", "2"], expect="--data"),
     C("conc-weights-swapped", CO, [*EMB_W, "--num-images", "1"], SWAPPED, "which file goes where"),
+    C("conc-weights-nan", CO, [*EMB_W, "--num-images", "1"],
+      embedded_weights(nan_in("fashion_gpt.safetensors", "output.weight")), "NaN"),
     C("conc-captions-to-c2i", CO, ["--captions", "{tmp}/caps.txt", "--num-images", "1"], CAPS, "class-conditional"),
     C("conc-out-below-file", CO, ["--out", "{tmp}/file/o"], below_file, "below the file"),
     C("conc-cache-below-file", CO, ["--cache-dir", "{tmp}/file/c", "--num-images", "1"], below_file, "--cache-dir"),
@@ -578,6 +637,7 @@ CASES: list[Case] = [
       expect="text-twin"),
     C("gen-drafter-is-model-weights", G, ["--num-images", "1", "--drafter", AW / "fashion_gpt.safetensors"],
       expect="drafter"),
+    C("gen-drafter-all-nan", G, ["--num-images", "1", "--drafter", "{tmp}/d.safetensors"], nan_drafter, "NaN"),
     C("gen-drafter-dir", G, ["--num-images", "1", "--drafter", "{tmp}"], expect="drafter"),
     C("gen-drafter-missing", G, ["--num-images", "1", "--drafter", "{tmp}/nope.safetensors"],
       expect="does not exist"),
@@ -644,6 +704,8 @@ CASES: list[Case] = [
                                             "fmnist={tmp}/f.safetensors"],
       both(gen_run(), files(f__safetensors="nope")), "f.safetensors"),
     C("replay-scores-device-bogus", R, ["{tmp}/run", "--scores", "--device", "bogus"], gen_run(), "--device"),
+    C("replay-reference-of-embedded-16", R, ["{tmp}/run16", "--reference", "{tmp}/run"], both(gen_run(), gen16_run),
+      "256 tokens per image but the reference"),
     C("replay-bootstrap-negative", R, ["{tmp}/run", "--bootstrap", "-5"], expect="--bootstrap"),
 
     # ---------------------------------------------------------------- lantern.evaluate
@@ -710,6 +772,12 @@ CASES: list[Case] = [
     C("td-gen-batch-size-zero", T, ["--self-generate", "4", "--gen-batch-size", "0"], expect="--gen-batch-size"),
     C("td-train-size-zero", T, ["--train-size", "0"], expect="--train-size"),
     C("td-test-size-zero", T, ["--test-size", "0"], expect="--test-size"),
+    C("td-train-size-huge", T, ["--train-size", "100000000000"], expect="--train-size"),
+    C("td-test-size-huge", T, ["--test-size", HUGE], expect="--test-size"),
+    C("td-classes-out-of-range", T, ["--classes", "3,12"], expect="--classes"),
+    C("td-classes-not-numbers", T, ["--classes", "shirt"], expect="--classes"),
+    C("td-classes-and-conditions", T, ["--self-generate", "4", "--classes", "1", "--conditions", "{tmp}/c.txt"],
+      files(c__txt="1\n2\n"), "not both"),
     C("td-epochs-negative", T, ["--epochs", "-1"], expect="--epochs"),
     C("td-lr-zero", T, ["--lr", "0"], expect="--lr"),
     C("td-lr-nan", T, ["--lr", "nan"], expect="--lr"),
@@ -878,6 +946,16 @@ def _set_image_column(run: Path, column: str, value) -> None:
     df = pd.read_parquet(run / "images.parquet")
     df[column] = value
     df.to_parquet(run / "images.parquet", index=False)
+    _reseal(run, "images.parquet")  # as if the run had been generated so (a changed final file is its own case)
+
+
+def _reseal(run: Path, name: str) -> None:
+    """Record the current SHA-256 of ``run/name`` in the run's seal (ambiguity.runs.RunDir.seal)."""
+    from ambiguity.runs import RUN_FILE, SEAL_KEY, file_sha256
+
+    record = json.loads((run / RUN_FILE).read_text())
+    record[SEAL_KEY][name] = file_sha256(run / name)
+    (run / RUN_FILE).write_text(json.dumps(record))
 
 
 # --------------------------------------------------------------------------- running and judging

@@ -237,6 +237,41 @@ def test_generate_png_damaged_is_recomputed(how, generate_runs, tiny, tmp_path, 
     _same_generate_outputs(run, generate_runs / "clean")
 
 
+FINAL_DAMAGES = {  # a finished run's final files as a copy or a user damages them
+    "steps-from-other-run": lambda run, other: shutil.copy(other / "steps.parquet", run / "steps.parquet"),
+    "summary-from-other-run": lambda run, other: shutil.copy(other / "summary.json", run / "summary.json"),
+    "images-folder-replaced": lambda run, other: (shutil.rmtree(run / "images"),
+                                                  shutil.copytree(other / "images", run / "images")),
+    "png-duplicated": lambda run, other: shutil.copy(run / "images" / "00000.png", run / "images" / "00002.png"),
+}
+
+
+@pytest.mark.parametrize("how", list(FINAL_DAMAGES))
+def test_replay_and_evaluate_refuse_final_files_the_run_did_not_write(how, generate_runs, tiny, tmp_path, capsys):
+    """The final tables, summary and PNGs are checked against the SHA-256 the run recorded when it
+    wrote them: replay and evaluate refuse with one line naming the file and the command that
+    rewrites it, and that command repairs the run."""
+    from lantern.evaluate import main as evaluate_main
+    from lantern.replay import main as replay_main
+
+    run = fresh_copy(generate_runs / "clean", tmp_path / "run")
+    FINAL_DAMAGES[how](run, generate_runs / "seed1")
+    name = {"steps-from-other-run": "steps.parquet", "summary-from-other-run": "summary.json",
+            "images-folder-replaced": "00000.png", "png-duplicated": "00002.png"}[how]
+    capsys.readouterr()
+    assert replay_main([str(run), "--out", str(tmp_path / "replay")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and name in err and "not the file this run wrote" in err, err
+    assert f"--out {run}" in err
+    assert evaluate_main([str(run), "--reference", str(generate_runs / "seed1"), "--extractors", "fmnist",
+                          "--bootstrap", "0", "--out", str(tmp_path / "eval"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and name in err, err
+    assert _generate(tiny, run) == 0  # the fix the line names
+    assert replay_main([str(run), "--out", str(tmp_path / "replay")]) == 0
+    assert_same_tables(run, generate_runs / "clean", ["steps.parquet", "drafts.parquet", "images.parquet"])
+
+
 def _same_generate_outputs(run: Path, clean: Path) -> None:
     assert_same_tables(run, clean, ["steps.parquet", "drafts.parquet", "images.parquet"])
     for i in range(3):

@@ -1,4 +1,5 @@
 """EAGLE drafter: input alignment, loss, accuracy, KV cache, files, training run and CLI (tiny models)."""
+import json
 import math
 
 import numpy as np
@@ -219,6 +220,28 @@ def test_save_load_round_trip(model, tmp_path):
     assert sorted(k.split(".")[0] for k in half.state_dict()) == ["fc"] * 2 + ["layer"] * 7  # no embedding / head
 
 
+def test_a_drafter_file_is_refused_for_nan_weights_and_memory_is_named_as_memory(model, tmp_path, monkeypatch):
+    """An all-NaN drafter would decode with τ = 1 and no error: refused naming the tensor. A
+    MemoryError while reading a sound file is reported as memory, not as a damaged file."""
+    import ambiguity.models.checkpoints as ck
+
+    drafter = Drafter.for_target(model, dtype=torch.float32, seed=1)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.fill_(float("nan"))
+    path = drafter.save(tmp_path / "nan.safetensors")
+    with pytest.raises(UsageError, match=r"holds NaN or infinite values \(in fc\.weight\)"):
+        Drafter.load(path, model)
+
+    def no_memory(path, device="cpu"):
+        raise MemoryError
+
+    good = Drafter.for_target(model, dtype=torch.float32, seed=1).save(tmp_path / "good.safetensors")
+    monkeypatch.setattr(ck, "load_tensors", no_memory)
+    with pytest.raises(UsageError, match=r"^not enough memory to read .*good\.safetensors \(.* on disk, .* available\)"):
+        Drafter.load(good, model)
+
+
 def test_loading_for_another_target_is_refused(model, tmp_path):
     path = Drafter.for_target(model, seed=0).save(tmp_path / "d.safetensors")
     with pytest.raises(UsageError, match=r"trained for embedded, not other.*--model other"):
@@ -318,6 +341,8 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "top-1 %" in text and "init" in text
+    init = next(ln for ln in text.splitlines() if ln.strip().startswith("init"))
+    assert "nan" not in init.lower() and " - " in f"{init} "  # no training loss before training: a dash
     import pandas as pd
 
     table = pd.read_parquet(tmp_path / "out" / "d_accuracy.parquet")
@@ -327,6 +352,20 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
 
     drafter = load_drafter(load_embedded(tmp_path / "w"), out)
     assert drafter.info["epochs_done"] == 1 and drafter.info["data"]["train_sequences"] == 32
+    # --classes keeps the sequences of those labels (train and test), recorded with the run
+    from lantern.drafter_data import split_holdout
+
+    out3 = tmp_path / "out3" / "d.safetensors"
+    cls_argv = [*argv[:-7], "--run-dir", str(tmp_path / "run3"), "--out", str(out3), "--no-progress", "--classes", "0,1,2,3,4"]
+    assert main(cls_argv) == 0
+    train, test = split_holdout(seqs, 8, 0)
+    kept = [sum(c < 5 for c in ts.conditions) for ts in (train, test)]
+    info = load_drafter(load_embedded(tmp_path / "w"), out3).info
+    assert info["data"]["train_sequences"] == kept[0] and info["data"]["test_sequences"] == kept[1]
+    assert json.loads((tmp_path / "run3" / "run.json").read_text())["settings"]["data"]["classes"] == [0, 1, 2, 3, 4]
+    capsys.readouterr()
+    assert main([*cls_argv[:-1], "9,10"]) == 2
+    assert "class 10 is out of range" in capsys.readouterr().err
     # bad input: one line on stderr, exit code 2
     assert main(argv[:4] + ["--tokens", str(tmp_path / "missing.pt"), "--run-dir", str(tmp_path / "r2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

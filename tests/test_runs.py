@@ -114,3 +114,15 @@ def test_settings_difference_names_the_first_nested_key():
     assert settings_difference({"s": {"guidance": 4.0, "seed": 0}}, {"s": {"guidance": 2.0, "seed": 0}}) == \
         "s.guidance: 4.0 there, 2.0 now"
     assert settings_difference(None, {"a": 1}) == "unreadable run file"
+
+
+def test_settings_difference_names_the_model_before_what_follows_from_it():
+    """A rerun with another model changes its defaults too (guidance, grid): the model is named,
+    not the alphabetically first key; below it, the name before the facts that follow."""
+    old = {"guidance": 4.0, "model": {"grid": [8, 8], "name": "embedded"}, "seed": 0}
+    new = {"guidance": 7.5, "model": {"grid": [16, 16], "name": "embedded-16"}, "seed": 0}
+    assert settings_difference(old, new) == "model.name: 'embedded' there, 'embedded-16' now"
+    assert settings_difference({**old, "model": "embedded"}, {**new, "model": "anole"}) == \
+        "model: 'embedded' there, 'anole' now"
+    assert settings_difference({"b": 1, "a": 1, "method": "sd"}, {"b": 2, "a": 2, "method": "sd"}) == \
+        "a: 1 there, 2 now"

@@ -182,8 +182,9 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
     check_run_size(model, num_images, batch_size, sampling.guided)
     rows = model_matrix(model, matrix)
     tables = {m: build_neighbourhoods(rows, ks[-1], m, image_token_ids=model.image_token_ids,
-                                      source=f"{model.name}:{matrix}", cache_dir=cache_dir) for m in metrics}
-    rtable = build_neighbourhoods(rows, ks[-1], "random", seed=seed, cache_dir=cache_dir)
+                                      source=f"{model.name}:{matrix}", cache_dir=cache_dir, progress=progress)
+              for m in metrics}
+    rtable = build_neighbourhoods(rows, ks[-1], "random", seed=seed, cache_dir=cache_dir, progress=progress)
     conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
     if len(conds) < num_images:
         raise UsageError(f"{len(conds)} conditions for --num-images {num_images}; give one per image")

@@ -267,7 +267,7 @@ def run_interchangeability(model, ks: Optional[Sequence[int]] = None, rates: Seq
                 "the per-image rows of every replacement setting")
     rows = model_matrix(model, matrix)
     nb = build_neighbourhoods(rows, ks[-1], metric, seed=seed, image_token_ids=model.image_token_ids,
-                              source=f"{model.name}:{matrix}", cache_dir=cache_dir)
+                              source=f"{model.name}:{matrix}", cache_dir=cache_dir, progress=progress)
     conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
     conds = conds[:num_images]
     run = None

@@ -21,6 +21,8 @@ class ModelSpec:
 
     ``kind`` is the loaded model's :attr:`TokenModel.kind` (``"c2i"``, ``"t2i"`` or ``"text"``),
     known before loading so that kind-dependent defaults (the CFG scale) resolve without weights.
+    ``trees`` is False for layouts with end-of-row tokens (Lumina-mGPT, Emu3), which draft trees
+    do not model: commands refuse ``--tree`` for them before loading any weights.
     """
 
     name: str
@@ -29,6 +31,7 @@ class ModelSpec:
     options: dict = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
     kind: str = "t2i"
+    trees: bool = True
 
     def resolve_loader(self) -> Callable[..., TokenModel]:
         if callable(self.loader):
@@ -92,7 +95,8 @@ _add(ModelSpec("chameleon-7b", "Chameleon-7b (facebook/chameleon-7b), 512 px (32
                    dict(repo="facebook/chameleon-7b", style="chameleon", resolution=512, name="chameleon-7b")))
 _add(ModelSpec("lumina-mgpt", "Lumina-mGPT 7B 768 px (Chameleon architecture, 48x48 tokens + end-of-row tokens)",
                    "ambiguity.models.chameleon:load_chameleon",
-                   dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768", style="lumina", resolution=768, name="lumina-mgpt")))
+                   dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768", style="lumina", resolution=768, name="lumina-mgpt"),
+               trees=False))
 _add(ModelSpec("janus-pro-1b", "Janus-Pro-1B text-to-image, 384 px (24x24 tokens), transformers layout "
                    "deepseek-community/Janus-Pro-1B", "ambiguity.models.janus:load_janus",
                    dict(repo="deepseek-community/Janus-Pro-1B", name="janus-pro-1b"), aliases=("janus-pro",)))
@@ -101,6 +105,6 @@ _add(ModelSpec("janus-pro-7b", "Janus-Pro-7B text-to-image, 384 px (24x24 tokens
                    dict(repo="deepseek-community/Janus-Pro-7B", name="janus-pro-7b")))
 _add(ModelSpec("emu3-gen", "Emu3-Gen text-to-image, 720 px (90x90 tokens, end-of-row tokens hidden), "
                    "transformers layout BAAI/Emu3-Gen-hf", "ambiguity.models.emu3:load_emu3",
-                   dict(repo="BAAI/Emu3-Gen-hf", name="emu3-gen"), aliases=("emu3",)))
+                   dict(repo="BAAI/Emu3-Gen-hf", name="emu3-gen"), aliases=("emu3",), trees=False))
 _add(ModelSpec("text-twin", "Embedded text twin: the embedded model's architecture trained on KJV English prose",
                    "ambiguity.models.text_twin:load_text_twin", aliases=("embedded-text",), kind="text"))

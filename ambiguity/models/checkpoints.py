@@ -18,8 +18,10 @@ import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.io import load_tensors, save_tensors
+from ambiguity.memory import available_bytes, check_weights_fit, format_bytes
 
-__all__ = ["load_checkpoint_state", "read_safetensors", "load_strict", "save_module", "load_module"]
+__all__ = ["load_checkpoint_state", "read_safetensors", "load_strict", "save_module", "load_module",
+           "first_non_finite", "check_finite"]
 
 
 def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
@@ -29,6 +31,8 @@ def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
     Raises UsageError for a missing, unreadable or truncated file, or one that holds no state dict.
     """
     path = Path(path)
+    if path.is_file():  # torch.load materialises the whole file in CPU memory
+        check_weights_fit([path], torch.float32, "cpu", str(path))
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -57,6 +61,9 @@ def read_safetensors(path: str | Path, fix: str = "re-create or re-download it")
         raise UsageError(f"{path} does not exist; {fix}")
     try:
         return load_tensors(path)
+    except MemoryError:  # the file may be fine: say what it needs, not that it is damaged
+        raise UsageError(f"not enough memory to read {path} ({format_bytes(path.stat().st_size)} on disk, "
+                         f"{format_bytes(available_bytes())} available); free memory or use a machine with more") from None
     except Exception as exc:  # SafetensorError for bad headers, OSError, truncated data
         raise UsageError(f"cannot read {path} as a safetensors file ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:80]}); {fix}") from None
@@ -80,6 +87,33 @@ def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: s
         raise UsageError(f"{what} does not match the model architecture: " + "; ".join(parts)
                          + "; check that --model names the checkpoint's model")
     module.load_state_dict(state, strict=True)
+
+
+def first_non_finite(module: torch.nn.Module, seen: Optional[set] = None) -> Optional[str]:
+    """Name of the first floating parameter or buffer of ``module`` holding NaN or +-Inf (None when
+    all are finite). Checked tensor by tensor, so the extra memory is one bool per element of the
+    largest tensor; ``seen``: ids of tensors already checked (shared modules are checked once)."""
+    seen = set() if seen is None else seen
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def check_finite(modules, what: str, fix: str) -> None:
+    """Raise UsageError naming the first tensor with NaN / Inf among ``modules`` ({prefix: module}
+    or one module): weights like that give NaN distributions and figures without any error.
+    what: the weights' name or file; fix: what to do (restore or re-create the file)."""
+    items = modules.items() if isinstance(modules, dict) else [("", modules)]
+    seen: set = set()
+    for prefix, module in items:
+        bad = first_non_finite(module, seen)
+        if bad is not None:
+            where = f"{prefix}.{bad}" if prefix else bad
+            raise UsageError(f"{what} holds NaN or infinite values (in {where}); the weights are damaged: {fix}")
 
 
 def save_module(module: torch.nn.Module, config, path: str | Path, dtype: torch.dtype = torch.float16,
@@ -117,4 +151,5 @@ def load_module(path: str | Path, module_cls: Callable, config_cls: type, device
             state.setdefault(k, v)
     state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
     load_strict(module, state, path.name)
+    check_finite(module, str(path), fix)
     return module.to(device=device, dtype=dtype).eval(), meta

@@ -6,6 +6,7 @@ Weights ship inside the package as safetensors with the architecture in the file
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -19,7 +20,7 @@ from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.vq import VQConfig, VQModel
 
 __all__ = ["WEIGHTS_DIR", "VQ_FILE", "GPT_FILE", "METRICS_FILE", "VQ16_FILE", "GPT16_FILE", "METRICS16_FILE",
-           "Variant", "VARIANTS", "load_gpt", "load_vq", "load_embedded", "weights_dir", "VQ_SKIP"]
+           "Variant", "VARIANTS", "load_gpt", "load_vq", "load_embedded", "variant_of", "check_variant", "weights_dir", "VQ_SKIP"]
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
 VQ_FILE = "fashion_vq.safetensors"
@@ -87,6 +88,40 @@ def load_embedded(weights=None, device="cpu", dtype=torch.float32, variant: str 
     if missing:
         raise WeightsNotFoundError(f"{name} model weights {', '.join(missing)} not found in {d}; "
                                    f"run `{hint}` to train them")
-    vq, _ = load_vq(d / vq_file, device)
-    gpt, _ = load_gpt(d / gpt_file, device, dtype)
+    vq, vq_meta = load_vq(d / vq_file, device)
+    gpt, gpt_meta = load_gpt(d / gpt_file, device, dtype)
+    check_variant(variant, d, vq, vq_meta, gpt, gpt_meta)
     return LlamaGenModel(gpt, vq, name=name, class_names=list(CLASSES))
+
+
+def variant_of(vq: VQModel, vq_meta: dict, gpt: GPT, gpt_meta: dict) -> Optional[str]:
+    """Which :data:`VARIANTS` entry a VQ + GPT pair is: the ``variant`` its files record (files
+    written since it is recorded), else the one whose image side equals the pair's (token grid
+    side x the VQ's downsampling factor; the shipped files predate the record). None when no
+    variant has that side (e.g. a test model)."""
+    recorded = gpt_meta.get("variant") or vq_meta.get("variant")
+    if recorded:
+        return str(recorded)
+    side = math.isqrt(gpt.config.block_size) * 2 ** (len(vq.config.encoder_ch_mult) - 1)
+    return next((n for n, v in VARIANTS.items() if v.image_size == side), None)
+
+
+def check_variant(variant: str, d: Path, vq: VQModel, vq_meta: dict, gpt: GPT, gpt_meta: dict) -> None:
+    """Refuse (UsageError) files of another embedded variant under ``variant``'s names (say
+    ``fashion16_*`` renamed ``fashion_*``: a run labelled ``embedded`` with 16 x 16 tokens), a
+    VQ and a GPT that record different variants, or a GPT whose vocabulary is not the VQ's
+    codebook. Source: the variant table :data:`VARIANTS`; the file metadata of ``save_module``."""
+    recorded = {k: m.get("variant") for k, m in (("VQ", vq_meta), ("GPT", gpt_meta)) if m.get("variant")}
+    if len(set(recorded.values())) > 1:
+        raise UsageError(f"the files in {d} belong to different models (VQ: {recorded['VQ']}, GPT: {recorded['GPT']}); "
+                         f"restore the pair or retrain it ({TRAIN_HINT})")
+    found = variant_of(vq, vq_meta, gpt, gpt_meta)
+    if found is not None and found != variant:
+        side = math.isqrt(gpt.config.block_size)
+        fix = f"pass --model {found}" if found in VARIANTS else "pass the model these files belong to"
+        raise UsageError(f"{d} holds {found} weights ({side}x{side} tokens, {gpt.config.vocab_size} codes) under "
+                         f"{variant}'s file names; {fix}, or restore {variant}'s files")
+    if gpt.config.vocab_size != vq.config.codebook_size:
+        raise UsageError(f"the GPT in {d} predicts {gpt.config.vocab_size} codes but the VQ has "
+                         f"{vq.config.codebook_size}; the two files belong to different models: restore the pair "
+                         f"or retrain it ({TRAIN_HINT})")

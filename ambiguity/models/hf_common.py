@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 
 from ambiguity.errors import UsageError
+from ambiguity.memory import check_weights_fit
 from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
 from ambiguity.models.hub import hf_snapshot_dir
 
@@ -432,11 +433,14 @@ def load_pretrained(model_cls, repo: str, weights=None, device="cpu", dtype=torc
 
     Never downloads. Returns the model in eval mode with gradients off, on ``device`` in ``dtype``.
     Raises WeightsNotFoundError (one line naming ``repo``) when absent, UsageError when the
-    files do not load as ``model_cls``.
+    files do not load as ``model_cls`` or their weights at ``dtype`` cannot fit in memory
+    (:func:`ambiguity.memory.check_weights_fit`, before anything loads).
     """
     import importlib.util
 
     path = hf_snapshot_dir(repo, local_dir(repo, weights), model=name or repo)
+    shards = sorted(Path(path).glob("*.safetensors")) or sorted(Path(path).glob("*.bin"))
+    check_weights_fit(shards, dtype, device, name or repo)  # before from_pretrained fills the memory
     kwargs = dict(dtype=dtype, local_files_only=True)
     if torch.device(device).type == "cuda" and importlib.util.find_spec("accelerate") is not None:
         kwargs["device_map"] = str(device)  # load shards straight onto the GPU

@@ -12,8 +12,10 @@ import difflib
 from typing import Optional
 
 import torch
+from torch import nn
 
 from ambiguity.errors import UsageError
+from ambiguity.models.checkpoints import check_finite
 from ambiguity.models.base import TokenModel, resolve_device
 from ambiguity.models.catalog import BUILTIN, ModelSpec
 
@@ -72,6 +74,9 @@ def load_model(name: str = DEFAULT_MODEL, weights=None, device="auto", dtype=Non
     dev = resolve_device(device)
     model = spec.resolve_loader()(weights=weights, device=dev, dtype=resolve_dtype(dtype, dev), **spec.options)
     model.name = spec.name if not name.startswith("hf:") else name
+    check_finite({k: v for k, v in vars(model).items() if isinstance(v, nn.Module)}, f"the weights of {model.name}",
+                 "restore or re-download them" + (" (git checkout -- ambiguity/weights)" if weights is None and
+                                                   spec.name.startswith("embedded") else ""))
     return model
 
 

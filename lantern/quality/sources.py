@@ -226,5 +226,7 @@ def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to:
         out = _run(path, k, seed) if is_run else _folder(path, k, seed, resize_to)  # unfinished runs: load_run says so
     if out.n == 0:
         raise UsageError(f"{what} {spec} holds no images")
+    if k is not None and abs(k) > out.n:  # said, not silently clamped: the label still reads @k
+        out.info["notes"] = [f"{spec}: only {out.n} images exist, so all {out.n} are used"]
     out.spec = spec
     return out
