@@ -59,7 +59,7 @@ from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metri
                                      protocol_record, reference_stats, value_metrics)
 from lantern.quality.sources import ImageSet, load_source, parse_spec
 from lantern.quality.text import CLIP_SCALES, clip_scores, hps_scores, prompts_for
-from lantern.runs import image_quality, load_run, run_label, target_scores
+from lantern.run_reader import image_quality, load_run, run_label, target_scores
 
 __all__ = ["evaluate_runs", "score_images", "flat_scores", "paired_table", "load_extractors", "check_sizes", "wide_table",
            "speed_quality_table", "build_parser", "main",

@@ -12,7 +12,7 @@ frames) and relates
 * **acceptance to image quality**, with distribution metrics (``--quality``: FID, KID,
   precision / recall, density / coverage per feature extractor with bootstrap intervals, from
   :mod:`lantern.evaluate`, printed next to each run's acceptance rate, τ and step compression)
-  and with proxies available offline (:func:`image_quality`, in :mod:`lantern.runs`):
+  and with proxies available offline (:func:`image_quality`, in :mod:`lantern.run_reader`):
   pixel MSE / PSNR (dB, data range 1) of an image against the reference run's image of the
   same index (same seed and condition; typically ``--method ar``), the fraction of tokens equal
   to the reference's and the first position where they differ; optionally
@@ -28,7 +28,7 @@ CLI::
 
 writes ``acceptance_by_ambiguity.parquet``, ``image_quality.parquet``, ``quality.parquet`` (with
 ``--quality``; resumable parts in ``<out>/quality``), ``replay.png`` / ``.pdf`` and prints the
-tables. The run readers and proxies live in :mod:`lantern.runs` and are re-exported here.
+tables. The run readers and proxies live in :mod:`lantern.run_reader` and are re-exported here.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ from ambiguity.models.registry import load_model
 from lantern.evaluate import evaluate_runs, speed_quality_table, wide_table
 from lantern.quality.features import EXTRACTORS, OFFLINE
 from lantern.quality.scoring import Protocol
-from lantern.runs import image_quality, load_run, read_images, reference_notes, run_label, target_scores
+from lantern.run_reader import image_quality, load_run, read_images, reference_notes, run_label, target_scores
 
 __all__ = ["load_run", "run_label", "ambiguity_bins", "acceptance_by_ambiguity", "read_images", "image_quality",
            "reference_notes", "target_scores", "plot_replay", "run_quality", "main", "AMBIGUITY_COLUMNS"]

@@ -99,3 +99,31 @@ def test_package_apis_and_command_lists():
         assert r.returncode == 0 and all(c in r.stdout for c in commands) and not r.stderr
         r = subprocess.run([sys.executable, "-m", pkg, "nope"], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown command 'nope'" in r.stderr
+
+
+def test_renamed_names_have_their_own_names_and_the_old_ones_still_work():
+    import ambiguity as amb
+    import lantern as lt
+    from ambiguity.profile import summarize as profile_summary
+    from lantern.quality.scoring import Protocol as QualitySettings
+    from lantern.records import summarize as decode_summary
+
+    assert amb.summarize_profile is profile_summary and lt.summarize_decode is decode_summary
+    assert lt.QualityProtocol is QualitySettings
+    assert not {"summarize", "Protocol"} & (set(amb.__all__) | set(lt.__all__))
+    for pkg, old, new in ((amb, "summarize", profile_summary), (lt, "summarize", decode_summary),
+                          (lt, "Protocol", QualitySettings)):
+        with pytest.warns(DeprecationWarning, match=f"{pkg.__name__}.{old} is now"):
+            assert getattr(pkg, old) is new
+    # the drafter comparison command has its own module; its old name still runs (same parser, old prog)
+    import lantern.compare
+    import lantern.drafter_comparison
+
+    for module, prog in ((lantern.compare, "lantern.compare"), (lantern.drafter_comparison, "lantern.drafter_comparison")):
+        r = subprocess.run([sys.executable, "-m", module.__name__, "--help"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120)
+        assert r.returncode == 0 and f"python -m {prog}" in r.stdout and "--drafter-accuracy" in r.stdout
+    from lantern.replay import load_run
+    from lantern.run_reader import load_run as read_run
+
+    assert load_run is read_run

@@ -36,7 +36,7 @@ from ambiguity.data.fashion_mnist import CLASSES, find_dir, load_split
 from ambiguity.errors import UsageError
 from ambiguity.runs import file_sha256
 from ambiguity.seeding import SEED_TAGS, derived_seed
-from lantern.runs import load_run, read_images
+from lantern.run_reader import load_run, read_images
 
 __all__ = ["ImageSet", "load_source", "parse_spec", "subset_indices", "IMAGE_SUFFIXES", "DATASETS", "SUBSET_TAG"]
 
