@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError, UsageError
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import resolve_dtype
 from ambiguity.sampling import SamplingConfig, default_guidance
@@ -39,6 +39,7 @@ __all__ = ["ArgumentParser", "cli_main", "add_model_args", "add_device_args", "s
            "add_condition_args", "add_shard_args",
            "add_run_args", "finite_float", "path_arg", "unit_float", "positive_int", "nonneg_int", "seed_int", "int_list",
            "float_list", "parse_mapping", "sampling_from_args", "device_from_args", "default_out",
+           "FIELD_FLAGS", "flag_for",
            "check_out_dir", "check_out_file", "safe_name", "run_subcommand", "MAX_SEED", "DEVICES"]
 
 MAX_SEED = 2 ** 63 - 1
@@ -77,6 +78,9 @@ def _run(fn: Callable[..., int | None], *args, **kwargs) -> int:
         return int(fn(*args, **kwargs) or 0)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except FieldError as exc:
+        print(f"error: {exc.as_flag(flag_for(exc.owner, exc.field))}", file=sys.stderr)
+        return 2
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -97,6 +101,16 @@ def _run(fn: Callable[..., int | None], *args, **kwargs) -> int:
                   f"another --out", file=sys.stderr)
             return 2
         raise
+
+
+#: (settings class, field) -> its command-line flag, where that is not ``--`` + the field with dashes
+FIELD_FLAGS = {("SamplingConfig", "guidance"): "--cfg", ("TreeSpec", "top_k"): "--tree-top-k",
+               ("CompareSettings", "n_boot"): "--bootstrap"}
+
+
+def flag_for(owner: str, field: str) -> str:
+    """The flag that sets ``owner.field`` (:data:`FIELD_FLAGS`, else ``--field-name``)."""
+    return FIELD_FLAGS.get((owner, field), "--" + field.replace("_", "-"))
 
 
 OUT_OF_MEMORY = "out of memory; lower --num-images / --batch-size (or the sizes of the run)"

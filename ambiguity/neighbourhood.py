@@ -476,7 +476,7 @@ def build_neighbourhoods(matrix: torch.Tensor, k: int, metric: str = "l2", *, se
                     return Neighbourhoods(t["indices"][:, :k].contiguous(), t["distances"][:, :k].contiguous(), metric,
                                           key, None if ids is None else ids.to(x.device), source, seed, 0.0, True)
             except Exception as exc:  # a damaged cache file is rebuilt, never trusted
-                warnings.warn(f"ignoring unreadable neighbourhood cache {hit} ({exc})")
+                warnings.warn(f"ignoring unreadable neighbourhood cache {hit} ({exc})", stacklevel=2)
     t0 = time.perf_counter()
     I, D = exact_knn(x, k, metric, seed=seed, backend=backend, block_bytes=block_bytes, progress=progress)
     if x.is_cuda:
@@ -488,7 +488,8 @@ def build_neighbourhoods(matrix: torch.Tensor, k: int, metric: str = "l2", *, se
             cdir.mkdir(parents=True, exist_ok=True)
             save_tensors({"indices": I, "distances": D}, cdir / f"{key}-k{k}.safetensors", out.metadata())
         except OSError as exc:
-            warnings.warn(f"could not cache neighbourhoods in {cdir} ({exc}); set AMBIGUITY_NEIGHBOURHOOD_CACHE")
+            warnings.warn(f"could not cache neighbourhoods in {cdir} ({exc}); set AMBIGUITY_NEIGHBOURHOOD_CACHE",
+                          stacklevel=2)
     return out
 
 

@@ -1,4 +1,6 @@
-"""``python -m lantern.drafter_comparison`` (also ``python -m lantern.compare``): LANTERN's Fig. 2 — ambiguity across models and their drafters' accuracy.
+"""``python -m lantern.drafter_comparison`` (also ``python -m lantern.compare``): LANTERN's Fig. 2.
+
+Ambiguity across models and their drafters' accuracy.
 
 The same command as ``python -m ambiguity.compare`` (all its options), with the test-accuracy
 table of each model's shipped drafter (``lantern/weights/<model>_drafter_accuracy.parquet``)

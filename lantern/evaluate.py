@@ -453,7 +453,8 @@ def _class_names(path: Optional[str]) -> Optional[list[str]]:
     try:
         names = [ln.strip() for ln in Path(path).expanduser().read_text(encoding="utf-8").splitlines() if ln.strip()]
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read --class-names {path} ({type(exc).__name__}); pass a text file, one name a line")
+        raise UsageError(f"cannot read --class-names {path} ({type(exc).__name__}); pass a text file, "
+                         "one name a line") from None
     if not names:
         raise UsageError(f"--class-names {path} is empty; pass one class name per line")
     return names

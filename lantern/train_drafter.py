@@ -44,7 +44,7 @@ from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, ad
                            positive_int, sampling_from_args, seed_int)
 from ambiguity.data.fashion_mnist import model_image_size
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError, UsageError
 from ambiguity.io import abspath, read_table, write_table
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import get_spec, load_model
@@ -93,13 +93,13 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.epochs < 0:
-            raise UsageError(f"--epochs must be >= 0, got {self.epochs}")
+            raise FieldError("TrainConfig", "epochs", f"must be >= 0, got {self.epochs}")
         if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+            raise FieldError("TrainConfig", "batch_size", f"must be >= 1, got {self.batch_size}")
         if not 0 < self.lr <= 1:
-            raise UsageError(f"--lr must be in (0, 1] (AdamW's peak learning rate), got {self.lr}")
+            raise FieldError("TrainConfig", "lr", f"must be in (0, 1] (AdamW's peak learning rate), got {self.lr}")
         if not 0 <= self.uncond_fraction < 0.5:
-            raise UsageError(f"--uncond-fraction must be in [0, 0.5), got {self.uncond_fraction}")
+            raise FieldError("TrainConfig", "uncond_fraction", f"must be in [0, 0.5), got {self.uncond_fraction}")
 
 
 # --------------------------------------------------------------------------- losses and metrics

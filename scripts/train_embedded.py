@@ -8,7 +8,8 @@
 Writes ``fashion_vq.safetensors``, ``fashion_gpt.safetensors`` (fp16, config in the metadata)
 and ``embedded_metrics.json`` to ``--out`` (``--recipe embedded-16``: ``fashion16_*`` and
 ``embedded16_metrics.json``, images upsampled to 64 x 64, run dir ``runs/embedded-16``).
-Checkpoints, token caches and per-stage results go to ``--run-dir``; rerunning the same command resumes where an interrupted run stopped.
+Checkpoints, token caches and per-stage results go to ``--run-dir``; rerunning the same command
+resumes where an interrupted run stopped.
 Test metrics are computed with the fp16 files as shipped (reloaded), on the Fashion-MNIST
 test split: VQ reconstruction MSE/L1/PSNR and codebook usage, GPT teacher-forced NLL.
 """

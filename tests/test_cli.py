@@ -127,3 +127,25 @@ def test_renamed_names_have_their_own_names_and_the_old_ones_still_work():
     from lantern.run_reader import load_run as read_run
 
     assert load_run is read_run
+
+
+def test_settings_errors_name_the_field_and_commands_name_the_flag(capsys):
+    from ambiguity.cli import flag_for
+    from ambiguity.errors import FieldError
+    from ambiguity.sampling import SamplingConfig
+    from lantern.acceptance import AcceptanceRule
+    from lantern.trees import TreeSpec
+
+    with pytest.raises(FieldError, match=r"^SamplingConfig\.guidance \(guidance scale\) must be at most 100") as e:
+        SamplingConfig(guidance=200)
+    assert "--cfg" not in str(e.value) and (e.value.owner, e.value.field) == ("SamplingConfig", "guidance")
+    assert flag_for("SamplingConfig", "guidance") == "--cfg" and flag_for("TreeSpec", "top_k") == "--tree-top-k"
+    assert flag_for("SamplingConfig", "top_k") == "--top-k" and flag_for("CompareSettings", "n_boot") == "--bootstrap"
+    for make, line in ((lambda: SamplingConfig(guidance=200), "error: --cfg (guidance scale) must be at most 100 "
+                        "(larger scales overflow the logits), got 200"),
+                       (lambda: SamplingConfig(top_p=0), "error: --top-p must be in (0, 1] (1 disables it), got 0"),
+                       (lambda: TreeSpec("dynamic", top_k=0), "error: --tree-top-k must be an integer >= 1, got 0"),
+                       (lambda: AcceptanceRule("lantern", k=8, delta=-1.0), "error: --delta must be >= 0 (0 is lossless)")):
+        assert cli_main(lambda argv=None, make=make: make())() == 2
+        err = capsys.readouterr().err
+        assert err.startswith(line) and err.count("\n") == 1

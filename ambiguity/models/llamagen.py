@@ -277,7 +277,7 @@ def check_checkpoint_name(path: str | Path, name: str, stage: Optional[int], res
     fname = Path(path).name
     m = _STAGE.search(fname)
     if stage is not None and m and int(m.group(1)) != stage:
-        other = "llamagen-t2i-stage%s" % m.group(1)
+        other = f"llamagen-t2i-stage{m.group(1)}"
         raise UsageError(f"{fname} is a Stage {m.group(1)} checkpoint but --model {name} is Stage {stage}; "
                          f"use --model {other}")
     r = _RES.search(fname)

@@ -18,11 +18,11 @@ Two architectural choices follow from the modality:
 
 Prompts are strings. ``""`` (the default condition) is the BOS-only prompt, the analogue of
 generating an image from its class token. A non-empty string is tokenised (with a leading space
-added, as every training verse has one) and appended after BOS as a continuation prompt. Under classifier-free guidance the unconditional row is the
-BOS-only prompt (the prompt dropped; Sanchez et al., 2023, "Stay on topic with classifier-free
-guidance"), so for BOS-only prompts guidance is the identity. Prompts of different lengths are
-left-padded with masked keys; rotary attention depends only on relative positions, so padding
-does not change the result.
+added, as every training verse has one) and appended after BOS as a continuation prompt. Under
+classifier-free guidance the unconditional row is the BOS-only prompt (the prompt dropped;
+Sanchez et al., 2023, "Stay on topic with classifier-free guidance"), so for BOS-only prompts
+guidance is the identity. Prompts of different lengths are left-padded with masked keys; rotary
+attention depends only on relative positions, so padding does not change the result.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import torch
 from ambiguity.data.text_corpus import load_tokenizer
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.io import load_tensors
-from ambiguity.models.base import Prompt, Step
+from ambiguity.models.base import Prompt
 from ambiguity.models.embedded import load_gpt, weights_dir
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
