@@ -41,8 +41,9 @@ import numpy as np
 import pandas as pd
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_run_args, add_sampling_args, check_out_dir, cli_main, device_from_args,
-                           parse_mapping, positive_int, safe_name, seed_int, unit_float)
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_run_args, add_sampling_args,
+                           check_out_dir, cli_main, device_from_args, parse_mapping, positive_int, safe_name, seed_int,
+                           unit_float)
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions
 from ambiguity.errors import FieldError, UsageError
 from ambiguity.io import ensure_writable_dir, read_table, write_json, write_table
@@ -396,15 +397,14 @@ def build_parser(prog: str = "python -m ambiguity.compare") -> ArgumentParser:
                    help="checkpoint file or directory per model, e.g. anole=/ckpt/Anole-7b (repeatable)")
     p.add_argument("--drafter-accuracy", action="append", default=None, metavar="MODEL=PATH",
                    help="drafter accuracy table per model (python -m lantern.compare finds the shipped ones)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
-    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
+    add_device_args(p)
     p.add_argument("--figures", default=None, help="directory for compare_*.png/pdf (default: --out)")
     p.add_argument("--num-images", type=positive_int, default=64, help="images (text passages) per model (default: 64)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per batch (default: 32)")
     p.add_argument("--seed", type=seed_int, default=0, help="sampling, subset and bootstrap seed (default: 0)")
     p.add_argument("--source", choices=("generate", "dataset"), default="generate",
                    help="generate: sample; dataset: teacher-force real images / held-out text (default: generate)")
-    p.add_argument("--data", default=None, help="Fashion-MNIST directory for --source dataset on the embedded model")
+    add_data_arg(p, "Fashion-MNIST directory for --source dataset on the embedded model")
     add_sampling_args(p, guidance=1.0, guidance_help="guidance scale for image models, 1 = none (default: 1)")
     p.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples over images (default: 2000)")
     p.add_argument("--level", type=unit_float, default=0.95, help="confidence level of the intervals (default: 0.95)")

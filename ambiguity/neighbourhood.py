@@ -57,8 +57,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, check_out_file, cli_main, safe_name,
-                           seed_int)
+from ambiguity.cli import (ArgumentParser, add_model_args, add_out_arg, check_out_dir, check_out_file, cli_main,
+                           safe_name, seed_int)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, load_tensors, save_tensors, write_table
 from ambiguity.models.registry import load_model
@@ -551,8 +551,8 @@ def main(argv=None) -> int:
     ap.add_argument("--metric", default="l2", choices=METRICS)
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
     ap.add_argument("--seed", type=seed_int, default=0, help="seed of the random control")
-    ap.add_argument("--out", default=None, help="output .parquet or .safetensors "
-                    "(default: runs/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)")
+    add_out_arg(ap, "output .parquet or .safetensors "
+                "(default: runs/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)", metavar="FILE")
     ap.add_argument("--cache-dir", default=None, help=f"cache folder (default: {default_cache_dir()})")
     ap.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     args = ap.parse_args(argv)

@@ -46,8 +46,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_condition_args, add_model_args, add_run_args, add_sampling_args,
-                           add_shard_args, check_out_dir, cli_main, default_out, device_from_args, sampling_from_args)
+from ambiguity.cli import (ArgumentParser, add_condition_args, add_data_arg, add_model_args, add_run_args,
+                           add_sampling_args, add_shard_args, check_out_dir, cli_main, default_out, device_from_args,
+                           sampling_from_args)
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions, image_files_subset, parse_classes
 from ambiguity.data.captions import read_captions
@@ -359,7 +360,7 @@ def build_parser() -> ArgumentParser:
     add_condition_args(p, num_images=64, batch_size=32)
     p.add_argument("--source", choices=("generate", "dataset"), default="generate",
                    help="generate: sample images; dataset: teacher-force real images (default: generate)")
-    p.add_argument("--data", default=None, metavar="DIR", help="Fashion-MNIST directory for --source dataset on the embedded model")
+    add_data_arg(p, "Fashion-MNIST directory for --source dataset on the embedded model")
     p.add_argument("--images", default=None, metavar="DIR", help="folder of image files for --source dataset on other models")
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/profile/<model>)")

@@ -45,8 +45,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_shard_args, check_out_dir, check_out_file, cli_main, nonneg_int,
-                           parse_mapping, positive_int, safe_name, seed_int, unit_float)
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, add_shard_args, check_out_dir,
+                           check_out_file, cli_main, nonneg_int, parse_mapping, positive_int, safe_name, seed_int,
+                           unit_float)
 from ambiguity.distributed import SINGLE, Shard, merging_shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
@@ -416,7 +417,9 @@ def build_parser() -> ArgumentParser:
                    help="weights of an extractor (or clip / hps), e.g. mobilenet=~/mobilenet_v2-b0353104.pth")
     p.add_argument("--bootstrap", type=nonneg_int, default=100, help="bootstrap resamples, 0 = none (default: 100)")
     p.add_argument("--level", type=unit_float, default=0.95, help="interval coverage (default: 0.95)")
-    p.add_argument("--k", type=positive_int, default=3, help="k of the k-NN metrics (default: 3)")
+    p.add_argument("--nearest-k", "--k", dest="k", type=positive_int, default=3, metavar="K",
+                   help="k of the k-NN metrics (precision/recall, density/coverage) (default: 3); --k is its former "
+                        "name, still accepted (elsewhere --k is the latent neighbourhood size)")
     p.add_argument("--prdc-reference", choices=("matched", "full"), default="matched",
                    help="precision/recall reference: a seeded subset of the run's size, or all (default: matched)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of subsets and resamples (default: 0)")
@@ -433,11 +436,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--paired-with", default=None, metavar="RUN",
                    help="one of the runs (e.g. runs/ar): print every metric's difference to it with a paired "
                         "bootstrap interval (same image indices = same seeds and classes)")
-    p.add_argument("--data", default=None, metavar="DIR", help="Fashion-MNIST IDX directory")
+    add_data_arg(p)
     p.add_argument("--cache", default=None, metavar="DIR", help="reference-statistics cache")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
+    add_device_args(p, dtype=False, what="for the extractors and --target-scores")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per extractor forward (default: 64)")
-    p.add_argument("--out", default="runs/evaluate", help="output run directory (default: runs/evaluate)")
+    add_out_arg(p, "output run directory (default: runs/evaluate)", default="runs/evaluate")
     p.add_argument("--figure", default=None, metavar="PATH",
                    help="figure path without suffix: τ and FID/precision/recall vs δ per k, when LANTERN runs are "
                         "given (default: <out>/quality_sweep)")

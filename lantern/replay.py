@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, check_out_dir, check_out_file, cli_main, nonneg_int, parse_mapping,
-                           positive_int)
+from ambiguity.cli import (ArgumentParser, add_device_args, add_out_arg, check_out_dir, check_out_file, cli_main,
+                           nonneg_int, parse_mapping, positive_int)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_table
 from ambiguity.models.base import resolve_device
@@ -174,8 +174,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--bins", type=positive_int, default=10, help="bins per ambiguity axis (default: 10)")
     ap.add_argument("--scores", action="store_true",
                     help="also load the target to score tokens (NLL, class consistency for c2i)")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N, for --scores (default: auto)")
-    ap.add_argument("--out", default="runs/replay", help="output directory (default: runs/replay)")
+    add_device_args(ap, dtype=False, what="for --scores")
+    add_out_arg(ap, "output directory (default: runs/replay)", default="runs/replay")
     ap.add_argument("--figure", default=None, help="figure path without suffix (default: <out>/replay)")
     ap.add_argument("--quality", action="store_true",
                     help="FID, KID, precision/recall, density/coverage of every run (lantern.evaluate)")

@@ -149,3 +149,23 @@ def test_settings_errors_name_the_field_and_commands_name_the_flag(capsys):
         assert cli_main(lambda argv=None, make=make: make())() == 2
         err = capsys.readouterr().err
         assert err.startswith(line) and err.count("\n") == 1
+
+
+def test_each_shared_flag_is_defined_once_in_the_cli_groups():
+    """--data, --device, --threads, --out and --cfg come from ambiguity.cli's groups in every command,
+    benchmark and script (one definition, one meaning)."""
+    import re
+
+    hand = re.compile(r"add_argument\(\s*\"--(data|device|threads|out|cfg)\"")
+    files = [p for d in ("ambiguity", "lantern", "benchmarks", "scripts") for p in (ROOT / d).rglob("*.py")]
+    typed = [f"{p.relative_to(ROOT)}: --{m.group(1)}" for p in files if p.name != "cli.py"
+             for m in hand.finditer(p.read_text(encoding="utf-8"))]
+    assert not typed, typed
+
+
+def test_evaluate_nearest_k_keeps_k_as_its_old_name_and_device_defaults_to_auto():
+    from lantern.evaluate import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["r"]).k == 3 and p.parse_args(["r"]).device == "auto"
+    assert p.parse_args(["r", "--nearest-k", "5"]).k == 5 and p.parse_args(["r", "--k", "7"]).k == 7
