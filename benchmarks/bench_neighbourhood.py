@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     if any(args.k >= SHAPES[s][0] for s in shapes):
         raise UsageError(f"--k {args.k} must be smaller than every codebook size "
                          f"({min(SHAPES[s][0] for s in shapes)})")
+    if args.threads < 1:
+        raise UsageError("--threads must be >= 1 here: the timings are reported for a stated thread count")
     if args.official_bytes < 1e6:
         raise UsageError(f"--official-bytes must be at least 1e6, got {args.official_bytes:g}")
 
@@ -156,8 +158,7 @@ def main(argv=None) -> int:
     try:
         from threadpoolctl import threadpool_limits
 
-        if args.threads:
-            threadpool_limits(args.threads)
+        threadpool_limits(args.threads)
     except ImportError:
         pass
     skip = {s for s in args.skip.split(",") if s}
