@@ -371,19 +371,20 @@ def shard_units(run: Optional[RunDir], units: Sequence[tuple[str, Mapping]],
 
 
 def assemble_units(run: Optional[RunDir], units: Sequence[tuple[str, Mapping]], shard, own: list[T],
-                   read: Callable[[Part], T]) -> Optional[list[T]]:
+                   read: Callable[[Part], T], every_rank: bool = False) -> Optional[list[T]]:
     """After this shard's units: every unit's result in order, or None on a shard that does not merge.
 
     One process: ``own`` (the results it computed or resumed, in unit order). Several shards: wait
     for all of them (a barrier under torchrun); a shard that does not merge gets None (rank 0, or
     ``python -m ambiguity merge``, writes the outputs); the merging one reads every unit's part
-    back with ``read``. Raises UsageError when a part is missing, damaged or foreign (see
-    :meth:`RunDir.require_parts`).
+    back with ``read``. ``every_rank``: every rank of a torchrun group reads them all (each needs
+    the data, e.g. to train on it), independent shards get None. Raises UsageError when a part is
+    missing, damaged or foreign (see :meth:`RunDir.require_parts`).
     """
     if shard.count == 1:
         return own
     shard.barrier()
-    if not shard.merges:
+    if not (shard.group if every_rank else shard.merges):
         return None
     names, holds = zip(*units)
     return [read(p) for p in run.require_parts(names, holds)]

@@ -50,7 +50,7 @@ from ambiguity.generation import sample_tokens
 from ambiguity.io import load_tensors, save_tensors
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
-from ambiguity.runs import RunDir
+from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.seeding import holdout_seed, image_generators, uncond_rows_seed
 
 __all__ = ["TokenSet", "save_token_file", "load_token_file", "read_conditions", "check_tokens",
@@ -304,29 +304,25 @@ def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list
     conds = [conditions[i % len(conditions)] for i in range(n)]
     info = {"sampling": sampling.as_dict(), "seed": seed, "model": model.name}
     batches = math.ceil(n / batch_size)
-    out_tokens = {}
-    mine = [k for k in range(batches) if shard.owns(k)]
+    units = [_selfgen_part(k, batch_size, n) for k in range(batches)]
+    out_tokens = []
+    mine = sum(shard.owns(k) for k in range(batches))
     label = "self-generate" + (f" ({shard.label})" if shard.count > 1 else "")
-    for k in tqdm(mine, desc=label, unit="batch", disable=not progress):
-        name, holds = _selfgen_part(k, batch_size, n)
-        i, j = holds["images"]
-        got = load_token_part(run, name, holds) if run is not None else None
+    for k, got in tqdm(shard_units(run, units, shard), total=mine, desc=label, unit="batch", disable=not progress):
         if got is not None:
-            out_tokens[k] = got.tokens
+            out_tokens.append(got.tensors["tokens"]["tokens"])
             continue
+        i, j = units[k][1]["images"]
         prompt = model.make_prompt(conds[i:j], guided=sampling.guided)
         toks = sample_tokens(model, prompt, sampling, image_generators(seed, range(i, j), model.device)).cpu()
         if run is not None:
-            save_token_part(run, name, TokenSet(toks, conds[i:j], "self-generated"), holds)
-        out_tokens[k] = toks
-    if shard.count > 1:
-        shard.barrier()
-        if not shard.group:
-            return None
-        names, holds = zip(*(_selfgen_part(k, batch_size, n) for k in range(batches)))
-        parts = run.require_parts(names, holds)
-        out_tokens = {k: part.tensors["tokens"]["tokens"] for k, part in enumerate(parts)}
-    return TokenSet(torch.cat([out_tokens[k] for k in range(batches)]), conds, source="self-generated", info=info)
+            save_token_part(run, units[k][0], TokenSet(toks, conds[i:j], "self-generated"), units[k][1])
+        out_tokens.append(toks)
+    out_tokens = assemble_units(run, units, shard, out_tokens, lambda part: part.tensors["tokens"]["tokens"],
+                                every_rank=True)
+    if out_tokens is None:
+        return None
+    return TokenSet(torch.cat(out_tokens), conds, source="self-generated", info=info)
 
 
 # --------------------------------------------------------------------------- features
