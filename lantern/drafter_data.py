@@ -416,10 +416,9 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
     mine = [s for s in range(n_parts) if shard.owns(s)]
     bar = tqdm(total=sum(parts[s][1]["sequences"][1] - parts[s][1]["sequences"][0] for s in mine),
                desc=f"target features ({prefix})", unit="seq", disable=not progress)
-    for s in mine:
+    for s, part in shard_units(run, parts, shard, load=False):
         name, holds = parts[s]
         lo, hi = holds["sequences"]
-        part = run.read_part(name, holds, load=False)
         if part is None:
             toks, hid, unc = [], [], []
             for i in range(lo, hi, batch_size):
@@ -434,10 +433,10 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
         else:
             bar.update(hi - lo)
     bar.close()
-    if shard.count > 1:
-        shard.barrier()
-        run.require_parts(*zip(*parts), load=False)
-    return [run.parts_dir / f"{name}.rows.safetensors" for name, _ in parts]
+    paths = [run.parts_dir / f"{name}.rows.safetensors" for name, _ in parts]
+    # torchrun: every rank trains on every part (train_drafter refuses independent shards here)
+    return assemble_units(run, parts, shard, paths, lambda part: run.parts_dir / f"{part.name}.rows.safetensors",
+                          every_rank=True, load=False)
 
 
 def shard_rows(paths: Sequence[Path]) -> list[int]:
