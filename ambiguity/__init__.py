@@ -11,7 +11,8 @@ Names are resolved on first use from the table below (PEP 562), so ``import ambi
 cheap and ``python -m ambiguity.<command>`` does not import its own module twice (runpy warns
 when a package imports the module it is about to run). A function whose module is also a
 command keeps another name here (``profile_model`` is :func:`ambiguity.profile.profile`,
-``compare_models`` is :func:`ambiguity.compare.compare`), because a package attribute cannot
+``compare_models`` is :func:`ambiguity.compare.compare`; ``summarize_profile`` is
+:func:`ambiguity.profile.summarize`, apart from ``lantern.summarize_decode``), because a package attribute cannot
 be both the function and the submodule. ``python -m ambiguity`` lists the commands.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ _API = {
     "sample_tokens": "ambiguity.generation",
     "token_stats": "ambiguity.stats", "top1_prob": "ambiguity.stats", "topk_mass": "ambiguity.stats",
     "entropy": "ambiguity.stats",
-    "profile_model": "ambiguity.profile:profile", "summarize": "ambiguity.profile",
+    "profile_model": "ambiguity.profile:profile", "summarize_profile": "ambiguity.profile:summarize",
     "plot_distributions": "ambiguity.profile_report", "plot_position_means": "ambiguity.profile_report",
     "write_outputs": "ambiguity.profile_report",
     "Neighbourhoods": "ambiguity.neighbourhood", "build_neighbourhoods": "ambiguity.neighbourhood",
@@ -49,8 +50,16 @@ _API = {
     "RunDir": "ambiguity.runs", "plots": "ambiguity.plots",
 }
 __all__ = sorted(_API)
+# former package-level names -> their names now (they collided with ``lantern``'s); still resolved, with a warning
+_RENAMED = {"summarize": "summarize_profile"}
+
 
 def __getattr__(name: str):
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(f"ambiguity.{name} is now ambiguity.{_RENAMED[name]}", DeprecationWarning, stacklevel=2)
+        return __getattr__(_RENAMED[name])
     if name not in _API:
         raise AttributeError(f"module 'ambiguity' has no attribute {name!r}")
     module_name, _, attribute = _API[name].partition(":")

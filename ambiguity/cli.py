@@ -11,6 +11,9 @@ Groups (each adds its options to a parser or an argument group):
 * :func:`add_sampling_args` — ``--cfg --temperature --top-k --top-p``
 * :func:`add_condition_args` — ``--num-images --batch-size --seed --classes --captions``
 * :func:`add_run_args` — ``--out --overwrite --no-progress``
+* single options used alone: :func:`add_device_args` (``--device --dtype --threads``),
+  :func:`add_threads_arg`, :func:`add_data_arg` (``--data``), :func:`add_out_arg` (``--out``),
+  :func:`add_guidance_arg` (``--cfg``). One definition per flag; a flag name has one meaning everywhere.
 
 Value parsers (argparse ``type=`` callables) reject what would fail later with a traceback:
 non-finite numbers, seeds beyond 63 bits, negative sizes, malformed lists, empty paths.
@@ -30,15 +33,17 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError, UsageError
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import resolve_dtype
 from ambiguity.sampling import SamplingConfig, default_guidance
 
 __all__ = ["ArgumentParser", "cli_main", "add_model_args", "add_device_args", "set_threads", "add_sampling_args",
            "add_condition_args", "add_shard_args",
-           "add_run_args", "finite_float", "path_arg", "unit_float", "positive_int", "nonneg_int", "seed_int", "int_list",
+           "add_run_args", "add_threads_arg", "add_data_arg", "add_out_arg", "add_guidance_arg",
+           "finite_float", "path_arg", "unit_float", "positive_int", "nonneg_int", "seed_int", "int_list",
            "float_list", "parse_mapping", "sampling_from_args", "device_from_args", "default_out",
+           "FIELD_FLAGS", "flag_for",
            "check_out_dir", "check_out_file", "safe_name", "run_subcommand", "MAX_SEED", "DEVICES"]
 
 MAX_SEED = 2 ** 63 - 1
@@ -77,6 +82,9 @@ def _run(fn: Callable[..., int | None], *args, **kwargs) -> int:
         return int(fn(*args, **kwargs) or 0)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except FieldError as exc:
+        print(f"error: {exc.as_flag(flag_for(exc.owner, exc.field))}", file=sys.stderr)
+        return 2
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -97,6 +105,16 @@ def _run(fn: Callable[..., int | None], *args, **kwargs) -> int:
                   f"another --out", file=sys.stderr)
             return 2
         raise
+
+
+#: (settings class, field) -> its command-line flag, where that is not ``--`` + the field with dashes
+FIELD_FLAGS = {("SamplingConfig", "guidance"): "--cfg", ("TreeSpec", "top_k"): "--tree-top-k",
+               ("CompareSettings", "n_boot"): "--bootstrap"}
+
+
+def flag_for(owner: str, field: str) -> str:
+    """The flag that sets ``owner.field`` (:data:`FIELD_FLAGS`, else ``--field-name``)."""
+    return FIELD_FLAGS.get((owner, field), "--" + field.replace("_", "-"))
 
 
 OUT_OF_MEMORY = "out of memory; lower --num-images / --batch-size (or the sizes of the run)"
@@ -271,15 +289,32 @@ def add_model_args(p, default: str = "embedded", dtype: bool = True) -> None:
     add_device_args(p, dtype=dtype)
 
 
-def add_device_args(p, dtype: bool = True, threads: Optional[int] = None) -> None:
-    """``--device [--dtype] [--threads]`` (``threads``: the default CPU thread count; None: no option)."""
-    p.add_argument("--device", default="auto", metavar="DEVICE", help="auto | cpu | cuda | cuda:N (default: auto)")
+def add_device_args(p, dtype: bool = True, threads: Optional[int] = None, what: str = "") -> None:
+    """``--device [--dtype] [--threads]`` (``threads``: the default CPU thread count; None: no option;
+    ``what``: what runs on the device, for the help text)."""
+    p.add_argument("--device", default="auto", metavar="DEVICE",
+                   help=f"auto | cpu | cuda | cuda:N{', ' + what if what else ''} (default: auto)")
     if dtype:
         p.add_argument("--dtype", default=None, metavar="DTYPE",
                        help="auto | float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
     if threads is not None:
-        p.add_argument("--threads", type=nonneg_int, default=threads, metavar="N",
-                       help=f"CPU threads for torch, 0 = torch's default (default: {threads})")
+        add_threads_arg(p, threads)
+
+
+def add_threads_arg(p, default: int = 0) -> None:
+    """``--threads N``: CPU threads for torch (and faiss), 0 = torch's default; apply with :func:`set_threads`."""
+    p.add_argument("--threads", type=nonneg_int, default=default, metavar="N",
+                   help=f"CPU threads for torch, 0 = torch's default (default: {default})")
+
+
+def add_data_arg(p, help: str = "Fashion-MNIST IDX directory (default: the usual places)") -> None:
+    """``--data DIR``: where the Fashion-MNIST IDX files are (None: :mod:`ambiguity.data.fashion_mnist` searches)."""
+    p.add_argument("--data", type=path_arg, default=None, metavar="DIR", help=help)
+
+
+def add_out_arg(p, help: str, default: Optional[str] = None, metavar: str = "DIR") -> None:
+    """``--out``: where a command writes (a run directory, or a file where ``metavar`` says so)."""
+    p.add_argument("--out", type=path_arg, default=default, metavar=metavar, help=help)
 
 
 def set_threads(n: int) -> None:
@@ -296,15 +331,20 @@ def set_threads(n: int) -> None:
 
 def add_sampling_args(p, guidance: Optional[float] = None, guidance_help: Optional[str] = None) -> None:
     """``--cfg --temperature --top-k --top-p``; ``guidance`` is the default scale (None: by the model's kind)."""
-    default = ("4.0 c2i, 7.5 t2i, 1.0 text" if guidance is None else f"{guidance:g}")
-    p.add_argument("--cfg", type=finite_float, default=guidance, metavar="S",
-                   help=guidance_help or f"classifier-free guidance scale s, 1 = none (default: {default})")
+    add_guidance_arg(p, guidance, guidance_help)
     p.add_argument("--temperature", type=finite_float, default=1.0, metavar="T",
                    help="sampling temperature, 0 = greedy (default: 1.0)")
     p.add_argument("--top-k", type=nonneg_int, default=0, metavar="K",
                    help="keep the k most likely tokens, 0 = all (default: 0)")
     p.add_argument("--top-p", type=finite_float, default=1.0, metavar="P",
                    help="nucleus mass in (0, 1], 1 = all (default: 1.0)")
+
+
+def add_guidance_arg(p, guidance: Optional[float] = None, guidance_help: Optional[str] = None) -> None:
+    """``--cfg S``: the classifier-free guidance scale (``guidance`` in code; None: by the model's kind)."""
+    default = ("4.0 c2i, 7.5 t2i, 1.0 text" if guidance is None else f"{guidance:g}")
+    p.add_argument("--cfg", type=finite_float, default=guidance, metavar="S",
+                   help=guidance_help or f"classifier-free guidance scale s, 1 = none (default: {default})")
 
 
 def add_condition_args(p, num_images: int = 64, batch_size: Optional[int] = 32, classes: bool = True,
@@ -335,7 +375,7 @@ def add_shard_args(p) -> None:
 
 def add_run_args(p, out_help: str, overwrite: bool = True) -> None:
     """``--out [--overwrite] --no-progress``."""
-    p.add_argument("--out", type=path_arg, default=None, metavar="DIR", help=out_help)
+    add_out_arg(p, out_help)
     if overwrite:
         p.add_argument("--overwrite", action="store_true", help="discard results of a run with other settings in --out")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")

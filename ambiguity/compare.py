@@ -41,10 +41,11 @@ import numpy as np
 import pandas as pd
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_run_args, add_sampling_args, check_out_dir, cli_main, device_from_args,
-                           parse_mapping, positive_int, safe_name, seed_int, unit_float)
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_run_args, add_sampling_args,
+                           check_out_dir, cli_main, device_from_args, parse_mapping, positive_int, safe_name, seed_int,
+                           unit_float)
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError, UsageError
 from ambiguity.io import ensure_writable_dir, read_table, write_json, write_table
 from ambiguity.memory import check_count
 from ambiguity.models.registry import get_spec, load_model
@@ -86,16 +87,17 @@ class CompareSettings:
 
     def __post_init__(self):
         if self.num_images < 2:
-            raise UsageError(f"--num-images must be >= 2 (a bootstrap needs several images), got {self.num_images}")
+            raise FieldError("CompareSettings", "num_images",
+                             f"must be >= 2 (a bootstrap needs several images), got {self.num_images}")
         if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+            raise FieldError("CompareSettings", "batch_size", f"must be >= 1, got {self.batch_size}")
         if self.source not in ("generate", "dataset"):
-            raise UsageError(f"--source must be generate or dataset, got {self.source!r}")
+            raise FieldError("CompareSettings", "source", f"must be generate or dataset, got {self.source!r}")
         if self.n_boot < 1:
-            raise UsageError(f"--bootstrap must be >= 1, got {self.n_boot}")
+            raise FieldError("CompareSettings", "n_boot", f"must be >= 1, got {self.n_boot}")
         check_count(self.n_boot, 3 * 8 * self.num_images, "--bootstrap", f"the resamples of {self.num_images} images")
         if not 0 < self.level < 1:
-            raise UsageError(f"--level must be in (0, 1), got {self.level}")
+            raise FieldError("CompareSettings", "level", f"must be in (0, 1), got {self.level}")
 
     def sampling_for(self, kind: str) -> SamplingConfig:
         """The sampling settings a model of ``kind`` runs with (text: no guidance)."""
@@ -395,15 +397,14 @@ def build_parser(prog: str = "python -m ambiguity.compare") -> ArgumentParser:
                    help="checkpoint file or directory per model, e.g. anole=/ckpt/Anole-7b (repeatable)")
     p.add_argument("--drafter-accuracy", action="append", default=None, metavar="MODEL=PATH",
                    help="drafter accuracy table per model (python -m lantern.compare finds the shipped ones)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
-    p.add_argument("--dtype", default=None, help="auto | float32 | bfloat16 | float16")
+    add_device_args(p)
     p.add_argument("--figures", default=None, help="directory for compare_*.png/pdf (default: --out)")
     p.add_argument("--num-images", type=positive_int, default=64, help="images (text passages) per model (default: 64)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per batch (default: 32)")
     p.add_argument("--seed", type=seed_int, default=0, help="sampling, subset and bootstrap seed (default: 0)")
     p.add_argument("--source", choices=("generate", "dataset"), default="generate",
                    help="generate: sample; dataset: teacher-force real images / held-out text (default: generate)")
-    p.add_argument("--data", default=None, help="Fashion-MNIST directory for --source dataset on the embedded model")
+    add_data_arg(p, "Fashion-MNIST directory for --source dataset on the embedded model")
     add_sampling_args(p, guidance=1.0, guidance_help="guidance scale for image models, 1 = none (default: 1)")
     p.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples over images (default: 2000)")
     p.add_argument("--level", type=unit_float, default=0.95, help="confidence level of the intervals (default: 0.95)")
@@ -441,7 +442,8 @@ def main(argv: Optional[list[str]] = None, accuracy_lookup: Optional[AccuracyLoo
           f"text 1), temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, seed {args.seed}, "
           f"{args.bootstrap} bootstrap resamples; {time.perf_counter() - t0:.1f} s")
     fig_dir = Path(args.figures) if args.figures else out
-    print(f"wrote {out}/compare.parquet, per_image.parquet, <model>/tokens.parquet; figures in {fig_dir}/compare_*.png/pdf")
+    print(f"wrote {out}/compare.parquet, per_image.parquet, <model>/tokens.parquet; "
+          f"figures in {fig_dir}/compare_*.png/pdf")
     if accuracy_lookup is None and not acc:
         print("note: drafter accuracy is n/a without --drafter-accuracy; python -m lantern.compare adds the shipped "
               "drafters' tables")

@@ -57,8 +57,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, check_out_file, cli_main, safe_name,
-                           seed_int)
+from ambiguity.cli import (ArgumentParser, add_model_args, add_out_arg, check_out_dir, check_out_file, cli_main,
+                           safe_name, seed_int)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, load_tensors, save_tensors, write_table
 from ambiguity.models.registry import load_model
@@ -476,7 +476,7 @@ def build_neighbourhoods(matrix: torch.Tensor, k: int, metric: str = "l2", *, se
                     return Neighbourhoods(t["indices"][:, :k].contiguous(), t["distances"][:, :k].contiguous(), metric,
                                           key, None if ids is None else ids.to(x.device), source, seed, 0.0, True)
             except Exception as exc:  # a damaged cache file is rebuilt, never trusted
-                warnings.warn(f"ignoring unreadable neighbourhood cache {hit} ({exc})")
+                warnings.warn(f"ignoring unreadable neighbourhood cache {hit} ({exc})", stacklevel=2)
     t0 = time.perf_counter()
     I, D = exact_knn(x, k, metric, seed=seed, backend=backend, block_bytes=block_bytes, progress=progress)
     if x.is_cuda:
@@ -488,7 +488,8 @@ def build_neighbourhoods(matrix: torch.Tensor, k: int, metric: str = "l2", *, se
             cdir.mkdir(parents=True, exist_ok=True)
             save_tensors({"indices": I, "distances": D}, cdir / f"{key}-k{k}.safetensors", out.metadata())
         except OSError as exc:
-            warnings.warn(f"could not cache neighbourhoods in {cdir} ({exc}); set AMBIGUITY_NEIGHBOURHOOD_CACHE")
+            warnings.warn(f"could not cache neighbourhoods in {cdir} ({exc}); set AMBIGUITY_NEIGHBOURHOOD_CACHE",
+                          stacklevel=2)
     return out
 
 
@@ -550,8 +551,8 @@ def main(argv=None) -> int:
     ap.add_argument("--metric", default="l2", choices=METRICS)
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
     ap.add_argument("--seed", type=seed_int, default=0, help="seed of the random control")
-    ap.add_argument("--out", default=None, help="output .parquet or .safetensors "
-                    "(default: runs/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)")
+    add_out_arg(ap, "output .parquet or .safetensors "
+                "(default: runs/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)", metavar="FILE")
     ap.add_argument("--cache-dir", default=None, help=f"cache folder (default: {default_cache_dir()})")
     ap.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     args = ap.parse_args(argv)

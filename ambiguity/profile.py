@@ -46,8 +46,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_condition_args, add_model_args, add_run_args, add_sampling_args,
-                           add_shard_args, check_out_dir, cli_main, default_out, device_from_args, sampling_from_args)
+from ambiguity.cli import (ArgumentParser, add_condition_args, add_data_arg, add_model_args, add_run_args,
+                           add_sampling_args, add_shard_args, check_out_dir, cli_main, default_out, device_from_args,
+                           sampling_from_args)
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions, image_files_subset, parse_classes
 from ambiguity.data.captions import read_captions
@@ -58,7 +59,7 @@ from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.profile_report import OUTPUTS, print_summary, write_outputs
-from ambiguity.runs import RunDir, versions
+from ambiguity.runs import RunDir, assemble_units, shard_units, versions
 from ambiguity.sampling import SamplingConfig, default_guidance, distribution, expand_rows, split_rows
 from ambiguity.seeding import image_generators
 from ambiguity.stats import STAT_NAMES, token_stats
@@ -262,16 +263,15 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
         raise UsageError("sharded profiling needs --out: the shards meet in its run directory")
 
     nb = math.ceil(num_images / batch_size)
+    units = [_batch_part(b, batch_size, num_images) for b in range(nb)]
     frames, resumed = [], 0
     mine = [b for b in range(nb) if shard.owns(b)]
     bar = tqdm(total=sum(min(batch_size, num_images - b * batch_size) for b in mine) * N, unit="tok",
                desc=f"profile {model.name}" + (f" ({shard.label})" if shard.count > 1 else ""),
                disable=not progress, dynamic_ncols=True, leave=False)
     try:
-        for b in mine:
+        for b, part in shard_units(run, units, shard):
             s, e = b * batch_size, min((b + 1) * batch_size, num_images)
-            name, holds = _batch_part(b, batch_size, num_images)
-            part = run.read_part(name, holds) if run is not None else None
             if part is not None:
                 frames.append(part.tables["tokens"])
                 resumed += 1
@@ -288,15 +288,13 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
                 seq, stats = profile_generated(model, cond, sampling, gens, on_tokens=bar.update)
             df = batch_table(model, s, cond, seq, stats)
             if run is not None:
-                run.write_part(name, holds, tables={"tokens": df})
+                run.write_part(*units[b], tables={"tokens": df})
             frames.append(df)
     finally:
         bar.close()
-    if shard.count > 1:
-        shard.barrier()
-        if not shard.merges:
-            return None, None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
-        frames = _read_batches(run, nb, batch_size, num_images)
+    frames = assemble_units(run, units, shard, frames, lambda part: part.tables["tokens"])
+    if frames is None:
+        return None, None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
     table = pd.concat(frames, ignore_index=True)
     summary = _summary(key, settings or {}, table, nb, resumed, time.perf_counter() - t0)
     return table, summary
@@ -359,7 +357,7 @@ def build_parser() -> ArgumentParser:
     add_condition_args(p, num_images=64, batch_size=32)
     p.add_argument("--source", choices=("generate", "dataset"), default="generate",
                    help="generate: sample images; dataset: teacher-force real images (default: generate)")
-    p.add_argument("--data", default=None, metavar="DIR", help="Fashion-MNIST directory for --source dataset on the embedded model")
+    add_data_arg(p, "Fashion-MNIST directory for --source dataset on the embedded model")
     p.add_argument("--images", default=None, metavar="DIR", help="folder of image files for --source dataset on other models")
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/profile/<model>, runs/profile/<model>-dataset for --source dataset)")

@@ -38,7 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -47,13 +47,14 @@ from ambiguity.errors import UsageError
 from ambiguity.io import (ensure_writable_dir, json_default, load_tensors, read_table, save_tensors,
                           write_json, write_table)
 
-__all__ = ["RunDir", "Part", "settings_digest", "settings_difference", "versions", "normalise", "file_sha256",
-           "check_sealed", "RUN_FILE", "PART_DIR", "SEAL_KEY"]
+__all__ = ["RunDir", "Part", "shard_units", "assemble_units", "settings_digest", "settings_difference",
+           "versions", "normalise", "file_sha256", "check_sealed", "RUN_FILE", "PART_DIR", "SEAL_KEY"]
 
 RUN_FILE = "run.json"
 SEAL_KEY = "outputs_sha256"  # run.json: {relative path of a final file: SHA-256}
 ABSENT = "it was never written"
 PART_DIR = "parts"
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- records
@@ -395,3 +396,45 @@ class RunDir:
         """Record and report a one-line note."""
         self.notes.append(text)
         self.report(text)
+
+
+# --------------------------------------------------------------------------- the sharded unit loop
+def shard_units(run: Optional[RunDir], units: Sequence[tuple[str, Mapping]], shard,
+                load: bool = True) -> Iterator[tuple[int, Optional[Part]]]:
+    """The units of a run that are this shard's, in order, each with its finished part (None: to compute).
+
+    The one place that decides which units a shard computes and which are already done. A driver
+    loops ``for i, done in shard_units(run, units, shard)``: it takes ``done`` (resumed) or computes
+    unit ``i`` and writes its part, then calls :func:`assemble_units`.
+
+    Args:
+        run: the opened run directory, or None (no ``--out``: nothing is resumed).
+        units: ``(part name, holds)`` of every unit of the whole run; unit ``i`` is shard ``i % count``'s.
+        shard: :class:`ambiguity.distributed.Shard` (``SINGLE`` for one process).
+        load: read the part's tables and tensors (False: only check its files).
+    Yields (i, Part or None).
+    """
+    for i, (name, holds) in enumerate(units):
+        if shard.owns(i):
+            yield i, (run.read_part(name, holds, load=load) if run is not None else None)
+
+
+def assemble_units(run: Optional[RunDir], units: Sequence[tuple[str, Mapping]], shard, own: list[T],
+                   read: Callable[[Part], T], every_rank: bool = False, load: bool = True) -> Optional[list[T]]:
+    """After this shard's units: every unit's result in order, or None on a shard that does not merge.
+
+    One process: ``own`` (the results it computed or resumed, in unit order). Several shards: wait
+    for all of them (a barrier under torchrun); a shard that does not merge gets None (rank 0, or
+    ``python -m ambiguity merge``, writes the outputs); the merging one reads every unit's part
+    back with ``read``. ``every_rank``: every rank of a torchrun group reads them all (each needs
+    the data, e.g. to train on it), independent shards get None. ``load``: as in :func:`shard_units`.
+    Raises UsageError when a part is
+    missing, damaged or foreign (see :meth:`RunDir.require_parts`).
+    """
+    if shard.count == 1:
+        return own
+    shard.barrier()
+    if not (shard.group if every_rank else shard.merges):
+        return None
+    names, holds = zip(*units)
+    return [read(p) for p in run.require_parts(names, holds, load=load)]

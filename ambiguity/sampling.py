@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError
 
 __all__ = ["SamplingConfig", "default_guidance", "split_rows", "expand_rows", "guide", "filter_logits",
            "distribution", "pick", "invert", "Generators"]
@@ -59,20 +59,21 @@ class SamplingConfig:
 
     def __post_init__(self):
         if not 0 <= self.guidance < float("inf"):
-            raise UsageError(f"--cfg (guidance scale) must be a finite number >= 0 (1 disables guidance), "
-                             f"got {self.guidance}")
+            raise FieldError("SamplingConfig", "guidance", f"(guidance scale) must be a finite number >= 0 "
+                                                           f"(1 disables guidance), got {self.guidance}")
         if self.guidance > MAX_GUIDANCE:
-            raise UsageError(f"--cfg (guidance scale) must be at most {MAX_GUIDANCE:g} (larger scales overflow the "
-                             f"logits), got {self.guidance:g}")
+            raise FieldError("SamplingConfig", "guidance", f"(guidance scale) must be at most {MAX_GUIDANCE:g} (larger "
+                                                           f"scales overflow the logits), got {self.guidance:g}")
         if not 0 <= self.temperature < float("inf"):
-            raise UsageError(f"--temperature must be a finite number >= 0 (0 is greedy), got {self.temperature}")
+            raise FieldError("SamplingConfig", "temperature",
+                             f"must be a finite number >= 0 (0 is greedy), got {self.temperature}")
         if 0 < self.temperature < MIN_TEMPERATURE:
-            raise UsageError(f"--temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (smaller ones "
-                             f"overflow the logits), got {self.temperature:g}")
+            raise FieldError("SamplingConfig", "temperature", f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g} "
+                             f"(smaller ones overflow the logits), got {self.temperature:g}")
         if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
-            raise UsageError(f"--top-k must be an integer >= 0 (0 disables it), got {self.top_k}")
+            raise FieldError("SamplingConfig", "top_k", f"must be an integer >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:
-            raise UsageError(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p}")
+            raise FieldError("SamplingConfig", "top_p", f"must be in (0, 1] (1 disables it), got {self.top_p}")
 
     @property
     def guided(self) -> bool:

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.cli import (ArgumentParser, add_device_args, check_out_file, cli_main, device_from_args, finite_float,
-                           nonneg_int, positive_int, set_threads)
+from ambiguity.cli import (ArgumentParser, add_device_args, add_out_arg, check_out_file, cli_main, device_from_args,
+                           finite_float, nonneg_int, positive_int, set_threads)
 from ambiguity.io import write_json
 from ambiguity.models.gpt import GPT
 from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--delta", type=finite_float, default=0.4)
     ap.add_argument("--position", type=nonneg_int, default=128, help="image tokens already in the KV cache")
     ap.add_argument("--repeats", type=positive_int, default=5)
-    ap.add_argument("--out", default=str(RESULTS / "acceptance.json"))
+    add_out_arg(ap, "results JSON", default=str(RESULTS / "acceptance.json"), metavar="FILE")
     args = ap.parse_args(argv)
     check_out_file(args.out)
     rule = AcceptanceRule("lantern", k=args.k, delta=args.delta)

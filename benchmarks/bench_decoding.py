@@ -42,8 +42,9 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_model_args, check_out_dir, check_out_file, cli_main, device_from_args,
-                           finite_float, float_list, int_list, nonneg_int, positive_int, set_threads)
+from ambiguity.cli import (ArgumentParser, add_guidance_arg, add_model_args, add_out_arg, add_threads_arg,
+                           check_out_dir, check_out_file, cli_main, device_from_args, float_list,
+                           int_list, positive_int, set_threads)
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
 from ambiguity.models.registry import load_model
@@ -210,7 +211,7 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--timing-images", type=positive_int, default=8, help="images per configuration per timing round")
     ap.add_argument("--repeats", type=positive_int, default=5, help="interleaved timing rounds after a warm-up")
     ap.add_argument("--gamma", type=positive_int, default=4, help="chain length of LANTERN's chain rows")
-    ap.add_argument("--cfg", type=finite_float, default=None, help="guidance scale (default: 4.0 for c2i)")
+    add_guidance_arg(ap, None, "guidance scale (default: 4.0 for c2i)")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--ks", default="32,128")
     ap.add_argument("--deltas", default="0.1,0.4")
@@ -223,8 +224,8 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--sd-tree-sizes", default="10,25,59", help="dynamic-tree sizes of the SD control")
     ap.add_argument("--extractors", default="fmnist",
                     help="image quality of every configuration's images (lantern.evaluate extractors; '' for none)")
-    ap.add_argument("--threads", type=nonneg_int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decoding"))
+    add_threads_arg(ap, 2)
+    add_out_arg(ap, "results directory", default=str(ROOT / "benchmarks" / "results" / "decoding"))
     ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--replot", default=None, metavar="PARQUET",

@@ -33,7 +33,8 @@ import faiss
 import pandas as pd
 import torch
 
-from ambiguity.cli import ArgumentParser, check_out_file, cli_main, finite_float, positive_int, set_threads
+from ambiguity.cli import (ArgumentParser, add_out_arg, add_threads_arg, check_out_file, cli_main, finite_float,
+                           positive_int, set_threads)
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 from ambiguity.neighbourhood import _drop_self, _faiss_search, _to_distance, exact_knn
@@ -133,10 +134,11 @@ def main(argv=None) -> int:
     ap = ArgumentParser(prog="python benchmarks/bench_neighbourhood.py", description=__doc__.split("\n")[0])
     ap.add_argument("--k", type=positive_int, default=1000)
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from: " + ", ".join(SHAPES))
-    ap.add_argument("--threads", type=positive_int, default=2)
+    add_threads_arg(ap, 2)
     ap.add_argument("--official-bytes", type=finite_float, default=4.5e9, help="memory for one official block (bytes)")
     ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn, drop")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"))
+    add_out_arg(ap, "results JSON", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"),
+                metavar="FILE")
     args = ap.parse_args(argv)
     check_out_file(args.out)
     shapes = [s for s in args.shapes.split(",") if s]
@@ -147,6 +149,8 @@ def main(argv=None) -> int:
     if any(args.k >= SHAPES[s][0] for s in shapes):
         raise UsageError(f"--k {args.k} must be smaller than every codebook size "
                          f"({min(SHAPES[s][0] for s in shapes)})")
+    if args.threads < 1:
+        raise UsageError("--threads must be >= 1 here: the timings are reported for a stated thread count")
     if args.official_bytes < 1e6:
         raise UsageError(f"--official-bytes must be at least 1e6, got {args.official_bytes:g}")
 

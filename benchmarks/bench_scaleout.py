@@ -27,7 +27,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ambiguity.cli import ArgumentParser, check_out_file, cli_main, positive_int
+from ambiguity.cli import ArgumentParser, add_out_arg, check_out_file, cli_main, positive_int
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 
@@ -69,7 +69,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--repeats", type=positive_int, default=3, help="timed rounds after the warm-up")
     ap.add_argument("--same-threads", action="store_true",
                     help="one thread per process in both (outputs then identical; checked)")
-    ap.add_argument("--out", default="benchmarks/results/scaleout.json")
+    add_out_arg(ap, "results JSON", default="benchmarks/results/scaleout.json", metavar="FILE")
     args = ap.parse_args(argv)
     check_out_file(args.out)
     argv_ = COMMANDS[args.command](args.num_images)

@@ -21,8 +21,8 @@ import torch
 
 import lantern.chain as chain
 import lantern.decoding as decoding
-from ambiguity.cli import (ArgumentParser, check_out_file, cli_main, finite_float, float_list, int_list, positive_int,
-                           seed_int)
+from ambiguity.cli import (ArgumentParser, add_guidance_arg, add_out_arg, check_out_file, cli_main,
+                           float_list, int_list, positive_int, seed_int)
 from ambiguity.io import write_json
 from ambiguity.memory import check_count
 from ambiguity.models.registry import load_model
@@ -36,11 +36,11 @@ from lantern.drafter import load_drafter
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="python benchmarks/probe_distortion.py", description=__doc__.splitlines()[0])
     ap.add_argument("--num-images", type=positive_int, default=20)
-    ap.add_argument("--cfg", type=finite_float, default=4.0)
+    add_guidance_arg(ap, 4.0)
     ap.add_argument("--ks", default="8,32,128")
     ap.add_argument("--deltas", default="0.05,0.1,0.2,0.4")
     ap.add_argument("--seed", type=seed_int, default=0)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "distortion.json"))
+    add_out_arg(ap, "results JSON", default=str(Path(__file__).parent / "results" / "distortion.json"), metavar="FILE")
     args = ap.parse_args(argv)
     ks, deltas = int_list(args.ks, "--ks", 1, 1023), float_list(args.deltas, "--deltas", 0.0, 1.0)
     SamplingConfig(guidance=args.cfg)  # one-line error for a bad --cfg before any work

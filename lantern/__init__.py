@@ -8,7 +8,8 @@ The names a notebook needs, at package level::
                     amb.SamplingConfig(guidance=4.0), drafter=lt.load_drafter(model), pixels=True)
     out.summary()
 
-Names are resolved on first use from the table below (PEP 562), as in :mod:`ambiguity`, so that
+Names are resolved on first use from the table below (PEP 562; ``"module:attribute"`` where the package
+name differs from the module's), as in :mod:`ambiguity`, so that
 ``python -m lantern.<command>`` never imports its own module twice. ``python -m lantern`` lists
 the commands.
 """
@@ -27,11 +28,11 @@ _API = {
     "speculative_decode": "lantern.decoding", "autoregressive_decode": "lantern.decoding",
     "neighbour_table": "lantern.decoding",
     "DraftModel": "lantern.drafter", "Drafter": "lantern.drafter", "load_drafter": "lantern.drafter",
-    "Decoded": "lantern.records", "summarize": "lantern.records", "summary_table": "lantern.records",
+    "Decoded": "lantern.records", "summarize_decode": "lantern.records:summarize", "summary_table": "lantern.records",
     "run_generate": "lantern.generate", "load_run": "lantern.replay", "acceptance_by_ambiguity": "lantern.replay",
     "image_quality": "lantern.replay", "train_drafter": "lantern.train_drafter", "TrainConfig": "lantern.train_drafter",
     "evaluate_runs": "lantern.evaluate", "score_images": "lantern.evaluate", "flat_scores": "lantern.evaluate",
-    "Protocol": "lantern.quality.scoring", "load_extractor": "lantern.quality.features",
+    "QualityProtocol": "lantern.quality.scoring:Protocol", "load_extractor": "lantern.quality.features",
     "Extractor": "lantern.quality.features", "frechet_distance": "lantern.quality.metrics",
     "TreeSpec": "lantern.trees", "STATIC_TREES": "lantern.trees",
     "interleaved_timing": "lantern.timing", "speedup_table": "lantern.timing", "speedup_curve": "lantern.timing",
@@ -39,11 +40,21 @@ _API = {
     "run_paper": "lantern.paper", "PaperConfig": "lantern.paper",
 }
 __all__ = sorted(_API)
+# former package-level names -> their names now (``summarize`` collided with ``ambiguity.summarize``, the
+# quality settings ``Protocol`` with ``typing.Protocol``); still resolved, with a warning
+_RENAMED = {"summarize": "summarize_decode", "Protocol": "QualityProtocol"}
+
 
 def __getattr__(name: str):
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(f"lantern.{name} is now lantern.{_RENAMED[name]}", DeprecationWarning, stacklevel=2)
+        return __getattr__(_RENAMED[name])
     if name not in _API:
         raise AttributeError(f"module 'lantern' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_API[name]), name)
+    module_name, _, attribute = _API[name].partition(":")
+    value = getattr(importlib.import_module(module_name), attribute or name)
     globals()[name] = value
     return value
 

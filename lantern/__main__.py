@@ -8,7 +8,7 @@ COMMANDS = {
     "replay": ("lantern.replay", "acceptance vs ambiguity, and image quality against a reference run"),
     "evaluate": ("lantern.evaluate", "FID, KID, precision/recall, density/coverage, CLIP score, HPS v2.1 of runs"),
     "train_drafter": ("lantern.train_drafter", "train an EAGLE drafter and measure its test accuracy per epoch"),
-    "compare": ("lantern.compare", "ambiguity across models with their drafters' accuracy (LANTERN Fig. 2)"),
+    "compare": ("lantern.drafter_comparison", "ambiguity across models with their drafters' accuracy (LANTERN Fig. 2)"),
     "paper": ("lantern.paper.__main__", "regenerate the paper's figures and tables next to its published values"),
 }
 

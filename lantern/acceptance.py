@@ -91,7 +91,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError, UsageError
 from lantern.divergences import moved_jsd
 
 __all__ = [
@@ -179,18 +179,19 @@ class AcceptanceRule:
         if self.convention not in CONVENTIONS:
             raise UsageError(f"unknown convention {self.convention!r}; use 'exact' or 'official'")
         if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 0:
-            raise UsageError(f"k (--k) must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}")
+            raise FieldError("AcceptanceRule", "k",
+                             f"must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}")
         if not 0 <= self.delta < float("inf"):
-            raise UsageError(f"delta (--delta) must be >= 0 (0 is lossless), got {self.delta}")
+            raise FieldError("AcceptanceRule", "delta", f"must be >= 0 (0 is lossless), got {self.delta}")
         bound = BOUNDS[self.method]
         if bound is not None and bound.at_most_one and self.delta > 1:
-            raise UsageError(
-                f"delta (--delta) must be <= 1 for method {self.method}, got {self.delta}; "
+            raise FieldError(
+                "AcceptanceRule", "delta", f"must be <= 1 for method {self.method}, got {self.delta}; "
                 "for the official code's delta > 1 (a relative bound) use method lantern++ with lam = delta "
                 "(--method lantern++ --lam DELTA)"
             )
         if not 1 <= self.lam < float("inf"):
-            raise UsageError(f"lam (--lam) must be >= 1 (1 is lossless), got {self.lam}")
+            raise FieldError("AcceptanceRule", "lam", f"must be >= 1 (1 is lossless), got {self.lam}")
         object.__setattr__(self, "k", int(self.k))
 
     @property

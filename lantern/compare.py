@@ -1,22 +1,17 @@
-"""``python -m lantern.compare``: LANTERN's Fig. 2 — ambiguity across models and their drafters' accuracy.
-
-The same command as ``python -m ambiguity.compare`` (all its options), with the test-accuracy
-table of each model's shipped drafter (``lantern/weights/<model>_drafter_accuracy.parquet``)
-found automatically; ``--drafter-accuracy MODEL=FILE`` still overrides it.
-"""
+"""``python -m lantern.compare``: the former name of :mod:`lantern.drafter_comparison`, kept so that
+old commands and imports work (``lantern.compare`` and ``ambiguity.compare`` were two modules of one name)."""
 from __future__ import annotations
 
 from typing import Optional
-
-from ambiguity.compare import main as compare_main
-from lantern.drafter import shipped_accuracy_path
 
 __all__ = ["main"]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Run :func:`ambiguity.compare.main` with the shipped drafters' accuracy tables."""
-    return compare_main(argv, accuracy_lookup=shipped_accuracy_path, prog="python -m lantern.compare")
+    """:func:`lantern.drafter_comparison.main` under its old program name."""
+    from lantern.drafter_comparison import main as run
+
+    return run(argv, prog="python -m lantern.compare")
 
 
 if __name__ == "__main__":

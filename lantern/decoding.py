@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError, UsageError
 from ambiguity.memory import check_count, kv_bytes_per_token
 from ambiguity.models.base import TokenModel
 from ambiguity.neighbourhood import MATRICES, METRICS, model_neighbourhoods
@@ -76,11 +76,12 @@ class DecodeConfig:
 
     def __post_init__(self):
         if isinstance(self.gamma, bool) or int(self.gamma) != self.gamma or self.gamma < 1:
-            raise UsageError(f"--gamma (draft tokens per step) must be an integer >= 1, got {self.gamma}")
+            raise FieldError("DecodeConfig", "gamma",
+                             f"(draft tokens per step) must be an integer >= 1, got {self.gamma}")
         if self.metric not in METRICS:
-            raise UsageError(f"--metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+            raise FieldError("DecodeConfig", "metric", f"must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if self.matrix not in MATRICES:
-            raise UsageError(f"--matrix must be one of {', '.join(MATRICES)}, got {self.matrix!r}")
+            raise FieldError("DecodeConfig", "matrix", f"must be one of {', '.join(MATRICES)}, got {self.matrix!r}")
 
     @classmethod
     def of(cls, method: str = "lantern", gamma: int = 4, metric: str = DEFAULT_METRIC, matrix: str = "codebook",

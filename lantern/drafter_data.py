@@ -50,7 +50,7 @@ from ambiguity.generation import sample_tokens
 from ambiguity.io import load_tensors, save_tensors
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
-from ambiguity.runs import RunDir
+from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.seeding import holdout_seed, image_generators, uncond_rows_seed
 
 __all__ = ["TokenSet", "save_token_file", "load_token_file", "read_conditions", "check_tokens",
@@ -304,29 +304,25 @@ def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list
     conds = [conditions[i % len(conditions)] for i in range(n)]
     info = {"sampling": sampling.as_dict(), "seed": seed, "model": model.name}
     batches = math.ceil(n / batch_size)
-    out_tokens = {}
-    mine = [k for k in range(batches) if shard.owns(k)]
+    units = [_selfgen_part(k, batch_size, n) for k in range(batches)]
+    out_tokens = []
+    mine = sum(shard.owns(k) for k in range(batches))
     label = "self-generate" + (f" ({shard.label})" if shard.count > 1 else "")
-    for k in tqdm(mine, desc=label, unit="batch", disable=not progress):
-        name, holds = _selfgen_part(k, batch_size, n)
-        i, j = holds["images"]
-        got = load_token_part(run, name, holds) if run is not None else None
+    for k, got in tqdm(shard_units(run, units, shard), total=mine, desc=label, unit="batch", disable=not progress):
         if got is not None:
-            out_tokens[k] = got.tokens
+            out_tokens.append(got.tensors["tokens"]["tokens"])
             continue
+        i, j = units[k][1]["images"]
         prompt = model.make_prompt(conds[i:j], guided=sampling.guided)
         toks = sample_tokens(model, prompt, sampling, image_generators(seed, range(i, j), model.device)).cpu()
         if run is not None:
-            save_token_part(run, name, TokenSet(toks, conds[i:j], "self-generated"), holds)
-        out_tokens[k] = toks
-    if shard.count > 1:
-        shard.barrier()
-        if not shard.group:
-            return None
-        names, holds = zip(*(_selfgen_part(k, batch_size, n) for k in range(batches)))
-        parts = run.require_parts(names, holds)
-        out_tokens = {k: part.tensors["tokens"]["tokens"] for k, part in enumerate(parts)}
-    return TokenSet(torch.cat([out_tokens[k] for k in range(batches)]), conds, source="self-generated", info=info)
+            save_token_part(run, units[k][0], TokenSet(toks, conds[i:j], "self-generated"), units[k][1])
+        out_tokens.append(toks)
+    out_tokens = assemble_units(run, units, shard, out_tokens, lambda part: part.tensors["tokens"]["tokens"],
+                                every_rank=True)
+    if out_tokens is None:
+        return None
+    return TokenSet(torch.cat(out_tokens), conds, source="self-generated", info=info)
 
 
 # --------------------------------------------------------------------------- features
@@ -420,10 +416,9 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
     mine = [s for s in range(n_parts) if shard.owns(s)]
     bar = tqdm(total=sum(parts[s][1]["sequences"][1] - parts[s][1]["sequences"][0] for s in mine),
                desc=f"target features ({prefix})", unit="seq", disable=not progress)
-    for s in mine:
+    for s, part in shard_units(run, parts, shard, load=False):
         name, holds = parts[s]
         lo, hi = holds["sequences"]
-        part = run.read_part(name, holds, load=False)
         if part is None:
             toks, hid, unc = [], [], []
             for i in range(lo, hi, batch_size):
@@ -438,10 +433,10 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
         else:
             bar.update(hi - lo)
     bar.close()
-    if shard.count > 1:
-        shard.barrier()
-        run.require_parts(*zip(*parts), load=False)
-    return [run.parts_dir / f"{name}.rows.safetensors" for name, _ in parts]
+    paths = [run.parts_dir / f"{name}.rows.safetensors" for name, _ in parts]
+    # torchrun: every rank trains on every part (train_drafter refuses independent shards here)
+    return assemble_units(run, parts, shard, paths, lambda part: run.parts_dir / f"{part.name}.rows.safetensors",
+                          every_rank=True, load=False)
 
 
 def shard_rows(paths: Sequence[Path]) -> list[int]:

@@ -46,8 +46,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_shard_args, check_out_dir, check_out_file, cli_main, nonneg_int,
-                           parse_mapping, positive_int, safe_name, seed_int, unit_float)
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, add_shard_args, check_out_dir,
+                           check_out_file, cli_main, nonneg_int, parse_mapping, positive_int, safe_name, seed_int,
+                           unit_float)
 from ambiguity.distributed import SINGLE, Shard, merging_shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
@@ -62,7 +63,7 @@ from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metri
                                      protocol_record, reference_stats, value_metrics)
 from lantern.quality.sources import ImageSet, load_source, parse_spec
 from lantern.quality.text import CLIP_SCALES, clip_scores, hps_scores, prompts_for
-from lantern.runs import image_quality, load_run, run_label, target_scores
+from lantern.run_reader import image_quality, load_run, run_label, target_scores
 
 __all__ = ["evaluate_runs", "score_images", "flat_scores", "paired_table", "load_extractors", "check_sizes", "wide_table",
            "speed_quality_table", "build_parser", "main",
@@ -437,7 +438,9 @@ def build_parser() -> ArgumentParser:
                    help="weights of an extractor (or clip / hps), e.g. mobilenet=~/mobilenet_v2-b0353104.pth")
     p.add_argument("--bootstrap", type=nonneg_int, default=100, help="groups of the jackknife behind the intervals (at most n), 0 = none (default: 100)")
     p.add_argument("--level", type=unit_float, default=0.95, help="interval coverage (default: 0.95)")
-    p.add_argument("--k", type=positive_int, default=3, help="k of the k-NN metrics (default: 3)")
+    p.add_argument("--nearest-k", "--k", dest="k", type=positive_int, default=3, metavar="K",
+                   help="k of the k-NN metrics (precision/recall, density/coverage) (default: 3); --k is its former "
+                        "name, still accepted (elsewhere --k is the latent neighbourhood size)")
     p.add_argument("--prdc-reference", choices=("matched", "full"), default="matched",
                    help="precision/recall reference: a seeded subset of the run's size, or all (default: matched)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of subsets and resamples (default: 0)")
@@ -454,11 +457,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--paired-with", default=None, metavar="RUN",
                    help="one of the runs (e.g. runs/ar): print every metric's difference to it with a paired "
                         "jackknife interval (same image indices = same seeds and classes)")
-    p.add_argument("--data", default=None, metavar="DIR", help="Fashion-MNIST IDX directory")
+    add_data_arg(p)
     p.add_argument("--cache", default=None, metavar="DIR", help="reference-statistics cache")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
+    add_device_args(p, dtype=False, what="for the extractors and --target-scores")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per extractor forward (default: 64)")
-    p.add_argument("--out", default="runs/evaluate", help="output run directory (default: runs/evaluate)")
+    add_out_arg(p, "output run directory (default: runs/evaluate)", default="runs/evaluate")
     p.add_argument("--figure", default=None, metavar="PATH",
                    help="figure path without suffix: τ and FID/precision/recall vs δ per k, when LANTERN runs are "
                         "given (default: <out>/quality_sweep)")
@@ -474,7 +477,8 @@ def _class_names(path: Optional[str]) -> Optional[list[str]]:
     try:
         names = [ln.strip() for ln in Path(path).expanduser().read_text(encoding="utf-8").splitlines() if ln.strip()]
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read --class-names {path} ({type(exc).__name__}); pass a text file, one name a line")
+        raise UsageError(f"cannot read --class-names {path} ({type(exc).__name__}); pass a text file, "
+                         "one name a line") from None
     if not names:
         raise UsageError(f"--class-names {path} is empty; pass one class name per line")
     return names

@@ -12,7 +12,7 @@ frames) and relates
 * **acceptance to image quality**, with distribution metrics (``--quality``: FID, KID,
   precision / recall, density / coverage per feature extractor with jackknife intervals, from
   :mod:`lantern.evaluate`, printed next to each run's acceptance rate, τ and step compression)
-  and with proxies available offline (:func:`image_quality`, in :mod:`lantern.runs`):
+  and with proxies available offline (:func:`image_quality`, in :mod:`lantern.run_reader`):
   pixel MSE / PSNR (dB, data range 1) of an image against the reference run's image of the
   same index (same seed and condition; typically ``--method ar``), the fraction of tokens equal
   to the reference's and the first position where they differ; optionally
@@ -28,7 +28,7 @@ CLI::
 
 writes ``acceptance_by_ambiguity.parquet``, ``image_quality.parquet``, ``quality.parquet`` (with
 ``--quality``; resumable parts in ``<out>/quality``), ``replay.png`` / ``.pdf`` and prints the
-tables. The run readers and proxies live in :mod:`lantern.runs` and are re-exported here.
+tables. The run readers and proxies live in :mod:`lantern.run_reader` and are re-exported here.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, check_out_dir, check_out_file, cli_main, nonneg_int, parse_mapping,
-                           positive_int)
+from ambiguity.cli import (ArgumentParser, add_device_args, add_out_arg, check_out_dir, check_out_file, cli_main,
+                           nonneg_int, parse_mapping, positive_int)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_table
 from ambiguity.models.base import resolve_device
@@ -49,7 +49,7 @@ from ambiguity.models.registry import load_model
 from lantern.evaluate import evaluate_runs, parse_extractors, speed_quality_table, wide_table
 from lantern.quality.features import EXTRACTORS, OFFLINE
 from lantern.quality.scoring import Protocol
-from lantern.runs import image_quality, load_run, read_images, reference_notes, run_label, target_scores
+from lantern.run_reader import image_quality, load_run, read_images, reference_notes, run_label, target_scores
 
 __all__ = ["load_run", "run_label", "ambiguity_bins", "acceptance_by_ambiguity", "read_images", "image_quality",
            "reference_notes", "target_scores", "plot_replay", "run_quality", "main", "AMBIGUITY_COLUMNS"]
@@ -201,8 +201,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--bins", type=positive_int, default=10, help="bins per ambiguity axis (default: 10)")
     ap.add_argument("--scores", action="store_true",
                     help="also load the target to score tokens (NLL, class consistency for c2i)")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N, for --scores (default: auto)")
-    ap.add_argument("--out", default="runs/replay", help="output directory (default: runs/replay)")
+    add_device_args(ap, dtype=False, what="for --scores")
+    add_out_arg(ap, "output directory (default: runs/replay)", default="runs/replay")
     ap.add_argument("--figure", default=None, help="figure path without suffix (default: <out>/replay)")
     ap.add_argument("--quality", action="store_true",
                     help="FID, KID, precision/recall, density/coverage of every run (lantern.evaluate)")

@@ -83,8 +83,8 @@ def interleaved_timing(model: TokenModel, configs: Mapping[str, DecodeConfig], s
     (default :func:`neighbour_tables`, built before timing); done: rows of rounds already timed
     (skipped: a resumed measurement); on_round: called as ``on_round(r, frame, decodes)`` after
     each new round with its timing rows and ``{name: Decoded}`` (e.g. to save them as run parts:
-    the decodes are the method's samples, so one pass gives speed and quality). Returns a DataFrame with :data:`TIMING_COLUMNS` (seconds of
-    wall clock, sums over the round's images).
+    the decodes are the method's samples, so one pass gives speed and quality). Returns a DataFrame
+    with :data:`TIMING_COLUMNS` (seconds of wall clock, sums over the round's images).
     """
     tables = dict(tables) if tables is not None else neighbour_tables(model, configs)
     names = list(configs)

@@ -41,13 +41,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_model_args, add_sampling_args, add_shard_args, check_out_dir,
-                           check_out_file, cli_main, default_out, device_from_args, finite_float, nonneg_int,
-                           positive_int, sampling_from_args, seed_int)
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_model_args, add_out_arg, add_sampling_args, add_shard_args,
+                           check_out_dir, check_out_file, cli_main, default_out, device_from_args, finite_float,
+                           nonneg_int, positive_int, sampling_from_args, seed_int)
 from ambiguity.conditions import check_labels, parse_classes
 from ambiguity.data.fashion_mnist import model_image_size
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError, UsageError
 from ambiguity.io import abspath, read_table, write_table
 from ambiguity.memory import check_count
 from ambiguity.models.base import TokenModel
@@ -97,13 +97,13 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.epochs < 0:
-            raise UsageError(f"--epochs must be >= 0, got {self.epochs}")
+            raise FieldError("TrainConfig", "epochs", f"must be >= 0, got {self.epochs}")
         if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
+            raise FieldError("TrainConfig", "batch_size", f"must be >= 1, got {self.batch_size}")
         if not 0 < self.lr <= 1:
-            raise UsageError(f"--lr must be in (0, 1] (AdamW's peak learning rate), got {self.lr}")
+            raise FieldError("TrainConfig", "lr", f"must be in (0, 1] (AdamW's peak learning rate), got {self.lr}")
         if not 0 <= self.uncond_fraction < 0.5:
-            raise UsageError(f"--uncond-fraction must be in [0, 0.5), got {self.uncond_fraction}")
+            raise FieldError("TrainConfig", "uncond_fraction", f"must be in [0, 0.5), got {self.uncond_fraction}")
 
 
 # --------------------------------------------------------------------------- losses and metrics
@@ -510,7 +510,7 @@ def build_parser() -> ArgumentParser:
                    help="sample N sequences from the target itself and train on them (kept as parts of the run)")
     add_sampling_args(d, guidance=1.0, guidance_help="guidance scale for --self-generate (1 = none)")
     d.add_argument("--gen-batch-size", type=positive_int, default=32, help="images per batch for --self-generate")
-    d.add_argument("--data", default=None, help="Fashion-MNIST IDX directory (embedded model)")
+    add_data_arg(d, "Fashion-MNIST IDX directory (embedded model)")
     d.add_argument("--train-size", type=positive_int, default=None, help="use at most this many training sequences")
     d.add_argument("--test-size", type=positive_int, default=1000, help="held-out test sequences (default 1000)")
     t = p.add_argument_group("training")
@@ -523,8 +523,8 @@ def build_parser() -> ArgumentParser:
     t.add_argument("--seed", type=seed_int, default=defaults.seed)
     o = p.add_argument_group("output")
     o.add_argument("--run-dir", default=None, help="features, checkpoints, tables (default runs/drafter-<model>)")
-    o.add_argument("--out", default=None, help="final drafter file (default <run-dir>/drafter.safetensors); "
-                                               "the accuracy table goes next to it as <name>_accuracy.parquet")
+    add_out_arg(o, "final drafter file (default <run-dir>/drafter.safetensors); the accuracy table goes next to it "
+                   "as <name>_accuracy.parquet", metavar="FILE")
     o.add_argument("--figure", default=None,
                    help="accuracy figure .png (+.pdf) (default <run-dir>/drafter_accuracy.png)")
     o.add_argument("--save-dtype", default="fp16", choices=["fp16", "bf16", "fp32"], help="dtype of the saved drafter")

@@ -31,7 +31,7 @@ from typing import Optional, Protocol
 
 import torch
 
-from ambiguity.errors import UsageError
+from ambiguity.errors import FieldError, UsageError
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import expand_rows, invert
 from lantern.drafter import DraftModel
@@ -100,8 +100,7 @@ class TreeSpec:
             for name, low in (("total_tokens", 2), ("depth", 1), ("top_k", 1)):
                 v = getattr(self, name)
                 if isinstance(v, bool) or int(v) != v or v < low:
-                    flag = {"total_tokens": "--total-tokens", "depth": "--depth", "top_k": "--tree-top-k"}[name]
-                    raise UsageError(f"{flag} must be an integer >= {low}, got {v}")
+                    raise FieldError("TreeSpec", name, f"must be an integer >= {low}, got {v}")
         if self.kind == "static":
             object.__setattr__(self, "paths", check_paths(self.paths))
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from ambiguity.data.fashion_mnist import CLASSES, load_split
-from ambiguity.cli import ArgumentParser, add_sampling_args, check_out_file, cli_main, positive_int, seed_int
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, add_sampling_args,
+                           check_out_file, cli_main, positive_int, seed_int)
 from ambiguity.generation import sample_tokens
 from ambiguity.io import atomic_path, ensure_writable_dir
 from ambiguity.memory import check_batch
@@ -32,14 +33,14 @@ def parse_args(argv=None):
     p.add_argument("--model", choices=list(VARIANTS), default="embedded",
                    help="which shipped model (default: %(default)s)")
     p.add_argument("--weights", default=None, help="directory with the two weight files (default: the shipped ones)")
-    p.add_argument("--data", default=None, help="directory with the Fashion-MNIST IDX files")
-    p.add_argument("--out", default=None,
-                   help="output path without suffix (default figures/embedded_samples, figures/embedded16_samples)")
+    add_data_arg(p)
+    add_out_arg(p, "output path without suffix (default figures/embedded_samples, figures/embedded16_samples)",
+                metavar="PATH")
     p.add_argument("--seed", type=seed_int, default=0)
     add_sampling_args(p, guidance=2.0)
     p.add_argument("--n-real", type=positive_int, default=4, help="test images per class")
     p.add_argument("--n-samples", type=positive_int, default=6, help="generated samples per class")
-    p.add_argument("--device", default="auto")
+    add_device_args(p, dtype=False)
     return p.parse_args(argv)
 
 

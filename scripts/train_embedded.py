@@ -8,7 +8,8 @@
 Writes ``fashion_vq.safetensors``, ``fashion_gpt.safetensors`` (fp16, config in the metadata)
 and ``embedded_metrics.json`` to ``--out`` (``--recipe embedded-16``: ``fashion16_*`` and
 ``embedded16_metrics.json``, images upsampled to 64 x 64, run dir ``runs/embedded-16``).
-Checkpoints, token caches and per-stage results go to ``--run-dir``; rerunning the same command resumes where an interrupted run stopped.
+Checkpoints, token caches and per-stage results go to ``--run-dir``; rerunning the same command
+resumes where an interrupted run stopped.
 Test metrics are computed with the fp16 files as shipped (reloaded), on the Fashion-MNIST
 test split: VQ reconstruction MSE/L1/PSNR and codebook usage, GPT teacher-forced NLL.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ambiguity.cli import ArgumentParser, cli_main, seed_int
+from ambiguity.cli import ArgumentParser, add_data_arg, add_device_args, add_out_arg, cli_main, seed_int
 from ambiguity.data.fashion_mnist import find_dir, load_split
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_json
@@ -40,15 +41,14 @@ RECIPES = {"embedded": embedded_recipe, "embedded-16": embedded16_recipe}
 
 def parse_args(argv=None):
     p = ArgumentParser(prog="train_embedded.py", description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=None, help="directory with the Fashion-MNIST IDX files (default: search the usual places)")
-    p.add_argument("--out", default=None, help="where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
+    add_data_arg(p)
+    add_out_arg(p, "where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
     p.add_argument("--run-dir", default=None, help="checkpoints and caches (default runs/<recipe>, runs/<recipe>-quick)")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="embedded",
                    help="embedded (1024 codes, 8x8 tokens) or embedded-16 (16384 codes, 16x16 tokens)")
     p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
     p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    add_device_args(p, dtype=False, threads=0)
     p.add_argument("--quick", action="store_true", help="tiny models, a few steps, a data subset (smoke test)")
     p.add_argument("--fresh", action="store_true", help="discard checkpoints in --run-dir and start over")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")

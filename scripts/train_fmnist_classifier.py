@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ambiguity.cli import ArgumentParser, cli_main, nonneg_int, positive_int, seed_int
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_out_arg, add_threads_arg, cli_main,
+                           positive_int, seed_int)
 from ambiguity.data.fashion_mnist import CLASSES, load_split
 from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.checkpoints import save_module
@@ -95,13 +96,13 @@ def train(cfg: FashionNetConfig, recipe: dict, images, labels, run_dir: Path, pr
 @cli_main
 def main(argv=None) -> int:
     p = ArgumentParser(prog="train_fmnist_classifier.py", description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=None, help="directory with the Fashion-MNIST IDX files (default: the usual places)")
-    p.add_argument("--out", default=None, help="where the weight and metrics files go (default: lantern/weights)")
+    add_data_arg(p)
+    add_out_arg(p, "where the weight and metrics files go (default: lantern/weights)")
     p.add_argument("--run-dir", default=None, help="checkpoints (default: runs/fmnist_classifier)")
     p.add_argument("--epochs", type=positive_int, default=8)
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--ckpt-every", type=positive_int, default=100)
-    p.add_argument("--threads", type=nonneg_int, default=1, help="torch CPU threads (0: torch's default)")
+    add_threads_arg(p, 1)
     p.add_argument("--quick", action="store_true", help="1k images, a few steps, tiny widths (smoke test)")
     args = p.parse_args(argv)
     if args.threads:

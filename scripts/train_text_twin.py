@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ambiguity.cli import (ArgumentParser, check_out_dir, cli_main, nonneg_int, positive_int,  # noqa: E402
-                           seed_int)
+from ambiguity.cli import (ArgumentParser, add_device_args, add_out_arg, check_out_dir, cli_main,  # noqa: E402
+                           nonneg_int, positive_int, seed_int)
 from ambiguity.data import text_corpus as tc  # noqa: E402
 from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.io import atomic_path, ensure_writable_dir, save_tensors, write_json  # noqa: E402
@@ -152,8 +152,7 @@ def write_drafter_tokens(run_dir: Path, data: dict, test_size: int, train_size: 
 
 def parse_args(argv):
     p = ArgumentParser(prog="train_text_twin.py", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=None, help="where the shipped files go (default ambiguity/weights; "
-                                               "with --quick <run-dir>/weights)")
+    add_out_arg(p, "where the shipped files go (default ambiguity/weights; with --quick <run-dir>/weights)")
     p.add_argument("--run-dir", default=None, help="checkpoints and the tokenised corpus (default runs/text_twin)")
     p.add_argument("--image-weights", default=None, help="folder with the image model's fashion_gpt.safetensors "
                                                           "and embedded_metrics.json (default ambiguity/weights)")
@@ -161,8 +160,7 @@ def parse_args(argv):
     p.add_argument("--test-every", type=positive_int, default=10, help="hold out every N-th chapter (default 10)")
     p.add_argument("--token-budget", type=positive_int, default=None, help="training tokens (default: the image GPT's)")
     p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=nonneg_int, default=0, help="CPU threads for torch (0: torch's default)")
+    add_device_args(p, dtype=False, threads=0)
     p.add_argument("--drafter-tokens", default=None, metavar="RUN_DIR",
                    help="also write tokens_train/tokens_test.safetensors for python -m lantern.train_drafter "
                         "--model text-twin --run-dir RUN_DIR")

@@ -336,7 +336,8 @@ def test_meta_release_layout_is_converted(lm, tmp_path):
                    "swin_norm": False, "multiple_of": 32, "ffn_dim_multiplier": 0.75}, "model_parallel_size": 1}))
     tiny_tokenizer().save(str(root / "tokenizer" / "text_tokenizer.json"))
     (root / "tokenizer" / "vqgan.yaml").write_text(
-        "model:\n  params:\n    embed_dim: 8\n    n_embed: 16\n    ddconfig:\n      double_z: false\n      z_channels: 32\n"
+        "model:\n  params:\n    embed_dim: 8\n    n_embed: 16\n    ddconfig:\n      double_z: false\n"
+        "      z_channels: 32\n"
         "      resolution: 8\n      in_channels: 3\n      out_ch: 3\n      ch: 32\n      ch_mult: [1, 2]\n"
         "      num_res_blocks: 1\n      attn_resolutions: []\n      dropout: 0.0\n")
     vq = _vqgan_like(lm)

@@ -99,3 +99,73 @@ def test_package_apis_and_command_lists():
         assert r.returncode == 0 and all(c in r.stdout for c in commands) and not r.stderr
         r = subprocess.run([sys.executable, "-m", pkg, "nope"], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown command 'nope'" in r.stderr
+
+
+def test_renamed_names_have_their_own_names_and_the_old_ones_still_work():
+    import ambiguity as amb
+    import lantern as lt
+    from ambiguity.profile import summarize as profile_summary
+    from lantern.quality.scoring import Protocol as QualitySettings
+    from lantern.records import summarize as decode_summary
+
+    assert amb.summarize_profile is profile_summary and lt.summarize_decode is decode_summary
+    assert lt.QualityProtocol is QualitySettings
+    assert not {"summarize", "Protocol"} & (set(amb.__all__) | set(lt.__all__))
+    for pkg, old, new in ((amb, "summarize", profile_summary), (lt, "summarize", decode_summary),
+                          (lt, "Protocol", QualitySettings)):
+        with pytest.warns(DeprecationWarning, match=f"{pkg.__name__}.{old} is now"):
+            assert getattr(pkg, old) is new
+    # the drafter comparison command has its own module; its old name still runs (same parser, old prog)
+    import lantern.compare
+    import lantern.drafter_comparison
+
+    for module, prog in ((lantern.compare, "lantern.compare"), (lantern.drafter_comparison, "lantern.drafter_comparison")):
+        r = subprocess.run([sys.executable, "-m", module.__name__, "--help"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120)
+        assert r.returncode == 0 and f"python -m {prog}" in r.stdout and "--drafter-accuracy" in r.stdout
+    from lantern.replay import load_run
+    from lantern.run_reader import load_run as read_run
+
+    assert load_run is read_run
+
+
+def test_settings_errors_name_the_field_and_commands_name_the_flag(capsys):
+    from ambiguity.cli import flag_for
+    from ambiguity.errors import FieldError
+    from ambiguity.sampling import SamplingConfig
+    from lantern.acceptance import AcceptanceRule
+    from lantern.trees import TreeSpec
+
+    with pytest.raises(FieldError, match=r"^SamplingConfig\.guidance \(guidance scale\) must be at most 100") as e:
+        SamplingConfig(guidance=200)
+    assert "--cfg" not in str(e.value) and (e.value.owner, e.value.field) == ("SamplingConfig", "guidance")
+    assert flag_for("SamplingConfig", "guidance") == "--cfg" and flag_for("TreeSpec", "top_k") == "--tree-top-k"
+    assert flag_for("SamplingConfig", "top_k") == "--top-k" and flag_for("CompareSettings", "n_boot") == "--bootstrap"
+    for make, line in ((lambda: SamplingConfig(guidance=200), "error: --cfg (guidance scale) must be at most 100 "
+                        "(larger scales overflow the logits), got 200"),
+                       (lambda: SamplingConfig(top_p=0), "error: --top-p must be in (0, 1] (1 disables it), got 0"),
+                       (lambda: TreeSpec("dynamic", top_k=0), "error: --tree-top-k must be an integer >= 1, got 0"),
+                       (lambda: AcceptanceRule("lantern", k=8, delta=-1.0), "error: --delta must be >= 0 (0 is lossless)")):
+        assert cli_main(lambda argv=None, make=make: make())() == 2
+        err = capsys.readouterr().err
+        assert err.startswith(line) and err.count("\n") == 1
+
+
+def test_each_shared_flag_is_defined_once_in_the_cli_groups():
+    """--data, --device, --threads, --out and --cfg come from ambiguity.cli's groups in every command,
+    benchmark and script (one definition, one meaning)."""
+    import re
+
+    hand = re.compile(r"add_argument\(\s*\"--(data|device|threads|out|cfg)\"")
+    files = [p for d in ("ambiguity", "lantern", "benchmarks", "scripts") for p in (ROOT / d).rglob("*.py")]
+    typed = [f"{p.relative_to(ROOT)}: --{m.group(1)}" for p in files if p.name != "cli.py"
+             for m in hand.finditer(p.read_text(encoding="utf-8"))]
+    assert not typed, typed
+
+
+def test_evaluate_nearest_k_keeps_k_as_its_old_name_and_device_defaults_to_auto():
+    from lantern.evaluate import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["r"]).k == 3 and p.parse_args(["r"]).device == "auto"
+    assert p.parse_args(["r", "--nearest-k", "5"]).k == 5 and p.parse_args(["r", "--k", "7"]).k == 7

@@ -123,8 +123,8 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--method", "lantern", "--delta", "-0.1"], "error: delta (--delta) must be >= 0"),
-    (["--method", "lantern++", "--lam", "0.5"], "error: lam (--lam) must be >= 1"),
+    (["--method", "lantern", "--delta", "-0.1"], "error: --delta must be >= 0"),
+    (["--method", "lantern++", "--lam", "0.5"], "error: --lam must be >= 1"),
     (["--method", "lantern", "--k", "64"], "must be smaller than the vocabulary size 64"),
     (["--method", "sd", "--gamma", "0"], "argument --gamma: must be >= 1, got 0"),
     (["--method", "medusa"], "invalid choice: 'medusa'"),

@@ -369,7 +369,11 @@ def test_readme_quick_start_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     test_cmd = 'pip install torch==2.13.0 && pip install -e ".[dev]" && python -m pytest -q'
-    assert test_cmd in readme and test_cmd in ci
+    assert test_cmd in readme
+    # CI: the same install and test command, with the linter and the formatter check in between
+    install, tests = test_cmd.split(" && python")
+    lint = ci.index("ruff check .\nruff format --check .\n")
+    assert ci.index(install) < lint < ci.index("python" + tests)
     assert "pip install torch==2.13.0 && pip install -e . && python -m ambiguity.profile" in readme
     assert os.access(ROOT / ".ci" / "run", os.X_OK)
 

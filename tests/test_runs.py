@@ -126,3 +126,35 @@ def test_settings_difference_names_the_model_before_what_follows_from_it():
         "model: 'embedded' there, 'anole' now"
     assert settings_difference({"b": 1, "a": 1, "method": "sd"}, {"b": 2, "a": 2, "method": "sd"}) == \
         "a: 1 there, 2 now"
+
+
+def test_shard_units_and_assemble_units_split_resume_and_merge(tmp_path):
+    """Three shards of five units: each shard gets units i % 3 == index, finished parts come back
+    as resumed, and the merging shard reads every unit in order; a missing unit is refused."""
+    import pandas as pd
+
+    from ambiguity.distributed import Shard, merging_shard
+    from ambiguity.runs import assemble_units, shard_units
+
+    units = [(f"u{i}", {"i": i}) for i in range(5)]
+    run = RunDir(tmp_path / "r", {"s": 1}, command="test").open(shards=3)
+    table = lambda i: pd.DataFrame({"i": [i]})  # noqa: E731
+    for index in range(3):
+        shard = Shard(index, 3)
+        seen = [(i, part) for i, part in shard_units(run, units, shard)]
+        assert [i for i, _ in seen] == [i for i in range(5) if i % 3 == index]
+        assert all(part is None for _, part in seen)
+        for i, _ in seen[:1]:            # each shard finishes only its first unit
+            run.write_part(*units[i], tables={"t": table(i)})
+        assert assemble_units(run, units, shard, [], lambda p: p) is None  # independent shards: merge later
+    again = [(i, part is not None) for i, part in shard_units(run, units, Shard(0, 3))]
+    assert again == [(0, True), (3, False)]
+    with pytest.raises(UsageError, match="lacks the intact part u3"):
+        assemble_units(run, units, merging_shard(3), [], lambda p: p)
+    for i in (3, 4):
+        run.write_part(*units[i], tables={"t": table(i)})
+    got = assemble_units(run, units, merging_shard(3), [], lambda p: int(p.tables["t"]["i"][0]))
+    assert got == [0, 1, 2, 3, 4]
+    # one process: its own results, nothing read back; no run directory: nothing resumed
+    assert assemble_units(None, units, Shard(0, 1), ["a"], lambda p: p) == ["a"]
+    assert [(i, p) for i, p in shard_units(None, units, Shard(0, 1))] == [(i, None) for i in range(5)]

@@ -241,3 +241,13 @@ def test_quick_training_then_load_and_generate(tmp_path, capsys):
     assert script.main(argv + ["--token-budget", "9999"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--fresh" in err[0]
+
+
+def test_twin_reuses_llamagen_decoding_through_the_prefix_hooks():
+    """No copy of LlamaGen's cache / prefill / teacher forcing: only the two prefix hooks differ."""
+    from ambiguity.models.llamagen import LlamaGenModel
+    from ambiguity.models.text_twin import TextTwinModel
+
+    for name in ("new_cache", "prefill", "teacher_force"):
+        assert name not in TextTwinModel.__dict__ and name in LlamaGenModel.__dict__
+    assert {"prefix_length", "prefix_embeddings"} <= set(TextTwinModel.__dict__)

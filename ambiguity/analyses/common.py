@@ -14,7 +14,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
-from ambiguity.cli import add_condition_args, add_model_args, add_run_args, add_sampling_args
+from ambiguity.cli import add_condition_args, add_data_arg, add_model_args, add_run_args, add_sampling_args
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions, parse_classes
 from ambiguity.errors import UsageError
 from ambiguity.generation import StepHook, sample_tokens
@@ -32,9 +32,8 @@ def add_analysis_args(ap, num_images: int, batch_size: int, out_help: str) -> No
     add_model_args(ap, dtype=False)
     add_condition_args(ap, num_images=num_images, batch_size=batch_size)
     add_sampling_args(ap, guidance=1.0)
-    ap.add_argument("--data", default=None, metavar="DIR",
-                    help="teacher-force Fashion-MNIST test images instead of generating: an IDX folder, or "
-                         "'fashion-mnist' for the default places")
+    add_data_arg(ap, "teacher-force Fashion-MNIST test images instead of generating: an IDX folder, or "
+                     "'fashion-mnist' for the default places")
     ap.add_argument("--cache-dir", default=None, metavar="DIR", help="neighbourhood cache folder")
     add_run_args(ap, out_help)
 

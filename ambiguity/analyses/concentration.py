@@ -208,7 +208,7 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
         if images is None:
             steps = []
 
-            def hook(t, logits, p, x):
+            def hook(t, logits, p, x, steps=steps):
                 a = p.argmax(-1) if anchor == "top1" else x
                 steps.append((position_masses(p.float(), a, tables, rtable, ks), a, p.gather(1, a[:, None])[:, 0]))
 

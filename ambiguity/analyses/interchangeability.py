@@ -283,7 +283,7 @@ def run_interchangeability(model, ks: Optional[Sequence[int]] = None, rates: Seq
         codes = part.tensors["codes"]["codes"].to(model.device)
     else:
         grids = []
-        for b, sl in batches(num_images, batch_size):
+        for _, sl in batches(num_images, batch_size):
             if images is not None:
                 grids.append(model.encode_images(images[sl]))
             else:

@@ -136,8 +136,17 @@ class LlamaGenModel(TokenModel):
         return Prompt({"cond": feats, "mask": mask}, B, guided, shown)
 
     # ----------------------------------------------------------------- decoding
+    # The two hooks a subclass with another condition prefix overrides (the text twin: BOS + prompt).
+    def prefix_length(self, prompt: Prompt) -> int:
+        """Cache positions the condition prefix takes: ``cls_token_num`` (class token, or caption tokens)."""
+        return self.gpt.config.cls_token_num
+
+    def prefix_embeddings(self, prompt: Prompt) -> torch.Tensor:
+        """The condition prefix: (rows, :meth:`prefix_length`, dim) in the model dtype."""
+        return self.gpt.embed_condition(prompt.inputs["cond"])
+
     def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> GPTCache:
-        prefix = self.gpt.config.cls_token_num
+        prefix = self.prefix_length(prompt)
         n = self.gpt.config.block_size if max_new_tokens is None else max_new_tokens
         kv = self.gpt.new_cache(prompt.rows, prefix + n)
         if prompt.inputs.get("mask") is not None:
@@ -146,7 +155,7 @@ class LlamaGenModel(TokenModel):
 
     def prefill(self, prompt: Prompt, cache: GPTCache) -> Step:
         cache.kv.crop(0)
-        h = self.gpt.forward(self.gpt.embed_condition(prompt.inputs["cond"]), cache.kv)[:, -1:]
+        h = self.gpt.forward(self.prefix_embeddings(prompt), cache.kv)[:, -1:]
         return Step(self.gpt.head(h), h)
 
     def extend(self, cache: GPTCache, tokens: torch.Tensor) -> Step:
@@ -174,10 +183,10 @@ class LlamaGenModel(TokenModel):
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
         if prompt.inputs.get("mask") is not None and not bool(prompt.inputs["mask"].all()):
             return super().teacher_force(prompt, tokens)  # padded captions need the masked cache path
-        gpt = self.gpt
-        h = torch.cat([gpt.embed_condition(prompt.inputs["cond"]), gpt.embed_tokens(tokens[:, :-1])], dim=1)
-        hidden = gpt.forward(h)[:, gpt.config.cls_token_num - 1:]
-        return Step(gpt.head(hidden), hidden)
+        prefix = self.prefix_embeddings(prompt)
+        h = torch.cat([prefix, self.gpt.embed_tokens(tokens[:, :-1])], dim=1)
+        hidden = self.gpt.forward(h)[:, prefix.shape[1] - 1:]
+        return Step(self.gpt.head(hidden), hidden)
 
     # ------------------------------------------------------------------ drafter
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -268,7 +277,7 @@ def check_checkpoint_name(path: str | Path, name: str, stage: Optional[int], res
     fname = Path(path).name
     m = _STAGE.search(fname)
     if stage is not None and m and int(m.group(1)) != stage:
-        other = "llamagen-t2i-stage%s" % m.group(1)
+        other = f"llamagen-t2i-stage{m.group(1)}"
         raise UsageError(f"{fname} is a Stage {m.group(1)} checkpoint but --model {name} is Stage {stage}; "
                          f"use --model {other}")
     r = _RES.search(fname)

@@ -26,7 +26,8 @@ T5_MAX_LENGTH = 120
 # Rules of the caption cleaner LlamaGen applies before T5 (written for this project; the ftfy
 # mojibake fix of the original is not reproduced). Each pair is (pattern, replacement).
 _CJK = "\u31c0-\u31ef\u31f0-\u31ff\u3200-\u32ff\u3300-\u33ff\u3400-\u4dbf\u4dc0-\u4dff\u4e00-\u9fff"
-_DASHES = "\u002d\u058a\u05be\u1400\u1806\u2010-\u2015\u2e17\u2e1a\u2e3a\u2e3b\u2e40\u301c\u3030\u30a0\ufe31\ufe32\ufe58\ufe63\uff0d"
+_DASHES = ("\u002d\u058a\u05be\u1400\u1806\u2010-\u2015\u2e17\u2e1a\u2e3a\u2e3b\u2e40\u301c\u3030\u30a0"
+           "\ufe31\ufe32\ufe58\ufe63\uff0d")
 _TLD = r"(?:com|co|ru|net|org|edu|gov|it)"
 _EARLY = [
     (r"<person>", "person"),

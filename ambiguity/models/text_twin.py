@@ -18,11 +18,11 @@ Two architectural choices follow from the modality:
 
 Prompts are strings. ``""`` (the default condition) is the BOS-only prompt, the analogue of
 generating an image from its class token. A non-empty string is tokenised (with a leading space
-added, as every training verse has one) and appended after BOS as a continuation prompt. Under classifier-free guidance the unconditional row is the
-BOS-only prompt (the prompt dropped; Sanchez et al., 2023, "Stay on topic with classifier-free
-guidance"), so for BOS-only prompts guidance is the identity. Prompts of different lengths are
-left-padded with masked keys; rotary attention depends only on relative positions, so padding
-does not change the result.
+added, as every training verse has one) and appended after BOS as a continuation prompt. Under
+classifier-free guidance the unconditional row is the BOS-only prompt (the prompt dropped;
+Sanchez et al., 2023, "Stay on topic with classifier-free guidance"), so for BOS-only prompts
+guidance is the identity. Prompts of different lengths are left-padded with masked keys; rotary
+attention depends only on relative positions, so padding does not change the result.
 """
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ import torch
 from ambiguity.data.text_corpus import load_tokenizer
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.io import load_tensors
-from ambiguity.models.base import Prompt, Step
+from ambiguity.models.base import Prompt
 from ambiguity.models.embedded import load_gpt, weights_dir
 from ambiguity.models.gpt import GPT, GPTConfig
-from ambiguity.models.llamagen import GPTCache, LlamaGenModel
+from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.seeding import holdout_seed
 
 __all__ = ["TWIN_FILE", "TOKENIZER_FILE", "HELDOUT_FILE", "METRICS_FILE", "twin_config", "TextTwinModel",
@@ -176,28 +176,10 @@ class TextTwinModel(LlamaGenModel):
         at_bos = torch.arange(P + 1, device=self.device)[None] == (P - inp["lengths"])[:, None]
         return torch.where(at_bos[..., None], bos, shifted)
 
-    # -------------------------------------------------------------- decoding
-    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> GPTCache:
-        prefix = 1 + prompt.inputs["ids"].shape[1]
-        n = self.gpt.config.block_size if max_new_tokens is None else max_new_tokens
-        kv = self.gpt.new_cache(prompt.rows, prefix + n)
-        if prompt.inputs.get("mask") is not None:
-            kv.set_prefix_mask(prompt.inputs["mask"])
-        return GPTCache(kv, prefix)
-
-    def prefill(self, prompt: Prompt, cache: GPTCache) -> Step:
-        cache.kv.crop(0)
-        h = self.gpt.forward(self.prefix_embeddings(prompt), cache.kv)[:, -1:]
-        return Step(self.gpt.head(h), h)
-
-    def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
-        """Logits/hidden (rows, N, .) where position t predicts tokens[:, t] from BOS + prompt + tokens[:, :t]."""
-        if prompt.inputs.get("mask") is not None:
-            return super(LlamaGenModel, self).teacher_force(prompt, tokens)  # masked cache path
-        prefix = self.prefix_embeddings(prompt)
-        h = torch.cat([prefix, self.gpt.embed_tokens(tokens[:, :-1])], dim=1)
-        hidden = self.gpt.forward(h)[:, prefix.shape[1] - 1:]
-        return Step(self.gpt.head(hidden), hidden)
+    def prefix_length(self, prompt: Prompt) -> int:
+        """BOS + the (left-padded) prompt tokens: ``1 + P``. LlamaGen's cache, prefill and teacher
+        forcing use this and :meth:`prefix_embeddings` (its hooks)."""
+        return 1 + prompt.inputs["ids"].shape[1]
 
     def describe(self) -> dict:
         d = super().describe()

@@ -4,8 +4,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ambiguity.cli import (ArgumentParser, add_device_args, add_shard_args, check_out_dir, cli_main, default_out,
-                           device_from_args, float_list, int_list, parse_mapping, positive_int, seed_int)
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, add_shard_args, check_out_dir,
+                           cli_main, default_out, device_from_args, float_list, int_list, parse_mapping, positive_int,
+                           seed_int)
 from ambiguity.compare import parse_models
 from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
@@ -45,9 +46,9 @@ def build_parser() -> ArgumentParser:
                                                       f"fmnist,mobilenet, fmnist with --quick)")
     q.add_argument("--reference", default=defaults.reference, help="real-image set (lantern.evaluate source spec)")
     q.add_argument("--captions", default=None, help="t2i captions: a text file or an MS-COCO captions_*.json")
-    q.add_argument("--data", default=None, help="Fashion-MNIST IDX directory")
+    add_data_arg(q)
     p.add_argument("--name", default=None, help="run name under runs/paper/ (default: default, or quick)")
-    p.add_argument("--out", default=None, help="run directory (default runs/paper/<name>)")
+    add_out_arg(p, "run directory (default runs/paper/<name>)")
     p.add_argument("--overwrite", action="store_true", help="discard a run of other settings in --out")
     p.add_argument("--no-progress", action="store_true")
     add_shard_args(p)

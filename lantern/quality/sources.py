@@ -15,10 +15,10 @@ A source is named by one string, the same on the command line and in the Python 
 ``SPEC@N`` keeps a seeded random subset of N images (:func:`ambiguity.seeding.derived_seed` of
 the evaluation seed and the tag 11), e.g. ``fashion-mnist:train@1000`` as a real-data baseline
 at the sample size of a run; ``SPEC@:N`` keeps the first N (for runs: image indices 0..N-1, the
-same seeds and conditions in every run of one ``--seed``). A **reference** folder of images of other sizes is centre-cropped
-and resized (PIL bicubic) to the resolution of the generated images; generated sets must share
-one resolution with each other and with a fixed-size reference (runs and data sets), else the
-evaluation stops with one line naming the fix.
+same seeds and conditions in every run of one ``--seed``). A **reference** folder of images of
+other sizes is centre-cropped and resized (PIL bicubic) to the resolution of the generated images;
+generated sets must share one resolution with each other and with a fixed-size reference (runs and
+data sets), else the evaluation stops with one line naming the fix.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from ambiguity.data.fashion_mnist import CLASSES, find_dir, load_split
 from ambiguity.errors import UsageError
 from ambiguity.runs import file_sha256
 from ambiguity.seeding import SEED_TAGS, derived_seed
-from lantern.runs import load_run, read_images
+from lantern.run_reader import load_run, read_images
 
 __all__ = ["ImageSet", "load_source", "parse_spec", "subset_indices", "IMAGE_SUFFIXES", "DATASETS", "SUBSET_TAG"]
 
