@@ -289,6 +289,14 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     assert m["steps"] == 10 and m["stop_reason"] == "step budget reached (10 steps)" and m["eval_images"] == 8
     assert m["stop"] == {"min_gain_bits": 0.02, "min_epochs": 1.9} and m["test"]["tokens"] == 20 * 256
     assert (out / GPT16_FILE).is_file()
+    # The curve figure renders from the run dir (also from a partial curve: one row).
+    fig = load_script(SCRIPT.with_name("figure_training_curve.py")).main
+    assert fig(["--run-dir", str(run), "--out", str(tmp_path / "curve")]) == 0
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    curve["rows"] = curve["rows"][:1]
+    (run / CURVE_FILE).write_text(json.dumps(curve))
+    assert fig(["--run-dir", str(run), "--out", str(tmp_path / "partial"), "--no-reference"]) == 0
+    assert fig(["--run-dir", str(tmp_path)]) == 2 and "not found" in capsys.readouterr().err
     # The flags belong to the long recipe; the shipped directory is refused as its --out.
     assert main(["--quick", "--epochs", "2", "--data", str(fake_data), "--run-dir", str(run)]) == 2
     assert "only apply to --recipe embedded-16-long" in capsys.readouterr().err
