@@ -501,8 +501,8 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
                                "train_loss_nats": mean, "train_loss_bits": mean / math.log(2),
                                "lr": lr_at(step - 1, train.lr, train.warmup, train.steps, train.min_lr_ratio),
                                "seconds": seconds + eval_s, "eval_seconds": eval_s})
-        if stop is not None:
-            state["stop_reason"] = stop_reason(state["curve"], stop)
+        reason = stop_reason(state["curve"], stop) if stop is not None else None
+        state["stop_reason"] = reason or (f"step budget reached ({train.steps} steps)" if step >= train.steps else None)
         write_json({**(curve_info or {}), "batch_size": train.batch_size, "max_steps": train.steps,
                     "train_sequences": n, "stop": asdict(stop) if stop else None,
                     "stop_reason": state.get("stop_reason"), "rows": state["curve"]}, Path(run_dir) / CURVE_FILE)

@@ -4,7 +4,7 @@
         --out lantern/weights/embedded_drafter.safetensors --figure figures/drafter_accuracy.png
     python -m lantern.train_drafter --model llamagen-c2i-b --self-generate 50000 --cfg 4 --temperature 1
     python -m lantern.train_drafter --model llamagen-c2i-b --tokens imagenet_codes.safetensors
-    python -m lantern.train_drafter --model embedded-16 --self-generate 20000 --with-data --epochs 20 --patience 2
+    python -m lantern.train_drafter --model embedded-16 --self-generate 10000 --with-data --epochs 20 --patience 2
 
 Objective (EAGLE, Li et al., 2024, arXiv 2401.15077, Sec. 4.2; LANTERN, arXiv 2410.03355,
 App. B): at every image-token position ``i`` the drafter gets (``x_i``, ``h_{i-1}``) and

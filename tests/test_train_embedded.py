@@ -284,7 +284,7 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     curve = json.loads((run / CURVE_FILE).read_text())
     assert curve["eval_images"] == 8 and curve["max_epochs"] == 2.0 and curve["train_sequences"] == 40
     assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(1.0, 5), (2.0, 10)]  # 40 sequences, batches of 8
-    assert curve["stop_reason"] is None  # the gain after epoch 2 was large enough; the budget ended the run
+    assert curve["stop_reason"] == "step budget reached (10 steps)"  # the gain after epoch 2 was large enough
     m = json.loads((out / METRICS16_FILE).read_text())["gpt"]
     assert m["steps"] == 10 and m["stop_reason"] == "step budget reached (10 steps)" and m["eval_images"] == 8
     assert m["stop"] == {"min_gain_bits": 0.02, "min_epochs": 1.9} and m["test"]["tokens"] == 20 * 256
