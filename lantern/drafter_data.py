@@ -56,7 +56,7 @@ from ambiguity.seeding import holdout_seed, image_generators, uncond_rows_seed
 __all__ = ["TokenSet", "save_token_file", "load_token_file", "read_conditions", "check_tokens",
            "fashion_mnist_tokens", "self_generate", "split_holdout", "teacher_forced_rows", "training_inputs",
            "build_feature_cache", "shard_rows", "iterate_batches", "feature_dtype", "token_digest", "save_token_part",
-           "load_token_part"]
+           "load_token_part", "mix_token_sets"]
 
 
 @dataclass
@@ -239,6 +239,20 @@ def split_holdout(ts: TokenSet, test_size: int, seed: int = 0) -> tuple[TokenSet
         raise UsageError(f"cannot hold out {test_size} of {len(ts)} sequences; lower --test-size or add data")
     perm = torch.randperm(len(ts), generator=torch.Generator().manual_seed(holdout_seed(seed)))
     return ts.subset(perm[test_size:].sort().values), ts.subset(perm[:test_size].sort().values)
+
+
+def mix_token_sets(sets: Sequence[TokenSet], seed: int = 0) -> TokenSet:
+    """The sequences of all ``sets`` in one seeded random order (so that feature shards, whose
+    batches never cross a shard, hold a mix of the sources); source names joined with ``+``,
+    info kept per source under ``info["mixed"]``. Raises UsageError for sequences of other lengths."""
+    lengths = {int(ts.tokens.shape[1]) for ts in sets}
+    if len(lengths) != 1:
+        raise UsageError(f"cannot mix token sequences of lengths {sorted(lengths)}; give sources of one model")
+    tokens = torch.cat([ts.tokens for ts in sets])
+    conds = [c for ts in sets for c in ts.conditions]
+    perm = torch.randperm(len(conds), generator=torch.Generator().manual_seed(seed)).tolist()
+    info = {"mixed": [{"source": ts.source, "sequences": len(ts), **ts.info} for ts in sets]}
+    return TokenSet(tokens[perm], [conds[i] for i in perm], "+".join(ts.source for ts in sets), info)
 
 
 # --------------------------------------------------------------------------- sources

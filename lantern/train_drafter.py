@@ -5,6 +5,7 @@
     python -m lantern.train_drafter --model llamagen-c2i-b --self-generate 50000 --cfg 4 --temperature 1
     python -m lantern.train_drafter --model llamagen-c2i-b --tokens imagenet_codes.safetensors
     python -m lantern.train_drafter --model embedded --classes 0,3,7 --run-dir runs/drafter-037   # some classes only
+    python -m lantern.train_drafter --model embedded-16 --self-generate 10000 --with-data --epochs 20 --patience 2
 
 Objective (EAGLE, Li et al., 2024, arXiv 2401.15077, Sec. 4.2; LANTERN, arXiv 2410.03355,
 App. B): at every image-token position ``i`` the drafter gets (``x_i``, ``h_{i-1}``) and
@@ -23,6 +24,12 @@ the token sequences and the cached target features (computed once, as checked pa
 ``checkpoint.pt`` after every epoch, the per-epoch drafters and the accuracy table. Rerunning
 the same command resumes; a larger ``--epochs`` continues training; other settings are refused
 unless ``--overwrite``.
+
+Data as EAGLE trains drafters (Li et al. 2024, Sec. 4.2 / EAGLE-2 App.): ``--self-generate N``
+samples N sequences from the target; with ``--with-data`` they are mixed with the data tokens
+(Fashion-MNIST train split for the embedded models, or the training part of ``--tokens``), and
+the test set is the data's held-out split. ``--patience P`` stops once test top-1 has not risen
+above its best for P epochs (``--epochs`` stays the most epochs and sets the cosine schedule).
 """
 from __future__ import annotations
 
@@ -58,11 +65,12 @@ from ambiguity.train import lr_at as ambiguity_lr_at
 from ambiguity.train import save_checkpoint
 from lantern.drafter import Drafter, accuracy_table_path, target_fingerprint
 from lantern.drafter_data import (TokenSet, build_feature_cache, check_tokens, fashion_mnist_tokens, iterate_batches,
-                                  load_token_file, load_token_part, read_conditions, save_token_part, self_generate,
-                                  shard_rows, split_holdout, token_digest, training_inputs)
+                                  load_token_file, load_token_part, mix_token_sets, read_conditions, save_token_part,
+                                  self_generate, shard_rows, split_holdout, token_digest, training_inputs)
 
 __all__ = ["TrainConfig", "drafter_loss", "topk_hits", "topk_accuracy", "lr_at", "train_step", "evaluate",
-           "train_drafter", "plot_accuracy", "summary", "build_parser", "PAPER_TOP1", "main", "COMMAND"]
+           "train_drafter", "plot_accuracy", "summary", "build_parser", "PAPER_TOP1", "main", "COMMAND",
+           "top1_stalled"]
 
 COMMAND = "python -m lantern.train_drafter"
 OUTPUTS = ("accuracy.parquet", "checkpoint.pt", "drafter.safetensors", "drafter_accuracy.parquet",
@@ -82,6 +90,8 @@ class TrainConfig:
     ``lr * min_lr_ratio`` at the last step. grad_clip: max global gradient norm.
     ce_weight: weight of the soft cross-entropy term (EAGLE: 0.1). uncond_fraction: share of
     training rows from the unconditional (CFG) stream. seed: drafter init, shuffling, CFG subset.
+    patience: stop once test top-1 has not risen above its best for this many epochs
+    (:func:`top1_stalled`; 0: train all ``epochs``).
     """
 
     epochs: int = 6
@@ -94,6 +104,7 @@ class TrainConfig:
     ce_weight: float = 0.1
     uncond_fraction: float = 0.1
     seed: int = 0
+    patience: int = 0
 
     def __post_init__(self):
         if self.epochs < 0:
@@ -104,6 +115,8 @@ class TrainConfig:
             raise FieldError("TrainConfig", "lr", f"must be in (0, 1] (AdamW's peak learning rate), got {self.lr}")
         if not 0 <= self.uncond_fraction < 0.5:
             raise FieldError("TrainConfig", "uncond_fraction", f"must be in [0, 0.5), got {self.uncond_fraction}")
+        if self.patience < 0:
+            raise FieldError("TrainConfig", "patience", f"must be >= 0 (0: no early stop), got {self.patience}")
 
 
 # --------------------------------------------------------------------------- losses and metrics
@@ -217,11 +230,26 @@ def evaluate(drafter: Drafter, model: TokenModel, paths: Sequence[Path], batch_s
 
 
 # --------------------------------------------------------------------------- the run
+def top1_stalled(rows: Sequence[dict], patience: int) -> Optional[str]:
+    """Why training should stop after the last of ``rows`` (per-epoch dicts with ``epoch`` and
+    ``top1``; epoch 0 = random init), or None: the last ``patience`` epochs' test top-1 all stay
+    at or below the best top-1 before them. ``patience`` 0 never stops."""
+    if patience <= 0 or len(rows) <= patience:
+        return None
+    best_before = max(float(r["top1"]) for r in rows[:-patience])
+    recent = max(float(r["top1"]) for r in rows[-patience:])
+    if recent <= best_before:
+        return (f"test top-1 did not rise above {best_before:.2%} (epoch "
+                f"{int(max(rows[:-patience], key=lambda r: float(r['top1']))['epoch'])}) for {patience} epoch(s)")
+    return None
+
+
 def _run_record(model: TokenModel, config: "TrainConfig", data: dict) -> dict:
-    """The training run's settings: the target, the data and the optimisation (epochs excluded:
-    a larger ``--epochs`` continues a run)."""
+    """The training run's settings: the target, the data and the optimisation (epochs and
+    patience excluded: a larger ``--epochs`` continues a run, the stop rule only ends it)."""
     train = dataclasses.asdict(config)
     train.pop("epochs")
+    train.pop("patience")
     return {"target": target_fingerprint(model), "train": train, "data": data}
 
 
@@ -284,6 +312,8 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
         _save_progress(run, shard, drafter, optimizer, rows, step)
 
     for epoch in range(rows[-1]["epoch"] + 1, config.epochs + 1):
+        if top1_stalled(rows, config.patience):
+            break
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(drafter_epoch_seed(config.seed, epoch))
         sums = torch.zeros(4, dtype=torch.float64)  # loss, smooth_l1, ce (row-weighted), rows
@@ -314,6 +344,8 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
         if progress and shard.index == 0:
             tqdm.write(f"epoch {epoch}: top-1 {ev['top1']:.2%}  top-2 {ev['top2']:.2%}  top-3 {ev['top3']:.2%}  "
                        f"test ce {ev['test_ce']:.3f} nats")
+        if shard.index == 0 and top1_stalled(rows, config.patience):
+            print(f"stopping after epoch {epoch}: {top1_stalled(rows, config.patience)}", flush=True)
     drafter.info.update(_training_info(data, config, rows))
     return drafter.eval(), pd.DataFrame(rows)
 
@@ -350,7 +382,8 @@ def _save_progress(run: RunDir, shard: Shard, drafter: Drafter, optimizer, rows:
 
 def _training_info(data: dict, config: "TrainConfig", rows: list) -> dict:
     last = rows[-1]
-    return {"data": data, "config": dataclasses.asdict(config), "epochs_done": int(last["epoch"]),
+    stop = top1_stalled(rows, config.patience) or f"epoch budget ({config.epochs}) reached"
+    return {"data": data, "config": dataclasses.asdict(config), "epochs_done": int(last["epoch"]), "stop_reason": stop,
             "test_accuracy": {f"top{k}": round(float(last[f"top{k}"]), 4) for k in KS},
             "random_init_accuracy": {f"top{k}": round(float(rows[0][f"top{k}"]), 4) for k in KS}}
 
@@ -407,7 +440,7 @@ def _data_settings(args) -> dict:
     return {"tokens": abspath(args.tokens), "conditions": abspath(args.conditions),
             "self_generate": args.self_generate, "data": abspath(args.data), "train_size": args.train_size,
             **({"classes": parse_classes(args.classes)} if args.classes else {}),
-            "test_size": args.test_size, "seed": args.seed,
+            "test_size": args.test_size, "seed": args.seed, "with_data": args.with_data,
             "sampling": {k: getattr(args, k) for k in ("cfg", "temperature", "top_k", "top_p")}
             if args.self_generate else None}
 
@@ -418,36 +451,28 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
     independent shard, which only samples its share of ``--self-generate``."""
     train, test = (load_token_part(run, f"tokens_{split}", {"split": split}) for split in ("train", "test"))
     if train is None or test is None:
-        if args.tokens and args.self_generate:
-            raise UsageError("give either --tokens FILE or --self-generate N, not both")
+        if args.with_data and not args.self_generate:
+            raise UsageError("--with-data mixes data tokens into --self-generate N; pass --self-generate too")
+        if args.tokens and args.self_generate and not args.with_data:
+            raise UsageError("give either --tokens FILE or --self-generate N, not both (or both with --with-data)")
         classes = parse_classes(args.classes)
         if classes is not None and args.conditions:
             raise UsageError("give either --classes LIST or --conditions FILE, not both")
         conds = read_conditions(args.conditions) if args.conditions else classes
-        if args.tokens:
-            train, test = split_holdout(load_token_file(args.tokens, args.conditions), args.test_size, args.seed)
-        elif args.self_generate:
+        if args.self_generate:
             sampling = sampling_from_args(args, model.kind)
             ts = self_generate(model, args.self_generate, sampling, conds, args.gen_batch_size, args.seed, run,
                                progress=not args.no_progress, shard=shard)
             if ts is None:
                 return None
-            train, test = split_holdout(ts, args.test_size, args.seed)
-        elif model.kind == "c2i" and model.num_classes == 10 and _takes_fashion_mnist(model):
-            train = fashion_mnist_tokens(model, "train", args.train_size, args.data, progress=not args.no_progress)
-            test = fashion_mnist_tokens(model, "test", args.test_size, args.data, progress=not args.no_progress)
+            if args.with_data:  # EAGLE: target-generated and data sequences together; tested on held-out data
+                train, test = _data_tokens(args, model, classes)
+                train = mix_token_sets([train, ts], args.seed)
+            else:
+                train, test = split_holdout(ts, args.test_size, args.seed)
+                train = _first(train, args.train_size)
         else:
-            raise UsageError(f"--model {model.name} needs training sequences: pass --tokens FILE or --self-generate N")
-        if classes is not None and not args.self_generate:  # keep the sequences of those classes
-            train, test = (keep_classes(ts, classes, what) for ts, what in ((train, "training"), (test, "test")))
-        if args.train_size is not None and len(train) > args.train_size:
-            train = train.subset(range(args.train_size))
-        elif args.train_size is not None and len(train) < args.train_size:
-            _note(f"--train-size {args.train_size}: only {len(train)} training sequences exist ({train.source}); "
-                  f"training on all of them")
-        if args.test_size is not None and len(test) < args.test_size and not (args.tokens or args.self_generate):
-            _note(f"--test-size {args.test_size}: only {len(test)} test sequences exist ({test.source}); "
-                  f"testing on all of them")
+            train, test = _data_tokens(args, model, classes)
         if shard.index == 0:
             save_token_part(run, "tokens_train", train, {"split": "train"})
             save_token_part(run, "tokens_test", test, {"split": "test"})
@@ -487,6 +512,32 @@ def _note(text: str) -> None:
     print(f"note: {text}", file=sys.stderr)
 
 
+def _first(ts: TokenSet, n: Optional[int]) -> TokenSet:
+    return ts.subset(range(n)) if n is not None and len(ts) > n else ts
+
+
+def _data_tokens(args, model: TokenModel, classes: Optional[list[int]]) -> tuple[TokenSet, TokenSet]:
+    """(train, test) data sequences: the --tokens file split by --test-size, else Fashion-MNIST's
+    train / test splits for the embedded models; kept to ``classes`` (``--classes``), train cut to
+    --train-size (a note when fewer exist)."""
+    if args.tokens:
+        train, test = split_holdout(load_token_file(args.tokens, args.conditions), args.test_size, args.seed)
+    elif model.kind == "c2i" and model.num_classes == 10 and _takes_fashion_mnist(model):
+        train = fashion_mnist_tokens(model, "train", args.train_size, args.data, progress=not args.no_progress)
+        test = fashion_mnist_tokens(model, "test", args.test_size, args.data, progress=not args.no_progress)
+    else:
+        raise UsageError(f"--model {model.name} needs training sequences: pass --tokens FILE or --self-generate N")
+    if classes is not None:
+        train, test = (keep_classes(ts, classes, what) for ts, what in ((train, "training"), (test, "test")))
+    if args.train_size is not None and len(train) < args.train_size:
+        _note(f"--train-size {args.train_size}: only {len(train)} training sequences exist ({train.source}); "
+              f"training on all of them")
+    if args.test_size is not None and len(test) < args.test_size and not args.tokens:
+        _note(f"--test-size {args.test_size}: only {len(test)} test sequences exist ({test.source}); "
+              f"testing on all of them")
+    return _first(train, args.train_size), test
+
+
 def _takes_fashion_mnist(model: TokenModel) -> bool:
     try:
         return model_image_size(model.image_shape) is not None
@@ -511,11 +562,17 @@ def build_parser() -> ArgumentParser:
     add_sampling_args(d, guidance=1.0, guidance_help="guidance scale for --self-generate (1 = none)")
     d.add_argument("--gen-batch-size", type=positive_int, default=32, help="images per batch for --self-generate")
     add_data_arg(d, "Fashion-MNIST IDX directory (embedded model)")
-    d.add_argument("--train-size", type=positive_int, default=None, help="use at most this many training sequences")
+    d.add_argument("--with-data", action="store_true",
+                   help="with --self-generate: also train on the data tokens (--tokens, else Fashion-MNIST train), "
+                        "test on the data's held-out split (as EAGLE trains drafters)")
+    d.add_argument("--train-size", type=positive_int, default=None,
+                   help="use at most this many training sequences (with --with-data: data sequences)")
     d.add_argument("--test-size", type=positive_int, default=1000, help="held-out test sequences (default 1000)")
     t = p.add_argument_group("training")
     defaults = TrainConfig()
-    t.add_argument("--epochs", type=nonneg_int, default=defaults.epochs)
+    t.add_argument("--epochs", type=nonneg_int, default=defaults.epochs, help="most epochs (sets the cosine schedule)")
+    t.add_argument("--patience", type=nonneg_int, default=defaults.patience,
+                   help="stop once test top-1 has not risen for this many epochs (0: train all --epochs)")
     t.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="sequences per step")
     t.add_argument("--lr", type=finite_float, default=defaults.lr, help="peak learning rate (warmup, cosine decay)")
     t.add_argument("--uncond-fraction", type=finite_float, default=defaults.uncond_fraction,
@@ -539,7 +596,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
     args = build_parser().parse_args(argv)
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         uncond_fraction=args.uncond_fraction, seed=args.seed)
+                         uncond_fraction=args.uncond_fraction, seed=args.seed, patience=args.patience)
     sampling_from_args(args, get_spec(args.model).kind)  # validates --cfg/--temperature/--top-k/--top-p
     device, dtype = device_from_args(args)
     run_dir = check_out_dir(args.run_dir or default_out(f"drafter-{args.model}"), "--run-dir")
@@ -575,6 +632,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     figs = plot_accuracy(table, args.figure or run_dir / "drafter_accuracy.png",
                          title=f"EAGLE drafter for {model.name}: test accuracy")
     print(summary(table))
+    print(f"stop: {drafter.info['stop_reason']}")
     print(f"drafter: {out} ({out.stat().st_size / 2 ** 20:.2f} MB)  table: {accuracy_table_path(out)}  "
           f"figure: {', '.join(map(str, figs))}")
     return 0

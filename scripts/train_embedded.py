@@ -4,6 +4,14 @@
     python scripts/train_embedded.py --stage gpt          # GPT only (uses the shipped VQ file)
     python scripts/train_embedded.py --quick --out /tmp/w # seconds-long smoke run, tiny models
     python scripts/train_embedded.py --recipe embedded-16 # LlamaGen's token geometry (16384 codes, 16x16)
+    python scripts/train_embedded.py --recipe embedded-16-long --stage gpt --epochs 6  # towards convergence
+
+``embedded-16-long`` (issue 23): the embedded-16 GPT again, on the shipped VQ, for up to
+``--epochs`` passes (cosine schedule over all of them), its test NLL measured on a fixed subset
+of ``--eval-images`` test images after every epoch (curve in ``<run-dir>/gpt_curve.json``),
+stopping once it gains less than ``--min-gain`` bits/token per epoch after ``--min-epochs``.
+Its weights go to a staging directory (default ``<run-dir>/weights``, with a copy of the VQ),
+never over the shipped files; ship by copying ``fashion16_gpt.safetensors`` from there.
 
 Writes ``fashion_vq.safetensors``, ``fashion_gpt.safetensors`` (fp16, config in the metadata)
 and ``embedded_metrics.json`` to ``--out`` (``--recipe embedded-16``: ``fashion16_*`` and
@@ -19,24 +27,30 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict
+import shutil
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from ambiguity.cli import ArgumentParser, add_data_arg, add_device_args, add_out_arg, cli_main, seed_int
+from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, cli_main, finite_float,
+                           positive_int, seed_int)
 from ambiguity.data.fashion_mnist import find_dir, load_split
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.base import resolve_device
 from ambiguity.models.checkpoints import save_module
 from ambiguity.models.embedded import VARIANTS, VQ_SKIP, WEIGHTS_DIR, load_gpt, load_vq
-from ambiguity.train import (count_params, embedded16_recipe, embedded_recipe, gpt_nll, load_checkpoint,
-                             save_checkpoint, tokenize, train_gpt, train_vq, vq_metrics)
+from ambiguity.train import (CURVE_FILE, EpochStopConfig, count_params, embedded16_long_recipe, embedded16_recipe,
+                             embedded_recipe, gpt_nll, load_checkpoint, save_checkpoint, steps_for_epochs, tokenize,
+                             train_gpt, train_vq, vq_metrics)
 
 ROOT = Path(__file__).resolve().parents[1]
 # recipe name -> (VQConfig, VQTrainConfig, GPTConfig, GPTTrainConfig) of it; its files: VARIANTS[name]
-RECIPES = {"embedded": embedded_recipe, "embedded-16": embedded16_recipe}
+RECIPES = {"embedded": embedded_recipe, "embedded-16": embedded16_recipe, "embedded-16-long": embedded16_long_recipe}
+LONG = "embedded-16-long"  # trained by epochs with early stop, into a staging directory
+VARIANT_OF = {LONG: "embedded-16"}  # recipe -> the VARIANTS entry whose files it writes
+EVAL_SUBSET_SEED = 0  # the per-epoch test subset is the same for every run and --seed
 
 
 def parse_args(argv=None):
@@ -45,7 +59,15 @@ def parse_args(argv=None):
     add_out_arg(p, "where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
     p.add_argument("--run-dir", default=None, help="checkpoints and caches (default runs/<recipe>, runs/<recipe>-quick)")
     p.add_argument("--recipe", choices=sorted(RECIPES), default="embedded",
-                   help="embedded (1024 codes, 8x8 tokens) or embedded-16 (16384 codes, 16x16 tokens)")
+                   help="embedded (1024 codes, 8x8 tokens), embedded-16 (16384 codes, 16x16 tokens) or "
+                        "embedded-16-long (embedded-16 by epochs with early stop, into a staging directory)")
+    e = p.add_argument_group("embedded-16-long only")
+    e.add_argument("--epochs", type=finite_float, default=None, help="most passes over the training set (default 6)")
+    e.add_argument("--min-gain", type=finite_float, default=None,
+                   help="stop once the test NLL gains less than this many bits/token per epoch (default 0.02)")
+    e.add_argument("--min-epochs", type=finite_float, default=None, help="never stop before this many epochs (default 1.9)")
+    e.add_argument("--eval-images", type=positive_int, default=None,
+                   help="test images (a fixed seeded subset) for the per-epoch NLL (default 1000)")
     p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
     p.add_argument("--seed", type=seed_int, default=0)
     add_device_args(p, dtype=False, threads=0)
@@ -79,27 +101,42 @@ def _with_defaults(recorded, cfg) -> dict:
     return {**asdict(type(cfg)()), **recorded}
 
 
-def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str) -> tuple[torch.Tensor, float]:
+def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str,
+                  chunk: int = 5000) -> tuple[torch.Tensor, float]:
     """Codes (N, h*w) int64 of ``images`` under the VQ whose file hash is ``vq_sha``, cached in
-    ``path``, and the seconds the tokenization took (when it was computed, also on a cache hit)."""
+    ``path``, and the seconds the tokenization took (when it was computed, also on a cache hit).
+
+    Tokenizes ``chunk`` images at a time and saves the codes so far after each chunk (key
+    ``done``), so an interrupted tokenization resumes at its last chunk.
+    """
     try:
         ck = load_checkpoint(path, keys=("vq_sha", "codes"))
     except UsageError:
         print(f"note: the token cache {path} is damaged; recomputing it", file=sys.stderr)
         ck = None
-    if ck is not None and ck["vq_sha"] == vq_sha and ck["codes"].shape[0] == images.shape[0]:
-        return ck["codes"].long(), float(ck.get("time_s", float("nan")))
-    t0 = time.perf_counter()
-    codes = tokenize(vq, images, progress=progress, desc=desc)
-    seconds = time.perf_counter() - t0
-    save_checkpoint(path, vq_sha=vq_sha, codes=codes.short(), time_s=seconds)
-    return codes, seconds
+    n = images.shape[0]
+    parts, seconds = [], 0.0
+    if ck is not None and ck["vq_sha"] == vq_sha and ck.get("n", ck["codes"].shape[0]) == n:
+        if ck["codes"].shape[0] == n:
+            return ck["codes"].long(), float(ck.get("time_s", float("nan")))
+        parts, seconds = [ck["codes"]], float(ck["time_s"])
+        print(f"{desc}: resuming at image {ck['codes'].shape[0]}/{n}", flush=True)
+    done = sum(p.shape[0] for p in parts)
+    while done < n:
+        t0 = time.perf_counter()
+        parts.append(tokenize(vq, images[done:done + chunk], progress=progress, desc=desc).short())
+        seconds += time.perf_counter() - t0
+        done += parts[-1].shape[0]
+        save_checkpoint(path, vq_sha=vq_sha, codes=torch.cat(parts), n=n, time_s=seconds)
+        if not progress:
+            print(f"{desc}: {done}/{n} images, {seconds:.0f} s", flush=True)
+    return torch.cat(parts).long(), seconds
 
 
 def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
 
-    vq_cfg, vq_train, _, _ = recipe
-    VQ_FILE, _, _, size = VARIANTS[args.recipe]
+    vq_cfg, vq_train = recipe[:2]
+    VQ_FILE, _, _, size = VARIANTS[VARIANT_OF.get(args.recipe, args.recipe)]
     done = read_json(run / "vq_done.json")
     if stage_done(done, out / VQ_FILE, vq_cfg, vq_train, args.seed):
         print(f"VQ stage already done ({out / VQ_FILE}); pass --fresh to retrain")
@@ -118,10 +155,38 @@ def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> 
     return metrics
 
 
+def eval_subset(n: int, k: int) -> torch.Tensor:
+    """Indices (min(k, n),) int64, sorted, of the test images the per-epoch NLL is measured on
+    (drawn with the fixed seed ``EVAL_SUBSET_SEED``)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(EVAL_SUBSET_SEED))[:k].sort().values
+
+
+def long_settings(args) -> tuple[float, EpochStopConfig, int]:
+    """(most epochs, stop rule, test images per evaluation) of the embedded-16-long recipe from
+    the flags. Raises UsageError for these flags with another recipe or out-of-range values."""
+    given = [f for f, v in (("--epochs", args.epochs), ("--min-gain", args.min_gain),
+                            ("--min-epochs", args.min_epochs), ("--eval-images", args.eval_images)) if v is not None]
+    if args.recipe != LONG:
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply to --recipe {LONG}")
+        return 0.0, None, 0
+    epochs = 6.0 if args.epochs is None else args.epochs
+    if epochs <= 0:
+        raise UsageError(f"--epochs must be > 0, got {epochs}")
+    stop = EpochStopConfig(**{k: v for k, v in (("min_gain_bits", args.min_gain), ("min_epochs", args.min_epochs))
+                              if v is not None})
+    if stop.min_epochs < 0:
+        raise UsageError(f"--min-epochs must be >= 0, got {stop.min_epochs}")
+    return epochs, stop, args.eval_images or 1000
+
+
 def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
 
-    _, _, gpt_cfg, gpt_train = recipe
-    VQ_FILE, GPT_FILE, _, size = VARIANTS[args.recipe]
+    _, _, gpt_cfg, gpt_train = recipe[:4]
+    VQ_FILE, GPT_FILE, _, size = VARIANTS[VARIANT_OF.get(args.recipe, args.recipe)]
+    if args.recipe == LONG and not (out / VQ_FILE).is_file() and (WEIGHTS_DIR / VQ_FILE).is_file():
+        shutil.copyfile(WEIGHTS_DIR / VQ_FILE, out / VQ_FILE)  # the staging directory holds a loadable model
+        print(f"copied the shipped VQ {WEIGHTS_DIR / VQ_FILE} to {out}")
     if not (out / VQ_FILE).is_file():
         raise UsageError(f"{out / VQ_FILE} not found; run with --stage vq (or all) first")
     vq_sha = file_sha(out / VQ_FILE)
@@ -137,7 +202,23 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
     test, test_labels = load_split("test", data, limit=32 if args.quick else None, size=size)
     tokens, t_train = cached_tokens(vq, images, run / "tokens_train.pt", vq_sha, progress, "tokenize train")
     test_tokens, t_test = cached_tokens(vq, test, run / "tokens_test.pt", vq_sha, progress, "tokenize test")
-    gpt, stats = train_gpt(gpt_cfg, gpt_train, tokens, labels, run, args.seed, device, progress)
+    print(f"tokens: train {tuple(tokens.shape)}, test {tuple(test_tokens.shape)}", flush=True)
+    del images, test  # ~1.1 GB of 64 x 64 float images not needed while the GPT trains
+    evaluate, stop, long_info = None, None, {}
+    if args.recipe == LONG:
+        epochs, stop, k = long_settings(args)
+        gpt_train = replace(gpt_train, steps=steps_for_epochs(epochs, tokens.shape[0], gpt_train.batch_size))
+        sub = eval_subset(test_tokens.shape[0], k)
+        sub_tokens, sub_labels = test_tokens[sub], test_labels[sub]
+
+        def evaluate(model):
+            return gpt_nll(model, sub_tokens, sub_labels, progress=False)["nll_bits_per_token"]
+
+        long_info = {"recipe": args.recipe, "max_epochs": epochs, "eval_images": int(sub.numel()),
+                     "eval_subset_seed": EVAL_SUBSET_SEED, "seed": args.seed,
+                     "test_nll": "teacher-forced, true labels, no CFG, bits/token, on the fixed test subset"}
+    gpt, stats = train_gpt(gpt_cfg, gpt_train, tokens, labels, run, args.seed, device, progress,
+                           evaluate=evaluate, stop=stop, curve_info=long_info)
     save_module(gpt, gpt_cfg, out / GPT_FILE, seed=args.seed, stage="gpt", vq_sha=vq_sha, variant=args.recipe)
     shipped, _ = load_gpt(out / GPT_FILE, device)
     t0 = time.perf_counter()
@@ -145,6 +226,9 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
     metrics = {"config": asdict(gpt_cfg), "train": asdict(gpt_train), "parameters": count_params(gpt), **stats,
                "tokenize_time_s": t_train + t_test, "eval_time_s": time.perf_counter() - t0,
                "train_sequences": int(tokens.shape[0]), "test": nll}
+    if stop is not None:
+        metrics.update(stop=asdict(stop), curve_file=str(run / CURVE_FILE),
+                       **{k: v for k, v in long_info.items() if k not in ("recipe", "seed")})
     write_json({"sha": file_sha(out / GPT_FILE), "vq_sha": vq_sha, "seed": args.seed, "metrics": metrics},
                run / "gpt_done.json")
     return metrics
@@ -167,6 +251,10 @@ def summary(m: dict) -> str:
                  ("GPT train time", f"{g['train_time_s'] / 60:.1f} min"),
                  ("GPT final train loss", f"{g['final_train_loss_nats'] / 0.6931471805599453:.3f} bits/token"),
                  ("GPT test NLL", f"{g['test']['nll_bits_per_token']:.3f} bits/token")]
+        if "stop_reason" in g:
+            rows.append(("GPT stopped", g["stop_reason"]))
+            rows += [(f"  test NLL after epoch {r['epoch']:.2f}", f"{r['test_nll_bits']:.4f} bits/token "
+                      f"({g['eval_images']} images)") for r in g["curve"]]
     for name, size in m.get("files", {}).items():
         rows.append((name, f"{size / 1e6:.2f} MB"))
     width = max(len(r[0]) for r in rows)
@@ -181,14 +269,20 @@ def main(argv=None) -> int:
         raise UsageError(f"--threads must be >= 0 (0 keeps torch's default), got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    long_settings(args)  # flag errors before any work
     device = resolve_device(args.device)
     data = find_dir(args.data)
-    VQ_FILE, GPT_FILE, METRICS_FILE, size = VARIANTS[args.recipe]
+    VQ_FILE, GPT_FILE, METRICS_FILE, size = VARIANTS[VARIANT_OF.get(args.recipe, args.recipe)]
     run_name = "runs/" + args.recipe + ("-quick" if args.quick else "")
     run = ensure_writable_dir(args.run_dir or ROOT / run_name, "--run-dir")
-    out = ensure_writable_dir(args.out or (run / "weights" if args.quick else WEIGHTS_DIR))
+    staged = args.quick or args.recipe == LONG
+    out = ensure_writable_dir(args.out or (run / "weights" if staged else WEIGHTS_DIR))
+    if args.recipe == LONG and out.resolve() == WEIGHTS_DIR.resolve():
+        raise UsageError(f"--recipe {LONG} writes to a staging directory, not {WEIGHTS_DIR}; pass another --out "
+                         f"and copy {GPT_FILE} from it once training ends")
     if args.fresh:
-        for f in ("vq_ckpt.pt", "gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", "vq_done.json", "gpt_done.json"):
+        for f in ("vq_ckpt.pt", "gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", "vq_done.json", "gpt_done.json",
+                  CURVE_FILE):
             (run / f).unlink(missing_ok=True)
     recipe = RECIPES[args.recipe](args.quick)
     progress = not args.no_progress

@@ -370,3 +370,69 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
     assert main(argv[:4] + ["--tokens", str(tmp_path / "missing.pt"), "--run-dir", str(tmp_path / "r2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: token file") and "does not exist" in err[0]
+
+
+# --------------------------------------------------------------------------- EAGLE data and the stop rule
+def test_top1_stalled_hand_values():
+    from lantern.train_drafter import top1_stalled
+
+    rows = [{"epoch": e, "top1": t} for e, t in enumerate([0.01, 0.30, 0.35, 0.34, 0.35, 0.36])]
+    assert top1_stalled(rows[:3], 1) is None  # 0.35 > 0.30
+    assert top1_stalled(rows[:4], 1) == "test top-1 did not rise above 35.00% (epoch 2) for 1 epoch(s)"
+    assert top1_stalled(rows[:4], 2) is None  # 0.35 (epoch 2) is within the last 2 epochs
+    assert top1_stalled(rows[:5], 2) is not None  # epochs 3, 4: 0.34, 0.35, not above 0.35
+    assert top1_stalled(rows, 2) is None and top1_stalled(rows[:5], 0) is None
+    assert top1_stalled(rows[:1], 1) is None  # the random init alone
+
+
+def test_mix_token_sets_shuffles_both_sources(seqs):
+    from lantern.drafter_data import mix_token_sets
+
+    a, b = seqs.subset(range(30)), TokenSet(seqs.tokens[30:] + 0, seqs.conditions[30:], "self-generated", {"seed": 1})
+    mixed = mix_token_sets([a, b], seed=0)
+    assert len(mixed) == 40 and mixed.source == "test+self-generated"
+    assert mixed.info["mixed"][1] == {"source": "self-generated", "sequences": 10, "seed": 1}
+    key = lambda t, c: (tuple(t.tolist()), c)  # every sequence kept once with its condition
+    assert sorted(key(t, c) for t, c in zip(mixed.tokens, mixed.conditions)) == sorted(
+        key(t, c) for t, c in zip(seqs.tokens, seqs.conditions))
+    assert not torch.equal(mixed.tokens, seqs.tokens)  # shuffled
+    with pytest.raises(UsageError, match="lengths"):
+        mix_token_sets([a, TokenSet(torch.zeros(2, 4, dtype=torch.long), [0, 1])])
+
+
+def test_train_drafter_stops_when_top1_stops_rising(model, seqs, tmp_path):
+    train, test = seqs.subset(range(32)), seqs.subset(range(32, 40))
+    cfg = TrainConfig(epochs=4, batch_size=8, lr=1e-9, warmup_steps=1, seed=0, patience=1)  # top-1 cannot move
+    drafter, table = train_drafter(model, train, test, tmp_path, cfg, progress=False)
+    assert table["epoch"].tolist() == [0, 1] and table.loc[1, "top1"] == table.loc[0, "top1"]
+    assert drafter.info["stop_reason"].startswith("test top-1 did not rise above")
+    again, table2 = train_drafter(model, train, test, tmp_path, cfg, progress=False)  # the stopped run stays stopped
+    assert table2.drop(columns="seconds").equals(table.drop(columns="seconds"))
+
+
+def test_cli_self_generate_with_data(seqs, tmp_path, capsys):
+    from ambiguity.models.vq import VQConfig, VQModel
+    from lantern.train_drafter import main
+
+    gpt = tiny_gpt()
+    (tmp_path / "w").mkdir()
+    vq_cfg = VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
+                      z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    save_module(gpt, gpt.config, tmp_path / "w" / "fashion_gpt.safetensors", dtype=torch.float32)
+    save_module(VQModel(vq_cfg), vq_cfg, tmp_path / "w" / "fashion_vq.safetensors")
+    save_token_file(seqs, tmp_path / "seqs.safetensors")
+    out = tmp_path / "d.safetensors"
+    base = ["--weights", str(tmp_path / "w"), "--device", "cpu", "--tokens", str(tmp_path / "seqs.safetensors"),
+            "--test-size", "8", "--epochs", "1", "--batch-size", "8", "--no-progress"]
+    assert main(base + ["--self-generate", "6", "--with-data", "--gen-batch-size", "4", "--run-dir",
+                        str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert "stop: epoch budget (1) reached" in capsys.readouterr().out
+    from ambiguity.models.embedded import load_embedded
+
+    info = load_drafter(load_embedded(tmp_path / "w"), out).info
+    assert info["data"]["train_sequences"] == 32 + 6 and info["data"]["test_sequences"] == 8
+    assert info["data"]["train_source"] == str(tmp_path / "seqs.safetensors") + "+self-generated"
+    assert main(base + ["--with-data", "--run-dir", str(tmp_path / "r2")]) == 2
+    assert "--with-data mixes data tokens into --self-generate N" in capsys.readouterr().err
+    assert main(base + ["--self-generate", "6", "--run-dir", str(tmp_path / "r3")]) == 2
+    assert "or both with --with-data" in capsys.readouterr().err

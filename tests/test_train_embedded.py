@@ -13,8 +13,8 @@ from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, load_embe
 from ambiguity.models.gpt import GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.sampling import SamplingConfig
-from ambiguity.train import (GPTTrainConfig, batch_indices, code_usage, gpt_nll, lr_at, reinit_dead_codes,
-                             train_gpt)
+from ambiguity.train import (CURVE_FILE, EpochStopConfig, GPTTrainConfig, batch_indices, code_usage, epoch_ends,
+                             gpt_nll, lr_at, reinit_dead_codes, steps_for_epochs, stop_reason, train_gpt)
 from fake_data import load_script as _load_script, write_fake_fashion_mnist
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
@@ -110,7 +110,8 @@ def test_gpt_resume_after_interruption_matches_uninterrupted(tmp_path, monkeypat
     logs = []
     resumed, stats = train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"),
                                progress=False, log=logs.append)
-    assert logs == ["resuming GPT training at step 2/6"]
+    assert logs[0] == "resuming GPT training at step 2/6"
+    assert [line.split()[1] for line in logs[1:]] == ["4/6", "6/6"]  # a line per checkpoint
     for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), k
     assert stats["token_budget"] == ref_stats["token_budget"] == 6 * 4 * 16
@@ -168,3 +169,156 @@ def test_reinit_dead_codes_restarts_only_stale_codes():
     for i in (1, 3, 5):
         assert (w[i] - pool).norm(dim=1).min() < 0.05  # a pool vector plus 1% noise
     assert last_used.tolist() == [10, 10, 9, 10, 10, 10]
+
+
+# ----------------------------------------------------------------- embedded-16-long: epochs, curve, early stop
+def test_epoch_boundaries_and_step_budget():
+    # 10 sequences, batches of 4: steps 1-3 cover sequences 0-11, so step 3 ends epoch 1, step 5 epoch 2.
+    assert [s for s in range(1, 11) if epoch_ends(s, 4, 10)] == [3, 5, 8, 10]
+    assert steps_for_epochs(2, 10, 4) == 5 and steps_for_epochs(6, 60000, 32) == 11250
+    assert steps_for_epochs(1.9, 60000, 32) == 3563  # 3562.5 rounded up
+
+
+def test_stop_reason_hand_values():
+    rule = EpochStopConfig(min_gain_bits=0.02, min_epochs=1.9)
+    rows = [{"epoch": 1.0, "test_nll_bits": 5.0}]
+    assert stop_reason(rows, rule) is None  # nothing to compare with
+    assert stop_reason([{"epoch": 1.0, "test_nll_bits": 5.0}, {"epoch": 1.5, "test_nll_bits": 5.0}], rule) is None
+    rows.append({"epoch": 2.0, "test_nll_bits": 4.97})  # gains 0.03 bits/token per epoch: go on
+    assert stop_reason(rows, rule) is None
+    rows.append({"epoch": 3.0, "test_nll_bits": 4.96})  # gains 0.01: stop
+    assert "0.0100 bits/token per epoch from epoch 2.00 to 3.00" in stop_reason(rows, rule)
+    half = [{"epoch": 2.0, "test_nll_bits": 4.0}, {"epoch": 2.5, "test_nll_bits": 3.995}]  # 0.01 per epoch
+    assert stop_reason(half, rule) is not None
+    assert stop_reason([{"epoch": 2.0, "test_nll_bits": 4.0}, {"epoch": 3.0, "test_nll_bits": 4.1}], rule) is not None
+
+
+def test_gpt_epoch_curve_resumes_exactly(tmp_path, monkeypatch):
+    import ambiguity.train as T
+
+    cfg, tokens, labels = _tiny_gpt_setup()  # 24 sequences, batches of 4: 6 steps per epoch
+    train = GPTTrainConfig(steps=steps_for_epochs(3, 24, 4), batch_size=4, warmup=2, ckpt_every=5)
+    never = EpochStopConfig(min_gain_bits=-1e9)
+
+    def evaluate(model):
+        assert not model.training
+        return gpt_nll(model, tokens[:8], labels[:8], progress=False)["nll_bits_per_token"]
+
+    ref, ref_stats = train_gpt(cfg, train, tokens, labels, tmp_path / "a", 0, torch.device("cpu"), progress=False,
+                               evaluate=evaluate, stop=never)
+    assert [(r["epoch"], r["step"]) for r in ref_stats["curve"]] == [(1.0, 6), (2.0, 12), (3.0, 18)]
+    assert ref_stats["stop_reason"] == "step budget reached (18 steps)" and ref_stats["steps"] == 18
+    assert ref_stats["curve"][-1]["test_nll_bits"] == pytest.approx(evaluate(ref))
+    for r in ref_stats["curve"]:
+        assert r["train_loss_bits"] == pytest.approx(r["train_loss_nats"] / math.log(2))
+        assert r["lr"] == pytest.approx(lr_at(r["step"] - 1, 1e-3, 2, 18, 0.1))
+
+    calls = {"n": 0}
+    real = T.gpt_loss
+
+    def flaky(*a):
+        calls["n"] += 1
+        if calls["n"] == 14:  # dies during step 14; the checkpoint after the epoch-2 evaluation (step 12) survives
+            raise KeyboardInterrupt
+        return real(*a)
+
+    monkeypatch.setattr(T, "gpt_loss", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False,
+                  evaluate=evaluate, stop=never)
+    monkeypatch.setattr(T, "gpt_loss", real)
+    logs = []
+    resumed, stats = train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False,
+                               log=logs.append, evaluate=evaluate, stop=never)
+    assert logs[0] == "resuming GPT training at step 12/18"
+    assert sum(line.startswith("epoch ") for line in logs) == 1  # only epoch 3 is evaluated after the resume
+    for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+    keys = ("epoch", "step", "test_nll_bits", "train_loss_nats", "lr")
+    assert [[r[k] for k in keys] for r in stats["curve"]] == [[r[k] for k in keys] for r in ref_stats["curve"]]
+
+    with pytest.raises(UsageError, match="--fresh"):  # another stop rule in the same run dir
+        train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False,
+                  evaluate=evaluate, stop=EpochStopConfig())
+
+
+def test_gpt_early_stop_after_small_gain(tmp_path):
+    cfg, tokens, labels = _tiny_gpt_setup()
+    train = GPTTrainConfig(steps=steps_for_epochs(5, 24, 4), batch_size=4, warmup=2, ckpt_every=4)
+    nll = iter([5.0, 4.9, 4.89, 4.0, 3.0])  # gains 0.1 then 0.01 bits/token per epoch
+
+    model, stats = train_gpt(cfg, train, tokens, labels, tmp_path, 0, torch.device("cpu"), progress=False,
+                             log=lambda s: None, evaluate=lambda m: next(nll), stop=EpochStopConfig(0.02, 1.9))
+    assert stats["steps"] == 18 and stats["max_steps"] == 30 and stats["epochs"] == 3.0
+    assert stats["token_budget"] == 18 * 4 * 16
+    assert [r["test_nll_bits"] for r in stats["curve"]] == [5.0, 4.9, 4.89]
+    assert stats["stop_reason"].startswith("test NLL improved by 0.0100 bits/token per epoch from epoch 2.00 to 3.00")
+    curve = json.loads((tmp_path / CURVE_FILE).read_text())
+    assert curve["rows"] == stats["curve"] and curve["stop_reason"] == stats["stop_reason"]
+    assert curve["max_steps"] == 30 and curve["train_sequences"] == 24
+    # A rerun finds the stopped run: no further steps, no evaluation.
+    again, stats2 = train_gpt(cfg, train, tokens, labels, tmp_path, 0, torch.device("cpu"), progress=False,
+                              log=lambda s: None, evaluate=lambda m: pytest.fail("evaluated again"),
+                              stop=EpochStopConfig(0.02, 1.9))
+    assert stats2["steps"] == 18 and stats2["curve"] == stats["curve"]
+    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys):
+    from ambiguity.models.checkpoints import save_module
+    from ambiguity.models.embedded import GPT16_FILE, METRICS16_FILE, VQ16_FILE, VQ_SKIP, WEIGHTS_DIR
+    from ambiguity.train import embedded16_long_recipe
+
+    vq_cfg = embedded16_long_recipe(quick=True)[0]
+    out, run = tmp_path / "stage", tmp_path / "run"
+    out.mkdir()
+    torch.manual_seed(0)
+    save_module(VQModel(vq_cfg), vq_cfg, out / VQ16_FILE, skip=VQ_SKIP)  # an untrained quick VQ: no VQ training
+    main = load_script().main
+    argv = ["--quick", "--recipe", "embedded-16-long", "--stage", "gpt", "--epochs", "2", "--eval-images", "8",
+            "--data", str(fake_data), "--out", str(out), "--run-dir", str(run), "--no-progress", "--device", "cpu"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "GPT stopped" in text and "test NLL after epoch 2.00" in text
+    curve = json.loads((run / CURVE_FILE).read_text())
+    assert curve["eval_images"] == 8 and curve["max_epochs"] == 2.0 and curve["train_sequences"] == 40
+    assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(1.0, 5), (2.0, 10)]  # 40 sequences, batches of 8
+    assert curve["stop_reason"] == "step budget reached (10 steps)"  # the gain after epoch 2 was large enough
+    m = json.loads((out / METRICS16_FILE).read_text())["gpt"]
+    assert m["steps"] == 10 and m["stop_reason"] == "step budget reached (10 steps)" and m["eval_images"] == 8
+    assert m["stop"] == {"min_gain_bits": 0.02, "min_epochs": 1.9} and m["test"]["tokens"] == 20 * 256
+    assert (out / GPT16_FILE).is_file()
+    # The curve figure renders from the run dir (also from a partial curve: one row).
+    fig = load_script(SCRIPT.with_name("figure_training_curve.py")).main
+    assert fig(["--run-dir", str(run), "--out", str(tmp_path / "curve")]) == 0
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    curve["rows"] = curve["rows"][:1]
+    (run / CURVE_FILE).write_text(json.dumps(curve))
+    assert fig(["--run-dir", str(run), "--out", str(tmp_path / "partial"), "--no-reference"]) == 0
+    assert fig(["--run-dir", str(tmp_path)]) == 2 and "not found" in capsys.readouterr().err
+    # The flags belong to the long recipe; the shipped directory is refused as its --out.
+    assert main(["--quick", "--epochs", "2", "--data", str(fake_data), "--run-dir", str(run)]) == 2
+    assert "only apply to --recipe embedded-16-long" in capsys.readouterr().err
+    assert main(["--quick", "--recipe", "embedded-16-long", "--stage", "gpt", "--data", str(fake_data),
+                 "--out", str(WEIGHTS_DIR), "--run-dir", str(run)]) == 2
+    assert "staging directory" in capsys.readouterr().err
+
+
+def test_token_cache_resumes_after_its_last_chunk(tmp_path, capsys):
+    from ambiguity.train import embedded16_long_recipe, save_checkpoint
+
+    script = load_script()
+    torch.manual_seed(0)
+    vq = VQModel(embedded16_long_recipe(quick=True)[0]).eval()
+    images = torch.rand(7, 1, 64, 64)
+    whole, _ = script.cached_tokens(vq, images, tmp_path / "a.pt", "sha", False, "t", chunk=100)
+    chunked, _ = script.cached_tokens(vq, images, tmp_path / "b.pt", "sha", False, "t", chunk=3)
+    assert whole.shape == (7, 256) and torch.equal(whole, chunked)
+    assert "t: 6/7 images" in capsys.readouterr().out
+    # An interrupted cache (first 3 images) resumes there; a cache of another VQ is recomputed.
+    save_checkpoint(tmp_path / "c.pt", vq_sha="sha", codes=whole[:3].short(), n=7, time_s=1.0)
+    resumed, _ = script.cached_tokens(vq, images, tmp_path / "c.pt", "sha", False, "t", chunk=3)
+    assert torch.equal(resumed, whole) and "t: resuming at image 3/7" in capsys.readouterr().out
+    save_checkpoint(tmp_path / "d.pt", vq_sha="other", codes=torch.zeros(7, 256, dtype=torch.int16), time_s=1.0)
+    assert torch.equal(script.cached_tokens(vq, images, tmp_path / "d.pt", "sha", False, "t")[0], whole)

@@ -1,0 +1,101 @@
+"""Figure of a GPT training curve: test NLL (and mean train loss) in bits/token against epochs.
+
+    python scripts/figure_training_curve.py --run-dir /root/lantern-runs/embedded-16-long
+        # -> figures/embedded16_training_curve.{png,pdf}
+    python scripts/figure_training_curve.py --run-dir runs/embedded-16-long --out /tmp/curve
+
+Reads ``<run-dir>/gpt_curve.json`` (written by ``scripts/train_embedded.py --recipe
+embedded-16-long`` after every epoch), so it works on the partial curve of a run still going.
+The shipped ``embedded-16`` GPT's (0.48 epochs) full-test-split NLL is marked for reference when its
+metrics file is present (the ``embedded`` model's bits/token, over 1024 codes, are not comparable).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ambiguity import plots
+from ambiguity.cli import ArgumentParser, check_out_file, cli_main
+from ambiguity.errors import UsageError
+from ambiguity.models.embedded import METRICS16_FILE, WEIGHTS_DIR
+from ambiguity.train import CURVE_FILE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(prog="figure_training_curve.py", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", required=True, help=f"run directory holding {CURVE_FILE}")
+    p.add_argument("--out", default=None, help="output path without suffix (default figures/embedded16_training_curve)")
+    p.add_argument("--no-reference", action="store_true", help="leave out the shipped models' test NLL")
+    return p.parse_args(argv)
+
+
+def read_curve(run_dir: Path) -> dict:
+    """The curve record of ``run_dir`` (rows of epoch, step, test_nll_bits, train_loss_bits, ...).
+    Raises UsageError when it is missing, unreadable or has no rows yet."""
+    path = Path(run_dir) / CURVE_FILE
+    try:
+        curve = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path} not found; the run has not finished an epoch yet (or --run-dir is wrong)") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path} is not readable JSON ({type(exc).__name__}); wait for the next epoch") from None
+    if not curve.get("rows"):
+        raise UsageError(f"{path} has no rows yet; wait for the first epoch to end")
+    return curve
+
+
+def shipped_references(weights: Path = WEIGHTS_DIR) -> dict[str, tuple[float, float]]:
+    """{model: (epochs, full-test NLL bits/token)} of the shipped embedded-16 GPT when its metrics exist."""
+    out = {}
+    for name, f in (("embedded-16 as shipped", METRICS16_FILE),):
+        try:
+            g = json.loads((weights / f).read_text())["gpt"]
+            out[name] = (float(g["epochs"]), float(g["test"]["nll_bits_per_token"]))
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def plot_curve(curve: dict, path: Path, references: dict[str, tuple[float, float]] | None = None) -> list[Path]:
+    """Test NLL (fixed test subset) and mean train loss since the previous evaluation, bits/token,
+    against epochs; ``references`` ({name: (epochs, bits/token)}) as single marked points.
+    Writes PNG + PDF, returns the paths."""
+    rows = curve["rows"]
+    ep = [r["epoch"] for r in rows]
+    with plots.style():
+        fig, ax = plots.new_figure(width=4.2, height=2.8)
+        ax.plot(ep, [r["test_nll_bits"] for r in rows], marker="o", markersize=3, color=plots.color_for("target"),
+                label=f"test NLL ({curve.get('eval_images', '?')} test images)")
+        ax.plot(ep, [r["train_loss_bits"] for r in rows], marker="s", markersize=3, linestyle="--",
+                color=plots.color_for("", 1), label="train loss (mean over the epoch)")
+        for i, (name, (e, nll)) in enumerate((references or {}).items()):
+            ax.scatter([e], [nll], marker="x", s=30, zorder=3, color=plots.color_for("", 3 + i),
+                       label=f"{name}: full test split")
+        ax.set_xlabel("epochs")
+        ax.set_ylabel("bits / token")
+        ax.set_xlim(left=0)
+        status = curve.get("stop_reason") or f"running (budget {curve.get('max_epochs', '?')} epochs)"
+        if len(status) > 60:
+            status = "stopped: gain < " + f"{curve['stop']['min_gain_bits']} bits/token per epoch"
+        ax.set_title(f"embedded-16 GPT ({curve.get('recipe', '?')}): {status}", fontsize=7)
+        ax.legend(fontsize=6, frameon=False)
+    return plots.save_figure(fig, path)
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    curve = read_curve(Path(args.run_dir))
+    out = Path(args.out) if args.out else ROOT / "figures" / "embedded16_training_curve"
+    check_out_file(out.with_suffix(".png"), "--out")
+    refs = None if args.no_reference else shipped_references()
+    for p in plot_curve(curve, out, refs):
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
