@@ -273,3 +273,18 @@ def test_generate_cli_rejects_bad_jacobi_knobs(tmp_path, capsys):
         assert main(argv + ["--num-images", "1", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and match in err[0], err
+
+
+def test_gumbel_coupling_samples_p_and_repeats_at_a_position():
+    """SCD's Gumbel-max: over many positions the token follows p (chi-square); at one position the
+    same p gives the same token again, and a nearby p usually does (that is the coupling)."""
+    from lantern.jacobi import _Gumbel
+
+    p = torch.tensor([0.5, 0.25, 0.15, 0.1], dtype=torch.float64)
+    near = torch.tensor([0.45, 0.3, 0.15, 0.1], dtype=torch.float64)
+    g = _Gumbel(torch.Generator().manual_seed(0), 4, "cpu")
+    first = [g.sample(p, t) for t in range(4000)]
+    assert _chi2_pvalue(np.bincount(first, minlength=4), p.numpy()) > 1e-3
+    assert [g.sample(p, t) for t in range(4000)] == first
+    same = np.mean([g.sample(near, t) == first[t] for t in range(4000)])
+    assert same > 0.9  # independent draws would agree with probability sum p * near = 0.36
