@@ -117,15 +117,14 @@ def test_gsd_is_not_ar_sampling():
 @pytest.mark.slow
 def test_gsd_with_group_one_is_exactly_ar_sampling():
     m = tiny()
-    s = SAMPLINGS[1]
-    want = exact_joint(m, 1, s)
-    got, _, _ = _joint(m, JacobiConfig("gsd", window=3, group=1), s)
+    want = exact_joint(m, 1, SAMPLINGS[2])
+    got, _, _ = _joint(m, JacobiConfig("gsd", window=3, group=1), SAMPLINGS[2])
     assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) < 1e-12
 
 
 @pytest.mark.slow
 def test_scd_gumbel_matches_the_ar_joint_by_chi_square():
-    """4000 images (fixed seeds, image i from stream (0, i)) of SCD with Gumbel coupling against the
+    """2000 images (fixed seeds, image i from stream (0, i)) of SCD with Gumbel coupling against the
     exact AR joint: p-value > 1e-3; the same test rejects GSD with a wide group (power)."""
     m = tiny()
     s = SamplingConfig(guidance=1.0, temperature=1.0, top_k=3)
@@ -134,7 +133,7 @@ def test_scd_gumbel_matches_the_ar_joint_by_chi_square():
     probs = np.array([want[k] for k in seqs])
     prompt = m.make_prompt([1])
 
-    def counts(config, n=4000):
+    def counts(config, n=2000):
         c = defaultdict(int)
         for i in range(n):
             out = jacobi_decode(m, prompt, s, config, generator=image_generator(0, i))
@@ -142,7 +141,7 @@ def test_scd_gumbel_matches_the_ar_joint_by_chi_square():
         return np.array([c[k] for k in seqs])
 
     assert _chi2_pvalue(counts(JacobiConfig("scd", window=3)), probs) > 1e-3
-    assert _chi2_pvalue(counts(JacobiConfig("gsd", window=3, group=4, prob_gap=1.0), 2000), probs) < 1e-3
+    assert _chi2_pvalue(counts(JacobiConfig("gsd", window=3, group=4, prob_gap=1.0), 1000), probs) < 1e-3
 
 
 # --------------------------------------------------------------------------- greedy
