@@ -89,7 +89,8 @@ class DecodeConfig:
            tree: Optional[TreeSpec] = None, jacobi: Optional[dict] = None, **rule) -> "DecodeConfig":
         """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
         lam, convention), ignored for ``"ar"``; tree: None (a chain of ``gamma``) or a
-        :class:`TreeSpec`. Raises UsageError for an unknown method and the rule's own checks."""
+        :class:`TreeSpec`; jacobi: the :class:`lantern.jacobi.JacobiConfig` fields for ``"sjd"``,
+        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored). Raises UsageError for an unknown method and the rule's own checks."""
         if method not in METHODS:
             raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
         if method in JACOBI_METHODS:  # jacobi: the JacobiConfig knobs (window, init, group, ...)

@@ -287,3 +287,21 @@ def test_gumbel_coupling_samples_p_and_repeats_at_a_position():
     assert [g.sample(p, t) for t in range(4000)] == first
     same = np.mean([g.sample(near, t) == first[t] for t in range(4000)])
     assert same > 0.9  # independent draws would agree with probability sum p * near = 0.36
+
+
+def test_generate_cli_runs_scd(tmp_path, capsys):
+    """``python -m lantern.generate --method scd`` on the shipped embedded model: records and summary."""
+    import json
+
+    import pandas as pd
+
+    from lantern.generate import main
+
+    out = tmp_path / "scd"
+    assert main(["--method", "scd", "--window", "8", "--num-images", "1", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "scd" and summary["rule"]["jacobi_window"] == 8
+    assert summary["rule"]["scd_coupling"] == "gumbel" and summary["tokens"] == 64
+    assert summary["tokens_per_forward"] > 1
+    drafts = pd.read_parquet(out / "drafts.parquet")
+    assert (drafts["proposed_step"] >= -1).all() and (drafts["proposed_step"] < drafts["step"]).all()
