@@ -110,7 +110,10 @@ class DecodeConfig:
 
     @property
     def draft_depth(self) -> int:
-        """The longest possible accepted run: γ for chains, the tree's deepest draft, 0 for AR."""
+        """The longest possible accepted run: γ for chains, the tree's deepest draft, L - 1 for a
+        Jacobi window, 0 for AR."""
+        if self.jacobi is not None:
+            return int(self.jacobi.window) - 1
         if self.rule is None:
             return 0
         return self.tree.max_depth if self.tree is not None else self.gamma
