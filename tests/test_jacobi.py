@@ -95,8 +95,8 @@ def test_maximal_coupling_bookkeeping():
     gaps = {}
     for coupling in ("maximal", "maximal-official"):
         cfg = JacobiConfig("scd", window=4, coupling=coupling)
-        got, _ = enumerate_outcomes(lambda d: tuple(jacobi_decode(m, prompt, s, cfg, draws=d, num_tokens=5)
-                                                    .tokens[0].tolist()))
+        got, _ = enumerate_outcomes(lambda d, cfg=cfg: tuple(jacobi_decode(m, prompt, s, cfg, draws=d, num_tokens=5)
+                                                             .tokens[0].tolist()))
         assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
         gaps[coupling] = sum(abs(got.get(k, 0.0) - v) for k, v in want.items()) / 2  # TVD of the joints
     assert gaps["maximal"] < 1e-12
