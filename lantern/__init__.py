@@ -27,6 +27,7 @@ _API = {
     "DecodeConfig": "lantern.decoding", "METHODS": "lantern.decoding", "decode": "lantern.decoding",
     "speculative_decode": "lantern.decoding", "autoregressive_decode": "lantern.decoding",
     "neighbour_table": "lantern.decoding",
+    "JacobiConfig": "lantern.jacobi", "jacobi_decode": "lantern.jacobi", "gsd_output_distribution": "lantern.jacobi",
     "DraftModel": "lantern.drafter", "Drafter": "lantern.drafter", "load_drafter": "lantern.drafter",
     "Decoded": "lantern.records", "summarize_decode": "lantern.records:summarize", "summary_table": "lantern.records",
     "run_generate": "lantern.generate", "load_run": "lantern.replay", "acceptance_by_ambiguity": "lantern.replay",

@@ -39,6 +39,7 @@ from ambiguity.seeding import image_generator, image_seed
 from lantern.acceptance import RULES, AcceptanceRule
 from lantern.chain import Acceptance, accept, autoregressive_decode, draft, speculative_decode, verify
 from lantern.drafter import DraftModel, fingerprint_mismatch, target_fingerprint
+from lantern.jacobi import JACOBI_METHODS, JacobiConfig, check_jacobi, jacobi_decode
 from lantern.records import Decoded
 from lantern.steps import Timer, prefill, target_distribution
 from lantern.tree_decoding import tree_decode
@@ -49,7 +50,7 @@ __all__ = ["METHODS", "DEFAULT_METRIC", "DecodeConfig", "neighbour_table", "chec
            "Timer", "Acceptance", "prefill", "target_distribution", "draft", "verify", "accept", "speculative_decode",
            "autoregressive_decode", "tree_decode"]
 
-METHODS = ("ar",) + RULES
+METHODS = ("ar",) + RULES + JACOBI_METHODS  # sjd / gsd / scd: no drafter, batch 1 (lantern.jacobi)
 DEFAULT_METRIC = "l2"  # the official LANTERN code: Euclidean distance between codebook vectors (torch.cdist)
 
 
@@ -73,6 +74,7 @@ class DecodeConfig:
     metric: str = DEFAULT_METRIC
     matrix: str = "codebook"
     tree: Optional[TreeSpec] = None
+    jacobi: Optional[JacobiConfig] = None
 
     def __post_init__(self):
         if isinstance(self.gamma, bool) or int(self.gamma) != self.gamma or self.gamma < 1:
@@ -85,17 +87,22 @@ class DecodeConfig:
 
     @classmethod
     def of(cls, method: str = "lantern", gamma: int = 4, metric: str = DEFAULT_METRIC, matrix: str = "codebook",
-           tree: Optional[TreeSpec] = None, **rule) -> "DecodeConfig":
+           tree: Optional[TreeSpec] = None, jacobi: Optional[dict] = None, **rule) -> "DecodeConfig":
         """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
         lam, convention), ignored for ``"ar"``; tree: None (a chain of ``gamma``) or a
-        :class:`TreeSpec`. Raises UsageError for an unknown method and the rule's own checks."""
+        :class:`TreeSpec`; jacobi: the :class:`lantern.jacobi.JacobiConfig` fields for ``"sjd"``,
+        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored). Raises UsageError for an unknown method and the rule's own checks."""
         if method not in METHODS:
             raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
+        if method in JACOBI_METHODS:  # jacobi: the JacobiConfig knobs (window, init, group, ...)
+            return cls(None, gamma, metric, matrix, None, JacobiConfig(method, **(jacobi or {})))
         return cls(None if method == "ar" else AcceptanceRule(method, **rule), gamma, metric, matrix,
                    None if method == "ar" else tree)
 
     @property
     def method(self) -> str:
+        if self.jacobi is not None:
+            return self.jacobi.method
         return "ar" if self.rule is None else self.rule.method
 
     @property
@@ -104,14 +111,17 @@ class DecodeConfig:
 
     @property
     def draft_depth(self) -> int:
-        """The longest possible accepted run: γ for chains, the tree's deepest draft, 0 for AR."""
+        """The longest possible accepted run: γ for chains, the tree's deepest draft, L - 1 for a
+        Jacobi window, 0 for AR."""
+        if self.jacobi is not None:
+            return int(self.jacobi.window) - 1
         if self.rule is None:
             return 0
         return self.tree.max_depth if self.tree is not None else self.gamma
 
     def as_dict(self) -> dict:
         """Flat JSON-able record: method, gamma, metric, matrix, tree and the rule's fields."""
-        rule = self.rule.as_dict() if self.rule is not None else {}
+        rule = self.rule.as_dict() if self.rule is not None else (self.jacobi.as_dict() if self.jacobi else {})
         rule.pop("method", None)
         return {"method": self.method, "gamma": self.gamma, "metric": self.metric, "matrix": self.matrix,
                 "tree": self.tree.as_dict() if self.tree is not None else "chain", **rule}
@@ -190,6 +200,8 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
     """
     rule = config.rule
     check_depth(config, model, num_tokens)
+    if config.jacobi is not None:
+        check_jacobi(config.jacobi, model)
     if rule is not None:
         if drafter is None:
             raise UsageError(f"method {config.method} needs a drafter; pass --drafter or use --method ar")
@@ -201,7 +213,9 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
         i = first_index + j
         prompt = model.make_prompt([c], guided=sampling.guided)
         gen = image_generator(seed, i, model.device)
-        if rule is None:
+        if config.jacobi is not None:
+            out = jacobi_decode(model, prompt, sampling, config.jacobi, gen, num_tokens, image=i, seed=image_seed(seed, i))
+        elif rule is None:
             out = autoregressive_decode(model, prompt, sampling, gen, num_tokens, image=i, seed=image_seed(seed, i))
         elif config.tree is None:
             out = speculative_decode(model, drafter, prompt, sampling, rule, neighbours, config.gamma, gen,

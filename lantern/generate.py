@@ -49,6 +49,7 @@ from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import CONVENTIONS, AcceptanceRule
 from lantern.decoding import DEFAULT_METRIC, METHODS, DecodeConfig, check_depth, decode, neighbour_table
 from lantern.drafter import DraftModel, load_drafter
+from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
 from lantern.records import Decoded, summarize, summary_table
 from lantern.trees import STATIC_TREES, TreeSpec, parse_tree
 
@@ -92,13 +93,33 @@ def add_decoding_args(p) -> None:
                         "order) (default: exact; --residual is the old name)")
     p.add_argument("--drafter", default=None, metavar="FILE",
                    help="drafter .safetensors (default: lantern/weights/<model>_drafter)")
+    add_jacobi_args(p)
+
+
+def add_jacobi_args(p) -> None:
+    """SJD / GSD / SCD knobs (lantern.jacobi; official defaults, batch 1, no drafter)."""
+    _J = JacobiConfig()
+    p.add_argument("--window", type=int, default=None,
+                   help="sjd/gsd/scd: tokens per Jacobi forward L >= 1 (official 16 for sjd, gsd; 32 for scd)")
+    p.add_argument("--jacobi-init", default=_J.init, choices=INITS,
+                   help="sjd/gsd/scd: new window positions (official: random for Lumina-mGPT)")
+    p.add_argument("--gsd-group", type=int, default=_J.group, help=f"gsd: ranks in a group, 1..V (official {_J.group})")
+    p.add_argument("--gsd-prob-gap", type=finite_float, default=_J.prob_gap,
+                   help=f"gsd: keep group members with |p(y) - p(x)| below this (official {_J.prob_gap:g})")
+    p.add_argument("--gsd-distance", type=finite_float, default=None,
+                   help="gsd: also a squared-L2 input-embedding bound (official 0.5 on Chameleon; default off)")
+    p.add_argument("--scd-coupling", default=_J.coupling, choices=COUPLINGS,
+                   help="scd: gumbel or maximal coupling of successive drafts (maximal-official: the official "
+                        "bookkeeping, not lossless) (default: gumbel)")
 
 
 def decode_config_from_args(args) -> DecodeConfig:
     """:class:`~lantern.decoding.DecodeConfig` from the decoding options (UsageError for bad values)."""
     tree = parse_tree(args.tree, args.total_tokens, args.depth, args.tree_top_k)
-    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, tree, k=args.k, delta=args.delta,
-                           lam=args.lam, convention=args.convention)
+    jacobi = dict(window=args.window, init=args.jacobi_init, group=args.gsd_group, prob_gap=args.gsd_prob_gap,
+                  distance=args.gsd_distance, coupling=args.scd_coupling)
+    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, tree, jacobi=jacobi, k=args.k,
+                           delta=args.delta, lam=args.lam, convention=args.convention)
 
 
 def build_parser() -> ArgumentParser:
@@ -271,6 +292,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
     check_run_size(model, args.num_images)  # steps and drafts rows of every image; before the conditions list
     check_depth(config, model)
+    if config.jacobi is not None:
+        check_jacobi(config.jacobi, model)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
     result = run_generate(model, conditions, config, sampling, out, drafter, args.seed, progress=not args.no_progress,

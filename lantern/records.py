@@ -22,7 +22,9 @@ One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COL
   node tried before its parent's accepted child), ``committed`` (on the accepted path),
   ``out_of_support`` (committed although ``p(x̂) = 0``: only a relaxed rule can do that), the
   ambiguity of ``p`` there: top-1 probability and entropy (nats); ``q``'s top-1; and the tree
-  coordinates ``node``, ``parent``, ``depth`` (1 = the first draft), ``sibling`` (trial order).
+  coordinates ``node``, ``parent``, ``depth`` (1 = the first draft), ``sibling`` (trial order);
+  ``proposed_step``: the step whose forward proposed the draft (its own step for a drafter; the
+  previous Jacobi iteration for SJD/GSD/SCD, -1 for an initialised window position, :mod:`lantern.jacobi`).
 * **images** — one row per image: condition, seed, tokens, target forwards (prefill
   included), drafted/accepted totals and seconds.
 
@@ -56,7 +58,7 @@ STEP_COLUMNS = ("image", "step", "position", "drafted", "accepted", "emitted", "
                 "drafter_forwards", "target_s", "drafter_s", "acceptance_s", "proximity_s")
 DRAFT_COLUMNS = ("image", "step", "draft_index", "position", "token", "p_draft", "q_draft", "p_tilde", "j_star",
                  "spent", "accept_prob", "u", "accepted", "reached", "committed", "out_of_support", "p_top1",
-                 "p_entropy", "q_top1", "node", "parent", "depth", "sibling")
+                 "p_entropy", "q_top1", "node", "parent", "depth", "sibling", "proposed_step")
 _TREE_INT = ("token", "j_star", "node", "parent", "depth", "sibling", "position", "draft_index")
 IMAGE_COLUMNS = ("image", "condition", "seed", "tokens", "target_forwards", "steps", "drafted", "accepted",
                  "target_s", "drafter_s", "acceptance_s", "proximity_s", "total_s")
@@ -101,6 +103,7 @@ class StepLog:
             g = len(rows["token"])
             rows["image"], rows["step"] = np.full(g, self.image), np.full(g, d["step"])
             rows["out_of_support"] = rows["committed"] & (rows["p_draft"] == 0)
+            rows.setdefault("proposed_step", np.full(g, d["step"]))  # a drafter proposes in its own step
             for c in DRAFT_COLUMNS:
                 cols[c].append(rows[c])
         return steps, {c: np.concatenate(v) for c, v in cols.items()}
@@ -115,8 +118,8 @@ def _chain_rows(d: dict) -> dict:
             "reached": idx <= a, "committed": idx < a, "node": idx + 1, "parent": idx, "depth": idx + 1,
             "sibling": np.zeros(g, dtype=np.int64)}
     for c in ("token", "p_draft", "q_draft", "p_tilde", "j_star", "spent", "accept_prob", "u", "p_top1", "p_entropy",
-              "q_top1"):
-        rows[c] = (d[c].cpu().numpy().astype(np.int64) if c in ("token", "j_star")
+              "q_top1") + (("proposed_step",) if "proposed_step" in d else ()):
+        rows[c] = (d[c].cpu().numpy().astype(np.int64) if c in ("token", "j_star", "proposed_step")
                    else d[c].detach().double().cpu().numpy())
     return rows
 

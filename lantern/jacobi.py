@@ -1,0 +1,439 @@
+"""Training-free parallel decoding by Jacobi iteration of the target itself: SJD, GSD and SCD.
+
+No drafter: each target forward reads ``[x_{n-1}, d_n .. d_{n+g-1}]`` — the last committed token
+and a *window* of draft tokens for the next positions — and its outputs both verify the drafts
+and propose the next iteration's drafts.
+
+* ``"sjd"`` — Speculative Jacobi Decoding (Teng et al., ICLR 2025, arXiv 2410.01699; official
+  code github.com/tyshiwo1/Accelerating-T2I-AR-with-SJD, ``scheduler/jacobi_iteration_*.py``).
+  The draft at position ``t`` was drawn from ``q_t``: the target distribution at ``t`` of the
+  previous iteration (whose context held the drafts of that iteration), or a point mass for a
+  freshly initialised position. It is accepted with probability ``min(1, p_t(d)/q_t(d))``
+  against this iteration's ``p_t``; the accepted prefix is committed, the first rejected
+  position draws from ``norm(max(p_t - q_t, 0))`` (the bonus ``p`` after the window when every
+  draft passed), and the tokens this forward *sampled* at the later positions (from its
+  ``p_t``, with ``q = p_t``) become the next drafts, the window being topped up with new
+  initialised positions. Lossless: the draft at ``t`` depends only on randomness that nothing
+  at positions ``< t`` has used.
+* ``"gsd"`` — Grouped Speculative Decoding (So et al., ICCV 2025, arXiv 2508.07747; official
+  code github.com/junhyukso/GSD, ``scheduler/jacobi_iteration_lumina_mgpt.py``): as SJD, but a
+  draft ``x`` is judged by the mass of a *group* ``G(x)`` of tokens the target ranks next to it:
+  accepted with probability ``min(1, p(G)/q(G))``. ``G(x)``: the ``group`` tokens around ``x`` in
+  the target's ascending probability order (ranks ``r-group//2 .. r-group//2+group-1``; the
+  official code slices ``[r-7, r+7)``, ``group = 14``) whose probability differs from ``p(x)`` by
+  less than ``prob_gap`` (official 0.15), optionally also within a squared L2 distance
+  ``distance`` of ``x``'s input embedding (official 0.5 on Chameleon's table; off here by default,
+  its scale is model-specific). Rejection resamples the plain SJD residual (as the official code).
+  Not lossless: :func:`gsd_output_distribution` gives one step's output exactly.
+* ``"scd"`` — Speculative Coupled Decoding (So et al., ICML 2026, arXiv 2510.24211; official
+  code github.com/junhyukso/SCD, ``lumina1/scheduler/jacobi_iteration_lumina_mgpt_{GS,SCDMC}.py``):
+  SJD whose successive drafts at one position are *coupled* so that they tend to repeat.
+  ``coupling="gumbel"`` (``_GS``): every sample at position ``t`` is ``argmax(log p + g_t)`` with a
+  Gumbel vector ``g_t`` fixed per absolute position for the whole image (the official code
+  shifts its noise table with the accepted tokens). ``"maximal"`` (``_SCDMC``): the next draft at
+  ``t`` is the maximal coupling of the old draft ``d ~ q_t`` and ``p_t`` — kept with probability
+  ``min(1, p_t(d)/q_t(d))``, else drawn from ``norm(max(p_t - q_t, 0))`` — so it is distributed as
+  ``p_t`` and is recorded with ``q = p_t`` (lossless). ``"maximal-official"`` records a kept draft
+  with its old ``q_t`` as the official code does; the exact enumeration in
+  ``tests/test_jacobi.py`` shows that this moves the output away from AR sampling.
+
+Windows (``JacobiConfig.window`` = ``L``, the official ``max_num_new_tokens``): one forward reads
+``L`` tokens (``L - 1`` drafts) and emits ``1 .. L`` tokens; ``L = 1`` is AR decoding. The window
+shrinks near the end so the bonus position stays inside the image. New positions are
+initialised (``init``) with a uniform random token (official ``"random"``, Lumina-mGPT) or a copy
+of the token to the left in the image grid (``"repeat-horizon"``, the official LlamaGen script;
+random in the first column), both with a point-mass ``q``. Greedy decoding (temperature 0): a
+draft is accepted iff it is the argmax of ``p`` (GSD: iff the argmax is in its group) and the
+drafts are argmaxes: greedy SJD/SCD is greedy AR token for token.
+
+Batch 1: one condition at a time (two rows with CFG), like :mod:`lantern.chain`; every
+iteration commits a different number of tokens per image. Randomness: image ``i`` draws from its
+generator ``(seed, i)`` (:mod:`ambiguity.seeding`) through :class:`lantern.trees.Draws`.
+
+Records (:mod:`lantern.records`): one step row per Jacobi forward (``drafted`` = window drafts,
+``accepted`` = accepted prefix, ``drafter_forwards = 0``), one draft row per window draft with
+``proposed_step`` = the Jacobi iteration (step) whose forward sampled it, or -1 for an initialised
+position; for GSD ``p_tilde = p(G)``, ``j_star = |G| - 1`` and ``spent = p(G) - p(x)``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.models.base import Prompt, TokenModel
+from ambiguity.sampling import SamplingConfig, expand_rows
+from ambiguity.stats import entropy, top1_prob
+from lantern.records import Decoded, StepLog
+from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
+from lantern.trees import Draws, GeneratorDraws
+
+__all__ = ["JACOBI_METHODS", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "JacobiConfig", "sjd_accept_prob",
+           "group_masses", "gsd_accept_prob", "sjd_residual", "gsd_output_distribution", "sjd_output_distribution",
+           "jacobi_decode", "check_jacobi"]
+
+JACOBI_METHODS = ("sjd", "gsd", "scd")
+INITS = ("random", "repeat-horizon")
+COUPLINGS = ("gumbel", "maximal", "maximal-official")
+DEFAULT_WINDOW = {"sjd": 16, "gsd": 16, "scd": 32}  # test_lumina_mgpt.py / test_GSD.py / test_SCD_*.py
+
+
+@dataclass(frozen=True)
+class JacobiConfig:
+    """A Jacobi method and its knobs (defaults: the official scripts for Lumina-mGPT).
+
+    method: ``"sjd"``, ``"gsd"`` or ``"scd"``; window: tokens per forward L >= 1 (None: 16 for
+    SJD and GSD, 32 for SCD); init: ``"random"`` or ``"repeat-horizon"``; group: GSD's rank window
+    (1 .. V; 1 = SJD); prob_gap: GSD's probability filter in (0, 1]; distance: GSD's optional
+    squared-L2 embedding filter (>= 0, None = off); coupling: SCD's ``"gumbel"``, ``"maximal"`` or
+    ``"maximal-official"``. Raises :class:`UsageError` for a bad value (the vocabulary bound of
+    ``group`` is checked by :func:`check_jacobi`).
+    """
+
+    method: str = "sjd"
+    window: Optional[int] = None
+    init: str = "random"
+    group: int = 14
+    prob_gap: float = 0.15
+    distance: Optional[float] = None
+    coupling: str = "gumbel"
+
+    def __post_init__(self):
+        if self.method not in JACOBI_METHODS:
+            raise UsageError(f"unknown Jacobi method {self.method!r}; use one of {', '.join(JACOBI_METHODS)}")
+        if self.window is None:
+            object.__setattr__(self, "window", DEFAULT_WINDOW[self.method])
+        if isinstance(self.window, bool) or int(self.window) != self.window or self.window < 1:
+            raise UsageError(f"--window (tokens per Jacobi forward) must be an integer >= 1, got {self.window}")
+        if self.init not in INITS:
+            raise UsageError(f"--jacobi-init must be one of {', '.join(INITS)}, got {self.init!r}")
+        if isinstance(self.group, bool) or int(self.group) != self.group or self.group < 1:
+            raise UsageError(f"--gsd-group (ranks in a GSD group) must be an integer >= 1, got {self.group}")
+        if not 0.0 < float(self.prob_gap) <= 1.0:
+            raise UsageError(f"--gsd-prob-gap must be in (0, 1], got {self.prob_gap}")
+        if self.distance is not None and not float(self.distance) >= 0.0:
+            raise UsageError(f"--gsd-distance must be >= 0 (squared L2), got {self.distance}")
+        if self.coupling not in COUPLINGS:
+            raise UsageError(f"--scd-coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+
+    def as_dict(self) -> dict:
+        """The knobs that matter for ``method`` (JSON-able), prefixed ``jacobi_``."""
+        d = {"jacobi_window": int(self.window), "jacobi_init": self.init}
+        if self.method == "gsd":
+            d.update(gsd_group=int(self.group), gsd_prob_gap=float(self.prob_gap), gsd_distance=self.distance)
+        if self.method == "scd":
+            d.update(scd_coupling=self.coupling)
+        return d
+
+    def replace(self, **kw) -> "JacobiConfig":
+        return JacobiConfig(**{**asdict(self), **kw})
+
+
+def check_jacobi(config: JacobiConfig, model: TokenModel) -> None:
+    """Raise UsageError when ``model`` cannot run ``config``: a GSD group larger than the
+    vocabulary, ``--gsd-distance`` without input embeddings, ``repeat-horizon`` without a 2-D grid."""
+    V = model.vocab_size
+    if config.method == "gsd" and config.group > V:
+        raise UsageError(f"--gsd-group {config.group} exceeds the vocabulary size {V} of {model.name}; "
+                         f"use --gsd-group {V} or less")
+    if config.method == "gsd" and config.distance is not None:
+        try:
+            model.input_embeddings()
+        except NotImplementedError:
+            raise UsageError(f"--gsd-distance needs the input embeddings of {model.name}, which it does not expose; "
+                             f"drop --gsd-distance") from None
+    grid = tuple(getattr(model, "grid", (1, model.num_tokens)))
+    if config.init == "repeat-horizon" and (len(grid) != 2 or min(grid) < 2):
+        raise UsageError(f"--jacobi-init repeat-horizon copies the token to the left in the image grid, but "
+                         f"{model.name} has no 2-D token grid; use --jacobi-init random")
+
+
+# --------------------------------------------------------------------------- rules (pure tensor functions)
+def sjd_accept_prob(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """``min(1, p(x)/q(x))`` of drafts ``x``: p, q (..., V) float, draft (...) int64 -> (...) float.
+
+    ``q(x) = 0 < p(x)`` gives 1, ``p(x) = 0`` gives 0 (SJD's speculative-sampling rule, Leviathan
+    et al. 2023 Alg. 1)."""
+    idx = draft.long().unsqueeze(-1)
+    px, qx = p.gather(-1, idx)[..., 0], q.gather(-1, idx)[..., 0]
+    safe = torch.where(qx > 0, qx, torch.ones_like(qx))
+    return torch.where(qx > 0, (px / safe).clamp(max=1.0), (px > 0).to(p.dtype))
+
+
+def sjd_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm(max(p - q, 0))`` (..., V), or ``p`` where it has no mass (a rejection then has
+    probability 0). What SJD, GSD and SCD draw from after rejecting a draft drawn from ``q``."""
+    r = (p - q).clamp_min(0.0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / torch.where(mass > 0, mass, torch.ones_like(mass)), p)
+
+
+def group_masses(p: torch.Tensor, q: torch.Tensor, group: int, prob_gap: float,
+                 embeddings: Optional[torch.Tensor] = None, distance: Optional[float] = None):
+    """GSD's group ``G(x)`` of every token ``x``, as masses: ``(p(G), q(G), |G|)``, each (..., V).
+
+    p, q: (..., V) float. Tokens are ranked by ascending ``p`` (stable: ties by code index); ``G(x)``
+    holds the ranks ``r-h .. r-h+group-1`` (``h = group // 2``, clipped to the vocabulary) around
+    ``x``'s rank ``r`` whose ``|p(y) - p(x)| < prob_gap`` and, when ``distance`` is given, whose
+    squared L2 distance between the (V, H) ``embeddings`` of ``y`` and ``x`` is ``< distance``.
+    ``x`` itself is always in ``G(x)``. Official code: ``logit_sort[..][cur_idx-7:cur_idx+7]``
+    with ``p_thr = 0.15`` and ``d_thr = 0.5`` (junhyukso/GSD); it falls back to plain SJD for the
+    7 lowest ranks (its slice is empty there); we clip instead.
+    """
+    V = p.shape[-1]
+    order = torch.sort(p, dim=-1, stable=True).indices  # ascending
+    ps, qs = p.gather(-1, order), q.gather(-1, order)
+    h = group // 2
+    pad = lambda t, v: torch.nn.functional.pad(t, (h, group - h - 1), value=v)  # noqa: E731
+    win_p = pad(ps, float("nan")).unfold(-1, group, 1)  # (..., V, group): ranks r-h .. r-h+group-1
+    win_q = pad(qs, 0.0).unfold(-1, group, 1)
+    keep = ~torch.isnan(win_p) & ((torch.nan_to_num(win_p, nan=2.0) - ps.unsqueeze(-1)).abs() < prob_gap)
+    if distance is not None:
+        emb = embeddings.to(p.device, torch.float64)
+        e = emb[order]  # (..., V, H) in rank order
+        idx = pad(torch.arange(V, device=p.device).expand_as(order), 0).unfold(-1, group, 1)  # (..., V, group)
+        members = e.gather(-2, idx.flatten(-2).unsqueeze(-1).expand(*idx.shape[:-2], V * group, e.shape[-1]))
+        members = members.view(*idx.shape, e.shape[-1])
+        keep &= ((members - e.unsqueeze(-2)) ** 2).sum(-1).to(p.dtype) < distance
+    pg = (torch.nan_to_num(win_p, nan=0.0) * keep).sum(-1)
+    qg = (win_q * keep).sum(-1)
+    count = keep.sum(-1)
+    back = lambda t: torch.empty_like(t).scatter_(-1, order, t)  # noqa: E731 - rank order -> vocabulary order
+    return back(pg), back(qg), back(count)
+
+
+def gsd_accept_prob(p_group: torch.Tensor, q_group: torch.Tensor) -> torch.Tensor:
+    """``min(1, p(G)/q(G))`` (...): GSD's acceptance probability of a draft from its group masses
+    (:func:`group_masses` gathered at the draft); ``q(G) = 0 < p(G)`` gives 1, ``p(G) = 0`` gives 0."""
+    safe = torch.where(q_group > 0, q_group, torch.ones_like(q_group))
+    return torch.where(q_group > 0, (p_group / safe).clamp(max=1.0), (p_group > 0).to(p_group.dtype))
+
+
+def gsd_output_distribution(p: torch.Tensor, q: torch.Tensor, group: int, prob_gap: float,
+                            embeddings: Optional[torch.Tensor] = None, distance: Optional[float] = None) -> torch.Tensor:
+    """The exact distribution of the token one GSD verification emits at a position (..., V).
+
+    ``out(y) = q(y) a(y) + (Σ_x q(x) (1 - a(x))) norm(max(p - q, 0))(y)`` with
+    ``a(x) = min(1, p(G(x))/q(G(x)))``: the draft ``x ~ q`` is kept or the SJD residual is drawn.
+    p, q: (..., V) float (q may be a point mass: an initialised draft). ``group = 1`` gives ``p``
+    exactly (SJD is lossless). Compare with ``p`` (``lantern.divergences.tvd``) for the per-step
+    distortion, as :mod:`lantern.distortion` does for LANTERN.
+    """
+    pg, qg, _ = group_masses(p, q, group, prob_gap, embeddings, distance)
+    a = gsd_accept_prob(pg, qg)
+    rejected = (q * (1 - a)).sum(-1, keepdim=True)
+    return q * a + rejected * sjd_residual(p, q)
+
+
+def sjd_output_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """One SJD verification's output distribution (..., V): ``p`` up to rounding (lossless)."""
+    return gsd_output_distribution(p, q, 1, 1.0)
+
+
+# --------------------------------------------------------------------------- the decoder
+class _Window:
+    """Draft tokens for positions ``start, start+1, ...``: token, the distribution it was drawn
+    from (None: a point mass, an initialised position) and the step that proposed it (-1: init)."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.q: list[Optional[torch.Tensor]] = []
+        self.proposed: list[int] = []
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def set(self, tokens, q, proposed):
+        self.tokens, self.q, self.proposed = list(tokens), list(q), list(proposed)
+
+    def add(self, token: int, q: Optional[torch.Tensor], proposed: int):
+        self.tokens.append(int(token))
+        self.q.append(q)
+        self.proposed.append(proposed)
+
+
+class _Gumbel:
+    """SCD's Gumbel noise, one (V,) vector per absolute position, drawn from the image's stream
+    the first time the position is sampled and reused by every later iteration."""
+
+    def __init__(self, generator: Optional[torch.Generator], V: int, device):
+        self.generator, self.V, self.device, self.noise = generator, V, device, {}
+
+    def sample(self, p: torch.Tensor, position: int) -> int:
+        g = self.noise.get(position)
+        if g is None:
+            u = torch.rand(self.V, generator=self.generator, device=self.device, dtype=torch.float64)
+            g = self.noise[position] = -torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
+        return int((p.double().log() + g).argmax())
+
+
+def _init_token(tokens: torch.Tensor, window: _Window, position: int, n: int, config: JacobiConfig, width: int,
+                V: int, draws: Draws) -> int:
+    """A new window position: uniform random, or the token to its left (``repeat-horizon``,
+    random in the first column). ``tokens`` (1, N) committed; the window starts at ``n``."""
+    if config.init == "repeat-horizon" and position % width != 0:
+        left = position - 1
+        return int(tokens[0, left]) if left < n else window.tokens[left - n]
+    return draws.categorical(torch.ones(V, dtype=torch.float64, device=tokens.device))
+
+
+def _draw(p: torch.Tensor, position: int, greedy: bool, draws: Draws, gumbel: Optional[_Gumbel]) -> int:
+    """A target sample at ``position``: argmax (greedy), Gumbel-max (SCD gumbel) or from ``draws``."""
+    if greedy:
+        return int(p.argmax())
+    if gumbel is not None:
+        return gumbel.sample(p, position)
+    return draws.categorical(p)
+
+
+def _judge(p: torch.Tensor, q: torch.Tensor, token: int, config: JacobiConfig, greedy: bool,
+           embeddings: Optional[torch.Tensor]) -> dict:
+    """Verdict inputs of one draft: acceptance probability (0/1 when greedy) and record columns."""
+    px = float(p[token])
+    qx = float(q[token])
+    cols = dict(p_draft=px, q_draft=qx, p_tilde=px, j_star=0, spent=0.0)
+    if config.method == "gsd":
+        pg, qg, cnt = group_masses(p, q, config.group, config.prob_gap, embeddings, config.distance)
+        cols.update(p_tilde=float(pg[token]), j_star=int(cnt[token]) - 1, spent=float(pg[token]) - px)
+        if greedy:
+            top = int(p.argmax())
+            in_group = _in_group(p, token, top, config, embeddings)
+            cols["accept_prob"] = float(token == top or in_group)
+        else:
+            cols["accept_prob"] = float(gsd_accept_prob(pg[token], qg[token]))
+    elif greedy:
+        cols["accept_prob"] = float(token == int(p.argmax()))
+    else:
+        cols["accept_prob"] = float(sjd_accept_prob(p, q, torch.tensor(token, device=p.device)))
+    return cols
+
+
+def _in_group(p: torch.Tensor, x: int, y: int, config: JacobiConfig, embeddings) -> bool:
+    """Is ``y`` in GSD's group of ``x`` (:func:`group_masses`' definition)?"""
+    order = torch.sort(p, stable=True).indices
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=p.device))
+    lo = int(rank[x]) - config.group // 2
+    if not lo <= int(rank[y]) < lo + config.group or not abs(float(p[y]) - float(p[x])) < config.prob_gap:
+        return False
+    if config.distance is not None:
+        e = embeddings.double()
+        return float(((e[y] - e[x]) ** 2).sum()) < config.distance
+    return True
+
+
+def _point(V: int, token: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(V, dtype=like.dtype, device=like.device).scatter_(0, torch.tensor([token], device=like.device),
+                                                                          1.0)
+
+
+@torch.no_grad()
+def jacobi_decode(model: TokenModel, prompt: Prompt, sampling: SamplingConfig, config: JacobiConfig,
+                  generator: Optional[torch.Generator] = None, num_tokens: Optional[int] = None, image: int = 0,
+                  seed: Optional[int] = None, draws: Optional[Draws] = None, pairs: Optional[list] = None) -> Decoded:
+    """Decode one image with SJD, GSD or SCD (module docstring): batch 1, CFG rows, any sampling.
+
+    model: the target (:class:`TokenModel`: new_cache / prefill / extend / rollback); prompt: one
+    condition (two rows with guidance); config: the method and its knobs; generator: the image's
+    stream; draws: a :class:`lantern.trees.Draws` instead (exact enumeration in the tests; SCD's
+    Gumbel noise still comes from ``generator``); pairs: a list that receives ``(p, q)`` (V,)
+    float32 CPU pairs of every judged draft (for :func:`gsd_output_distribution`).
+    Returns a :class:`~lantern.records.Decoded` (tokens (1, N); steps / drafts / images records).
+    Raises :class:`UsageError` for a batch of conditions, a guidance mismatch or a config the model
+    cannot run (:func:`check_jacobi`).
+    """
+    check_prompt(prompt, sampling)
+    check_jacobi(config, model)
+    N, V = int(num_tokens or model.num_tokens), model.vocab_size
+    guided, greedy = prompt.guided, sampling.greedy
+    width = int(tuple(getattr(model, "grid", (1, N)))[-1])
+    draws = draws or GeneratorDraws(generator, model.device)
+    gumbel = _Gumbel(generator, V, model.device) if config.method == "scd" and config.coupling == "gumbel" else None
+    emb = model.input_embeddings() if config.method == "gsd" and config.distance is not None else None
+    maximal = config.method == "scd" and config.coupling.startswith("maximal")
+    timer, log = Timer(model.device), StepLog(image)
+    t_start = time.perf_counter()
+    with timer("target"):
+        cache, first = prefill(model, prompt, N)
+    with timer("acceptance"):
+        x0 = _draw(target_distribution(first.logits[:, -1], sampling, guided)[0], 0, greedy, draws, gumbel)
+    tokens = torch.empty(1, N, dtype=torch.long, device=model.device)
+    tokens[0, 0] = x0
+    window, n, step = _Window(), 1, 0
+    while n < N:
+        step += 1
+        before = timer.snapshot()
+        g = min(int(config.window) - 1, N - 1 - n)  # the bonus position n + g stays inside the image
+        with timer("acceptance"):
+            window.set(window.tokens[:g], window.q[:g], window.proposed[:g])
+            while len(window) < g:
+                window.add(_init_token(tokens, window, n + len(window), n, config, width, V, draws), None, -1)
+            drafts = torch.tensor([window.tokens], dtype=torch.long, device=model.device)
+        with timer("target"):
+            out = model.extend(cache, expand_rows(torch.cat([tokens[:, n - 1:n], drafts], 1), guided))
+        with timer("acceptance"):
+            p = target_distribution(out.logits, sampling, guided)[0]  # (g + 1, V): positions n .. n + g
+            cols, a = [], g
+            for j in range(g):  # verify left to right; stop at the first rejection
+                q = window.q[j] if window.q[j] is not None else _point(V, window.tokens[j], p)
+                c = _judge(p[j], q, window.tokens[j], config, greedy, emb)
+                ok = bool(c["accept_prob"] >= 1.0) if greedy else draws.coin(c["accept_prob"])
+                c.update(u=getattr(draws, "last_u", float("nan")) if not greedy else float("nan"), accepted=ok)
+                cols.append(c)
+                if pairs is not None:
+                    pairs.append((p[j].float().cpu(), q.float().cpu()))
+                if not ok:
+                    a = j
+                    break
+            if a < g:
+                q = window.q[a] if window.q[a] is not None else _point(V, window.tokens[a], p)
+                nxt = int(p[a].argmax()) if greedy else draws.categorical(sjd_residual(p[a], q))
+            else:
+                nxt = _draw(p[g], n + g, greedy, draws, gumbel)
+            tokens[0, n:n + a] = drafts[0, :a]
+            tokens[0, n + a] = nxt
+            new = _Window()  # the next drafts: this forward's samples at positions n + a + 1 .. n + g
+            for j in range(a + 1, g + 1):
+                if maximal and j < g and not greedy:
+                    qj = window.q[j] if window.q[j] is not None else _point(V, window.tokens[j], p)
+                    d = window.tokens[j]
+                    if draws.coin(float(sjd_accept_prob(p[j], qj, torch.tensor(d, device=p.device)))):
+                        new.add(d, qj if config.coupling == "maximal-official" else p[j], step)
+                    else:
+                        new.add(draws.categorical(sjd_residual(p[j], qj)), p[j], step)
+                else:
+                    new.add(_draw(p[j], n + j, greedy, draws, gumbel), p[j], step)
+        with timer("target"):
+            model.rollback(cache, n + a)  # keep x_0 .. x_{n+a-1}; x_{n+a} is fed next iteration
+        kind = "bonus" if a == g else "residual"
+        if g == 0:
+            kind = "target"
+        log.add_step(step, n, g, a, kind, nxt, elapsed_since(timer, before),
+                     _draft_columns(p[:g], window, cols, step) if g else None, drafter_forwards=0)
+        window = new
+        n += a + 1
+    steps, drafts_tab = log.tables()
+    images = image_row(image, prompt, seed, N, step, steps, timer.seconds, time.perf_counter() - t_start)
+    return Decoded(tokens.cpu(), steps, drafts_tab, images, config.method, int(config.window) - 1)
+
+
+def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> dict:
+    """Per-draft columns of one Jacobi step (g,): judged drafts carry their verdicts; drafts after
+    the first rejection were not judged (NaN verdict columns, ``accepted`` False)."""
+    g = p.shape[0]
+    nan = float("nan")
+    pad = lambda key, fill: [c[key] for c in cols] + [fill] * (g - len(cols))  # noqa: E731
+    qs = [window.q[j] if window.q[j] is not None else None for j in range(g)]
+    q_top1 = torch.tensor([float(q.max()) if q is not None else 1.0 for q in qs], dtype=torch.float64)
+    toks = torch.tensor(window.tokens[:g], dtype=torch.long)
+    q_draft = torch.tensor([float(q[t]) if q is not None else 1.0 for q, t in zip(qs, window.tokens[:g])],
+                           dtype=torch.float64)
+    p_cpu = p.detach().double().cpu()
+    f = lambda key: torch.tensor(pad(key, nan), dtype=torch.float64)  # noqa: E731
+    return dict(token=toks, p_draft=p_cpu.gather(-1, toks[:, None])[:, 0], q_draft=q_draft, p_tilde=f("p_tilde"),
+                j_star=torch.tensor(pad("j_star", 0), dtype=torch.long), spent=f("spent"),
+                accept_prob=f("accept_prob"), u=f("u"), accepted=torch.tensor(pad("accepted", False)),
+                p_top1=top1_prob(p_cpu), p_entropy=entropy(p_cpu), q_top1=q_top1,
+                proposed_step=torch.tensor(window.proposed[:g], dtype=torch.long))

@@ -1,0 +1,307 @@
+"""Jacobi decoding (lantern.jacobi: SJD, GSD, SCD) on tiny random models.
+
+* exhaustive enumeration of the real decoder (every coin, random initial token, residual and
+  draft draw branched with its probability): SJD and SCD with maximal coupling give exactly the
+  AR joint of an image's tokens (1e-12), with guidance, temperature, top-k and top-p;
+  SCD with the official code's bookkeeping of kept drafts (``maximal-official``) does not (joint
+  TVD 0.007 on a 5-token case), and GSD does not (power checks: the same enumeration);
+* SCD with Gumbel coupling (continuous noise, not enumerable): a chi-square test of 4000 fixed-seed
+  images against the exact AR joint;
+* greedy SJD / SCD / GSD-with-group-1 equal greedy AR token for token, with CFG;
+* hand-computed accept / reject cases of each rule; GSD's exact one-step output distribution;
+* records (proposed_step, identities) and one-line errors for bad knobs.
+"""
+import itertools
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.generation import sample_tokens
+from ambiguity.sampling import SamplingConfig, distribution, expand_rows
+from ambiguity.seeding import image_generator
+from lantern.decoding import DecodeConfig, decode
+from lantern.divergences import tvd
+from lantern.jacobi import (JacobiConfig, check_jacobi, group_masses, gsd_accept_prob, gsd_output_distribution,
+                            jacobi_decode, sjd_accept_prob, sjd_output_distribution, sjd_residual)
+from test_decoding import _chi2_pvalue
+from test_trees import enumerate_outcomes, exact_joint, tiny
+
+
+def _joint(m, config, sampling, label=1):
+    prompt = m.make_prompt([label], guided=sampling.guided)
+    stats = defaultdict(int)
+
+    def run(draws):
+        out = jacobi_decode(m, prompt, sampling, config, draws=draws)
+        stats["accepted"] += int(out.steps["accepted"].sum())
+        stats["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"]).sum())
+        return tuple(out.tokens[0].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    return got, runs, stats
+
+
+SAMPLINGS = [SamplingConfig(guidance=1.0, temperature=1.0, top_k=2),
+             SamplingConfig(guidance=2.0, temperature=0.7, top_k=2),
+             SamplingConfig(guidance=1.5, temperature=1.3, top_p=0.8)]
+
+
+@pytest.mark.slow  # ~10-20 s each on 2 shared cores: a few thousand enumerated runs
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("config", [JacobiConfig("sjd", window=3), JacobiConfig("sjd", window=4, init="repeat-horizon"),
+                                    JacobiConfig("scd", window=3, coupling="maximal")],
+                         ids=["sjd", "sjd-repeat", "scd-maximal"])
+def test_sjd_and_scd_maximal_are_exactly_ar_sampling(config, sampling):
+    """Every outcome of jacobi_decode weighted by its probability is the AR joint (V = 4, 2 x 2
+    tokens, windows of 2-3 drafts: random initial drafts, kept drafts and rejections all occur)."""
+    m = tiny()
+    want = exact_joint(m, 1, sampling)
+    got, runs, stats = _joint(m, config, sampling)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    assert set(got) <= set(want) and runs > 20
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    assert stats["accepted"] > 0 and stats["rejected"] > 0
+
+
+def _max_gap(got, want):
+    return max(abs(got.get(k, 0.0) - v) for k, v in want.items())
+
+
+def _prefix_joint(model, label, s, n):
+    """P(x_0..x_{n-1}) of AR sampling (the first n tokens of an image), by teacher forcing."""
+    seqs = list(itertools.product(range(model.vocab_size), repeat=n))
+    tokens = torch.tensor(seqs)
+    prompt = model.make_prompt([label] * len(seqs), guided=s.guided)
+    with torch.no_grad():
+        logits = model.teacher_force(prompt, expand_rows(tokens, s.guided)).logits
+    probs = distribution(logits, s, s.guided).double().gather(-1, tokens[..., None])[..., 0].prod(-1)
+    return {seq: float(v) for seq, v in zip(seqs, probs) if v > 0}
+
+
+@pytest.mark.slow  # ~70 s: 5 tokens with windows of 3 drafts, about 2000 runs per coupling
+def test_maximal_coupling_bookkeeping():
+    """Drafts coupled twice (a kept draft whose q came from an earlier target forward) need 5
+    tokens and 3-draft windows (V = 2). Recording a kept draft with the p it is now distributed as
+    (``maximal``) is exact; the official code's old q (``maximal-official``) moves the joint by a
+    TVD of 0.007 here."""
+    m = tiny(vocab=2, block=9, std=1.0)
+    s = SamplingConfig(guidance=1.0, temperature=1.0)
+    want = _prefix_joint(m, 1, s, 5)
+    prompt = m.make_prompt([1])
+    gaps = {}
+    for coupling in ("maximal", "maximal-official"):
+        cfg = JacobiConfig("scd", window=4, coupling=coupling)
+        got, _ = enumerate_outcomes(lambda d, cfg=cfg: tuple(jacobi_decode(m, prompt, s, cfg, draws=d, num_tokens=5)
+                                                             .tokens[0].tolist()))
+        assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+        gaps[coupling] = sum(abs(got.get(k, 0.0) - v) for k, v in want.items()) / 2  # TVD of the joints
+    assert gaps["maximal"] < 1e-12
+    assert gaps["maximal-official"] == pytest.approx(0.00695, abs=5e-5)
+
+
+@pytest.mark.slow
+def test_gsd_is_not_ar_sampling():
+    """Power check: the same enumeration moves the joint away from AR with GSD's grouped rule."""
+    m = tiny()
+    s = SAMPLINGS[0]
+    want = exact_joint(m, 1, s)
+    got, _, _ = _joint(m, JacobiConfig("gsd", window=3, group=4, prob_gap=1.0), s)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    assert _max_gap(got, want) > 1e-3
+
+
+@pytest.mark.slow
+def test_gsd_with_group_one_is_exactly_ar_sampling():
+    m = tiny()
+    want = exact_joint(m, 1, SAMPLINGS[2])
+    got, _, _ = _joint(m, JacobiConfig("gsd", window=3, group=1), SAMPLINGS[2])
+    assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) < 1e-12
+
+
+@pytest.mark.slow
+def test_scd_gumbel_matches_the_ar_joint_by_chi_square():
+    """2000 images (fixed seeds, image i from stream (0, i)) of SCD with Gumbel coupling against the
+    exact AR joint: p-value > 1e-3; the same test rejects GSD with a wide group (power)."""
+    m = tiny()
+    s = SamplingConfig(guidance=1.0, temperature=1.0, top_k=3)
+    want = exact_joint(m, 1, s)
+    seqs = sorted(want)
+    probs = np.array([want[k] for k in seqs])
+    prompt = m.make_prompt([1])
+
+    def counts(config, n=2000):
+        c = defaultdict(int)
+        for i in range(n):
+            out = jacobi_decode(m, prompt, s, config, generator=image_generator(0, i))
+            c[tuple(out.tokens[0].tolist())] += 1
+        return np.array([c[k] for k in seqs])
+
+    assert _chi2_pvalue(counts(JacobiConfig("scd", window=3)), probs) > 1e-3
+    assert _chi2_pvalue(counts(JacobiConfig("gsd", window=3, group=4, prob_gap=1.0), 1000), probs) < 1e-3
+
+
+# --------------------------------------------------------------------------- greedy
+def test_greedy_jacobi_equals_greedy_ar():
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    accepted = 0
+    for guidance, label in ((1.0, 0), (3.0, 5)):
+        s = SamplingConfig(guidance=guidance, temperature=0.0)
+        prompt = m.make_prompt([label], guided=s.guided)
+        ar = sample_tokens(m, prompt, s)
+        for cfg in (JacobiConfig("sjd", window=4), JacobiConfig("scd", window=6), JacobiConfig("gsd", window=4, group=1),
+                    JacobiConfig("sjd", window=5, init="repeat-horizon"), JacobiConfig("sjd", window=1)):
+            out = jacobi_decode(m, prompt, s, cfg)
+            assert torch.equal(out.tokens, ar), (cfg, guidance)
+            accepted += int(out.steps["accepted"].sum())
+    assert accepted > 0
+
+
+# --------------------------------------------------------------------------- hand cases
+def test_sjd_rule_hand_cases():
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0]])
+    q = torch.tensor([[0.25, 0.6, 0.0, 0.15]])
+    got = [float(sjd_accept_prob(p, q, torch.tensor([x]))) for x in range(4)]
+    assert got == pytest.approx([1.0, 0.5, 1.0, 0.0])  # p/q capped, q = 0 < p -> 1, p = 0 -> 0
+    assert sjd_residual(p, q)[0].tolist() == pytest.approx([0.25 / 0.45, 0.0, 0.2 / 0.45, 0.0])
+    point = torch.tensor([[0.0, 1.0, 0.0, 0.0]])  # an initialised draft: accepted with p(x), residual p without x
+    assert float(sjd_accept_prob(p, point, torch.tensor([1]))) == pytest.approx(0.3)
+    assert sjd_residual(p, point)[0].tolist() == pytest.approx([0.5 / 0.7, 0.0, 0.2 / 0.7, 0.0])
+    assert sjd_residual(p, p)[0].tolist() == pytest.approx(p[0].tolist())  # no mass: p itself
+    assert torch.allclose(sjd_output_distribution(p, q), p, atol=1e-7)
+
+
+def test_gsd_group_hand_cases():
+    # ascending order of p: 4 (0.02), 3 (0.08), 2 (0.1), 1 (0.3), 0 (0.5)
+    p = torch.tensor([0.5, 0.3, 0.1, 0.08, 0.02])
+    q = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0])  # draft x = 2 drawn as a point mass
+    pg, qg, cnt = group_masses(p, q, group=4, prob_gap=0.15)
+    # x = 2 (rank 2): ranks 0..3 = tokens 4, 3, 2, 1; |p - 0.1| < 0.15 drops token 1 (0.2 away)
+    assert float(pg[2]) == pytest.approx(0.02 + 0.08 + 0.1) and float(qg[2]) == 1.0 and int(cnt[2]) == 3
+    assert float(gsd_accept_prob(pg[2], qg[2])) == pytest.approx(0.2)
+    # x = 0 (top rank 4): ranks 2..4 (clipped) = tokens 2, 1, 0; only 0 within 0.15 of 0.5
+    assert float(pg[0]) == pytest.approx(0.5) and int(cnt[0]) == 1
+    # a wide gap keeps every rank of the window: x = 1 (rank 3) -> ranks 1..4
+    pg, _, cnt = group_masses(p, q, group=4, prob_gap=1.0)
+    assert float(pg[1]) == pytest.approx(0.08 + 0.1 + 0.3 + 0.5) and int(cnt[1]) == 4
+    # group 1 is SJD
+    pg, qg, cnt = group_masses(p, q, group=1, prob_gap=0.15)
+    assert torch.equal(pg, p) and torch.equal(qg, q) and bool((cnt == 1).all())
+    # the embedding filter: tokens 3 and 4 are far from 2
+    emb = torch.tensor([[0.0], [0.1], [0.2], [5.0], [5.1]])
+    pg, _, cnt = group_masses(p, q, group=4, prob_gap=1.0, embeddings=emb, distance=0.5)
+    assert float(pg[2]) == pytest.approx(0.1 + 0.3) and int(cnt[2]) == 2
+
+
+def test_gsd_output_distribution_exact():
+    p = torch.tensor([0.5, 0.3, 0.1, 0.08, 0.02])
+    q = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0])
+    out = gsd_output_distribution(p, q, group=4, prob_gap=0.15)
+    # keep x = 2 with 0.2, else norm(max(p - q, 0)) = p without token 2, renormalised by 0.9
+    want = torch.tensor([0.5, 0.3, 0.0, 0.08, 0.02]) * (0.8 / 0.9)
+    want[2] = 0.2
+    assert out.tolist() == pytest.approx(want.tolist())
+    assert float(tvd(out, p)) == pytest.approx(0.1)  # the kept draft gets 0.2 instead of 0.1
+    assert torch.allclose(gsd_output_distribution(p, q, 1, 0.15), p, atol=1e-7)
+    # a batch of random (p, q): GSD moves mass, SJD does not; rows stay distributions
+    g = torch.Generator().manual_seed(0)
+    P = torch.softmax(torch.randn(64, 32, generator=g) * 2, -1)
+    Q = torch.softmax(torch.randn(64, 32, generator=g) * 2, -1)
+    out = gsd_output_distribution(P, Q, 14, 0.15)
+    assert torch.allclose(out.sum(-1), torch.ones(64), atol=1e-6)
+    assert float(tvd(out, P).mean()) > 1e-3
+    assert float(tvd(sjd_output_distribution(P, Q), P).max()) < 1e-6
+
+
+# --------------------------------------------------------------------------- records, wiring, errors
+def test_records_and_decode_dispatch():
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    s = SamplingConfig(guidance=2.0, temperature=1.0)
+    d = decode(m, [0, 3], DecodeConfig.of("sjd", jacobi={"window": 4}), s, seed=1)
+    steps, drafts, images = d.frames()
+    assert d.method == "sjd" and d.gamma == 3 and d.settings["jacobi_window"] == 4
+    assert (images["target_forwards"] == 1 + images["steps"]).all()
+    assert (steps.groupby("image")["emitted"].sum() + 1 == 16).all()
+    assert (steps["drafter_forwards"] == 0).all() and (steps["drafted"] <= 3).all()
+    # first step: every draft is an initialised position; later drafts were proposed by the previous step
+    first = drafts[drafts["step"] == 1]
+    assert (first["proposed_step"] == -1).all()
+    kept = drafts[drafts["proposed_step"] >= 0]
+    assert len(kept) and (kept["proposed_step"] == kept["step"] - 1).all()
+    assert drafts["committed"].sum() == steps["accepted"].sum()
+    # the same seed and condition give the same image whatever else is in the batch
+    again = decode(m, [3], DecodeConfig.of("sjd", jacobi={"window": 4}), s, seed=1, first_index=1)
+    assert torch.equal(again.tokens[0], d.tokens[1])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(method="sjd", window=0), "--window"),
+    (dict(method="gsd", group=0), "--gsd-group"),
+    (dict(method="gsd", prob_gap=0.0), "--gsd-prob-gap"),
+    (dict(method="scd", coupling="nope"), "--scd-coupling"),
+    (dict(method="sjd", init="nope"), "--jacobi-init"),
+    (dict(method="gsd", distance=-1.0), "--gsd-distance"),
+])
+def test_bad_knobs_raise_usage_errors(kwargs, match):
+    with pytest.raises(UsageError, match=match):
+        JacobiConfig(**kwargs)
+
+
+def test_methods_a_model_cannot_run():
+    m = tiny(vocab=8, block=16)
+    with pytest.raises(UsageError, match="--gsd-group 9 exceeds the vocabulary size 8"):
+        check_jacobi(JacobiConfig("gsd", group=9), m)
+
+    class NoEmbeddings(type(m)):
+        def input_embeddings(self):
+            raise NotImplementedError
+
+    m.__class__ = NoEmbeddings
+    with pytest.raises(UsageError, match="--gsd-distance needs the input embeddings"):
+        check_jacobi(JacobiConfig("gsd", group=4, distance=0.5), m)
+
+
+def test_generate_cli_rejects_bad_jacobi_knobs(tmp_path, capsys):
+    from lantern.generate import main
+
+    for argv, match in ((["--method", "sjd", "--window", "0"], "--window"),
+                        (["--method", "gsd", "--gsd-group", "5000"], "--gsd-group 5000 exceeds the vocabulary")):
+        assert main(argv + ["--num-images", "1", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and match in err[0], err
+
+
+def test_gumbel_coupling_samples_p_and_repeats_at_a_position():
+    """SCD's Gumbel-max: over many positions the token follows p (chi-square); at one position the
+    same p gives the same token again, and a nearby p usually does (that is the coupling)."""
+    from lantern.jacobi import _Gumbel
+
+    p = torch.tensor([0.5, 0.25, 0.15, 0.1], dtype=torch.float64)
+    near = torch.tensor([0.45, 0.3, 0.15, 0.1], dtype=torch.float64)
+    g = _Gumbel(torch.Generator().manual_seed(0), 4, "cpu")
+    first = [g.sample(p, t) for t in range(4000)]
+    assert _chi2_pvalue(np.bincount(first, minlength=4), p.numpy()) > 1e-3
+    assert [g.sample(p, t) for t in range(4000)] == first
+    same = np.mean([g.sample(near, t) == first[t] for t in range(4000)])
+    assert same > 0.9  # independent draws would agree with probability sum p * near = 0.36
+
+
+def test_generate_cli_runs_scd(tmp_path, capsys):
+    """``python -m lantern.generate --method scd`` on the shipped embedded model: records and summary."""
+    import json
+
+    import pandas as pd
+
+    from lantern.generate import main
+
+    out = tmp_path / "scd"
+    assert main(["--method", "scd", "--window", "8", "--num-images", "1", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "scd" and summary["rule"]["jacobi_window"] == 8
+    assert summary["rule"]["scd_coupling"] == "gumbel" and summary["tokens"] == 64
+    assert summary["tokens_per_forward"] > 1
+    drafts = pd.read_parquet(out / "drafts.parquet")
+    assert (drafts["proposed_step"] >= -1).all() and (drafts["proposed_step"] < drafts["step"]).all()
