@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Optional
 
 from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, add_shard_args, check_out_dir,
@@ -11,7 +12,7 @@ from ambiguity.compare import parse_models
 from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
 from lantern.paper import COMMAND, EXPERIMENTS, QUICK, TITLES, PaperConfig, run_paper, select
-from lantern.quality.features import EXTRACTORS
+from lantern.quality.features import EXTRACTORS, default_extractors
 
 SIZES = ("main_images", "greedy_images", "grid_images", "fig2a_images", "random_init_images", "profile_images",
          "interchange_images", "pairs_images")
@@ -43,7 +44,7 @@ def build_parser() -> ArgumentParser:
     grid.add_argument("--jsd-deltas", default=None, help="JSD bounds in nats for Table 3 (default 0.01,0.03,0.1,0.3)")
     q = p.add_argument_group("quality")
     q.add_argument("--extractors", default=None, help=f"feature extractors ({', '.join(EXTRACTORS)}; default "
-                                                      f"fmnist,mobilenet, fmnist with --quick)")
+                                                      f"fmnist,mobilenet where MobileNetV2's weights are found, fmnist with --quick)")
     q.add_argument("--reference", default=defaults.reference, help="real-image set (lantern.evaluate source spec)")
     q.add_argument("--captions", default=None, help="t2i captions: a text file or an MS-COCO captions_*.json")
     add_data_arg(q)
@@ -72,6 +73,11 @@ def config_from_args(args) -> PaperConfig:
         if bad or not ex:
             raise UsageError(f"unknown extractor {bad[0] if bad else '(none)'!r}; choose from {', '.join(EXTRACTORS)}")
         values["extractors"] = ex
+    elif not args.quick:  # fmnist, plus mobilenet where its weights are found (a note says when it is skipped)
+        names, notes = default_extractors()
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        values["extractors"] = tuple(names)
     weights = {k: str(v) for k, v in parse_mapping(args.weights, models, "--weights").items()}
     drafters = {k: str(v) for k, v in parse_mapping(args.drafter, models, "--drafter").items()}
     device, _ = device_from_args(args)
