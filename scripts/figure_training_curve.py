@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ambiguity import plots
-from ambiguity.cli import ArgumentParser, check_out_file, cli_main
+from ambiguity.cli import ArgumentParser, add_out_arg, check_out_file, cli_main
 from ambiguity.errors import UsageError
 from ambiguity.models.embedded import METRICS16_FILE, WEIGHTS_DIR
 from ambiguity.train import CURVE_FILE
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def parse_args(argv=None):
     p = ArgumentParser(prog="figure_training_curve.py", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", required=True, help=f"run directory holding {CURVE_FILE}")
-    p.add_argument("--out", default=None, help="output path without suffix (default figures/embedded16_training_curve)")
+    add_out_arg(p, "output path without suffix (default figures/embedded16_training_curve)", metavar="PATH")
     p.add_argument("--no-reference", action="store_true", help="leave out the shipped models' test NLL")
     return p.parse_args(argv)
 

@@ -508,12 +508,12 @@ def test_batched_matches_per_element(rule, mode):
     "kwargs, needle",
     [
         (dict(method="medusa"), "unknown acceptance method"),
-        (dict(method="lantern", delta=-0.1), r"delta \(--delta\) must be >= 0"),
-        (dict(method="lantern", delta=float("nan")), r"delta \(--delta\) must be >= 0"),
+        (dict(method="lantern", delta=-0.1), r"AcceptanceRule.delta must be >= 0"),
+        (dict(method="lantern", delta=float("nan")), r"AcceptanceRule.delta must be >= 0"),
         (dict(method="lantern", delta=1.5), "lantern++"),
-        (dict(method="lantern++", lam=0.5), r"lam \(--lam\) must be >= 1"),
-        (dict(method="lantern", k=-1), r"k \(--k\) must be an integer >= 0"),
-        (dict(method="lantern", k=2.5), r"k \(--k\) must be an integer >= 0"),
+        (dict(method="lantern++", lam=0.5), r"AcceptanceRule.lam must be >= 1"),
+        (dict(method="lantern", k=-1), r"AcceptanceRule.k must be an integer >= 0"),
+        (dict(method="lantern", k=2.5), r"AcceptanceRule.k must be an integer >= 0"),
         (dict(convention="uniform"), "unknown convention"),
     ],
 )

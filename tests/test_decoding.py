@@ -368,11 +368,11 @@ def test_lantern_accepts_at_least_as_often_as_sd_on_the_same_random_numbers(mode
 
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(method="lantern", delta=-0.1), r"delta \(--delta\) must be >= 0"),
-    (dict(method="lantern++", lam=0.5), r"lam \(--lam\) must be >= 1"),
+    (dict(method="lantern", delta=-0.1), r"AcceptanceRule.delta must be >= 0"),
+    (dict(method="lantern++", lam=0.5), r"AcceptanceRule.lam must be >= 1"),
     (dict(method="lantern", gamma=0), "gamma"),
     (dict(method="medusa"), "unknown method"),
-    (dict(method="lantern", metric="manhattan"), "--metric"),
+    (dict(method="lantern", metric="manhattan"), "DecodeConfig.metric"),
 ])
 def test_bad_settings_raise_usage_errors(kwargs, match):
     with pytest.raises(UsageError, match=match):

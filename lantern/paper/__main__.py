@@ -73,11 +73,8 @@ def config_from_args(args) -> PaperConfig:
         if bad or not ex:
             raise UsageError(f"unknown extractor {bad[0] if bad else '(none)'!r}; choose from {', '.join(EXTRACTORS)}")
         values["extractors"] = ex
-    elif not args.quick:  # fmnist, plus mobilenet where its weights are found (a note says when it is skipped)
-        names, notes = default_extractors()
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
-        values["extractors"] = tuple(names)
+    elif not args.quick:  # fmnist, plus mobilenet where its weights are found (main's last note says when skipped)
+        values["extractors"] = tuple(default_extractors()[0])
     weights = {k: str(v) for k, v in parse_mapping(args.weights, models, "--weights").items()}
     drafters = {k: str(v) for k, v in parse_mapping(args.drafter, models, "--drafter").items()}
     device, _ = device_from_args(args)
@@ -97,6 +94,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if report is None:
         print(f"{shard.label} done: its decoding rounds are parts of {out}/sessions"
               + ("" if shard.group else "; after every shard, run the same command without --shard-index"))
+    if args.extractors is None and not args.quick:
+        for note in default_extractors()[1]:
+            print(f"note: {note}", file=sys.stderr)
     return 0
 
 
