@@ -276,7 +276,8 @@ def add_device_args(p, dtype: bool = True, threads: Optional[int] = None) -> Non
     p.add_argument("--device", default="auto", metavar="DEVICE", help="auto | cpu | cuda | cuda:N (default: auto)")
     if dtype:
         p.add_argument("--dtype", default=None, metavar="DTYPE",
-                       help="auto | float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
+                       help="auto | float32 | float64 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA; float64: "
+                            "batched decoding gives exactly batch 1's tokens)")
     if threads is not None:
         p.add_argument("--threads", type=nonneg_int, default=threads, metavar="N",
                        help=f"CPU threads for torch, 0 = torch's default (default: {threads})")

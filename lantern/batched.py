@@ -136,19 +136,22 @@ def _chain_draft_columns(host: dict, images, step_no, n, g, a) -> Optional[dict]
 def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingConfig,
                    rule: Optional[AcceptanceRule] = None, drafter: Optional[DraftModel] = None,
                    neighbours: Optional[torch.Tensor] = None, gamma: int = 4, batch_size: int = 8, seed: int = 0,
-                   first_index: int = 0, num_tokens: Optional[int] = None, progress: bool = False) -> Decoded:
+                   first_index: int = 0, num_tokens: Optional[int] = None, progress: bool = False,
+                   indices: Optional[Sequence[int]] = None) -> Decoded:
     """Decode one image per condition with up to ``batch_size`` images per forward (module docstring).
 
     rule: None for AR decoding (then drafter, neighbours and gamma are unused), else ``"sd"`` or a
     LANTERN rule with a drafter (:class:`lantern.drafter.Drafter`) and, for relaxed rules, the
     (V, K >= k) int64 neighbour table; gamma: chain length γ >= 1; image ``first_index + j``
-    decodes ``conditions[j]`` with generator ``(seed, first_index + j)``. Returns a
+    decodes ``conditions[j]`` with generator ``(seed, first_index + j)`` (or image ``indices[j]``
+    when given). Returns a
     :class:`~lantern.records.Decoded` (tokens (images, N) int64 on the CPU, rows in image order,
     records as :func:`lantern.chain.speculative_decode` writes them plus ``batch_step`` and
     ``active``). Raises UsageError when the model or drafter cannot batch (:func:`check_batching`).
     """
     check_batching(model, drafter if rule is not None else None, None)
     conds = list(conditions)
+    index = np.arange(first_index, first_index + len(conds)) if indices is None else np.asarray(indices, dtype=np.int64)
     N = int(num_tokens or model.num_tokens)
     G = int(gamma) if rule is not None else 0
     guided, greedy = sampling.guided, sampling.greedy
@@ -189,7 +192,7 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
         with timer("target"):
             first = model.prefill_slots(cache, rows, prompt)
         for s, j in take:
-            gens[s], image_of[s] = image_generator(seed, first_index + j, dev), j
+            gens[s], image_of[s] = image_generator(seed, int(index[j]), dev), j
         with timer("acceptance"):
             x0 = pick(target_distribution(first.logits[:, -1], sampling, guided, convention), greedy,
                       [gens[s] for s, _ in take])
@@ -251,7 +254,7 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
         step_of[live] += 1
         imgs = image_of[live]
         cols = (_chain_draft_columns({c: host[c][live] for c in host if c not in ("a", "kind", "next")},
-                                     first_index + imgs, step_of[live], n[live], g[live], a_h[live]) if gmax else None)
+                                     index[imgs], step_of[live], n[live], g[live], a_h[live]) if gmax else None)
         secs = elapsed_since(timer, before)
         n_before = n.copy()
         n = np.where(active, n + a_h + 1, n)
@@ -260,7 +263,7 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
             fin = torch.as_tensor(finished, device=dev)
             out_tokens[torch.as_tensor(image_of[finished], device=dev)] = tokens[fin, :N]
         wall = time.perf_counter() - t0
-        records.add(first_index + imgs, step_of[live], n_before[live], g[live], a_h[live], host["kind"][live],
+        records.add(index[imgs], step_of[live], n_before[live], g[live], a_h[live], host["kind"][live],
                     host["next"][live], secs, batch_step, cols)
         for s in _SECTIONS:
             per_image[s][imgs] += secs.get(s, 0.0) / len(live)
@@ -276,9 +279,8 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
             admit(list(finished))
     bar.close()
     steps, drafts_tab = records.tables()
-    idx = np.arange(len(conds))
-    images = {"image": first_index + idx, "condition": np.array([str(c) for c in conds]),
-              "seed": np.array([image_seed(seed, first_index + j) for j in idx]), "tokens": np.full(len(conds), N),
+    images = {"image": index, "condition": np.array([str(c) for c in conds]),
+              "seed": np.array([image_seed(seed, int(i)) for i in index]), "tokens": np.full(len(conds), N),
               "target_forwards": 1 + counts["steps"], "steps": counts["steps"], "drafted": counts["drafted"],
               "accepted": counts["accepted"], **{f"{s}_s": per_image[s] for s in _SECTIONS},
               "total_s": per_image["total"]}

@@ -183,7 +183,7 @@ def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
 def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampling: SamplingConfig,
            drafter: Optional[DraftModel] = None, neighbours: Optional[torch.Tensor] = None, seed: int = 0,
            num_tokens: Optional[int] = None, pixels: bool = False, progress: bool = False,
-           first_index: int = 0, batch_size: int = 1) -> Decoded:
+           first_index: int = 0, batch_size: int = 1, indices: Optional[Sequence[int]] = None) -> Decoded:
     """Decode one image per condition; image ``i`` draws from its own stream.
 
     batch_size: 1 decodes one image after another (the loops of :mod:`lantern.chain` and
@@ -200,7 +200,8 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
     first_index: image index of ``conditions[0]``; image ``i``'s generator is
     :func:`ambiguity.seeding.image_generator` ``(seed, i)``, so the same seed and condition give
     the same random stream for every method (an AR image and a LANTERN image of one index are
-    comparable) and for every batching or sharding of the run. Returns the concatenated
+    comparable) and for every batching or sharding of the run; indices: the image index of each
+    condition when they are not ``first_index, first_index + 1, ...`` (a resumed or sharded run). Returns the concatenated
     :class:`~lantern.records.Decoded`. Raises UsageError for a missing or mismatched drafter, a
     batch size below 1, a batch that does not fit in memory or a model that cannot batch.
     """
@@ -219,7 +220,7 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
         check_batch(model, min(batch_size, len(conditions)), N + config.draft_depth + 1 + PREFIX_ROOM, "--batch-size",
                     1 + sampling.guided)
         result = batched_decode(model, conditions, sampling, rule, drafter, neighbours, config.gamma, batch_size, seed,
-                                first_index, num_tokens, progress)
+                                first_index, num_tokens, progress, indices)
         if pixels:
             h, w = model.grid
             result.pixels = torch.cat([model.decode_codes(chunk.view(-1, h, w).to(model.device)).cpu()
@@ -228,7 +229,7 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
         return result
     parts = []
     for j, c in enumerate(tqdm(list(conditions), desc=config.method, disable=not progress, unit="img")):
-        i = first_index + j
+        i = first_index + j if indices is None else int(indices[j])
         prompt = model.make_prompt([c], guided=sampling.guided)
         gen = image_generator(seed, i, model.device)
         if rule is None:

@@ -173,6 +173,16 @@ class Decoded:
         return {"method": self.method, "gamma": self.gamma, **self.settings,
                 **summarize(steps, drafts, images, self.gamma)}
 
+    def split(self) -> list["Decoded"]:
+        """One Decoded per image (row of ``tokens``, in order), with that image's rows of every table."""
+        out = []
+        for j, image in enumerate(np.asarray(self.images["image"])):
+            pick = lambda tab: {c: np.asarray(v)[np.asarray(tab["image"]) == image] for c, v in tab.items()}  # noqa: E731
+            out.append(Decoded(self.tokens[j:j + 1], pick(self.steps), pick(self.drafts),
+                               {c: np.asarray(v)[j:j + 1] for c, v in self.images.items()}, self.method, self.gamma,
+                               dict(self.settings), None if self.pixels is None else self.pixels[j:j + 1]))
+        return out
+
     @staticmethod
     def concat(parts: Sequence["Decoded"]) -> "Decoded":
         """Join per-image decodes (same method) in order; image indices are kept as recorded."""
