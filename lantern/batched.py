@@ -49,10 +49,11 @@ from tqdm.auto import tqdm
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
-from ambiguity.sampling import SamplingConfig, expand_rows, invert, pick, row_uniforms
+from ambiguity.sampling import SamplingConfig, expand_rows, invert, row_uniforms
 from ambiguity.seeding import image_generator, image_seed
 from ambiguity.stats import entropy, top1_prob
 from lantern.acceptance import AcceptanceRule
+from lantern.acceptance import judge
 from lantern.chain import accept
 from lantern.drafter import DraftModel
 from lantern.records import DRAFT_COLUMNS, NEXT_KINDS, STEP_COLUMNS, Decoded
@@ -77,6 +78,52 @@ def check_batching(model: TokenModel, drafter: Optional[DraftModel], tree) -> No
     if drafter is not None and not hasattr(drafter, "forward_slots"):
         raise UsageError(f"the drafter {type(drafter).__name__} cannot run several images per forward; "
                          f"use --batch-size 1")
+
+
+class _Streams:
+    """Each slot's source of random numbers: its image's generator (empty slots: an idle one), or,
+    for exact enumeration in tests, a :class:`lantern.trees.Draws` given for that image."""
+
+    def __init__(self, B: int, device, draws: Optional[dict] = None):
+        self.device, self.draws = device, dict(draws or {})
+        self.idle = torch.Generator(device=device)  # empty slots draw from it; no image's stream is touched
+        self.gens: list = [self.idle] * B
+        self.scripted: list = [None] * B
+
+    def take(self, slot: int, seed: int, image: int) -> None:
+        self.gens[slot] = image_generator(seed, image, self.device)
+        self.scripted[slot] = self.draws.get(image)
+
+    def free(self, slot: int) -> None:
+        self.gens[slot], self.scripted[slot] = self.idle, None
+
+    def categorical(self, probs: torch.Tensor, slots: Sequence[int], draw=None) -> torch.Tensor:
+        """One token per row of probs (k, V) for ``slots`` (k,): inverse CDF with one float64 uniform
+        of the slot's stream where ``draw`` (k,) bool says so (default all), the argmax elsewhere."""
+        draw = np.ones(len(slots), dtype=bool) if draw is None else np.asarray(draw, dtype=bool)
+        u = row_uniforms([self.gens[s] for s in slots], draw.astype(int), torch.float64, self.device)
+        out = torch.where(torch.as_tensor(draw, device=probs.device), invert(probs, u[:, 0] if u.shape[1] else
+                                                                            u.new_zeros(len(slots))), probs.argmax(-1))
+        for r, s in enumerate(slots):
+            if self.scripted[s] is not None and draw[r]:
+                out[r] = self.scripted[s].categorical(probs[r])
+        return out
+
+    def uniforms(self, counts, dtype, accept_prob: Optional[torch.Tensor]) -> torch.Tensor:
+        """Acceptance uniforms (B, max counts): row b's first counts[b] from its stream. A scripted
+        row walks its coins ``accept_prob`` (B, γ) until the first rejection (u = 0 accepts any
+        draft of positive probability, u just below 1 rejects any draft accepted with probability < 1)."""
+        u = row_uniforms(self.gens, counts, dtype, self.device)
+        below_one = float(np.nextafter(1.0, 0.0))
+        for b, d in enumerate(self.scripted):
+            if d is not None:
+                u[b] = below_one
+                for j in range(int(counts[b])):
+                    ok = d.coin(float(accept_prob[b, j]))
+                    u[b, j] = 0.0 if ok else below_one
+                    if not ok:
+                        break
+        return u
 
 
 class _Records:
@@ -137,14 +184,16 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
                    rule: Optional[AcceptanceRule] = None, drafter: Optional[DraftModel] = None,
                    neighbours: Optional[torch.Tensor] = None, gamma: int = 4, batch_size: int = 8, seed: int = 0,
                    first_index: int = 0, num_tokens: Optional[int] = None, progress: bool = False,
-                   indices: Optional[Sequence[int]] = None) -> Decoded:
+                   indices: Optional[Sequence[int]] = None, draws: Optional[dict] = None) -> Decoded:
     """Decode one image per condition with up to ``batch_size`` images per forward (module docstring).
 
     rule: None for AR decoding (then drafter, neighbours and gamma are unused), else ``"sd"`` or a
     LANTERN rule with a drafter (:class:`lantern.drafter.Drafter`) and, for relaxed rules, the
     (V, K >= k) int64 neighbour table; gamma: chain length γ >= 1; image ``first_index + j``
     decodes ``conditions[j]`` with generator ``(seed, first_index + j)`` (or image ``indices[j]``
-    when given). Returns a
+    when given). draws: {image index: :class:`lantern.trees.Draws`} for images whose coins and
+    categorical draws come from that object instead of their generator (exact enumeration in the
+    tests; a per-row Python path). Returns a
     :class:`~lantern.records.Decoded` (tokens (images, N) int64 on the CPU, rows in image order,
     records as :func:`lantern.chain.speculative_decode` writes them plus ``batch_step`` and
     ``active``). Raises UsageError when the model or drafter cannot batch (:func:`check_batching`).
@@ -165,8 +214,7 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
     cache = model.new_slots_cache(B, guided, N, G + 1)
     dcache = drafter.new_cache(R, G + 1) if G else None
     timer = Timer(dev)
-    idle = torch.Generator(device=dev)  # empty slots draw from it; no image's stream is touched
-    gens = [idle] * B
+    streams = _Streams(B, dev, draws)
     image_of = np.full(B, -1)
     n, d = np.ones(B, dtype=np.int64), np.zeros(B, dtype=np.int64)  # committed tokens, drafter positions
     step_of = np.zeros(B, dtype=np.int64)
@@ -192,10 +240,11 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
         with timer("target"):
             first = model.prefill_slots(cache, rows, prompt)
         for s, j in take:
-            gens[s], image_of[s] = image_generator(seed, int(index[j]), dev), j
+            streams.take(s, seed, int(index[j]))
+            image_of[s] = j
         with timer("acceptance"):
-            x0 = pick(target_distribution(first.logits[:, -1], sampling, guided, convention), greedy,
-                      [gens[s] for s, _ in take])
+            p0 = target_distribution(first.logits[:, -1], sampling, guided, convention)
+            x0 = p0.argmax(-1) if greedy else streams.categorical(p0, [s for s, _ in take])
         if feats is None:
             feats = first.hidden.new_zeros(R, W, first.hidden.shape[-1])
         tokens[slots, 0] = x0
@@ -224,8 +273,8 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
         q = None
         if gmax:
             with timer("drafter"):
-                drafts, q = _draft(model, drafter, dcache, tokens, feats, n, d, g, gens, sampling, guided, convention,
-                                   N, rows_of)
+                drafts, q = _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided,
+                                   convention, N)
             d = np.where(g > 0, n, d)
         with timer("target"):
             T = gmax + 1
@@ -237,9 +286,13 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
                                      expand_rows(slots.clamp(max=N - 1), guided), expand_rows(visible, guided))
         with timer("acceptance"):
             p = target_distribution(out.logits, sampling, guided, convention)  # (B, T, V)
-            u = row_uniforms(gens, g, p.dtype, dev) if gmax and not greedy else None
-            res = accept(p, q, drafts, judge_rule, table, greedy, gens, validate=False, timer=timer,
-                         lengths=g_t, u=u)
+            u = None
+            if gmax and not greedy:
+                prob = (judge(p[:, :gmax], q, drafts, torch.zeros_like(drafts, dtype=p.dtype), table, judge_rule,
+                              False).accept_prob if any(x is not None for x in streams.scripted) else None)
+                u = streams.uniforms(g, p.dtype, prob)
+            res = accept(p, q, drafts, judge_rule, table, greedy, None, validate=False, timer=timer, lengths=g_t, u=u,
+                         choose=lambda probs: streams.categorical(probs, range(B)))
             a = res.accepted
             keep = ar[None, :T] <= a[:, None]  # committed: the accepted drafts and the next token
             cand = torch.cat([drafts, res.next_token[:, None]], 1)
@@ -274,7 +327,8 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
         if len(finished):
             bar.update(len(finished))
             for s in finished:
-                gens[s], image_of[s] = idle, -1
+                streams.free(s)
+                image_of[s] = -1
             n[finished], d[finished] = 1, 0
             admit(list(finished))
     bar.close()
@@ -287,7 +341,7 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
     return Decoded(out_tokens.cpu(), steps, drafts_tab, images, rule.method if rule is not None else "ar", G)
 
 
-def _draft(model, drafter, dcache, tokens, feats, n, d, g, gens, sampling, guided, convention, N, rows_of):
+def _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided, convention, N):
     """Draft a chain for every slot in ``max(g)`` drafter steps (:func:`lantern.chain.draft`, per row).
 
     The first forward covers each row's pending positions ``d_b..n_b-1`` (padded to the longest;
@@ -314,10 +368,7 @@ def _draft(model, drafter, dcache, tokens, feats, n, d, g, gens, sampling, guide
     xs, qs = [], []
     for j in range(gmax):
         q = target_distribution(drafter.logits(model, f)[:, -1], sampling, guided, convention)  # (B, V)
-        if sampling.greedy:
-            x = q.argmax(-1)
-        else:
-            x = invert(q, row_uniforms(gens, (g > j).astype(int), torch.float64, dev)[:, 0])
+        x = q.argmax(-1) if sampling.greedy else streams.categorical(q, range(B), g > j)
         xs.append(x)
         qs.append(q)
         if j + 1 < gmax:

@@ -124,7 +124,7 @@ def verify(model: TokenModel, cache, last: torch.Tensor, drafts: torch.Tensor, g
 def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rule: AcceptanceRule,
            neighbours: Optional[torch.Tensor], greedy: bool, generator: Generators = None,
            validate: bool = True, timer: Optional[Timer] = None, lengths: Optional[torch.Tensor] = None,
-           u: Optional[torch.Tensor] = None) -> Acceptance:
+           u: Optional[torch.Tensor] = None, choose=None) -> Acceptance:
     """Apply the acceptance rule to a chain and draw the next token.
 
     p: (B, γ+1, V) float32 target distributions at the draft positions and the bonus
@@ -143,13 +143,17 @@ def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rul
     row's own chain length ``γ_b <= γ`` (drafts beyond it are padding: never accepted; a row
     with ``γ_b = 0`` draws its next token from ``p[b, 0]``, kind "target"), and ``u`` (B, γ)
     the uniforms the caller drew (row b's first γ_b from its own stream); the residual is then
-    computed for every row without a host synchronisation. Leviathan et al. 2023, Alg. 1;
+    computed for every row without a host synchronisation; ``choose``: probs (B, V) -> (B,) int64,
+    how the next token is drawn when sampling (default :func:`ambiguity.sampling.pick` with
+    ``generator``). Leviathan et al. 2023, Alg. 1;
     LANTERN Sec. 3.
     """
     B, g = drafts.shape
     rows = torch.arange(B, device=p.device)
+    if choose is None or greedy:
+        choose = lambda probs: pick(probs, greedy, generator)  # noqa: E731 - one draw per row
     if g == 0:
-        nxt = pick(p[:, 0], greedy, generator)
+        nxt = choose(p[:, 0])
         return Acceptance(torch.zeros(B, dtype=torch.long, device=p.device), nxt,
                           torch.zeros(B, dtype=torch.long, device=p.device), None, None)
     prox = None
@@ -167,11 +171,11 @@ def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rul
     rejected = a < (g if lengths is None else lengths)
     target = p[rows, a]  # (B, V): bonus position where all were accepted, else the rejected position
     if greedy or (lengths is None and not bool(rejected.any())):
-        nxt = pick(target, greedy, generator)
+        nxt = choose(target)
     else:
         at = a.clamp(max=g - 1)
         res = residual(p[rows, at], q[rows, at], drafts[rows, at], neighbours, rule, validate)
-        nxt = pick(torch.where(rejected[:, None], res, target), False, generator)
+        nxt = choose(torch.where(rejected[:, None], res, target))
     kind = torch.where(rejected, 2, 1).long()
     if lengths is not None:
         kind = torch.where(lengths == 0, 0, kind)
