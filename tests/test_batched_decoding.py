@@ -161,8 +161,23 @@ def test_relaxed_batched_decoding_is_not_ar_sampling():
     assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) > 1e-3
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_float64_batched_equals_batch_one_on_cuda():
+    """The same exactness on a GPU: per-image CUDA generators, in-place cache writes, masks."""
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    m.gpt.cuda()
+    m.device, m.image_token_ids = torch.device("cuda"), m.image_token_ids.cuda()
+    d = Drafter.for_target(m, seed=2).eval()
+    s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=12)
+    for cfg in (DecodeConfig.of("ar"), DecodeConfig.of("sd", 3)):
+        one = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3)
+        many = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3, batch_size=2)
+        assert torch.equal(one.tokens, many.tokens)
+
+
 # --------------------------------------------------------------------------- bad input
-def test_bad_batched_calls_raise_usage_errors(model, drafter, table):
+def test_bad_batched_calls_raise_usage_errors(model, drafter, table, monkeypatch):
     s = SamplingConfig(guidance=1.0, temperature=1.0)
     for bad in (0, -3, 2.5, True):
         with pytest.raises(UsageError, match="--batch-size"):
@@ -174,6 +189,10 @@ def test_bad_batched_calls_raise_usage_errors(model, drafter, table):
     class NoBatch(type(model)):
         new_slots_cache = type(model).__mro__[1].new_slots_cache
 
+    monkeypatch.setattr("ambiguity.memory.available_bytes", lambda device=None: 3 * 10 ** 5)
+    with pytest.raises(UsageError, match=r"--batch-size 6 needs about .* use --batch-size \d+ or less"):
+        decode(model, list(range(6)), DecodeConfig.of("sd", 3), s, drafter, batch_size=6)
+    monkeypatch.undo()
     plain = NoBatch.__new__(NoBatch)
     plain.__dict__.update(model.__dict__)
     with pytest.raises(UsageError, match="cannot decode several images per forward"):
