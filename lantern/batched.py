@@ -72,9 +72,9 @@ def check_batching(model: TokenModel, drafter: Optional[DraftModel], tree) -> No
     if tree is not None:
         raise UsageError("--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
                          "use --tree chain or --batch-size 1")
-    if type(model).new_slots_cache is TokenModel.new_slots_cache:
-        raise UsageError(f"{model.name} cannot decode several images per forward (its adapter has no per-image "
-                         f"cache positions and 2D attention masks); use --batch-size 1")
+    if not getattr(model, "can_batch_decode", False):
+        why = getattr(model, "batch_limit", TokenModel.batch_limit)
+        raise UsageError(f"{model.name} cannot decode several images per forward ({why}); use --batch-size 1")
     if drafter is not None and not hasattr(drafter, "forward_slots"):
         raise UsageError(f"the drafter {type(drafter).__name__} cannot run several images per forward; "
                          f"use --batch-size 1")

@@ -233,6 +233,10 @@ class TokenModel(abc.ABC):
         raise NotImplementedError(f"{self.name} does not verify draft trees; use chain drafting")
 
     # ------------------------------------------------- batched decoding (many images in flight)
+    #: whether :meth:`new_slots_cache`, :meth:`prefill_slots` and :meth:`extend_slots` work, and why not
+    can_batch_decode: bool = False
+    batch_limit: str = "its adapter has no per-image cache positions and 2D attention masks"
+
     def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> Any:
         """A KV cache for ``slots`` images decoded together (``2 * slots`` rows with guidance:
         conditional rows ``0..slots-1``, then unconditional rows in the same order), each with room

@@ -173,6 +173,8 @@ class LlamaGenModel(TokenModel):
     def rollback(self, cache: GPTCache, n: int) -> None:
         cache.kv.crop(cache.prefix + n)
 
+    can_batch_decode = True  # a fixed condition prefix (cls_token_num), then per-image slots
+
     def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> GPTCache:
         prefix = self.gpt.config.cls_token_num
         kv = self.gpt.new_cache(slots * (1 + bool(guided)), prefix + num_tokens + spare)
