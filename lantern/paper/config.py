@@ -99,8 +99,13 @@ class PaperConfig:
             raise UsageError("--models needs at least one model")
 
     def settings(self) -> dict:
-        """The record stored with the run (and compared on resume)."""
-        return dataclasses.asdict(self)
+        """The record stored with the run (and compared on resume); the batching fields only when
+        batch_size > 1 (at 1 they change nothing, so runs recorded before them still resume)."""
+        out = dataclasses.asdict(self)
+        if self.batch_size == 1:
+            out.pop("batch_size")
+            out.pop("timing_images")
+        return out
 
 
 QUICK = dict(quick=True, main_images=6, greedy_images=4, grid_images=4, fig2a_images=3, random_init_images=2,
