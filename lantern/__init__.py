@@ -25,7 +25,7 @@ _API = {
     "tvd": "lantern.divergences", "jsd": "lantern.divergences", "moved_jsd": "lantern.divergences",
     "DecodeConfig": "lantern.decoding", "METHODS": "lantern.decoding", "decode": "lantern.decoding",
     "speculative_decode": "lantern.decoding", "autoregressive_decode": "lantern.decoding",
-    "neighbour_table": "lantern.decoding",
+    "neighbour_table": "lantern.decoding", "batched_decode": "lantern.batched",
     "DraftModel": "lantern.drafter", "Drafter": "lantern.drafter", "load_drafter": "lantern.drafter",
     "Decoded": "lantern.records", "summarize": "lantern.records", "summary_table": "lantern.records",
     "run_generate": "lantern.generate", "load_run": "lantern.replay", "acceptance_by_ambiguity": "lantern.replay",
