@@ -5,7 +5,9 @@ drafts a chain for every slot, verifies all chains in one target forward, and le
 commit its own accepted prefix (ragged acceptance): image ``b`` at ``n_b`` committed tokens
 drafts ``γ_b = min(γ, N - 1 - n_b)`` tokens and keeps ``a_b + 1`` of them. A finished image
 leaves its slot and the next condition is prefilled into it (continuous batching), so one slow
-image never holds the others. AR decoding is the same step with γ = 0 and no drafter.
+image never holds the others; once no condition is left and at most half the slots are busy, the
+empty slots are dropped from the caches (one copy), so a draining batch does not compute them.
+AR decoding is the same step with γ = 0 and no drafter.
 
 State per slot (the loop of :func:`lantern.chain.speculative_decode`, with ``n`` and ``d`` per
 image): the target's KV cache (:meth:`ambiguity.models.base.TokenModel.new_slots_cache`,
@@ -93,6 +95,11 @@ class _Streams:
     def take(self, slot: int, seed: int, image: int) -> None:
         self.gens[slot] = image_generator(seed, image, self.device)
         self.scripted[slot] = self.draws.get(image)
+
+    def keep(self, slots) -> None:
+        """Only these slots remain, renumbered 0.. in this order (a compacted batch)."""
+        self.gens = [self.gens[s] for s in slots]
+        self.scripted = [self.scripted[s] for s in slots]
 
     def free(self, slot: int) -> None:
         self.gens[slot], self.scripted[slot] = self.idle, None
@@ -225,12 +232,14 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
     counts = {c: np.zeros(len(conds), dtype=np.int64) for c in ("steps", "drafted", "accepted")}
     records = _Records()
     queue = iter(range(len(conds)))
+    waiting = [len(conds)]  # conditions not yet admitted
     bar = tqdm(total=len(conds), desc=rule.method if rule is not None else "ar", disable=not progress, unit="img")
     rows_of = lambda slots: torch.cat([slots, slots + B]) if guided else slots  # noqa: E731 - slot -> its rows
 
     def admit(free: list[int]) -> None:
         nonlocal feats
         take = [(s, j) for s, j in zip(free, queue)]
+        waiting[0] -= len(take)
         if not take:
             return
         t0, before = time.perf_counter(), timer.snapshot()
@@ -331,6 +340,17 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
                 image_of[s] = -1
             n[finished], d[finished] = 1, 0
             admit(list(finished))
+        live = np.flatnonzero(image_of >= 0)
+        if not waiting[0] and 0 < len(live) <= B // 2:  # a draining batch: drop the empty slots (one copy)
+            keep = torch.as_tensor(live, device=dev)
+            rows = rows_of(keep)
+            model.select_slots(cache, rows)
+            if dcache is not None:
+                drafter.select_slots(dcache, rows)
+            tokens, feats = tokens[keep], feats[rows]
+            n, d, image_of, step_of = n[live], d[live], image_of[live], step_of[live]
+            streams.keep(live)
+            B = len(live)
     bar.close()
     steps, drafts_tab = records.tables()
     images = {"image": index, "condition": np.array([str(c) for c in conds]),

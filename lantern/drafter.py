@@ -234,6 +234,10 @@ class Drafter(nn.Module):
         x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
         return self.layer(self.fc(x), cache, start, positions, attend)
 
+    def select_slots(self, cache: Any, rows: torch.Tensor) -> None:
+        """Keep only the rows ``rows`` (int64) of a batched decode's drafter cache (a draining batch)."""
+        cache.select_rows(rows.to(self.device))
+
     def forward_slots(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any,
                       slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """Batched decoding: every row runs T positions at its own cache slots (rows, T) int64 and

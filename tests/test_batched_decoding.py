@@ -107,6 +107,21 @@ def test_images_keep_their_streams_whatever_the_batch(model, drafter, table):
     assert torch.equal(part.tokens, full.tokens[[5, 2]])
 
 
+def test_a_draining_batch_drops_its_empty_slots(model, drafter, monkeypatch):
+    """9 images through 4 slots: once the queue is empty and half the slots are free, the caches
+    keep only the busy rows (CFG: two per image), and the tokens still equal batch 1's."""
+    kept = []
+    select = type(model).select_slots
+    monkeypatch.setattr(type(model), "select_slots", lambda self, cache, rows: (kept.append(len(rows)),
+                                                                               select(self, cache, rows))[1])
+    s = SamplingConfig(guidance=2.0, temperature=1.0)
+    for cfg in (DecodeConfig.of("sd", 3), DecodeConfig.of("ar")):
+        one = decode(model, list(range(9)), cfg, s, drafter, seed=1)
+        many = decode(model, list(range(9)), cfg, s, drafter, seed=1, batch_size=4)
+        assert torch.equal(one.tokens, many.tokens)
+    assert kept and all(k % 2 == 0 and k <= 4 for k in kept)
+
+
 # --------------------------------------------------------------------------- exact enumeration
 ENUMERATED = [  # (sampling, rule, image): image 0 starts with the batch, image 2 takes a freed slot later
     (SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), 2),

@@ -262,6 +262,10 @@ class TokenModel(abc.ABC):
         (rows, T, .). Rows that carry padding simply see nothing new of it."""
         raise NotImplementedError(f"{self.name} cannot decode several images per forward")
 
+    def select_slots(self, cache: Any, rows: torch.Tensor) -> None:
+        """Keep only the cache rows ``rows`` (int64, in this order): a draining batch drops its empty slots."""
+        raise NotImplementedError(f"{self.name} cannot decode several images per forward")
+
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
         """Logits and hidden states (rows, N, .) for known sequences tokens (rows, N).
 

@@ -190,6 +190,9 @@ class LlamaGenModel(TokenModel):
         cache.kv.key_mask[rows, :P] = own.kv.key_mask[:, :P]
         return step
 
+    def select_slots(self, cache: GPTCache, rows: torch.Tensor) -> None:
+        cache.kv.select_rows(rows.to(self.device))
+
     def extend_slots(self, cache: GPTCache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                      visible: torch.Tensor) -> Step:
         P, (R, T) = cache.prefix, tokens.shape
