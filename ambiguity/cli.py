@@ -296,7 +296,8 @@ def add_device_args(p, dtype: bool = True, threads: Optional[int] = None, what: 
                    help=f"auto | cpu | cuda | cuda:N{', ' + what if what else ''} (default: auto)")
     if dtype:
         p.add_argument("--dtype", default=None, metavar="DTYPE",
-                       help="auto | float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
+                       help="auto | float32 | float64 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA; float64: "
+                            "batched decoding gives exactly batch 1's tokens)")
     if threads is not None:
         add_threads_arg(p, threads)
 

@@ -207,7 +207,8 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
         num_images: default ``len(conditions)`` (or of ``tokens``/``images``), else 64.
         batch_size: images per forward pass and per resumable part. seed: image ``i`` samples
             from its own stream seeded by ``(seed, i)`` (:mod:`ambiguity.seeding`), so the tokens
-            do not depend on ``batch_size``.
+            do not depend on ``batch_size`` in float64; in float32 a batched forward rounds
+            differently and an image occasionally diverges from some position on.
         tokens: (num_images, N) int64 code sequences to teacher-force instead of generating, or
         images: (num_images, C, H, W) float in [0, 1] (anything sliceable to such tensors, e.g.
             :class:`ambiguity.conditions.ImageFiles`), encoded per batch with ``model.encode_images``.

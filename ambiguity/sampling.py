@@ -24,7 +24,7 @@ import torch
 from ambiguity.errors import FieldError
 
 __all__ = ["SamplingConfig", "default_guidance", "split_rows", "expand_rows", "guide", "filter_logits",
-           "distribution", "pick", "invert", "Generators"]
+           "distribution", "pick", "invert", "row_uniforms", "Generators"]
 
 # One generator for every row, or one per row (see pick).
 Generators = Union[torch.Generator, Sequence[torch.Generator], None]
@@ -196,3 +196,16 @@ def invert(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     x = (u.reshape(-1).double() * cdf[:, -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, x, right=True).clamp_(max=flat.shape[-1] - 1)
     return idx.view(probs.shape[:-1])
+
+
+def row_uniforms(generators: Sequence[torch.Generator], counts: Sequence[int], dtype: torch.dtype,
+                 device: torch.device | str, fill: float = 0.5) -> torch.Tensor:
+    """Uniforms (B, max(counts)) in ``dtype``: row b's first ``counts[b]`` values come from one call
+    ``torch.rand(counts[b], generator=generators[b])`` (the values one-image decoding draws from
+    the same stream), the rest are ``fill``. A row with count 0 draws nothing, so its stream stays
+    where it was (batched decoding: rows with shorter chains, empty slots)."""
+    width = max((int(c) for c in counts), default=0)
+    parts = [torch.cat([torch.rand(int(c), generator=g, device=device, dtype=dtype),
+                        torch.full((width - int(c),), fill, device=device, dtype=dtype)])
+             for g, c in zip(generators, counts)]
+    return torch.stack(parts) if parts else torch.empty(0, width, device=device, dtype=dtype)

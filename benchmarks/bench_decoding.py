@@ -86,13 +86,15 @@ def _shape(config: DecodeConfig) -> str:
 
 
 def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingConfig, conditions,
-               extractors=()) -> dict:
+               extractors=(), batch_size: int = 1) -> dict:
     """One configuration over all conditions: the decode's summary, the quality proxies and, with
     ``extractors``, image quality against the real images (:func:`lantern.evaluate.score_images`:
-    FID / KID / precision / recall per extractor)."""
+    FID / KID / precision / recall per extractor). ``batch_size``: images per forward for AR and
+    chains (:mod:`lantern.batched`); trees decode one image at a time."""
     d = decode(model, conditions, config, sampling, drafter if config.speculative else None,
                table if config.speculative and config.rule.relaxed else None, seed=0,
-               pixels=bool(extractors) and model.can_decode)
+               pixels=bool(extractors) and model.can_decode,
+               batch_size=batch_size if config.tree is None or not config.speculative else 1)
     s = d.summary()
     _, _, images = d.frames()
     images["codes"] = [t.tolist() for t in d.tokens]
@@ -208,6 +210,9 @@ def build_parser() -> ArgumentParser:
     add_model_args(ap, dtype=False)
     ap.add_argument("--drafter", default=None, help="default: the shipped drafter of --model")
     ap.add_argument("--num-images", type=positive_int, default=32, help="images per configuration for the statistics")
+    ap.add_argument("--batch-size", type=positive_int, default=1,
+                    help="images per forward for the statistics of AR and chain rows (trees and the timing stay at "
+                         "batch 1; default: 1)")
     ap.add_argument("--timing-images", type=positive_int, default=8, help="images per configuration per timing round")
     ap.add_argument("--repeats", type=positive_int, default=5, help="interleaved timing rounds after a warm-up")
     ap.add_argument("--gamma", type=positive_int, default=4, help="chain length of LANTERN's chain rows")
@@ -276,7 +281,7 @@ def main(argv=None) -> int:
             part = run.read_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t})
             if part is None:
                 row = {"temperature": t, "config": name,
-                       **statistics(model, drafter, table, config, sampling, conditions, extractors)}
+                       **statistics(model, drafter, table, config, sampling, conditions, extractors, args.batch_size)}
                 run.write_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t}, tables={"row": pd.DataFrame([row])})
                 stats.append(row)
             else:

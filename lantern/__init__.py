@@ -26,7 +26,7 @@ _API = {
     "tvd": "lantern.divergences", "jsd": "lantern.divergences", "moved_jsd": "lantern.divergences",
     "DecodeConfig": "lantern.decoding", "METHODS": "lantern.decoding", "decode": "lantern.decoding",
     "speculative_decode": "lantern.decoding", "autoregressive_decode": "lantern.decoding",
-    "neighbour_table": "lantern.decoding",
+    "neighbour_table": "lantern.decoding", "batched_decode": "lantern.batched",
     "JacobiConfig": "lantern.jacobi", "jacobi_decode": "lantern.jacobi", "gsd_output_distribution": "lantern.jacobi",
     "DraftModel": "lantern.drafter", "Drafter": "lantern.drafter", "load_drafter": "lantern.drafter",
     "Decoded": "lantern.records", "summarize_decode": "lantern.records:summarize", "summary_table": "lantern.records",

@@ -123,7 +123,8 @@ def verify(model: TokenModel, cache, last: torch.Tensor, drafts: torch.Tensor, g
 
 def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rule: AcceptanceRule,
            neighbours: Optional[torch.Tensor], greedy: bool, generator: Generators = None,
-           validate: bool = True, timer: Optional[Timer] = None) -> Acceptance:
+           validate: bool = True, timer: Optional[Timer] = None, lengths: Optional[torch.Tensor] = None,
+           u: Optional[torch.Tensor] = None, choose=None) -> Acceptance:
     """Apply the acceptance rule to a chain and draw the next token.
 
     p: (B, γ+1, V) float32 target distributions at the draft positions and the bonus
@@ -138,33 +139,46 @@ def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rul
     ``p[:, 0]``. ``validate=False``: the table was checked once by the caller
     (:meth:`AcceptanceRule.prepare_table`). timer: the decoder's :class:`lantern.steps.Timer`;
     growing the proximity sets is timed as its ``"proximity"`` section (inside the caller's
-    ``"acceptance"``). Leviathan et al. 2023, Alg. 1; LANTERN Sec. 3.
+    ``"acceptance"``). Batched decoding (:mod:`lantern.batched`): ``lengths`` (B,) int64, each
+    row's own chain length ``γ_b <= γ`` (drafts beyond it are padding: never accepted; a row
+    with ``γ_b = 0`` draws its next token from ``p[b, 0]``, kind "target"), and ``u`` (B, γ)
+    the uniforms the caller drew (row b's first γ_b from its own stream); the residual is then
+    computed for every row without a host synchronisation; ``choose``: probs (B, V) -> (B,) int64,
+    how the next token is drawn when sampling (default :func:`ambiguity.sampling.pick` with
+    ``generator``). Leviathan et al. 2023, Alg. 1;
+    LANTERN Sec. 3.
     """
     B, g = drafts.shape
     rows = torch.arange(B, device=p.device)
+    if choose is None or greedy:
+        choose = lambda probs: pick(probs, greedy, generator)  # noqa: E731 - one draw per row
     if g == 0:
-        nxt = pick(p[:, 0], greedy, generator)
+        nxt = choose(p[:, 0])
         return Acceptance(torch.zeros(B, dtype=torch.long, device=p.device), nxt,
                           torch.zeros(B, dtype=torch.long, device=p.device), None, None)
-    u, prox = None, None
+    prox = None
     if not validate and timer is not None:  # the decoder (table checked once): time the proximity sets alone
         with timer("proximity"):
             prox = proximity(p[:, :g], drafts, neighbours if rule.relaxed else None, rule)
     if greedy:
         v = judge_greedy(p[:, :g], drafts, neighbours, rule, validate, prox)
+        u = None
     else:
-        u = _uniforms(drafts.shape, generator, p)
+        u = _uniforms(drafts.shape, generator, p) if u is None else u
         v = judge(p[:, :g], q, drafts, u, neighbours, rule, validate, prox)
-    a = v.accepted.long().cumprod(-1).sum(-1)  # (B,)
-    rejected = a < g
+    ok = v.accepted if lengths is None else v.accepted & (torch.arange(g, device=p.device) < lengths[:, None])
+    a = ok.long().cumprod(-1).sum(-1)  # (B,)
+    rejected = a < (g if lengths is None else lengths)
     target = p[rows, a]  # (B, V): bonus position where all were accepted, else the rejected position
-    if greedy or not bool(rejected.any()):
-        nxt = pick(target, greedy, generator)
+    if greedy or (lengths is None and not bool(rejected.any())):
+        nxt = choose(target)
     else:
         at = a.clamp(max=g - 1)
         res = residual(p[rows, at], q[rows, at], drafts[rows, at], neighbours, rule, validate)
-        nxt = pick(torch.where(rejected[:, None], res, target), False, generator)
+        nxt = choose(torch.where(rejected[:, None], res, target))
     kind = torch.where(rejected, 2, 1).long()
+    if lengths is not None:
+        kind = torch.where(lengths == 0, 0, kind)
     return Acceptance(a, nxt, kind, v, u)
 
 

@@ -27,16 +27,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from ambiguity.errors import FieldError, UsageError
-from ambiguity.memory import check_count, kv_bytes_per_token
+from ambiguity.memory import PREFIX_ROOM, check_batch, check_count, kv_bytes_per_token
 from ambiguity.models.base import TokenModel
 from ambiguity.neighbourhood import MATRICES, METRICS, model_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from ambiguity.seeding import image_generator, image_seed
 from lantern.acceptance import RULES, AcceptanceRule
+from lantern.batched import batched_decode, check_batching
 from lantern.chain import Acceptance, accept, autoregressive_decode, draft, speculative_decode, verify
 from lantern.drafter import DraftModel, fingerprint_mismatch, target_fingerprint
 from lantern.jacobi import JACOBI_METHODS, JacobiConfig, check_jacobi, jacobi_decode
@@ -45,7 +47,8 @@ from lantern.steps import Timer, prefill, target_distribution
 from lantern.tree_decoding import tree_decode
 from lantern.trees import TreeSpec
 
-__all__ = ["METHODS", "DEFAULT_METRIC", "DecodeConfig", "neighbour_table", "check_drafter", "check_depth", "decode",
+__all__ = ["METHODS", "DEFAULT_METRIC", "DecodeConfig", "neighbour_table", "check_drafter", "check_depth",
+           "check_batch_size", "decode",
            # the loops' pieces, re-exported for one import path
            "Timer", "Acceptance", "prefill", "target_distribution", "draft", "verify", "accept", "speculative_decode",
            "autoregressive_decode", "tree_decode"]
@@ -174,6 +177,12 @@ def check_depth(config: DecodeConfig, model: TokenModel, num_tokens: Optional[in
                 "the key/value cache and distributions of the tree's nodes", device=model.device)
 
 
+def check_batch_size(batch_size) -> None:
+    """Raise UsageError unless ``batch_size`` (images per forward) is an integer >= 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise UsageError(f"--batch-size (images decoded together) must be an integer >= 1, got {batch_size}")
+
+
 def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
     """Raise UsageError unless ``drafter`` was built for ``model`` (fingerprint, see lantern.drafter)."""
     why = fingerprint_mismatch(getattr(drafter, "target", {}) or {}, target_fingerprint(model))
@@ -185,8 +194,15 @@ def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
 def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampling: SamplingConfig,
            drafter: Optional[DraftModel] = None, neighbours: Optional[torch.Tensor] = None, seed: int = 0,
            num_tokens: Optional[int] = None, pixels: bool = False, progress: bool = False,
-           first_index: int = 0) -> Decoded:
-    """Decode one image per condition, one after another; image ``i`` draws from its own stream.
+           first_index: int = 0, batch_size: int = 1, indices: Optional[Sequence[int]] = None) -> Decoded:
+    """Decode one image per condition; image ``i`` draws from its own stream.
+
+    batch_size: 1 decodes one image after another (the loops of :mod:`lantern.chain` and
+    :mod:`lantern.tree_decoding`); B > 1 keeps up to B images in flight, one target forward per
+    step for all of them (:func:`lantern.batched.batched_decode`: AR and chains; trees are refused
+    with a UsageError). The random streams are the same either way: in float64 the tokens equal
+    batch 1's for every image; in float32 batched matrix products round differently and an image
+    occasionally diverges from batch 1 at some position (both are exact samples of the method).
 
     conditions: class labels / captions (``model.make_prompt``); config: rule and draft length;
     drafter: required unless ``config.rule is None`` (checked against the model once);
@@ -195,10 +211,13 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
     first_index: image index of ``conditions[0]``; image ``i``'s generator is
     :func:`ambiguity.seeding.image_generator` ``(seed, i)``, so the same seed and condition give
     the same random stream for every method (an AR image and a LANTERN image of one index are
-    comparable) and for every batching or sharding of the run. Returns the concatenated
-    :class:`~lantern.records.Decoded`. Raises UsageError for a missing or mismatched drafter.
+    comparable) and for every batching or sharding of the run; indices: the image index of each
+    condition when they are not ``first_index, first_index + 1, ...`` (a resumed or sharded run). Returns the concatenated
+    :class:`~lantern.records.Decoded`. Raises UsageError for a missing or mismatched drafter, a
+    batch size below 1, a batch that does not fit in memory or a model that cannot batch.
     """
     rule = config.rule
+    check_batch_size(batch_size)
     check_depth(config, model, num_tokens)
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
@@ -208,9 +227,25 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
         check_drafter(drafter, model)
         if neighbours is None:
             neighbours = neighbour_table(model, config)
+    if batch_size > 1 and len(conditions) > 1:
+        if config.jacobi is not None:
+            raise UsageError(f"--method {config.method} decodes one image at a time (each image commits its own "
+                             f"Jacobi window); use --batch-size 1")
+        check_batching(model, drafter if rule is not None else None, config.tree if rule is not None else None)
+        N = int(num_tokens or model.num_tokens)
+        check_batch(model, min(batch_size, len(conditions)), N + config.draft_depth + 1 + PREFIX_ROOM, "--batch-size",
+                    1 + sampling.guided)
+        result = batched_decode(model, conditions, sampling, rule, drafter, neighbours, config.gamma, batch_size, seed,
+                                first_index, num_tokens, progress, indices)
+        if pixels:
+            h, w = model.grid
+            result.pixels = torch.cat([model.decode_codes(chunk.view(-1, h, w).to(model.device)).cpu()
+                                       for chunk in result.tokens.split(batch_size)])
+        result.settings = {**config.as_dict(), **{f"sampling_{k}": v for k, v in sampling.as_dict().items()}}
+        return result
     parts = []
     for j, c in enumerate(tqdm(list(conditions), desc=config.method, disable=not progress, unit="img")):
-        i = first_index + j
+        i = first_index + j if indices is None else int(indices[j])
         prompt = model.make_prompt([c], guided=sampling.guided)
         gen = image_generator(seed, i, model.device)
         if config.jacobi is not None:

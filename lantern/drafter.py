@@ -235,6 +235,22 @@ class Drafter(nn.Module):
         x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
         return self.layer(self.fc(x), cache, start, positions, attend)
 
+    def select_slots(self, cache: Any, rows: torch.Tensor) -> None:
+        """Keep only the rows ``rows`` (int64) of a batched decode's drafter cache (a draining batch)."""
+        cache.select_rows(rows.to(self.device))
+
+    def forward_slots(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any,
+                      slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """Batched decoding: every row runs T positions at its own cache slots (rows, T) int64 and
+        rotary positions (rows, T), seeing the slots ``visible`` (rows, T, S) bool allows (see
+        :meth:`ambiguity.models.base.DraftLayer.forward_slots`); tokens (rows, T), features
+        (rows, T, H) as in :meth:`forward`. Returns (rows, T, H) in the drafter's dtype. Raises
+        NotImplementedError when the layer cannot batch."""
+        with torch.no_grad():
+            emb = model.embed(tokens.to(model.device))
+        x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
+        return self.layer.forward_slots(self.fc(x), cache, slots, positions, visible)
+
     def logits(self, model: TokenModel, features: torch.Tensor) -> torch.Tensor:
         """Next-token logits (..., V) float32 from features (..., H) through the target's frozen head."""
         return model.head(features.to(model.dtype))

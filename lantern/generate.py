@@ -47,6 +47,7 @@ from ambiguity.neighbourhood import MATRICES, METRICS
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import CONVENTIONS, AcceptanceRule
+from lantern.batched import check_batching
 from lantern.decoding import DEFAULT_METRIC, METHODS, DecodeConfig, check_depth, decode, neighbour_table
 from lantern.drafter import DraftModel, load_drafter
 from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
@@ -129,6 +130,10 @@ def build_parser() -> ArgumentParser:
     add_model_args(p)
     add_decoding_args(p)
     add_condition_args(p, num_images=8, batch_size=None)
+    p.add_argument("--batch-size", type=positive_int, default=1, metavar="B",
+                   help="images decoded together, one target forward per step for all (AR and chains; default: 1). "
+                        "Same random streams: tokens equal batch 1's exactly with --dtype float64, almost always "
+                        "in float32")
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/generate/<model>-<method>)")
     add_shard_args(p)
@@ -176,7 +181,8 @@ def _save_image(run: RunDir, i: int, condition, decoded: Decoded) -> None:
 
 def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, sampling: SamplingConfig,
                  out: str | Path, drafter: Optional[DraftModel] = None, seed: int = 0, progress: bool = True,
-                 settings: Optional[dict] = None, overwrite: bool = False, shard: Shard = SINGLE):
+                 settings: Optional[dict] = None, overwrite: bool = False, shard: Shard = SINGLE,
+                 batch_size: int = 1):
     """Decode ``conditions`` (image ``i`` from its own stream seeded by ``(seed, i)``) into the run
     directory ``out``, reusing the intact parts of finished images.
 
@@ -184,8 +190,10 @@ def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, samp
     ``i % shard.count == shard.index``; the merging shard then reads every image's part.
     Returns ``(steps, drafts, images, summary)``: the three DataFrames of the images of these
     conditions and the summary dict also written to ``summary.json``; None on a shard that does
-    not merge. Raises UsageError as :func:`lantern.decoding.decode`, or for an ``out`` holding a
-    run of other settings or another shard count.
+    not merge. batch_size: images decoded together (:func:`lantern.decoding.decode`); the parts
+    are written after every ``16 * batch_size`` images (a batch then drains, so resuming loses
+    at most that many). Raises UsageError as :func:`lantern.decoding.decode`, or for an ``out``
+    holding a run of other settings or another shard count.
     """
     t0 = time.perf_counter()
     record = settings if settings is not None else {"model": model.describe(), **config.as_dict(),
@@ -203,11 +211,17 @@ def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, samp
     if shard.index == 0:  # what the merge needs to know: how many images, their conditions, the facts
         run.write_part("request", {"num_images": len(conditions)}, meta=facts)
     todo = [i for i, c in enumerate(conditions) if shard.owns(i) and not _finished(run, i, c, pixels)]
-    for i in tqdm(todo, desc=f"{config.method} images" + (f" ({shard.label})" if shard.count > 1 else ""),
-                  disable=not progress, unit="img"):
-        d = decode(model, [conditions[i]], config, sampling, drafter, neighbours, seed=seed, pixels=pixels,
-                   first_index=i)
-        _save_image(run, i, conditions[i], d)
+    chunk = 1 if batch_size == 1 else 16 * batch_size
+    bar = tqdm(total=len(todo), desc=f"{config.method} images" + (f" ({shard.label})" if shard.count > 1 else ""),
+               disable=not progress, unit="img")
+    for at in range(0, len(todo), chunk):
+        these = todo[at:at + chunk]
+        d = decode(model, [conditions[i] for i in these], config, sampling, drafter, neighbours, seed=seed,
+                   pixels=pixels, indices=these, batch_size=batch_size)
+        for i, one in zip(these, d.split()):
+            _save_image(run, i, conditions[i], one)
+        bar.update(len(these))
+    bar.close()
     if shard.count > 1:
         shard.barrier()
         if not shard.merges:
@@ -295,9 +309,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
+    if args.batch_size > 1:
+        check_batching(model, drafter, config.tree if config.speculative else None)
+        check_run_size(model, args.num_images, args.batch_size, sampling.guided)
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
     result = run_generate(model, conditions, config, sampling, out, drafter, args.seed, progress=not args.no_progress,
-                          settings=settings, overwrite=args.overwrite, shard=shard)
+                          settings=settings, overwrite=args.overwrite, shard=shard, batch_size=args.batch_size)
     if result is None:
         print(f"{shard.label} done: its images are parts of {out}"
               + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}"))

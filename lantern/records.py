@@ -12,7 +12,11 @@ One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COL
   drafted), ``drafter_forwards`` (drafter calls that built the drafts: γ for a chain, one per
   tree level for a tree), and the wall-clock of the step split into target, drafter and
   acceptance seconds; ``proximity_s`` is the part of ``acceptance_s`` spent growing the
-  proximity sets A (LANTERN App. F.2, timed inside the real step).
+  proximity sets A (LANTERN App. F.2, timed inside the real step). ``batch_step`` is the
+  forward of the whole batch the row belongs to and ``active`` the number of images in that
+  forward (batched decoding, :mod:`lantern.batched`; one image at a time: ``batch_step = step``
+  and ``active = 1``). Inside a batch an image's own latency cannot be measured: each section's
+  seconds of a batch step are split equally among its ``active`` images.
 * **drafts** — one row per draft token (per tree node for draft trees): position, token,
   ``p(x̂)``, ``q(x̂)`` (for a tree: the conditional probability it was drawn with, 1 for
   deterministic EAGLE-2 drafts), ``p̃(x̂)``, ``j*``, the divergence spent (units of the rule's
@@ -55,7 +59,7 @@ __all__ = ["STEP_COLUMNS", "DRAFT_COLUMNS", "IMAGE_COLUMNS", "NEXT_KINDS", "Deco
            "accept_histogram", "summary_table"]
 
 STEP_COLUMNS = ("image", "step", "position", "drafted", "accepted", "emitted", "next_kind", "next_token",
-                "drafter_forwards", "target_s", "drafter_s", "acceptance_s", "proximity_s")
+                "drafter_forwards", "target_s", "drafter_s", "acceptance_s", "proximity_s", "batch_step", "active")
 DRAFT_COLUMNS = ("image", "step", "draft_index", "position", "token", "p_draft", "q_draft", "p_tilde", "j_star",
                  "spent", "accept_prob", "u", "accepted", "reached", "committed", "out_of_support", "p_top1",
                  "p_entropy", "q_top1", "node", "parent", "depth", "sibling", "proposed_step")
@@ -85,7 +89,7 @@ class StepLog:
                                emitted=accepted + 1, next_kind=next_kind, next_token=next_token,
                                drafter_forwards=drafter_forwards, target_s=seconds.get("target", 0.0),
                                drafter_s=seconds.get("drafter", 0.0), acceptance_s=seconds.get("acceptance", 0.0),
-                               proximity_s=seconds.get("proximity", 0.0)))
+                               proximity_s=seconds.get("proximity", 0.0), batch_step=step, active=1))
         if drafts is not None and drafted > 0:
             chain = "reached" not in drafts  # a tree brings its own per-node positions
             self.drafts.append(dict(drafts, step=step, accepted_count=accepted, **({"position": position} if chain else {})))
@@ -171,6 +175,16 @@ class Decoded:
         steps, drafts, images = self.frames()
         return {"method": self.method, "gamma": self.gamma, **self.settings,
                 **summarize(steps, drafts, images, self.gamma)}
+
+    def split(self) -> list["Decoded"]:
+        """One Decoded per image (row of ``tokens``, in order), with that image's rows of every table."""
+        out = []
+        for j, image in enumerate(np.asarray(self.images["image"])):
+            pick = lambda tab: {c: np.asarray(v)[np.asarray(tab["image"]) == image] for c, v in tab.items()}  # noqa: E731
+            out.append(Decoded(self.tokens[j:j + 1], pick(self.steps), pick(self.drafts),
+                               {c: np.asarray(v)[j:j + 1] for c, v in self.images.items()}, self.method, self.gamma,
+                               dict(self.settings), None if self.pixels is None else self.pixels[j:j + 1]))
+        return out
 
     @staticmethod
     def concat(parts: Sequence["Decoded"]) -> "Decoded":

@@ -117,6 +117,13 @@ class DraftLayer(nn.Module, abc.ABC):
     def forward(self, x: torch.Tensor, cache: Any, start: int, positions: Optional[torch.Tensor] = None,
                 attend: Optional[torch.Tensor] = None) -> torch.Tensor: ...
 
+    def forward_slots(self, x: torch.Tensor, cache: Any, slots: torch.Tensor, positions: torch.Tensor,
+                      visible: torch.Tensor) -> torch.Tensor:
+        """Batched decoding (see :meth:`TokenModel.extend_slots`): x (rows, T, H) written at cache
+        slots (rows, T), rotary positions (rows, T), attending to the slots ``visible`` (rows, T, S)
+        allows -> (rows, T, H). Raises NotImplementedError when the layer cannot batch."""
+        raise NotImplementedError(f"{type(self).__name__} cannot decode several images per forward")
+
 
 class TokenModel(abc.ABC):
     """A target model behind the toolkit's protocol (see the module docstring).
@@ -224,6 +231,40 @@ class TokenModel(abc.ABC):
         tree nodes ``nodes`` (m,) int64 (the accepted path, root first) as image tokens
         ``n .. n+m-1``; every other node is dropped."""
         raise NotImplementedError(f"{self.name} does not verify draft trees; use chain drafting")
+
+    # ------------------------------------------------- batched decoding (many images in flight)
+    #: whether :meth:`new_slots_cache`, :meth:`prefill_slots` and :meth:`extend_slots` work, and why not
+    can_batch_decode: bool = False
+    batch_limit: str = "its adapter has no per-image cache positions and 2D attention masks"
+
+    def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> Any:
+        """A KV cache for ``slots`` images decoded together (``2 * slots`` rows with guidance:
+        conditional rows ``0..slots-1``, then unconditional rows in the same order), each with room
+        for ``num_tokens + spare`` image positions. Every slot keeps its own length (the caller's);
+        the cache is preallocated once and updated in place (:meth:`prefill_slots`,
+        :meth:`extend_slots`). Raises NotImplementedError when the adapter cannot batch."""
+        raise NotImplementedError(f"{self.name} cannot decode several images per forward (its adapter has no "
+                                  f"per-image cache positions)")
+
+    def prefill_slots(self, cache: Any, rows: torch.Tensor, prompt: Prompt) -> Step:
+        """Run ``prompt``'s prefix and store it in cache rows ``rows`` (prompt.rows,) int64 (a new image
+        takes a freed slot). Returns the Step (prompt.rows, 1, .) of the first image token."""
+        raise NotImplementedError(f"{self.name} cannot decode several images per forward")
+
+    def extend_slots(self, cache: Any, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                     visible: torch.Tensor) -> Step:
+        """Every row appends T tokens at its own image positions, in one forward.
+
+        tokens: (rows, T) int64 code indices; slots: (rows, T) int64 image positions (cache slots
+        after the prefix) the tokens' keys/values are written to; positions: (rows, T) int64 image
+        positions of the tokens (rotary embedding; < num_tokens); visible: (rows, T, S) bool, which
+        image slots ``0..S-1`` each token attends to (the prefix is always seen). Returns a Step
+        (rows, T, .). Rows that carry padding simply see nothing new of it."""
+        raise NotImplementedError(f"{self.name} cannot decode several images per forward")
+
+    def select_slots(self, cache: Any, rows: torch.Tensor) -> None:
+        """Keep only the cache rows ``rows`` (int64, in this order): a draining batch drops its empty slots."""
+        raise NotImplementedError(f"{self.name} cannot decode several images per forward")
 
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
         """Logits and hidden states (rows, N, .) for known sequences tokens (rows, N).

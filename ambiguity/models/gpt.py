@@ -179,10 +179,12 @@ def rope_table(config: GPTConfig, length: int | None = None) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels. x: (R, T, heads, head_dim); table: (T, head_dim//2, 2)."""
+    """Rotate pairs of channels. x: (R, T, heads, head_dim); table: (T, head_dim//2, 2) shared by the
+    rows, or (R, T, head_dim//2, 2) with each row's own positions (batched decoding)."""
     xs = x.float().unflatten(-1, (-1, 2))
-    cos = table[None, :, None, :, 0]
-    sin = table[None, :, None, :, 1]
+    rows = table if table.ndim == 4 else table[None]
+    cos = rows[:, :, None, :, 0]
+    sin = rows[:, :, None, :, 1]
     out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], dim=-1)
     return out.flatten(-2).type_as(x)
 
@@ -242,7 +244,11 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, layer: int, cache: Optional[KVCache],
-                mask: Optional[torch.Tensor]) -> torch.Tensor:
+                mask: Optional[torch.Tensor], slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (R, T, dim). slots: (R, T) int64 cache positions each row writes its T keys/values to
+        (batched decoding, in place); the keys are then the first ``mask.shape[-1]`` cache positions
+        and ``mask`` (R, 1, T, span) bool says which each query sees. Without slots the T entries
+        are written at ``cache.length``."""
         config = self.config
         R, T, _ = x.shape
         kv = config.kv_heads * config.head_dim
@@ -250,7 +256,14 @@ class Attention(nn.Module):
         q = apply_rope(q.view(R, T, config.n_head, config.head_dim), rope).transpose(1, 2)
         k = apply_rope(k.view(R, T, config.kv_heads, config.head_dim), rope).transpose(1, 2)
         v = v.view(R, T, config.kv_heads, config.head_dim).transpose(1, 2)
-        if cache is not None:
+        if slots is not None:
+            span = mask.shape[-1]
+            at = torch.arange(R, device=slots.device)[:, None]
+            cache.k[layer][at, :, slots] = k.transpose(1, 2)  # (R, T, kv_heads, head_dim) into each row's slots
+            cache.v[layer][at, :, slots] = v.transpose(1, 2)
+            k = cache.k[layer, :, :, :span]
+            v = cache.v[layer, :, :, :span]
+        elif cache is not None:
             start = cache.length
             cache.k[layer, :, :, start:start + T] = k
             cache.v[layer, :, :, start:start + T] = v
@@ -277,8 +290,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
 
-    def forward(self, x, rope, layer=0, cache=None, mask=None):
-        h = x + self.attention(self.attention_norm(x), rope, layer, cache, mask)
+    def forward(self, x, rope, layer=0, cache=None, mask=None, slots=None):
+        h = x + self.attention(self.attention_norm(x), rope, layer, cache, mask, slots)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -453,6 +466,21 @@ class GPT(nn.Module):
             h = layer(h, rope, i, cache, mask)
         if cache is not None:
             cache.length = start + T
+        return self.norm(h)
+
+    def forward_rows(self, h: torch.Tensor, cache: KVCache, slots: torch.Tensor, rope_rows: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor:
+        """Batched decoding: every row appends T tokens at its own cache positions, in place.
+
+        h: (R, T, dim) input embeddings; slots: (R, T) int64 cache positions written (prefix
+        included); rope_rows: (R, T) int64 rows of the rotary table (the tokens' positions);
+        mask: (R, 1, T, span) bool, the cache positions ``0..span-1`` each token sees (the
+        caller hides other rows' unused and stale slots). ``cache.length`` is not used: each
+        row's length lives in the caller. Returns hidden states after the final norm (R, T, dim).
+        """
+        rope = self.rope[rope_rows]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, rope, i, cache, mask, slots)
         return self.norm(h)
 
     def teacher_forced_logits(self, cond: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,11 @@ class GPTDraftLayer(DraftLayer):
     def rollback(self, cache: KVCache, n: int) -> None:
         cache.crop(n)
 
+    def forward_slots(self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor,
+                      visible: torch.Tensor) -> torch.Tensor:
+        off = self.config.cls_token_num  # the drafter's cache holds image positions only; its rope keeps the prefix rows
+        return self.block(x, self.rope[off + positions], 0, cache, visible[:, None], slots)
+
     def forward(self, x: torch.Tensor, cache: Optional[KVCache], start: int,
                 positions: Optional[torch.Tensor] = None, attend: Optional[torch.Tensor] = None) -> torch.Tensor:
         T = x.shape[1]
@@ -176,6 +181,34 @@ class LlamaGenModel(TokenModel):
 
     def rollback(self, cache: GPTCache, n: int) -> None:
         cache.kv.crop(cache.prefix + n)
+
+    can_batch_decode = True  # a fixed condition prefix (cls_token_num), then per-image slots
+
+    def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> GPTCache:
+        prefix = self.gpt.config.cls_token_num
+        kv = self.gpt.new_cache(slots * (1 + bool(guided)), prefix + num_tokens + spare)
+        return GPTCache(kv, prefix)
+
+    def prefill_slots(self, cache: GPTCache, rows: torch.Tensor, prompt: Prompt) -> Step:
+        own = self.new_cache(prompt, 0)  # the prefix alone, as batch-1 decoding computes it
+        step = self.prefill(prompt, own)
+        P = cache.prefix
+        rows = rows.to(self.device)
+        cache.kv.k[:, rows, :, :P] = own.kv.k[:, :, :, :P]
+        cache.kv.v[:, rows, :, :P] = own.kv.v[:, :, :, :P]
+        cache.kv.key_mask[rows, :P] = own.kv.key_mask[:, :P]
+        return step
+
+    def select_slots(self, cache: GPTCache, rows: torch.Tensor) -> None:
+        cache.kv.select_rows(rows.to(self.device))
+
+    def extend_slots(self, cache: GPTCache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                     visible: torch.Tensor) -> Step:
+        P, (R, T) = cache.prefix, tokens.shape
+        prefix = cache.kv.key_mask[:, None, :P].expand(R, T, P)  # padded caption tokens stay hidden
+        mask = torch.cat([prefix, visible], -1)[:, None]
+        h = self.gpt.forward_rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, mask)
+        return Step(self.gpt.head(h), h)
 
     def cache_tokens(self, cache: GPTCache) -> int:
         return cache.kv.length - cache.prefix

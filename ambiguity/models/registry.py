@@ -53,13 +53,14 @@ def get_spec(name: str) -> ModelSpec:
 
 
 def resolve_dtype(dtype: Optional[str | torch.dtype], device: torch.device) -> torch.dtype:
-    """``None``/``"auto"`` -> float32 on CPU, bfloat16 on CUDA; names like ``"bf16"`` accepted."""
+    """``None``/``"auto"`` -> float32 on CPU, bfloat16 on CUDA; names like ``"bf16"`` accepted; ``"float64"``
+    makes batched decoding give exactly the tokens of one image at a time (:mod:`lantern.batched`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    table = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
         raise UsageError(f"--dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
     return table[dtype]

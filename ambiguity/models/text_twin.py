@@ -74,6 +74,10 @@ class TextTwinModel(LlamaGenModel):
     ``tokenizer``: a ``tokenizers.Tokenizer`` (needed for string prompts and :meth:`decode`).
     """
 
+    can_batch_decode = False
+    batch_limit = ("its prompts have different lengths, so each row's cache prefix and 1D rotary positions "
+                   "differ (the slots cache assumes one prefix length)")
+
     def __init__(self, gpt: GPT, tokenizer=None, name: str = "text-twin"):
         config = gpt.config
         if config.model_type != "c2i" or config.num_classes != 1:

@@ -15,7 +15,7 @@ from lantern.paper import COMMAND, EXPERIMENTS, QUICK, TITLES, PaperConfig, run_
 from lantern.quality.features import EXTRACTORS, default_extractors
 
 SIZES = ("main_images", "greedy_images", "grid_images", "fig2a_images", "random_init_images", "profile_images",
-         "interchange_images", "pairs_images")
+         "interchange_images", "pairs_images", "timing_images")
 
 
 def build_parser() -> ArgumentParser:
@@ -34,6 +34,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a few images per measurement (< 10 min on 2 CPU cores); "
                                                          "every figure is marked as such")
     p.add_argument("--seed", type=seed_int, default=defaults.seed)
+    p.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, metavar="B",
+                   help="images per forward for statistics, samples and quality (AR and chains; default 1: every "
+                        "image is also timed); with B > 1 latency is timed at batch 1 on --timing-images rounds")
     sizes = p.add_argument_group("sizes (defaults: full run; --quick lowers them)")
     for name in SIZES:
         sizes.add_argument("--" + name.replace("_", "-"), type=positive_int, default=None,
@@ -80,7 +83,7 @@ def config_from_args(args) -> PaperConfig:
     device, _ = device_from_args(args)
     return dataclasses.replace(PaperConfig(), models=models, weights=weights, drafters=drafters, device=str(device),
                                dtype=args.dtype, seed=args.seed, reference=args.reference, captions=args.captions,
-                               data=args.data, **values)
+                               data=args.data, batch_size=args.batch_size, **values)
 
 
 @cli_main

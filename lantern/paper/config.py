@@ -38,7 +38,11 @@ class PaperConfig:
     fig2a_images: images per model and temperature for Fig. 2a; random_init_images: images per
     temperature with a random-initialised drafter (Fig. 2b); profile_images: images per model
     for Fig. 2c; interchange_images: images for Fig. 3; pairs_images: AR images whose (p, q)
-    pairs measure the distortion; show: images per cell in the Fig. 4 grid.
+    pairs measure the distortion; show: images per cell in the Fig. 4 grid. batch_size: images
+    per forward for a session's untimed rounds (:mod:`lantern.batched`; AR and chains, trees stay
+    at batch 1); with batch_size > 1 only the first ``timing_images`` rounds are timed (batch 1,
+    interleaved) and the speed-ups come from them; with 1 every round is timed (the samples are
+    the timed decodes).
     ks, deltas: the paper's grid (k on the paper's codebook; mapped); paper_k, paper_delta: its
     main LANTERN setting; f2_delta: App. F.2's δ; jsd_deltas: JSD bounds (nats) for Table 3;
     guidance, top_k (paper's codebook; mapped), top_p: sampling of image models (text models:
@@ -64,6 +68,8 @@ class PaperConfig:
     interchange_images: int = 64
     pairs_images: int = 32
     show: int = 3
+    batch_size: int = 1
+    timing_images: int = 50
     ks: tuple[int, ...] = (100, 300, 1000)
     deltas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4)
     paper_k: int = SETTINGS["k"]
@@ -87,12 +93,19 @@ class PaperConfig:
         if self.grid_images > self.main_images:
             raise UsageError(f"--grid-images ({self.grid_images}) cannot exceed --main-images ({self.main_images}): "
                              f"the grid cells are the first images of the main session")
+        if int(self.batch_size) < 1:
+            raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         if not self.models:
             raise UsageError("--models needs at least one model")
 
     def settings(self) -> dict:
-        """The record stored with the run (and compared on resume)."""
-        return dataclasses.asdict(self)
+        """The record stored with the run (and compared on resume); the batching fields only when
+        batch_size > 1 (at 1 they change nothing, so runs recorded before them still resume)."""
+        out = dataclasses.asdict(self)
+        if self.batch_size == 1:
+            out.pop("batch_size")
+            out.pop("timing_images")
+        return out
 
 
 QUICK = dict(quick=True, main_images=6, greedy_images=4, grid_images=4, fig2a_images=3, random_init_images=2,

@@ -8,6 +8,11 @@ whether it is timed or not: the timed decodes *are* the method's samples. Every 
 checked part of ``sessions/<name>/`` (timing rows, step records with per-step reached and
 committed draft counts, image rows, tokens), so an interrupted session resumes at the next
 round, and under torchrun the rounds are split across ranks (``r % world == rank``).
+
+With ``--batch-size B > 1`` only the first ``--timing-images`` rounds are timed that way; the
+other rounds are decoded per method in batches of B images (:mod:`lantern.batched`; trees at
+batch 1) and stored as the same round parts without timing rows: statistics, samples and quality
+use every round, speed-ups the timed ones.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import torch
 from ambiguity.conditions import generation_conditions
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
-from lantern.decoding import DecodeConfig
+from lantern.decoding import DecodeConfig, decode
 from lantern.evaluate import score_images
 from lantern.paper.context import Context
 from lantern.records import Decoded
@@ -143,10 +148,29 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
         run.write_part(*_round_part(session, r), tables={"timing": timing, "steps": steps, "images": images},
                        tensors={"tokens": {name: d.tokens for name, d in decodes.items()}})
 
-    if mine:
+    B = int(getattr(ctx.config, "batch_size", 1))
+    timed = mine if B == 1 else [r for r in mine if r < ctx.config.timing_images]
+    tables = neighbour_tables(model, configs) if mine else {}
+    if timed:
         interleaved_timing(model, configs, sampling, conditions, [(r, 1) for r in range(session.rounds)], drafters,
-                           neighbour_tables(model, configs), seed=ctx.config.seed, progress=ctx.progress,
-                           only=mine, rounds_of=rounds_of, on_round=save, desc=session.name)
+                           tables, seed=ctx.config.seed, progress=ctx.progress,
+                           only=timed, rounds_of=rounds_of, on_round=save, desc=session.name)
+    untimed = [r for r in mine if r not in set(timed)]
+    for at in range(0, len(untimed), 16 * B):  # the other rounds in batches: parts every 16 batches
+        chunk = untimed[at:at + 16 * B]
+        per_round: dict = {r: {} for r in chunk}
+        for m in session.methods:
+            rs = [r for r in chunk if m.rounds is None or r < m.rounds]
+            if not rs:
+                continue
+            batch = B if m.config.tree is None or not m.config.speculative else 1
+            d = decode(model, [conditions[r] for r in rs], m.config, sampling, drafters.get(m.name),
+                       tables.get(m.name), seed=ctx.config.seed, indices=rs, batch_size=batch,
+                       progress=ctx.progress)
+            for r, one in zip(rs, d.split()):
+                per_round[r][m.name] = one
+        for r in chunk:
+            save(r, pd.DataFrame(columns=list(TIMING_COLUMNS)), per_round[r])
     ctx.shard.barrier()
     if not ctx.shard.merges:
         return None
@@ -154,7 +178,9 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     cat = lambda key: pd.concat([p.tables[key] for p in parts], ignore_index=True)  # noqa: E731
     tokens = {m.name: torch.cat([p.tensors["tokens"][m.name] for p in parts if m.name in p.tensors["tokens"]])
               for m in session.methods}
-    timing = cat("timing")[list(TIMING_COLUMNS)]
+    timed_parts = [p.tables["timing"] for p in parts if len(p.tables["timing"])]  # untimed rounds have none
+    timing = (pd.concat(timed_parts, ignore_index=True) if timed_parts
+              else pd.DataFrame(columns=list(TIMING_COLUMNS)))[list(TIMING_COLUMNS)]
     return SessionData(session, run, sampling, conditions, timing, cat("steps"), cat("images"), tokens)
 
 

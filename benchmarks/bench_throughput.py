@@ -1,0 +1,119 @@
+"""Throughput of batched decoding: images per second of AR, SD and LANTERN chains at batch sizes B.
+
+    PYTHONPATH=$PWD python benchmarks/bench_throughput.py --models embedded,embedded-16 \
+        --batch-sizes 1,8,32,64 --repeats 3
+
+Every (model, method, B) cell decodes ``max(--images, 2 B)`` images with
+:func:`lantern.decoding.decode` ``(batch_size=B)`` (continuous batching, so the last images of a
+cell run in a draining batch, as a real run's last batch does) and records images / wall second.
+The ``profile`` method times ``ambiguity.profile.profile`` on the same images and batch (AR
+sampling plus its statistics: the profiler's cost per image). Cells run interleaved: every
+repeat visits all cells in a fresh random order (seeded), after one warm-up decode per model and
+method; the table reports the median over repeats and the spread (min, max). Draft trees decode
+one image at a time (not batched), so they are not in this table. The machine may be shared:
+compare ratios measured in one run, not absolute numbers across runs.
+
+Writes ``--out``/throughput.parquet (one row per cell and repeat) and throughput.json (medians,
+spreads and the ratios: each method at B against itself at B = 1 and against AR at the same B).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ambiguity.cli import set_threads  # noqa: E402
+from ambiguity.models.registry import load_model  # noqa: E402
+from ambiguity.profile import profile  # noqa: E402
+from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
+from lantern.decoding import DecodeConfig, decode, neighbour_table  # noqa: E402
+from lantern.drafter import load_drafter  # noqa: E402
+
+METHODS = {"ar": lambda g, k, d: DecodeConfig.of("ar"), "sd": lambda g, k, d: DecodeConfig.of("sd", g),
+           "lantern": lambda g, k, d: DecodeConfig.of("lantern", g, k=k, delta=d)}
+
+
+def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -> dict:
+    """Decode (or profile) ``n`` images at batch ``B`` once: images/s and τ (bonus counted)."""
+    conditions = model.default_conditions(n)
+    t0 = time.perf_counter()
+    if method == "profile":
+        profile(model, conditions, sampling, batch_size=B, progress=False)
+        tau = 1.0
+    else:
+        out = decode(model, conditions, config, sampling, drafter if config.speculative else None,
+                     table if config.speculative else None, seed=0, batch_size=B)
+        tau = out.summary()["tau"]
+    seconds = time.perf_counter() - t0
+    return {"images": n, "seconds": seconds, "images_per_s": n / seconds, "tau": tau}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="embedded,embedded-16")
+    ap.add_argument("--methods", default="ar,sd,lantern,profile")
+    ap.add_argument("--batch-sizes", default="1,8,32,64")
+    ap.add_argument("--images", type=int, default=8, help="images per cell at least (a cell takes max(this, 2B))")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--delta", type=float, default=0.2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "throughput"))
+    args = ap.parse_args(argv)
+    set_threads(args.threads)
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    methods = [m for m in args.methods.split(",") if m]
+    rows, loaded = [], {}
+    for name in args.models.split(","):
+        model = load_model(name, device="cpu")
+        drafter = load_drafter(model)
+        sampling = SamplingConfig(guidance=default_guidance(model.kind), temperature=1.0)
+        k = min(args.k, model.vocab_size - 1)
+        table = neighbour_table(model, METHODS["lantern"](args.gamma, k, args.delta))
+        loaded[name] = (model, drafter, table, sampling, k)
+        for m in methods:  # warm-up
+            cell(model, drafter, table, m, METHODS.get(m, METHODS["ar"])(args.gamma, k, args.delta), sampling, 2, 2)
+    cells = [(name, m, B) for name in loaded for m in methods for B in sizes]
+    rng = random.Random(0)
+    for r in range(args.repeats):
+        rng.shuffle(cells)
+        for name, m, B in cells:
+            model, drafter, table, sampling, k = loaded[name]
+            n = max(args.images, 2 * B)
+            res = cell(model, drafter, table, m, METHODS.get(m, METHODS["ar"])(args.gamma, k, args.delta), sampling,
+                       B, n)
+            rows.append({"model": name, "method": m, "batch_size": B, "repeat": r, **res})
+            print(f"r{r} {name:12s} {m:8s} B={B:3d} {res['images_per_s']:7.2f} img/s  τ={res['tau']:.2f}", flush=True)
+    df = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(out / "throughput.parquet")
+    g = df.groupby(["model", "method", "batch_size"])["images_per_s"]
+    table = pd.DataFrame({"median": g.median(), "min": g.min(), "max": g.max(), "tau": df.groupby(
+        ["model", "method", "batch_size"])["tau"].median()}).reset_index()
+    base = table[table["batch_size"] == 1].set_index(["model", "method"])["median"]
+    ar = table[table["method"] == "ar"].set_index(["model", "batch_size"])["median"]
+    table["vs_batch_1"] = [row.median / base.get((row.model, row.method), np.nan) for row in table.itertuples()]
+    table["vs_ar_same_batch"] = [row.median / ar.get((row.model, row.batch_size), np.nan) for row in table.itertuples()]
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    summary = {"settings": vars(args), "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "note": "measured on a shared 2-core CPU; compare ratios within this run",
+               "cells": table.to_dict(orient="records")}
+    (out / "throughput.json").write_text(json.dumps(summary, indent=1, default=float))
+    print(f"wrote {out / 'throughput.parquet'}, {out / 'throughput.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,420 @@
+"""Batched decoding: many images in flight, one target forward (and one drafter forward) per step for all.
+
+:func:`batched_decode` keeps ``B`` *slots*; each holds one image at its own position. A step
+drafts a chain for every slot, verifies all chains in one target forward, and lets each image
+commit its own accepted prefix (ragged acceptance): image ``b`` at ``n_b`` committed tokens
+drafts ``γ_b = min(γ, N - 1 - n_b)`` tokens and keeps ``a_b + 1`` of them. A finished image
+leaves its slot and the next condition is prefilled into it (continuous batching), so one slow
+image never holds the others; once no condition is left and at most half the slots are busy, the
+empty slots are dropped from the caches (one copy), so a draining batch does not compute them.
+AR decoding is the same step with γ = 0 and no drafter.
+
+State per slot (the loop of :func:`lantern.chain.speculative_decode`, with ``n`` and ``d`` per
+image): the target's KV cache (:meth:`ambiguity.models.base.TokenModel.new_slots_cache`,
+preallocated for ``N + γ + 1`` image positions a row and written in place at per-row slots) holds
+``x_0..x_{n_b-2}``; the drafter's cache holds its positions ``0..d_b-1``; the target features
+``h_{-1}..h_{n_b-2}`` sit in a (rows, N + γ + 1, H) buffer. Positions are per row (the 2D
+rotary position of each image's own grid cell), and an attention mask per row shows a token
+exactly the committed slots of its own image and the tokens before it in its chain; slots past an
+image's length (rejected drafts, padding of shorter chains) are never seen and are overwritten
+later, so a rejection needs no cache copy. Rows are ``[conditional slots, unconditional slots]``
+with guidance (two rows per image, the layout of :class:`ambiguity.models.base.Prompt`).
+
+Randomness is unchanged: image ``i`` draws from its own generator
+:func:`ambiguity.seeding.image_generator` ``(seed, i)`` exactly the numbers one-image decoding
+draws (the first token, ``γ_b`` draft tokens, ``γ_b`` uniforms, the next token), whatever the
+batch, slot or admission step. In float64 the tokens of every image equal those of batch 1
+(``tests/test_batched_decoding.py``); in float32 matrix products over several rows round
+differently from one row, which now and then moves a CDF boundary past a uniform and changes an
+image from that token on (see the README for the measured fraction of identical images).
+
+Vectorised over images: drafting, verification, acceptance (:func:`lantern.chain.accept` with
+per-row lengths), residual sampling and the commits are tensor operations over all slots; the
+per-image Python work is one ``torch.rand`` call per image's generator (each image owns a stream)
+and record keeping. One host transfer per step brings the accepted lengths and the step's
+records to the CPU (plus none for the tokens: they stay on the device until the end).
+
+Timing: a step's seconds per section (target, drafter, acceptance, proximity; wall-clock) are
+split equally among the images active in it, and a prefill's among the images it admitted;
+``total_s`` of an image is its share of every step's wall time. Step rows carry ``batch_step``
+and ``active`` (:mod:`lantern.records`). Draft trees are not batched (``batch_size > 1`` with a
+tree is refused with a UsageError).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ambiguity.errors import UsageError
+from ambiguity.models.base import TokenModel
+from ambiguity.sampling import SamplingConfig, expand_rows, invert, row_uniforms
+from ambiguity.seeding import image_generator, image_seed
+from ambiguity.stats import entropy, top1_prob
+from lantern.acceptance import AcceptanceRule
+from lantern.acceptance import judge
+from lantern.chain import accept
+from lantern.drafter import DraftModel
+from lantern.records import DRAFT_COLUMNS, NEXT_KINDS, STEP_COLUMNS, Decoded
+from lantern.steps import Timer, elapsed_since, target_distribution
+
+__all__ = ["batched_decode", "check_batching"]
+
+_FLOAT_DRAFT = ("p_draft", "q_draft", "p_tilde", "j_star", "spent", "accept_prob", "u", "accepted", "p_top1",
+                "p_entropy", "q_top1")
+_SECTIONS = ("target", "drafter", "acceptance", "proximity")
+
+
+def check_batching(model: TokenModel, drafter: Optional[DraftModel], tree) -> None:
+    """Raise UsageError (one line) when a decode with ``--batch-size`` > 1 cannot run: a draft tree,
+    an adapter without per-image cache positions, or a drafter without :meth:`forward_slots`."""
+    if tree is not None:
+        raise UsageError("--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
+                         "use --tree chain or --batch-size 1")
+    if not getattr(model, "can_batch_decode", False):
+        why = getattr(model, "batch_limit", TokenModel.batch_limit)
+        raise UsageError(f"{model.name} cannot decode several images per forward ({why}); use --batch-size 1")
+    if drafter is not None and not hasattr(drafter, "forward_slots"):
+        raise UsageError(f"the drafter {type(drafter).__name__} cannot run several images per forward; "
+                         f"use --batch-size 1")
+
+
+class _Streams:
+    """Each slot's source of random numbers: its image's generator (empty slots: an idle one), or,
+    for exact enumeration in tests, a :class:`lantern.trees.Draws` given for that image."""
+
+    def __init__(self, B: int, device, draws: Optional[dict] = None):
+        self.device, self.draws = device, dict(draws or {})
+        self.idle = torch.Generator(device=device)  # empty slots draw from it; no image's stream is touched
+        self.gens: list = [self.idle] * B
+        self.scripted: list = [None] * B
+
+    def take(self, slot: int, seed: int, image: int) -> None:
+        self.gens[slot] = image_generator(seed, image, self.device)
+        self.scripted[slot] = self.draws.get(image)
+
+    def keep(self, slots) -> None:
+        """Only these slots remain, renumbered 0.. in this order (a compacted batch)."""
+        self.gens = [self.gens[s] for s in slots]
+        self.scripted = [self.scripted[s] for s in slots]
+
+    def free(self, slot: int) -> None:
+        self.gens[slot], self.scripted[slot] = self.idle, None
+
+    def categorical(self, probs: torch.Tensor, slots: Sequence[int], draw=None) -> torch.Tensor:
+        """One token per row of probs (k, V) for ``slots`` (k,): inverse CDF with one float64 uniform
+        of the slot's stream where ``draw`` (k,) bool says so (default all), the argmax elsewhere."""
+        draw = np.ones(len(slots), dtype=bool) if draw is None else np.asarray(draw, dtype=bool)
+        u = row_uniforms([self.gens[s] for s in slots], draw.astype(int), torch.float64, self.device)
+        out = torch.where(torch.as_tensor(draw, device=probs.device), invert(probs, u[:, 0] if u.shape[1] else
+                                                                            u.new_zeros(len(slots))), probs.argmax(-1))
+        for r, s in enumerate(slots):
+            if self.scripted[s] is not None and draw[r]:
+                out[r] = self.scripted[s].categorical(probs[r])
+        return out
+
+    def uniforms(self, counts, dtype, accept_prob: Optional[torch.Tensor]) -> torch.Tensor:
+        """Acceptance uniforms (B, max counts): row b's first counts[b] from its stream. A scripted
+        row walks its coins ``accept_prob`` (B, γ) until the first rejection (u = 0 accepts any
+        draft of positive probability, u just below 1 rejects any draft accepted with probability < 1)."""
+        u = row_uniforms(self.gens, counts, dtype, self.device)
+        below_one = float(np.nextafter(1.0, 0.0))
+        for b, d in enumerate(self.scripted):
+            if d is not None:
+                u[b] = below_one
+                for j in range(int(counts[b])):
+                    ok = d.coin(float(accept_prob[b, j]))
+                    u[b, j] = 0.0 if ok else below_one
+                    if not ok:
+                        break
+        return u
+
+
+class _Records:
+    """Step and draft rows of a batched decode, collected per step as numpy arrays."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+        self.drafts: list[dict] = []
+
+    def add(self, images, step_no, n, g, a, kind, token, seconds: dict, batch_step: int, draft_cols: Optional[dict]):
+        k = len(images)
+        row = dict(image=images, step=step_no, position=n, drafted=g, accepted=a, emitted=a + 1,
+                   next_kind=np.asarray(NEXT_KINDS, dtype=object)[kind], next_token=token, drafter_forwards=g,
+                   batch_step=np.full(k, batch_step), active=np.full(k, k))
+        for s in _SECTIONS:
+            row[f"{s}_s"] = np.full(k, seconds.get(s, 0.0) / max(k, 1))
+        self.steps.append(row)
+        if draft_cols is not None:
+            self.drafts.append(draft_cols)
+
+    def tables(self) -> tuple[dict, dict]:
+        steps = {c: np.concatenate([s[c] for s in self.steps]) if self.steps else np.array([]) for c in STEP_COLUMNS}
+        order = np.lexsort((steps["step"], steps["image"])) if self.steps else np.array([], dtype=np.int64)
+        steps = {c: v[order] for c, v in steps.items()}
+        if not self.drafts:
+            return steps, {c: np.array([]) for c in DRAFT_COLUMNS}
+        drafts = {c: np.concatenate([d[c] for d in self.drafts]) for c in DRAFT_COLUMNS}
+        order = np.lexsort((drafts["draft_index"], drafts["step"], drafts["image"]))
+        return steps, {c: v[order] for c, v in drafts.items()}
+
+
+def _chain_draft_columns(host: dict, images, step_no, n, g, a) -> Optional[dict]:
+    """Draft rows (one per drafted token, t < γ_b) of one batch step from (k, γ) host arrays."""
+    width = host["token"].shape[1]
+    t = np.arange(width)[None, :]
+    valid = t < g[:, None]
+    if not valid.any():
+        return None
+    rep = lambda x: np.broadcast_to(np.asarray(x)[:, None], valid.shape)[valid]  # noqa: E731 - per image -> per draft
+    cols = {"image": rep(images), "step": rep(step_no), "draft_index": np.broadcast_to(t, valid.shape)[valid],
+            "token": host["token"][valid].astype(np.int64)}
+    cols["position"] = rep(n) + cols["draft_index"]
+    for c in _FLOAT_DRAFT:
+        cols[c] = host[c][valid]
+    cols["j_star"] = cols["j_star"].astype(np.int64)
+    cols["accepted"] = cols["accepted"].astype(bool)
+    acc = rep(a)
+    cols["reached"] = cols["draft_index"] <= acc
+    cols["committed"] = cols["draft_index"] < acc
+    cols["out_of_support"] = cols["committed"] & (cols["p_draft"] == 0)
+    cols["node"], cols["parent"] = cols["draft_index"] + 1, cols["draft_index"].copy()
+    cols["depth"], cols["sibling"] = cols["draft_index"] + 1, np.zeros_like(cols["draft_index"])
+    return cols
+
+
+@torch.no_grad()
+def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingConfig,
+                   rule: Optional[AcceptanceRule] = None, drafter: Optional[DraftModel] = None,
+                   neighbours: Optional[torch.Tensor] = None, gamma: int = 4, batch_size: int = 8, seed: int = 0,
+                   first_index: int = 0, num_tokens: Optional[int] = None, progress: bool = False,
+                   indices: Optional[Sequence[int]] = None, draws: Optional[dict] = None) -> Decoded:
+    """Decode one image per condition with up to ``batch_size`` images per forward (module docstring).
+
+    rule: None for AR decoding (then drafter, neighbours and gamma are unused), else ``"sd"`` or a
+    LANTERN rule with a drafter (:class:`lantern.drafter.Drafter`) and, for relaxed rules, the
+    (V, K >= k) int64 neighbour table; gamma: chain length γ >= 1; image ``first_index + j``
+    decodes ``conditions[j]`` with generator ``(seed, first_index + j)`` (or image ``indices[j]``
+    when given). draws: {image index: :class:`lantern.trees.Draws`} for images whose coins and
+    categorical draws come from that object instead of their generator (exact enumeration in the
+    tests; a per-row Python path). Returns a
+    :class:`~lantern.records.Decoded` (tokens (images, N) int64 on the CPU, rows in image order,
+    records as :func:`lantern.chain.speculative_decode` writes them plus ``batch_step`` and
+    ``active``). Raises UsageError when the model or drafter cannot batch (:func:`check_batching`).
+    """
+    check_batching(model, drafter if rule is not None else None, None)
+    conds = list(conditions)
+    index = np.arange(first_index, first_index + len(conds)) if indices is None else np.asarray(indices, dtype=np.int64)
+    N = int(num_tokens or model.num_tokens)
+    G = int(gamma) if rule is not None else 0
+    guided, greedy = sampling.guided, sampling.greedy
+    convention = rule.convention if rule is not None else "exact"
+    judge_rule = rule if rule is not None else AcceptanceRule("sd")
+    table = rule.prepare_table(neighbours, model.vocab_size, model.device) if rule is not None else None
+    dev = model.device
+    B = max(1, min(int(batch_size), len(conds)))
+    R = B * (1 + guided)
+    W = N + G + 1  # positions a row may write: the image plus the padding of one chain
+    cache = model.new_slots_cache(B, guided, N, G + 1)
+    dcache = drafter.new_cache(R, G + 1) if G else None
+    timer = Timer(dev)
+    streams = _Streams(B, dev, draws)
+    image_of = np.full(B, -1)
+    n, d = np.ones(B, dtype=np.int64), np.zeros(B, dtype=np.int64)  # committed tokens, drafter positions
+    step_of = np.zeros(B, dtype=np.int64)
+    tokens = torch.zeros(B, W, dtype=torch.long, device=dev)
+    feats: Optional[torch.Tensor] = None  # (R, W, H): feats[:, i] = h_{i-1}
+    out_tokens = torch.zeros(len(conds), N, dtype=torch.long, device=dev)
+    per_image = {s: np.zeros(len(conds)) for s in _SECTIONS + ("total",)}
+    counts = {c: np.zeros(len(conds), dtype=np.int64) for c in ("steps", "drafted", "accepted")}
+    records = _Records()
+    queue = iter(range(len(conds)))
+    waiting = [len(conds)]  # conditions not yet admitted
+    bar = tqdm(total=len(conds), desc=rule.method if rule is not None else "ar", disable=not progress, unit="img")
+    rows_of = lambda slots: torch.cat([slots, slots + B]) if guided else slots  # noqa: E731 - slot -> its rows
+
+    def admit(free: list[int]) -> None:
+        nonlocal feats
+        take = [(s, j) for s, j in zip(free, queue)]
+        waiting[0] -= len(take)
+        if not take:
+            return
+        t0, before = time.perf_counter(), timer.snapshot()
+        slots = torch.tensor([s for s, _ in take], device=dev)
+        rows = rows_of(slots)
+        prompt = model.make_prompt([conds[j] for _, j in take], guided=guided)
+        with timer("target"):
+            first = model.prefill_slots(cache, rows, prompt)
+        for s, j in take:
+            streams.take(s, seed, int(index[j]))
+            image_of[s] = j
+        with timer("acceptance"):
+            p0 = target_distribution(first.logits[:, -1], sampling, guided, convention)
+            x0 = p0.argmax(-1) if greedy else streams.categorical(p0, [s for s, _ in take])
+        if feats is None:
+            feats = first.hidden.new_zeros(R, W, first.hidden.shape[-1])
+        tokens[slots, 0] = x0
+        feats[rows, 0] = first.hidden[:, -1]
+        idx = [s for s, _ in take]
+        n[idx], d[idx], step_of[idx] = 1, 0, 0
+        share = elapsed_since(timer, before)
+        js = [j for _, j in take]
+        for s in _SECTIONS:
+            per_image[s][js] += share.get(s, 0.0) / len(take)
+        per_image["total"][js] += (time.perf_counter() - t0) / len(take)
+
+    admit(list(range(B)))
+    batch_step = 0
+    H = feats.shape[-1]
+    ar = torch.arange(W, device=dev)
+    while (image_of >= 0).any():
+        batch_step += 1
+        t0, before = time.perf_counter(), timer.snapshot()
+        active = image_of >= 0
+        g = np.where(active, np.minimum(G, N - 1 - n), 0)
+        gmax = int(g.max())
+        n_t = torch.as_tensor(n, device=dev)
+        g_t = torch.as_tensor(g, device=dev)
+        drafts = tokens.new_zeros(B, gmax)
+        q = None
+        if gmax:
+            with timer("drafter"):
+                drafts, q = _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided,
+                                   convention, N)
+            d = np.where(g > 0, n, d)
+        with timer("target"):
+            T = gmax + 1
+            slots = (n_t - 1)[:, None] + ar[:T]  # x_{n-1} and the drafts, at their own image positions
+            vin = torch.cat([tokens.gather(1, slots[:, :1]), drafts], 1)
+            S = int(n.max()) - 1 + T
+            visible = ar[None, None, :S] <= slots[:, :, None]
+            out = model.extend_slots(cache, expand_rows(vin, guided), expand_rows(slots, guided),
+                                     expand_rows(slots.clamp(max=N - 1), guided), expand_rows(visible, guided))
+        with timer("acceptance"):
+            p = target_distribution(out.logits, sampling, guided, convention)  # (B, T, V)
+            u = None
+            if gmax and not greedy:
+                prob = (judge(p[:, :gmax], q, drafts, torch.zeros_like(drafts, dtype=p.dtype), table, judge_rule,
+                              False).accept_prob if any(x is not None for x in streams.scripted) else None)
+                u = streams.uniforms(g, p.dtype, prob)
+            res = accept(p, q, drafts, judge_rule, table, greedy, None, validate=False, timer=timer, lengths=g_t, u=u,
+                         choose=lambda probs: streams.categorical(probs, range(B)))
+            a = res.accepted
+            keep = ar[None, :T] <= a[:, None]  # committed: the accepted drafts and the next token
+            cand = torch.cat([drafts, res.next_token[:, None]], 1)
+            cand = cand.scatter(1, a[:, None], res.next_token[:, None])
+            at = n_t[:, None] + ar[:T]
+            tokens.scatter_(1, at, torch.where(keep, cand, tokens.gather(1, at)))
+            at_r, keep_r = expand_rows(at, guided)[..., None].expand(-1, -1, H), expand_rows(keep, guided)[..., None]
+            feats.scatter_(1, at_r, torch.where(keep_r, out.hidden, feats.gather(1, at_r)))  # h_{n-1}..h_{n+a-1}
+        host = _to_host(res, p, q, drafts, gmax, greedy)  # the step's one host transfer
+        a_h = host["a"]
+        live = np.flatnonzero(active)
+        step_of[live] += 1
+        imgs = image_of[live]
+        cols = (_chain_draft_columns({c: host[c][live] for c in host if c not in ("a", "kind", "next")},
+                                     index[imgs], step_of[live], n[live], g[live], a_h[live]) if gmax else None)
+        secs = elapsed_since(timer, before)
+        n_before = n.copy()
+        n = np.where(active, n + a_h + 1, n)
+        finished = live[n[live] >= N]
+        if len(finished):
+            fin = torch.as_tensor(finished, device=dev)
+            out_tokens[torch.as_tensor(image_of[finished], device=dev)] = tokens[fin, :N]
+        wall = time.perf_counter() - t0
+        records.add(index[imgs], step_of[live], n_before[live], g[live], a_h[live], host["kind"][live],
+                    host["next"][live], secs, batch_step, cols)
+        for s in _SECTIONS:
+            per_image[s][imgs] += secs.get(s, 0.0) / len(live)
+        per_image["total"][imgs] += wall / len(live)
+        counts["steps"][imgs] += 1
+        counts["drafted"][imgs] += g[live]
+        counts["accepted"][imgs] += a_h[live]
+        if len(finished):
+            bar.update(len(finished))
+            for s in finished:
+                streams.free(s)
+                image_of[s] = -1
+            n[finished], d[finished] = 1, 0
+            admit(list(finished))
+        live = np.flatnonzero(image_of >= 0)
+        if not waiting[0] and 0 < len(live) <= B // 2:  # a draining batch: drop the empty slots (one copy)
+            keep = torch.as_tensor(live, device=dev)
+            rows = rows_of(keep)
+            model.select_slots(cache, rows)
+            if dcache is not None:
+                drafter.select_slots(dcache, rows)
+            tokens, feats = tokens[keep], feats[rows]
+            n, d, image_of, step_of = n[live], d[live], image_of[live], step_of[live]
+            streams.keep(live)
+            B = len(live)
+    bar.close()
+    steps, drafts_tab = records.tables()
+    images = {"image": index, "condition": np.array([str(c) for c in conds]),
+              "seed": np.array([image_seed(seed, int(i)) for i in index]), "tokens": np.full(len(conds), N),
+              "target_forwards": 1 + counts["steps"], "steps": counts["steps"], "drafted": counts["drafted"],
+              "accepted": counts["accepted"], **{f"{s}_s": per_image[s] for s in _SECTIONS},
+              "total_s": per_image["total"]}
+    return Decoded(out_tokens.cpu(), steps, drafts_tab, images, rule.method if rule is not None else "ar", G)
+
+
+def _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided, convention, N):
+    """Draft a chain for every slot in ``max(g)`` drafter steps (:func:`lantern.chain.draft`, per row).
+
+    The first forward covers each row's pending positions ``d_b..n_b-1`` (padded to the longest;
+    each row's last real output drafts ``x̂_{n_b}``); row b draws only its first ``g_b`` drafts
+    from its stream. Returns drafts (B, max g) int64 and q (B, max g, V)."""
+    dev, B, H = tokens.device, tokens.shape[0], feats.shape[-1]
+    gmax = int(g.max())
+    pend = np.where(g > 0, n - d, 1)
+    Tp = int(pend.max())
+    d_t = torch.as_tensor(d, device=dev)
+    ar = torch.arange(max(Tp, gmax) + int(n.max()) + 1, device=dev)
+    slots = d_t[:, None] + ar[:Tp]
+    pos = slots.clamp(max=N - 1)
+    toks = tokens.gather(1, pos)
+    pos_r = expand_rows(pos, guided)
+    fin = feats.gather(1, pos_r[..., None].expand(-1, -1, H))
+    S = int(d.max()) + Tp
+    visible = ar[None, None, :S] <= slots[:, :, None]
+    f = drafter.forward_slots(model, expand_rows(toks, guided), fin, dcache, expand_rows(slots, guided), pos_r,
+                              expand_rows(visible, guided))
+    last = expand_rows(torch.as_tensor(pend - 1, device=dev), guided)
+    f = f.gather(1, last[:, None, None].expand(-1, 1, H))  # (rows, 1, H): each row's last pending output
+    n_t = torch.as_tensor(n, device=dev)
+    xs, qs = [], []
+    for j in range(gmax):
+        q = target_distribution(drafter.logits(model, f)[:, -1], sampling, guided, convention)  # (B, V)
+        x = q.argmax(-1) if sampling.greedy else streams.categorical(q, range(B), g > j)
+        xs.append(x)
+        qs.append(q)
+        if j + 1 < gmax:
+            at = (n_t + j)[:, None]
+            vis = ar[None, None, :int(n.max()) + j + 1] <= at[:, :, None]
+            f = drafter.forward_slots(model, expand_rows(x, guided)[:, None], f, dcache, expand_rows(at, guided),
+                                      expand_rows(at.clamp(max=N - 1), guided), expand_rows(vis, guided))
+    return torch.stack(xs, 1), torch.stack(qs, 1)
+
+
+def _to_host(res, p, q, drafts, gmax: int, greedy: bool) -> dict:
+    """The step's accepted lengths, next tokens and kinds and its (B, γ) draft columns as numpy
+    arrays, moved to the CPU in one transfer."""
+    cols = [res.accepted, res.next_token, res.next_kind]
+    names = ["a", "next", "kind"]
+    B = drafts.shape[0]
+    parts = [torch.stack(cols, 1).double()]
+    if gmax:
+        v, pg = res.verdict, p[:, :gmax]
+        u = res.u if res.u is not None else torch.full_like(v.p_draft, float("nan"))
+        draft = {"token": drafts, "p_draft": v.p_draft, "q_draft": q.gather(-1, drafts[..., None])[..., 0],
+                 "p_tilde": v.p_tilde, "j_star": v.j_star, "spent": v.spent, "accept_prob": v.accept_prob, "u": u,
+                 "accepted": v.accepted, "p_top1": top1_prob(pg), "p_entropy": entropy(pg), "q_top1": top1_prob(q)}
+        parts += [x.double() for x in draft.values()]
+    flat = torch.cat([x.reshape(B, -1) for x in parts], 1).cpu().numpy()
+    host = {name: flat[:, i].astype(np.int64) for i, name in enumerate(names)}
+    for i, name in enumerate(["token", *_FLOAT_DRAFT] if gmax else []):
+        host[name] = flat[:, 3 + i * gmax: 3 + (i + 1) * gmax]
+    return host

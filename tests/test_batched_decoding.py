@@ -1,0 +1,214 @@
+"""Batched decoding (lantern.batched, lantern.decoding.decode(batch_size=B)) on tiny random models.
+
+* in float64 the batched tokens and records equal batch 1's for every image, method, convention,
+  greedy and sampling, CFG, temperature, top-k / top-p, with more images than slots (images
+  leave and enter slots at different steps: continuous batching);
+* greedy batched decoding (sd, and LANTERN rules with δ = 0) equals greedy AR token for token;
+* exhaustive enumeration of the *real* batched decoder: every coin and categorical draw of one
+  image branched with its probability while the other images of the batch draw from their own
+  streams; with δ = 0 the image's joint distribution equals AR sampling exactly (1e-12),
+  for an image that starts with the batch and for one admitted later into a freed slot;
+* bad input: batch size < 1, draft trees, a model that cannot batch.
+"""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.generation import sample_tokens
+from ambiguity.neighbourhood import build_neighbourhoods
+from ambiguity.sampling import SamplingConfig
+from lantern.acceptance import AcceptanceRule
+from lantern.batched import batched_decode
+from lantern.decoding import DecodeConfig, decode
+from lantern.drafter import Drafter
+from lantern.trees import TreeSpec
+from test_trees import enumerate_outcomes, exact_joint, tiny
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny(vocab=32, block=16, dim=32, std=0.5)
+
+
+@pytest.fixture(scope="module")
+def drafter(model):
+    return Drafter.for_target(model, seed=2).eval()
+
+
+@pytest.fixture(scope="module")
+def table(model):
+    return build_neighbourhoods(model.input_embeddings(), 8, "l2", cache=False).indices
+
+
+def _same_records(a, b):
+    """Every non-timing column of the steps, drafts and images tables is equal (probabilities up to
+    float64 rounding: a batched product may differ from a single-row one in the last bit)."""
+    for key in ("steps", "drafts", "images"):
+        A, B = getattr(a, key), getattr(b, key)
+        for c in A:
+            if c.endswith("_s") or c in ("batch_step", "active"):
+                continue
+            x, y = np.asarray(A[c]), np.asarray(B[c])
+            assert x.shape == y.shape, (key, c)
+            if x.dtype.kind == "f":
+                np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-15, err_msg=f"{key}.{c}")  # float64 rounding
+            else:
+                assert np.array_equal(x, y), (key, c)
+
+
+CHAINS = [DecodeConfig.of("ar"), DecodeConfig.of("sd", 3), DecodeConfig.of("lantern", 3, k=8, delta=0.2),
+          DecodeConfig.of("lantern-jsd", 2, k=8, delta=0.1), DecodeConfig.of("lantern++", 4, k=8, lam=2.0),
+          DecodeConfig.of("lantern", 3, k=8, delta=0.2, convention="official"),
+          DecodeConfig.of("sd", 3, convention="official")]
+SAMPLINGS = [SamplingConfig(guidance=1.0, temperature=1.0), SamplingConfig(guidance=3.0, temperature=0.8, top_k=12),
+             SamplingConfig(guidance=2.0, temperature=1.2, top_p=0.9), SamplingConfig(guidance=2.0, temperature=0.0)]
+
+
+@pytest.mark.parametrize("config", CHAINS, ids=lambda c: f"{c.method}-{c.rule.convention if c.rule else ''}")
+def test_float64_batched_equals_batch_one(model, drafter, table, config):
+    """7 images through 3 slots: tokens and every recorded value equal decoding one image at a time."""
+    labels = [0, 3, 5, 7, 1, 9, 4]
+    mixed = 0
+    for s in SAMPLINGS:
+        one = decode(model, labels, config, s, drafter, table, seed=11, first_index=5)
+        many = decode(model, labels, config, s, drafter, table, seed=11, first_index=5, batch_size=3)
+        assert torch.equal(one.tokens, many.tokens), s
+        _same_records(one, many)
+        steps = many.steps
+        assert steps["active"].max() == 3 and steps["batch_step"].max() < len(steps["step"])
+        assert (many.images["image"] == np.arange(5, 12)).all()
+        # the slots hold images at different positions in one forward (ragged, continuous batching)
+        by_batch = {}
+        for b, pos in zip(steps["batch_step"], steps["position"]):
+            by_batch.setdefault(b, set()).add(pos)
+        mixed += sum(len(v) > 1 for v in by_batch.values())
+    assert mixed > 0 or config.rule is None  # AR images advance in lockstep
+
+
+def test_greedy_batched_equals_greedy_ar(model, drafter, table):
+    labels = [2, 6, 8, 0, 3]
+    for guidance, rule in itertools.product((1.0, 3.0), ("sd", "lantern", "lantern-jsd", "lantern++")):
+        s = SamplingConfig(guidance=guidance, temperature=0.0)
+        cfg = DecodeConfig.of(rule, 3, k=8, delta=0.0, lam=1.0)
+        out = decode(model, labels, cfg, s, drafter, table, seed=0, batch_size=2)
+        ar = torch.cat([sample_tokens(model, model.make_prompt([c], guided=s.guided), s) for c in labels])
+        assert torch.equal(out.tokens, ar), (guidance, rule)
+
+
+def test_images_keep_their_streams_whatever_the_batch(model, drafter, table):
+    """An image's tokens do not depend on the other images of the batch, its slot or when it entered."""
+    s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=16)
+    cfg = DecodeConfig.of("lantern", 3, k=8, delta=0.3)
+    full = decode(model, [1, 2, 3, 4, 5, 6], cfg, s, drafter, table, seed=4, batch_size=4)
+    part = decode(model, [6, 3], cfg, s, drafter, table, seed=4, batch_size=2, indices=[5, 2])
+    assert torch.equal(part.tokens, full.tokens[[5, 2]])
+
+
+def test_a_draining_batch_drops_its_empty_slots(model, drafter, monkeypatch):
+    """9 images through 4 slots: once the queue is empty and half the slots are free, the caches
+    keep only the busy rows (CFG: two per image), and the tokens still equal batch 1's."""
+    kept = []
+    select = type(model).select_slots
+    monkeypatch.setattr(type(model), "select_slots", lambda self, cache, rows: (kept.append(len(rows)),
+                                                                               select(self, cache, rows))[1])
+    s = SamplingConfig(guidance=2.0, temperature=1.0)
+    for cfg in (DecodeConfig.of("sd", 3), DecodeConfig.of("ar")):
+        one = decode(model, list(range(9)), cfg, s, drafter, seed=1)
+        many = decode(model, list(range(9)), cfg, s, drafter, seed=1, batch_size=4)
+        assert torch.equal(one.tokens, many.tokens)
+    assert kept and all(k % 2 == 0 and k <= 4 for k in kept)
+
+
+# --------------------------------------------------------------------------- exact enumeration
+ENUMERATED = [  # (sampling, rule, image): image 0 starts with the batch, image 2 takes a freed slot later
+    (SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), 2),
+    (SamplingConfig(guidance=2.0, temperature=1.3, top_p=0.9), AcceptanceRule("sd"), 0),
+    (SamplingConfig(guidance=1.0, temperature=1.0, top_k=2), AcceptanceRule("lantern", k=2, delta=0.0), 0),
+]
+
+
+@pytest.mark.slow  # ~1 min each: every branch is a full batched decode of 3 images
+@pytest.mark.parametrize("sampling, rule, image", ENUMERATED)
+def test_exact_batched_decoding_at_delta_zero_is_ar_sampling(sampling, rule, image):
+    """Every random outcome of one image of a batched decode, weighted by its probability, gives
+    exactly the AR joint (V = 4, 2 x 2 tokens, γ = 2, 3 images in 2 slots; the other images draw
+    from their own streams): LANTERN δ = 0 and SD, for an image of the first batch and one
+    admitted when a slot frees up (at a later batch step, next to an image at another position).
+    Some steps accept drafts and some reject them."""
+    m = tiny()
+    d = Drafter.for_target(m, seed=3).eval()
+    nb = build_neighbourhoods(m.input_embeddings(), 2, "l2", cache=False).indices
+    want = exact_joint(m, 1, sampling)
+    seen = {"accepted": 0, "rejected": 0, "late": 0}
+
+    def run(draws):
+        out = batched_decode(m, [1, 2, 1], sampling, rule, d, nb, gamma=2, batch_size=2, seed=9,
+                             draws={image: draws})
+        mine = out.steps["image"] == image
+        seen["accepted"] += int(out.steps["accepted"][mine].sum())
+        seen["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"])[out.drafts["image"] == image].sum())
+        seen["late"] += int(out.steps["batch_step"][mine].min() > 1)
+        return tuple(out.tokens[image].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    assert set(got) <= set(want) and runs > 10
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    assert seen["accepted"] > 0 and seen["rejected"] > 0 and (seen["late"] > 0) == (image == 2)
+
+
+@pytest.mark.slow
+def test_relaxed_batched_decoding_is_not_ar_sampling():
+    """Power check: the same enumeration with δ = 0.4 moves the joint away from AR."""
+    m = tiny()
+    d = Drafter.for_target(m, seed=3).eval()
+    nb = build_neighbourhoods(m.input_embeddings(), 2, "l2", cache=False).indices
+    s = SamplingConfig(guidance=1.0, temperature=1.0, top_k=2)
+    want = exact_joint(m, 1, s)
+    rule = AcceptanceRule("lantern", k=2, delta=0.4)
+    got, _ = enumerate_outcomes(lambda dr: tuple(batched_decode(m, [1, 1], s, rule, d, nb, gamma=2, batch_size=2,
+                                                                draws={0: dr}).tokens[0].tolist()))
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
+    assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) > 1e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_float64_batched_equals_batch_one_on_cuda():
+    """The same exactness on a GPU: per-image CUDA generators, in-place cache writes, masks."""
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    m.gpt.cuda()
+    m.device, m.image_token_ids = torch.device("cuda"), m.image_token_ids.cuda()
+    d = Drafter.for_target(m, seed=2).eval()
+    s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=12)
+    for cfg in (DecodeConfig.of("ar"), DecodeConfig.of("sd", 3)):
+        one = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3)
+        many = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3, batch_size=2)
+        assert torch.equal(one.tokens, many.tokens)
+
+
+# --------------------------------------------------------------------------- bad input
+def test_bad_batched_calls_raise_usage_errors(model, drafter, table, monkeypatch):
+    s = SamplingConfig(guidance=1.0, temperature=1.0)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(UsageError, match="--batch-size"):
+            decode(model, [1, 2], DecodeConfig.of("ar"), s, batch_size=bad)
+    tree = DecodeConfig.of("sd", tree=TreeSpec("dynamic", total_tokens=6, depth=2, top_k=2))
+    with pytest.raises(UsageError, match="draft trees are not batched"):
+        decode(model, [1, 2], tree, s, drafter, batch_size=2)
+
+    class NoBatch(type(model)):
+        can_batch_decode = False
+
+    monkeypatch.setattr("ambiguity.memory.available_bytes", lambda device=None: 3 * 10 ** 5)
+    with pytest.raises(UsageError, match=r"--batch-size 6 needs about .* use --batch-size \d+ or less"):
+        decode(model, list(range(6)), DecodeConfig.of("sd", 3), s, drafter, batch_size=6)
+    monkeypatch.undo()
+    plain = NoBatch.__new__(NoBatch)
+    plain.__dict__.update(model.__dict__)
+    with pytest.raises(UsageError, match="cannot decode several images per forward .*per-image cache positions"):
+        decode(plain, [1, 2], DecodeConfig.of("ar"), s, batch_size=2)
