@@ -54,7 +54,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
-from ambiguity.runs import RunDir
+from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.memory import check_count
 from lantern.quality.features import (EXTRACTORS, OFFLINE, Extractor, default_extractors, extract, load_extractor,
                                       locate_weights)
@@ -165,16 +165,14 @@ def _features(s: ImageSet, ex: Extractor, batch_size: int, run_dir: Optional[Run
     chunks = [(f"{key}.{ex.name}.chunk{c:05d}", {"set": s.spec, "fingerprint": s.fingerprint,
                                                  "extractor": ex.describe(), "images": [lo, min(s.n, lo + size)]})
               for c, lo in enumerate(range(0, s.n, size))]
-    for c, (name, holds) in enumerate(chunks):
-        if shard.owns(c) and run_dir.read_part(name, holds, load=False) is None:
+    for c, done in shard_units(run_dir, chunks, shard, load=False):
+        if done is None:
+            name, holds = chunks[c]
             lo, hi = holds["images"]
             run_dir.write_part(name, holds, tensors={"features": {"features": torch.from_numpy(
                 extract(s.images[lo:hi], ex, batch_size))}})
-    shard.barrier()
-    if not shard.merges:
-        return None
-    parts = run_dir.require_parts(*zip(*chunks))
-    return np.concatenate([p.tensors["features"]["features"].numpy() for p in parts])
+    parts = assemble_units(run_dir, chunks, shard, [], lambda p: p.tensors["features"]["features"].numpy())
+    return None if parts is None else np.concatenate(parts)
 
 
 def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, batch_size, run_dir: Optional[RunDir],
