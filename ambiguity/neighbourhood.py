@@ -61,7 +61,7 @@ from ambiguity.cli import (ArgumentParser, add_model_args, add_out_arg, check_ou
                            safe_name, seed_int)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, load_tensors, save_tensors, write_table
-from ambiguity.models.registry import load_model
+from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.seeding import random_control_seed
 
 __all__ = ["METRICS", "MATRICES", "Neighbourhoods", "exact_knn", "build_neighbourhoods", "model_neighbourhoods",
@@ -562,6 +562,8 @@ def main(argv=None) -> int:
     if args.cache_dir is not None and not args.no_cache:
         check_out_dir(args.cache_dir, "--cache-dir")
 
+    if k != "all":
+        check_spec_options(args.model, args.weights, k=k)  # before any weights
     model = load_model(args.model, weights=args.weights, device=args.device)
     rows = model_matrix(model, args.matrix)
     k = rows.shape[0] - 1 if k == "all" else check_k(k, rows.shape[0], "--k")

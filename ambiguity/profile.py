@@ -57,7 +57,7 @@ from ambiguity.generation import sample_tokens
 from ambiguity.io import abspath
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
-from ambiguity.models.registry import get_spec, load_model
+from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.profile_report import OUTPUTS, print_summary, write_outputs
 from ambiguity.runs import RunDir, assemble_units, shard_units, versions
 from ambiguity.sampling import SamplingConfig, default_guidance, distribution, expand_rows, split_rows
@@ -405,6 +405,7 @@ def check_arguments(args) -> tuple[Path, dict]:
     classes = parse_classes(args.classes)
     if args.captions is not None:
         read_captions(args.captions)
+    check_spec_options(args.model, args.weights, classes=classes, captions=args.captions)  # before any weights
     if args.source == "generate" and (args.images or args.data):
         raise UsageError("--images and --data are for --source dataset; add --source dataset or drop them")
     device, dtype = device_from_args(args)

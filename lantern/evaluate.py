@@ -54,7 +54,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
-from ambiguity.runs import RunDir
+from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.memory import check_count
 from lantern.quality.features import (EXTRACTORS, OFFLINE, Extractor, default_extractors, extract, load_extractor,
                                       locate_weights)
@@ -66,7 +66,7 @@ from lantern.quality.text import CLIP_SCALES, clip_scores, hps_scores, prompts_f
 from lantern.run_reader import image_quality, load_run, run_label, target_scores
 
 __all__ = ["evaluate_runs", "score_images", "flat_scores", "paired_table", "load_extractors", "check_sizes", "wide_table",
-           "speed_quality_table", "build_parser", "main",
+           "speed_quality_table", "build_parser", "main", "check_run_names", "check_counts",
            "COMMAND", "OUTPUTS"]
 
 COMMAND = "python -m lantern.evaluate"
@@ -114,6 +114,34 @@ def check_sizes(runs: Sequence[ImageSet], reference: Optional[ImageSet]) -> None
         raise UsageError(f"the reference {reference.spec} has {reference.hw[0]}x{reference.hw[1]} images but the runs "
                          f"{first.hw[0]}x{first.hw[1]} ({', '.join(sizes)}); pass a reference at the runs' resolution "
                          f"(an image folder reference is cropped and resized)")
+
+
+def check_run_names(runs: Sequence[str], paired_with: Optional[str] = None) -> None:
+    """Refuse a run named twice (it would be scored twice, under one label) and a ``--paired-with``
+    that is not one of the runs or has no other run to be compared with."""
+    seen: dict[str, str] = {}
+    for r in runs:
+        key = str(Path(r).expanduser().resolve()) if Path(r).expanduser().exists() else r
+        if key in seen:
+            raise UsageError(f"{r} is named twice (also as {seen[key]}); name each run once")
+        seen[key] = r
+    if paired_with is not None and paired_with not in runs:
+        raise UsageError(f"--paired-with {paired_with} is not one of the runs; name it among the runs too")
+    if paired_with is not None and len(runs) < 2:
+        raise UsageError(f"--paired-with {paired_with} compares the other runs with it, but it is the only run; "
+                         f"name the runs to compare with it too")
+
+
+def check_counts(runs: Sequence[ImageSet], reference: Optional[ImageSet], extractors) -> None:
+    """Feature metrics (FID, KID, precision/recall) need at least 2 images in every set and in the
+    reference: refuse a smaller one before any feature is extracted. ``extractors``: the names
+    asked for (None: the defaults; an empty list computes no feature metric)."""
+    if extractors is not None and not len(extractors):
+        return
+    for s in [*runs, *([reference] if reference is not None else [])]:
+        if s.n < 2:
+            raise UsageError(f"{s.spec} has {s.n} image; FID, KID and precision/recall need at least 2 per set "
+                             f"(generate more with --num-images)")
 
 
 def _text_values(s: ImageSet, p: Protocol, weights: dict, device, class_names) -> tuple[dict, list[str]]:
@@ -165,16 +193,14 @@ def _features(s: ImageSet, ex: Extractor, batch_size: int, run_dir: Optional[Run
     chunks = [(f"{key}.{ex.name}.chunk{c:05d}", {"set": s.spec, "fingerprint": s.fingerprint,
                                                  "extractor": ex.describe(), "images": [lo, min(s.n, lo + size)]})
               for c, lo in enumerate(range(0, s.n, size))]
-    for c, (name, holds) in enumerate(chunks):
-        if shard.owns(c) and run_dir.read_part(name, holds, load=False) is None:
+    for c, done in shard_units(run_dir, chunks, shard, load=False):
+        if done is None:
+            name, holds = chunks[c]
             lo, hi = holds["images"]
             run_dir.write_part(name, holds, tensors={"features": {"features": torch.from_numpy(
                 extract(s.images[lo:hi], ex, batch_size))}})
-    shard.barrier()
-    if not shard.merges:
-        return None
-    parts = run_dir.require_parts(*zip(*chunks))
-    return np.concatenate([p.tensors["features"]["features"].numpy() for p in parts])
+    parts = assemble_units(run_dir, chunks, shard, [], lambda p: p.tensors["features"]["features"].numpy())
+    return None if parts is None else np.concatenate(parts)
 
 
 def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, batch_size, run_dir: Optional[RunDir],
@@ -290,11 +316,13 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     t0 = time.perf_counter()
     if not runs:
         raise UsageError("name at least one run to evaluate")
-    if paired_with is not None and paired_with not in runs:
-        raise UsageError(f"--paired-with {paired_with} is not one of the runs; name it among the runs too")
+    check_run_names(runs, paired_with)
+    if not 0.0 < protocol.level < 1.0:
+        raise UsageError(f"--level must be strictly between 0 and 1 (the intervals' coverage), got {protocol.level}")
     sets = [load_source(r, protocol.seed, data, what="run") for r in runs]
     ref = load_source(protocol.reference, protocol.seed, data, resize_to=sets[0].hw, what="reference")
     check_sizes(sets, ref)
+    check_counts(sets, ref, extractors)
     check_bootstrap(protocol.bootstrap, max(s.n for s in sets))
     if protocol.clip_score:
         locate_weights("clip", (weights or {}).get("clip") or protocol.clip_model)

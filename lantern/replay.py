@@ -46,7 +46,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_table
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
-from lantern.evaluate import evaluate_runs, parse_extractors, speed_quality_table, wide_table
+from lantern.evaluate import check_run_names, evaluate_runs, parse_extractors, speed_quality_table, wide_table
 from lantern.quality.features import EXTRACTORS, OFFLINE
 from lantern.quality.scoring import Protocol
 from lantern.run_reader import image_quality, load_run, read_images, reference_notes, run_label, target_scores
@@ -219,6 +219,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = check_out_dir(args.out)
     if args.figure is not None:
         check_out_file(args.figure, "--figure")
+    check_run_names(args.runs)
     runs = [load_run(r) for r in args.runs]
     ref = load_run(args.reference) if args.reference else None
     out = ensure_writable_dir(out)

@@ -58,7 +58,7 @@ from ambiguity.errors import FieldError, UsageError
 from ambiguity.io import abspath, read_table, write_table
 from ambiguity.memory import check_count
 from ambiguity.models.base import TokenModel
-from ambiguity.models.registry import get_spec, load_model
+from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.runs import RunDir
 from ambiguity.seeding import drafter_epoch_seed, drafter_init_seed
 from ambiguity.train import lr_at as ambiguity_lr_at
@@ -598,6 +598,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                          uncond_fraction=args.uncond_fraction, seed=args.seed, patience=args.patience)
     sampling_from_args(args, get_spec(args.model).kind)  # validates --cfg/--temperature/--top-k/--top-p
+    check_spec_options(args.model, args.weights, classes=parse_classes(args.classes))  # before any weights
     device, dtype = device_from_args(args)
     run_dir = check_out_dir(args.run_dir or default_out(f"drafter-{args.model}"), "--run-dir")
     out = Path(args.out) if args.out else run_dir / "drafter.safetensors"

@@ -707,6 +707,7 @@ CASES: list[Case] = [
     C("replay-reference-of-embedded-16", R, ["{tmp}/run16", "--reference", "{tmp}/run"], both(gen_run(), gen16_run),
       "256 tokens per image but the reference"),
     C("replay-bootstrap-negative", R, ["{tmp}/run", "--bootstrap", "-5"], expect="--bootstrap"),
+    C("replay-run-named-twice", R, ["{tmp}/run", "{tmp}/run/"], gen_run(), "named twice"),
 
     # ---------------------------------------------------------------- lantern.evaluate
     C("eval-missing-run", E, ["{tmp}/nope", "--extractors", "fmnist"], expect="nope"),
@@ -738,9 +739,15 @@ CASES: list[Case] = [
     C("eval-bootstrap-negative", E, ["fashion-mnist:test@10", "--bootstrap", "-1"], expect="--bootstrap"),
     C("eval-bootstrap-huge", E, ["fashion-mnist:test@10", "--bootstrap", HUGE], expect="--bootstrap"),
     C("eval-level-two", E, ["fashion-mnist:test@10", "--level", "2"], expect="--level"),
+    C("eval-level-one", E, ["fashion-mnist:test@10", "--level", "1"], expect="--level"),
+    C("eval-run-named-twice", E, ["{tmp}/run", "{tmp}/run/", "--extractors", "fmnist"], gen_run(), "named twice"),
+    C("eval-paired-with-only-run", E, ["{tmp}/run", "--paired-with", "{tmp}/run", "--extractors", "fmnist"], gen_run(),
+      "only run"),
+    C("eval-one-image-run", E, ["{tmp}/run16", "--extractors", "fmnist"], gen16_run, "need at least 2 per set"),
+    C("eval-one-image-spec", E, ["fashion-mnist:test@1", "--extractors", "fmnist"], expect="need at least 2 per set"),
     C("eval-k-zero", E, ["fashion-mnist:test@10", "--k", "0"], expect="--k"),
     C("eval-k-huge", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--reference",
-                         "fashion-mnist:train@10", "--k", "1000"], expect="--k"),
+                         "fashion-mnist:train@10", "--k", "1000"], expect="--nearest-k"),
     C("eval-batch-size-zero", E, ["fashion-mnist:test@10", "--batch-size", "0"], expect="--batch-size"),
     C("eval-seed-64bit", E, ["fashion-mnist:test@10", "--seed", BIG_SEED], expect="--seed"),
     C("eval-device-bogus", E, ["fashion-mnist:test@10", "--device", "bogus"], expect="--device"),
@@ -1159,3 +1166,97 @@ if __name__ == "__main__":  # python tests/test_bad_inputs.py [ID_SUBSTRING ...]
     bad = [k for k, v in res.items() if v.problems]
     print(f"{len(todo) - len(bad)} of {len(todo)} cases give one error line and exit 2 "
           f"({time.perf_counter() - t0:.0f} s)")
+
+
+# --------------------------------------------------------------------------- before the weights (issue 20, item 13)
+def _no_weights(monkeypatch) -> None:
+    """Make every weight reader fail: a check that comes after one of them fails the test."""
+    import safetensors.torch
+    import torch
+    from transformers import Emu3ForConditionalGeneration, JanusForConditionalGeneration
+
+    import ambiguity.models.embedded as embedded
+
+    def never(*a, **k):
+        raise AssertionError("weights were read before the options were checked")
+
+    monkeypatch.setattr(embedded, "load_embedded", never)
+    monkeypatch.setattr(safetensors.torch, "load_file", never)
+    monkeypatch.setattr(torch, "load", never)
+    for cls in (Emu3ForConditionalGeneration, JanusForConditionalGeneration):
+        monkeypatch.setattr(cls, "from_pretrained", never)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory):
+    """Random-weight Emu3 (20 codes) and Janus (24 codes) checkpoints in the transformers layout."""
+    from hf_tiny import save, tiny_emu3, tiny_janus
+
+    root = tmp_path_factory.mktemp("tiny_hf")
+    return {"emu3-gen": save(*tiny_emu3(codebook=20), root / "emu3"),
+            "janus-pro-1b": save(*tiny_janus(), root / "janus")}
+
+
+def test_spec_sizes_come_from_the_config_and_the_registry(tiny_checkpoints, monkeypatch, tmp_path):
+    """V of a transformers checkpoint is read from its config.json (no weights); the shipped and
+    official models' V and class count come from the registry; --weights makes them unknown."""
+    from hf_tiny import use_hf_cache
+
+    from ambiguity.models.registry import get_spec, spec_sizes
+
+    _no_weights(monkeypatch)
+    use_hf_cache(monkeypatch, tmp_path / "empty")
+    assert spec_sizes(get_spec("emu3-gen"), tiny_checkpoints["emu3-gen"]) == {"codes": 20, "classes": None}
+    assert spec_sizes(get_spec("janus-pro-1b"), tiny_checkpoints["janus-pro-1b"]) == {"codes": 24, "classes": None}
+    assert spec_sizes(get_spec("emu3-gen")) == {"codes": None, "classes": None}  # not in the (empty) cache
+    assert spec_sizes(get_spec("embedded")) == {"codes": 1024, "classes": 10}
+    assert spec_sizes(get_spec("embedded-16")) == {"codes": 16384, "classes": 10}
+    assert spec_sizes(get_spec("llamagen-c2i-b")) == {"codes": 16384, "classes": 1000}
+    assert spec_sizes(get_spec("embedded"), "my_weights") == {"codes": None, "classes": None}
+
+
+@pytest.mark.parametrize("model,options,expect", [
+    ("emu3-gen", dict(k=20), "--k 20 must be smaller than the vocabulary size 20 of emu3-gen; lower --k"),
+    ("janus-pro-1b", dict(tree_top_k=25), "--tree-top-k 25 exceeds the vocabulary size 24 of janus-pro-1b"),
+    ("emu3-gen", dict(classes=[3]), "emu3-gen is not class-conditional (t2i); drop --classes"),
+    ("embedded", dict(k=1024), "--k 1024 must be smaller than the vocabulary size 1024 of embedded"),
+    ("embedded", dict(classes=[0, 10]), "class 10 is out of range for embedded; pass --classes in 0..9"),
+    ("embedded", dict(captions="caps.txt"), "embedded is class-conditional; drop --captions"),
+    ("text-twin", dict(classes=[3]), "text-twin is not class-conditional (text); drop --classes"),
+])
+def test_options_that_cannot_fit_are_refused_before_the_weights(tiny_checkpoints, monkeypatch, model, options, expect):
+    from ambiguity.errors import UsageError
+    from ambiguity.models.registry import check_spec_options
+
+    _no_weights(monkeypatch)
+    with pytest.raises(UsageError) as err:
+        check_spec_options(model, tiny_checkpoints.get(model), **options)
+    assert str(err.value).startswith(expect) and "\n" not in str(err.value)
+
+
+def test_options_that_fit_pass_the_spec_check(tiny_checkpoints, monkeypatch):
+    from ambiguity.models.registry import check_spec_options
+
+    _no_weights(monkeypatch)
+    check_spec_options("emu3-gen", tiny_checkpoints["emu3-gen"], k=19, tree_top_k=20, captions="caps.txt")
+    check_spec_options("embedded", None, k=1023, classes=[0, 9])
+    check_spec_options("embedded", "other.safetensors", k=5000, classes=[12])  # sizes unknown: checked after loading
+
+
+@pytest.mark.parametrize("module,argv,expect", [
+    ("ambiguity.neighbourhood", ["--model", "emu3-gen", "--weights", "{emu3-gen}", "--k", "25"], "vocabulary size 20"),
+    ("ambiguity.profile", ["--model", "emu3-gen", "--weights", "{emu3-gen}", "--classes", "1"], "drop --classes"),
+    ("ambiguity.profile", ["--classes", "0,10"], "0..9"),
+    ("lantern.train_drafter", ["--classes", "11"], "0..9"),
+    ("ambiguity.analyses.concentration", ["--classes", "10"], "0..9"),
+])
+def test_commands_refuse_before_loading(tiny_checkpoints, monkeypatch, tmp_path, capsys, module, argv, expect):
+    """The command line gives the one-line error with exit 2 and never reaches a weight reader."""
+    import importlib
+
+    _no_weights(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    argv = [a.format(**{k: str(v) for k, v in tiny_checkpoints.items()}) for a in argv]
+    assert importlib.import_module(module).main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and expect in err and "\n" not in err

@@ -40,7 +40,8 @@ from ambiguity.cli import (ArgumentParser, check_out_dir, cli_main, default_out,
 from ambiguity.errors import UsageError
 from ambiguity.io import write_table
 from ambiguity.memory import RECORD_BYTES, check_count, check_run_size
-from ambiguity.models.registry import load_model
+from ambiguity.conditions import parse_classes
+from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
@@ -321,6 +322,7 @@ def main(argv=None) -> int:
     out = check_out_dir(args.out or default_out("interchangeability", args.model))
     if args.cache_dir is not None:
         check_out_dir(args.cache_dir, "--cache-dir")
+    check_spec_options(args.model, args.weights, classes=parse_classes(args.classes), captions=args.captions)
     model = load_model(args.model, weights=args.weights, device=args.device)
     sampling = sampling_from_args(args, "c2i")
     conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)

@@ -9,17 +9,20 @@ checkpoint is absent.
 from __future__ import annotations
 
 import difflib
-from typing import Optional
+import json
+from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
-from ambiguity.errors import UsageError
+from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.models.checkpoints import check_finite
 from ambiguity.models.base import TokenModel, resolve_device
 from ambiguity.models.catalog import BUILTIN, ModelSpec
 
-__all__ = ["ModelSpec", "register", "available_models", "get_spec", "load_model", "DEFAULT_MODEL", "resolve_dtype"]
+__all__ = ["ModelSpec", "register", "available_models", "get_spec", "load_model", "DEFAULT_MODEL", "resolve_dtype",
+           "spec_sizes", "check_spec_options"]
 
 DEFAULT_MODEL = "embedded"
 
@@ -43,7 +46,7 @@ def get_spec(name: str) -> ModelSpec:
     """Look a name up (aliases too). ``hf:<repo or path>`` names any Hugging Face causal LM."""
     if name.startswith("hf:"):
         return ModelSpec(name, "Hugging Face causal LM", "ambiguity.models.hf_text:load_hf_causal_lm",
-                         {"repo": name[3:]}, kind="text")
+                         {"repo": name[3:]}, kind="text", codes_key=("vocab_size",))
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY) + list(_ALIASES), n=1, cutoff=0.75)
@@ -64,6 +67,67 @@ def resolve_dtype(dtype: Optional[str | torch.dtype], device: torch.device) -> t
     if dtype not in table:
         raise UsageError(f"--dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
     return table[dtype]
+
+
+def _config_codes(spec: ModelSpec, weights) -> Optional[int]:
+    """V from the ``config.json`` of the checkpoint ``spec`` would load (``spec.codes_key``), or None
+    when the spec names no key or the checkpoint (or the key) is absent; reads no weights."""
+    from ambiguity.models.hf_common import local_dir
+    from ambiguity.models.hub import hf_snapshot_dir
+
+    repo = spec.options.get("repo")
+    if not spec.codes_key or repo is None:
+        return None
+    try:
+        config = json.loads((hf_snapshot_dir(repo, local_dir(repo, weights), spec.name) / "config.json").read_text())
+    except (WeightsNotFoundError, OSError, ValueError):
+        return None  # the loader reports the absent or damaged checkpoint
+    for key in spec.codes_key:
+        config = config.get(key) if isinstance(config, dict) else None
+    return int(config) if isinstance(config, int) and not isinstance(config, bool) else None
+
+
+def spec_sizes(spec: ModelSpec, weights=None) -> dict:
+    """What a model's options are checked against, known before its weights are read.
+
+    Returns ``{"codes": V or None, "classes": C or None}``: V is the codebook size (the image
+    vocabulary), read from the checkpoint's ``config.json`` where the spec says where
+    (``ModelSpec.codes_key``), else the registry's value for the shipped or official files
+    (``ModelSpec.codes``; None with ``--weights``, which may hold another size); C likewise
+    (``ModelSpec.classes``, c2i models only). None: unknown until the model loads.
+    """
+    read = _config_codes(spec, weights)
+    fixed = weights is None and not spec.codes_key
+    return {"codes": read if read is not None else spec.codes if fixed else None,
+            "classes": spec.classes if weights is None and spec.kind == "c2i" else None}
+
+
+def check_spec_options(name: str, weights=None, k: Optional[int] = None, classes: Optional[Sequence[int]] = None,
+                       captions=None, tree_top_k: Optional[int] = None) -> None:
+    """Refuse options that cannot fit the model ``name`` before its weights load (issue 20, item 13).
+
+    k: the neighbourhood size (``--k``, must be below V); classes: ``--classes`` labels (c2i
+    models only, each in 0..C-1); captions: ``--captions`` (not for c2i models); tree_top_k:
+    ``--tree-top-k`` (at most V). V and C come from :func:`spec_sizes`; a size it cannot know is
+    checked after loading, as before. Raises UsageError with the same line the loaded model's checks
+    give (:func:`ambiguity.conditions.generation_conditions`, :func:`lantern.decoding.neighbour_table`).
+    """
+    spec = get_spec(name)
+    label = spec.name if not name.startswith("hf:") else name
+    if spec.kind == "c2i" and captions is not None:
+        raise UsageError(f"{label} is class-conditional; drop --captions and pass --classes 0,3,7 instead")
+    if spec.kind != "c2i" and classes:
+        raise UsageError(f"{label} is not class-conditional ({spec.kind}); drop --classes and pass --captions FILE")
+    sizes = spec_sizes(spec, weights)
+    C, V = sizes["classes"], sizes["codes"]
+    bad = [c for c in classes or () if C is not None and not 0 <= int(c) < C]
+    if bad:
+        raise UsageError(f"class {bad[0]} is out of range for {label}; pass --classes in 0..{C - 1}")
+    if V is not None and k is not None and k >= V:
+        raise UsageError(f"--k {k} must be smaller than the vocabulary size {V} of {label}; lower --k")
+    if V is not None and tree_top_k is not None and tree_top_k > V:
+        raise UsageError(f"--tree-top-k {tree_top_k} exceeds the vocabulary size {V} of {label}; "
+                         f"use --tree-top-k {V} or less")
 
 
 def load_model(name: str = DEFAULT_MODEL, weights=None, device="auto", dtype=None) -> TokenModel:

@@ -230,7 +230,7 @@ def knn_radii(x, k: int = 3) -> np.ndarray:
     """
     x = as_f64(x)
     if len(x) <= k:
-        raise UsageError(f"--k {k} (k-NN radii) needs more than {k} images per set, got {len(x)}; lower --k")
+        raise UsageError(f"--nearest-k {k} (k-NN radii) needs more than {k} images per set, got {len(x)}; lower --nearest-k")
     index = faiss.IndexFlatL2(x.shape[1])
     xf = np.ascontiguousarray(x, dtype=np.float32)
     index.add(xf)
