@@ -42,7 +42,7 @@ from ambiguity.conditions import generation_conditions, parse_classes
 from ambiguity.io import abspath, atomic_path, write_json, write_table
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
-from ambiguity.models.registry import get_spec, load_model
+from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
@@ -296,6 +296,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)
     classes = parse_classes(args.classes)
+    dynamic = config.tree is not None and config.tree.kind == "dynamic"
+    check_spec_options(args.model, args.weights, k=config.rule.k if config.rule is not None and config.rule.relaxed
+                       else None, classes=classes, captions=args.captions,
+                       tree_top_k=config.tree.top_k if dynamic else None)
     device, dtype = device_from_args(args)
     out = check_out_dir(args.out or default_out("generate", f"{args.model}-{args.method}"))
     settings = _settings(args, config, sampling, device, dtype)
