@@ -47,7 +47,7 @@ from lantern.steps import Timer, prefill, target_distribution
 from lantern.tree_decoding import tree_decode
 from lantern.trees import TreeSpec
 
-__all__ = ["METHODS", "DEFAULT_METRIC", "DecodeConfig", "neighbour_table", "check_drafter", "check_depth",
+__all__ = ["METHODS", "DEFAULT_METRIC", "DecodeConfig", "neighbour_table", "check_drafter", "check_depth", "check_batch_config",
            "check_batch_size", "decode",
            # the loops' pieces, re-exported for one import path
            "Timer", "Acceptance", "prefill", "target_distribution", "draft", "verify", "accept", "speculative_decode",
@@ -191,6 +191,20 @@ def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
                          f"one with python -m lantern.train_drafter --model {model.name}")
 
 
+def check_batch_config(config: DecodeConfig, batch_size: int) -> None:
+    """Refuse, before any model loads, a ``batch_size`` > 1 that ``config`` cannot decode: the
+    Jacobi methods (SJD / GSD / SCD) run one image at a time (each image commits its own window)
+    and draft trees are not batched. Raises UsageError (one line)."""
+    if batch_size <= 1:
+        return
+    if config.jacobi is not None:
+        raise UsageError(f"--method {config.method} decodes one image at a time (each image commits its own "
+                         f"Jacobi window); use --batch-size 1")
+    if config.rule is not None and config.tree is not None:
+        raise UsageError("--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
+                         "use --tree chain or --batch-size 1")
+
+
 def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampling: SamplingConfig,
            drafter: Optional[DraftModel] = None, neighbours: Optional[torch.Tensor] = None, seed: int = 0,
            num_tokens: Optional[int] = None, pixels: bool = False, progress: bool = False,
@@ -228,9 +242,7 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
         if neighbours is None:
             neighbours = neighbour_table(model, config)
     if batch_size > 1 and len(conditions) > 1:
-        if config.jacobi is not None:
-            raise UsageError(f"--method {config.method} decodes one image at a time (each image commits its own "
-                             f"Jacobi window); use --batch-size 1")
+        check_batch_config(config, batch_size)
         check_batching(model, drafter if rule is not None else None, config.tree if rule is not None else None)
         N = int(num_tokens or model.num_tokens)
         check_batch(model, min(batch_size, len(conditions)), N + config.draft_depth + 1 + PREFIX_ROOM, "--batch-size",

@@ -48,7 +48,8 @@ from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import CONVENTIONS, AcceptanceRule
 from lantern.batched import check_batching
-from lantern.decoding import DEFAULT_METRIC, METHODS, DecodeConfig, check_depth, decode, neighbour_table
+from lantern.decoding import (DEFAULT_METRIC, METHODS, DecodeConfig, check_batch_config, check_depth, decode,
+                              neighbour_table)
 from lantern.drafter import DraftModel, load_drafter
 from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
 from lantern.records import Decoded, summarize, summary_table
@@ -295,6 +296,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)
+    check_batch_config(config, args.batch_size)
     classes = parse_classes(args.classes)
     dynamic = config.tree is not None and config.tree.kind == "dynamic"
     check_spec_options(args.model, args.weights, k=config.rule.k if config.rule is not None and config.rule.relaxed
