@@ -15,6 +15,7 @@ command keeps another name here (``profile_model`` is :func:`ambiguity.profile.p
 :func:`ambiguity.profile.summarize`, apart from ``lantern.summarize_decode``), because a package attribute cannot
 be both the function and the submodule. ``python -m ambiguity`` lists the commands.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,25 +30,42 @@ if "torch" not in sys.modules:
 
 # public name -> "module" (the name is the module's own attribute) or "module:attribute"
 _API = {
-    "UsageError": "ambiguity.errors", "WeightsNotFoundError": "ambiguity.errors",
-    "TokenModel": "ambiguity.models.base", "Prompt": "ambiguity.models.base", "Step": "ambiguity.models.base",
-    "load_model": "ambiguity.models.registry", "available_models": "ambiguity.models.registry",
-    "register": "ambiguity.models.registry", "ModelSpec": "ambiguity.models.catalog",
-    "SamplingConfig": "ambiguity.sampling", "distribution": "ambiguity.sampling", "pick": "ambiguity.sampling",
+    "UsageError": "ambiguity.errors",
+    "WeightsNotFoundError": "ambiguity.errors",
+    "TokenModel": "ambiguity.models.base",
+    "Prompt": "ambiguity.models.base",
+    "Step": "ambiguity.models.base",
+    "load_model": "ambiguity.models.registry",
+    "available_models": "ambiguity.models.registry",
+    "register": "ambiguity.models.registry",
+    "ModelSpec": "ambiguity.models.catalog",
+    "SamplingConfig": "ambiguity.sampling",
+    "distribution": "ambiguity.sampling",
+    "pick": "ambiguity.sampling",
     "default_guidance": "ambiguity.sampling",
-    "image_seed": "ambiguity.seeding", "image_generator": "ambiguity.seeding", "image_generators": "ambiguity.seeding",
+    "image_seed": "ambiguity.seeding",
+    "image_generator": "ambiguity.seeding",
+    "image_generators": "ambiguity.seeding",
     "sample_tokens": "ambiguity.generation",
-    "token_stats": "ambiguity.stats", "top1_prob": "ambiguity.stats", "topk_mass": "ambiguity.stats",
+    "token_stats": "ambiguity.stats",
+    "top1_prob": "ambiguity.stats",
+    "topk_mass": "ambiguity.stats",
     "entropy": "ambiguity.stats",
-    "profile_model": "ambiguity.profile:profile", "summarize_profile": "ambiguity.profile:summarize",
-    "plot_distributions": "ambiguity.profile_report", "plot_position_means": "ambiguity.profile_report",
+    "profile_model": "ambiguity.profile:profile",
+    "summarize_profile": "ambiguity.profile:summarize",
+    "plot_distributions": "ambiguity.profile_report",
+    "plot_position_means": "ambiguity.profile_report",
     "write_outputs": "ambiguity.profile_report",
-    "Neighbourhoods": "ambiguity.neighbourhood", "build_neighbourhoods": "ambiguity.neighbourhood",
-    "model_neighbourhoods": "ambiguity.neighbourhood", "load_neighbourhoods": "ambiguity.neighbourhood",
+    "Neighbourhoods": "ambiguity.neighbourhood",
+    "build_neighbourhoods": "ambiguity.neighbourhood",
+    "model_neighbourhoods": "ambiguity.neighbourhood",
+    "load_neighbourhoods": "ambiguity.neighbourhood",
     "run_concentration": "ambiguity.analyses.concentration",
     "run_interchangeability": "ambiguity.analyses.interchangeability",
-    "compare_models": "ambiguity.compare:compare", "CompareSettings": "ambiguity.compare",
-    "RunDir": "ambiguity.runs", "plots": "ambiguity.plots",
+    "compare_models": "ambiguity.compare:compare",
+    "CompareSettings": "ambiguity.compare",
+    "RunDir": "ambiguity.runs",
+    "plots": "ambiguity.plots",
 }
 __all__ = sorted(_API)
 # former package-level names -> their names now (they collided with ``lantern``'s); still resolved, with a warning

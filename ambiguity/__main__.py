@@ -1,4 +1,5 @@
 """``python -m ambiguity``: the package's commands (each also runs as ``python -m <module>``)."""
+
 from __future__ import annotations
 
 from ambiguity.cli import run_subcommand

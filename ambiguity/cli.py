@@ -18,6 +18,7 @@ Groups (each adds its options to a parser or an argument group):
 Value parsers (argparse ``type=`` callables) reject what would fail later with a traceback:
 non-finite numbers, seeds beyond 63 bits, negative sizes, malformed lists, empty paths.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,9 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -38,15 +40,43 @@ from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import resolve_dtype
 from ambiguity.sampling import SamplingConfig, default_guidance
 
-__all__ = ["ArgumentParser", "cli_main", "add_model_args", "add_device_args", "set_threads", "add_sampling_args",
-           "add_condition_args", "add_shard_args",
-           "add_run_args", "add_threads_arg", "add_data_arg", "add_out_arg", "add_guidance_arg",
-           "finite_float", "path_arg", "unit_float", "positive_int", "nonneg_int", "seed_int", "int_list",
-           "float_list", "parse_mapping", "sampling_from_args", "device_from_args", "default_out",
-           "FIELD_FLAGS", "flag_for",
-           "check_out_dir", "check_out_file", "safe_name", "run_subcommand", "MAX_SEED", "DEVICES"]
+__all__ = [
+    "ArgumentParser",
+    "cli_main",
+    "add_model_args",
+    "add_device_args",
+    "set_threads",
+    "add_sampling_args",
+    "add_condition_args",
+    "add_shard_args",
+    "add_run_args",
+    "add_threads_arg",
+    "add_data_arg",
+    "add_out_arg",
+    "add_guidance_arg",
+    "finite_float",
+    "path_arg",
+    "unit_float",
+    "positive_int",
+    "nonneg_int",
+    "seed_int",
+    "int_list",
+    "float_list",
+    "parse_mapping",
+    "sampling_from_args",
+    "device_from_args",
+    "default_out",
+    "FIELD_FLAGS",
+    "flag_for",
+    "check_out_dir",
+    "check_out_file",
+    "safe_name",
+    "run_subcommand",
+    "MAX_SEED",
+    "DEVICES",
+]
 
-MAX_SEED = 2 ** 63 - 1
+MAX_SEED = 2**63 - 1
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 
 
@@ -101,15 +131,20 @@ def _run(fn: Callable[..., int | None], *args, **kwargs) -> int:
         return 2
     except OSError as exc:
         if exc.errno == 28:  # ENOSPC
-            print(f"error: no space left on the device ({exc.filename or 'output'}); free space or pass "
-                  f"another --out", file=sys.stderr)
+            print(
+                f"error: no space left on the device ({exc.filename or 'output'}); free space or pass another --out",
+                file=sys.stderr,
+            )
             return 2
         raise
 
 
 #: (settings class, field) -> its command-line flag, where that is not ``--`` + the field with dashes
-FIELD_FLAGS = {("SamplingConfig", "guidance"): "--cfg", ("TreeSpec", "top_k"): "--tree-top-k",
-               ("CompareSettings", "n_boot"): "--bootstrap"}
+FIELD_FLAGS = {
+    ("SamplingConfig", "guidance"): "--cfg",
+    ("TreeSpec", "top_k"): "--tree-top-k",
+    ("CompareSettings", "n_boot"): "--bootstrap",
+}
 
 
 def flag_for(owner: str, field: str) -> str:
@@ -131,7 +166,7 @@ def _last_line(exc: BaseException, width: int = 120) -> str:
     """The last line of ``exc``'s message (where allocators put the size), at most ``width`` characters."""
     text = str(exc).strip().splitlines()
     line = text[-1] if text else type(exc).__name__
-    return line if len(line) <= width else line[:width - 3] + "..."
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -215,8 +250,9 @@ nonneg_int = _type("integer >= 0", _nonneg)
 seed_int = _type("seed", _seed)
 
 
-def int_list(text: str | Sequence[int], what: str = "the list", minimum: Optional[int] = None,
-             maximum: Optional[int] = None) -> list[int]:
+def int_list(
+    text: str | Sequence[int], what: str = "the list", minimum: Optional[int] = None, maximum: Optional[int] = None
+) -> list[int]:
     """``"1,2,4"`` -> [1, 2, 4] (a sequence of ints passes through). Raises UsageError naming ``what``
     for non-integers, an empty list or values outside [minimum, maximum]."""
     if isinstance(text, str):
@@ -236,8 +272,12 @@ def int_list(text: str | Sequence[int], what: str = "the list", minimum: Optiona
     return out
 
 
-def float_list(text: str | Sequence[float], what: str = "the list", minimum: Optional[float] = None,
-               maximum: Optional[float] = None) -> list[float]:
+def float_list(
+    text: str | Sequence[float],
+    what: str = "the list",
+    minimum: Optional[float] = None,
+    maximum: Optional[float] = None,
+) -> list[float]:
     """``"0.1,0.5"`` -> [0.1, 0.5]; finite values only. Raises UsageError as :func:`int_list`."""
     if isinstance(text, str):
         try:
@@ -256,8 +296,9 @@ def float_list(text: str | Sequence[float], what: str = "the list", minimum: Opt
     return out
 
 
-def parse_mapping(items: Optional[Sequence[str]], names: Sequence[str], flag: str = "--weights",
-                  must_exist: bool = True) -> dict[str, Path]:
+def parse_mapping(
+    items: Optional[Sequence[str]], names: Sequence[str], flag: str = "--weights", must_exist: bool = True
+) -> dict[str, Path]:
     """``["anole=/ckpt/anole", ...]`` (comma-separated or repeated) -> {name: path}.
 
     Raises UsageError for an item without ``=``, a name not in ``names`` or a path that does not
@@ -271,8 +312,10 @@ def parse_mapping(items: Optional[Sequence[str]], names: Sequence[str], flag: st
             if not sep or not name or not path:
                 raise UsageError(f"{flag} takes MODEL=PATH (e.g. {flag} anole=/ckpt/Anole-7b), got {part!r}")
             if name not in names:
-                raise UsageError(f"{flag} names {name!r}, which is not in --models ({','.join(names)}); "
-                                 f"add it to --models or fix the name")
+                raise UsageError(
+                    f"{flag} names {name!r}, which is not in --models ({','.join(names)}); "
+                    f"add it to --models or fix the name"
+                )
             p = Path(path).expanduser()
             if must_exist and not p.exists():
                 raise UsageError(f"{flag} path for {name} does not exist: {p}; check the path")
@@ -284,28 +327,46 @@ def parse_mapping(items: Optional[Sequence[str]], names: Sequence[str], flag: st
 def add_model_args(p, default: str = "embedded", dtype: bool = True) -> None:
     """``--model --weights --device [--dtype]``."""
     p.add_argument("--model", default=default, metavar="NAME", help=f"registry name or hf:<repo> (default: {default})")
-    p.add_argument("--weights", type=path_arg, default=None, metavar="PATH",
-                   help="checkpoint file or directory (default: shipped files / local Hugging Face cache)")
+    p.add_argument(
+        "--weights",
+        type=path_arg,
+        default=None,
+        metavar="PATH",
+        help="checkpoint file or directory (default: shipped files / local Hugging Face cache)",
+    )
     add_device_args(p, dtype=dtype)
 
 
 def add_device_args(p, dtype: bool = True, threads: Optional[int] = None, what: str = "") -> None:
     """``--device [--dtype] [--threads]`` (``threads``: the default CPU thread count; None: no option;
     ``what``: what runs on the device, for the help text)."""
-    p.add_argument("--device", default="auto", metavar="DEVICE",
-                   help=f"auto | cpu | cuda | cuda:N{', ' + what if what else ''} (default: auto)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        metavar="DEVICE",
+        help=f"auto | cpu | cuda | cuda:N{', ' + what if what else ''} (default: auto)",
+    )
     if dtype:
-        p.add_argument("--dtype", default=None, metavar="DTYPE",
-                       help="auto | float32 | float64 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA; float64: "
-                            "batched decoding gives exactly batch 1's tokens)")
+        p.add_argument(
+            "--dtype",
+            default=None,
+            metavar="DTYPE",
+            help="auto | float32 | float64 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA; float64: "
+            "batched decoding gives exactly batch 1's tokens)",
+        )
     if threads is not None:
         add_threads_arg(p, threads)
 
 
 def add_threads_arg(p, default: int = 0) -> None:
     """``--threads N``: CPU threads for torch (and faiss), 0 = torch's default; apply with :func:`set_threads`."""
-    p.add_argument("--threads", type=nonneg_int, default=default, metavar="N",
-                   help=f"CPU threads for torch, 0 = torch's default (default: {default})")
+    p.add_argument(
+        "--threads",
+        type=nonneg_int,
+        default=default,
+        metavar="N",
+        help=f"CPU threads for torch, 0 = torch's default (default: {default})",
+    )
 
 
 def add_data_arg(p, help: str = "Fashion-MNIST IDX directory (default: the usual places)") -> None:
@@ -333,44 +394,83 @@ def set_threads(n: int) -> None:
 def add_sampling_args(p, guidance: Optional[float] = None, guidance_help: Optional[str] = None) -> None:
     """``--cfg --temperature --top-k --top-p``; ``guidance`` is the default scale (None: by the model's kind)."""
     add_guidance_arg(p, guidance, guidance_help)
-    p.add_argument("--temperature", type=finite_float, default=1.0, metavar="T",
-                   help="sampling temperature, 0 = greedy (default: 1.0)")
-    p.add_argument("--top-k", type=nonneg_int, default=0, metavar="K",
-                   help="keep the k most likely tokens, 0 = all (default: 0)")
-    p.add_argument("--top-p", type=finite_float, default=1.0, metavar="P",
-                   help="nucleus mass in (0, 1], 1 = all (default: 1.0)")
+    p.add_argument(
+        "--temperature",
+        type=finite_float,
+        default=1.0,
+        metavar="T",
+        help="sampling temperature, 0 = greedy (default: 1.0)",
+    )
+    p.add_argument(
+        "--top-k", type=nonneg_int, default=0, metavar="K", help="keep the k most likely tokens, 0 = all (default: 0)"
+    )
+    p.add_argument(
+        "--top-p", type=finite_float, default=1.0, metavar="P", help="nucleus mass in (0, 1], 1 = all (default: 1.0)"
+    )
 
 
 def add_guidance_arg(p, guidance: Optional[float] = None, guidance_help: Optional[str] = None) -> None:
     """``--cfg S``: the classifier-free guidance scale (``guidance`` in code; None: by the model's kind)."""
-    default = ("4.0 c2i, 7.5 t2i, 1.0 text" if guidance is None else f"{guidance:g}")
-    p.add_argument("--cfg", type=finite_float, default=guidance, metavar="S",
-                   help=guidance_help or f"classifier-free guidance scale s, 1 = none (default: {default})")
+    default = "4.0 c2i, 7.5 t2i, 1.0 text" if guidance is None else f"{guidance:g}"
+    p.add_argument(
+        "--cfg",
+        type=finite_float,
+        default=guidance,
+        metavar="S",
+        help=guidance_help or f"classifier-free guidance scale s, 1 = none (default: {default})",
+    )
 
 
-def add_condition_args(p, num_images: int = 64, batch_size: Optional[int] = 32, classes: bool = True,
-                       captions: bool = True, seed_help: str = "image i draws from its own stream seeded by "
-                                                               "(seed, i) (default: 0)") -> None:
+def add_condition_args(
+    p,
+    num_images: int = 64,
+    batch_size: Optional[int] = 32,
+    classes: bool = True,
+    captions: bool = True,
+    seed_help: str = "image i draws from its own stream seeded by (seed, i) (default: 0)",
+) -> None:
     """``--num-images [--batch-size] --seed [--classes] [--captions]``."""
-    p.add_argument("--num-images", type=positive_int, default=num_images, metavar="N",
-                   help=f"images to generate or analyse (default: {num_images})")
+    p.add_argument(
+        "--num-images",
+        type=positive_int,
+        default=num_images,
+        metavar="N",
+        help=f"images to generate or analyse (default: {num_images})",
+    )
     if batch_size is not None:
-        p.add_argument("--batch-size", type=positive_int, default=batch_size, metavar="B",
-                       help=f"images per forward pass and per resumable part (default: {batch_size})")
+        p.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=batch_size,
+            metavar="B",
+            help=f"images per forward pass and per resumable part (default: {batch_size})",
+        )
     p.add_argument("--seed", type=seed_int, default=0, metavar="S", help=seed_help)
     if classes:
-        p.add_argument("--classes", default=None, metavar="LIST", help="class labels for c2i models, e.g. 0,3,7 (cycled)")
+        p.add_argument(
+            "--classes", default=None, metavar="LIST", help="class labels for c2i models, e.g. 0,3,7 (cycled)"
+        )
     if captions:
-        p.add_argument("--captions", type=path_arg, default=None, metavar="FILE",
-                       help="t2i captions: a text file (one per line) or an MS-COCO captions_*.json")
+        p.add_argument(
+            "--captions",
+            type=path_arg,
+            default=None,
+            metavar="FILE",
+            help="t2i captions: a text file (one per line) or an MS-COCO captions_*.json",
+        )
 
 
 def add_shard_args(p) -> None:
     """``--shard-index --num-shards`` (independent processes; torchrun needs neither, see
     :mod:`ambiguity.distributed`)."""
-    p.add_argument("--shard-index", type=nonneg_int, default=None, metavar="I",
-                   help="this process's shard, 0..n-1, when shards run as independent processes (then merge with "
-                        "python -m ambiguity merge OUT); torchrun sets the shards itself")
+    p.add_argument(
+        "--shard-index",
+        type=nonneg_int,
+        default=None,
+        metavar="I",
+        help="this process's shard, 0..n-1, when shards run as independent processes (then merge with "
+        "python -m ambiguity merge OUT); torchrun sets the shards itself",
+    )
     p.add_argument("--num-shards", type=positive_int, default=None, metavar="N", help="number of independent shards")
 
 
@@ -425,8 +525,9 @@ def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
         while not anc.exists():
             anc = anc.parent
     except OSError as exc:  # a name too long for the file system, a loop of links, ...
-        raise UsageError(f"{flag} {_short(out)} is not a usable path ({exc.strerror or exc}); pass another "
-                         f"{flag}") from None
+        raise UsageError(
+            f"{flag} {_short(out)} is not a usable path ({exc.strerror or exc}); pass another {flag}"
+        ) from None
     if not anc.is_dir():
         raise UsageError(f"{flag} {out} lies below the file {anc}; pass a directory path")
     if not os.access(anc, os.W_OK | os.X_OK):
@@ -436,7 +537,7 @@ def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
 
 def _short(path: Path, width: int = 100) -> str:
     text = str(path)
-    return text if len(text) <= width else f"{text[:width // 2]}...{text[-width // 2:]}"
+    return text if len(text) <= width else f"{text[: width // 2]}...{text[-width // 2 :]}"
 
 
 def check_out_file(path: str | Path, flag: str = "--out") -> Path:
@@ -462,13 +563,15 @@ def check_out_file(path: str | Path, flag: str = "--out") -> Path:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise UsageError(f"{flag} {_short(path)} is not a usable path ({exc.strerror or exc}); pass another "
-                         f"{flag}") from None
+        raise UsageError(
+            f"{flag} {_short(path)} is not a usable path ({exc.strerror or exc}); pass another {flag}"
+        ) from None
     return path
 
 
-def run_subcommand(prog: str, commands: Mapping[str, tuple[str, str]], argv: Optional[Sequence[str]] = None,
-                   required: bool = False) -> int:
+def run_subcommand(
+    prog: str, commands: Mapping[str, tuple[str, str]], argv: Optional[Sequence[str]] = None, required: bool = False
+) -> int:
     """``python -m <package> [command] [options]``: list ``commands`` or run one.
 
     commands: name -> (module with ``main(argv)``, one-line description). ``--help`` prints the

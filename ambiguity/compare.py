@@ -29,21 +29,35 @@ Settings: ``--cfg`` applies to image models (c2i/t2i); text models have no condi
 and always run at scale 1. The default scale is 1 for every model (each model's own
 distribution), temperature 1, no top-k / top-p.
 """
+
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_run_args, add_sampling_args,
-                           check_out_dir, cli_main, device_from_args, parse_mapping, positive_int, safe_name, seed_int,
-                           unit_float)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_data_arg,
+    add_device_args,
+    add_run_args,
+    add_sampling_args,
+    check_out_dir,
+    cli_main,
+    device_from_args,
+    parse_mapping,
+    positive_int,
+    safe_name,
+    seed_int,
+    unit_float,
+)
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions
 from ambiguity.errors import FieldError, UsageError
 from ambiguity.io import ensure_writable_dir, read_table, write_json, write_table
@@ -52,9 +66,22 @@ from ambiguity.models.registry import get_spec, load_model
 from ambiguity.profile import profile
 from ambiguity.sampling import SamplingConfig
 
-__all__ = ["PAPER", "CompareSettings", "parse_models", "bootstrap_ci", "per_image_means", "drafter_accuracy",
-           "profile_one", "summary_row", "compare", "plot_ambiguity", "plot_drafter", "format_table", "main",
-           "AccuracyLookup"]
+__all__ = [
+    "PAPER",
+    "CompareSettings",
+    "parse_models",
+    "bootstrap_ci",
+    "per_image_means",
+    "drafter_accuracy",
+    "profile_one",
+    "summary_row",
+    "compare",
+    "plot_ambiguity",
+    "plot_drafter",
+    "format_table",
+    "main",
+    "AccuracyLookup",
+]
 
 # model name -> path of its drafter accuracy table (or None): how lantern.compare supplies its artefacts
 AccuracyLookup = Callable[[str], Optional[Path]]
@@ -87,8 +114,11 @@ class CompareSettings:
 
     def __post_init__(self):
         if self.num_images < 2:
-            raise FieldError("CompareSettings", "num_images",
-                             f"must be >= 2 (a bootstrap needs several images), got {self.num_images}")
+            raise FieldError(
+                "CompareSettings",
+                "num_images",
+                f"must be >= 2 (a bootstrap needs several images), got {self.num_images}",
+            )
         if self.batch_size < 1:
             raise FieldError("CompareSettings", "batch_size", f"must be >= 1, got {self.batch_size}")
         if self.source not in ("generate", "dataset"):
@@ -124,7 +154,9 @@ def parse_models(text: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- statistics
-def bootstrap_ci(values: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+def bootstrap_ci(
+    values: np.ndarray, n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
     """Mean and percentile-bootstrap CI of per-image values (n,) float -> (mean, low, high).
 
     Resamples the n images with replacement ``n_boot`` times with
@@ -170,7 +202,9 @@ def drafter_accuracy(path: Optional[str | Path], given: bool = True):
     try:
         df = read_table(p)
     except Exception as exc:  # pyarrow raises many types for damaged files
-        raise UsageError(f"cannot read drafter accuracy table {p} ({exc}); retrain with python -m lantern.train_drafter") from None
+        raise UsageError(
+            f"cannot read drafter accuracy table {p} ({exc}); retrain with python -m lantern.train_drafter"
+        ) from None
     if not {"epoch", "top1"} <= set(df.columns):
         raise UsageError(f"{p} has no epoch/top1 columns; pass a table written by python -m lantern.train_drafter")
     return df.sort_values("epoch").reset_index(drop=True)
@@ -185,13 +219,24 @@ def _dataset_inputs(model, settings: CompareSettings, data: Optional[str]):
     if model.kind == "c2i":
         images, conds = fashion_mnist_subset(model, settings.num_images, settings.seed, None, data)
         return None, images, conds
-    raise UsageError(f"--source dataset is not available for {model.name} in the comparison; "
-                     f"use --source generate (or python -m ambiguity.profile --images DIR)")
+    raise UsageError(
+        f"--source dataset is not available for {model.name} in the comparison; "
+        f"use --source generate (or python -m ambiguity.profile --images DIR)"
+    )
 
 
-def profile_one(name: str, settings: CompareSettings, out: Optional[Path], weights: Optional[Path] = None,
-                device="auto", dtype=None, data: Optional[str] = None, overwrite: bool = False,
-                progress: bool = True, model=None):
+def profile_one(
+    name: str,
+    settings: CompareSettings,
+    out: Optional[Path],
+    weights: Optional[Path] = None,
+    device="auto",
+    dtype=None,
+    data: Optional[str] = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    model=None,
+):
     """Profile one model (resumable) -> (per-token DataFrame, summary dict).
 
     With ``out``: a finished model (``out/tokens.parquet`` + ``summary.json`` of the same
@@ -213,9 +258,20 @@ def profile_one(name: str, settings: CompareSettings, out: Optional[Path], weigh
         tokens, images, conditions = _dataset_inputs(model, settings, data)
     else:
         conditions = generation_conditions(model, settings.num_images, settings.seed)
-    table, summary = profile(model, conditions, sampling, num_images=settings.num_images,
-                             batch_size=settings.batch_size, seed=settings.seed, tokens=tokens, images=images,
-                             out=out, overwrite=overwrite, settings=record, progress=progress)
+    table, summary = profile(
+        model,
+        conditions,
+        sampling,
+        num_images=settings.num_images,
+        batch_size=settings.batch_size,
+        seed=settings.seed,
+        tokens=tokens,
+        images=images,
+        out=out,
+        overwrite=overwrite,
+        settings=record,
+        progress=progress,
+    )
     summary["compare"] = record
     if out is not None:
         write_table(table, out / "tokens.parquet")
@@ -233,9 +289,16 @@ def summary_row(name: str, table, summary: dict, settings: CompareSettings, accu
     """
     m = summary["model"]
     per = per_image_means(table)
-    row = {"model": name, "kind": m.get("kind"), "source": summary.get("source"), **summary["sampling"],
-           "images": int(per.shape[0]), "tokens": int(len(table)), "vocab_size": m.get("vocab_size"),
-           "parameters": m.get("parameters")}
+    row = {
+        "model": name,
+        "kind": m.get("kind"),
+        "source": summary.get("source"),
+        **summary["sampling"],
+        "images": int(per.shape[0]),
+        "tokens": int(len(table)),
+        "vocab_size": m.get("vocab_size"),
+        "parameters": m.get("parameters"),
+    }
     for s in STATS:
         mean, lo, hi = bootstrap_ci(per[s].to_numpy(), settings.n_boot, settings.seed, settings.level)
         row.update({s: mean, f"{s}_lo": lo, f"{s}_hi": hi, f"cond_{s}": float(per[f"cond_{s}"].mean())})
@@ -264,14 +327,24 @@ def plot_ambiguity(rows, tables: dict, level: float = 0.95, paper: bool = True):
         x = np.arange(len(names))
         for j, (stat, label) in enumerate((("top1", "top-1 probability"), ("top10", "top-10 mass"))):
             off, c = (j - 0.5) * 0.38, plots.color_for("", j)
-            mx = x[:len(df)] + off
+            mx = x[: len(df)] + off
             err = np.array([df[stat] - df[f"{stat}_lo"], df[f"{stat}_hi"] - df[stat]])
-            axes[0].bar(mx, df[stat], width=0.38, color=c, yerr=err, capsize=2, error_kw={"linewidth": 0.8},
-                        label=label)
-            px = x[len(df):] + off
+            axes[0].bar(
+                mx, df[stat], width=0.38, color=c, yerr=err, capsize=2, error_kw={"linewidth": 0.8}, label=label
+            )
+            px = x[len(df) :] + off
             if len(ref):
-                axes[0].bar(px, ref[stat], width=0.38, color=c, alpha=0.35, hatch="///", edgecolor="white",
-                            linewidth=0, label="paper values (light)" if j == 0 else None)
+                axes[0].bar(
+                    px,
+                    ref[stat],
+                    width=0.38,
+                    color=c,
+                    alpha=0.35,
+                    hatch="///",
+                    edgecolor="white",
+                    linewidth=0,
+                    label="paper values (light)" if j == 0 else None,
+                )
             for xi, v in zip(np.concatenate([mx, px]), list(df[stat]) + list(ref[stat])):
                 axes[0].text(xi, v + 0.02, f"{v:.2f}", ha="center", va="bottom", fontsize=5.5)
         axes[0].set_xticks(x, names, rotation=20, ha="right")
@@ -280,12 +353,32 @@ def plot_ambiguity(rows, tables: dict, level: float = 0.95, paper: bool = True):
         axes[0].set_ylabel("average over tokens")
         axes[0].legend(loc="upper center", ncol=2, fontsize=5.5, columnspacing=0.8, handlelength=1.2)
         axes[0].set_title(f"means, {int(level * 100)}% bootstrap CI over images")
-        long = pd.concat([pd.DataFrame({"model": n, "top-1 probability": t["guided_top1"].to_numpy(),
-                                        "top-10 mass": t["guided_top10"].to_numpy()}) for n, t in tables.items()])
+        long = pd.concat(
+            [
+                pd.DataFrame(
+                    {
+                        "model": n,
+                        "top-1 probability": t["guided_top1"].to_numpy(),
+                        "top-10 mass": t["guided_top10"].to_numpy(),
+                    }
+                )
+                for n, t in tables.items()
+            ]
+        )
         for ax, col in zip(axes[1:], ("top-1 probability", "top-10 mass")):
-            sns.violinplot(data=long, x="model", y=col, hue="model", cut=0, density_norm="width", inner="quart",
-                           linewidth=0.6, palette=[plots.color_for("", i + 2) for i in range(len(tables))],
-                           legend=False, ax=ax)
+            sns.violinplot(
+                data=long,
+                x="model",
+                y=col,
+                hue="model",
+                cut=0,
+                density_norm="width",
+                inner="quart",
+                linewidth=0.6,
+                palette=[plots.color_for("", i + 2) for i in range(len(tables))],
+                legend=False,
+                ax=ax,
+            )
             ax.set_ylim(0, 1)
             ax.set_xlabel("")
             ax.set_title(f"per-token {col}")
@@ -303,12 +396,23 @@ def plot_drafter(accuracies: dict, paper: bool = True):
     with plots.style():
         fig, ax = plots.new_figure(width=3.3, height=2.4)
         for i, (name, acc) in enumerate(have.items()):
-            ax.plot(acc["epoch"], 100 * acc["top1"], marker="o", markersize=3, color=plots.color_for("", i + 2),
-                    label=f"{name} ({100 * acc['top1'].iloc[-1]:.1f}%)")
+            ax.plot(
+                acc["epoch"],
+                100 * acc["top1"],
+                marker="o",
+                markersize=3,
+                color=plots.color_for("", i + 2),
+                label=f"{name} ({100 * acc['top1'].iloc[-1]:.1f}%)",
+            )
         if paper:
             for r, ls in zip(PAPER, ("--", ":")):
-                ax.axhline(100 * r["drafter_top1"], color="#777777", linestyle=ls, linewidth=0.8,
-                           label=f"{r['model']} ({100 * r['drafter_top1']:.1f}%)")
+                ax.axhline(
+                    100 * r["drafter_top1"],
+                    color="#777777",
+                    linestyle=ls,
+                    linewidth=0.8,
+                    label=f"{r['model']} ({100 * r['drafter_top1']:.1f}%)",
+                )
         from matplotlib.ticker import MaxNLocator
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -322,28 +426,45 @@ def plot_drafter(accuracies: dict, paper: bool = True):
 def format_table(rows, paper: bool = True, level: float = 0.95) -> str:
     """The summary printed at the end: one line per model (and the paper's values)."""
     pct = int(round(level * 100))
-    head = f"{'model':<18s}{'kind':<6s}{'images':>7s}  {'top-1 [' + str(pct) + '% CI]':<24s}" \
-           f"{'top-10 [' + str(pct) + '% CI]':<24s}{'entropy':>8s}{'drafter top-1':>15s}"
+    head = (
+        f"{'model':<18s}{'kind':<6s}{'images':>7s}  {'top-1 [' + str(pct) + '% CI]':<24s}"
+        f"{'top-10 [' + str(pct) + '% CI]':<24s}{'entropy':>8s}{'drafter top-1':>15s}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         acc = r.get("drafter_top1", float("nan"))
         acc_s = f"{100 * acc:.2f}% (ep {r['drafter_epochs']})" if acc == acc else "n/a"
-        lines.append(f"{r['model'][:17]:<18s}{str(r['kind']):<6s}{r['images']:>7d}  "
-                     f"{r['top1']:.3f} [{r['top1_lo']:.3f}, {r['top1_hi']:.3f}]    "
-                     f"{r['top10']:.3f} [{r['top10_lo']:.3f}, {r['top10_hi']:.3f}]    {r['entropy']:>6.2f}  {acc_s:>14s}")
+        lines.append(
+            f"{r['model'][:17]:<18s}{str(r['kind']):<6s}{r['images']:>7d}  "
+            f"{r['top1']:.3f} [{r['top1_lo']:.3f}, {r['top1_hi']:.3f}]    "
+            f"{r['top10']:.3f} [{r['top10_lo']:.3f}, {r['top10_hi']:.3f}]    {r['entropy']:>6.2f}  {acc_s:>14s}"
+        )
     if paper:
         for r in PAPER:
-            lines.append(f"{r['model']:<18s}{r['kind']:<6s}{'':>7s}  {r['top1']:.3f}{'':20s}"
-                         f"{r['top10']:.3f}{'':20s}{'':>8s}{100 * r['drafter_top1']:>14.2f}%")
+            lines.append(
+                f"{r['model']:<18s}{r['kind']:<6s}{'':>7s}  {r['top1']:.3f}{'':20s}"
+                f"{r['top10']:.3f}{'':20s}{'':>8s}{100 * r['drafter_top1']:>14.2f}%"
+            )
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- driver
-def compare(models: Sequence, settings: Optional[CompareSettings] = None, *, weights: Optional[dict] = None,
-            out: Optional[str | Path] = None, figures: Optional[str | Path] = None, device="auto", dtype=None,
-            data: Optional[str] = None, accuracy_paths: Optional[dict] = None,
-            accuracy_lookup: Optional[AccuracyLookup] = None, overwrite: bool = False, paper: bool = True,
-            progress: bool = True):
+def compare(
+    models: Sequence,
+    settings: Optional[CompareSettings] = None,
+    *,
+    weights: Optional[dict] = None,
+    out: Optional[str | Path] = None,
+    figures: Optional[str | Path] = None,
+    device="auto",
+    dtype=None,
+    data: Optional[str] = None,
+    accuracy_paths: Optional[dict] = None,
+    accuracy_lookup: Optional[AccuracyLookup] = None,
+    overwrite: bool = False,
+    paper: bool = True,
+    progress: bool = True,
+):
     """Profile every model with the same settings and compare them (the Python entry point).
 
     Args:
@@ -365,8 +486,9 @@ def compare(models: Sequence, settings: Optional[CompareSettings] = None, *, wei
         model = None if isinstance(item, str) else item
         name = item if isinstance(item, str) else item.name
         sub = out / safe_name(name) if out is not None else None
-        table, summary = profile_one(name, settings, sub, weights.get(name), device, dtype, data, overwrite,
-                                     progress, model=model)
+        table, summary = profile_one(
+            name, settings, sub, weights.get(name), device, dtype, data, overwrite, progress, model=model
+        )
         tables[name] = table
         given = name in accuracy_paths
         path = accuracy_paths[name] if given else (accuracy_lookup(name) if accuracy_lookup is not None else None)
@@ -388,25 +510,46 @@ def compare(models: Sequence, settings: Optional[CompareSettings] = None, *, wei
 
 
 def build_parser(prog: str = "python -m ambiguity.compare") -> ArgumentParser:
-    p = ArgumentParser(prog=prog,
-                       description="Compare next-token ambiguity across models (LANTERN Fig. 2): average top-1 "
-                                   "probability and top-10 mass with bootstrap CIs, and drafter test accuracy.")
-    p.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                   help="comma-separated registry names or hf:<repo> (default: %(default)s)")
-    p.add_argument("--weights", action="append", default=None, metavar="MODEL=PATH",
-                   help="checkpoint file or directory per model, e.g. anole=/ckpt/Anole-7b (repeatable)")
-    p.add_argument("--drafter-accuracy", action="append", default=None, metavar="MODEL=PATH",
-                   help="drafter accuracy table per model (python -m lantern.compare finds the shipped ones)")
+    p = ArgumentParser(
+        prog=prog,
+        description="Compare next-token ambiguity across models (LANTERN Fig. 2): average top-1 "
+        "probability and top-10 mass with bootstrap CIs, and drafter test accuracy.",
+    )
+    p.add_argument(
+        "--models",
+        default=",".join(DEFAULT_MODELS),
+        help="comma-separated registry names or hf:<repo> (default: %(default)s)",
+    )
+    p.add_argument(
+        "--weights",
+        action="append",
+        default=None,
+        metavar="MODEL=PATH",
+        help="checkpoint file or directory per model, e.g. anole=/ckpt/Anole-7b (repeatable)",
+    )
+    p.add_argument(
+        "--drafter-accuracy",
+        action="append",
+        default=None,
+        metavar="MODEL=PATH",
+        help="drafter accuracy table per model (python -m lantern.compare finds the shipped ones)",
+    )
     add_device_args(p)
     p.add_argument("--figures", default=None, help="directory for compare_*.png/pdf (default: --out)")
     p.add_argument("--num-images", type=positive_int, default=64, help="images (text passages) per model (default: 64)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per batch (default: 32)")
     p.add_argument("--seed", type=seed_int, default=0, help="sampling, subset and bootstrap seed (default: 0)")
-    p.add_argument("--source", choices=("generate", "dataset"), default="generate",
-                   help="generate: sample; dataset: teacher-force real images / held-out text (default: generate)")
+    p.add_argument(
+        "--source",
+        choices=("generate", "dataset"),
+        default="generate",
+        help="generate: sample; dataset: teacher-force real images / held-out text (default: generate)",
+    )
     add_data_arg(p, "Fashion-MNIST directory for --source dataset on the embedded model")
     add_sampling_args(p, guidance=1.0, guidance_help="guidance scale for image models, 1 = none (default: 1)")
-    p.add_argument("--bootstrap", type=positive_int, default=2000, help="bootstrap resamples over images (default: 2000)")
+    p.add_argument(
+        "--bootstrap", type=positive_int, default=2000, help="bootstrap resamples over images (default: 2000)"
+    )
     p.add_argument("--level", type=unit_float, default=0.95, help="confidence level of the intervals (default: 0.95)")
     p.add_argument("--no-paper", action="store_true", help="leave the paper's reference values out of figures/table")
     add_run_args(p, "results directory (default: runs/compare)")
@@ -414,8 +557,11 @@ def build_parser(prog: str = "python -m ambiguity.compare") -> ArgumentParser:
 
 
 @cli_main
-def main(argv: Optional[list[str]] = None, accuracy_lookup: Optional[AccuracyLookup] = None,
-         prog: str = "python -m ambiguity.compare") -> int:
+def main(
+    argv: Optional[list[str]] = None,
+    accuracy_lookup: Optional[AccuracyLookup] = None,
+    prog: str = "python -m ambiguity.compare",
+) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for bad input (UsageError).
 
     ``accuracy_lookup``/``prog``: how ``python -m lantern.compare`` reuses this command with the
@@ -427,26 +573,45 @@ def main(argv: Optional[list[str]] = None, accuracy_lookup: Optional[AccuracyLoo
     weights = parse_mapping(args.weights, models, "--weights")
     acc = parse_mapping(args.drafter_accuracy, models, "--drafter-accuracy")
     sampling = SamplingConfig(guidance=args.cfg, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    settings = CompareSettings(sampling, args.num_images, args.batch_size, args.seed, args.source, args.bootstrap,
-                               args.level)
+    settings = CompareSettings(
+        sampling, args.num_images, args.batch_size, args.seed, args.source, args.bootstrap, args.level
+    )
     device, dtype = device_from_args(args)
     if args.figures is not None:
         check_out_dir(args.figures, "--figures")
     out = ensure_writable_dir(check_out_dir(args.out or "runs/compare"))
-    result, _ = compare(models, settings, weights=weights, out=out, figures=args.figures, device=device, dtype=dtype,
-                        data=args.data, accuracy_paths=acc, accuracy_lookup=accuracy_lookup,
-                        overwrite=args.overwrite, paper=not args.no_paper, progress=not args.no_progress)
+    result, _ = compare(
+        models,
+        settings,
+        weights=weights,
+        out=out,
+        figures=args.figures,
+        device=device,
+        dtype=dtype,
+        data=args.data,
+        accuracy_paths=acc,
+        accuracy_lookup=accuracy_lookup,
+        overwrite=args.overwrite,
+        paper=not args.no_paper,
+        progress=not args.no_progress,
+    )
     print(format_table(result.to_dict("records"), paper=not args.no_paper, level=args.level))
     s = settings.sampling
-    print(f"settings: {args.source}, {args.num_images} images/passages per model, cfg {s.guidance} (image models; "
-          f"text 1), temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, seed {args.seed}, "
-          f"{args.bootstrap} bootstrap resamples; {time.perf_counter() - t0:.1f} s")
+    print(
+        f"settings: {args.source}, {args.num_images} images/passages per model, cfg {s.guidance} (image models; "
+        f"text 1), temperature {s.temperature}, top-k {s.top_k}, top-p {s.top_p}, seed {args.seed}, "
+        f"{args.bootstrap} bootstrap resamples; {time.perf_counter() - t0:.1f} s"
+    )
     fig_dir = Path(args.figures) if args.figures else out
-    print(f"wrote {out}/compare.parquet, per_image.parquet, <model>/tokens.parquet; "
-          f"figures in {fig_dir}/compare_*.png/pdf")
+    print(
+        f"wrote {out}/compare.parquet, per_image.parquet, <model>/tokens.parquet; "
+        f"figures in {fig_dir}/compare_*.png/pdf"
+    )
     if accuracy_lookup is None and not acc:
-        print("note: drafter accuracy is n/a without --drafter-accuracy; python -m lantern.compare adds the shipped "
-              "drafters' tables")
+        print(
+            "note: drafter accuracy is n/a without --drafter-accuracy; python -m lantern.compare adds the shipped "
+            "drafters' tables"
+        )
     return 0
 
 

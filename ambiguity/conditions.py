@@ -12,23 +12,32 @@ lantern's generate and drafter training):
 
 Every helper raises a one-line :class:`~ambiguity.errors.UsageError` naming the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
-from ambiguity.data.captions import read_captions, read_coco_captions, sample_captions, is_coco_json
+from ambiguity.data.captions import is_coco_json, read_captions, read_coco_captions, sample_captions
 from ambiguity.data.fashion_mnist import load_split, model_image_size
 from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
 from ambiguity.seeding import subset_seed
 
-__all__ = ["parse_classes", "check_labels", "generation_conditions", "fashion_mnist_subset", "ImageFiles",
-           "image_files_subset", "IMAGE_SUFFIXES"]
+__all__ = [
+    "parse_classes",
+    "check_labels",
+    "generation_conditions",
+    "fashion_mnist_subset",
+    "ImageFiles",
+    "image_files_subset",
+    "IMAGE_SUFFIXES",
+]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
@@ -54,8 +63,9 @@ def check_labels(model: TokenModel, labels: Sequence[int]) -> None:
         raise UsageError(f"class {bad[0]} is out of range for {model.name}; pass --classes in 0..{n - 1}")
 
 
-def generation_conditions(model: TokenModel, n: int, seed: int, classes: Optional[list[int]] = None,
-                          captions: Optional[str | Path] = None) -> list:
+def generation_conditions(
+    model: TokenModel, n: int, seed: int, classes: Optional[list[int]] = None, captions: Optional[str | Path] = None
+) -> list:
     """Conditions for ``n`` generated images: labels (c2i) or captions/prompts (t2i, text).
 
     c2i: ``classes`` repeated in order to length ``n`` (``[0, 3]`` -> 0, 3, 0, 3, ...), else
@@ -70,15 +80,18 @@ def generation_conditions(model: TokenModel, n: int, seed: int, classes: Optiona
         check_labels(model, labels)
         return labels
     if classes:
-        raise UsageError(f"{model.name} is not class-conditional ({model.kind}); drop --classes and pass --captions FILE")
+        raise UsageError(
+            f"{model.name} is not class-conditional ({model.kind}); drop --classes and pass --captions FILE"
+        )
     if captions is not None:
         return sample_captions(read_captions(captions), n, seed)
     try:
         return list(model.default_conditions(n, seed))
     except NotImplementedError:
         what = "captions" if model.kind == "t2i" else "prompts"
-        raise UsageError(f"{model.name} needs {what}: pass --captions FILE (one per line, or an MS-COCO "
-                         f"captions_*.json)") from None
+        raise UsageError(
+            f"{model.name} needs {what}: pass --captions FILE (one per line, or an MS-COCO captions_*.json)"
+        ) from None
 
 
 def _subset(n_total: int, n: int, seed: int) -> list[int]:
@@ -86,8 +99,9 @@ def _subset(n_total: int, n: int, seed: int) -> list[int]:
     return torch.randperm(n_total, generator=g)[:n].tolist()
 
 
-def fashion_mnist_subset(model: TokenModel, n: int, seed: int, classes: Optional[list[int]] = None,
-                         data: Optional[str | Path] = None) -> tuple[torch.Tensor, list[int]]:
+def fashion_mnist_subset(
+    model: TokenModel, n: int, seed: int, classes: Optional[list[int]] = None, data: Optional[str | Path] = None
+) -> tuple[torch.Tensor, list[int]]:
     """``n`` Fashion-MNIST test images drawn with ``seed`` (only ``classes`` when given).
 
     Returns (images (n, 1, S, S) float32 in [0, 1], S = 32 or the model's larger side, their true
@@ -114,8 +128,10 @@ def _image_shape(model: TokenModel) -> tuple[int, int, int]:
     try:
         return model.image_shape
     except NotImplementedError:
-        raise UsageError(f"{model.name} has no VQ tokenizer loaded, so --source dataset cannot encode images; "
-                         f"use --source generate or add the tokenizer checkpoint") from None
+        raise UsageError(
+            f"{model.name} has no VQ tokenizer loaded, so --source dataset cannot encode images; "
+            f"use --source generate or add the tokenizer checkpoint"
+        ) from None
 
 
 class ImageFiles:
@@ -163,8 +179,14 @@ def load_image(path: Path, shape: tuple[int, int, int]) -> torch.Tensor:
     return x[None] if C == 1 else x.permute(2, 0, 1).contiguous()
 
 
-def image_files_subset(model: TokenModel, folder: str | Path, n: int, seed: int, classes: Optional[list[int]] = None,
-                       captions: Optional[str | Path] = None) -> tuple[ImageFiles, list]:
+def image_files_subset(
+    model: TokenModel,
+    folder: str | Path,
+    n: int,
+    seed: int,
+    classes: Optional[list[int]] = None,
+    captions: Optional[str | Path] = None,
+) -> tuple[ImageFiles, list]:
     """``n`` image files from ``folder`` (searched recursively, sorted by path) drawn with ``seed``.
 
     Conditions: c2i -> ``classes`` cycled or ``model.default_conditions`` (the files carry no
@@ -188,7 +210,9 @@ def image_files_subset(model: TokenModel, folder: str | Path, n: int, seed: int,
         chosen = [files[i] for i in _subset(len(files), n, seed)]
         return ImageFiles(chosen, shape), generation_conditions(model, n, seed, classes)
     if classes:
-        raise UsageError(f"{model.name} is not class-conditional ({model.kind}); drop --classes and pass --captions FILE")
+        raise UsageError(
+            f"{model.name} is not class-conditional ({model.kind}); drop --classes and pass --captions FILE"
+        )
     if captions is None:
         raise UsageError(f"{model.name} needs a caption per image: pass --captions FILE with --images")
     if is_coco_json(captions):

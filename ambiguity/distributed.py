@@ -21,12 +21,14 @@ may round differently with another thread count, so a CPU run is identical to a 
 run with the same threads per process (``OMP_NUM_THREADS``); on GPUs each unit runs the same
 kernels whatever the number of processes.
 """
+
 from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -113,12 +115,17 @@ def torchrun_world() -> Optional[tuple[int, int, int, int]]:
     env = os.environ
     if "RANK" not in env or "WORLD_SIZE" not in env or int(env["WORLD_SIZE"]) < 2:
         return None
-    return (int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
-            int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))
+    return (
+        int(env["RANK"]),
+        int(env["WORLD_SIZE"]),
+        int(env.get("LOCAL_RANK", 0)),
+        int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+    )
 
 
-def setup_shards(shard_index: Optional[int] = None, num_shards: Optional[int] = None,
-                 device: Optional[torch.device] = None) -> Shard:
+def setup_shards(
+    shard_index: Optional[int] = None, num_shards: Optional[int] = None, device: Optional[torch.device] = None
+) -> Shard:
     """This process's :class:`Shard`: torchrun's rank and world size (the process group is
     initialised: NCCL for CUDA ``device``, gloo otherwise; CPU threads shared out), or
     ``--shard-index/--num-shards``, or the single shard of a plain run.
@@ -129,8 +136,10 @@ def setup_shards(shard_index: Optional[int] = None, num_shards: Optional[int] = 
     world = torchrun_world()
     if world is not None:
         if shard_index is not None or num_shards is not None:
-            raise UsageError("--shard-index/--num-shards are for independent processes; under torchrun every "
-                             "process is a shard already: drop them")
+            raise UsageError(
+                "--shard-index/--num-shards are for independent processes; under torchrun every "
+                "process is a shard already: drop them"
+            )
         rank, size, local, local_size = world
         cuda = device is not None and device.type == "cuda"
         if cuda:
@@ -145,7 +154,9 @@ def setup_shards(shard_index: Optional[int] = None, num_shards: Optional[int] = 
     if shard_index is None or num_shards is None:
         raise UsageError("give --shard-index and --num-shards together (shard i of n, i in 0..n-1)")
     if num_shards < 1 or not 0 <= shard_index < num_shards:
-        raise UsageError(f"--shard-index must be in 0..{num_shards - 1} for --num-shards {num_shards}, got {shard_index}")
+        raise UsageError(
+            f"--shard-index must be in 0..{num_shards - 1} for --num-shards {num_shards}, got {shard_index}"
+        )
     return Shard(shard_index, num_shards, False, 0)
 
 
@@ -154,6 +165,8 @@ def shard_from_args(args, device: Optional[torch.device] = None) -> Shard:
     shard of several (one shard must not clear the parts of the others)."""
     shard = setup_shards(getattr(args, "shard_index", None), getattr(args, "num_shards", None), device)
     if shard.count > 1 and not shard.group and getattr(args, "overwrite", False):
-        raise UsageError("--overwrite with --num-shards would clear other shards' parts; use a new --out, or "
-                         "clear the run once without --num-shards")
+        raise UsageError(
+            "--overwrite with --num-shards would clear other shards' parts; use a new --out, or "
+            "clear the run once without --num-shards"
+        )
     return shard

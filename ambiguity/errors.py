@@ -5,6 +5,7 @@ unknown model name, absent weights, a bad setting, an unreadable file. Command-l
 points run through :func:`ambiguity.cli.cli_main`, which prints ``error: <message>`` on one line
 to stderr and exits with status 2, without a traceback. Programming errors still raise normally.
 """
+
 from __future__ import annotations
 
 __all__ = ["UsageError", "WeightsNotFoundError", "FieldError", "check"]

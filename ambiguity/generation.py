@@ -5,9 +5,11 @@ decoding on the same calls) and the generator behind ``python -m ambiguity.profi
 analyses and drafter self-generation. Each image draws from its own random stream
 (:mod:`ambiguity.seeding`), so a batch of images gives every image the tokens it would get alone.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 
@@ -21,8 +23,14 @@ StepHook = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 @torch.no_grad()
-def sample_tokens(model: TokenModel, prompt: Prompt, sampling: SamplingConfig, generator: Generators = None,
-                  on_step: Optional[StepHook] = None, num_tokens: Optional[int] = None) -> torch.Tensor:
+def sample_tokens(
+    model: TokenModel,
+    prompt: Prompt,
+    sampling: SamplingConfig,
+    generator: Generators = None,
+    on_step: Optional[StepHook] = None,
+    num_tokens: Optional[int] = None,
+) -> torch.Tensor:
     """Sample ``num_tokens`` (default: one image, ``model.num_tokens``) tokens per condition.
 
     One target forward per token, with the KV cache. ``prompt.guided`` must equal

@@ -1,12 +1,13 @@
 """Atomic, resumable file output: nothing half-written is ever left under its final name."""
+
 from __future__ import annotations
 
 import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -16,8 +17,17 @@ from safetensors.torch import save_file
 
 from ambiguity.errors import UsageError
 
-__all__ = ["atomic_path", "write_json", "write_table", "read_table", "ensure_writable_dir", "save_tensors", "load_tensors",
-           "abspath", "json_default"]
+__all__ = [
+    "atomic_path",
+    "write_json",
+    "write_table",
+    "read_table",
+    "ensure_writable_dir",
+    "save_tensors",
+    "load_tensors",
+    "abspath",
+    "json_default",
+]
 
 
 @contextlib.contextmanager
@@ -54,8 +64,9 @@ def ensure_writable_dir(path: str | Path, flag: str = "--out") -> Path:
         if blocker is not None:
             where = "is a file" if blocker == path else f"lies below the file {blocker}"
             raise UsageError(f"{flag} {path} {where}; pass a directory path") from None
-        raise UsageError(f"cannot write to output directory {path} ({exc.strerror or exc}); "
-                         f"pass a writable {flag}") from None
+        raise UsageError(
+            f"cannot write to output directory {path} ({exc.strerror or exc}); pass a writable {flag}"
+        ) from None
     return path
 
 

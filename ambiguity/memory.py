@@ -15,20 +15,33 @@ in the memory available now.
 * :func:`checkpoint_bytes` / :func:`check_weights_fit` — a model's weights at the dtype they will
   be loaded in (safetensors headers read without the data), refused before loading.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from ambiguity.errors import UsageError
 
-__all__ = ["available_bytes", "format_bytes", "check_count", "kv_bytes_per_token", "check_batch", "check_run_size",
-           "checkpoint_bytes", "check_weights_fit", "SHARE", "RECORD_BYTES", "PREFIX_ROOM"]
+__all__ = [
+    "available_bytes",
+    "format_bytes",
+    "check_count",
+    "kv_bytes_per_token",
+    "check_batch",
+    "check_run_size",
+    "checkpoint_bytes",
+    "check_weights_fit",
+    "SHARE",
+    "RECORD_BYTES",
+    "PREFIX_ROOM",
+]
 
 SHARE = 0.8  # the share of the available memory a run may plan to fill
 RECORD_BYTES = 128  # one row of a per-token table in memory (numbers and a condition string)
@@ -51,7 +64,7 @@ def available_bytes(device: torch.device | str | None = None) -> int:
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return 2 ** 62  # unknown: never refuse
+        return 2**62  # unknown: never refuse
 
 
 def format_bytes(n: float) -> str:
@@ -63,8 +76,9 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} EiB"  # pragma: no cover
 
 
-def check_count(count: int, unit_bytes: float, flag: str, what: str, fix: str = "",
-                device: torch.device | str | None = None) -> None:
+def check_count(
+    count: int, unit_bytes: float, flag: str, what: str, fix: str = "", device: torch.device | str | None = None
+) -> None:
     """Raise UsageError unless ``count`` units of about ``unit_bytes`` each fit in the memory of ``device``.
 
     flag: the option that sets ``count`` (e.g. ``--num-images``); what: what the memory holds
@@ -76,9 +90,11 @@ def check_count(count: int, unit_bytes: float, flag: str, what: str, fix: str = 
         return
     most = int(SHARE * have // max(unit_bytes, 1))
     where = "" if torch.device(device or "cpu").type == "cpu" else f" on {device}"
-    raise UsageError(f"{flag} {count} needs about {format_bytes(need)} for {what}, more than the "
-                     f"{format_bytes(have)} of memory available{where}; use {flag} {max(most, 1)} or less"
-                     + (f", {fix}" if fix else ""))
+    raise UsageError(
+        f"{flag} {count} needs about {format_bytes(need)} for {what}, more than the "
+        f"{format_bytes(have)} of memory available{where}; use {flag} {max(most, 1)} or less"
+        + (f", {fix}" if fix else "")
+    )
 
 
 def kv_bytes_per_token(model) -> Optional[int]:
@@ -99,21 +115,32 @@ def kv_bytes_per_token(model) -> Optional[int]:
     return None
 
 
-def check_batch(model, batch: int, tokens: int, flag: str, rows_per_item: int = 1,
-                device: torch.device | str | None = None) -> None:
+def check_batch(
+    model, batch: int, tokens: int, flag: str, rows_per_item: int = 1, device: torch.device | str | None = None
+) -> None:
     """Raise UsageError unless a batch of ``batch`` sequences of ``tokens`` positions fits: its
     key/value cache and a few (V,) float32 buffers of distributions per row. ``rows_per_item``: 2
     when guidance doubles the rows; ``flag`` names the option that sets the batch (e.g. ``--batch-size``)."""
     kv = kv_bytes_per_token(model)
     per_row = (kv or 0) * tokens + 8 * 4 * int(getattr(model, "vocab_size", 0) or 0)
     if per_row:
-        check_count(batch, per_row * rows_per_item, flag,
-                    f"the key/value cache and distributions of a batch ({format_bytes(per_row * rows_per_item)} a "
-                    f"sequence)", device=device if device is not None else getattr(model, "device", None))
+        check_count(
+            batch,
+            per_row * rows_per_item,
+            flag,
+            f"the key/value cache and distributions of a batch ({format_bytes(per_row * rows_per_item)} a sequence)",
+            device=device if device is not None else getattr(model, "device", None),
+        )
 
 
-def check_run_size(model, num_images: int, batch_size: Optional[int] = None, guided: bool = False,
-                   flag: str = "--num-images", batch_flag: str = "--batch-size") -> None:
+def check_run_size(
+    model,
+    num_images: int,
+    batch_size: Optional[int] = None,
+    guided: bool = False,
+    flag: str = "--num-images",
+    batch_flag: str = "--batch-size",
+) -> None:
     """Refuse (UsageError) a run of ``num_images`` images whose per-token records, or a batch of
     ``batch_size`` of them (with guidance rows when ``guided``), cannot fit in memory."""
     n = int(model.num_tokens)
@@ -124,8 +151,23 @@ def check_run_size(model, num_images: int, batch_size: Optional[int] = None, gui
 
 # --------------------------------------------------------------------------- weights
 _ST_FLOAT = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
-_ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
-             "I8": 1, "U8": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8}
+_ST_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+}
 
 
 def checkpoint_bytes(files: Sequence[str | Path], dtype: torch.dtype) -> tuple[int, int]:
@@ -165,8 +207,9 @@ def checkpoint_bytes(files: Sequence[str | Path], dtype: torch.dtype) -> tuple[i
     return total, params
 
 
-def check_weights_fit(files: Sequence[str | Path], dtype: torch.dtype, device: torch.device | str | None,
-                      what: str) -> None:
+def check_weights_fit(
+    files: Sequence[str | Path], dtype: torch.dtype, device: torch.device | str | None, what: str
+) -> None:
     """Raise UsageError before loading when the weights in ``files`` at ``dtype``
     (:func:`checkpoint_bytes`) cannot fit in the memory available on ``device``, naming the
     need, what is free and the setting that would fit (a 16-bit ``--dtype`` when it does)."""
@@ -177,7 +220,12 @@ def check_weights_fit(files: Sequence[str | Path], dtype: torch.dtype, device: t
     where = "" if torch.device(device or "cpu").type == "cpu" else f" on {device}"
     name = str(dtype).replace("torch.", "")
     half = need * 2 // max(torch.finfo(dtype).bits // 8, 1) if dtype.is_floating_point else need
-    fix = ("use --dtype bfloat16 (about " + format_bytes(half) + ")" if dtype == torch.float32 and half <= SHARE * have
-           else "use a machine or device with more memory")
-    raise UsageError(f"{what}: its weights need about {format_bytes(need)} at {name} ({params / 1e9:.2f} B "
-                     f"parameters), more than the {format_bytes(have)} of memory available{where}; {fix}")
+    fix = (
+        "use --dtype bfloat16 (about " + format_bytes(half) + ")"
+        if dtype == torch.float32 and half <= SHARE * have
+        else "use a machine or device with more memory"
+    )
+    raise UsageError(
+        f"{what}: its weights need about {format_bytes(need)} at {name} ({params / 1e9:.2f} B "
+        f"parameters), more than the {format_bytes(have)} of memory available{where}; {fix}"
+    )

@@ -7,6 +7,7 @@ merges runs of its command (``"module:function"``, e.g. ``ambiguity.profile:merg
 ``lantern.generate:merge_run``), and refuses, with one line, a run whose parts are missing,
 damaged or from other settings.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -34,13 +35,16 @@ def merge(path: str | Path, figures: bool = True):
         raise UsageError(f"{path} was written by {record.get('command', 'a command')}, whose runs need no merge")
     module, _, func = str(target).partition(":")
     if module.split(".")[0] not in PACKAGES or func != "merge_run":
-        raise UsageError(f"{path}/{RUN_FILE} names {target!r} as its merge, not a merge of this toolkit "
-                         f"(<ambiguity|lantern module>:merge_run); the run directory is damaged or foreign")
+        raise UsageError(
+            f"{path}/{RUN_FILE} names {target!r} as its merge, not a merge of this toolkit "
+            f"(<ambiguity|lantern module>:merge_run); the run directory is damaged or foreign"
+        )
     try:
         fn = getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError):
-        raise UsageError(f"{path} is merged by {target}, which this installation lacks; install the package "
-                         f"that wrote it") from None
+        raise UsageError(
+            f"{path} is merged by {target}, which this installation lacks; install the package that wrote it"
+        ) from None
     return fn(path, figures=figures)
 
 

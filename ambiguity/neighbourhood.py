@@ -42,6 +42,7 @@ else ``$LANTERN_AMBIGUITY_CACHE/neighbourhoods``, else ``~/.cache/lantern-ambigu
 keyed by a BLAKE2 hash of the matrix bytes, its shape, the metric (and the seed for ``random``).
 A cached table for a larger k is reused by taking its first k columns.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,22 +58,42 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_model_args, add_out_arg, check_out_dir, check_out_file, cli_main,
-                           safe_name, seed_int)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_model_args,
+    add_out_arg,
+    check_out_dir,
+    check_out_file,
+    cli_main,
+    safe_name,
+    seed_int,
+)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, load_tensors, save_tensors, write_table
 from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.seeding import random_control_seed
 
-__all__ = ["METRICS", "MATRICES", "Neighbourhoods", "exact_knn", "build_neighbourhoods", "model_neighbourhoods",
-           "model_matrix", "matrix_key", "default_cache_dir", "load_neighbourhoods", "check_k", "main"]
+__all__ = [
+    "METRICS",
+    "MATRICES",
+    "Neighbourhoods",
+    "exact_knn",
+    "build_neighbourhoods",
+    "model_neighbourhoods",
+    "model_matrix",
+    "matrix_key",
+    "default_cache_dir",
+    "load_neighbourhoods",
+    "check_k",
+    "main",
+]
 
 METRICS = ("l2", "l2-normalized", "cosine", "random")
 MATRICES = ("codebook", "codebook-raw", "input", "output")
-FAISS_MAX_K = 2048          # faiss GPU selects at most 2048 results per query
+FAISS_MAX_K = 2048  # faiss GPU selects at most 2048 results per query
 DEFAULT_BLOCK_BYTES = 256 * 2**20
-RANDOM_CHUNK = 256          # rows per seeded chunk of the random control (fixed: results do not depend on memory)
-_FORMAT = 1                 # bump when the cached layout or the tie rule changes
+RANDOM_CHUNK = 256  # rows per seeded chunk of the random control (fixed: results do not depend on memory)
+_FORMAT = 1  # bump when the cached layout or the tie rule changes
 
 
 # --------------------------------------------------------------------------- result
@@ -116,7 +137,7 @@ class Neighbourhoods:
     def device(self) -> torch.device:
         return self.indices.device
 
-    def truncate(self, k: int) -> "Neighbourhoods":
+    def truncate(self, k: int) -> Neighbourhoods:
         """The first ``k`` neighbours of every code (B_k is a prefix of B_K for k <= K).
 
         Raises UsageError unless 1 <= k <= self.k.
@@ -126,7 +147,7 @@ class Neighbourhoods:
         k = int(k)
         return replace(self, indices=self.indices[:, :k], distances=self.distances[:, :k])
 
-    def to(self, device) -> "Neighbourhoods":
+    def to(self, device) -> Neighbourhoods:
         """Same tables on ``device``."""
         ids = None if self.image_token_ids is None else self.image_token_ids.to(device)
         return replace(self, indices=self.indices.to(device), distances=self.distances.to(device), image_token_ids=ids)
@@ -157,8 +178,10 @@ class Neighbourhoods:
         bad = (v < 0) | (v > int(ids.max()))
         codes = lookup[v.clamp(0, int(ids.max()))]
         if bool((bad | (codes < 0)).any()):
-            raise UsageError("some vocabulary ids are not image tokens of this table; pass image-token ids "
-                             "(model.image_token_ids) or use code indices with .indices")
+            raise UsageError(
+                "some vocabulary ids are not image tokens of this table; pass image-token ids "
+                "(model.image_token_ids) or use code indices with .indices"
+            )
         return ids[self.indices[codes]]
 
     def to_frame(self):
@@ -167,18 +190,27 @@ class Neighbourhoods:
         idx = self.indices.cpu()
         n, k = idx.shape
         ids = self._ids().cpu()
-        return pd.DataFrame({
-            "code": np.repeat(np.arange(n, dtype=np.int64), k),
-            "vocab_id": np.repeat(ids.numpy(), k),
-            "rank": np.tile(np.arange(1, k + 1, dtype=np.int64), n),
-            "neighbour": idx.reshape(-1).numpy(),
-            "neighbour_vocab_id": ids[idx].reshape(-1).numpy(),
-            "distance": self.distances.cpu().reshape(-1).numpy(),
-        })
+        return pd.DataFrame(
+            {
+                "code": np.repeat(np.arange(n, dtype=np.int64), k),
+                "vocab_id": np.repeat(ids.numpy(), k),
+                "rank": np.tile(np.arange(1, k + 1, dtype=np.int64), n),
+                "neighbour": idx.reshape(-1).numpy(),
+                "neighbour_vocab_id": ids[idx].reshape(-1).numpy(),
+                "distance": self.distances.cpu().reshape(-1).numpy(),
+            }
+        )
 
     def metadata(self) -> dict:
-        return {"metric": self.metric, "key": self.key, "source": self.source, "seed": self.seed,
-                "n": self.n, "k": self.k, "format": _FORMAT}
+        return {
+            "metric": self.metric,
+            "key": self.key,
+            "source": self.source,
+            "seed": self.seed,
+            "n": self.n,
+            "k": self.k,
+            "format": _FORMAT,
+        }
 
     def save(self, path: str | Path) -> Path:
         """Write the table atomically: ``.parquet`` (see :meth:`to_frame`) or ``.safetensors``
@@ -190,8 +222,16 @@ class Neighbourhoods:
         if path.suffix == ".parquet":
             return write_table(self.to_frame(), path)
         if path.suffix == ".safetensors":
-            return save_tensors({"indices": self.indices, "distances": self.distances, "vocab_ids": self.vocab_ids(),
-                                 "image_token_ids": self._ids()}, path, self.metadata())
+            return save_tensors(
+                {
+                    "indices": self.indices,
+                    "distances": self.distances,
+                    "vocab_ids": self.vocab_ids(),
+                    "image_token_ids": self._ids(),
+                },
+                path,
+                self.metadata(),
+            )
         raise UsageError(f"--out must end in .parquet or .safetensors, got {path.name}")
 
     def summary(self) -> dict:
@@ -199,11 +239,19 @@ class Neighbourhoods:
         neighbour, rows with an exact duplicate (a neighbour at distance 0), build seconds."""
         d = self.distances.float()
         first, last = d[:, 0], d[:, -1]
-        return {"source": self.source, "metric": self.metric, "n": self.n, "k": self.k,
-                "mean_d1": float(first.mean()), "median_d1": float(first.median()),
-                "mean_dk": float(last.mean()), "median_dk": float(last.median()),
-                "duplicates": int((d == 0).any(1).sum()) if self.metric != "random" else 0,
-                "seconds": round(self.seconds, 3), "from_cache": self.from_cache}
+        return {
+            "source": self.source,
+            "metric": self.metric,
+            "n": self.n,
+            "k": self.k,
+            "mean_d1": float(first.mean()),
+            "median_d1": float(first.median()),
+            "mean_dk": float(last.mean()),
+            "median_dk": float(last.median()),
+            "duplicates": int((d == 0).any(1).sum()) if self.metric != "random" else 0,
+            "seconds": round(self.seconds, 3),
+            "from_cache": self.from_cache,
+        }
 
 
 def load_neighbourhoods(path: str | Path, device="cpu") -> Neighbourhoods:
@@ -216,9 +264,16 @@ def load_neighbourhoods(path: str | Path, device="cpu") -> Neighbourhoods:
         raise UsageError(f"neighbourhood file {path} does not exist; build it with python -m ambiguity.neighbourhood")
     try:
         t, meta = load_tensors(path, device)
-        return Neighbourhoods(t["indices"], t["distances"], meta["metric"], meta.get("key", ""),
-                              t.get("image_token_ids"), meta.get("source", "matrix"), int(meta.get("seed", 0)),
-                              from_cache=True)
+        return Neighbourhoods(
+            t["indices"],
+            t["distances"],
+            meta["metric"],
+            meta.get("key", ""),
+            t.get("image_token_ids"),
+            meta.get("source", "matrix"),
+            int(meta.get("seed", 0)),
+            from_cache=True,
+        )
     except (KeyError, OSError, ValueError) as exc:
         raise UsageError(f"{path} is not a neighbourhood table ({exc}); rebuild it") from None
 
@@ -231,8 +286,9 @@ def check_k(k, n: int, name: str = "k") -> int:
     except (TypeError, ValueError):
         ok = False
     if not ok or not 1 <= int(k) <= n - 1:
-        raise UsageError(f"{name} must be an integer in 1..{n - 1} (N - 1 for {n} codes; B_k excludes the code "
-                         f"itself), got {k}")
+        raise UsageError(
+            f"{name} must be an integer in 1..{n - 1} (N - 1 for {n} codes; B_k excludes the code itself), got {k}"
+        )
     return int(k)
 
 
@@ -247,8 +303,10 @@ def _check_matrix(x) -> torch.Tensor:
     bad = ~torch.isfinite(x).all(1)
     if bool(bad.any()):
         rows = bad.nonzero().view(-1)[:5].tolist()
-        raise UsageError(f"embedding matrix has NaN or Inf in {int(bad.sum())} rows (e.g. {rows}); "
-                         f"check the checkpoint or pass a finite matrix")
+        raise UsageError(
+            f"embedding matrix has NaN or Inf in {int(bad.sum())} rows (e.g. {rows}); "
+            f"check the checkpoint or pass a finite matrix"
+        )
     return x.contiguous()
 
 
@@ -371,16 +429,24 @@ def _random_block(q: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, k: int, 
     """The random control for rows that lie in one fixed RANDOM_CHUNK (keys from a per-chunk seed)."""
     chunk = int(rows[0]) // RANDOM_CHUNK
     g = torch.Generator().manual_seed(random_control_seed(seed, chunk))
-    keys = torch.rand(RANDOM_CHUNK, x.shape[0], generator=g)[int(rows[0]) - chunk * RANDOM_CHUNK:][:len(rows)]
+    keys = torch.rand(RANDOM_CHUNK, x.shape[0], generator=g)[int(rows[0]) - chunk * RANDOM_CHUNK :][: len(rows)]
     keys = keys.to(q.device)
-    keys[torch.arange(len(rows), device=q.device), rows] = 2.0      # self last
+    keys[torch.arange(len(rows), device=q.device), rows] = 2.0  # self last
     idx = torch.sort(keys, dim=1, stable=True).indices[:, :k]
     dist = torch.cdist(q, x).float().gather(1, idx)
     return dist, idx
 
 
-def exact_knn(matrix: torch.Tensor, k: int, metric: str = "l2", *, seed: int = 0, backend: str = "auto",
-              block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Optional[bool] = None):
+def exact_knn(
+    matrix: torch.Tensor,
+    k: int,
+    metric: str = "l2",
+    *,
+    seed: int = 0,
+    backend: str = "auto",
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    progress: Optional[bool] = None,
+):
     """The k nearest other rows of every row of ``matrix`` (no cache; see :func:`build_neighbourhoods`).
 
     Args:
@@ -417,7 +483,7 @@ def exact_knn(matrix: torch.Tensor, k: int, metric: str = "l2", *, seed: int = 0
     starts = range(0, n, block)
     for s in tqdm(starts, desc=f"neighbourhoods ({metric}, k={k})", unit="block", disable=not show, leave=False):
         rows = torch.arange(s, min(n, s + block), device=device)
-        q = xs[s: s + len(rows)]
+        q = xs[s : s + len(rows)]
         if metric == "random":
             D, I = _random_block(q, xs, rows, k, seed)
         elif backend == "torch":
@@ -425,8 +491,8 @@ def exact_knn(matrix: torch.Tensor, k: int, metric: str = "l2", *, seed: int = 0
         else:
             scores, cand = _faiss_search(q, database, k + 1, metric, gpu)
             D, I = _drop_self(_to_distance(scores, metric), cand, rows, k)
-        indices[s: s + len(rows)] = I
-        distances[s: s + len(rows)] = D
+        indices[s : s + len(rows)] = I
+        distances[s : s + len(rows)] = D
     return indices, distances
 
 
@@ -435,7 +501,7 @@ def _cached(cache_dir: Path, key: str, k: int) -> Optional[Path]:
     best = None
     for p in cache_dir.glob(f"{key}-k*.safetensors"):
         try:
-            kk = int(p.name[len(key) + 2: -len(".safetensors")])
+            kk = int(p.name[len(key) + 2 : -len(".safetensors")])
         except ValueError:
             continue
         if kk >= k and (best is None or kk < best[0]):
@@ -443,10 +509,20 @@ def _cached(cache_dir: Path, key: str, k: int) -> Optional[Path]:
     return None if best is None else best[1]
 
 
-def build_neighbourhoods(matrix: torch.Tensor, k: int, metric: str = "l2", *, seed: int = 0,
-                         image_token_ids: Optional[torch.Tensor] = None, source: str = "matrix",
-                         cache: bool = True, cache_dir: Optional[str | Path] = None, backend: str = "auto",
-                         block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Optional[bool] = None) -> Neighbourhoods:
+def build_neighbourhoods(
+    matrix: torch.Tensor,
+    k: int,
+    metric: str = "l2",
+    *,
+    seed: int = 0,
+    image_token_ids: Optional[torch.Tensor] = None,
+    source: str = "matrix",
+    cache: bool = True,
+    cache_dir: Optional[str | Path] = None,
+    backend: str = "auto",
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    progress: Optional[bool] = None,
+) -> Neighbourhoods:
     """B_k for every row of ``matrix``, loaded from the disk cache when present (LANTERN Sec. 4.1).
 
     Args:
@@ -473,23 +549,34 @@ def build_neighbourhoods(matrix: torch.Tensor, k: int, metric: str = "l2", *, se
             try:
                 t, meta = load_tensors(hit, x.device)
                 if t["indices"].shape[0] == x.shape[0] and meta.get("key") == key:
-                    return Neighbourhoods(t["indices"][:, :k].contiguous(), t["distances"][:, :k].contiguous(), metric,
-                                          key, None if ids is None else ids.to(x.device), source, seed, 0.0, True)
+                    return Neighbourhoods(
+                        t["indices"][:, :k].contiguous(),
+                        t["distances"][:, :k].contiguous(),
+                        metric,
+                        key,
+                        None if ids is None else ids.to(x.device),
+                        source,
+                        seed,
+                        0.0,
+                        True,
+                    )
             except Exception as exc:  # a damaged cache file is rebuilt, never trusted
                 warnings.warn(f"ignoring unreadable neighbourhood cache {hit} ({exc})", stacklevel=2)
     t0 = time.perf_counter()
     I, D = exact_knn(x, k, metric, seed=seed, backend=backend, block_bytes=block_bytes, progress=progress)
     if x.is_cuda:
         torch.cuda.synchronize()
-    out = Neighbourhoods(I, D, metric, key, None if ids is None else ids.to(x.device), source, seed,
-                         time.perf_counter() - t0, False)
+    out = Neighbourhoods(
+        I, D, metric, key, None if ids is None else ids.to(x.device), source, seed, time.perf_counter() - t0, False
+    )
     if cache:
         try:
             cdir.mkdir(parents=True, exist_ok=True)
             save_tensors({"indices": I, "distances": D}, cdir / f"{key}-k{k}.safetensors", out.metadata())
         except OSError as exc:
-            warnings.warn(f"could not cache neighbourhoods in {cdir} ({exc}); set AMBIGUITY_NEIGHBOURHOOD_CACHE",
-                          stacklevel=2)
+            warnings.warn(
+                f"could not cache neighbourhoods in {cdir} ({exc}); set AMBIGUITY_NEIGHBOURHOOD_CACHE", stacklevel=2
+            )
     return out
 
 
@@ -501,8 +588,12 @@ def model_matrix(model, matrix: str = "codebook") -> torch.Tensor:
 
     Raises UsageError for another name or a model that lacks the matrix.
     """
-    getters = {"codebook": "codebook", "codebook-raw": "raw_codebook", "input": "input_embeddings",
-               "output": "output_embeddings"}
+    getters = {
+        "codebook": "codebook",
+        "codebook-raw": "raw_codebook",
+        "input": "input_embeddings",
+        "output": "output_embeddings",
+    }
     if matrix not in getters:
         raise UsageError(f"--matrix must be one of {', '.join(MATRICES)}, got {matrix!r}")
     try:
@@ -517,8 +608,9 @@ def model_neighbourhoods(model, k: int, metric: str = "l2", matrix: str = "codeb
     """:func:`build_neighbourhoods` on a model's ``codebook``/``input``/``output`` rows, with
     its ``image_token_ids``; keyword arguments go to :func:`build_neighbourhoods`."""
     rows = model_matrix(model, matrix)
-    return build_neighbourhoods(rows, k, metric, image_token_ids=model.image_token_ids,
-                                source=f"{model.name}:{matrix}", **kwargs)
+    return build_neighbourhoods(
+        rows, k, metric, image_token_ids=model.image_token_ids, source=f"{model.name}:{matrix}", **kwargs
+    )
 
 
 # --------------------------------------------------------------------------- CLI
@@ -543,16 +635,20 @@ def _check_out(path: str | Path) -> Path:
 @cli_main
 def main(argv=None) -> int:
     """``python -m ambiguity.neighbourhood``: build (or load) B_k of a model's matrix and write it."""
-    ap = ArgumentParser(prog="python -m ambiguity.neighbourhood",
-                        description="Exact k-nearest-neighbour table of a model's codebook or embeddings "
-                                    "(LANTERN B_k).")
+    ap = ArgumentParser(
+        prog="python -m ambiguity.neighbourhood",
+        description="Exact k-nearest-neighbour table of a model's codebook or embeddings (LANTERN B_k).",
+    )
     add_model_args(ap, dtype=False)
     ap.add_argument("--k", default="256", help="neighbours per code, 1..N-1, or 'all' (default: %(default)s)")
     ap.add_argument("--metric", default="l2", choices=METRICS)
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
     ap.add_argument("--seed", type=seed_int, default=0, help="seed of the random control")
-    add_out_arg(ap, "output .parquet or .safetensors "
-                "(default: runs/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)", metavar="FILE")
+    add_out_arg(
+        ap,
+        "output .parquet or .safetensors (default: runs/neighbourhoods/<model>-<matrix>-<metric>-k<k>.parquet)",
+        metavar="FILE",
+    )
     ap.add_argument("--cache-dir", default=None, help=f"cache folder (default: {default_cache_dir()})")
     ap.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     args = ap.parse_args(argv)
@@ -570,15 +666,25 @@ def main(argv=None) -> int:
     name = f"{safe_name(model.name)}-{args.matrix}-{args.metric}-k{k}.parquet"
     out = _check_out(args.out or f"runs/neighbourhoods/{name}")
     ensure_writable_dir(out.parent)
-    nb = build_neighbourhoods(rows, k, args.metric, seed=args.seed, image_token_ids=model.image_token_ids,
-                              source=f"{model.name}:{args.matrix}", cache=not args.no_cache,
-                              cache_dir=args.cache_dir, progress=True)
+    nb = build_neighbourhoods(
+        rows,
+        k,
+        args.metric,
+        seed=args.seed,
+        image_token_ids=model.image_token_ids,
+        source=f"{model.name}:{args.matrix}",
+        cache=not args.no_cache,
+        cache_dir=args.cache_dir,
+        progress=True,
+    )
     nb.save(out)
     s = nb.summary()
     how = "from cache" if nb.from_cache else f"built in {s['seconds']:.2f} s"
-    print(f"wrote {out} ({s['n']} codes x {s['k']} neighbours, {args.metric} on the {args.matrix} rows of "
-          f"{model.name}, {how})")
-    print(pd.DataFrame([{k_: v for k_, v in s.items() if k_ not in ('source', 'from_cache')}]).to_string(index=False))
+    print(
+        f"wrote {out} ({s['n']} codes x {s['k']} neighbours, {args.metric} on the {args.matrix} rows of "
+        f"{model.name}, {how})"
+    )
+    print(pd.DataFrame([{k_: v for k_, v in s.items() if k_ not in ("source", "from_cache")}]).to_string(index=False))
     return 0
 
 

@@ -13,40 +13,80 @@ Typical use::
         plots.histograms({"guided": x, "conditional": y}, ax=ax, xlabel="top-1 probability")
         plots.save_figure(fig, out / "top1")          # -> top1.png, top1.pdf
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
 from ambiguity.io import atomic_path
 
-__all__ = ["STYLE", "PALETTE", "style", "new_figure", "save_figure", "image_grid", "histograms", "grid_heatmap",
-           "color_for"]
+__all__ = [
+    "STYLE",
+    "PALETTE",
+    "style",
+    "new_figure",
+    "save_figure",
+    "image_grid",
+    "histograms",
+    "grid_heatmap",
+    "color_for",
+]
 
 # Paper-ready defaults: small fonts at 1:1 size for a single column (~3.3 in), TrueType fonts in PDFs.
 STYLE: dict = {
-    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
-    "legend.fontsize": 7, "legend.frameon": False, "axes.spines.top": False, "axes.spines.right": False,
-    "axes.linewidth": 0.6, "lines.linewidth": 1.2, "xtick.major.width": 0.6, "ytick.major.width": 0.6,
-    "axes.edgecolor": ".15", "axes.labelcolor": ".15", "text.color": ".15", "xtick.color": ".15",
-    "ytick.color": ".15", "xtick.direction": "out", "ytick.direction": "out", "axes.grid": False,
-    "axes.facecolor": "white", "figure.facecolor": "white", "axes.axisbelow": True,
-    "font.family": ["sans-serif"], "font.sans-serif": ["DejaVu Sans", "Arial", "Liberation Sans", "sans-serif"],
-    "pdf.fonttype": 42, "ps.fonttype": 42, "savefig.dpi": 200, "savefig.bbox": "tight",
-    "savefig.pad_inches": 0.02, "figure.dpi": 100, "image.cmap": "viridis",
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "legend.frameon": False,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.linewidth": 0.6,
+    "lines.linewidth": 1.2,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "axes.edgecolor": ".15",
+    "axes.labelcolor": ".15",
+    "text.color": ".15",
+    "xtick.color": ".15",
+    "ytick.color": ".15",
+    "xtick.direction": "out",
+    "ytick.direction": "out",
+    "axes.grid": False,
+    "axes.facecolor": "white",
+    "figure.facecolor": "white",
+    "axes.axisbelow": True,
+    "font.family": ["sans-serif"],
+    "font.sans-serif": ["DejaVu Sans", "Arial", "Liberation Sans", "sans-serif"],
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
+    "savefig.dpi": 200,
+    "savefig.bbox": "tight",
+    "savefig.pad_inches": 0.02,
+    "figure.dpi": 100,
+    "image.cmap": "viridis",
 }
 
 # Fixed colours for the quantities that recur across figures (seaborn's colour-blind palette).
 PALETTE: dict[str, str] = {
-    "guided": "#0173b2", "conditional": "#de8f05", "conditional-only": "#de8f05", "unconditional": "#029e73", "random": "#949494",
-    "neighbourhood": "#cc78bc", "target": "#0173b2", "drafter": "#d55e00",
+    "guided": "#0173b2",
+    "conditional": "#de8f05",
+    "conditional-only": "#de8f05",
+    "unconditional": "#029e73",
+    "random": "#949494",
+    "neighbourhood": "#cc78bc",
+    "target": "#0173b2",
+    "drafter": "#d55e00",
 }
-_CYCLE = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494", "#ece133",
-          "#56b4e9"]
+_CYCLE = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494", "#ece133", "#56b4e9"]
 
 
 def color_for(name: str, index: int = 0) -> str:
@@ -98,8 +138,7 @@ def save_figure(fig, path: str | Path, formats: Sequence[str] = ("png", "pdf"), 
         for fmt in formats:
             target = stem.with_name(f"{stem.name}.{fmt}")
             with atomic_path(target) as tmp:
-                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.02,
-                            metadata=_METADATA.get(fmt))
+                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.02, metadata=_METADATA.get(fmt))
             written.append(target)
     return written
 
@@ -112,9 +151,16 @@ def _as_numpy_images(images) -> np.ndarray:
     return np.clip(x.transpose(0, 2, 3, 1), 0.0, 1.0)
 
 
-def image_grid(images, ncol: int = 8, row_labels: Optional[Sequence[str]] = None,
-               titles: Optional[Sequence[str]] = None, title: Optional[str] = None, cell: float = 0.6,
-               label_width: float = 0.9, gap: float = 0.03):
+def image_grid(
+    images,
+    ncol: int = 8,
+    row_labels: Optional[Sequence[str]] = None,
+    titles: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
+    cell: float = 0.6,
+    label_width: float = 0.9,
+    gap: float = 0.03,
+):
     """A grid figure of images, filled row by row, drawn as one mosaic (fast for hundreds of images).
 
     Args:
@@ -136,14 +182,14 @@ def image_grid(images, ncol: int = 8, row_labels: Optional[Sequence[str]] = None
     nrow = math.ceil(B / ncol)
     if row_labels is not None and len(row_labels) != nrow:
         raise ValueError(f"{len(row_labels)} row labels for {nrow} rows")
-    inch = cell / W                                   # inches per pixel
-    g = max(1, int(round(gap / inch)))                # gap in pixels
-    t = int(math.ceil(0.12 / inch)) if titles is not None else 0   # room above each image for a title
+    inch = cell / W  # inches per pixel
+    g = max(1, int(round(gap / inch)))  # gap in pixels
+    t = int(math.ceil(0.12 / inch)) if titles is not None else 0  # room above each image for a title
     canvas = np.ones((nrow * (H + t + g) - g, ncol * (W + g) - g, 3), dtype=np.float32)
     for i in range(B):
         r, c = divmod(i, ncol)
         y0, x0 = r * (H + t + g) + t, c * (W + g)
-        canvas[y0:y0 + H, x0:x0 + W] = x[i] if C == 3 else x[i][..., :1]
+        canvas[y0 : y0 + H, x0 : x0 + W] = x[i] if C == 3 else x[i][..., :1]
     left = label_width if row_labels is not None else 0.0
     top = 0.3 if title else 0.0
     fig_w, fig_h = canvas.shape[1] * inch + left, canvas.shape[0] * inch + top
@@ -153,24 +199,39 @@ def image_grid(images, ncol: int = 8, row_labels: Optional[Sequence[str]] = None
         ax.imshow(canvas, interpolation="nearest", aspect="equal")
         ax.set_axis_off()
         if titles is not None:
-            fit = max(3, int(cell / 0.045))           # characters of a 5 pt font that fit in one cell
+            fit = max(3, int(cell / 0.045))  # characters of a 5 pt font that fit in one cell
             for i in range(B):
                 r, c = divmod(i, ncol)
                 text = str(titles[i])
-                text = text if len(text) <= fit else text[:fit - 1] + "…"
-                ax.text(c * (W + g) + W / 2, r * (H + t + g) + t - 0.5, text, ha="center", va="bottom",
-                        fontsize=5, clip_on=False)
+                text = text if len(text) <= fit else text[: fit - 1] + "…"
+                ax.text(
+                    c * (W + g) + W / 2,
+                    r * (H + t + g) + t - 0.5,
+                    text,
+                    ha="center",
+                    va="bottom",
+                    fontsize=5,
+                    clip_on=False,
+                )
         if row_labels is not None:
             for r, label in enumerate(row_labels):
-                ax.text(-2 * g, r * (H + t + g) + t + H / 2, str(label), ha="right", va="center", fontsize=7,
-                        clip_on=False)
+                ax.text(
+                    -2 * g, r * (H + t + g) + t + H / 2, str(label), ha="right", va="center", fontsize=7, clip_on=False
+                )
         if title:
             fig.text(0.5, 1 - 0.05 / fig_h, title, ha="center", va="top", fontsize=8)
     return fig
 
 
-def histograms(samples: Mapping[str, np.ndarray], ax=None, xlabel: str = "", bins: int = 50,
-               value_range: tuple[float, float] | None = (0.0, 1.0), density: bool = True, show_mean: bool = True):
+def histograms(
+    samples: Mapping[str, np.ndarray],
+    ax=None,
+    xlabel: str = "",
+    bins: int = 50,
+    value_range: tuple[float, float] | None = (0.0, 1.0),
+    density: bool = True,
+    show_mean: bool = True,
+):
     """Overlaid step histograms of several samples, in the house colours, with dashed mean lines.
 
     Args:
@@ -182,15 +243,28 @@ def histograms(samples: Mapping[str, np.ndarray], ax=None, xlabel: str = "", bin
     if ax is None:
         _, ax = new_figure()
     arrays = {k: np.asarray(v, dtype=np.float64).ravel() for k, v in samples.items()}
-    lo, hi = value_range if value_range is not None else (
-        min(float(a.min()) for a in arrays.values() if a.size), max(float(a.max()) for a in arrays.values() if a.size))
+    lo, hi = (
+        value_range
+        if value_range is not None
+        else (
+            min(float(a.min()) for a in arrays.values() if a.size),
+            max(float(a.max()) for a in arrays.values() if a.size),
+        )
+    )
     edges = np.linspace(lo, hi, bins + 1)
     for i, (name, a) in enumerate(arrays.items()):
         if a.size == 0:
             continue
         c = color_for(name, i)
-        ax.hist(a, bins=edges, density=density, histtype="step", color=c, linewidth=1.2,
-                label=f"{name} (mean {a.mean():.3f})")
+        ax.hist(
+            a,
+            bins=edges,
+            density=density,
+            histtype="step",
+            color=c,
+            linewidth=1.2,
+            label=f"{name} (mean {a.mean():.3f})",
+        )
         if show_mean:
             ax.axvline(a.mean(), color=c, linestyle="--", linewidth=0.8)
     ax.set_xlim(lo, hi)
@@ -200,8 +274,15 @@ def histograms(samples: Mapping[str, np.ndarray], ax=None, xlabel: str = "", bin
     return ax
 
 
-def grid_heatmap(values: np.ndarray, ax=None, title: str = "", cbar_label: str = "", vmin: float | None = None,
-                 vmax: float | None = None, annotate: bool | None = None):
+def grid_heatmap(
+    values: np.ndarray,
+    ax=None,
+    title: str = "",
+    cbar_label: str = "",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    annotate: bool | None = None,
+):
     """Heatmap of a per-position statistic over the (h, w) token grid (row 0 at the top).
 
     Args:
@@ -221,11 +302,18 @@ def grid_heatmap(values: np.ndarray, ax=None, title: str = "", cbar_label: str =
         annotate = h <= 16 and w <= 16
     if annotate:
         size = 5 if max(h, w) <= 8 else 3.5
-        shade = np.asarray(im.norm(v))               # position of each value on the colour bar, 0..1
+        shade = np.asarray(im.norm(v))  # position of each value on the colour bar, 0..1
         for r in range(h):
             for c in range(w):
-                ax.text(c, r, _short(v[r, c]), ha="center", va="center", fontsize=size,
-                        color="white" if shade[r, c] < 0.6 else "black")
+                ax.text(
+                    c,
+                    r,
+                    _short(v[r, c]),
+                    ha="center",
+                    va="center",
+                    fontsize=size,
+                    color="white" if shade[r, c] < 0.6 else "black",
+                )
     ax.set_xticks(range(0, w, max(1, w // 8)))
     ax.set_yticks(range(0, h, max(1, h // 8)))
     ax.set_xlabel("token column")

@@ -30,14 +30,16 @@ samples from its own stream, :mod:`ambiguity.seeding`). A rerun with *different*
 into the same directory is refused with a one-line error naming ``--out`` (nothing is
 deleted); ``--overwrite`` discards the old results instead.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 _START = time.perf_counter()  # process start-up is part of the reported wall time of a CLI run
 
@@ -46,12 +48,23 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_condition_args, add_data_arg, add_model_args, add_run_args,
-                           add_sampling_args, add_shard_args, check_out_dir, cli_main, default_out, device_from_args,
-                           sampling_from_args)
-from ambiguity.distributed import SINGLE, Shard, shard_from_args
+from ambiguity.cli import (
+    ArgumentParser,
+    add_condition_args,
+    add_data_arg,
+    add_model_args,
+    add_run_args,
+    add_sampling_args,
+    add_shard_args,
+    check_out_dir,
+    cli_main,
+    default_out,
+    device_from_args,
+    sampling_from_args,
+)
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions, image_files_subset, parse_classes
 from ambiguity.data.captions import read_captions
+from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.io import abspath
@@ -64,8 +77,19 @@ from ambiguity.sampling import SamplingConfig, default_guidance, distribution, e
 from ambiguity.seeding import image_generators
 from ambiguity.stats import STAT_NAMES, token_stats
 
-__all__ = ["profile", "profile_generated", "profile_forced", "batch_table", "summarize", "build_parser",
-           "check_arguments", "resolve_inputs", "main", "STAT_COLUMNS", "COMMAND"]
+__all__ = [
+    "profile",
+    "profile_generated",
+    "profile_forced",
+    "batch_table",
+    "summarize",
+    "build_parser",
+    "check_arguments",
+    "resolve_inputs",
+    "main",
+    "STAT_COLUMNS",
+    "COMMAND",
+]
 
 DISTRIBUTIONS = ("guided", "cond")
 STAT_COLUMNS = tuple(f"{d}_{s}" for d in DISTRIBUTIONS for s in STAT_NAMES)
@@ -81,8 +105,9 @@ def _stats_pair(p_guided: torch.Tensor, p_cond: torch.Tensor, tokens: torch.Tens
 
 
 @torch.no_grad()
-def profile_generated(model: TokenModel, conditions: Sequence, sampling: SamplingConfig,
-                      generator=None, on_tokens=None) -> tuple[torch.Tensor, dict]:
+def profile_generated(
+    model: TokenModel, conditions: Sequence, sampling: SamplingConfig, generator=None, on_tokens=None
+) -> tuple[torch.Tensor, dict]:
     """Sample one image per condition and record both distributions' statistics at every step.
 
     Args:
@@ -110,8 +135,9 @@ def profile_generated(model: TokenModel, conditions: Sequence, sampling: Samplin
 
 
 @torch.no_grad()
-def profile_forced(model: TokenModel, conditions: Sequence, tokens: torch.Tensor, sampling: SamplingConfig,
-                   chunk: int = 64) -> dict:
+def profile_forced(
+    model: TokenModel, conditions: Sequence, tokens: torch.Tensor, sampling: SamplingConfig, chunk: int = 64
+) -> dict:
     """Teacher-force known sequences and record both distributions' statistics at every position.
 
     Args:
@@ -128,9 +154,9 @@ def profile_forced(model: TokenModel, conditions: Sequence, tokens: torch.Tensor
     cond = split_rows(logits, prompt.guided)[0]
     parts = []
     for s in range(0, tokens.shape[1], chunk):
-        p = distribution(logits[:, s:s + chunk], sampling, prompt.guided)
-        p_cond = distribution(cond[:, s:s + chunk], sampling, False) if prompt.guided else p
-        parts.append({k: v.cpu() for k, v in _stats_pair(p, p_cond, tokens[:, s:s + chunk]).items()})
+        p = distribution(logits[:, s : s + chunk], sampling, prompt.guided)
+        p_cond = distribution(cond[:, s : s + chunk], sampling, False) if prompt.guided else p
+        parts.append({k: v.cpu() for k, v in _stats_pair(p, p_cond, tokens[:, s : s + chunk]).items()})
     return {k: torch.cat([q[k] for q in parts], 1) for k in STAT_COLUMNS}
 
 
@@ -153,11 +179,15 @@ def batch_table(model: TokenModel, first_image: int, conditions: Sequence, token
     w = model.grid[1]
     labels, names = _condition_names(model, conditions)
     pos = np.tile(np.arange(N, dtype=np.int32), B)
-    cols = {"image": np.repeat(np.arange(first_image, first_image + B, dtype=np.int64), N),
-            "label": np.repeat(np.asarray(labels, dtype=np.int64), N),
-            "condition": np.repeat(np.asarray(names, dtype=object), N),
-            "position": pos, "row": pos // w, "col": pos % w,
-            "token": tokens.reshape(-1).numpy().astype(np.int32)}
+    cols = {
+        "image": np.repeat(np.arange(first_image, first_image + B, dtype=np.int64), N),
+        "label": np.repeat(np.asarray(labels, dtype=np.int64), N),
+        "condition": np.repeat(np.asarray(names, dtype=object), N),
+        "position": pos,
+        "row": pos // w,
+        "col": pos % w,
+        "token": tokens.reshape(-1).numpy().astype(np.int32),
+    }
     for k in STAT_COLUMNS:
         v = stats[k].reshape(-1).numpy()
         cols[k] = v.astype(np.int32) if k.endswith("rank") else v.astype(np.float32)
@@ -175,8 +205,15 @@ def summarize(df) -> dict:
     for k in STAT_COLUMNS:
         x = df[k].astype("float64")
         q = x.quantile(list(QUANTILES)).tolist()
-        out[k] = {"mean": float(x.mean()), "std": float(x.std(ddof=0)), "q05": q[0], "q25": q[1], "median": q[2],
-                  "q75": q[3], "q95": q[4]}
+        out[k] = {
+            "mean": float(x.mean()),
+            "std": float(x.std(ddof=0)),
+            "q05": q[0],
+            "q25": q[1],
+            "median": q[2],
+            "q75": q[3],
+            "q95": q[4],
+        }
     for d in DISTRIBUTIONS:
         out[f"{d}_chosen_is_top1"] = {"mean": float((df[f"{d}_chosen_rank"] == 1).mean())}
     return out
@@ -192,10 +229,22 @@ def _digest(obj) -> str:
     return hashlib.sha1(json.dumps(obj, default=str).encode()).hexdigest()
 
 
-def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: Optional[SamplingConfig] = None, *,
-            num_images: Optional[int] = None, batch_size: int = 32, seed: int = 0,
-            tokens: Optional[torch.Tensor] = None, images=None, out: Optional[str | Path] = None,
-            overwrite: bool = False, settings: Optional[dict] = None, progress: bool = True, shard: Shard = SINGLE):
+def profile(
+    model: TokenModel,
+    conditions: Optional[Sequence] = None,
+    sampling: Optional[SamplingConfig] = None,
+    *,
+    num_images: Optional[int] = None,
+    batch_size: int = 32,
+    seed: int = 0,
+    tokens: Optional[torch.Tensor] = None,
+    images=None,
+    out: Optional[str | Path] = None,
+    overwrite: bool = False,
+    settings: Optional[dict] = None,
+    progress: bool = True,
+    shard: Shard = SINGLE,
+):
     """Profile ``model``'s next-token distributions; the Python entry point behind the CLI.
 
     Args:
@@ -243,19 +292,28 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
         try:
             conditions = model.default_conditions(num_images, seed)
         except NotImplementedError:
-            raise UsageError(f"{model.name} has no default conditions; pass conditions=[...] "
-                             f"(captions or prompts, one per image)") from None
+            raise UsageError(
+                f"{model.name} has no default conditions; pass conditions=[...] (captions or prompts, one per image)"
+            ) from None
     conditions = list(conditions)
     available = min(len(conditions), len(given)) if forced else len(conditions)
     if available < num_images:
-        raise UsageError(f"{num_images} images asked for but only {available} conditions/sequences given; "
-                         f"lower --num-images")
+        raise UsageError(
+            f"{num_images} images asked for but only {available} conditions/sequences given; lower --num-images"
+        )
     conditions = conditions[:num_images]
     source = "dataset" if forced else "generate"
     N = model.num_tokens
-    key = {"model": model.describe(), "sampling": sampling.as_dict(), "seed": int(seed), "batch_size": int(batch_size),
-           "num_images": int(num_images), "source": source, "conditions": _digest(conditions),
-           "sequences": _digest(given if images is None else images)}
+    key = {
+        "model": model.describe(),
+        "sampling": sampling.as_dict(),
+        "seed": int(seed),
+        "batch_size": int(batch_size),
+        "num_images": int(num_images),
+        "source": source,
+        "conditions": _digest(conditions),
+        "sequences": _digest(given if images is None else images),
+    }
     run = None
     if out is not None:
         run = RunDir(out, {"settings": settings or {}, "key": key}, command=COMMAND, outputs=OUTPUTS, merge=MERGE)
@@ -267,9 +325,14 @@ def profile(model: TokenModel, conditions: Optional[Sequence] = None, sampling: 
     units = [_batch_part(b, batch_size, num_images) for b in range(nb)]
     frames, resumed = [], 0
     mine = [b for b in range(nb) if shard.owns(b)]
-    bar = tqdm(total=sum(min(batch_size, num_images - b * batch_size) for b in mine) * N, unit="tok",
-               desc=f"profile {model.name}" + (f" ({shard.label})" if shard.count > 1 else ""),
-               disable=not progress, dynamic_ncols=True, leave=False)
+    bar = tqdm(
+        total=sum(min(batch_size, num_images - b * batch_size) for b in mine) * N,
+        unit="tok",
+        desc=f"profile {model.name}" + (f" ({shard.label})" if shard.count > 1 else ""),
+        disable=not progress,
+        dynamic_ncols=True,
+        leave=False,
+    )
     try:
         for b, part in shard_units(run, units, shard):
             s, e = b * batch_size, min((b + 1) * batch_size, num_images)
@@ -314,12 +377,22 @@ def _read_batches(run: RunDir, nb: int, batch_size: int, num_images: int) -> lis
 
 def _summary(key: dict, settings: dict, table, nb: int, resumed: int, seconds: float) -> dict:
     """The run's summary from its derived key (model facts, sampling, seed, sizes) and table."""
-    return {"model": key["model"], "source": key["source"], "sampling": key["sampling"], "seed": key["seed"],
-            "batch_size": key["batch_size"], "images": key["num_images"], "tokens": int(len(table)),
-            "tokens_per_image": int(len(table)) // max(1, key["num_images"]), "grid": key["model"]["grid"],
-            "settings": settings, "stats": summarize(table),
-            "batches": {"total": nb, "resumed": resumed, "computed": nb - resumed},
-            "wall_time_s": round(seconds, 3), "versions": versions()}
+    return {
+        "model": key["model"],
+        "source": key["source"],
+        "sampling": key["sampling"],
+        "seed": key["seed"],
+        "batch_size": key["batch_size"],
+        "images": key["num_images"],
+        "tokens": int(len(table)),
+        "tokens_per_image": int(len(table)) // max(1, key["num_images"]),
+        "grid": key["model"]["grid"],
+        "settings": settings,
+        "stats": summarize(table),
+        "batches": {"total": nb, "resumed": resumed, "computed": nb - resumed},
+        "wall_time_s": round(seconds, 3),
+        "versions": versions(),
+    }
 
 
 def merge_run(path: str | Path, figures: bool = True) -> tuple[list[Path], list[str]]:
@@ -335,8 +408,9 @@ def merge_run(path: str | Path, figures: bool = True) -> tuple[list[Path], list[
         key, settings = record["settings"]["key"], record["settings"]["settings"]
         nb = math.ceil(int(key["num_images"]) / int(key["batch_size"]))
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        raise UsageError(f"{path}/run.json lacks the settings of a profile run; it is damaged, rerun the shards "
-                         f"into a fresh --out") from None
+        raise UsageError(
+            f"{path}/run.json lacks the settings of a profile run; it is damaged, rerun the shards into a fresh --out"
+        ) from None
     table = pd.concat(_read_batches(run, nb, key["batch_size"], key["num_images"]), ignore_index=True)
     summary = _summary(key, settings, table, nb, nb, time.perf_counter() - t0)
     model = None
@@ -350,18 +424,28 @@ def merge_run(path: str | Path, figures: bool = True) -> tuple[list[Path], list[
 # --------------------------------------------------------------------------- command line
 def build_parser() -> ArgumentParser:
     """The ``python -m ambiguity.profile`` argument parser (one-line errors, exit code 2)."""
-    p = ArgumentParser(prog=COMMAND,
-                       description="How ambiguous are a visual AR model's next-token distributions? Records top-1 "
-                                   "probability, top-10 mass, entropy and the chosen token's probability and rank "
-                                   "at every token, guided and conditional-only.")
+    p = ArgumentParser(
+        prog=COMMAND,
+        description="How ambiguous are a visual AR model's next-token distributions? Records top-1 "
+        "probability, top-10 mass, entropy and the chosen token's probability and rank "
+        "at every token, guided and conditional-only.",
+    )
     add_model_args(p)
     add_condition_args(p, num_images=64, batch_size=32)
-    p.add_argument("--source", choices=("generate", "dataset"), default="generate",
-                   help="generate: sample images; dataset: teacher-force real images (default: generate)")
+    p.add_argument(
+        "--source",
+        choices=("generate", "dataset"),
+        default="generate",
+        help="generate: sample images; dataset: teacher-force real images (default: generate)",
+    )
     add_data_arg(p, "Fashion-MNIST directory for --source dataset on the embedded model")
-    p.add_argument("--images", default=None, metavar="DIR", help="folder of image files for --source dataset on other models")
+    p.add_argument(
+        "--images", default=None, metavar="DIR", help="folder of image files for --source dataset on other models"
+    )
     add_sampling_args(p)
-    add_run_args(p, "output directory (default: runs/profile/<model>, runs/profile/<model>-dataset for --source dataset)")
+    add_run_args(
+        p, "output directory (default: runs/profile/<model>, runs/profile/<model>-dataset for --source dataset)"
+    )
     p.add_argument("--no-figures", action="store_true", help="write only the table and summary")
     add_shard_args(p)
     return p
@@ -381,12 +465,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     check_run_size(model, args.num_images, args.batch_size, sampling.guided)  # before any per-image list is built
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
     model.make_prompt(conditions[:1], guided=sampling.guided)  # e.g. a missing caption encoder fails before any output
-    table, summary = profile(model, conditions, sampling, num_images=args.num_images, batch_size=args.batch_size,
-                             seed=args.seed, tokens=tokens, images=images, out=out, overwrite=args.overwrite,
-                             settings=settings, progress=not args.no_progress, shard=shard)
+    table, summary = profile(
+        model,
+        conditions,
+        sampling,
+        num_images=args.num_images,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        tokens=tokens,
+        images=images,
+        out=out,
+        overwrite=args.overwrite,
+        settings=settings,
+        progress=not args.no_progress,
+        shard=shard,
+    )
     if table is None:
-        print(f"{shard.label} done: its batches are parts of {out}"
-              + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}"))
+        print(
+            f"{shard.label} done: its batches are parts of {out}"
+            + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}")
+        )
         return 0
     files, notes = write_outputs(model, table, summary, out, figures=not args.no_figures, started=t0)
     print_summary(summary, out, files, notes)
@@ -409,13 +507,30 @@ def check_arguments(args) -> tuple[Path, dict]:
     if args.source == "generate" and (args.images or args.data):
         raise UsageError("--images and --data are for --source dataset; add --source dataset or drop them")
     device, dtype = device_from_args(args)
-    out = Path(args.out) if args.out is not None else default_out("profile", args.model + ("-dataset" if args.source == "dataset" else ""))
+    out = (
+        Path(args.out)
+        if args.out is not None
+        else default_out("profile", args.model + ("-dataset" if args.source == "dataset" else ""))
+    )
     check_out_dir(out)
-    settings = {"model": args.model, "weights": abspath(args.weights), "device": device.type,
-                "dtype": str(dtype).replace("torch.", ""), "num_images": args.num_images,
-                "batch_size": args.batch_size, "seed": args.seed, "source": args.source, "classes": classes,
-                "captions": abspath(args.captions), "data": abspath(args.data), "images": abspath(args.images),
-                "guidance": sampling.guidance, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    settings = {
+        "model": args.model,
+        "weights": abspath(args.weights),
+        "device": device.type,
+        "dtype": str(dtype).replace("torch.", ""),
+        "num_images": args.num_images,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "source": args.source,
+        "classes": classes,
+        "captions": abspath(args.captions),
+        "data": abspath(args.data),
+        "images": abspath(args.images),
+        "guidance": sampling.guidance,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+    }
     if not args.overwrite:
         RunDir(out, {"settings": settings}, command=COMMAND).check(only=("settings",))
     return out, settings
@@ -440,8 +555,9 @@ def resolve_inputs(args, model: TokenModel, classes: Optional[list[int]]):
         return conditions, tokens, None
     if model.kind == "c2i" and (args.data or model.name.startswith("embedded")):
         if args.captions:
-            raise UsageError(f"{model.name} is class-conditional; drop --captions (the Fashion-MNIST labels are the "
-                             f"conditions)")
+            raise UsageError(
+                f"{model.name} is class-conditional; drop --captions (the Fashion-MNIST labels are the conditions)"
+            )
         images, conditions = fashion_mnist_subset(model, n, seed, classes, args.data)
         return conditions, None, images
     raise UsageError(f"--source dataset for {model.name} needs --images DIR (image files to teacher-force)")

@@ -10,6 +10,7 @@ the run is complete):
 * ``top1_by_position.{png,pdf}``: mean top-1 probability at each position of the token grid.
 * ``images.{png,pdf}``: the generated images (or VQ reconstructions of the real ones).
 """
+
 from __future__ import annotations
 
 import time
@@ -22,8 +23,18 @@ from ambiguity import plots
 from ambiguity.io import atomic_path, write_json, write_table
 from ambiguity.models.base import TokenModel
 
-__all__ = ["plot_distributions", "plot_position_means", "plot_images", "write_outputs", "format_summary",
-           "print_summary", "TABLE_FILE", "SUMMARY_FILE", "FIGURES", "OUTPUTS"]
+__all__ = [
+    "plot_distributions",
+    "plot_position_means",
+    "plot_images",
+    "write_outputs",
+    "format_summary",
+    "print_summary",
+    "TABLE_FILE",
+    "SUMMARY_FILE",
+    "FIGURES",
+    "OUTPUTS",
+]
 
 TABLE_FILE, SUMMARY_FILE = "tokens.parquet", "summary.json"
 FIGURES = ("top1_distribution", "top1_by_position", "images")
@@ -34,8 +45,12 @@ _DISTS = (("guided", "guided"), ("cond", "conditional-only"))
 
 def _settings_line(summary: dict) -> str:
     s = summary["sampling"]
-    parts = [summary["model"]["model"], "real images (teacher-forced)" if summary["source"] == "dataset" else "generated",
-             f"cfg {s['guidance']:g}", f"temperature {s['temperature']:g}" if s["temperature"] else "greedy"]
+    parts = [
+        summary["model"]["model"],
+        "real images (teacher-forced)" if summary["source"] == "dataset" else "generated",
+        f"cfg {s['guidance']:g}",
+        f"temperature {s['temperature']:g}" if s["temperature"] else "greedy",
+    ]
     if s["top_k"]:
         parts.append(f"top-k {s['top_k']}")
     if s["top_p"] < 1:
@@ -70,8 +85,7 @@ def plot_position_means(table, grid: tuple[int, int], summary: dict):
     """
     h, w = grid
     dists = _DISTS if _guided(summary) else _DISTS[:1]
-    means = {name: table.groupby("position")[f"{d}_top1"].mean().reindex(range(h * w)).to_numpy()
-             for d, name in dists}
+    means = {name: table.groupby("position")[f"{d}_top1"].mean().reindex(range(h * w)).to_numpy() for d, name in dists}
     with plots.style():
         if h == 1:
             fig, ax = plots.new_figure(width=4.0, height=2.4)
@@ -85,8 +99,9 @@ def plot_position_means(table, grid: tuple[int, int], summary: dict):
             hi = float(np.nanmax([np.nanmax(m) for m in means.values()]))
             fig, axes = plots.new_figure(1, len(means), width=3.2 * len(means), height=2.8, squeeze=False)
             for ax, (name, m) in zip(axes[0], means.items()):
-                plots.grid_heatmap(m.reshape(h, w), ax=ax, title=f"{name}", cbar_label="mean top-1 probability",
-                                   vmin=lo, vmax=hi)
+                plots.grid_heatmap(
+                    m.reshape(h, w), ax=ax, title=f"{name}", cbar_label="mean top-1 probability", vmin=lo, vmax=hi
+                )
         fig.suptitle(_settings_line(summary))
     return fig
 
@@ -104,15 +119,17 @@ def plot_images(model: TokenModel, table, summary: dict, max_images: int | None 
     n = int(min(max_images, summary["images"]))
     sub = table[table["image"] < n].sort_values(["image", "position"])
     codes = torch.tensor(sub["token"].to_numpy(), dtype=torch.long).view(n, h, w).to(model.device)
-    pix = torch.cat([model.decode_codes(codes[i:i + 16]).float().cpu() for i in range(0, n, 16)])
+    pix = torch.cat([model.decode_codes(codes[i : i + 16]).float().cpu() for i in range(0, n, 16)])
     titles = sub.groupby("image", sort=True)["condition"].first().tolist()
     title = _settings_line(summary) + (" (VQ reconstructions)" if summary["source"] == "dataset" else "")
-    return plots.image_grid(pix, ncol=8 if n > 16 else 4, titles=titles, title=title,
-                            cell=0.6 if max(H, W) <= 64 else 1.2)
+    return plots.image_grid(
+        pix, ncol=8 if n > 16 else 4, titles=titles, title=title, cell=0.6 if max(H, W) <= 64 else 1.2
+    )
 
 
-def write_outputs(model: TokenModel, table, summary: dict, out: str | Path, figures: bool = True,
-                  started: float | None = None) -> tuple[list[Path], list[str]]:
+def write_outputs(
+    model: TokenModel, table, summary: dict, out: str | Path, figures: bool = True, started: float | None = None
+) -> tuple[list[Path], list[str]]:
     """Write figures, ``tokens.parquet`` and (last) ``summary.json`` under ``out``, each atomically.
 
     Returns (written paths, notes), a note for each figure that was skipped (e.g. a model
@@ -167,9 +184,13 @@ def _write_text_samples(model: TokenModel, table, out: Path, notes: list[str], m
     return [path]
 
 
-_ROWS = (("top1", "top-1 probability", "{:.3f}"), ("top10", "top-10 mass", "{:.3f}"),
-         ("entropy", "entropy (nats)", "{:.3f}"), ("chosen_prob", "chosen-token probability", "{:.3f}"),
-         ("chosen_rank", "chosen-token rank", "{:.1f}"))
+_ROWS = (
+    ("top1", "top-1 probability", "{:.3f}"),
+    ("top10", "top-10 mass", "{:.3f}"),
+    ("entropy", "entropy (nats)", "{:.3f}"),
+    ("chosen_prob", "chosen-token probability", "{:.3f}"),
+    ("chosen_rank", "chosen-token rank", "{:.1f}"),
+)
 
 
 def format_summary(summary: dict) -> str:
@@ -177,16 +198,25 @@ def format_summary(summary: dict) -> str:
     guided and conditional-only, plus the share of chosen tokens that were the top-1 token."""
     st = summary["stats"]
     m = summary["model"]
-    head = (f"{m['model']} ({m['kind']}, {'x'.join(map(str, m['grid']))} tokens, {m['vocab_size']} codes): "
-            f"{summary['images']} images, {summary['tokens']} tokens; {_settings_line(summary).split(', ', 1)[1]}")
-    lines = [head, f"{'':26s}{'guided':>17s}{'conditional-only':>20s}",
-             f"{'':26s}{'mean':>9s}{'median':>8s}{'mean':>12s}{'median':>8s}"]
+    head = (
+        f"{m['model']} ({m['kind']}, {'x'.join(map(str, m['grid']))} tokens, {m['vocab_size']} codes): "
+        f"{summary['images']} images, {summary['tokens']} tokens; {_settings_line(summary).split(', ', 1)[1]}"
+    )
+    lines = [
+        head,
+        f"{'':26s}{'guided':>17s}{'conditional-only':>20s}",
+        f"{'':26s}{'mean':>9s}{'median':>8s}{'mean':>12s}{'median':>8s}",
+    ]
     for key, label, fmt in _ROWS:
         g, c = st[f"guided_{key}"], st[f"cond_{key}"]
-        lines.append(f"{label:26s}{fmt.format(g['mean']):>9s}{fmt.format(g['median']):>8s}"
-                     f"{fmt.format(c['mean']):>12s}{fmt.format(c['median']):>8s}")
-    lines.append(f"{'chosen token is top-1':26s}{st['guided_chosen_is_top1']['mean']:>9.3f}{'':8s}"
-                 f"{st['cond_chosen_is_top1']['mean']:>12.3f}")
+        lines.append(
+            f"{label:26s}{fmt.format(g['mean']):>9s}{fmt.format(g['median']):>8s}"
+            f"{fmt.format(c['mean']):>12s}{fmt.format(c['median']):>8s}"
+        )
+    lines.append(
+        f"{'chosen token is top-1':26s}{st['guided_chosen_is_top1']['mean']:>9.3f}{'':8s}"
+        f"{st['cond_chosen_is_top1']['mean']:>12.3f}"
+    )
     b = summary["batches"]
     lines.append(f"wall time {summary['wall_time_s']:.1f} s ({b['computed']} batches computed, {b['resumed']} resumed)")
     return "\n".join(lines)

@@ -26,6 +26,7 @@ Which settings belong in the record is the command's choice: everything that cha
 nothing that only extends the run (e.g. ``--num-images`` of a generation, which resumes and adds
 images).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -35,20 +36,41 @@ import os
 import platform
 import shutil
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Optional, Sequence, TypeVar
+from typing import Optional, TypeVar
 
 import numpy as np
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.io import (ensure_writable_dir, json_default, load_tensors, read_table, save_tensors,
-                          write_json, write_table)
+from ambiguity.io import (
+    ensure_writable_dir,
+    json_default,
+    load_tensors,
+    read_table,
+    save_tensors,
+    write_json,
+    write_table,
+)
 
-__all__ = ["RunDir", "Part", "shard_units", "assemble_units", "settings_digest", "settings_difference",
-           "versions", "normalise", "file_sha256", "check_sealed", "RUN_FILE", "PART_DIR", "SEAL_KEY"]
+__all__ = [
+    "RunDir",
+    "Part",
+    "shard_units",
+    "assemble_units",
+    "settings_digest",
+    "settings_difference",
+    "versions",
+    "normalise",
+    "file_sha256",
+    "check_sealed",
+    "RUN_FILE",
+    "PART_DIR",
+    "SEAL_KEY",
+]
 
 RUN_FILE = "run.json"
 SEAL_KEY = "outputs_sha256"  # run.json: {relative path of a final file: SHA-256}
@@ -107,9 +129,15 @@ def versions() -> dict:
                 continue
         return None
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-            "transformers": first("transformers"), "faiss": first("faiss-cpu", "faiss-gpu-cu12", "faiss-gpu", "faiss"),
-            "pandas": first("pandas"), "lantern-ambiguity": first("lantern-ambiguity")}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "transformers": first("transformers"),
+        "faiss": first("faiss-cpu", "faiss-gpu-cu12", "faiss-gpu", "faiss"),
+        "pandas": first("pandas"),
+        "lantern-ambiguity": first("lantern-ambiguity"),
+    }
 
 
 def file_sha256(path: str | Path) -> str:
@@ -134,15 +162,17 @@ def check_sealed(path: str | Path, fix: str, only: Optional[Sequence[str]] = Non
     sealed = record.get(SEAL_KEY) if isinstance(record, dict) else None
     if not isinstance(sealed, dict):
         return
-    for name in (only if only is not None else sealed):
+    for name in only if only is not None else sealed:
         if name not in sealed:
             continue
         f = path / name
         if not f.is_file():
             raise UsageError(f"{f} is missing although the run wrote it; {fix}")
         if file_sha256(f) != sealed[name]:
-            raise UsageError(f"{f} is not the file this run wrote (its SHA-256 differs from the one in "
-                             f"{path / RUN_FILE}: copied from another run or changed since); {fix}")
+            raise UsageError(
+                f"{f} is not the file this run wrote (its SHA-256 differs from the one in "
+                f"{path / RUN_FILE}: copied from another run or changed since); {fix}"
+            )
 
 
 def _note(text: str) -> None:
@@ -180,8 +210,17 @@ class RunDir:
             ``run.json`` for ``python -m ambiguity merge``).
     """
 
-    def __init__(self, path: str | Path, settings: Mapping, *, command: str, flag: str = "--out",
-                 outputs: Sequence[str] = (), report: Callable[[str], None] = _note, merge: Optional[str] = None):
+    def __init__(
+        self,
+        path: str | Path,
+        settings: Mapping,
+        *,
+        command: str,
+        flag: str = "--out",
+        outputs: Sequence[str] = (),
+        report: Callable[[str], None] = _note,
+        merge: Optional[str] = None,
+    ):
         self.path = Path(path).expanduser()
         self.settings = normalise(dict(settings))
         self.digest = settings_digest(self.settings)
@@ -207,10 +246,12 @@ class RunDir:
                 raise ValueError
             return record
         except (OSError, ValueError):
-            raise UsageError(f"{self.flag} {self.path} has a damaged {RUN_FILE}, so its settings are unknown; "
-                             f"add --overwrite to start afresh or pass another {self.flag}") from None
+            raise UsageError(
+                f"{self.flag} {self.path} has a damaged {RUN_FILE}, so its settings are unknown; "
+                f"add --overwrite to start afresh or pass another {self.flag}"
+            ) from None
 
-    def check(self, only: Optional[Sequence[str]] = None) -> "RunDir":
+    def check(self, only: Optional[Sequence[str]] = None) -> RunDir:
         """Refuse at once when ``path`` holds a run of other settings (nothing is written).
 
         only: compare just these top-level keys of the settings (e.g. the command-line options,
@@ -224,11 +265,13 @@ class RunDir:
             old = {k: old.get(k) for k in only} if isinstance(old, dict) else old
             new = {k: new.get(k) for k in only}
         if old != new:
-            raise UsageError(f"{self.flag} {self.path} holds results of a run with other settings "
-                             f"({settings_difference(old, new)}); pass another {self.flag} or add --overwrite")
+            raise UsageError(
+                f"{self.flag} {self.path} holds results of a run with other settings "
+                f"({settings_difference(old, new)}); pass another {self.flag} or add --overwrite"
+            )
         return self
 
-    def open(self, overwrite: bool = False, extra: Optional[Mapping] = None, shards: Optional[int] = 1) -> "RunDir":
+    def open(self, overwrite: bool = False, extra: Optional[Mapping] = None, shards: Optional[int] = 1) -> RunDir:
         """Create the directory and record this run, or check that it continues the stored one.
 
         overwrite: remove the stored run's files first. extra: facts stored with the record but
@@ -243,17 +286,30 @@ class RunDir:
         record = self.check().stored()
         if record is None:
             if self.parts_dir.is_dir() and any(self.parts_dir.iterdir()):
-                raise UsageError(f"{self.flag} {self.path} holds parts without their {RUN_FILE}, so their settings "
-                                 f"are unknown; pass another {self.flag} or add --overwrite")
-            write_json({"command": self.command, "settings": self.settings, "digest": self.digest,
-                        "shards": shards, "merge": self.merge,
-                        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                        "versions": versions(), **dict(extra or {})}, self.run_file)
+                raise UsageError(
+                    f"{self.flag} {self.path} holds parts without their {RUN_FILE}, so their settings "
+                    f"are unknown; pass another {self.flag} or add --overwrite"
+                )
+            write_json(
+                {
+                    "command": self.command,
+                    "settings": self.settings,
+                    "digest": self.digest,
+                    "shards": shards,
+                    "merge": self.merge,
+                    "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                    "versions": versions(),
+                    **dict(extra or {}),
+                },
+                self.run_file,
+            )
         elif shards is not None and record.get("shards") is not None and int(record["shards"]) != int(shards):
             was = int(record["shards"])
-            raise UsageError(f"{self.flag} {self.path} was started with {was} shard(s), not {shards}; resume it with "
-                             f"{was} (torchrun --nproc_per_node={was}, or --num-shards {was}), or pass another "
-                             f"{self.flag}")
+            raise UsageError(
+                f"{self.flag} {self.path} was started with {was} shard(s), not {shards}; resume it with "
+                f"{was} (torchrun --nproc_per_node={was}, or --num-shards {was}), or pass another "
+                f"{self.flag}"
+            )
         self.parts_dir.mkdir(exist_ok=True)
         return self
 
@@ -276,8 +332,10 @@ class RunDir:
             parts.append(part)
         if missing:
             (name, why), more = missing[0], f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise UsageError(f"{self.path} lacks the intact part {name}{more}: {why}; rerun the shard(s) that own "
-                             f"them (the same command with their --shard-index) and merge again")
+            raise UsageError(
+                f"{self.path} lacks the intact part {name}{more}: {why}; rerun the shard(s) that own "
+                f"them (the same command with their --shard-index) and merge again"
+            )
         return parts
 
     def clear(self) -> None:
@@ -295,9 +353,16 @@ class RunDir:
     def manifest_path(self, name: str) -> Path:
         return self.parts_dir / f"{name}.json"
 
-    def write_part(self, name: str, holds: Mapping, *, tables: Optional[Mapping] = None,
-                   tensors: Optional[Mapping] = None, files: Sequence[str | Path] = (),
-                   meta: Optional[Mapping] = None) -> None:
+    def write_part(
+        self,
+        name: str,
+        holds: Mapping,
+        *,
+        tables: Optional[Mapping] = None,
+        tensors: Optional[Mapping] = None,
+        files: Sequence[str | Path] = (),
+        meta: Optional[Mapping] = None,
+    ) -> None:
         """Write a finished unit atomically: its tables (``parts/<name>.<table>.parquet``), tensors
         (``parts/<name>.<key>.safetensors``), then the manifest, which lists them and the other
         ``files`` (already written, anywhere under the run directory) with sizes, rows and
@@ -316,8 +381,16 @@ class RunDir:
         for rel, e in entries.items():
             p = Path(os.path.normpath(self.parts_dir / rel))
             e.update(bytes=p.stat().st_size, sha256=file_sha256(p))
-        write_json({"part": name, "digest": self.digest, "holds": normalise(dict(holds)), "files": entries,
-                    "meta": normalise(dict(meta or {}))}, self.manifest_path(name))
+        write_json(
+            {
+                "part": name,
+                "digest": self.digest,
+                "holds": normalise(dict(holds)),
+                "files": entries,
+                "meta": normalise(dict(meta or {})),
+            },
+            self.manifest_path(name),
+        )
 
     def read_part(self, name: str, holds: Optional[Mapping] = None, load: bool = True) -> Optional[Part]:
         """The part ``name`` if it is complete, intact and holds ``holds`` under this run's settings.
@@ -399,8 +472,9 @@ class RunDir:
 
 
 # --------------------------------------------------------------------------- the sharded unit loop
-def shard_units(run: Optional[RunDir], units: Sequence[tuple[str, Mapping]], shard,
-                load: bool = True) -> Iterator[tuple[int, Optional[Part]]]:
+def shard_units(
+    run: Optional[RunDir], units: Sequence[tuple[str, Mapping]], shard, load: bool = True
+) -> Iterator[tuple[int, Optional[Part]]]:
     """The units of a run that are this shard's, in order, each with its finished part (None: to compute).
 
     The one place that decides which units a shard computes and which are already done. A driver
@@ -419,8 +493,15 @@ def shard_units(run: Optional[RunDir], units: Sequence[tuple[str, Mapping]], sha
             yield i, (run.read_part(name, holds, load=load) if run is not None else None)
 
 
-def assemble_units(run: Optional[RunDir], units: Sequence[tuple[str, Mapping]], shard, own: list[T],
-                   read: Callable[[Part], T], every_rank: bool = False, load: bool = True) -> Optional[list[T]]:
+def assemble_units(
+    run: Optional[RunDir],
+    units: Sequence[tuple[str, Mapping]],
+    shard,
+    own: list[T],
+    read: Callable[[Part], T],
+    every_rank: bool = False,
+    load: bool = True,
+) -> Optional[list[T]]:
     """After this shard's units: every unit's result in order, or None on a shard that does not merge.
 
     One process: ``own`` (the results it computed or resumed, in unit order). Several shards: wait

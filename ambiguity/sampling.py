@@ -14,17 +14,30 @@ Tokens are drawn by inversion (:func:`pick`, :func:`invert`): one uniform per ro
 generator (:mod:`ambiguity.seeding`), so a row's token depends only on its own distribution and
 stream.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 
 from ambiguity.errors import FieldError
 
-__all__ = ["SamplingConfig", "default_guidance", "split_rows", "expand_rows", "guide", "filter_logits",
-           "distribution", "pick", "invert", "row_uniforms", "Generators"]
+__all__ = [
+    "SamplingConfig",
+    "default_guidance",
+    "split_rows",
+    "expand_rows",
+    "guide",
+    "filter_logits",
+    "distribution",
+    "pick",
+    "invert",
+    "row_uniforms",
+    "Generators",
+]
 
 # One generator for every row, or one per row (see pick).
 Generators = Union[torch.Generator, Sequence[torch.Generator], None]
@@ -59,17 +72,29 @@ class SamplingConfig:
 
     def __post_init__(self):
         if not 0 <= self.guidance < float("inf"):
-            raise FieldError("SamplingConfig", "guidance", f"(guidance scale) must be a finite number >= 0 "
-                                                           f"(1 disables guidance), got {self.guidance}")
+            raise FieldError(
+                "SamplingConfig",
+                "guidance",
+                f"(guidance scale) must be a finite number >= 0 (1 disables guidance), got {self.guidance}",
+            )
         if self.guidance > MAX_GUIDANCE:
-            raise FieldError("SamplingConfig", "guidance", f"(guidance scale) must be at most {MAX_GUIDANCE:g} (larger "
-                                                           f"scales overflow the logits), got {self.guidance:g}")
+            raise FieldError(
+                "SamplingConfig",
+                "guidance",
+                f"(guidance scale) must be at most {MAX_GUIDANCE:g} (larger "
+                f"scales overflow the logits), got {self.guidance:g}",
+            )
         if not 0 <= self.temperature < float("inf"):
-            raise FieldError("SamplingConfig", "temperature",
-                             f"must be a finite number >= 0 (0 is greedy), got {self.temperature}")
+            raise FieldError(
+                "SamplingConfig", "temperature", f"must be a finite number >= 0 (0 is greedy), got {self.temperature}"
+            )
         if 0 < self.temperature < MIN_TEMPERATURE:
-            raise FieldError("SamplingConfig", "temperature", f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g} "
-                             f"(smaller ones overflow the logits), got {self.temperature:g}")
+            raise FieldError(
+                "SamplingConfig",
+                "temperature",
+                f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g} "
+                f"(smaller ones overflow the logits), got {self.temperature:g}",
+            )
         if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
             raise FieldError("SamplingConfig", "top_k", f"must be an integer >= 0 (0 disables it), got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -148,8 +173,9 @@ def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
     return x.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
 
 
-def distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: Optional[bool] = None,
-                 order: str = "kp") -> torch.Tensor:
+def distribution(
+    logits: torch.Tensor, sampling: SamplingConfig, guided: Optional[bool] = None, order: str = "kp"
+) -> torch.Tensor:
     """Per-row logits (rows, ..., V) -> the sampling distribution p (B, ..., V), float32 (float64
     for float64 logits).
 
@@ -198,14 +224,25 @@ def invert(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.view(probs.shape[:-1])
 
 
-def row_uniforms(generators: Sequence[torch.Generator], counts: Sequence[int], dtype: torch.dtype,
-                 device: torch.device | str, fill: float = 0.5) -> torch.Tensor:
+def row_uniforms(
+    generators: Sequence[torch.Generator],
+    counts: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str,
+    fill: float = 0.5,
+) -> torch.Tensor:
     """Uniforms (B, max(counts)) in ``dtype``: row b's first ``counts[b]`` values come from one call
     ``torch.rand(counts[b], generator=generators[b])`` (the values one-image decoding draws from
     the same stream), the rest are ``fill``. A row with count 0 draws nothing, so its stream stays
     where it was (batched decoding: rows with shorter chains, empty slots)."""
     width = max((int(c) for c in counts), default=0)
-    parts = [torch.cat([torch.rand(int(c), generator=g, device=device, dtype=dtype),
-                        torch.full((width - int(c),), fill, device=device, dtype=dtype)])
-             for g, c in zip(generators, counts)]
+    parts = [
+        torch.cat(
+            [
+                torch.rand(int(c), generator=g, device=device, dtype=dtype),
+                torch.full((width - int(c),), fill, device=device, dtype=dtype),
+            ]
+        )
+        for g, c in zip(generators, counts)
+    ]
     return torch.stack(parts) if parts else torch.empty(0, width, device=device, dtype=dtype)

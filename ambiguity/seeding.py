@@ -19,17 +19,37 @@ their historic formulas (``seed * 100003 + epoch`` and so on) behind named funct
 the shipped weights (the embedded VQ and GPT, the Fashion-MNIST classifier, the drafters) and
 the recorded results were produced with them; changing one would change those files.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["image_seed", "image_generator", "image_generators", "derived_seed", "SEED_TAGS", "tagged_seed", "STREAMS",
-           "vq_init_seed", "gpt_init_seed", "epoch_permutation_seed", "vq_step_seed", "drafter_init_seed",
-           "drafter_epoch_seed", "classifier_init_seed", "holdout_seed", "uncond_rows_seed", "subset_seed", "augment_seed",
-           "random_control_seed", "replacement_seed", "FINGERPRINT_PROBE_SEED"]
+__all__ = [
+    "image_seed",
+    "image_generator",
+    "image_generators",
+    "derived_seed",
+    "SEED_TAGS",
+    "tagged_seed",
+    "STREAMS",
+    "vq_init_seed",
+    "gpt_init_seed",
+    "epoch_permutation_seed",
+    "vq_step_seed",
+    "drafter_init_seed",
+    "drafter_epoch_seed",
+    "classifier_init_seed",
+    "holdout_seed",
+    "uncond_rows_seed",
+    "subset_seed",
+    "augment_seed",
+    "random_control_seed",
+    "replacement_seed",
+    "FINGERPRINT_PROBE_SEED",
+]
 
 
 def derived_seed(*parts: int) -> int:
@@ -60,9 +80,9 @@ def image_generators(seed: int, indices: Sequence[int], device: torch.device | s
 #: Tags of the streams seeded by :func:`tagged_seed` (``derived_seed(seed, tag, *parts)``).
 #: The values are part of recorded results (``lantern.quality`` writes them into its protocol); never reuse one.
 SEED_TAGS: dict[str, int] = {
-    "quality-subset": 11,             # lantern.quality.sources: the random subset of ``SPEC@N``
-    "quality-bootstrap": 12,          # lantern.quality.scoring: bootstrap resamples of the generated images
-    "quality-prdc-reference": 13,     # lantern.quality.scoring: the reference subset for precision/recall
+    "quality-subset": 11,  # lantern.quality.sources: the random subset of ``SPEC@N``
+    "quality-bootstrap": 12,  # lantern.quality.scoring: bootstrap resamples of the generated images
+    "quality-prdc-reference": 13,  # lantern.quality.scoring: the reference subset for precision/recall
 }
 
 
@@ -153,8 +173,7 @@ def replacement_seed(seed: int, random_mode: bool, k: int, rate: float, repeat: 
 #: Every random stream besides the per-image one: name -> (seed function, where it is used).
 STREAMS: dict[str, tuple] = {
     "image": (image_seed, "every image's tokens, drafts and acceptance draws (all generating commands)"),
-    **{name: (lambda seed, *parts, _n=name: tagged_seed(seed, _n, *parts), "lantern.quality")
-       for name in SEED_TAGS},
+    **{name: (lambda seed, *parts, _n=name: tagged_seed(seed, _n, *parts), "lantern.quality") for name in SEED_TAGS},
     "vq-init": (vq_init_seed, "ambiguity.train.train_vq"),
     "gpt-init": (gpt_init_seed, "ambiguity.train.train_gpt"),
     "epoch-permutation": (epoch_permutation_seed, "ambiguity.train.batch_indices, scripts/train_fmnist_classifier.py"),

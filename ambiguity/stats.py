@@ -11,6 +11,7 @@ probability ("competition" or "min" ranking). Tokens tied in probability share t
 the tie, so the token chosen by greedy decoding always has rank 1, and a token tied with the
 most likely one also has rank 1.
 """
+
 from __future__ import annotations
 
 import torch
@@ -84,5 +85,10 @@ def token_stats(p: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor
     1 = most likely). Float outputs are float32 (float64 for float64 input).
     """
     p = _float(p)
-    return {"top1": top1_prob(p), "top10": topk_mass(p, 10), "entropy": entropy(p),
-            "chosen_prob": chosen_prob(p, tokens), "chosen_rank": chosen_rank(p, tokens)}
+    return {
+        "top1": top1_prob(p),
+        "top10": topk_mass(p, 10),
+        "entropy": entropy(p),
+        "chosen_prob": chosen_prob(p, tokens),
+        "chosen_rank": chosen_rank(p, tokens),
+    }

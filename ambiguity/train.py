@@ -25,13 +25,15 @@ perceptual loss, which need pretrained networks and far more compute than 2 CPU 
 
 Nothing heavy happens at import time.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -44,11 +46,32 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.seeding import epoch_permutation_seed, gpt_init_seed, vq_init_seed, vq_step_seed
 
-__all__ = ["VQTrainConfig", "GPTTrainConfig", "lr_at", "batch_indices", "vq_loss", "reinit_dead_codes",
-           "train_vq", "train_gpt", "tokenize", "vq_metrics", "code_usage", "gpt_nll", "count_params",
-           "save_checkpoint", "load_checkpoint", "codebook_entropy_loss", "embedded_recipe", "embedded16_recipe",
-           "EpochStopConfig", "epoch_ends", "stop_reason", "steps_for_epochs", "CURVE_FILE",
-           "embedded16_long_recipe"]
+__all__ = [
+    "VQTrainConfig",
+    "GPTTrainConfig",
+    "lr_at",
+    "batch_indices",
+    "vq_loss",
+    "reinit_dead_codes",
+    "train_vq",
+    "train_gpt",
+    "tokenize",
+    "vq_metrics",
+    "code_usage",
+    "gpt_nll",
+    "count_params",
+    "save_checkpoint",
+    "load_checkpoint",
+    "codebook_entropy_loss",
+    "embedded_recipe",
+    "embedded16_recipe",
+    "EpochStopConfig",
+    "epoch_ends",
+    "stop_reason",
+    "steps_for_epochs",
+    "CURVE_FILE",
+    "embedded16_long_recipe",
+]
 
 
 @dataclass
@@ -62,14 +85,14 @@ class VQTrainConfig:
     warmup: int = 50
     weight_decay: float = 0.0
     l1_weight: float = 1.0
-    dead_after: int = 50      # steps a code may stay unused before it is restarted
-    reinit_every: int = 25    # how often (steps) dead codes are looked for
+    dead_after: int = 50  # steps a code may stay unused before it is restarted
+    reinit_every: int = 25  # how often (steps) dead codes are looked for
     reinit_stop: float = 0.2  # no restarts in the last 20% of the steps
     ckpt_every: int = 50
-    entropy_weight: float = 0.0       # LlamaGen's entropy_loss_ratio (0: off)
+    entropy_weight: float = 0.0  # LlamaGen's entropy_loss_ratio (0: off)
     entropy_temperature: float = 0.01
-    entropy_sample: int = 0           # latents per step the entropy loss sees (0: all)
-    restart_pick: str = "uniform"     # restart pool rows drawn uniformly, or "error": by squared distance to their code
+    entropy_sample: int = 0  # latents per step the entropy loss sees (0: all)
+    restart_pick: str = "uniform"  # restart pool rows drawn uniformly, or "error": by squared distance to their code
     bf16: bool = False
 
 
@@ -125,8 +148,10 @@ def stop_reason(curve: list[dict], stop: EpochStopConfig) -> Optional[str]:
     a, b = curve[-2], curve[-1]
     gain = (a["test_nll_bits"] - b["test_nll_bits"]) / (b["epoch"] - a["epoch"])
     if gain < stop.min_gain_bits:
-        return (f"test NLL improved by {gain:.4f} bits/token per epoch from epoch {a['epoch']:.2f} "
-                f"to {b['epoch']:.2f} (< {stop.min_gain_bits})")
+        return (
+            f"test NLL improved by {gain:.4f} bits/token per epoch from epoch {a['epoch']:.2f} "
+            f"to {b['epoch']:.2f} (< {stop.min_gain_bits})"
+        )
     return None
 
 
@@ -157,7 +182,7 @@ def batch_indices(step: int, batch_size: int, n: int, seed: int) -> torch.Tensor
         g = torch.Generator().manual_seed(epoch_permutation_seed(seed, epoch))
         perm = torch.randperm(n, generator=g)
         take = min(n - offset, start + batch_size - pos)
-        out.append(perm[offset:offset + take])
+        out.append(perm[offset : offset + take])
         pos += take
     return torch.cat(out)
 
@@ -169,8 +194,9 @@ def save_checkpoint(path: Path, **state) -> None:
         torch.save(state, tmp)
 
 
-def load_checkpoint(path: Path, keys: tuple[str, ...] = ("recipe",),
-                    fix: str = "pass --fresh to start over or another --run-dir") -> Optional[dict]:
+def load_checkpoint(
+    path: Path, keys: tuple[str, ...] = ("recipe",), fix: str = "pass --fresh to start over or another --run-dir"
+) -> Optional[dict]:
     """The checkpoint at ``path`` (a dict holding ``keys``), or None when there is none.
 
     Raises UsageError (naming ``fix``) when the file is damaged, truncated or not such a
@@ -191,8 +217,10 @@ def load_checkpoint(path: Path, keys: tuple[str, ...] = ("recipe",),
 def _check_resume(ck: dict, expected: dict, path: Path) -> None:
     if ck["recipe"] != expected:
         diff = [k for k in expected if ck["recipe"].get(k) != expected[k]]
-        raise UsageError(f"checkpoint {path} was written with a different {', '.join(diff) or 'recipe'}; "
-                         f"pass --fresh to start over or another --run-dir")
+        raise UsageError(
+            f"checkpoint {path} was written with a different {', '.join(diff) or 'recipe'}; "
+            f"pass --fresh to start over or another --run-dir"
+        )
 
 
 # ----------------------------------------------------------------------------- VQ
@@ -214,9 +242,16 @@ def codebook_entropy_loss(z: torch.Tensor, codebook: torch.Tensor, temperature: 
     return sample_entropy - avg_entropy
 
 
-def vq_loss(model: VQModel, x: torch.Tensor, l1_weight: float, entropy_weight: float = 0.0,
-            entropy_temperature: float = 0.01, entropy_sample: int = 0, bf16: bool = False,
-            generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
+def vq_loss(
+    model: VQModel,
+    x: torch.Tensor,
+    l1_weight: float,
+    entropy_weight: float = 0.0,
+    entropy_temperature: float = 0.01,
+    entropy_sample: int = 0,
+    bf16: bool = False,
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
     """One VQ training loss on images x (B, C, H, W) in [-1, 1].
 
     ``entropy_weight`` > 0 adds :func:`codebook_entropy_loss` on the (l2-normalised) latents, on
@@ -250,9 +285,15 @@ def vq_loss(model: VQModel, x: torch.Tensor, l1_weight: float, entropy_weight: f
 
 
 @torch.no_grad()
-def reinit_dead_codes(model: VQModel, last_used: torch.Tensor, step: int, dead_after: int,
-                      pool: torch.Tensor, optimizer: Optional[torch.optim.Optimizer] = None,
-                      weights: Optional[torch.Tensor] = None) -> int:
+def reinit_dead_codes(
+    model: VQModel,
+    last_used: torch.Tensor,
+    step: int,
+    dead_after: int,
+    pool: torch.Tensor,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    weights: Optional[torch.Tensor] = None,
+) -> int:
     """Restart codes not used since ``step - dead_after`` from random rows of ``pool``.
 
     last_used: (K,) int64, the last step each code was chosen (updated in place for restarts).
@@ -280,8 +321,16 @@ def reinit_dead_codes(model: VQModel, last_used: torch.Tensor, step: int, dead_a
     return int(dead.numel())
 
 
-def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, run_dir: Path, seed: int,
-             device: torch.device, progress: bool = True, log: Callable[[str], None] = print) -> tuple[VQModel, dict]:
+def train_vq(
+    vq_config: VQConfig,
+    train: VQTrainConfig,
+    images: torch.Tensor,
+    run_dir: Path,
+    seed: int,
+    device: torch.device,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> tuple[VQModel, dict]:
     """Train a :class:`VQModel` on ``images`` (N, C, H, W) float32 in [0, 1]; resumable.
 
     Checkpoint: ``run_dir/vq_ckpt.pt`` every ``train.ckpt_every`` steps and at the end.
@@ -308,8 +357,15 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
         log(f"resuming VQ training at step {state['step']}/{train.steps}")
 
     def checkpoint():
-        save_checkpoint(path, recipe=recipe, model=model.state_dict(), optimizer=opt.state_dict(),
-                        last_used=last_used.cpu(), rng=torch.get_rng_state(), state=state)
+        save_checkpoint(
+            path,
+            recipe=recipe,
+            model=model.state_dict(),
+            optimizer=opt.state_dict(),
+            last_used=last_used.cpu(),
+            rng=torch.get_rng_state(),
+            state=state,
+        )
 
     model.train()
     stop_reinit = int(train.steps * (1 - train.reinit_stop))
@@ -321,8 +377,16 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
             g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
         x = images[batch_indices(step, train.batch_size, images.shape[0], seed)].to(device) * 2 - 1
         gen = torch.Generator().manual_seed(vq_step_seed(seed, step))
-        loss, parts, codes, pool = vq_loss(model, x, train.l1_weight, train.entropy_weight, train.entropy_temperature,
-                                           train.entropy_sample, train.bf16, gen)
+        loss, parts, codes, pool = vq_loss(
+            model,
+            x,
+            train.l1_weight,
+            train.entropy_weight,
+            train.entropy_temperature,
+            train.entropy_sample,
+            train.bf16,
+            gen,
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -344,20 +408,27 @@ def train_vq(vq_config: VQConfig, train: VQTrainConfig, images: torch.Tensor, ru
     tail = state["history"][-50:]
     keys = [k for k in ("loss", "mse", "l1", "codebook", "commit", "entropy") if tail and k in tail[-1]]
     final = {k: sum(h[k] for h in tail) / len(tail) for k in keys} if tail else {}
-    stats = {"steps": train.steps, "batch_size": train.batch_size, "images_seen": train.steps * train.batch_size,
-             "train_time_s": state["time_s"], "code_restarts": state["restarts"], "final_train": final}
+    stats = {
+        "steps": train.steps,
+        "batch_size": train.batch_size,
+        "images_seen": train.steps * train.batch_size,
+        "train_time_s": state["time_s"],
+        "code_restarts": state["restarts"],
+        "final_train": final,
+    }
     return model.eval(), stats
 
 
 @torch.no_grad()
-def tokenize(vq: VQModel, images: torch.Tensor, batch_size: int = 500, progress: bool = True,
-             desc: str = "tokenize") -> torch.Tensor:
+def tokenize(
+    vq: VQModel, images: torch.Tensor, batch_size: int = 500, progress: bool = True, desc: str = "tokenize"
+) -> torch.Tensor:
     """Images (N, C, H, W) float32 in [0, 1] -> code indices (N, h*w) int64 (raster order)."""
     vq = vq.eval()
     dev = vq.quant_conv.weight.device
     out = []
     for i in tqdm(range(0, images.shape[0], batch_size), desc=desc, disable=not progress, mininterval=5):
-        out.append(vq.encode(images[i:i + batch_size].to(dev) * 2 - 1).flatten(1).cpu())
+        out.append(vq.encode(images[i : i + batch_size].to(dev) * 2 - 1).flatten(1).cpu())
     return torch.cat(out)
 
 
@@ -371,12 +442,16 @@ def code_usage(codes: torch.Tensor, codebook_size: int) -> dict:
     counts = torch.bincount(codes.flatten(), minlength=codebook_size).double()
     p = counts / counts.sum()
     nz = p[p > 0]
-    return {"fraction_used": float((counts > 0).double().mean()),
-            "perplexity": float(torch.exp(-(nz * nz.log()).sum()))}
+    return {
+        "fraction_used": float((counts > 0).double().mean()),
+        "perplexity": float(torch.exp(-(nz * nz.log()).sum())),
+    }
 
 
 @torch.no_grad()
-def vq_metrics(vq: VQModel, images: torch.Tensor, batch_size: int = 250, progress: bool = True) -> tuple[dict, torch.Tensor]:
+def vq_metrics(
+    vq: VQModel, images: torch.Tensor, batch_size: int = 250, progress: bool = True
+) -> tuple[dict, torch.Tensor]:
     """Reconstruction error and codebook usage of ``vq`` on images (N, C, H, W) in [0, 1].
 
     Reconstructions are decoded, mapped to [0, 1] and clamped (what the model adapter shows).
@@ -389,7 +464,7 @@ def vq_metrics(vq: VQModel, images: torch.Tensor, batch_size: int = 250, progres
     se = ae = 0.0
     psnrs, codes = [], []
     for i in tqdm(range(0, images.shape[0], batch_size), desc="VQ test", disable=not progress, mininterval=5):
-        x = images[i:i + batch_size].to(dev)
+        x = images[i : i + batch_size].to(dev)
         c = vq.encode(x * 2 - 1)
         rec = ((vq.decode_codes(c) + 1) / 2).clamp(0, 1)
         err = (rec - x).flatten(1)
@@ -401,9 +476,15 @@ def vq_metrics(vq: VQModel, images: torch.Tensor, batch_size: int = 250, progres
     codes = torch.cat(codes)
     usage = code_usage(codes, vq.config.codebook_size)
     mse = se / n
-    return {"mse": mse, "l1": ae / n, "psnr_db": 10 * math.log10(1 / mse),
-            "psnr_db_per_image": float(torch.cat(psnrs).mean()), "codebook_size": vq.config.codebook_size,
-            "codebook_usage": usage["fraction_used"], "code_perplexity": usage["perplexity"]}, codes
+    return {
+        "mse": mse,
+        "l1": ae / n,
+        "psnr_db": 10 * math.log10(1 / mse),
+        "psnr_db_per_image": float(torch.cat(psnrs).mean()),
+        "codebook_size": vq.config.codebook_size,
+        "codebook_usage": usage["fraction_used"],
+        "code_perplexity": usage["perplexity"],
+    }, codes
 
 
 # ----------------------------------------------------------------------------- GPT
@@ -414,8 +495,7 @@ def gpt_loss(gpt: GPT, labels: torch.Tensor, tokens: torch.Tensor) -> torch.Tens
 
 
 @torch.no_grad()
-def gpt_nll(gpt: GPT, tokens: torch.Tensor, labels: torch.Tensor, batch_size: int = 250,
-            progress: bool = True) -> dict:
+def gpt_nll(gpt: GPT, tokens: torch.Tensor, labels: torch.Tensor, batch_size: int = 250, progress: bool = True) -> dict:
     """Teacher-forced test negative log-likelihood with the true labels and no CFG (eval mode, so
     no label dropout). tokens (N, T) int64, labels (N,) int64.
 
@@ -425,7 +505,7 @@ def gpt_nll(gpt: GPT, tokens: torch.Tensor, labels: torch.Tensor, batch_size: in
     dev = gpt.tok_embeddings.weight.device
     total, count = 0.0, 0
     for i in tqdm(range(0, tokens.shape[0], batch_size), desc="GPT test", disable=not progress, mininterval=5):
-        t, y = tokens[i:i + batch_size].to(dev), labels[i:i + batch_size].to(dev)
+        t, y = tokens[i : i + batch_size].to(dev), labels[i : i + batch_size].to(dev)
         logits = gpt.teacher_forced_logits(y, t).float()
         total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1), reduction="sum").item()
         count += t.numel()
@@ -440,10 +520,20 @@ def _print_now(line: str) -> None:
     print(line, flush=True)
 
 
-def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor, labels: torch.Tensor,
-              run_dir: Path, seed: int, device: torch.device, progress: bool = True,
-              log: Callable[[str], None] = _print_now, evaluate: Optional[Callable[[GPT], float]] = None,
-              stop: Optional[EpochStopConfig] = None, curve_info: Optional[dict] = None) -> tuple[GPT, dict]:
+def train_gpt(
+    gpt_config: GPTConfig,
+    train: GPTTrainConfig,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    run_dir: Path,
+    seed: int,
+    device: torch.device,
+    progress: bool = True,
+    log: Callable[[str], None] = _print_now,
+    evaluate: Optional[Callable[[GPT], float]] = None,
+    stop: Optional[EpochStopConfig] = None,
+    curve_info: Optional[dict] = None,
+) -> tuple[GPT, dict]:
     """Train a c2i :class:`GPT` on code sequences tokens (N, block_size) int64 with labels (N,).
 
     Checkpoint: ``run_dir/gpt_ckpt.pt`` every ``train.ckpt_every`` steps and at the end.
@@ -467,16 +557,24 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
         raise ValueError("an early-stop rule needs evaluate")
     path = Path(run_dir) / "gpt_ckpt.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    recipe = {"gpt_config": asdict(gpt_config), "train": asdict(train), "seed": seed,
-              "n_sequences": int(tokens.shape[0]), "tokens_sum": int(tokens.sum())}
+    recipe = {
+        "gpt_config": asdict(gpt_config),
+        "train": asdict(train),
+        "seed": seed,
+        "n_sequences": int(tokens.shape[0]),
+        "tokens_sum": int(tokens.sum()),
+    }
     if stop is not None:
         recipe["stop"] = asdict(stop)
     torch.manual_seed(gpt_init_seed(seed))
     model = GPT(gpt_config).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": train.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=train.lr, betas=(0.9, train.beta2))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=train.lr,
+        betas=(0.9, train.beta2),
+    )
     state = {"step": 0, "time_s": 0.0, "history": []}
     ck = load_checkpoint(path)
     if ck is not None:
@@ -498,18 +596,37 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
         losses = [h["loss"] for h in state["history"] if h["step"] > since]
         mean = sum(losses) / len(losses) if losses else float("nan")
         eval_s = time.perf_counter() - t_eval
-        state["curve"].append({"epoch": step * train.batch_size / n, "step": step, "test_nll_bits": nll,
-                               "train_loss_nats": mean, "train_loss_bits": mean / math.log(2),
-                               "lr": lr_at(step - 1, train.lr, train.warmup, train.steps, train.min_lr_ratio),
-                               "seconds": seconds + eval_s, "eval_seconds": eval_s})
+        state["curve"].append(
+            {
+                "epoch": step * train.batch_size / n,
+                "step": step,
+                "test_nll_bits": nll,
+                "train_loss_nats": mean,
+                "train_loss_bits": mean / math.log(2),
+                "lr": lr_at(step - 1, train.lr, train.warmup, train.steps, train.min_lr_ratio),
+                "seconds": seconds + eval_s,
+                "eval_seconds": eval_s,
+            }
+        )
         reason = stop_reason(state["curve"], stop) if stop is not None else None
         state["stop_reason"] = reason or (f"step budget reached ({train.steps} steps)" if step >= train.steps else None)
-        write_json({**(curve_info or {}), "batch_size": train.batch_size, "max_steps": train.steps,
-                    "train_sequences": n, "stop": asdict(stop) if stop else None,
-                    "stop_reason": state.get("stop_reason"), "rows": state["curve"]}, Path(run_dir) / CURVE_FILE)
-        log(f"epoch {state['curve'][-1]['epoch']:.2f} (step {step}): test NLL {nll:.4f} bits/token, "
+        write_json(
+            {
+                **(curve_info or {}),
+                "batch_size": train.batch_size,
+                "max_steps": train.steps,
+                "train_sequences": n,
+                "stop": asdict(stop) if stop else None,
+                "stop_reason": state.get("stop_reason"),
+                "rows": state["curve"],
+            },
+            Path(run_dir) / CURVE_FILE,
+        )
+        log(
+            f"epoch {state['curve'][-1]['epoch']:.2f} (step {step}): test NLL {nll:.4f} bits/token, "
             f"train loss {mean / math.log(2):.4f} bits/token, eval {eval_s:.0f} s"
-            + (f"; stopping: {state['stop_reason']}" if state.get("stop_reason") else ""))
+            + (f"; stopping: {state['stop_reason']}" if state.get("stop_reason") else "")
+        )
 
     model.train()
     bar = tqdm(total=train.steps, initial=state["step"], desc="GPT", disable=not progress, mininterval=5)
@@ -536,21 +653,35 @@ def train_gpt(gpt_config: GPTConfig, train: GPTTrainConfig, tokens: torch.Tensor
         if step % train.ckpt_every == 0 or step == train.steps or evaluated:
             state["time_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            save_checkpoint(path, recipe=recipe, model=model.state_dict(), optimizer=opt.state_dict(),
-                            rng=torch.get_rng_state(), state=state)
+            save_checkpoint(
+                path,
+                recipe=recipe,
+                model=model.state_dict(),
+                optimizer=opt.state_dict(),
+                rng=torch.get_rng_state(),
+                state=state,
+            )
             if not progress:
-                recent = [h["loss"] for h in state["history"][-train.ckpt_every:]]
-                log(f"step {step}/{train.steps}  epoch {step * train.batch_size / n:.3f}  "
+                recent = [h["loss"] for h in state["history"][-train.ckpt_every :]]
+                log(
+                    f"step {step}/{train.steps}  epoch {step * train.batch_size / n:.3f}  "
                     f"train loss {sum(recent) / len(recent):.4f} nats  lr {opt.param_groups[0]['lr']:.2e}  "
-                    f"{t0 - t_log:.1f} s since last line  {state['time_s'] / 3600:.2f} h in all")
+                    f"{t0 - t_log:.1f} s since last line  {state['time_s'] / 3600:.2f} h in all"
+                )
                 t_log = t0
     bar.close()
     done = state["step"]
     tail = state["history"][-25:]
-    stats = {"steps": done, "max_steps": train.steps, "batch_size": train.batch_size,
-             "token_budget": done * train.batch_size * tokens.shape[1], "sequences_seen": done * train.batch_size,
-             "epochs": done * train.batch_size / n, "train_time_s": state["time_s"],
-             "final_train_loss_nats": sum(h["loss"] for h in tail) / len(tail) if tail else float("nan")}
+    stats = {
+        "steps": done,
+        "max_steps": train.steps,
+        "batch_size": train.batch_size,
+        "token_budget": done * train.batch_size * tokens.shape[1],
+        "sequences_seen": done * train.batch_size,
+        "epochs": done * train.batch_size / n,
+        "train_time_s": state["time_s"],
+        "final_train_loss_nats": sum(h["loss"] for h in tail) / len(tail) if tail else float("nan"),
+    }
     if evaluate is not None:
         stats["curve"] = state["curve"]
         stats["stop_reason"] = state.get("stop_reason") or f"step budget reached ({train.steps} steps)"
@@ -571,15 +702,37 @@ def embedded_recipe(quick: bool = False):
     minutes on 2 shared CPU cores and to ship in under 10 MB (fp16).
     """
     K = 64 if quick else 1024
-    vq = VQConfig(codebook_size=K, codebook_embed_dim=8, codebook_l2_norm=True, encoder_ch_mult=[1, 2, 2],
-                  decoder_ch_mult=[1, 2, 2], z_channels=32 if quick else 64, ch=32, num_res_blocks=1,
-                  in_channels=1)
-    gpt = GPTConfig(dim=32 if quick else 192, n_layer=2 if quick else 6, n_head=2 if quick else 6,
-                    multiple_of=32, num_classes=len(CLASSES), class_dropout_prob=0.1, model_type="c2i",
-                    vocab_size=K, cls_token_num=1, block_size=64, rope="2d")
+    vq = VQConfig(
+        codebook_size=K,
+        codebook_embed_dim=8,
+        codebook_l2_norm=True,
+        encoder_ch_mult=[1, 2, 2],
+        decoder_ch_mult=[1, 2, 2],
+        z_channels=32 if quick else 64,
+        ch=32,
+        num_res_blocks=1,
+        in_channels=1,
+    )
+    gpt = GPTConfig(
+        dim=32 if quick else 192,
+        n_layer=2 if quick else 6,
+        n_head=2 if quick else 6,
+        multiple_of=32,
+        num_classes=len(CLASSES),
+        class_dropout_prob=0.1,
+        model_type="c2i",
+        vocab_size=K,
+        cls_token_num=1,
+        block_size=64,
+        rope="2d",
+    )
     if quick:
-        return (vq, VQTrainConfig(steps=4, batch_size=8, warmup=1, dead_after=2, reinit_every=2, ckpt_every=2),
-                gpt, GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2))
+        return (
+            vq,
+            VQTrainConfig(steps=4, batch_size=8, warmup=1, dead_after=2, reinit_every=2, ckpt_every=2),
+            gpt,
+            GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2),
+        )
     return vq, VQTrainConfig(), gpt, GPTTrainConfig()
 
 
@@ -604,12 +757,36 @@ def embedded16_recipe(quick: bool = False):
     vq = replace(vq, codebook_size=K, commit_loss_beta=0.25)
     gpt = replace(gpt, vocab_size=K, block_size=256)
     if quick:
-        return (vq, VQTrainConfig(steps=4, batch_size=8, warmup=1, dead_after=2, reinit_every=2, ckpt_every=2,
-                                  restart_pick="error", bf16=True),
-                gpt, GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2, bf16=True))
-    return (vq, VQTrainConfig(steps=1000, batch_size=32, warmup=50, dead_after=100, reinit_every=25,
-                              restart_pick="error", bf16=True, ckpt_every=25),
-            gpt, GPTTrainConfig(steps=900, batch_size=32, bf16=True, ckpt_every=25))
+        return (
+            vq,
+            VQTrainConfig(
+                steps=4,
+                batch_size=8,
+                warmup=1,
+                dead_after=2,
+                reinit_every=2,
+                ckpt_every=2,
+                restart_pick="error",
+                bf16=True,
+            ),
+            gpt,
+            GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2, bf16=True),
+        )
+    return (
+        vq,
+        VQTrainConfig(
+            steps=1000,
+            batch_size=32,
+            warmup=50,
+            dead_after=100,
+            reinit_every=25,
+            restart_pick="error",
+            bf16=True,
+            ckpt_every=25,
+        ),
+        gpt,
+        GPTTrainConfig(steps=900, batch_size=32, bf16=True, ckpt_every=25),
+    )
 
 
 def embedded16_long_recipe(quick: bool = False):

@@ -21,6 +21,7 @@ Prints a table with the ratios and writes ``benchmarks/results/acceptance.json``
 
     python benchmarks/bench_acceptance.py [--device auto] [--gamma 4] [--k 1000] [--delta 0.4]
 """
+
 from __future__ import annotations
 
 import statistics
@@ -29,9 +30,19 @@ from pathlib import Path
 
 import torch
 
+from ambiguity.cli import (
+    ArgumentParser,
+    add_device_args,
+    add_out_arg,
+    check_out_file,
+    cli_main,
+    device_from_args,
+    finite_float,
+    nonneg_int,
+    positive_int,
+    set_threads,
+)
 from ambiguity.errors import UsageError
-from ambiguity.cli import (ArgumentParser, add_device_args, add_out_arg, check_out_file, cli_main, device_from_args,
-                           finite_float, nonneg_int, positive_int, set_threads)
 from ambiguity.io import write_json
 from ambiguity.models.gpt import GPT
 from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
@@ -147,24 +158,45 @@ def main(argv=None) -> int:
         t_accept_sd = timed(lambda: judge(p, q, drafts, u, None, sd), device, args.repeats * 4)
 
     result = {
-        "device": str(device), "dtype": str(dtype).replace("torch.", ""), "threads": args.threads,
-        "target": "LlamaGen GPT-XL c2i 256 (random weights)", "hidden": config.dim, "layers": config.n_layer,
-        "vocab": V, "gamma": g, "k": args.k, "delta": args.delta, "rows": rows, "position": args.position,
-        "seconds": {"target_forward": t_target, "drafter_forward": t_drafter, "drafter_chain": t_chain,
-                    "p_from_logits": t_p, "build_A": t_build, "accept_lantern": t_accept, "accept_sd": t_accept_sd,
-                    "neighbour_table_once": t_table, "model_build": build_s},
-        "ratios": {"target_forward / build_A": t_target / t_build,
-                   "target_forward / accept_lantern": t_target / t_accept,
-                   "drafter_forward / build_A": t_drafter / t_build,
-                   "drafter_chain / accept_lantern": t_chain / t_accept,
-                   "accept_lantern / accept_sd": t_accept / t_accept_sd},
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "threads": args.threads,
+        "target": "LlamaGen GPT-XL c2i 256 (random weights)",
+        "hidden": config.dim,
+        "layers": config.n_layer,
+        "vocab": V,
+        "gamma": g,
+        "k": args.k,
+        "delta": args.delta,
+        "rows": rows,
+        "position": args.position,
+        "seconds": {
+            "target_forward": t_target,
+            "drafter_forward": t_drafter,
+            "drafter_chain": t_chain,
+            "p_from_logits": t_p,
+            "build_A": t_build,
+            "accept_lantern": t_accept,
+            "accept_sd": t_accept_sd,
+            "neighbour_table_once": t_table,
+            "model_build": build_s,
+        },
+        "ratios": {
+            "target_forward / build_A": t_target / t_build,
+            "target_forward / accept_lantern": t_target / t_accept,
+            "drafter_forward / build_A": t_drafter / t_build,
+            "drafter_chain / accept_lantern": t_chain / t_accept,
+            "accept_lantern / accept_sd": t_accept / t_accept_sd,
+        },
         "paper": "LANTERN App.: building A 9.1x cheaper than a target forward (LlamaGen-XL); goal here >= 100x",
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(result, out)
-    print(f"{result['target']}, {device} {result['dtype']}, {args.threads} threads; γ={g}, k={args.k}, "
-          f"δ={args.delta}, 2 CFG rows, {args.position} image tokens in the cache")
+    print(
+        f"{result['target']}, {device} {result['dtype']}, {args.threads} threads; γ={g}, k={args.k}, "
+        f"δ={args.delta}, 2 CFG rows, {args.position} image tokens in the cache"
+    )
     print(f"{'operation':<34}{'ms':>10}{'target / op':>14}")
     for name, s in result["seconds"].items():
         if name == "model_build":

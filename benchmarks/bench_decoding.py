@@ -32,6 +32,7 @@ configuration and round), ``summary.json`` and ``figures/lantern_sweep.{png,pdf}
 ``--replot benchmarks/results/decoding.parquet`` recomputes the speed columns of a results file
 from its timing rounds and redraws the figure without decoding anything.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,9 +43,21 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_guidance_arg, add_model_args, add_out_arg, add_threads_arg,
-                           check_out_dir, check_out_file, cli_main, device_from_args, float_list,
-                           int_list, positive_int, set_threads)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_guidance_arg,
+    add_model_args,
+    add_out_arg,
+    add_threads_arg,
+    check_out_dir,
+    check_out_file,
+    cli_main,
+    device_from_args,
+    float_list,
+    int_list,
+    positive_int,
+    set_threads,
+)
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
 from ambiguity.models.registry import load_model
@@ -52,9 +65,9 @@ from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig, default_guidance
 from lantern.decoding import DecodeConfig, check_depth, decode, neighbour_table
 from lantern.drafter import load_drafter
-from lantern.replay import target_scores
 from lantern.evaluate import score_images
 from lantern.quality.features import EXTRACTORS
+from lantern.replay import target_scores
 from lantern.timing import interleaved_timing, speedup_table
 from lantern.trees import STATIC_TREES, TreeSpec
 
@@ -63,21 +76,36 @@ QUALITY = ("fid", "kid", "precision", "recall")
 COMMAND = "python benchmarks/bench_decoding.py"
 
 
-def sweep(gamma: int, ks, deltas, lams, static: str, dynamic: TreeSpec, sd_gammas, sd_sizes) -> list[tuple[str, DecodeConfig]]:
+def sweep(
+    gamma: int, ks, deltas, lams, static: str, dynamic: TreeSpec, sd_gammas, sd_sizes
+) -> list[tuple[str, DecodeConfig]]:
     """(name, config) of every configuration of one temperature: AR; the SD control (chain lengths,
     dynamic-tree sizes, the static tree); LANTERN (k x δ) and LANTERN++ (λ) on a chain of
     ``gamma``, the static tree and the dynamic tree."""
     shapes = {"chain": None, "static": TreeSpec("static", STATIC_TREES[static], name=static), "dynamic": dynamic}
     out = [("ar", DecodeConfig.of("ar"))]
     out += [(f"sd-chain{g}", DecodeConfig.of("sd", g)) for g in sd_gammas]
-    out += [(f"sd-dynamic{n}", DecodeConfig.of("sd", tree=TreeSpec("dynamic", total_tokens=n, depth=dynamic.depth,
-                                                                   top_k=dynamic.top_k))) for n in sd_sizes]
+    out += [
+        (
+            f"sd-dynamic{n}",
+            DecodeConfig.of("sd", tree=TreeSpec("dynamic", total_tokens=n, depth=dynamic.depth, top_k=dynamic.top_k)),
+        )
+        for n in sd_sizes
+    ]
     out.append(("sd-static", DecodeConfig.of("sd", tree=shapes["static"])))
     for shape, tree in shapes.items():
-        out += [(f"lantern-{shape}-k{k}-d{d:g}", DecodeConfig.of("lantern", gamma, tree=tree, k=k, delta=d))
-                for k in ks for d in deltas]
-        out += [(f"lantern++-{shape}-k{max(ks)}-l{lam:g}", DecodeConfig.of("lantern++", gamma, tree=tree, k=max(ks), lam=lam))
-                for lam in lams]
+        out += [
+            (f"lantern-{shape}-k{k}-d{d:g}", DecodeConfig.of("lantern", gamma, tree=tree, k=k, delta=d))
+            for k in ks
+            for d in deltas
+        ]
+        out += [
+            (
+                f"lantern++-{shape}-k{max(ks)}-l{lam:g}",
+                DecodeConfig.of("lantern++", gamma, tree=tree, k=max(ks), lam=lam),
+            )
+            for lam in lams
+        ]
     return out
 
 
@@ -85,16 +113,31 @@ def _shape(config: DecodeConfig) -> str:
     return "ar" if config.rule is None else (config.tree.label if config.tree is not None else f"chain{config.gamma}")
 
 
-def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingConfig, conditions,
-               extractors=(), batch_size: int = 1) -> dict:
+def statistics(
+    model,
+    drafter,
+    table,
+    config: DecodeConfig,
+    sampling: SamplingConfig,
+    conditions,
+    extractors=(),
+    batch_size: int = 1,
+) -> dict:
     """One configuration over all conditions: the decode's summary, the quality proxies and, with
     ``extractors``, image quality against the real images (:func:`lantern.evaluate.score_images`:
     FID / KID / precision / recall per extractor). ``batch_size``: images per forward for AR and
     chains (:mod:`lantern.batched`); trees decode one image at a time."""
-    d = decode(model, conditions, config, sampling, drafter if config.speculative else None,
-               table if config.speculative and config.rule.relaxed else None, seed=0,
-               pixels=bool(extractors) and model.can_decode,
-               batch_size=batch_size if config.tree is None or not config.speculative else 1)
+    d = decode(
+        model,
+        conditions,
+        config,
+        sampling,
+        drafter if config.speculative else None,
+        table if config.speculative and config.rule.relaxed else None,
+        seed=0,
+        pixels=bool(extractors) and model.can_decode,
+        batch_size=batch_size if config.tree is None or not config.speculative else 1,
+    )
     s = d.summary()
     _, _, images = d.frames()
     images["codes"] = [t.tolist() for t in d.tokens]
@@ -104,16 +147,27 @@ def statistics(model, drafter, table, config: DecodeConfig, sampling: SamplingCo
         q = score_images(d.pixels, extractors=extractors, conditions=conditions, class_names=model.class_names)
         quality = {m: v["value"] for m, v in q.items() if isinstance(v, dict) and m.split("_")[0] in QUALITY}
     rule = config.rule
-    return {"method": config.method, "shape": _shape(config), "k": rule.k if rule and rule.relaxed else 0,
-            "delta": rule.delta if rule and rule.method in ("lantern", "lantern-jsd") else 0.0,
-            "lam": rule.lam if rule and rule.method == "lantern++" else 1.0, "images": s["images"],
-            "tokens": s["tokens"], "target_forwards": s["target_forwards"], "steps": s["steps"],
-            "acceptance_rate": s["acceptance_rate"], "tau": s["tau"], "accepted_per_step": s["mean_accepted_drafts"],
-            "tokens_per_forward": s["tokens_per_forward"], "out_of_support": s["out_of_support"],
-            "mean_j_star": s["mean_j_star"], "accept_histogram": json.dumps(s["accept_histogram"]),
-            "nll": float(scores["nll"].mean()),
-            "class_consistency": float(scores["consistent"].mean()) if "consistent" in scores else float("nan"),
-            **quality}
+    return {
+        "method": config.method,
+        "shape": _shape(config),
+        "k": rule.k if rule and rule.relaxed else 0,
+        "delta": rule.delta if rule and rule.method in ("lantern", "lantern-jsd") else 0.0,
+        "lam": rule.lam if rule and rule.method == "lantern++" else 1.0,
+        "images": s["images"],
+        "tokens": s["tokens"],
+        "target_forwards": s["target_forwards"],
+        "steps": s["steps"],
+        "acceptance_rate": s["acceptance_rate"],
+        "tau": s["tau"],
+        "accepted_per_step": s["mean_accepted_drafts"],
+        "tokens_per_forward": s["tokens_per_forward"],
+        "out_of_support": s["out_of_support"],
+        "mean_j_star": s["mean_j_star"],
+        "accept_histogram": json.dumps(s["accept_histogram"]),
+        "nll": float(scores["nll"].mean()),
+        "class_consistency": float(scores["consistent"].mean()) if "consistent" in scores else float("nan"),
+        **quality,
+    }
 
 
 def plot_sweep(df: pd.DataFrame, path, title: str = "") -> list:
@@ -122,8 +176,11 @@ def plot_sweep(df: pd.DataFrame, path, title: str = "") -> list:
     speed-up is the ratio of total latencies with the per-round quartiles as bars; the tuned SD
     and AR are horizontal lines; one legend below the panels. PNG + PDF."""
     temps = sorted(df["temperature"].unique())
-    cols = (("tau", "τ (bonus token counted)"), ("speedup", "speed-up vs AR\n(ratio of total latencies)"),
-            ("nll", "target NLL (nats/token)"))
+    cols = (
+        ("tau", "τ (bonus token counted)"),
+        ("speedup", "speed-up vs AR\n(ratio of total latencies)"),
+        ("nll", "target NLL (nats/token)"),
+    )
     markers = "osD^v"
     with plots.style():
         fig, axes = plots.new_figure(len(temps), len(cols), width=8.0, height=2.3 * len(temps) + 0.5, squeeze=False)
@@ -139,9 +196,19 @@ def plot_sweep(df: pd.DataFrame, path, title: str = "") -> list:
                     x = np.arange(len(names)) + (j - (len(shapes) - 1) / 2) * 0.22
                     err = None
                     if col == "speedup" and {"speedup_q25", "speedup_q75"} <= set(s.columns):
-                        err = np.vstack([(s[col] - s["speedup_q25"]).clip(lower=0), (s["speedup_q75"] - s[col]).clip(lower=0)])
-                    h = ax.errorbar(x, s[col], yerr=err, fmt=markers[j % len(markers)], ms=3.5, capsize=1.5,
-                                    elinewidth=0.7, color=plots.color_for(shape, j))
+                        err = np.vstack(
+                            [(s[col] - s["speedup_q25"]).clip(lower=0), (s["speedup_q75"] - s[col]).clip(lower=0)]
+                        )
+                    h = ax.errorbar(
+                        x,
+                        s[col],
+                        yerr=err,
+                        fmt=markers[j % len(markers)],
+                        ms=3.5,
+                        capsize=1.5,
+                        elinewidth=0.7,
+                        color=plots.color_for(shape, j),
+                    )
                     handles.setdefault(shape if shape in ("chain", "dynamic") else f"static tree {shape}", h)
                 for m, ls in (("sd-best", "--"), ("ar", ":")):
                     row = df[(df["temperature"] == t) & (df["config"] == m)]
@@ -150,16 +217,26 @@ def plot_sweep(df: pd.DataFrame, path, title: str = "") -> list:
                         handles.setdefault({"sd-best": "SD, tuned", "ar": "AR"}[m], h)
                 for xb in np.arange(len(names) - 1) + 0.5:  # separate the categories
                     ax.axvline(xb, color="0.9", lw=0.6, zorder=0)
-                ax.set_xticks(range(len(names)), [_setting_label(n) for n in names], rotation=45, ha="right",
-                              fontsize=5.5)
+                ax.set_xticks(
+                    range(len(names)), [_setting_label(n) for n in names], rotation=45, ha="right", fontsize=5.5
+                )
                 ax.set_xlim(-0.6, len(names) - 0.4)
                 ax.set_ylabel(label)
                 ax.set_title(f"temperature {t:g}" + (" (greedy)" if t == 0 else ""), fontsize=7)
-        fig.suptitle(title or "LANTERN (k neighbours, δ) and LANTERN++ (λ) by drafting shape; bars on the speed-up: "
-                              "quartiles of per-round ratios",
-                     fontsize=8)
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles), fontsize=6,
-                   frameon=False)
+        fig.suptitle(
+            title
+            or "LANTERN (k neighbours, δ) and LANTERN++ (λ) by drafting shape; bars on the speed-up: "
+            "quartiles of per-round ratios",
+            fontsize=8,
+        )
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="outside lower center",
+            ncol=len(handles),
+            fontsize=6,
+            frameon=False,
+        )
         return plots.save_figure(fig, path)
 
 
@@ -173,9 +250,20 @@ def _setting_label(setting: str) -> str:
     return setting
 
 
-SPEED_COLUMNS = ("ms_per_image", "ms_per_image_q25", "ms_per_image_q75", "speedup_total", "speedup", "speedup_median",
-                 "speedup_q25", "speedup_q75", "baseline_ms_per_forward", "target_ms_per_forward", "rounds",
-                 "speedup_exceeds_tokens_per_forward")
+SPEED_COLUMNS = (
+    "ms_per_image",
+    "ms_per_image_q25",
+    "ms_per_image_q75",
+    "speedup_total",
+    "speedup",
+    "speedup_median",
+    "speedup_q25",
+    "speedup_q75",
+    "baseline_ms_per_forward",
+    "target_ms_per_forward",
+    "rounds",
+    "speedup_exceeds_tokens_per_forward",
+)
 
 
 def with_speed(stats: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
@@ -183,12 +271,22 @@ def with_speed(stats: pd.DataFrame, timing: pd.DataFrame) -> pd.DataFrame:
     of their temperature's timing rounds, plus the tuned SD control ``sd-best`` (the fastest SD
     configuration of each temperature)."""
     stats = stats[stats["config"] != "sd-best"].drop(columns=[c for c in SPEED_COLUMNS if c in stats.columns])
-    speed = pd.concat([speedup_table(timing[timing["temperature"] == t]).assign(temperature=t)
-                       for t in sorted(timing["temperature"].unique())], ignore_index=True)
+    speed = pd.concat(
+        [
+            speedup_table(timing[timing["temperature"] == t]).assign(temperature=t)
+            for t in sorted(timing["temperature"].unique())
+        ],
+        ignore_index=True,
+    )
     df = stats.merge(speed.drop(columns=["tokens_per_forward"]), on=["temperature", "config"])
     df["speedup_exceeds_tokens_per_forward"] = df["speedup"] > df["tokens_per_forward"]
-    best = [df[(df["temperature"] == t) & (df["method"] == "sd")].sort_values("speedup", ascending=False).head(1)
-            .assign(config="sd-best") for t in sorted(df["temperature"].unique())]
+    best = [
+        df[(df["temperature"] == t) & (df["method"] == "sd")]
+        .sort_values("speedup", ascending=False)
+        .head(1)
+        .assign(config="sd-best")
+        for t in sorted(df["temperature"].unique())
+    ]
     return pd.concat([df] + best, ignore_index=True)
 
 
@@ -210,9 +308,13 @@ def build_parser() -> ArgumentParser:
     add_model_args(ap, dtype=False)
     ap.add_argument("--drafter", default=None, help="default: the shipped drafter of --model")
     ap.add_argument("--num-images", type=positive_int, default=32, help="images per configuration for the statistics")
-    ap.add_argument("--batch-size", type=positive_int, default=1,
-                    help="images per forward for the statistics of AR and chain rows (trees and the timing stay at "
-                         "batch 1; default: 1)")
+    ap.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=1,
+        help="images per forward for the statistics of AR and chain rows (trees and the timing stay at "
+        "batch 1; default: 1)",
+    )
     ap.add_argument("--timing-images", type=positive_int, default=8, help="images per configuration per timing round")
     ap.add_argument("--repeats", type=positive_int, default=5, help="interleaved timing rounds after a warm-up")
     ap.add_argument("--gamma", type=positive_int, default=4, help="chain length of LANTERN's chain rows")
@@ -227,15 +329,22 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--tree-top-k", type=positive_int, default=10)
     ap.add_argument("--sd-gammas", default="1,2,4,6", help="chain lengths of the SD control")
     ap.add_argument("--sd-tree-sizes", default="10,25,59", help="dynamic-tree sizes of the SD control")
-    ap.add_argument("--extractors", default="fmnist",
-                    help="image quality of every configuration's images (lantern.evaluate extractors; '' for none)")
+    ap.add_argument(
+        "--extractors",
+        default="fmnist",
+        help="image quality of every configuration's images (lantern.evaluate extractors; '' for none)",
+    )
     add_threads_arg(ap, 2)
     add_out_arg(ap, "results directory", default=str(ROOT / "benchmarks" / "results" / "decoding"))
     ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
     ap.add_argument("--overwrite", action="store_true")
-    ap.add_argument("--replot", default=None, metavar="PARQUET",
-                    help="only recompute the speed-ups of a results file (e.g. benchmarks/results/decoding.parquet) "
-                         "from its timing rounds and redraw --figure; decodes nothing")
+    ap.add_argument(
+        "--replot",
+        default=None,
+        metavar="PARQUET",
+        help="only recompute the speed-ups of a results file (e.g. benchmarks/results/decoding.parquet) "
+        "from its timing rounds and redraw --figure; decodes nothing",
+    )
     return ap
 
 
@@ -271,8 +380,9 @@ def main(argv=None) -> int:
     table = neighbour_table(model, DecodeConfig.of("lantern", k=max(ks)))
     settings = {k: v for k, v in vars(args).items() if k not in ("overwrite", "figure", "out", "device")}
     settings.update(device=device.type, guidance=guidance, model_facts=model.describe())
-    run = RunDir(out, settings, command=COMMAND, outputs=("decoding.parquet", "timing.parquet", "summary.json")
-                 ).open(args.overwrite)
+    run = RunDir(out, settings, command=COMMAND, outputs=("decoding.parquet", "timing.parquet", "summary.json")).open(
+        args.overwrite
+    )
 
     stats = []
     for t in temps:
@@ -280,9 +390,14 @@ def main(argv=None) -> int:
         for name, config in tqdm(configs, desc=f"statistics T={t:g}", unit="config"):
             part = run.read_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t})
             if part is None:
-                row = {"temperature": t, "config": name,
-                       **statistics(model, drafter, table, config, sampling, conditions, extractors, args.batch_size)}
-                run.write_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t}, tables={"row": pd.DataFrame([row])})
+                row = {
+                    "temperature": t,
+                    "config": name,
+                    **statistics(model, drafter, table, config, sampling, conditions, extractors, args.batch_size),
+                }
+                run.write_part(
+                    f"stats-T{t:g}-{name}", {"config": name, "temperature": t}, tables={"row": pd.DataFrame([row])}
+                )
                 stats.append(row)
             else:
                 stats.append(part.tables["row"].iloc[0].to_dict())
@@ -293,37 +408,71 @@ def main(argv=None) -> int:
     for t in temps:
         sampling = SamplingConfig(guidance=guidance, temperature=t)
         holds = lambda r: {"temperature": t, "round": r}  # noqa: E731
-        done = [p.tables["rows"] for r in range(args.repeats)
-                if (p := run.read_part(f"timing-T{t:g}-r{r}", holds(r))) is not None]
+        done = [
+            p.tables["rows"]
+            for r in range(args.repeats)
+            if (p := run.read_part(f"timing-T{t:g}-r{r}", holds(r))) is not None
+        ]
         save = lambda r, rows, _: run.write_part(f"timing-T{t:g}-r{r}", holds(r), tables={"rows": rows})  # noqa: E731
-        rows = interleaved_timing(model, named, sampling, conditions, [(0, args.timing_images)] * args.repeats,
-                                  drafter, tables, seed=0, progress=True,
-                                  done=pd.concat(done, ignore_index=True) if done else None, on_round=save)
+        rows = interleaved_timing(
+            model,
+            named,
+            sampling,
+            conditions,
+            [(0, args.timing_images)] * args.repeats,
+            drafter,
+            tables,
+            seed=0,
+            progress=True,
+            done=pd.concat(done, ignore_index=True) if done else None,
+            on_round=save,
+        )
         rows_all.append(rows.assign(temperature=t))
     timing_df = pd.concat(rows_all, ignore_index=True)
     df = pd.DataFrame(stats)
     # "chain4" -> "chain", "dynamic(59,4,10)" -> "dynamic"; a static tree keeps its name ("mc_sim_7b_63")
-    df["shape_kind"] = df["shape"].str.replace(r"\(.*\)$", "", regex=True).str.replace(r"^chain\d+$", "chain", regex=True)
+    df["shape_kind"] = (
+        df["shape"].str.replace(r"\(.*\)$", "", regex=True).str.replace(r"^chain\d+$", "chain", regex=True)
+    )
     df["setting"] = df["config"].str.replace(r"^lantern(\+\+)?-(chain|static|dynamic)-", "", regex=True)
     df = with_speed(df, timing_df)  # with the tuned SD control: the fastest SD configuration of each temperature
     write_table(df, out / "decoding.parquet")
     write_table(timing_df, out / "timing.parquet")
     files = plot_sweep(df, args.figure)
     ar_ms = df[df["config"] == "ar"].set_index("temperature")["baseline_ms_per_forward"].to_dict()
-    write_json({"settings": settings, "ar_target_ms_per_forward": ar_ms, "results": df.to_dict(orient="records")},
-               out / "summary.json")
-    shown = ["temperature", "config", "acceptance_rate", "tau", "tokens_per_forward", "ms_per_image", "speedup",
-             "speedup_median", "speedup_q25", "speedup_q75", "nll", "class_consistency", "out_of_support"]
+    write_json(
+        {"settings": settings, "ar_target_ms_per_forward": ar_ms, "results": df.to_dict(orient="records")},
+        out / "summary.json",
+    )
+    shown = [
+        "temperature",
+        "config",
+        "acceptance_rate",
+        "tau",
+        "tokens_per_forward",
+        "ms_per_image",
+        "speedup",
+        "speedup_median",
+        "speedup_q25",
+        "speedup_q75",
+        "nll",
+        "class_consistency",
+        "out_of_support",
+    ]
     shown += [c for c in df.columns if c.split("_")[0] in QUALITY]
-    print(f"{model.name}: statistics on {args.num_images} images, timing on {args.timing_images} images x "
-          f"{args.repeats} interleaved rounds after a warm-up; cfg {guidance:g}, {args.threads} threads on {device}; "
-          f"τ counts the bonus token")
+    print(
+        f"{model.name}: statistics on {args.num_images} images, timing on {args.timing_images} images x "
+        f"{args.repeats} interleaved rounds after a warm-up; cfg {guidance:g}, {args.threads} threads on {device}; "
+        f"τ counts the bonus token"
+    )
     print(f"AR: {', '.join(f'T={t:g} {ms:.2f} ms per target forward' for t, ms in ar_ms.items())}")
     print(df[shown].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     flagged = df[df["speedup_exceeds_tokens_per_forward"]]
     if len(flagged):
-        print(f"note: {len(flagged)} configurations are faster than their tokens per forward explain: "
-              f"{', '.join(flagged['config'])}")
+        print(
+            f"note: {len(flagged)} configurations are faster than their tokens per forward explain: "
+            f"{', '.join(flagged['config'])}"
+        )
     print(f"wrote {out / 'decoding.parquet'}, {out / 'timing.parquet'}, {', '.join(str(f) for f in files)}")
     return 0
 

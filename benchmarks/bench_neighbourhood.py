@@ -22,6 +22,7 @@ float64 distances). Prints a table of seconds and ratios (baseline / ours) and w
 ``benchmarks/results/bench_neighbourhood.json``. CPU heavy (minutes): run it alone, e.g.
 ``nohup python benchmarks/bench_neighbourhood.py > bench.log 2>&1 &``.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,16 @@ import faiss
 import pandas as pd
 import torch
 
-from ambiguity.cli import (ArgumentParser, add_out_arg, add_threads_arg, check_out_file, cli_main, finite_float,
-                           positive_int, set_threads)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_out_arg,
+    add_threads_arg,
+    check_out_file,
+    cli_main,
+    finite_float,
+    positive_int,
+    set_threads,
+)
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 from ambiguity.neighbourhood import _drop_self, _faiss_search, _to_distance, exact_knn
@@ -49,11 +58,11 @@ def official_knn(x: torch.Tensor, k: int, max_bytes: int) -> tuple[torch.Tensor,
     I = torch.empty(n, k, dtype=torch.long)
     D = torch.empty(n, k, dtype=torch.float32)
     for s in range(0, n, rows):
-        d = torch.cdist(x[s: s + rows], x)
+        d = torch.cdist(x[s : s + rows], x)
         r = torch.arange(d.shape[0])
         d[r, r + s] = float("inf")
         v, i = torch.sort(d, dim=1)
-        I[s: s + rows], D[s: s + rows] = i[:, :k], v[:, :k]
+        I[s : s + rows], D[s : s + rows] = i[:, :k], v[:, :k]
         del d, v, i
     how = "full N x N" if rows >= n else f"row blocks of {rows}"
     return I, D, how
@@ -96,9 +105,15 @@ def drop_costs(x: torch.Tensor, k: int) -> dict:
     c3 = time.process_time()
     old, resort_s = timed(lambda: drop_self_resorting(D, cand, rows, k))
     c4 = time.process_time()
-    return {"faiss_s": faiss_s, "drop_s": drop_s, "drop_resort_s": resort_s, "faiss_cpu_s": c1 - c0,
-            "drop_cpu_s": c3 - c2, "drop_resort_cpu_s": c4 - c3,
-            "drop_same_table": bool(torch.equal(new[0], old[0]) and torch.equal(new[1], old[1]))}
+    return {
+        "faiss_s": faiss_s,
+        "drop_s": drop_s,
+        "drop_resort_s": resort_s,
+        "faiss_cpu_s": c1 - c0,
+        "drop_cpu_s": c3 - c2,
+        "drop_resort_cpu_s": c4 - c3,
+        "drop_same_table": bool(torch.equal(new[0], old[0]) and torch.equal(new[1], old[1])),
+    }
 
 
 def same_sets(x: torch.Tensor, ref: torch.Tensor, other: torch.Tensor, rel_tol: float = 1e-4) -> dict:
@@ -137,18 +152,22 @@ def main(argv=None) -> int:
     add_threads_arg(ap, 2)
     ap.add_argument("--official-bytes", type=finite_float, default=4.5e9, help="memory for one official block (bytes)")
     ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn, drop")
-    add_out_arg(ap, "results JSON", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"),
-                metavar="FILE")
+    add_out_arg(
+        ap, "results JSON", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"), metavar="FILE"
+    )
     args = ap.parse_args(argv)
     check_out_file(args.out)
     shapes = [s for s in args.shapes.split(",") if s]
-    bad = [s for s in shapes if s not in SHAPES] + [s for s in args.skip.split(",") if s and s not in ("official", "sklearn", "drop")]
+    bad = [s for s in shapes if s not in SHAPES] + [
+        s for s in args.skip.split(",") if s and s not in ("official", "sklearn", "drop")
+    ]
     if bad or not shapes:
-        raise UsageError(f"unknown --shapes/--skip entry {bad[0] if bad else '(none given)'}; shapes: "
-                         f"{', '.join(SHAPES)}; skip: official, sklearn, drop")
+        raise UsageError(
+            f"unknown --shapes/--skip entry {bad[0] if bad else '(none given)'}; shapes: "
+            f"{', '.join(SHAPES)}; skip: official, sklearn, drop"
+        )
     if any(args.k >= SHAPES[s][0] for s in shapes):
-        raise UsageError(f"--k {args.k} must be smaller than every codebook size "
-                         f"({min(SHAPES[s][0] for s in shapes)})")
+        raise UsageError(f"--k {args.k} must be smaller than every codebook size ({min(SHAPES[s][0] for s in shapes)})")
     if args.threads < 1:
         raise UsageError("--threads must be >= 1 here: the timings are reported for a stated thread count")
     if args.official_bytes < 1e6:
@@ -162,7 +181,7 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     skip = {s for s in args.skip.split(",") if s}
-    exact_knn(torch.randn(64, 4), 8)                              # warm-up: imports, thread pools
+    exact_knn(torch.randn(64, 4), 8)  # warm-up: imports, thread pools
     records = []
     for name in shapes:
         n, d = SHAPES[name]
@@ -172,9 +191,12 @@ def main(argv=None) -> int:
         print(f"{name}: ours {rec['ours_s']:.2f} s", flush=True)
         if "drop" not in skip:
             rec.update(drop_costs(x, args.k))
-            print(f"{name}: faiss {rec['faiss_s']:.2f} s (CPU {rec['faiss_cpu_s']:.2f} s), drop self "
-                  f"{rec['drop_s']:.2f} s (CPU {rec['drop_cpu_s']:.2f} s), re-sorting {rec['drop_resort_s']:.2f} s "
-                  f"(CPU {rec['drop_resort_cpu_s']:.2f} s), same table: {rec['drop_same_table']}", flush=True)
+            print(
+                f"{name}: faiss {rec['faiss_s']:.2f} s (CPU {rec['faiss_cpu_s']:.2f} s), drop self "
+                f"{rec['drop_s']:.2f} s (CPU {rec['drop_cpu_s']:.2f} s), re-sorting {rec['drop_resort_s']:.2f} s "
+                f"(CPU {rec['drop_resort_cpu_s']:.2f} s), same table: {rec['drop_same_table']}",
+                flush=True,
+            )
         if "official" not in skip:
             (Io, Do, how), rec["official_s"] = timed(lambda: official_knn(x, args.k, int(args.official_bytes)))
             rec["official_how"] = how
@@ -195,20 +217,46 @@ def main(argv=None) -> int:
     for m in ("official", "sklearn"):
         if f"{m}_s" in df:
             df[f"{m}/ours"] = df[f"{m}_s"] / df["ours_s"]
-    cols = [c for c in ("codebook", "n", "d", "k", "ours_s", "faiss_s", "drop_s", "drop_resort_s", "official_s", "sklearn_s", "official/ours", "sklearn/ours",
-                        "official_how", "load_before") if c in df]
+    cols = [
+        c
+        for c in (
+            "codebook",
+            "n",
+            "d",
+            "k",
+            "ours_s",
+            "faiss_s",
+            "drop_s",
+            "drop_resort_s",
+            "official_s",
+            "sklearn_s",
+            "official/ours",
+            "sklearn/ours",
+            "official_how",
+            "load_before",
+        )
+        if c in df
+    ]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     for r in records:
         for m in ("official", "sklearn"):
             if f"{m}_check" in r:
                 c = r[f"{m}_check"]
-                print(f"{r['codebook']} vs {m}: {c['rows_differing']} rows differ, {c['rows_not_ties']} not explained "
-                      f"by ties at the k-th distance")
+                print(
+                    f"{r['codebook']} vs {m}: {c['rows_differing']} rows differ, {c['rows_not_ties']} not explained "
+                    f"by ties at the k-th distance"
+                )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-           "threads": args.threads, "torch": torch.__version__, "faiss": faiss.__version__,
-           "note": "shared machine: load averages recorded per codebook"}
+    env = {
+        "machine": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "faiss": faiss.__version__,
+        "note": "shared machine: load averages recorded per codebook",
+    }
     write_json({"env": env, "results": records}, out)
     print(f"wrote {out}")
     ok = all(r.get(f"{m}_check", {}).get("rows_not_ties", 0) == 0 for r in records for m in ("official", "sklearn"))

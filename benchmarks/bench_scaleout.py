@@ -12,6 +12,7 @@ per process (``--same-threads``). Writes ``benchmarks/results/scaleout.json``.
     python benchmarks/bench_scaleout.py --command profile --num-images 64 --repeats 3
     python benchmarks/bench_scaleout.py --command generate --num-images 16 --repeats 3
 """
+
 from __future__ import annotations
 
 import os
@@ -67,8 +68,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--num-images", type=positive_int, default=64)
     ap.add_argument("--procs", type=positive_int, default=2, help="processes under torchrun (default 2)")
     ap.add_argument("--repeats", type=positive_int, default=3, help="timed rounds after the warm-up")
-    ap.add_argument("--same-threads", action="store_true",
-                    help="one thread per process in both (outputs then identical; checked)")
+    ap.add_argument(
+        "--same-threads", action="store_true", help="one thread per process in both (outputs then identical; checked)"
+    )
     add_out_arg(ap, "results JSON", default="benchmarks/results/scaleout.json", metavar="FILE")
     args = ap.parse_args(argv)
     check_out_file(args.out)
@@ -95,19 +97,30 @@ def main(argv: Optional[list[str]] = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     rate = {p: [args.num_images / t for t in ts] for p, ts in times.items()}
     ratio = [b / a for a, b in zip(rate[1], rate[args.procs])]
-    result = {"command": args.command, "num_images": args.num_images, "procs": args.procs,
-              "repeats": args.repeats, "same_threads": args.same_threads, "cpus": os.cpu_count(),
-              "machine": platform.processor() or platform.machine(),
-              "seconds": {str(p): ts for p, ts in times.items()},
-              "images_per_s": {str(p): dict(zip(("q1", "median", "q3"), quartiles(r))) for p, r in rate.items()},
-              "ratio_median": statistics.median(ratio), "ratio_per_round": ratio, "identical_outputs": identical}
+    result = {
+        "command": args.command,
+        "num_images": args.num_images,
+        "procs": args.procs,
+        "repeats": args.repeats,
+        "same_threads": args.same_threads,
+        "cpus": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "seconds": {str(p): ts for p, ts in times.items()},
+        "images_per_s": {str(p): dict(zip(("q1", "median", "q3"), quartiles(r))) for p, r in rate.items()},
+        "ratio_median": statistics.median(ratio),
+        "ratio_per_round": ratio,
+        "identical_outputs": identical,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_json(result, args.out)
     for p in (1, args.procs):
         q1, med, q3 = quartiles(rate[p])
         print(f"{p} process(es): {med:.2f} images/s (quartiles {q1:.2f}-{q3:.2f})")
-    print(f"ratio {args.procs}/1: {result['ratio_median']:.2f} (per round: {', '.join(f'{x:.2f}' for x in ratio)})"
-          + ("" if identical is None else f"; identical outputs: {identical}") + f"  -> {args.out}")
+    print(
+        f"ratio {args.procs}/1: {result['ratio_median']:.2f} (per round: {', '.join(f'{x:.2f}' for x in ratio)})"
+        + ("" if identical is None else f"; identical outputs: {identical}")
+        + f"  -> {args.out}"
+    )
     return 0
 
 

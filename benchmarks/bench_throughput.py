@@ -16,6 +16,7 @@ compare ratios measured in one run, not absolute numbers across runs.
 Writes ``--out``/throughput.parquet (one row per cell and repeat) and throughput.json (medians,
 spreads and the ratios: each method at B against itself at B = 1 and against AR at the same B).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,11 @@ from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
 from lantern.decoding import DecodeConfig, decode, neighbour_table  # noqa: E402
 from lantern.drafter import load_drafter  # noqa: E402
 
-METHODS = {"ar": lambda g, k, d: DecodeConfig.of("ar"), "sd": lambda g, k, d: DecodeConfig.of("sd", g),
-           "lantern": lambda g, k, d: DecodeConfig.of("lantern", g, k=k, delta=d)}
+METHODS = {
+    "ar": lambda g, k, d: DecodeConfig.of("ar"),
+    "sd": lambda g, k, d: DecodeConfig.of("sd", g),
+    "lantern": lambda g, k, d: DecodeConfig.of("lantern", g, k=k, delta=d),
+}
 
 
 def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -> dict:
@@ -51,8 +55,16 @@ def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -
         profile(model, conditions, sampling, batch_size=B, progress=False)
         tau = 1.0
     else:
-        out = decode(model, conditions, config, sampling, drafter if config.speculative else None,
-                     table if config.speculative else None, seed=0, batch_size=B)
+        out = decode(
+            model,
+            conditions,
+            config,
+            sampling,
+            drafter if config.speculative else None,
+            table if config.speculative else None,
+            seed=0,
+            batch_size=B,
+        )
         tau = out.summary()["tau"]
     seconds = time.perf_counter() - t0
     return {"images": n, "seconds": seconds, "images_per_s": n / seconds, "tau": tau}
@@ -91,8 +103,9 @@ def main(argv=None) -> int:
         for name, m, B in cells:
             model, drafter, table, sampling, k = loaded[name]
             n = max(args.images, 2 * B)
-            res = cell(model, drafter, table, m, METHODS.get(m, METHODS["ar"])(args.gamma, k, args.delta), sampling,
-                       B, n)
+            res = cell(
+                model, drafter, table, m, METHODS.get(m, METHODS["ar"])(args.gamma, k, args.delta), sampling, B, n
+            )
             rows.append({"model": name, "method": m, "batch_size": B, "repeat": r, **res})
             print(f"r{r} {name:12s} {m:8s} B={B:3d} {res['images_per_s']:7.2f} img/s  τ={res['tau']:.2f}", flush=True)
     df = pd.DataFrame(rows)
@@ -100,16 +113,26 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "throughput.parquet")
     g = df.groupby(["model", "method", "batch_size"])["images_per_s"]
-    table = pd.DataFrame({"median": g.median(), "min": g.min(), "max": g.max(), "tau": df.groupby(
-        ["model", "method", "batch_size"])["tau"].median()}).reset_index()
+    table = pd.DataFrame(
+        {
+            "median": g.median(),
+            "min": g.min(),
+            "max": g.max(),
+            "tau": df.groupby(["model", "method", "batch_size"])["tau"].median(),
+        }
+    ).reset_index()
     base = table[table["batch_size"] == 1].set_index(["model", "method"])["median"]
     ar = table[table["method"] == "ar"].set_index(["model", "batch_size"])["median"]
     table["vs_batch_1"] = [row.median / base.get((row.model, row.method), np.nan) for row in table.itertuples()]
     table["vs_ar_same_batch"] = [row.median / ar.get((row.model, row.batch_size), np.nan) for row in table.itertuples()]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    summary = {"settings": vars(args), "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "note": "measured on a shared 2-core CPU; compare ratios within this run",
-               "cells": table.to_dict(orient="records")}
+    summary = {
+        "settings": vars(args),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "note": "measured on a shared 2-core CPU; compare ratios within this run",
+        "cells": table.to_dict(orient="records"),
+    }
     (out / "throughput.json").write_text(json.dumps(summary, indent=1, default=float))
     print(f"wrote {out / 'throughput.parquet'}, {out / 'throughput.json'}")
     return 0

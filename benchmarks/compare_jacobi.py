@@ -12,6 +12,7 @@ rate by the target's top-1 probability (:func:`lantern.replay.ambiguity_bins`). 
 ``benchmarks/results/compare_jacobi_<model>.{csv,md}`` and ``figures/compare_jacobi_<model>.{png,pdf}``.
 Wall-clock numbers depend on the machine (and its load); the ratios are what to read.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,11 +46,16 @@ RULE = AcceptanceRule()
 
 def configs() -> dict:
     """The compared methods at the toolkit's defaults (LANTERN k, δ; LANTERN++ λ; official Jacobi knobs)."""
-    return {"ar": DecodeConfig.of("ar"), "sd": DecodeConfig.of("sd", gamma=4),
-            "eagle-2": DecodeConfig.of("sd", tree=TreeSpec()),
-            "lantern": DecodeConfig.of("lantern", gamma=4, k=RULE.k, delta=RULE.delta),
-            "lantern++": DecodeConfig.of("lantern++", gamma=4, k=RULE.k, lam=RULE.lam),
-            "sjd": DecodeConfig.of("sjd"), "gsd": DecodeConfig.of("gsd"), "scd": DecodeConfig.of("scd")}
+    return {
+        "ar": DecodeConfig.of("ar"),
+        "sd": DecodeConfig.of("sd", gamma=4),
+        "eagle-2": DecodeConfig.of("sd", tree=TreeSpec()),
+        "lantern": DecodeConfig.of("lantern", gamma=4, k=RULE.k, delta=RULE.delta),
+        "lantern++": DecodeConfig.of("lantern++", gamma=4, k=RULE.k, lam=RULE.lam),
+        "sjd": DecodeConfig.of("sjd"),
+        "gsd": DecodeConfig.of("gsd"),
+        "scd": DecodeConfig.of("scd"),
+    }
 
 
 def gsd_distortion(model, conditions, sampling, config, seed) -> float:
@@ -57,8 +63,14 @@ def gsd_distortion(model, conditions, sampling, config, seed) -> float:
     vals = []
     for i, c in enumerate(conditions):
         pairs = []
-        jacobi_decode(model, model.make_prompt([c], guided=sampling.guided), sampling, config,
-                      image_generator(seed, i, model.device), pairs=pairs)
+        jacobi_decode(
+            model,
+            model.make_prompt([c], guided=sampling.guided),
+            sampling,
+            config,
+            image_generator(seed, i, model.device),
+            pairs=pairs,
+        )
         p = torch.stack([a for a, _ in pairs]).double()
         q = torch.stack([b for _, b in pairs]).double()
         out = gsd_output_distribution(p, q, config.group, config.prob_gap)
@@ -84,8 +96,9 @@ def main(argv=None) -> int:
         keep = {"ar", *args.only.split(",")}
         cfgs = {k: v for k, v in cfgs.items() if k in keep}
     drafter = load_drafter(model, None)
-    timing = interleaved_timing(model, cfgs, sampling, conditions, [(0, len(conditions))] * args.rounds, drafter,
-                                seed=args.seed, progress=True)
+    timing = interleaved_timing(
+        model, cfgs, sampling, conditions, [(0, len(conditions))] * args.rounds, drafter, seed=args.seed, progress=True
+    )
     speed = speedup_table(timing).set_index("config")
     rows, bins = [], []
     nb = neighbour_table(model, cfgs["lantern"]) if "lantern" in cfgs else None
@@ -98,20 +111,33 @@ def main(argv=None) -> int:
         _, drafts, _ = d.frames()
         if len(drafts):
             bins.append(ambiguity_bins(drafts, "p_top1", np.linspace(0, 1, 11)).assign(method=name))
-        rows.append({"method": name, "tokens_per_forward": s["tokens_per_forward"], "tau": s["tau"],
-                     "acceptance_rate": s["acceptance_rate"], "speedup": speed.loc[name, "speedup"],
-                     "ms_per_image": speed.loc[name, "ms_per_image"]})
+        rows.append(
+            {
+                "method": name,
+                "tokens_per_forward": s["tokens_per_forward"],
+                "tau": s["tau"],
+                "acceptance_rate": s["acceptance_rate"],
+                "speedup": speed.loc[name, "speedup"],
+                "ms_per_image": speed.loc[name, "ms_per_image"],
+            }
+        )
     table = pd.DataFrame(rows).set_index("method")
     table["distortion_tvd"] = 0.0
     if nb is not None and ar_tokens is not None:
         p, q = real_pairs(model, drafter, ar_tokens, conditions, sampling)
-        for name, method, kw in (("lantern", "lantern", dict(delta=RULE.delta)),
-                                 ("lantern++", "lantern++", dict(lam=RULE.lam))):
+        for name, method, kw in (
+            ("lantern", "lantern", dict(delta=RULE.delta)),
+            ("lantern++", "lantern++", dict(lam=RULE.lam)),
+        ):
             if name in table.index:
                 rule = AcceptanceRule(method, k=RULE.k, **kw)
                 n = max(1, (1 << 28) // (24 * p.shape[-1] * RULE.k))  # positions per chunk: ~256 MB working set
-                t = torch.cat([tvd(output_distribution(p[i:i + n], q[i:i + n], nb[:, :RULE.k].cpu(), rule), p[i:i + n])
-                               for i in range(0, len(p), n)])
+                t = torch.cat(
+                    [
+                        tvd(output_distribution(p[i : i + n], q[i : i + n], nb[:, : RULE.k].cpu(), rule), p[i : i + n])
+                        for i in range(0, len(p), n)
+                    ]
+                )
                 table.loc[name, "distortion_tvd"] = float(t.mean())
     if "gsd" in cfgs:
         table.loc["gsd", "distortion_tvd"] = gsd_distortion(model, conditions, sampling, cfgs["gsd"].jacobi, args.seed)
@@ -121,7 +147,8 @@ def main(argv=None) -> int:
     md = table.to_markdown(floatfmt=".3g")
     (out / f"compare_jacobi_{args.model}.md").write_text(
         f"{args.model}: {len(conditions)} images x {args.rounds} interleaved rounds, cfg {sampling.guidance}, "
-        f"temperature 1, batch 1, shared 2-core CPU\n\n{md}\n")
+        f"temperature 1, batch 1, shared 2-core CPU\n\n{md}\n"
+    )
     print(md)
     fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
     x = np.arange(len(table))

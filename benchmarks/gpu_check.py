@@ -18,6 +18,7 @@ downloaded):
 
 Writes a JSON report (``--out``) and prints one line per measurement; every skipped part says why.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ def random_target(smoke: bool, device: torch.device, dtype: torch.dtype) -> Llam
     if smoke:
         config = GPTConfig(dim=64, n_layer=2, n_head=4, vocab_size=256, block_size=64, num_classes=10, multiple_of=32)
     else:
-        config = gpt_config_from_official(preset="GPT-XL", model_type="c2i", block_size=256, vocab_size=16384,
-                                          num_classes=1000, cls_token_num=1)
+        config = gpt_config_from_official(
+            preset="GPT-XL", model_type="c2i", block_size=256, vocab_size=16384, num_classes=1000, cls_token_num=1
+        )
     torch.manual_seed(0)
     gpt = GPT(config)
     torch.nn.init.normal_(gpt.output.weight, 0.0, 0.02)  # the official init zeroes the head (uniform logits)
@@ -85,8 +87,9 @@ def cuda_tests() -> dict:
     if not torch.cuda.is_available():
         return {"skipped": "no CUDA device visible"}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests"], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests"], cwd=ROOT, capture_output=True, text=True
+    )
     tail = (proc.stdout or proc.stderr).strip().splitlines()[-1:] or [""]
     return {"returncode": proc.returncode, "result": tail[0], "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -120,14 +123,22 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", default=None, help="default 1,8,32 (smoke: 1,4)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
     args = ap.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     sizes = [int(b) for b in (args.batch_sizes or ("1,4" if args.smoke else "1,8,32")).split(",")]
     t_start = time.perf_counter()
-    report: dict = {"device": str(device), "dtype": str(dtype), "smoke": args.smoke, "torch": torch.__version__,
-                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    report: dict = {
+        "device": str(device),
+        "dtype": str(dtype),
+        "smoke": args.smoke,
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
     print(f"device {device} ({report['gpu'] or 'no GPU'}), {dtype}", flush=True)
 
     report["cuda_tests"] = cuda_tests() if not args.smoke else {"skipped": "--smoke"}
@@ -138,14 +149,32 @@ def main(argv=None) -> int:
     k = 64 if not args.smoke else 8
     table = random_table(model.vocab_size, k, device)
     sampling = SamplingConfig(guidance=4.0, temperature=1.0)
-    configs = {"ar": DecodeConfig.of("ar"), "lantern-chain": DecodeConfig.of("lantern", 4, k=k, delta=0.2),
-               "lantern-dynamic": DecodeConfig.of("lantern", tree=TreeSpec("dynamic", total_tokens=59 if not args.smoke
-                                                                          else 10, depth=4 if not args.smoke else 2,
-                                                                          top_k=10 if not args.smoke else 3),
-                                                  k=k, delta=0.2)}
-    run = lambda cfg, n, B=1, first=0: decode(model, [i % (model.num_classes or 1) for i in range(n)], cfg, sampling,  # noqa: E731
-                                              drafter if cfg.speculative else None, table, seed=0, first_index=first,
-                                              batch_size=B)
+    configs = {
+        "ar": DecodeConfig.of("ar"),
+        "lantern-chain": DecodeConfig.of("lantern", 4, k=k, delta=0.2),
+        "lantern-dynamic": DecodeConfig.of(
+            "lantern",
+            tree=TreeSpec(
+                "dynamic",
+                total_tokens=59 if not args.smoke else 10,
+                depth=4 if not args.smoke else 2,
+                top_k=10 if not args.smoke else 3,
+            ),
+            k=k,
+            delta=0.2,
+        ),
+    }
+    run = lambda cfg, n, B=1, first=0: decode(
+        model,
+        [i % (model.num_classes or 1) for i in range(n)],
+        cfg,
+        sampling,  # noqa: E731
+        drafter if cfg.speculative else None,
+        table,
+        seed=0,
+        first_index=first,
+        batch_size=B,
+    )
     latency = {}
     for name, cfg in configs.items():
         run(cfg, 1)  # warm-up
@@ -164,8 +193,11 @@ def main(argv=None) -> int:
             print(f"throughput {name:14s} B={B:3d} {n / secs:8.2f} images/s", flush=True)
     report["throughput"] = throughput
 
-    report["faiss_gpu_knn"] = faiss_knn() if not args.smoke and device.type == "cuda" else {
-        "skipped": "--smoke" if args.smoke else "no CUDA device"}
+    report["faiss_gpu_knn"] = (
+        faiss_knn()
+        if not args.smoke and device.type == "cuda"
+        else {"skipped": "--smoke" if args.smoke else "no CUDA device"}
+    )
     print(f"FAISS GPU kNN 16384 x 8: {report['faiss_gpu_knn']}", flush=True)
     report["wall_s"] = round(time.perf_counter() - t_start, 1)
     out = Path(args.out)

@@ -13,6 +13,7 @@ this is what drives the target NLL up in ``bench_decoding.py`` even at δ = 0.05
 
     python benchmarks/probe_distortion.py              # ~1 min on 2 CPU cores
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,8 +22,17 @@ import torch
 
 import lantern.chain as chain
 import lantern.decoding as decoding
-from ambiguity.cli import (ArgumentParser, add_guidance_arg, add_out_arg, check_out_file, cli_main,
-                           float_list, int_list, positive_int, seed_int)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_guidance_arg,
+    add_out_arg,
+    check_out_file,
+    cli_main,
+    float_list,
+    int_list,
+    positive_int,
+    seed_int,
+)
 from ambiguity.io import write_json
 from ambiguity.memory import check_count
 from ambiguity.models.registry import load_model
@@ -47,8 +57,12 @@ def main(argv=None) -> int:
     out = check_out_file(args.out)
 
     model = load_model("embedded", device="cpu")
-    check_count(args.num_images, model.num_tokens * 2 * 4 * model.vocab_size, "--num-images",
-                "the recorded (p, q) pairs (two distributions a token)")
+    check_count(
+        args.num_images,
+        model.num_tokens * 2 * 4 * model.vocab_size,
+        "--num-images",
+        "the recorded (p, q) pairs (two distributions a token)",
+    )
     drafter = load_drafter(model)
     pairs = []
     accept = chain.accept  # the chain decoder looks accept up in its own module
@@ -61,26 +75,61 @@ def main(argv=None) -> int:
     chain.accept = recording_accept
     try:
         conditions = [i % 10 for i in range(args.num_images)]
-        decoding.decode(model, conditions, decoding.DecodeConfig.of("sd", gamma=4), SamplingConfig(guidance=args.cfg),
-                        drafter=drafter, seed=args.seed, progress=True)
+        decoding.decode(
+            model,
+            conditions,
+            decoding.DecodeConfig.of("sd", gamma=4),
+            SamplingConfig(guidance=args.cfg),
+            drafter=drafter,
+            seed=args.seed,
+            progress=True,
+        )
     finally:
         chain.accept = accept
     p = torch.cat([a for a, _ in pairs])
     q = torch.cat([b for _, b in pairs])
     table = decoding.neighbour_table(model, decoding.DecodeConfig.of("lantern", k=max(ks)))
-    rows = [{"k": 0, "delta": 0.0, "what": "TVD(q, p)", "mean": float(tvd(q, p).mean()),
-             "median": float(tvd(q, p).median()), "max": float(tvd(q, p).max())}]
+    rows = [
+        {
+            "k": 0,
+            "delta": 0.0,
+            "what": "TVD(q, p)",
+            "mean": float(tvd(q, p).mean()),
+            "median": float(tvd(q, p).median()),
+            "max": float(tvd(q, p).max()),
+        }
+    ]
     for k in ks:
         for d in deltas:
             t = tvd(output_distribution(p, q, table[:, :k], AcceptanceRule("lantern", k=k, delta=d)), p)
-            rows.append({"k": k, "delta": d, "what": "TVD(out, p)", "mean": float(t.mean()),
-                         "median": float(t.median()), "max": float(t.max())})
+            rows.append(
+                {
+                    "k": k,
+                    "delta": d,
+                    "what": "TVD(out, p)",
+                    "mean": float(t.mean()),
+                    "median": float(t.median()),
+                    "max": float(t.max()),
+                }
+            )
     print(f"embedded, {p.shape[0]} positions (first draft of each SD step), cfg {args.cfg}, temperature 1")
     for r in rows:
-        print(f"{r['what']:12s} k={r['k']:4d} δ={r['delta']:.2f}: mean {r['mean']:.3f}  median {r['median']:.3f}  "
-              f"max {r['max']:.3f}")
-    write_json({"model": "embedded", "positions": int(p.shape[0]), "cfg": args.cfg, "temperature": 1.0,
-                "num_images": args.num_images, "seed": args.seed, "rows": rows}, out)
+        print(
+            f"{r['what']:12s} k={r['k']:4d} δ={r['delta']:.2f}: mean {r['mean']:.3f}  median {r['median']:.3f}  "
+            f"max {r['max']:.3f}"
+        )
+    write_json(
+        {
+            "model": "embedded",
+            "positions": int(p.shape[0]),
+            "cfg": args.cfg,
+            "temperature": 1.0,
+            "num_images": args.num_images,
+            "seed": args.seed,
+            "rows": rows,
+        },
+        out,
+    )
     print(f"wrote {out}")
     return 0
 

@@ -84,10 +84,12 @@ Validation happens at the API edge: every public function checks its inputs (one
 :class:`UsageError`) unless called with ``validate=False``, which the decoder does on every
 step after checking the rule and the table once (:meth:`AcceptanceRule.table_for`).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -132,18 +134,24 @@ class Bound:
     parameter: str
     at_most_one: bool
     spent: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    within: Callable[["AcceptanceRule", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    within: Callable[[AcceptanceRule, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     units: str
 
 
 # method -> its bound (None: lossless speculative sampling). A new relaxed rule is one entry here.
 BOUNDS: dict[str, Optional[Bound]] = {
     "sd": None,
-    "lantern": Bound("delta", True, lambda a, moved: moved, lambda r, a, moved, spent: spent <= r.delta,
-                     "TVD (a probability)"),
+    "lantern": Bound(
+        "delta", True, lambda a, moved: moved, lambda r, a, moved, spent: spent <= r.delta, "TVD (a probability)"
+    ),
     "lantern-jsd": Bound("delta", True, moved_jsd, lambda r, a, moved, spent: spent <= r.delta, "JSD (nats)"),
-    "lantern++": Bound("lam", False, _relative_mass, lambda r, a, moved, spent: moved <= (r.lam - 1.0) * a,
-                       "relative mass S/p(x̂), bounded by λ - 1"),
+    "lantern++": Bound(
+        "lam",
+        False,
+        _relative_mass,
+        lambda r, a, moved, spent: moved <= (r.lam - 1.0) * a,
+        "relative mass S/p(x̂), bounded by λ - 1",
+    ),
 }
 RULES = tuple(BOUNDS)
 
@@ -179,16 +187,19 @@ class AcceptanceRule:
         if self.convention not in CONVENTIONS:
             raise UsageError(f"unknown convention {self.convention!r}; use 'exact' or 'official'")
         if isinstance(self.k, bool) or int(self.k) != self.k or self.k < 0:
-            raise FieldError("AcceptanceRule", "k",
-                             f"must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}")
+            raise FieldError(
+                "AcceptanceRule", "k", f"must be an integer >= 0 (0 disables the latent neighbourhood), got {self.k}"
+            )
         if not 0 <= self.delta < float("inf"):
             raise FieldError("AcceptanceRule", "delta", f"must be >= 0 (0 is lossless), got {self.delta}")
         bound = BOUNDS[self.method]
         if bound is not None and bound.at_most_one and self.delta > 1:
             raise FieldError(
-                "AcceptanceRule", "delta", f"must be <= 1 for method {self.method}, got {self.delta}; "
+                "AcceptanceRule",
+                "delta",
+                f"must be <= 1 for method {self.method}, got {self.delta}; "
                 "for the official code's delta > 1 (a relative bound) use method lantern++ with lam = delta "
-                "(--method lantern++ --lam DELTA)"
+                "(--method lantern++ --lam DELTA)",
             )
         if not 1 <= self.lam < float("inf"):
             raise FieldError("AcceptanceRule", "lam", f"must be >= 1 (1 is lossless), got {self.lam}")
@@ -221,18 +232,24 @@ class AcceptanceRule:
         missing or mis-shaped table."""
         V = int(vocab_size)
         if self.relaxed and self.k >= V:
-            raise UsageError(f"k={self.k} must be smaller than the vocabulary size V={V} (a token has at most V-1 "
-                             f"neighbours); lower k")
+            raise UsageError(
+                f"k={self.k} must be smaller than the vocabulary size V={V} (a token has at most V-1 "
+                f"neighbours); lower k"
+            )
         if not self.relaxed:
             return None
         if neighbours is not None and not isinstance(neighbours, torch.Tensor):
             neighbours = neighbours.indices  # an ambiguity.neighbourhood.Neighbourhoods
         if neighbours is None:
-            raise UsageError(f"method={self.method!r} with k={self.k} needs a neighbour table (V, >= k); build one "
-                             f"with ambiguity.neighbourhood")
+            raise UsageError(
+                f"method={self.method!r} with k={self.k} needs a neighbour table (V, >= k); build one "
+                f"with ambiguity.neighbourhood"
+            )
         if neighbours.ndim != 2 or neighbours.shape[0] != V or neighbours.shape[1] < self.k:
-            raise UsageError(f"neighbour table has shape {tuple(neighbours.shape)}, expected ({V}, >= {self.k}); "
-                             "build it for this codebook with at least k columns")
+            raise UsageError(
+                f"neighbour table has shape {tuple(neighbours.shape)}, expected ({V}, >= {self.k}); "
+                "build it for this codebook with at least k columns"
+            )
         return neighbours.to(device=device, dtype=torch.long)
 
 
@@ -386,7 +403,11 @@ def _beats_lower_indices(p: torch.Tensor, drafts: torch.Tensor, value: torch.Ten
 
 
 def judge_greedy(
-    p: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor | None, rule: AcceptanceRule, validate: bool = True,
+    p: torch.Tensor,
+    draft: torch.Tensor,
+    neighbours: torch.Tensor | None,
+    rule: AcceptanceRule,
+    validate: bool = True,
     proximity_set: Optional[tuple] = None,
 ) -> Verdict:
     """Greedy (temperature 0) verification: is ``x̂`` the argmax once ``p̃(x̂)`` replaces ``p(x̂)``?
@@ -423,8 +444,9 @@ def _point_mass(p: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(p).scatter_(-1, draft.unsqueeze(-1), 1.0)
 
 
-def _official_zap(p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tensor, table: Optional[torch.Tensor],
-                  rule: AcceptanceRule) -> torch.Tensor:
+def _official_zap(
+    p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tensor, table: Optional[torch.Tensor], rule: AcceptanceRule
+) -> torch.Tensor:
     """(..., V) bool: ``B_{k+1}(x̂)`` where ``j* >= 1`` (the official code's zeroed neighbours), else nothing."""
     zap = torch.zeros_like(p, dtype=torch.bool)
     if table is not None:
@@ -433,8 +455,14 @@ def _official_zap(p: torch.Tensor, draft: torch.Tensor, j_star: torch.Tensor, ta
     return zap
 
 
-def _residual(p: torch.Tensor, q: Optional[torch.Tensor], draft: torch.Tensor, j_star: torch.Tensor,
-              table: Optional[torch.Tensor], rule: AcceptanceRule) -> torch.Tensor:
+def _residual(
+    p: torch.Tensor,
+    q: Optional[torch.Tensor],
+    draft: torch.Tensor,
+    j_star: torch.Tensor,
+    table: Optional[torch.Tensor],
+    rule: AcceptanceRule,
+) -> torch.Tensor:
     """The residual of the rule's convention (module docstring); shapes as :func:`residual`."""
     point = q is None
     q = _point_mass(p, draft) if point else q
@@ -449,8 +477,12 @@ def _residual(p: torch.Tensor, q: Optional[torch.Tensor], draft: torch.Tensor, j
 
 
 def residual(
-    p: torch.Tensor, q: Optional[torch.Tensor], draft: torch.Tensor, neighbours: torch.Tensor | None,
-    rule: AcceptanceRule, validate: bool = True,
+    p: torch.Tensor,
+    q: Optional[torch.Tensor],
+    draft: torch.Tensor,
+    neighbours: torch.Tensor | None,
+    rule: AcceptanceRule,
+    validate: bool = True,
 ) -> torch.Tensor:
     """The distribution to sample (or to judge the next sibling against) after rejecting ``draft``:
     (..., V), p's dtype, rows sum to 1.

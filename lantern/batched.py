@@ -40,10 +40,12 @@ split equally among the images active in it, and a prefill's among the images it
 and ``active`` (:mod:`lantern.records`). Draft trees are not batched (``batch_size > 1`` with a
 tree is refused with a UsageError).
 """
+
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -54,8 +56,7 @@ from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows, invert, row_uniforms
 from ambiguity.seeding import image_generator, image_seed
 from ambiguity.stats import entropy, top1_prob
-from lantern.acceptance import AcceptanceRule
-from lantern.acceptance import judge
+from lantern.acceptance import AcceptanceRule, judge
 from lantern.chain import accept
 from lantern.drafter import DraftModel
 from lantern.records import DRAFT_COLUMNS, NEXT_KINDS, STEP_COLUMNS, Decoded
@@ -63,8 +64,19 @@ from lantern.steps import Timer, elapsed_since, target_distribution
 
 __all__ = ["batched_decode", "check_batching"]
 
-_FLOAT_DRAFT = ("p_draft", "q_draft", "p_tilde", "j_star", "spent", "accept_prob", "u", "accepted", "p_top1",
-                "p_entropy", "q_top1")
+_FLOAT_DRAFT = (
+    "p_draft",
+    "q_draft",
+    "p_tilde",
+    "j_star",
+    "spent",
+    "accept_prob",
+    "u",
+    "accepted",
+    "p_top1",
+    "p_entropy",
+    "q_top1",
+)
 _SECTIONS = ("target", "drafter", "acceptance", "proximity")
 
 
@@ -72,14 +84,17 @@ def check_batching(model: TokenModel, drafter: Optional[DraftModel], tree) -> No
     """Raise UsageError (one line) when a decode with ``--batch-size`` > 1 cannot run: a draft tree,
     an adapter without per-image cache positions, or a drafter without :meth:`forward_slots`."""
     if tree is not None:
-        raise UsageError("--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
-                         "use --tree chain or --batch-size 1")
+        raise UsageError(
+            "--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
+            "use --tree chain or --batch-size 1"
+        )
     if not getattr(model, "can_batch_decode", False):
         why = getattr(model, "batch_limit", TokenModel.batch_limit)
         raise UsageError(f"{model.name} cannot decode several images per forward ({why}); use --batch-size 1")
     if drafter is not None and not hasattr(drafter, "forward_slots"):
-        raise UsageError(f"the drafter {type(drafter).__name__} cannot run several images per forward; "
-                         f"use --batch-size 1")
+        raise UsageError(
+            f"the drafter {type(drafter).__name__} cannot run several images per forward; use --batch-size 1"
+        )
 
 
 class _Streams:
@@ -109,8 +124,11 @@ class _Streams:
         of the slot's stream where ``draw`` (k,) bool says so (default all), the argmax elsewhere."""
         draw = np.ones(len(slots), dtype=bool) if draw is None else np.asarray(draw, dtype=bool)
         u = row_uniforms([self.gens[s] for s in slots], draw.astype(int), torch.float64, self.device)
-        out = torch.where(torch.as_tensor(draw, device=probs.device), invert(probs, u[:, 0] if u.shape[1] else
-                                                                            u.new_zeros(len(slots))), probs.argmax(-1))
+        out = torch.where(
+            torch.as_tensor(draw, device=probs.device),
+            invert(probs, u[:, 0] if u.shape[1] else u.new_zeros(len(slots))),
+            probs.argmax(-1),
+        )
         for r, s in enumerate(slots):
             if self.scripted[s] is not None and draw[r]:
                 out[r] = self.scripted[s].categorical(probs[r])
@@ -142,9 +160,19 @@ class _Records:
 
     def add(self, images, step_no, n, g, a, kind, token, seconds: dict, batch_step: int, draft_cols: Optional[dict]):
         k = len(images)
-        row = dict(image=images, step=step_no, position=n, drafted=g, accepted=a, emitted=a + 1,
-                   next_kind=np.asarray(NEXT_KINDS, dtype=object)[kind], next_token=token, drafter_forwards=g,
-                   batch_step=np.full(k, batch_step), active=np.full(k, k))
+        row = dict(
+            image=images,
+            step=step_no,
+            position=n,
+            drafted=g,
+            accepted=a,
+            emitted=a + 1,
+            next_kind=np.asarray(NEXT_KINDS, dtype=object)[kind],
+            next_token=token,
+            drafter_forwards=g,
+            batch_step=np.full(k, batch_step),
+            active=np.full(k, k),
+        )
         for s in _SECTIONS:
             row[f"{s}_s"] = np.full(k, seconds.get(s, 0.0) / max(k, 1))
         self.steps.append(row)
@@ -170,8 +198,12 @@ def _chain_draft_columns(host: dict, images, step_no, n, g, a) -> Optional[dict]
     if not valid.any():
         return None
     rep = lambda x: np.broadcast_to(np.asarray(x)[:, None], valid.shape)[valid]  # noqa: E731 - per image -> per draft
-    cols = {"image": rep(images), "step": rep(step_no), "draft_index": np.broadcast_to(t, valid.shape)[valid],
-            "token": host["token"][valid].astype(np.int64)}
+    cols = {
+        "image": rep(images),
+        "step": rep(step_no),
+        "draft_index": np.broadcast_to(t, valid.shape)[valid],
+        "token": host["token"][valid].astype(np.int64),
+    }
     cols["position"] = rep(n) + cols["draft_index"]
     for c in _FLOAT_DRAFT:
         cols[c] = host[c][valid]
@@ -187,11 +219,22 @@ def _chain_draft_columns(host: dict, images, step_no, n, g, a) -> Optional[dict]
 
 
 @torch.no_grad()
-def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingConfig,
-                   rule: Optional[AcceptanceRule] = None, drafter: Optional[DraftModel] = None,
-                   neighbours: Optional[torch.Tensor] = None, gamma: int = 4, batch_size: int = 8, seed: int = 0,
-                   first_index: int = 0, num_tokens: Optional[int] = None, progress: bool = False,
-                   indices: Optional[Sequence[int]] = None, draws: Optional[dict] = None) -> Decoded:
+def batched_decode(
+    model: TokenModel,
+    conditions: Sequence,
+    sampling: SamplingConfig,
+    rule: Optional[AcceptanceRule] = None,
+    drafter: Optional[DraftModel] = None,
+    neighbours: Optional[torch.Tensor] = None,
+    gamma: int = 4,
+    batch_size: int = 8,
+    seed: int = 0,
+    first_index: int = 0,
+    num_tokens: Optional[int] = None,
+    progress: bool = False,
+    indices: Optional[Sequence[int]] = None,
+    draws: Optional[dict] = None,
+) -> Decoded:
     """Decode one image per condition with up to ``batch_size`` images per forward (module docstring).
 
     rule: None for AR decoding (then drafter, neighbours and gamma are unused), else ``"sd"`` or a
@@ -282,8 +325,9 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
         q = None
         if gmax:
             with timer("drafter"):
-                drafts, q = _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided,
-                                   convention, N)
+                drafts, q = _draft(
+                    model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided, convention, N
+                )
             d = np.where(g > 0, n, d)
         with timer("target"):
             T = gmax + 1
@@ -291,17 +335,39 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
             vin = torch.cat([tokens.gather(1, slots[:, :1]), drafts], 1)
             S = int(n.max()) - 1 + T
             visible = ar[None, None, :S] <= slots[:, :, None]
-            out = model.extend_slots(cache, expand_rows(vin, guided), expand_rows(slots, guided),
-                                     expand_rows(slots.clamp(max=N - 1), guided), expand_rows(visible, guided))
+            out = model.extend_slots(
+                cache,
+                expand_rows(vin, guided),
+                expand_rows(slots, guided),
+                expand_rows(slots.clamp(max=N - 1), guided),
+                expand_rows(visible, guided),
+            )
         with timer("acceptance"):
             p = target_distribution(out.logits, sampling, guided, convention)  # (B, T, V)
             u = None
             if gmax and not greedy:
-                prob = (judge(p[:, :gmax], q, drafts, torch.zeros_like(drafts, dtype=p.dtype), table, judge_rule,
-                              False).accept_prob if any(x is not None for x in streams.scripted) else None)
+                prob = (
+                    judge(
+                        p[:, :gmax], q, drafts, torch.zeros_like(drafts, dtype=p.dtype), table, judge_rule, False
+                    ).accept_prob
+                    if any(x is not None for x in streams.scripted)
+                    else None
+                )
                 u = streams.uniforms(g, p.dtype, prob)
-            res = accept(p, q, drafts, judge_rule, table, greedy, None, validate=False, timer=timer, lengths=g_t, u=u,
-                         choose=lambda probs: streams.categorical(probs, range(B)))
+            res = accept(
+                p,
+                q,
+                drafts,
+                judge_rule,
+                table,
+                greedy,
+                None,
+                validate=False,
+                timer=timer,
+                lengths=g_t,
+                u=u,
+                choose=lambda probs, rows=range(B): streams.categorical(probs, rows),
+            )
             a = res.accepted
             keep = ar[None, :T] <= a[:, None]  # committed: the accepted drafts and the next token
             cand = torch.cat([drafts, res.next_token[:, None]], 1)
@@ -315,8 +381,18 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
         live = np.flatnonzero(active)
         step_of[live] += 1
         imgs = image_of[live]
-        cols = (_chain_draft_columns({c: host[c][live] for c in host if c not in ("a", "kind", "next")},
-                                     index[imgs], step_of[live], n[live], g[live], a_h[live]) if gmax else None)
+        cols = (
+            _chain_draft_columns(
+                {c: host[c][live] for c in host if c not in ("a", "kind", "next")},
+                index[imgs],
+                step_of[live],
+                n[live],
+                g[live],
+                a_h[live],
+            )
+            if gmax
+            else None
+        )
         secs = elapsed_since(timer, before)
         n_before = n.copy()
         n = np.where(active, n + a_h + 1, n)
@@ -325,8 +401,18 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
             fin = torch.as_tensor(finished, device=dev)
             out_tokens[torch.as_tensor(image_of[finished], device=dev)] = tokens[fin, :N]
         wall = time.perf_counter() - t0
-        records.add(index[imgs], step_of[live], n_before[live], g[live], a_h[live], host["kind"][live],
-                    host["next"][live], secs, batch_step, cols)
+        records.add(
+            index[imgs],
+            step_of[live],
+            n_before[live],
+            g[live],
+            a_h[live],
+            host["kind"][live],
+            host["next"][live],
+            secs,
+            batch_step,
+            cols,
+        )
         for s in _SECTIONS:
             per_image[s][imgs] += secs.get(s, 0.0) / len(live)
         per_image["total"][imgs] += wall / len(live)
@@ -353,11 +439,18 @@ def batched_decode(model: TokenModel, conditions: Sequence, sampling: SamplingCo
             B = len(live)
     bar.close()
     steps, drafts_tab = records.tables()
-    images = {"image": index, "condition": np.array([str(c) for c in conds]),
-              "seed": np.array([image_seed(seed, int(i)) for i in index]), "tokens": np.full(len(conds), N),
-              "target_forwards": 1 + counts["steps"], "steps": counts["steps"], "drafted": counts["drafted"],
-              "accepted": counts["accepted"], **{f"{s}_s": per_image[s] for s in _SECTIONS},
-              "total_s": per_image["total"]}
+    images = {
+        "image": index,
+        "condition": np.array([str(c) for c in conds]),
+        "seed": np.array([image_seed(seed, int(i)) for i in index]),
+        "tokens": np.full(len(conds), N),
+        "target_forwards": 1 + counts["steps"],
+        "steps": counts["steps"],
+        "drafted": counts["drafted"],
+        "accepted": counts["accepted"],
+        **{f"{s}_s": per_image[s] for s in _SECTIONS},
+        "total_s": per_image["total"],
+    }
     return Decoded(out_tokens.cpu(), steps, drafts_tab, images, rule.method if rule is not None else "ar", G)
 
 
@@ -380,8 +473,9 @@ def _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, gu
     fin = feats.gather(1, pos_r[..., None].expand(-1, -1, H))
     S = int(d.max()) + Tp
     visible = ar[None, None, :S] <= slots[:, :, None]
-    f = drafter.forward_slots(model, expand_rows(toks, guided), fin, dcache, expand_rows(slots, guided), pos_r,
-                              expand_rows(visible, guided))
+    f = drafter.forward_slots(
+        model, expand_rows(toks, guided), fin, dcache, expand_rows(slots, guided), pos_r, expand_rows(visible, guided)
+    )
     last = expand_rows(torch.as_tensor(pend - 1, device=dev), guided)
     f = f.gather(1, last[:, None, None].expand(-1, 1, H))  # (rows, 1, H): each row's last pending output
     n_t = torch.as_tensor(n, device=dev)
@@ -393,9 +487,16 @@ def _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, gu
         qs.append(q)
         if j + 1 < gmax:
             at = (n_t + j)[:, None]
-            vis = ar[None, None, :int(n.max()) + j + 1] <= at[:, :, None]
-            f = drafter.forward_slots(model, expand_rows(x, guided)[:, None], f, dcache, expand_rows(at, guided),
-                                      expand_rows(at.clamp(max=N - 1), guided), expand_rows(vis, guided))
+            vis = ar[None, None, : int(n.max()) + j + 1] <= at[:, :, None]
+            f = drafter.forward_slots(
+                model,
+                expand_rows(x, guided)[:, None],
+                f,
+                dcache,
+                expand_rows(at, guided),
+                expand_rows(at.clamp(max=N - 1), guided),
+                expand_rows(vis, guided),
+            )
     return torch.stack(xs, 1), torch.stack(qs, 1)
 
 
@@ -409,12 +510,23 @@ def _to_host(res, p, q, drafts, gmax: int, greedy: bool) -> dict:
     if gmax:
         v, pg = res.verdict, p[:, :gmax]
         u = res.u if res.u is not None else torch.full_like(v.p_draft, float("nan"))
-        draft = {"token": drafts, "p_draft": v.p_draft, "q_draft": q.gather(-1, drafts[..., None])[..., 0],
-                 "p_tilde": v.p_tilde, "j_star": v.j_star, "spent": v.spent, "accept_prob": v.accept_prob, "u": u,
-                 "accepted": v.accepted, "p_top1": top1_prob(pg), "p_entropy": entropy(pg), "q_top1": top1_prob(q)}
+        draft = {
+            "token": drafts,
+            "p_draft": v.p_draft,
+            "q_draft": q.gather(-1, drafts[..., None])[..., 0],
+            "p_tilde": v.p_tilde,
+            "j_star": v.j_star,
+            "spent": v.spent,
+            "accept_prob": v.accept_prob,
+            "u": u,
+            "accepted": v.accepted,
+            "p_top1": top1_prob(pg),
+            "p_entropy": entropy(pg),
+            "q_top1": top1_prob(q),
+        }
         parts += [x.double() for x in draft.values()]
     flat = torch.cat([x.reshape(B, -1) for x in parts], 1).cpu().numpy()
     host = {name: flat[:, i].astype(np.int64) for i, name in enumerate(names)}
     for i, name in enumerate(["token", *_FLOAT_DRAFT] if gmax else []):
-        host[name] = flat[:, 3 + i * gmax: 3 + (i + 1) * gmax]
+        host[name] = flat[:, 3 + i * gmax : 3 + (i + 1) * gmax]
     return host

@@ -46,6 +46,7 @@ its head, ``q`` and sampling the drafts; ``acceptance`` = turning target logits 
 the rule (building the proximity sets ``A``), the residual and sampling the next token.
 Record keeping (moving statistics to the CPU) is outside all three, inside ``total_s``.
 """
+
 from __future__ import annotations
 
 import time
@@ -83,9 +84,19 @@ class Acceptance:
     u: Optional[torch.Tensor]
 
 
-def draft(drafter: DraftModel, model: TokenModel, dcache, tokens: torch.Tensor, features: torch.Tensor, start: int,
-          gamma: int, sampling: SamplingConfig, guided: bool,
-          generator: Generators = None, convention: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
+def draft(
+    drafter: DraftModel,
+    model: TokenModel,
+    dcache,
+    tokens: torch.Tensor,
+    features: torch.Tensor,
+    start: int,
+    gamma: int,
+    sampling: SamplingConfig,
+    guided: bool,
+    generator: Generators = None,
+    convention: str = "exact",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draft a chain of ``gamma`` tokens (EAGLE, arXiv 2401.15077, Sec. 4.1).
 
     tokens: (rows, T) int64, the pending positions ``x_start .. x_{start+T-1}`` (T >= 1);
@@ -121,10 +132,20 @@ def verify(model: TokenModel, cache, last: torch.Tensor, drafts: torch.Tensor, g
     return model.extend(cache, expand_rows(torch.cat([last, drafts], 1), guided))
 
 
-def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rule: AcceptanceRule,
-           neighbours: Optional[torch.Tensor], greedy: bool, generator: Generators = None,
-           validate: bool = True, timer: Optional[Timer] = None, lengths: Optional[torch.Tensor] = None,
-           u: Optional[torch.Tensor] = None, choose=None) -> Acceptance:
+def accept(
+    p: torch.Tensor,
+    q: Optional[torch.Tensor],
+    drafts: torch.Tensor,
+    rule: AcceptanceRule,
+    neighbours: Optional[torch.Tensor],
+    greedy: bool,
+    generator: Generators = None,
+    validate: bool = True,
+    timer: Optional[Timer] = None,
+    lengths: Optional[torch.Tensor] = None,
+    u: Optional[torch.Tensor] = None,
+    choose=None,
+) -> Acceptance:
     """Apply the acceptance rule to a chain and draw the next token.
 
     p: (B, γ+1, V) float32 target distributions at the draft positions and the bonus
@@ -154,8 +175,13 @@ def accept(p: torch.Tensor, q: Optional[torch.Tensor], drafts: torch.Tensor, rul
         choose = lambda probs: pick(probs, greedy, generator)  # noqa: E731 - one draw per row
     if g == 0:
         nxt = choose(p[:, 0])
-        return Acceptance(torch.zeros(B, dtype=torch.long, device=p.device), nxt,
-                          torch.zeros(B, dtype=torch.long, device=p.device), None, None)
+        return Acceptance(
+            torch.zeros(B, dtype=torch.long, device=p.device),
+            nxt,
+            torch.zeros(B, dtype=torch.long, device=p.device),
+            None,
+            None,
+        )
     prox = None
     if not validate and timer is not None:  # the decoder (table checked once): time the proximity sets alone
         with timer("proximity"):
@@ -190,10 +216,19 @@ def _uniforms(shape, generator: Generators, like: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def speculative_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, sampling: SamplingConfig,
-                       rule: AcceptanceRule, neighbours: Optional[torch.Tensor] = None, gamma: int = 4,
-                       generator: Generators = None, num_tokens: Optional[int] = None,
-                       image: int = 0, seed: Optional[int] = None) -> Decoded:
+def speculative_decode(
+    model: TokenModel,
+    drafter: DraftModel,
+    prompt: Prompt,
+    sampling: SamplingConfig,
+    rule: AcceptanceRule,
+    neighbours: Optional[torch.Tensor] = None,
+    gamma: int = 4,
+    generator: Generators = None,
+    num_tokens: Optional[int] = None,
+    image: int = 0,
+    seed: Optional[int] = None,
+) -> Decoded:
     """Speculative decoding of one image (module docstring: alignment, rollback, timing).
 
     model: the target; drafter: a :class:`lantern.drafter.DraftModel` for it; prompt: one
@@ -234,27 +269,47 @@ def speculative_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, s
         if g > 0:
             with timer("drafter"):
                 # pending positions d..n-1 get true features h_{d-1}..h_{n-2}; their last output drafts x̂_n
-                drafts, q = draft(drafter, model, dcache, row_tokens(d, n), feats[:, d:n], d, g, sampling, guided,
-                                  generator, rule.convention)
+                drafts, q = draft(
+                    drafter,
+                    model,
+                    dcache,
+                    row_tokens(d, n),
+                    feats[:, d:n],
+                    d,
+                    g,
+                    sampling,
+                    guided,
+                    generator,
+                    rule.convention,
+                )
                 drafter.rollback(dcache, n)  # positions >= n used the drafter's own features: recompute next round
             d = n
         else:
             drafts = tokens.new_empty(1, 0)
         with timer("target"):
             # the target appends [x_{n-1}, x̂_n .. x̂_{n+g-1}]: p for positions n .. n+g (the last is the bonus)
-            out = verify(model, cache, tokens[:, n - 1:n], drafts, guided)
+            out = verify(model, cache, tokens[:, n - 1 : n], drafts, guided)
         with timer("acceptance"):
             p = target_distribution(out.logits, sampling, guided, rule.convention)  # (1, g+1, V)
             res = accept(p, q, drafts, rule, table, greedy, generator, validate=False, timer=timer)
             a = int(res.accepted[0])
-        tokens[:, n:n + a] = drafts[:, :a]
+        tokens[:, n : n + a] = drafts[:, :a]
         tokens[:, n + a] = res.next_token
-        feats[:, n:n + a + 1] = out.hidden[:, :a + 1]  # h_{n-1} .. h_{n+a-1}: true features of what was kept
+        feats[:, n : n + a + 1] = out.hidden[:, : a + 1]  # h_{n-1} .. h_{n+a-1}: true features of what was kept
         with timer("target"):
             model.rollback(cache, n + a)  # keep x_0..x_{n+a-1}; the new token x_{n+a} is fed next round
         kind = NEXT_KINDS[int(res.next_kind[0])]
-        log.add_step(step_no, n, g, a, kind, int(res.next_token[0]), elapsed_since(timer, before),
-                     _draft_columns(p[0, :g], q[0], drafts[0], res) if g else None, drafter_forwards=g)
+        log.add_step(
+            step_no,
+            n,
+            g,
+            a,
+            kind,
+            int(res.next_token[0]),
+            elapsed_since(timer, before),
+            _draft_columns(p[0, :g], q[0], drafts[0], res) if g else None,
+            drafter_forwards=g,
+        )
         n += a + 1
     steps, drafts_tab = log.tables()
     s = timer.seconds
@@ -267,15 +322,32 @@ def _draft_columns(p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, res: 
     when greedy), drafts (γ,)."""
     v = res.verdict
     u = res.u[0] if res.u is not None else torch.full(drafts.shape, float("nan"), device=p.device)
-    return dict(token=drafts, p_draft=v.p_draft[0], q_draft=q.gather(-1, drafts[:, None])[:, 0],
-                p_tilde=v.p_tilde[0], j_star=v.j_star[0], spent=v.spent[0], accept_prob=v.accept_prob[0], u=u,
-                accepted=v.accepted[0], p_top1=top1_prob(p), p_entropy=entropy(p), q_top1=top1_prob(q))
+    return dict(
+        token=drafts,
+        p_draft=v.p_draft[0],
+        q_draft=q.gather(-1, drafts[:, None])[:, 0],
+        p_tilde=v.p_tilde[0],
+        j_star=v.j_star[0],
+        spent=v.spent[0],
+        accept_prob=v.accept_prob[0],
+        u=u,
+        accepted=v.accepted[0],
+        p_top1=top1_prob(p),
+        p_entropy=entropy(p),
+        q_top1=top1_prob(q),
+    )
 
 
 @torch.no_grad()
-def autoregressive_decode(model: TokenModel, prompt: Prompt, sampling: SamplingConfig,
-                          generator: Generators = None, num_tokens: Optional[int] = None,
-                          image: int = 0, seed: Optional[int] = None) -> Decoded:
+def autoregressive_decode(
+    model: TokenModel,
+    prompt: Prompt,
+    sampling: SamplingConfig,
+    generator: Generators = None,
+    num_tokens: Optional[int] = None,
+    image: int = 0,
+    seed: Optional[int] = None,
+) -> Decoded:
     """The baseline: one target forward per token with the KV cache (one condition).
 
     Same random-number use as :func:`ambiguity.generation.sample_tokens`, so the tokens are
@@ -296,7 +368,7 @@ def autoregressive_decode(model: TokenModel, prompt: Prompt, sampling: SamplingC
         before = timer.snapshot()
         if t > 0:
             with timer("target"):
-                out = model.extend(cache, expand_rows(tokens[:, t - 1:t], guided))
+                out = model.extend(cache, expand_rows(tokens[:, t - 1 : t], guided))
         with timer("acceptance"):
             x = pick(distribution(out.logits[:, -1], sampling, guided), greedy, generator)
         tokens[:, t] = x

@@ -1,5 +1,6 @@
 """``python -m lantern.compare``: the former name of :mod:`lantern.drafter_comparison`, kept so that
 old commands and imports work (``lantern.compare`` and ``ambiguity.compare`` were two modules of one name)."""
+
 from __future__ import annotations
 
 from typing import Optional

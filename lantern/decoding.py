@@ -22,10 +22,12 @@ uniforms ``u``, residual and bonus tokens) from its own generator seeded by ``(s
 (:mod:`ambiguity.seeding`); AR decoding of image ``i`` therefore gives the tokens
 ``python -m ambiguity.profile`` generates for image ``i``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -47,11 +49,28 @@ from lantern.steps import Timer, prefill, target_distribution
 from lantern.tree_decoding import tree_decode
 from lantern.trees import TreeSpec
 
-__all__ = ["METHODS", "DEFAULT_METRIC", "DecodeConfig", "neighbour_table", "check_drafter", "check_depth", "check_batch_config",
-           "check_batch_size", "decode",
-           # the loops' pieces, re-exported for one import path
-           "Timer", "Acceptance", "prefill", "target_distribution", "draft", "verify", "accept", "speculative_decode",
-           "autoregressive_decode", "tree_decode"]
+__all__ = [
+    "METHODS",
+    "DEFAULT_METRIC",
+    "DecodeConfig",
+    "neighbour_table",
+    "check_drafter",
+    "check_depth",
+    "check_batch_config",
+    "check_batch_size",
+    "decode",
+    # the loops' pieces, re-exported for one import path
+    "Timer",
+    "Acceptance",
+    "prefill",
+    "target_distribution",
+    "draft",
+    "verify",
+    "accept",
+    "speculative_decode",
+    "autoregressive_decode",
+    "tree_decode",
+]
 
 METHODS = ("ar",) + RULES + JACOBI_METHODS  # sjd / gsd / scd: no drafter, batch 1 (lantern.jacobi)
 DEFAULT_METRIC = "l2"  # the official LANTERN code: Euclidean distance between codebook vectors (torch.cdist)
@@ -81,26 +100,41 @@ class DecodeConfig:
 
     def __post_init__(self):
         if isinstance(self.gamma, bool) or int(self.gamma) != self.gamma or self.gamma < 1:
-            raise FieldError("DecodeConfig", "gamma",
-                             f"(draft tokens per step) must be an integer >= 1, got {self.gamma}")
+            raise FieldError(
+                "DecodeConfig", "gamma", f"(draft tokens per step) must be an integer >= 1, got {self.gamma}"
+            )
         if self.metric not in METRICS:
             raise FieldError("DecodeConfig", "metric", f"must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if self.matrix not in MATRICES:
             raise FieldError("DecodeConfig", "matrix", f"must be one of {', '.join(MATRICES)}, got {self.matrix!r}")
 
     @classmethod
-    def of(cls, method: str = "lantern", gamma: int = 4, metric: str = DEFAULT_METRIC, matrix: str = "codebook",
-           tree: Optional[TreeSpec] = None, jacobi: Optional[dict] = None, **rule) -> "DecodeConfig":
+    def of(
+        cls,
+        method: str = "lantern",
+        gamma: int = 4,
+        metric: str = DEFAULT_METRIC,
+        matrix: str = "codebook",
+        tree: Optional[TreeSpec] = None,
+        jacobi: Optional[dict] = None,
+        **rule,
+    ) -> DecodeConfig:
         """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
         lam, convention), ignored for ``"ar"``; tree: None (a chain of ``gamma``) or a
         :class:`TreeSpec`; jacobi: the :class:`lantern.jacobi.JacobiConfig` fields for ``"sjd"``,
-        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored). Raises UsageError for an unknown method and the rule's own checks."""
+        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored). Raises UsageError for an
+        unknown method and the rule's own checks."""
         if method not in METHODS:
             raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
         if method in JACOBI_METHODS:  # jacobi: the JacobiConfig knobs (window, init, group, ...)
             return cls(None, gamma, metric, matrix, None, JacobiConfig(method, **(jacobi or {})))
-        return cls(None if method == "ar" else AcceptanceRule(method, **rule), gamma, metric, matrix,
-                   None if method == "ar" else tree)
+        return cls(
+            None if method == "ar" else AcceptanceRule(method, **rule),
+            gamma,
+            metric,
+            matrix,
+            None if method == "ar" else tree,
+        )
 
     @property
     def method(self) -> str:
@@ -126,8 +160,14 @@ class DecodeConfig:
         """Flat JSON-able record: method, gamma, metric, matrix, tree and the rule's fields."""
         rule = self.rule.as_dict() if self.rule is not None else (self.jacobi.as_dict() if self.jacobi else {})
         rule.pop("method", None)
-        return {"method": self.method, "gamma": self.gamma, "metric": self.metric, "matrix": self.matrix,
-                "tree": self.tree.as_dict() if self.tree is not None else "chain", **rule}
+        return {
+            "method": self.method,
+            "gamma": self.gamma,
+            "metric": self.metric,
+            "matrix": self.matrix,
+            "tree": self.tree.as_dict() if self.tree is not None else "chain",
+            **rule,
+        }
 
 
 # --------------------------------------------------------------------------- many images
@@ -148,8 +188,10 @@ def neighbour_table(model: TokenModel, config: DecodeConfig, **kwargs) -> Option
     try:
         model.codebook()
     except NotImplementedError:
-        raise UsageError(f"{config.method} needs the VQ codebook of {model.name} for latent neighbourhoods; "
-                         f"load its tokenizer weights or use --method sd") from None
+        raise UsageError(
+            f"{config.method} needs the VQ codebook of {model.name} for latent neighbourhoods; "
+            f"load its tokenizer weights or use --method sd"
+        ) from None
     K = min(rule.k + 1, V - 1) if rule.convention == "official" else rule.k
     nb = model_neighbourhoods(model, K, config.metric, config.matrix, **kwargs)
     return nb.indices.to(model.device)
@@ -162,19 +204,31 @@ def check_depth(config: DecodeConfig, model: TokenModel, num_tokens: Optional[in
     cache and distributions, two rows a node)."""
     N = int(num_tokens or model.num_tokens)
     if config.rule is not None and config.draft_depth > N - 1:
-        what = (f"the tree {config.tree.label} drafts {config.draft_depth} deep" if config.tree is not None
-                else f"--gamma {config.gamma}")
-        raise UsageError(f"{what} but an image of {model.name} has {N} tokens (at most {N - 1} can be drafted); "
-                         f"use a smaller tree (--depth) or --gamma")
+        what = (
+            f"the tree {config.tree.label} drafts {config.draft_depth} deep"
+            if config.tree is not None
+            else f"--gamma {config.gamma}"
+        )
+        raise UsageError(
+            f"{what} but an image of {model.name} has {N} tokens (at most {N - 1} can be drafted); "
+            f"use a smaller tree (--depth) or --gamma"
+        )
     tree = config.tree if config.rule is not None else None
     if tree is None:
         return
     if tree.kind == "dynamic" and tree.top_k > model.vocab_size:
-        raise UsageError(f"--tree-top-k {tree.top_k} exceeds the vocabulary size {model.vocab_size} of {model.name}; "
-                         f"use --tree-top-k {model.vocab_size} or less")
+        raise UsageError(
+            f"--tree-top-k {tree.top_k} exceeds the vocabulary size {model.vocab_size} of {model.name}; "
+            f"use --tree-top-k {model.vocab_size} or less"
+        )
     per_node = 2 * ((kv_bytes_per_token(model) or 0) + 3 * 4 * model.vocab_size)
-    check_count(tree.nodes, per_node, "--total-tokens" if tree.kind == "dynamic" else "the tree's node count",
-                "the key/value cache and distributions of the tree's nodes", device=model.device)
+    check_count(
+        tree.nodes,
+        per_node,
+        "--total-tokens" if tree.kind == "dynamic" else "the tree's node count",
+        "the key/value cache and distributions of the tree's nodes",
+        device=model.device,
+    )
 
 
 def check_batch_size(batch_size) -> None:
@@ -187,8 +241,10 @@ def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
     """Raise UsageError unless ``drafter`` was built for ``model`` (fingerprint, see lantern.drafter)."""
     why = fingerprint_mismatch(getattr(drafter, "target", {}) or {}, target_fingerprint(model))
     if why is not None:
-        raise UsageError(f"drafter was built for {why}, not {model.name}; pass --drafter for this model or train "
-                         f"one with python -m lantern.train_drafter --model {model.name}")
+        raise UsageError(
+            f"drafter was built for {why}, not {model.name}; pass --drafter for this model or train "
+            f"one with python -m lantern.train_drafter --model {model.name}"
+        )
 
 
 def check_batch_config(config: DecodeConfig, batch_size: int) -> None:
@@ -198,17 +254,32 @@ def check_batch_config(config: DecodeConfig, batch_size: int) -> None:
     if batch_size <= 1:
         return
     if config.jacobi is not None:
-        raise UsageError(f"--method {config.method} decodes one image at a time (each image commits its own "
-                         f"Jacobi window); use --batch-size 1")
+        raise UsageError(
+            f"--method {config.method} decodes one image at a time (each image commits its own "
+            f"Jacobi window); use --batch-size 1"
+        )
     if config.rule is not None and config.tree is not None:
-        raise UsageError("--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
-                         "use --tree chain or --batch-size 1")
+        raise UsageError(
+            "--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
+            "use --tree chain or --batch-size 1"
+        )
 
 
-def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampling: SamplingConfig,
-           drafter: Optional[DraftModel] = None, neighbours: Optional[torch.Tensor] = None, seed: int = 0,
-           num_tokens: Optional[int] = None, pixels: bool = False, progress: bool = False,
-           first_index: int = 0, batch_size: int = 1, indices: Optional[Sequence[int]] = None) -> Decoded:
+def decode(
+    model: TokenModel,
+    conditions: Sequence,
+    config: DecodeConfig,
+    sampling: SamplingConfig,
+    drafter: Optional[DraftModel] = None,
+    neighbours: Optional[torch.Tensor] = None,
+    seed: int = 0,
+    num_tokens: Optional[int] = None,
+    pixels: bool = False,
+    progress: bool = False,
+    first_index: int = 0,
+    batch_size: int = 1,
+    indices: Optional[Sequence[int]] = None,
+) -> Decoded:
     """Decode one image per condition; image ``i`` draws from its own stream.
 
     batch_size: 1 decodes one image after another (the loops of :mod:`lantern.chain` and
@@ -226,7 +297,8 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
     :func:`ambiguity.seeding.image_generator` ``(seed, i)``, so the same seed and condition give
     the same random stream for every method (an AR image and a LANTERN image of one index are
     comparable) and for every batching or sharding of the run; indices: the image index of each
-    condition when they are not ``first_index, first_index + 1, ...`` (a resumed or sharded run). Returns the concatenated
+    condition when they are not ``first_index, first_index + 1, ...`` (a resumed or sharded run).
+    Returns the concatenated
     :class:`~lantern.records.Decoded`. Raises UsageError for a missing or mismatched drafter, a
     batch size below 1, a batch that does not fit in memory or a model that cannot batch.
     """
@@ -245,14 +317,36 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
         check_batch_config(config, batch_size)
         check_batching(model, drafter if rule is not None else None, config.tree if rule is not None else None)
         N = int(num_tokens or model.num_tokens)
-        check_batch(model, min(batch_size, len(conditions)), N + config.draft_depth + 1 + PREFIX_ROOM, "--batch-size",
-                    1 + sampling.guided)
-        result = batched_decode(model, conditions, sampling, rule, drafter, neighbours, config.gamma, batch_size, seed,
-                                first_index, num_tokens, progress, indices)
+        check_batch(
+            model,
+            min(batch_size, len(conditions)),
+            N + config.draft_depth + 1 + PREFIX_ROOM,
+            "--batch-size",
+            1 + sampling.guided,
+        )
+        result = batched_decode(
+            model,
+            conditions,
+            sampling,
+            rule,
+            drafter,
+            neighbours,
+            config.gamma,
+            batch_size,
+            seed,
+            first_index,
+            num_tokens,
+            progress,
+            indices,
+        )
         if pixels:
             h, w = model.grid
-            result.pixels = torch.cat([model.decode_codes(chunk.view(-1, h, w).to(model.device)).cpu()
-                                       for chunk in result.tokens.split(batch_size)])
+            result.pixels = torch.cat(
+                [
+                    model.decode_codes(chunk.view(-1, h, w).to(model.device)).cpu()
+                    for chunk in result.tokens.split(batch_size)
+                ]
+            )
         result.settings = {**config.as_dict(), **{f"sampling_{k}": v for k, v in sampling.as_dict().items()}}
         return result
     parts = []
@@ -261,15 +355,39 @@ def decode(model: TokenModel, conditions: Sequence, config: DecodeConfig, sampli
         prompt = model.make_prompt([c], guided=sampling.guided)
         gen = image_generator(seed, i, model.device)
         if config.jacobi is not None:
-            out = jacobi_decode(model, prompt, sampling, config.jacobi, gen, num_tokens, image=i, seed=image_seed(seed, i))
+            out = jacobi_decode(
+                model, prompt, sampling, config.jacobi, gen, num_tokens, image=i, seed=image_seed(seed, i)
+            )
         elif rule is None:
             out = autoregressive_decode(model, prompt, sampling, gen, num_tokens, image=i, seed=image_seed(seed, i))
         elif config.tree is None:
-            out = speculative_decode(model, drafter, prompt, sampling, rule, neighbours, config.gamma, gen,
-                                     num_tokens, image=i, seed=image_seed(seed, i))
+            out = speculative_decode(
+                model,
+                drafter,
+                prompt,
+                sampling,
+                rule,
+                neighbours,
+                config.gamma,
+                gen,
+                num_tokens,
+                image=i,
+                seed=image_seed(seed, i),
+            )
         else:
-            out = tree_decode(model, drafter, prompt, sampling, rule, neighbours, config.tree, gen, num_tokens,
-                              image=i, seed=image_seed(seed, i))
+            out = tree_decode(
+                model,
+                drafter,
+                prompt,
+                sampling,
+                rule,
+                neighbours,
+                config.tree,
+                gen,
+                num_tokens,
+                image=i,
+                seed=image_seed(seed, i),
+            )
         if pixels:
             h, w = model.grid
             out.pixels = model.decode_codes(out.tokens.view(1, h, w).to(model.device)).cpu()

@@ -13,9 +13,10 @@ from p. This module measures that distance with no sampling:
 * :func:`distortion_table` — ``TVD(out, p)`` of one verification step for each (k, δ)
   (:func:`lantern.acceptance.output_distribution`), next to ``TVD(q, p)``.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -32,9 +33,16 @@ __all__ = ["real_pairs", "distortion_table"]
 
 
 @torch.no_grad()
-def real_pairs(model: TokenModel, drafter: DraftModel, tokens: torch.Tensor, conditions: Sequence,
-               sampling: SamplingConfig, convention: str = "exact", batch_size: int = 8,
-               positions: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+def real_pairs(
+    model: TokenModel,
+    drafter: DraftModel,
+    tokens: torch.Tensor,
+    conditions: Sequence,
+    sampling: SamplingConfig,
+    convention: str = "exact",
+    batch_size: int = 8,
+    positions: slice = slice(None),
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Target and drafter distributions at every position of given sequences.
 
     tokens: (B, N) int64 code indices (raster order); conditions: B labels or captions;
@@ -43,13 +51,14 @@ def real_pairs(model: TokenModel, drafter: DraftModel, tokens: torch.Tensor, con
     the N - 1 predicted positions (1 .. N-1) to keep. Returns (p, q), each (B * n, V) float32.
     """
     if sampling.greedy:
-        sampling = SamplingConfig(guidance=sampling.guidance, temperature=1.0, top_k=sampling.top_k,
-                                  top_p=sampling.top_p)
+        sampling = SamplingConfig(
+            guidance=sampling.guidance, temperature=1.0, top_k=sampling.top_k, top_p=sampling.top_p
+        )
     guided = sampling.guided
     ps, qs = [], []
     for s in range(0, len(tokens), batch_size):
-        x = tokens[s:s + batch_size].to(model.device)
-        prompt = model.make_prompt(list(conditions[s:s + batch_size]), guided=guided)
+        x = tokens[s : s + batch_size].to(model.device)
+        prompt = model.make_prompt(list(conditions[s : s + batch_size]), guided=guided)
         rows = expand_rows(x, guided)
         step = model.teacher_force(prompt, rows)  # hidden[:, t] predicts x_t
         p = target_distribution(step.logits[:, 1:], sampling, guided, convention)  # (b, N-1, V): x_1 .. x_{N-1}
@@ -60,9 +69,17 @@ def real_pairs(model: TokenModel, drafter: DraftModel, tokens: torch.Tensor, con
     return torch.cat(ps), torch.cat(qs)
 
 
-def distortion_table(p: torch.Tensor, q: torch.Tensor, neighbours: torch.Tensor, ks: Sequence[int],
-                     deltas: Sequence[float], method: str = "lantern", convention: str = "exact",
-                     chunk: int = 256, max_bytes: int = 1 << 30) -> pd.DataFrame:
+def distortion_table(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    neighbours: torch.Tensor,
+    ks: Sequence[int],
+    deltas: Sequence[float],
+    method: str = "lantern",
+    convention: str = "exact",
+    chunk: int = 256,
+    max_bytes: int = 1 << 30,
+) -> pd.DataFrame:
     """Exact per-step distortion of a relaxed rule on (p, q) pairs (P, V).
 
     neighbours: (V, >= max(ks)) int64 table (nearest first). Returns one row per (k, δ) with
@@ -72,18 +89,28 @@ def distortion_table(p: torch.Tensor, q: torch.Tensor, neighbours: torch.Tensor,
     when its (chunk, V, k) working set (and (chunk, V, V) for ``"official"``) would pass
     ``max_bytes`` (bytes; at least one position): at V = 16384, k = 1000 that is 2 positions.
     """
+
     def stats(t: torch.Tensor) -> dict:
         v = t.double().numpy()
-        return {"mean": float(v.mean()), "median": float(np.median(v)), "q90": float(np.quantile(v, 0.9)),
-                "max": float(v.max()), "positions": int(v.size)}
+        return {
+            "mean": float(v.mean()),
+            "median": float(np.median(v)),
+            "q90": float(np.quantile(v, 0.9)),
+            "max": float(v.max()),
+            "positions": int(v.size),
+        }
 
     rows = [{"what": "TVD(q, p)", "k": 0, "delta": 0.0, **stats(tvd(q, p))}]
     for k in ks:
         for d in deltas:
             rule = AcceptanceRule(method, k=int(k), delta=float(d), convention=convention)
             n = _positions_per_chunk(p.shape[-1], int(k), convention, chunk, max_bytes)
-            t = torch.cat([tvd(output_distribution(p[i:i + n], q[i:i + n], neighbours[:, :k], rule), p[i:i + n])
-                           for i in range(0, len(p), n)])
+            t = torch.cat(
+                [
+                    tvd(output_distribution(p[i : i + n], q[i : i + n], neighbours[:, :k], rule), p[i : i + n])
+                    for i in range(0, len(p), n)
+                ]
+            )
             rows.append({"what": "TVD(out, p)", "k": int(k), "delta": float(d), **stats(t)})
     return pd.DataFrame(rows)
 

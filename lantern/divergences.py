@@ -20,6 +20,7 @@ gives the JSD of every prefix at once. ``dJSD/dS = ½ ln 2 + ½ ln((a+S)/(a+S/2)
 grows with ``S`` (and hence with the prefix length). ``a = 0`` gives ``S ln 2``; ``S = 1`` with
 ``a = 0`` reaches the maximum ``ln 2``.
 """
+
 from __future__ import annotations
 
 import math

@@ -24,6 +24,7 @@ matching row.
 Files are safetensors (``fc.*``, ``layer.*``) with the config, the target fingerprint
 (:func:`target_fingerprint`) and training information as JSON metadata.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,18 @@ from ambiguity.models.base import DraftLayer, TokenModel
 from ambiguity.models.checkpoints import check_finite, load_strict, read_safetensors
 from ambiguity.seeding import FINGERPRINT_PROBE_SEED
 
-__all__ = ["DraftModel", "Drafter", "load_drafter", "target_fingerprint", "fingerprint_mismatch",
-           "shipped_drafter_path", "accuracy_table_path", "shipped_accuracy_path", "WEIGHTS_DIR", "FORMAT"]
+__all__ = [
+    "DraftModel",
+    "Drafter",
+    "load_drafter",
+    "target_fingerprint",
+    "fingerprint_mismatch",
+    "shipped_drafter_path",
+    "accuracy_table_path",
+    "shipped_accuracy_path",
+    "WEIGHTS_DIR",
+    "FORMAT",
+]
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 FORMAT = "lantern-eagle-drafter/1"
@@ -85,9 +96,16 @@ class DraftModel(Protocol):
 
     def rollback(self, cache: Any, n: int) -> None: ...
 
-    def __call__(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any = None,
-                 start: int = 0, positions: Optional[torch.Tensor] = None,
-                 attend: Optional[torch.Tensor] = None) -> torch.Tensor: ...
+    def __call__(
+        self,
+        model: TokenModel,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        cache: Any = None,
+        start: int = 0,
+        positions: Optional[torch.Tensor] = None,
+        attend: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor: ...
 
     def logits(self, model: TokenModel, features: torch.Tensor) -> torch.Tensor: ...
 
@@ -96,8 +114,10 @@ def _draft_layer(model: TokenModel) -> DraftLayer:
     try:
         return model.draft_layer()
     except NotImplementedError:
-        raise UsageError(f"{model.name} has no drafter layer (its adapter lacks draft_layer()); "
-                         f"use a model whose adapter exposes hidden states and a decoder layer") from None
+        raise UsageError(
+            f"{model.name} has no drafter layer (its adapter lacks draft_layer()); "
+            f"use a model whose adapter exposes hidden states and a decoder layer"
+        ) from None
 
 
 def _train_hint(name: str) -> str:
@@ -121,10 +141,16 @@ def target_fingerprint(model: TokenModel) -> dict:
     logits = model.head(probe.to(model.device, model.dtype)[None])[0].float().cpu()
     at = torch.linspace(0, V - 1, _PROBES).round().long()
     emb = model.embed(torch.tensor([[V // 2]], device=model.device))[0, 0, :_PROBES].float().cpu()
-    return {"name": model.name, "kind": model.kind, "hidden_size": int(H), "vocab_size": int(V),
-            "grid": [int(g) for g in model.grid], "num_classes": model.num_classes,
-            "head_probe": [round(float(v), 6) for v in logits[at]],
-            "embed_probe": [round(float(v), 6) for v in emb]}
+    return {
+        "name": model.name,
+        "kind": model.kind,
+        "hidden_size": int(H),
+        "vocab_size": int(V),
+        "grid": [int(g) for g in model.grid],
+        "num_classes": model.num_classes,
+        "head_probe": [round(float(v), 6) for v in logits[at]],
+        "embed_probe": [round(float(v), 6) for v in emb],
+    }
 
 
 def _close(a: list, b: list) -> bool:
@@ -174,8 +200,7 @@ class Drafter(nn.Module):
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def for_target(cls, model: TokenModel, dtype: Optional[torch.dtype] = None,
-                   seed: Optional[int] = None) -> "Drafter":
+    def for_target(cls, model: TokenModel, dtype: Optional[torch.dtype] = None, seed: Optional[int] = None) -> Drafter:
         """A freshly initialised drafter for ``model`` on its device, in ``dtype`` (default the
         model's). ``seed`` makes the initialisation reproducible without touching the global RNG.
 
@@ -210,9 +235,16 @@ class Drafter(nn.Module):
         self.layer.rollback(cache, n)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any = None,
-                start: int = 0, positions: Optional[torch.Tensor] = None,
-                attend: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        model: TokenModel,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        cache: Any = None,
+        start: int = 0,
+        positions: Optional[torch.Tensor] = None,
+        attend: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Predicted features for ``T`` consecutive image-token positions.
 
         Args:
@@ -239,8 +271,16 @@ class Drafter(nn.Module):
         """Keep only the rows ``rows`` (int64) of a batched decode's drafter cache (a draining batch)."""
         cache.select_rows(rows.to(self.device))
 
-    def forward_slots(self, model: TokenModel, tokens: torch.Tensor, features: torch.Tensor, cache: Any,
-                      slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    def forward_slots(
+        self,
+        model: TokenModel,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        cache: Any,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
         """Batched decoding: every row runs T positions at its own cache slots (rows, T) int64 and
         rotary positions (rows, T), seeing the slots ``visible`` (rows, T, S) bool allows (see
         :meth:`ambiguity.models.base.DraftLayer.forward_slots`); tokens (rows, T), features
@@ -261,17 +301,22 @@ class Drafter(nn.Module):
         atomically, with the config, target fingerprint and ``self.info`` (updated by ``info``)
         as JSON metadata. Returns the path."""
         self.info.update(info)
-        state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach())
-                 for k, v in self.state_dict().items()}
-        meta = {"format": FORMAT, "config": {"hidden_size": self.hidden_size, "layer": type(self.layer).__name__,
-                                             "fc_bias": True},
-                "target": self.target, "training": self.info, "dtype": str(dtype).replace("torch.", "")}
+        state = {
+            k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()) for k, v in self.state_dict().items()
+        }
+        meta = {
+            "format": FORMAT,
+            "config": {"hidden_size": self.hidden_size, "layer": type(self.layer).__name__, "fc_bias": True},
+            "target": self.target,
+            "training": self.info,
+            "dtype": str(dtype).replace("torch.", ""),
+        }
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         return save_tensors(state, path, meta)
 
     @classmethod
-    def load(cls, path: str | Path, model: TokenModel) -> "Drafter":
+    def load(cls, path: str | Path, model: TokenModel) -> Drafter:
         """Rebuild a drafter written by :meth:`save` for ``model`` (on its device and dtype).
 
         Raises UsageError when the file is absent or unreadable, is not a drafter file, or was
@@ -305,6 +350,8 @@ def load_drafter(model: TokenModel, path: str | Path | None = None) -> Drafter:
     if path is None:
         path = shipped_drafter_path(model.name)
         if not path.is_file():
-            raise UsageError(f"no drafter is shipped for {model.name} (looked for {path}); "
-                             f"{_train_hint(model.name)} and pass --drafter FILE")
+            raise UsageError(
+                f"no drafter is shipped for {model.name} (looked for {path}); "
+                f"{_train_hint(model.name)} and pass --drafter FILE"
+            )
     return Drafter.load(path, model)

@@ -6,6 +6,7 @@ The same command as ``python -m ambiguity.compare`` (all its options), with the 
 table of each model's shipped drafter (``lantern/weights/<model>_drafter_accuracy.parquet``)
 found automatically; ``--drafter-accuracy MODEL=FILE`` still overrides it.
 """
+
 from __future__ import annotations
 
 from typing import Optional

@@ -30,13 +30,15 @@ with ``h_j`` = the hidden state at the position of ``x_j``: ``hidden[:, t] = h_{
 Sec. 4.2). A fraction of the sequences also runs through the unconditional (CFG) stream, so the
 drafter learns the null-condition features it meets on the unconditional rows under guidance.
 """
+
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -53,10 +55,26 @@ from ambiguity.models.base import TokenModel
 from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.seeding import holdout_seed, image_generators, uncond_rows_seed
 
-__all__ = ["TokenSet", "save_token_file", "load_token_file", "read_conditions", "check_tokens",
-           "fashion_mnist_tokens", "self_generate", "split_holdout", "teacher_forced_rows", "training_inputs",
-           "build_feature_cache", "shard_rows", "iterate_batches", "feature_dtype", "token_digest", "save_token_part",
-           "load_token_part", "mix_token_sets"]
+__all__ = [
+    "TokenSet",
+    "save_token_file",
+    "load_token_file",
+    "read_conditions",
+    "check_tokens",
+    "fashion_mnist_tokens",
+    "self_generate",
+    "split_holdout",
+    "teacher_forced_rows",
+    "training_inputs",
+    "build_feature_cache",
+    "shard_rows",
+    "iterate_batches",
+    "feature_dtype",
+    "token_digest",
+    "save_token_part",
+    "load_token_part",
+    "mix_token_sets",
+]
 
 
 @dataclass
@@ -77,13 +95,15 @@ class TokenSet:
         if self.tokens.dim() != 2:
             raise UsageError(f"token sequences must be a 2-D (N, h*w) array, got shape {tuple(self.tokens.shape)}")
         if len(self.conditions) != self.tokens.shape[0]:
-            raise UsageError(f"{self.tokens.shape[0]} token sequences but {len(self.conditions)} conditions; "
-                             f"give one condition per sequence")
+            raise UsageError(
+                f"{self.tokens.shape[0]} token sequences but {len(self.conditions)} conditions; "
+                f"give one condition per sequence"
+            )
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
-    def subset(self, index: torch.Tensor | Sequence[int]) -> "TokenSet":
+    def subset(self, index: torch.Tensor | Sequence[int]) -> TokenSet:
         """The sequences at ``index`` (int positions), in that order."""
         idx = torch.as_tensor(index, dtype=torch.long)
         return TokenSet(self.tokens[idx], [self.conditions[i] for i in idx.tolist()], self.source, dict(self.info))
@@ -124,7 +144,7 @@ def save_token_file(ts: TokenSet, path: str | Path, **metadata) -> Path:
     """Write ``ts`` as a token file (safetensors, atomically): ``tokens`` (int32 when the codes
     fit, else int64), ``labels`` when all conditions are ints, else metadata ``conditions``."""
     top = int(ts.tokens.max()) if ts.tokens.numel() else 0
-    tokens = ts.tokens.to(torch.int32) if top < 2 ** 31 - 1 else ts.tokens
+    tokens = ts.tokens.to(torch.int32) if top < 2**31 - 1 else ts.tokens
     tensors = {"tokens": tokens}
     meta = {"source": ts.source, **ts.info, **metadata}
     if all(isinstance(c, int) for c in ts.conditions):
@@ -195,19 +215,23 @@ def load_token_file(path: str | Path, conditions_file: str | Path | None = None)
     except UsageError:
         raise
     except Exception as exc:
-        raise UsageError(f"cannot read token file {path} ({type(exc).__name__}: {exc}); "
-                         f"see lantern.drafter_data for the format") from None
+        raise UsageError(
+            f"cannot read token file {path} ({type(exc).__name__}: {exc}); see lantern.drafter_data for the format"
+        ) from None
     if tokens is None:
         raise UsageError(f"token file {path} has no 'tokens' array of shape (N, h*w)")
     tokens = torch.as_tensor(tokens)
     if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise UsageError(f"token file {path} holds {str(tokens.dtype).replace('torch.', '')} tokens; tokens must be "
-                         f"integer code indices")
+        raise UsageError(
+            f"token file {path} holds {str(tokens.dtype).replace('torch.', '')} tokens; tokens must be "
+            f"integer code indices"
+        )
     if conditions_file is not None:
         conds = read_conditions(conditions_file)
     if conds is None:
-        raise UsageError(f"token file {path} holds no conditions; "
-                         f"pass --conditions FILE (one class label or caption a line)")
+        raise UsageError(
+            f"token file {path} holds no conditions; pass --conditions FILE (one class label or caption a line)"
+        )
     return TokenSet(tokens, conds, source=str(path), info=info)
 
 
@@ -221,8 +245,10 @@ def check_tokens(ts: TokenSet, model: TokenModel) -> None:
         raise UsageError(f"sequences have {L} tokens; {model.name} takes 2..{model.num_tokens} image tokens a sequence")
     lo, hi = int(ts.tokens.min()), int(ts.tokens.max())
     if lo < 0 or hi >= V:
-        raise UsageError(f"token codes span {lo}..{hi} but {model.name} has {V} image tokens; "
-                         f"store code indices (not vocabulary ids) made by this model's tokenizer")
+        raise UsageError(
+            f"token codes span {lo}..{hi} but {model.name} has {V} image tokens; "
+            f"store code indices (not vocabulary ids) made by this model's tokenizer"
+        )
     if model.kind == "c2i":
         if not all(isinstance(c, int) for c in ts.conditions):
             raise UsageError(f"{model.name} is class-conditional; conditions must be integer class labels")
@@ -256,8 +282,14 @@ def mix_token_sets(sets: Sequence[TokenSet], seed: int = 0) -> TokenSet:
 
 
 # --------------------------------------------------------------------------- sources
-def fashion_mnist_tokens(model: TokenModel, split: str = "train", limit: Optional[int] = None,
-                         root: Optional[str | Path] = None, batch_size: int = 500, progress: bool = True) -> TokenSet:
+def fashion_mnist_tokens(
+    model: TokenModel,
+    split: str = "train",
+    limit: Optional[int] = None,
+    root: Optional[str | Path] = None,
+    batch_size: int = 500,
+    progress: bool = True,
+) -> TokenSet:
     """Encode real Fashion-MNIST images with the model's VQ tokenizer -> (N, h*w) token sequences
     with their class labels. ``limit`` keeps the first N images of the split.
 
@@ -270,13 +302,15 @@ def fashion_mnist_tokens(model: TokenModel, split: str = "train", limit: Optiona
         shape = None
     size = model_image_size(shape)
     if size is None:
-        raise UsageError(f"{model.name} does not take 1xSxS Fashion-MNIST images; "
-                         f"pass --tokens FILE or --self-generate N")
+        raise UsageError(
+            f"{model.name} does not take 1xSxS Fashion-MNIST images; pass --tokens FILE or --self-generate N"
+        )
     images, labels = load_split(split, root, limit=limit, size=size)
     chunks = []
-    for i in tqdm(range(0, len(images), batch_size), desc=f"encode fashion-mnist {split}", disable=not progress,
-                  unit="batch"):
-        chunks.append(model.encode_images(images[i:i + batch_size]).flatten(1).cpu())
+    for i in tqdm(
+        range(0, len(images), batch_size), desc=f"encode fashion-mnist {split}", disable=not progress, unit="batch"
+    ):
+        chunks.append(model.encode_images(images[i : i + batch_size]).flatten(1).cpu())
     return TokenSet(torch.cat(chunks), labels.tolist(), source=f"fashion-mnist:{split}")
 
 
@@ -285,9 +319,17 @@ def _selfgen_part(k: int, batch_size: int, n: int) -> tuple[str, dict]:
     return f"selfgen_{k:05d}", {"images": [k * batch_size, min(n, (k + 1) * batch_size)]}
 
 
-def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list] = None, batch_size: int = 32,
-                  seed: int = 0, run: Optional[RunDir] = None, progress: bool = True,
-                  shard: Shard = SINGLE) -> Optional[TokenSet]:
+def self_generate(
+    model: TokenModel,
+    n: int,
+    sampling,
+    conditions: Optional[list] = None,
+    batch_size: int = 32,
+    seed: int = 0,
+    run: Optional[RunDir] = None,
+    progress: bool = True,
+    shard: Shard = SINGLE,
+) -> Optional[TokenSet]:
     """Sample ``n`` images' token sequences from the target itself (``ambiguity.generation.sample_tokens``).
 
     ``sampling``: an :class:`ambiguity.sampling.SamplingConfig` (guidance scale, temperature,
@@ -313,8 +355,10 @@ def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list
         try:
             conditions = model.default_conditions(n, seed)
         except NotImplementedError:
-            raise UsageError(f"{model.name} needs conditions for --self-generate; pass --conditions FILE "
-                             f"(one caption or prompt a line)") from None
+            raise UsageError(
+                f"{model.name} needs conditions for --self-generate; pass --conditions FILE "
+                f"(one caption or prompt a line)"
+            ) from None
     conds = [conditions[i % len(conditions)] for i in range(n)]
     info = {"sampling": sampling.as_dict(), "seed": seed, "model": model.name}
     batches = math.ceil(n / batch_size)
@@ -332,8 +376,9 @@ def self_generate(model: TokenModel, n: int, sampling, conditions: Optional[list
         if run is not None:
             save_token_part(run, units[k][0], TokenSet(toks, conds[i:j], "self-generated"), units[k][1])
         out_tokens.append(toks)
-    out_tokens = assemble_units(run, units, shard, out_tokens, lambda part: part.tensors["tokens"]["tokens"],
-                                every_rank=True)
+    out_tokens = assemble_units(
+        run, units, shard, out_tokens, lambda part: part.tensors["tokens"]["tokens"], every_rank=True
+    )
     if out_tokens is None:
         return None
     return TokenSet(torch.cat(out_tokens), conds, source="self-generated", info=info)
@@ -346,8 +391,9 @@ def feature_dtype(model: TokenModel) -> torch.dtype:
 
 
 @torch.no_grad()
-def teacher_forced_rows(model: TokenModel, tokens: torch.Tensor, conditions: list,
-                        with_uncond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def teacher_forced_rows(
+    model: TokenModel, tokens: torch.Tensor, conditions: list, with_uncond: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced last hidden states of a batch of sequences, one forward (no grad).
 
     Args:
@@ -396,14 +442,22 @@ def training_inputs(tokens: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.T
     return tokens[:, :-1], hidden[:, :-1], hidden[:, 1:]
 
 
-def _shard_size(n_tokens: int, hidden: int, dtype: torch.dtype, target_bytes: int = 64 * 2 ** 20) -> int:
+def _shard_size(n_tokens: int, hidden: int, dtype: torch.dtype, target_bytes: int = 64 * 2**20) -> int:
     per_row = n_tokens * hidden * torch.finfo(dtype).bits // 8
     return max(16, target_bytes // max(per_row, 1))
 
 
-def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: str, batch_size: int = 32,
-                        uncond_fraction: float = 0.0, seed: int = 0, progress: bool = True,
-                        shard: Shard = SINGLE) -> list[Path]:
+def build_feature_cache(
+    model: TokenModel,
+    ts: TokenSet,
+    run: RunDir,
+    prefix: str,
+    batch_size: int = 32,
+    uncond_fraction: float = 0.0,
+    seed: int = 0,
+    progress: bool = True,
+    shard: Shard = SINGLE,
+) -> list[Path]:
     """Teacher-force every sequence once and store (tokens, hidden, uncond) rows as parts of ``run``.
 
     Parts ``<prefix>_features_00000`` ... hold about 64 MB each: ``tokens`` (R, N) int64,
@@ -425,11 +479,20 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
     p = uncond_fraction / (1 - uncond_fraction)
     chosen = torch.rand(len(ts), generator=torch.Generator().manual_seed(uncond_rows_seed(seed))) < p
     n_parts = math.ceil(len(ts) / size)
-    parts = [(f"{prefix}_features_{s:05d}", {"sequences": [s * size, min(len(ts), (s + 1) * size)],
-                                               "uncond_fraction": uncond_fraction}) for s in range(n_parts)]
+    parts = [
+        (
+            f"{prefix}_features_{s:05d}",
+            {"sequences": [s * size, min(len(ts), (s + 1) * size)], "uncond_fraction": uncond_fraction},
+        )
+        for s in range(n_parts)
+    ]
     mine = [s for s in range(n_parts) if shard.owns(s)]
-    bar = tqdm(total=sum(parts[s][1]["sequences"][1] - parts[s][1]["sequences"][0] for s in mine),
-               desc=f"target features ({prefix})", unit="seq", disable=not progress)
+    bar = tqdm(
+        total=sum(parts[s][1]["sequences"][1] - parts[s][1]["sequences"][0] for s in mine),
+        desc=f"target features ({prefix})",
+        unit="seq",
+        disable=not progress,
+    )
     for s, part in shard_units(run, parts, shard, load=False):
         name, holds = parts[s]
         lo, hi = holds["sequences"]
@@ -442,15 +505,25 @@ def build_feature_cache(model: TokenModel, ts: TokenSet, run: RunDir, prefix: st
                 hid.append(h.to(dtype).cpu())
                 unc.append(u)
                 bar.update(j - i)
-            run.write_part(name, holds, tensors={"rows": {"tokens": torch.cat(toks), "hidden": torch.cat(hid),
-                                                          "uncond": torch.cat(unc)}})
+            run.write_part(
+                name,
+                holds,
+                tensors={"rows": {"tokens": torch.cat(toks), "hidden": torch.cat(hid), "uncond": torch.cat(unc)}},
+            )
         else:
             bar.update(hi - lo)
     bar.close()
     paths = [run.parts_dir / f"{name}.rows.safetensors" for name, _ in parts]
     # torchrun: every rank trains on every part (train_drafter refuses independent shards here)
-    return assemble_units(run, parts, shard, paths, lambda part: run.parts_dir / f"{part.name}.rows.safetensors",
-                          every_rank=True, load=False)
+    return assemble_units(
+        run,
+        parts,
+        shard,
+        paths,
+        lambda part: run.parts_dir / f"{part.name}.rows.safetensors",
+        every_rank=True,
+        load=False,
+    )
 
 
 def shard_rows(paths: Sequence[Path]) -> list[int]:
@@ -462,8 +535,12 @@ def shard_rows(paths: Sequence[Path]) -> list[int]:
     return sizes
 
 
-def iterate_batches(paths: Sequence[Path], batch_size: int, generator: Optional[torch.Generator] = None,
-                    device: torch.device | str = "cpu") -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def iterate_batches(
+    paths: Sequence[Path],
+    batch_size: int,
+    generator: Optional[torch.Generator] = None,
+    device: torch.device | str = "cpu",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Yield (tokens (b, N) int64, hidden (b, N, H), uncond (b,) bool) batches from feature shards.
 
     With a ``generator`` the shard order and the rows inside each shard are shuffled (one
@@ -475,6 +552,9 @@ def iterate_batches(paths: Sequence[Path], batch_size: int, generator: Optional[
         R = tensors["uncond"].shape[0]
         rows = torch.randperm(R, generator=generator) if generator is not None else torch.arange(R)
         for i in range(0, R, batch_size):
-            idx = rows[i:i + batch_size]
-            yield (tensors["tokens"][idx].long().to(device), tensors["hidden"][idx].to(device),
-                   tensors["uncond"][idx].to(device))
+            idx = rows[i : i + batch_size]
+            yield (
+                tensors["tokens"][idx].long().to(device),
+                tensors["hidden"][idx].to(device),
+                tensors["uncond"][idx].to(device),
+            )

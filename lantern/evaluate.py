@@ -33,45 +33,94 @@ real-data floor at that n (pass e.g. ``fashion-mnist:train@1000`` as one more ru
 (runs of other image sizes, an empty run, a missing reference, an unknown extractor, absent
 weights) ends with one ``error:`` line naming the fix and exit status 2; finished parts stay.
 """
+
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, add_shard_args, check_out_dir,
-                           check_out_file, cli_main, nonneg_int, parse_mapping, positive_int, safe_name, seed_int,
-                           unit_float)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_data_arg,
+    add_device_args,
+    add_out_arg,
+    add_shard_args,
+    check_out_dir,
+    check_out_file,
+    cli_main,
+    nonneg_int,
+    parse_mapping,
+    positive_int,
+    safe_name,
+    seed_int,
+    unit_float,
+)
 from ambiguity.distributed import SINGLE, Shard, merging_shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
+from ambiguity.memory import check_count
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
 from ambiguity.runs import RunDir, assemble_units, shard_units
-from ambiguity.memory import check_count
-from lantern.quality.features import (EXTRACTORS, OFFLINE, Extractor, default_extractors, extract, load_extractor,
-                                      locate_weights)
+from lantern.quality.features import (
+    EXTRACTORS,
+    OFFLINE,
+    Extractor,
+    default_extractors,
+    extract,
+    load_extractor,
+    locate_weights,
+)
 from lantern.quality.report import plot_quality_sweep, sweep_frame
-from lantern.quality.scoring import (PAPER_SAMPLE_SIZES, Protocol, feature_metrics, paired_differences,
-                                     protocol_record, reference_stats, value_metrics)
+from lantern.quality.scoring import (
+    PAPER_SAMPLE_SIZES,
+    Protocol,
+    feature_metrics,
+    paired_differences,
+    protocol_record,
+    reference_stats,
+    value_metrics,
+)
 from lantern.quality.sources import ImageSet, load_source, parse_spec
 from lantern.quality.text import CLIP_SCALES, clip_scores, hps_scores, prompts_for
 from lantern.run_reader import image_quality, load_run, run_label, target_scores
 
-__all__ = ["evaluate_runs", "score_images", "flat_scores", "paired_table", "load_extractors", "check_sizes", "wide_table",
-           "speed_quality_table", "build_parser", "main", "check_run_names", "check_counts",
-           "COMMAND", "OUTPUTS"]
+__all__ = [
+    "evaluate_runs",
+    "score_images",
+    "flat_scores",
+    "paired_table",
+    "load_extractors",
+    "check_sizes",
+    "wide_table",
+    "speed_quality_table",
+    "build_parser",
+    "main",
+    "check_run_names",
+    "check_counts",
+    "COMMAND",
+    "OUTPUTS",
+]
 
 COMMAND = "python -m lantern.evaluate"
 MERGE = "lantern.evaluate:merge_run"
-OUTPUTS = ("metrics.parquet", "paired.parquet", "evaluation.json", "sweep.parquet", "quality_sweep.png", "quality_sweep.pdf")
+OUTPUTS = (
+    "metrics.parquet",
+    "paired.parquet",
+    "evaluation.json",
+    "sweep.parquet",
+    "quality_sweep.png",
+    "quality_sweep.pdf",
+)
 ROW_COLUMNS = ["metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
 PART_FORMAT = 3  # parts hold the metric rows, the leave-one-group-out (jackknife) values and the features
 _EXTRACTOR_CACHE: dict[tuple, Extractor] = {}
@@ -108,12 +157,16 @@ def check_sizes(runs: Sequence[ImageSet], reference: Optional[ImageSet]) -> None
     first = runs[0]
     for r in runs[1:]:
         if r.hw != first.hw:
-            raise UsageError(f"{r.spec} has {r.hw[0]}x{r.hw[1]} images but {first.spec} {first.hw[0]}x{first.hw[1]}; "
-                             f"evaluate runs of one resolution together (FID across resolutions is not comparable)")
+            raise UsageError(
+                f"{r.spec} has {r.hw[0]}x{r.hw[1]} images but {first.spec} {first.hw[0]}x{first.hw[1]}; "
+                f"evaluate runs of one resolution together (FID across resolutions is not comparable)"
+            )
     if reference is not None and reference.info.get("kind") != "folder" and reference.hw != first.hw:
-        raise UsageError(f"the reference {reference.spec} has {reference.hw[0]}x{reference.hw[1]} images but the runs "
-                         f"{first.hw[0]}x{first.hw[1]} ({', '.join(sizes)}); pass a reference at the runs' resolution "
-                         f"(an image folder reference is cropped and resized)")
+        raise UsageError(
+            f"the reference {reference.spec} has {reference.hw[0]}x{reference.hw[1]} images but the runs "
+            f"{first.hw[0]}x{first.hw[1]} ({', '.join(sizes)}); pass a reference at the runs' resolution "
+            f"(an image folder reference is cropped and resized)"
+        )
 
 
 def check_run_names(runs: Sequence[str], paired_with: Optional[str] = None) -> None:
@@ -128,8 +181,10 @@ def check_run_names(runs: Sequence[str], paired_with: Optional[str] = None) -> N
     if paired_with is not None and paired_with not in runs:
         raise UsageError(f"--paired-with {paired_with} is not one of the runs; name it among the runs too")
     if paired_with is not None and len(runs) < 2:
-        raise UsageError(f"--paired-with {paired_with} compares the other runs with it, but it is the only run; "
-                         f"name the runs to compare with it too")
+        raise UsageError(
+            f"--paired-with {paired_with} compares the other runs with it, but it is the only run; "
+            f"name the runs to compare with it too"
+        )
 
 
 def check_counts(runs: Sequence[ImageSet], reference: Optional[ImageSet], extractors) -> None:
@@ -140,8 +195,10 @@ def check_counts(runs: Sequence[ImageSet], reference: Optional[ImageSet], extrac
         return
     for s in [*runs, *([reference] if reference is not None else [])]:
         if s.n < 2:
-            raise UsageError(f"{s.spec} has {s.n} image; FID, KID and precision/recall need at least 2 per set "
-                             f"(generate more with --num-images)")
+            raise UsageError(
+                f"{s.spec} has {s.n} image; FID, KID and precision/recall need at least 2 per set "
+                f"(generate more with --num-images)"
+            )
 
 
 def _text_values(s: ImageSet, p: Protocol, weights: dict, device, class_names) -> tuple[dict, list[str]]:
@@ -150,8 +207,10 @@ def _text_values(s: ImageSet, p: Protocol, weights: dict, device, class_names) -
         return values, notes
     prompts = prompts_for(s.conditions, class_names or s.info.get("class_names"), p.prompt_template)
     if prompts is None:
-        return values, [f"{s.label}: CLIP score / HPS skipped: no captions or class names for its images "
-                        f"(pass --class-names FILE for class-conditional runs)"]
+        return values, [
+            f"{s.label}: CLIP score / HPS skipped: no captions or class names for its images "
+            f"(pass --class-names FILE for class-conditional runs)"
+        ]
     if p.clip_score:
         d = locate_weights("clip", weights.get("clip") or p.clip_model)
         values["clip_score"] = clip_scores(s.images, prompts, d, device, p.clip_scale)
@@ -182,30 +241,57 @@ def _proxy_values(s: ImageSet, proxy_reference, target, device) -> dict:
     return values
 
 
-def _features(s: ImageSet, ex: Extractor, batch_size: int, run_dir: Optional[RunDir], key: str,
-              shard: Shard) -> Optional[np.ndarray]:
+def _features(
+    s: ImageSet, ex: Extractor, batch_size: int, run_dir: Optional[RunDir], key: str, shard: Shard
+) -> Optional[np.ndarray]:
     """Features (N, D) of the set under ``ex``; across shards, chunks of ``16 * batch_size`` images
     (whole extractor batches, so each equals a single process's) are parts of ``run_dir`` owned by
     ``chunk % count``; None on a shard that does not merge."""
     if shard.count == 1:
         return extract(s.images, ex, batch_size)
     size = 16 * batch_size
-    chunks = [(f"{key}.{ex.name}.chunk{c:05d}", {"set": s.spec, "fingerprint": s.fingerprint,
-                                                 "extractor": ex.describe(), "images": [lo, min(s.n, lo + size)]})
-              for c, lo in enumerate(range(0, s.n, size))]
+    chunks = [
+        (
+            f"{key}.{ex.name}.chunk{c:05d}",
+            {
+                "set": s.spec,
+                "fingerprint": s.fingerprint,
+                "extractor": ex.describe(),
+                "images": [lo, min(s.n, lo + size)],
+            },
+        )
+        for c, lo in enumerate(range(0, s.n, size))
+    ]
     for c, done in shard_units(run_dir, chunks, shard, load=False):
         if done is None:
             name, holds = chunks[c]
             lo, hi = holds["images"]
-            run_dir.write_part(name, holds, tensors={"features": {"features": torch.from_numpy(
-                extract(s.images[lo:hi], ex, batch_size))}})
+            run_dir.write_part(
+                name,
+                holds,
+                tensors={"features": {"features": torch.from_numpy(extract(s.images[lo:hi], ex, batch_size))}},
+            )
     parts = assemble_units(run_dir, chunks, shard, [], lambda p: p.tensors["features"]["features"].numpy())
     return None if parts is None else np.concatenate(parts)
 
 
-def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, batch_size, run_dir: Optional[RunDir],
-               weights: dict, device, class_names=None, proxy_reference=None, target=None,
-               notes=None, shard: Shard = SINGLE) -> tuple[pd.DataFrame, dict]:
+def _score_set(
+    s: ImageSet,
+    ref: ImageSet,
+    extractors,
+    p: Protocol,
+    *,
+    cache,
+    batch_size,
+    run_dir: Optional[RunDir],
+    weights: dict,
+    device,
+    class_names=None,
+    proxy_reference=None,
+    target=None,
+    notes=None,
+    shard: Shard = SINGLE,
+) -> tuple[pd.DataFrame, dict]:
     """All metric rows of one image set (parts reused / written when ``run_dir`` is given) and
     the resampled values of each metric ({metric: (B,) array}); (None, None) on a shard that does
     not merge (it only extracts its chunks of features)."""
@@ -224,8 +310,13 @@ def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, ba
     def save(name: str, holds: dict, df: pd.DataFrame, tensors: dict, meta=None) -> None:
         if run_dir is not None:
             resampled = {m: torch.from_numpy(np.ascontiguousarray(boot[m])) for m in df["metric"] if len(boot[m])}
-            run_dir.write_part(name, holds, tables={"metrics": df}, meta=meta,
-                               tensors={**tensors, **({"bootstrap": resampled} if resampled else {})})
+            run_dir.write_part(
+                name,
+                holds,
+                tables={"metrics": df},
+                meta=meta,
+                tensors={**tensors, **({"bootstrap": resampled} if resampled else {})},
+            )
         frames.append(df)
 
     for ex in extractors:
@@ -238,12 +329,20 @@ def _score_set(s: ImageSet, ref: ImageSet, extractors, p: Protocol, *, cache, ba
         if feats is None:
             continue
         stats = reference_stats(ref, ex, cache, batch_size, use_cache=cache is not False)
-        save(f"{key}.{ex.name}", holds, keep(feature_metrics(feats, stats, p, ex.name)),
-             {"features": {"features": torch.from_numpy(feats)}})
+        save(
+            f"{key}.{ex.name}",
+            holds,
+            keep(feature_metrics(feats, stats, p, ex.name)),
+            {"features": {"features": torch.from_numpy(feats)}},
+        )
     if not shard.merges:
         return None, None
-    extra = {"clip": p.clip_score, "hps": p.hps, "proxy": proxy_reference is not None and proxy_reference["path"].name,
-             "target": target is not None}
+    extra = {
+        "clip": p.clip_score,
+        "hps": p.hps,
+        "proxy": proxy_reference is not None and proxy_reference["path"].name,
+        "target": target is not None,
+    }
     if any(extra.values()):
         holds = {"set": s.spec, "fingerprint": s.fingerprint, "values": extra, "format": PART_FORMAT}
         part = run_dir.read_part(f"{key}.values", holds) if run_dir is not None else None
@@ -272,8 +371,11 @@ def paired_table(df: pd.DataFrame, boot: dict, base: str, level: float = 0.95) -
             m = r["metric"]
             if m not in b.index or int(b.loc[m, "n"]) != int(r["n"]):
                 continue
-            d = paired_differences({"value": b.loc[m, "value"], "resamples": boot[base].get(m, [])},
-                                   {"value": r["value"], "resamples": boot[run].get(m, [])}, level)
+            d = paired_differences(
+                {"value": b.loc[m, "value"], "resamples": boot[base].get(m, [])},
+                {"value": r["value"], "resamples": boot[run].get(m, [])},
+                level,
+            )
             rows.append({"run": run, "label": label, "baseline": base, "metric": m, **d, "n": int(r["n"])})
     return pd.DataFrame(rows)
 
@@ -290,17 +392,31 @@ def _labels(sets: Sequence[ImageSet]) -> None:
             s.label = f"{s.label} ({Path(s.spec).name})"
 
 
-def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extractors: Optional[Sequence[str]] = None,
-                  weights: Optional[dict] = None, out: Optional[str | Path] = None, cache: Optional[str | Path] = None,
-                  data: Optional[str] = None, device="cpu", batch_size: int = 64, class_names=None,
-                  proxy_reference: Optional[str] = None, target_scores_model=None, overwrite: bool = False,
-                  progress: bool = True, paired_with: Optional[str] = None, shard: Shard = SINGLE,
-                  request: Optional[dict] = None) -> tuple[Optional[pd.DataFrame], Optional[dict]]:
+def evaluate_runs(
+    runs: Sequence[str],
+    protocol: Protocol = Protocol(),
+    extractors: Optional[Sequence[str]] = None,
+    weights: Optional[dict] = None,
+    out: Optional[str | Path] = None,
+    cache: Optional[str | Path] = None,
+    data: Optional[str] = None,
+    device="cpu",
+    batch_size: int = 64,
+    class_names=None,
+    proxy_reference: Optional[str] = None,
+    target_scores_model=None,
+    overwrite: bool = False,
+    progress: bool = True,
+    paired_with: Optional[str] = None,
+    shard: Shard = SINGLE,
+    request: Optional[dict] = None,
+) -> tuple[Optional[pd.DataFrame], Optional[dict]]:
     """Score generation runs (or image folders, or data-set splits) against ``protocol.reference``.
 
     runs: source specs (:mod:`lantern.quality.sources`); extractors: names of
     :data:`lantern.quality.features.EXTRACTORS` (None: the offline ones whose weights are present,
-    :func:`lantern.quality.features.default_extractors`, with a note on what was skipped); weights: {extractor or "clip"/"hps": path};
+    :func:`lantern.quality.features.default_extractors`, with a note on what was skipped);
+    weights: {extractor or "clip"/"hps": path};
     out: run directory for resumable parts and the outputs (None: nothing written but the
     reference cache); cache: reference-statistics cache (False: none); proxy_reference: a
     generate run for PSNR / token match; target_scores_model: a loaded TokenModel for NLL and
@@ -338,34 +454,73 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     if shard.count > 1 and out is None:
         raise UsageError("a sharded evaluation needs --out: the shards meet in its parts")
     if out is not None:
-        run_dir = RunDir(out, {"protocol": {k: v for k, v in record.items() if k != "reference_set"},
-                               "reference_fingerprint": ref.fingerprint, "data": data},
-                         command=COMMAND, outputs=OUTPUTS, merge=MERGE)
+        run_dir = RunDir(
+            out,
+            {
+                "protocol": {k: v for k, v in record.items() if k != "reference_set"},
+                "reference_fingerprint": ref.fingerprint,
+                "data": data,
+            },
+            command=COMMAND,
+            outputs=OUTPUTS,
+            merge=MERGE,
+        )
         extra = {"request": request or {}}  # whichever shard starts the run records the command
-        shard.first(lambda: run_dir.open(overwrite and not shard.merging, extra=extra, shards=shard.count),
-                    lambda: run_dir.open(extra=extra, shards=shard.count))
+        shard.first(
+            lambda: run_dir.open(overwrite and not shard.merging, extra=extra, shards=shard.count),
+            lambda: run_dir.open(extra=extra, shards=shard.count),
+        )
     frames, boot = [], {}
     for s in tqdm(sets, desc="evaluate", unit="run", disable=not progress):
-        f, boot[s.spec] = _score_set(s, ref, exs, protocol, cache=cache, batch_size=batch_size, run_dir=run_dir,
-                                     weights=dict(weights or {}), device=device, class_names=class_names,
-                                     proxy_reference=proxy, target=target_scores_model, notes=notes, shard=shard)
+        f, boot[s.spec] = _score_set(
+            s,
+            ref,
+            exs,
+            protocol,
+            cache=cache,
+            batch_size=batch_size,
+            run_dir=run_dir,
+            weights=dict(weights or {}),
+            device=device,
+            class_names=class_names,
+            proxy_reference=proxy,
+            target=target_scores_model,
+            notes=notes,
+            shard=shard,
+        )
         frames.append(f)
     if not shard.merges:
         return None, None
     df = pd.concat(frames, ignore_index=True)
     paired = paired_table(df, boot, paired_with, protocol.level) if paired_with else pd.DataFrame()
-    df = df[["run", "label", "metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
-            + [c for c in ("reference_images",) if c in df]]
+    df = df[
+        ["run", "label", "metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
+        + [c for c in ("reference_images",) if c in df]
+    ]
     if sets[0].n < 5000:
-        notes.append(f"FID/KID at n = {sets[0].n} are biased upward (FID strongly); compare only at equal n; "
-                     f"papers use 5k-50k images ({', '.join(f'{k}: {v}' for k, v in PAPER_SAMPLE_SIZES.items())})")
-    rec = {"command": COMMAND, "protocol": record, "extractors": [e.describe() for e in exs],
-           "runs": [{"spec": s.spec, "label": s.label, "images": s.n, "fingerprint": s.fingerprint,
-                     **{k: v for k, v in s.info.items() if k not in ("class_names", "seeds", "image_indices")}}
-                    for s in sets],
-           "results": df.to_dict(orient="records"), "paired": paired.to_dict(orient="records"),
-           "notes": list(dict.fromkeys(notes)),
-           "wall_time_s": round(time.perf_counter() - t0, 2)}
+        notes.append(
+            f"FID/KID at n = {sets[0].n} are biased upward (FID strongly); compare only at equal n; "
+            f"papers use 5k-50k images ({', '.join(f'{k}: {v}' for k, v in PAPER_SAMPLE_SIZES.items())})"
+        )
+    rec = {
+        "command": COMMAND,
+        "protocol": record,
+        "extractors": [e.describe() for e in exs],
+        "runs": [
+            {
+                "spec": s.spec,
+                "label": s.label,
+                "images": s.n,
+                "fingerprint": s.fingerprint,
+                **{k: v for k, v in s.info.items() if k not in ("class_names", "seeds", "image_indices")},
+            }
+            for s in sets
+        ],
+        "results": df.to_dict(orient="records"),
+        "paired": paired.to_dict(orient="records"),
+        "notes": list(dict.fromkeys(notes)),
+        "wall_time_s": round(time.perf_counter() - t0, 2),
+    }
     if run_dir is not None:
         write_table(df, run_dir.path / "metrics.parquet")
         if len(paired):
@@ -374,10 +529,20 @@ def evaluate_runs(runs: Sequence[str], protocol: Protocol = Protocol(), extracto
     return df, rec
 
 
-def score_images(images, reference: str = "fashion-mnist:test", extractors: Optional[Sequence[str]] = None,
-                 conditions: Optional[Sequence] = None, class_names: Optional[Sequence[str]] = None,
-                 protocol: Optional[Protocol] = None, weights: Optional[dict] = None, data: Optional[str] = None,
-                 cache: Optional[str | Path] = None, device="cpu", batch_size: int = 64, label: str = "images") -> dict:
+def score_images(
+    images,
+    reference: str = "fashion-mnist:test",
+    extractors: Optional[Sequence[str]] = None,
+    conditions: Optional[Sequence] = None,
+    class_names: Optional[Sequence[str]] = None,
+    protocol: Optional[Protocol] = None,
+    weights: Optional[dict] = None,
+    data: Optional[str] = None,
+    cache: Optional[str | Path] = None,
+    device="cpu",
+    batch_size: int = 64,
+    label: str = "images",
+) -> dict:
     """Quality metrics of in-memory images, for the decoding sweep and notebooks.
 
     images: (N, C, H, W) float in [0, 1] (torch or numpy; grey or RGB); reference: a source
@@ -393,8 +558,14 @@ def score_images(images, reference: str = "fashion-mnist:test", extractors: Opti
     x = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images, dtype=torch.float32)
     if x.ndim != 4 or x.shape[1] not in (1, 3) or len(x) == 0:
         raise UsageError(f"score_images needs images (N >= 1, 1 or 3, H, W), got shape {tuple(x.shape)}")
-    s = ImageSet(label, label, x, None if conditions is None else list(conditions), "in-memory",
-                 {"kind": "memory", "class_names": list(class_names) if class_names else None})
+    s = ImageSet(
+        label,
+        label,
+        x,
+        None if conditions is None else list(conditions),
+        "in-memory",
+        {"kind": "memory", "class_names": list(class_names) if class_names else None},
+    )
     ref = load_source(p.reference, p.seed, data, resize_to=s.hw, what="reference")
     check_sizes([s], ref)
     check_bootstrap(p.bootstrap, s.n)
@@ -403,10 +574,23 @@ def score_images(images, reference: str = "fashion-mnist:test", extractors: Opti
         extractors, skipped = default_extractors(weights)
         notes += skipped
     exs = load_extractors(extractors, weights, device)
-    df, _ = _score_set(s, ref, exs, p, cache=cache, batch_size=batch_size, run_dir=None,
-                       weights=dict(weights or {}), device=device, class_names=class_names, notes=notes)
-    out = {r["metric"]: {k: r[k] for k in ("value", "ci_low", "ci_high", "n", "bootstrap")} for r in
-           df.to_dict(orient="records")}
+    df, _ = _score_set(
+        s,
+        ref,
+        exs,
+        p,
+        cache=cache,
+        batch_size=batch_size,
+        run_dir=None,
+        weights=dict(weights or {}),
+        device=device,
+        class_names=class_names,
+        notes=notes,
+    )
+    out = {
+        r["metric"]: {k: r[k] for k in ("value", "ci_low", "ci_high", "n", "bootstrap")}
+        for r in df.to_dict(orient="records")
+    }
     out.update(protocol=protocol_record(p, ref), extractors=[e.describe() for e in exs], notes=notes)
     return out
 
@@ -431,8 +615,9 @@ def wide_table(df: pd.DataFrame, metrics: Optional[Sequence[str]] = None) -> pd.
 SPEED = {"acceptance_rate": "α", "tau": "τ", "tokens_per_forward": "tok/fwd"}
 
 
-def speed_quality_table(df: pd.DataFrame, record: dict,
-                        metrics: Sequence[str] = ("fid", "kid", "precision", "recall")) -> pd.DataFrame:
+def speed_quality_table(
+    df: pd.DataFrame, record: dict, metrics: Sequence[str] = ("fid", "kid", "precision", "recall")
+) -> pd.DataFrame:
     """Speed next to quality: per run, acceptance rate α, τ (bonus counted) and step compression
     from its summary, then ``metrics`` of every extractor (cells ``value [lo, hi]``)."""
     wide = wide_table(df, metrics)
@@ -454,45 +639,91 @@ def flat_scores(scores: dict) -> dict:
 
 def build_parser() -> ArgumentParser:
     """The argument parser of ``python -m lantern.evaluate``."""
-    p = ArgumentParser(prog=COMMAND, description="Image quality of generation runs against a reference set "
-                                                 "(FID, KID, precision/recall, density/coverage, CLIP score, HPS v2.1).")
+    p = ArgumentParser(
+        prog=COMMAND,
+        description="Image quality of generation runs against a reference set "
+        "(FID, KID, precision/recall, density/coverage, CLIP score, HPS v2.1).",
+    )
     p.add_argument("runs", nargs="+", help="lantern.generate run directories, image folders or fashion-mnist:SPLIT[@N]")
-    p.add_argument("--reference", default="fashion-mnist:test",
-                   help="reference set: fashion-mnist:test|train[@N], an image folder or a run (default: fashion-mnist:test)")
-    p.add_argument("--extractors", default=None,
-                   help=f"feature extractors, comma-separated: {', '.join(EXTRACTORS)} (default: {','.join(OFFLINE)}, "
-                        f"mobilenet only when its weights are found, with a note otherwise)")
-    p.add_argument("--weights", action="append", default=None, metavar="NAME=PATH",
-                   help="weights of an extractor (or clip / hps), e.g. mobilenet=~/mobilenet_v2-b0353104.pth")
-    p.add_argument("--bootstrap", type=nonneg_int, default=100, help="groups of the jackknife behind the intervals (at most n), 0 = none (default: 100)")
+    p.add_argument(
+        "--reference",
+        default="fashion-mnist:test",
+        help="reference set: fashion-mnist:test|train[@N], an image folder or a run (default: fashion-mnist:test)",
+    )
+    p.add_argument(
+        "--extractors",
+        default=None,
+        help=f"feature extractors, comma-separated: {', '.join(EXTRACTORS)} (default: {','.join(OFFLINE)}, "
+        f"mobilenet only when its weights are found, with a note otherwise)",
+    )
+    p.add_argument(
+        "--weights",
+        action="append",
+        default=None,
+        metavar="NAME=PATH",
+        help="weights of an extractor (or clip / hps), e.g. mobilenet=~/mobilenet_v2-b0353104.pth",
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=nonneg_int,
+        default=100,
+        help="groups of the jackknife behind the intervals (at most n), 0 = none (default: 100)",
+    )
     p.add_argument("--level", type=unit_float, default=0.95, help="interval coverage (default: 0.95)")
-    p.add_argument("--nearest-k", "--k", dest="k", type=positive_int, default=3, metavar="K",
-                   help="k of the k-NN metrics (precision/recall, density/coverage) (default: 3); --k is its former "
-                        "name, still accepted (elsewhere --k is the latent neighbourhood size)")
-    p.add_argument("--prdc-reference", choices=("matched", "full"), default="matched",
-                   help="precision/recall reference: a seeded subset of the run's size, or all (default: matched)")
+    p.add_argument(
+        "--nearest-k",
+        "--k",
+        dest="k",
+        type=positive_int,
+        default=3,
+        metavar="K",
+        help="k of the k-NN metrics (precision/recall, density/coverage) (default: 3); --k is its former "
+        "name, still accepted (elsewhere --k is the latent neighbourhood size)",
+    )
+    p.add_argument(
+        "--prdc-reference",
+        choices=("matched", "full"),
+        default="matched",
+        help="precision/recall reference: a seeded subset of the run's size, or all (default: matched)",
+    )
     p.add_argument("--seed", type=seed_int, default=0, help="seed of subsets and resamples (default: 0)")
     p.add_argument("--clip-score", action="store_true", help="CLIP score of images vs captions / class prompts")
     p.add_argument("--clip-model", default=Protocol.clip_model, help="CLIP repository in the HF cache or a directory")
-    p.add_argument("--clip-scale", choices=CLIP_SCALES, default="cosine",
-                   help="cosine: raw cosine as LANTERN reports; x100: 100*max(cos,0) as torchmetrics (default: cosine)")
+    p.add_argument(
+        "--clip-scale",
+        choices=CLIP_SCALES,
+        default="cosine",
+        help="cosine: raw cosine as LANTERN reports; x100: 100*max(cos,0) as torchmetrics (default: cosine)",
+    )
     p.add_argument("--prompt", default=Protocol.prompt_template, help="prompt template for class labels")
     p.add_argument("--class-names", default=None, metavar="FILE", help="class names, one per line (c2i CLIP score)")
     p.add_argument("--hps", action="store_true", help="HPS v2.1 (needs open_clip and HPS_v2.1_compressed.pt)")
-    p.add_argument("--proxy-reference", default=None, metavar="RUN",
-                   help="a run (usually --method ar, same seeds) for PSNR and token match of the same image index")
+    p.add_argument(
+        "--proxy-reference",
+        default=None,
+        metavar="RUN",
+        help="a run (usually --method ar, same seeds) for PSNR and token match of the same image index",
+    )
     p.add_argument("--target-scores", action="store_true", help="target NLL and class consistency (loads the model)")
-    p.add_argument("--paired-with", default=None, metavar="RUN",
-                   help="one of the runs (e.g. runs/ar): print every metric's difference to it with a paired "
-                        "jackknife interval (same image indices = same seeds and classes)")
+    p.add_argument(
+        "--paired-with",
+        default=None,
+        metavar="RUN",
+        help="one of the runs (e.g. runs/ar): print every metric's difference to it with a paired "
+        "jackknife interval (same image indices = same seeds and classes)",
+    )
     add_data_arg(p)
     p.add_argument("--cache", default=None, metavar="DIR", help="reference-statistics cache")
     add_device_args(p, dtype=False, what="for the extractors and --target-scores")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per extractor forward (default: 64)")
     add_out_arg(p, "output run directory (default: runs/evaluate)", default="runs/evaluate")
-    p.add_argument("--figure", default=None, metavar="PATH",
-                   help="figure path without suffix: τ and FID/precision/recall vs δ per k, when LANTERN runs are "
-                        "given (default: <out>/quality_sweep)")
+    p.add_argument(
+        "--figure",
+        default=None,
+        metavar="PATH",
+        help="figure path without suffix: τ and FID/precision/recall vs δ per k, when LANTERN runs are "
+        "given (default: <out>/quality_sweep)",
+    )
     p.add_argument("--overwrite", action="store_true", help="discard results of an evaluation with another protocol")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_shard_args(p)
@@ -505,8 +736,9 @@ def _class_names(path: Optional[str]) -> Optional[list[str]]:
     try:
         names = [ln.strip() for ln in Path(path).expanduser().read_text(encoding="utf-8").splitlines() if ln.strip()]
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read --class-names {path} ({type(exc).__name__}); pass a text file, "
-                         "one name a line") from None
+        raise UsageError(
+            f"cannot read --class-names {path} ({type(exc).__name__}); pass a text file, one name a line"
+        ) from None
     if not names:
         raise UsageError(f"--class-names {path} is empty; pass one class name per line")
     return names
@@ -556,27 +788,59 @@ def _run(args, shard: Shard, request: dict) -> int:
     if args.cache is not None:
         check_out_dir(args.cache, "--cache")
     device = resolve_device(args.device)
-    protocol = Protocol(reference=args.reference, k=args.k, bootstrap=args.bootstrap, level=args.level, seed=args.seed,
-                        prdc_reference=args.prdc_reference, clip_score=args.clip_score, clip_model=args.clip_model,
-                        clip_scale=args.clip_scale, prompt_template=args.prompt, hps=args.hps)
+    protocol = Protocol(
+        reference=args.reference,
+        k=args.k,
+        bootstrap=args.bootstrap,
+        level=args.level,
+        seed=args.seed,
+        prdc_reference=args.prdc_reference,
+        clip_score=args.clip_score,
+        clip_model=args.clip_model,
+        clip_scale=args.clip_scale,
+        prompt_template=args.prompt,
+        hps=args.hps,
+    )
     target = None
     if args.target_scores:
         gen = [parse_spec(r)[0] for r in [args.proxy_reference, *args.runs] if r]
         gen = [r for r in gen if (Path(r).expanduser() / "summary.json").is_file()]
         if not gen:
-            raise UsageError("--target-scores needs a lantern.generate run among the runs (its model scores the tokens)")
+            raise UsageError(
+                "--target-scores needs a lantern.generate run among the runs (its model scores the tokens)"
+            )
         s = load_run(gen[0])["summary"].get("settings", {})
         target = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=device)
-    df, rec = evaluate_runs(args.runs, protocol, names, weights, out, args.cache, args.data, device, args.batch_size,
-                            _class_names(args.class_names), args.proxy_reference, target, args.overwrite,
-                            not args.no_progress, args.paired_with, shard, request)
+    df, rec = evaluate_runs(
+        args.runs,
+        protocol,
+        names,
+        weights,
+        out,
+        args.cache,
+        args.data,
+        device,
+        args.batch_size,
+        _class_names(args.class_names),
+        args.proxy_reference,
+        target,
+        args.overwrite,
+        not args.no_progress,
+        args.paired_with,
+        shard,
+        request,
+    )
     if df is None:
-        print(f"{shard.label} done: its feature chunks are parts of {out}"
-              + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}"))
+        print(
+            f"{shard.label} done: its feature chunks are parts of {out}"
+            + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}")
+        )
         return 0
     with pd.option_context("display.width", 250, "display.max_columns", 50):
-        print(f"speed and quality against {args.reference} (jackknife over min({args.bootstrap}, n) groups, "
-              f"{100 * args.level:g} % intervals):")
+        print(
+            f"speed and quality against {args.reference} (jackknife over min({args.bootstrap}, n) groups, "
+            f"{100 * args.level:g} % intervals):"
+        )
         print(speed_quality_table(df, rec).to_string())
         names = [e["name"] for e in rec["extractors"]]
         for ex in [""] + names:

@@ -21,6 +21,7 @@ A rerun with other settings into the same ``--out`` is refused unless ``--overwr
 parameters (δ < 0, λ < 1, k >= the vocabulary size, γ < 1, a drafter built for another model,
 an unknown method) end with one line on stderr and exit status 2.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,12 +34,25 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_condition_args, add_model_args, add_run_args, add_sampling_args,
-                           add_shard_args, check_out_dir, cli_main, default_out, device_from_args, finite_float,
-                           nonneg_int, positive_int, sampling_from_args)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_condition_args,
+    add_model_args,
+    add_run_args,
+    add_sampling_args,
+    add_shard_args,
+    check_out_dir,
+    cli_main,
+    default_out,
+    device_from_args,
+    finite_float,
+    nonneg_int,
+    positive_int,
+    sampling_from_args,
+)
+from ambiguity.conditions import generation_conditions, parse_classes
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import UsageError
-from ambiguity.conditions import generation_conditions, parse_classes
 from ambiguity.io import abspath, atomic_path, write_json, write_table
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
@@ -48,8 +62,15 @@ from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import CONVENTIONS, AcceptanceRule
 from lantern.batched import check_batching
-from lantern.decoding import (DEFAULT_METRIC, METHODS, DecodeConfig, check_batch_config, check_depth, decode,
-                              neighbour_table)
+from lantern.decoding import (
+    DEFAULT_METRIC,
+    METHODS,
+    DecodeConfig,
+    check_batch_config,
+    check_depth,
+    decode,
+    neighbour_table,
+)
 from lantern.drafter import DraftModel, load_drafter
 from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
 from lantern.records import Decoded, summarize, summary_table
@@ -66,75 +87,165 @@ _RULE = AcceptanceRule()  # the rule's defaults are the command's defaults
 def add_decoding_args(p) -> None:
     """``--method --gamma --k --delta --lam --metric --matrix --residual --drafter``."""
     p.add_argument("--method", default="lantern", choices=METHODS, help="decoding method (default: lantern)")
-    p.add_argument("--gamma", type=positive_int, default=4, help="draft tokens per verification step of a chain, "
-                                                                 ">= 1 (default: 4)")
-    p.add_argument("--tree", default="chain", metavar="SHAPE",
-                   help=f"chain (γ drafts), dynamic (EAGLE-2), a static EAGLE-1 tree ({', '.join(STATIC_TREES)}) or "
-                        f"a .json list of child-rank paths (default: chain)")
+    p.add_argument(
+        "--gamma", type=positive_int, default=4, help="draft tokens per verification step of a chain, >= 1 (default: 4)"
+    )
+    p.add_argument(
+        "--tree",
+        default="chain",
+        metavar="SHAPE",
+        help=f"chain (γ drafts), dynamic (EAGLE-2), a static EAGLE-1 tree ({', '.join(STATIC_TREES)}) or "
+        f"a .json list of child-rank paths (default: chain)",
+    )
     _TREE = TreeSpec()
-    p.add_argument("--total-tokens", type=positive_int, default=_TREE.total_tokens,
-                   help=f"dynamic tree: nodes incl. the root (official {_TREE.total_tokens})")
-    p.add_argument("--depth", type=positive_int, default=_TREE.depth,
-                   help=f"dynamic tree: expansion rounds; the deepest draft is depth + 1 (official {_TREE.depth})")
-    p.add_argument("--tree-top-k", type=positive_int, default=_TREE.top_k,
-                   help=f"dynamic tree: children per node and beam width (official {_TREE.top_k})")
-    p.add_argument("--k", type=nonneg_int, default=_RULE.k,
-                   help=f"latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = plain SD (default: {_RULE.k})")
-    p.add_argument("--delta", type=finite_float, default=_RULE.delta,
-                   help=f"bound δ: TVD (lantern) or JSD in nats (lantern-jsd), in [0, 1] (default: {_RULE.delta:g})")
-    p.add_argument("--lam", type=finite_float, default=_RULE.lam,
-                   help=f"relative bound λ >= 1 of lantern++ (default: {_RULE.lam:g})")
-    p.add_argument("--metric", default=DEFAULT_METRIC, choices=METRICS,
-                   help="latent distance on the VQ codebook (default: l2, as the official LANTERN code)")
-    p.add_argument("--matrix", default="codebook", choices=MATRICES,
-                   help="rows the distance is measured on: codebook (as the quantiser compares codes), "
-                        "codebook-raw (the stored weights, as the official code for LlamaGen) (default: codebook)")
-    p.add_argument("--convention", "--residual", dest="convention", default="exact", choices=CONVENTIONS,
-                   help="exact: lossless at δ = 0 (residual norm(max(p-q,0)), recursive over tree siblings); "
-                        "official: what the official LANTERN code does (its residuals, greedy test and filter "
-                        "order) (default: exact; --residual is the old name)")
-    p.add_argument("--drafter", default=None, metavar="FILE",
-                   help="drafter .safetensors (default: lantern/weights/<model>_drafter)")
+    p.add_argument(
+        "--total-tokens",
+        type=positive_int,
+        default=_TREE.total_tokens,
+        help=f"dynamic tree: nodes incl. the root (official {_TREE.total_tokens})",
+    )
+    p.add_argument(
+        "--depth",
+        type=positive_int,
+        default=_TREE.depth,
+        help=f"dynamic tree: expansion rounds; the deepest draft is depth + 1 (official {_TREE.depth})",
+    )
+    p.add_argument(
+        "--tree-top-k",
+        type=positive_int,
+        default=_TREE.top_k,
+        help=f"dynamic tree: children per node and beam width (official {_TREE.top_k})",
+    )
+    p.add_argument(
+        "--k",
+        type=nonneg_int,
+        default=_RULE.k,
+        help=f"latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = plain SD (default: {_RULE.k})",
+    )
+    p.add_argument(
+        "--delta",
+        type=finite_float,
+        default=_RULE.delta,
+        help=f"bound δ: TVD (lantern) or JSD in nats (lantern-jsd), in [0, 1] (default: {_RULE.delta:g})",
+    )
+    p.add_argument(
+        "--lam",
+        type=finite_float,
+        default=_RULE.lam,
+        help=f"relative bound λ >= 1 of lantern++ (default: {_RULE.lam:g})",
+    )
+    p.add_argument(
+        "--metric",
+        default=DEFAULT_METRIC,
+        choices=METRICS,
+        help="latent distance on the VQ codebook (default: l2, as the official LANTERN code)",
+    )
+    p.add_argument(
+        "--matrix",
+        default="codebook",
+        choices=MATRICES,
+        help="rows the distance is measured on: codebook (as the quantiser compares codes), "
+        "codebook-raw (the stored weights, as the official code for LlamaGen) (default: codebook)",
+    )
+    p.add_argument(
+        "--convention",
+        "--residual",
+        dest="convention",
+        default="exact",
+        choices=CONVENTIONS,
+        help="exact: lossless at δ = 0 (residual norm(max(p-q,0)), recursive over tree siblings); "
+        "official: what the official LANTERN code does (its residuals, greedy test and filter "
+        "order) (default: exact; --residual is the old name)",
+    )
+    p.add_argument(
+        "--drafter",
+        default=None,
+        metavar="FILE",
+        help="drafter .safetensors (default: lantern/weights/<model>_drafter)",
+    )
     add_jacobi_args(p)
 
 
 def add_jacobi_args(p) -> None:
     """SJD / GSD / SCD knobs (lantern.jacobi; official defaults, batch 1, no drafter)."""
     _J = JacobiConfig()
-    p.add_argument("--window", type=int, default=None,
-                   help="sjd/gsd/scd: tokens per Jacobi forward L >= 1 (official 16 for sjd, gsd; 32 for scd)")
-    p.add_argument("--jacobi-init", default=_J.init, choices=INITS,
-                   help="sjd/gsd/scd: new window positions (official: random for Lumina-mGPT)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="sjd/gsd/scd: tokens per Jacobi forward L >= 1 (official 16 for sjd, gsd; 32 for scd)",
+    )
+    p.add_argument(
+        "--jacobi-init",
+        default=_J.init,
+        choices=INITS,
+        help="sjd/gsd/scd: new window positions (official: random for Lumina-mGPT)",
+    )
     p.add_argument("--gsd-group", type=int, default=_J.group, help=f"gsd: ranks in a group, 1..V (official {_J.group})")
-    p.add_argument("--gsd-prob-gap", type=finite_float, default=_J.prob_gap,
-                   help=f"gsd: keep group members with |p(y) - p(x)| below this (official {_J.prob_gap:g})")
-    p.add_argument("--gsd-distance", type=finite_float, default=None,
-                   help="gsd: also a squared-L2 input-embedding bound (official 0.5 on Chameleon; default off)")
-    p.add_argument("--scd-coupling", default=_J.coupling, choices=COUPLINGS,
-                   help="scd: gumbel or maximal coupling of successive drafts (maximal-official: the official "
-                        "bookkeeping, not lossless) (default: gumbel)")
+    p.add_argument(
+        "--gsd-prob-gap",
+        type=finite_float,
+        default=_J.prob_gap,
+        help=f"gsd: keep group members with |p(y) - p(x)| below this (official {_J.prob_gap:g})",
+    )
+    p.add_argument(
+        "--gsd-distance",
+        type=finite_float,
+        default=None,
+        help="gsd: also a squared-L2 input-embedding bound (official 0.5 on Chameleon; default off)",
+    )
+    p.add_argument(
+        "--scd-coupling",
+        default=_J.coupling,
+        choices=COUPLINGS,
+        help="scd: gumbel or maximal coupling of successive drafts (maximal-official: the official "
+        "bookkeeping, not lossless) (default: gumbel)",
+    )
 
 
 def decode_config_from_args(args) -> DecodeConfig:
     """:class:`~lantern.decoding.DecodeConfig` from the decoding options (UsageError for bad values)."""
     tree = parse_tree(args.tree, args.total_tokens, args.depth, args.tree_top_k)
-    jacobi = dict(window=args.window, init=args.jacobi_init, group=args.gsd_group, prob_gap=args.gsd_prob_gap,
-                  distance=args.gsd_distance, coupling=args.scd_coupling)
-    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, tree, jacobi=jacobi, k=args.k,
-                           delta=args.delta, lam=args.lam, convention=args.convention)
+    jacobi = dict(
+        window=args.window,
+        init=args.jacobi_init,
+        group=args.gsd_group,
+        prob_gap=args.gsd_prob_gap,
+        distance=args.gsd_distance,
+        coupling=args.scd_coupling,
+    )
+    return DecodeConfig.of(
+        args.method,
+        args.gamma,
+        args.metric,
+        args.matrix,
+        tree,
+        jacobi=jacobi,
+        k=args.k,
+        delta=args.delta,
+        lam=args.lam,
+        convention=args.convention,
+    )
 
 
 def build_parser() -> ArgumentParser:
     """The argument parser of ``python -m lantern.generate`` (one-line errors, exit 2)."""
-    p = ArgumentParser(prog=COMMAND, description="Generate images with AR, speculative (sd) or LANTERN decoding and "
-                                                 "record every draft token.")
+    p = ArgumentParser(
+        prog=COMMAND,
+        description="Generate images with AR, speculative (sd) or LANTERN decoding and record every draft token.",
+    )
     add_model_args(p)
     add_decoding_args(p)
     add_condition_args(p, num_images=8, batch_size=None)
-    p.add_argument("--batch-size", type=positive_int, default=1, metavar="B",
-                   help="images decoded together, one target forward per step for all (AR and chains; default: 1). "
-                        "Same random streams: tokens equal batch 1's exactly with --dtype float64, almost always "
-                        "in float32")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=1,
+        metavar="B",
+        help="images decoded together, one target forward per step for all (AR and chains; default: 1). "
+        "Same random streams: tokens equal batch 1's exactly with --dtype float64, almost always "
+        "in float32",
+    )
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/generate/<model>-<method>)")
     add_shard_args(p)
@@ -143,10 +254,21 @@ def build_parser() -> ArgumentParser:
 
 def _settings(args, config: DecodeConfig, sampling: SamplingConfig, device, dtype) -> dict:
     """Everything that changes an image's tokens (the run record); --num-images is not part of it."""
-    return {"model": args.model, "weights": abspath(args.weights), "device": device.type,
-            "dtype": str(dtype).replace("torch.", ""), **config.as_dict(), "drafter": abspath(args.drafter),
-            "classes": args.classes, "captions": abspath(args.captions), "guidance": sampling.guidance,
-            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": args.seed}
+    return {
+        "model": args.model,
+        "weights": abspath(args.weights),
+        "device": device.type,
+        "dtype": str(dtype).replace("torch.", ""),
+        **config.as_dict(),
+        "drafter": abspath(args.drafter),
+        "classes": args.classes,
+        "captions": abspath(args.captions),
+        "guidance": sampling.guidance,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "seed": args.seed,
+    }
 
 
 def check_tree_support(spec, config: DecodeConfig) -> None:
@@ -154,8 +276,10 @@ def check_tree_support(spec, config: DecodeConfig) -> None:
     tokens: ``ModelSpec.trees`` is False), from the registry alone, before its weights load.
     spec: an :class:`ambiguity.models.catalog.ModelSpec`."""
     if config.tree is not None and not spec.trees:
-        raise UsageError(f"{spec.name} inserts end-of-row tokens, which draft trees do not model yet; "
-                         f"use chain drafting (--tree chain)")
+        raise UsageError(
+            f"{spec.name} inserts end-of-row tokens, which draft trees do not model yet; "
+            f"use chain drafting (--tree chain)"
+        )
 
 
 def _write_png(image: np.ndarray, path: Path) -> None:
@@ -176,14 +300,28 @@ def _save_image(run: RunDir, i: int, condition, decoded: Decoded) -> None:
         _write_png(decoded.pixels[0].numpy(), png)
         files.append(png)
     images = images.assign(codes=[decoded.tokens[0].tolist()])
-    run.write_part(f"image_{i:05d}", {"image": i, "condition": str(condition)},
-                   tables={"steps": steps, "drafts": drafts, "image": images}, files=files)
+    run.write_part(
+        f"image_{i:05d}",
+        {"image": i, "condition": str(condition)},
+        tables={"steps": steps, "drafts": drafts, "image": images},
+        files=files,
+    )
 
 
-def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, sampling: SamplingConfig,
-                 out: str | Path, drafter: Optional[DraftModel] = None, seed: int = 0, progress: bool = True,
-                 settings: Optional[dict] = None, overwrite: bool = False, shard: Shard = SINGLE,
-                 batch_size: int = 1):
+def run_generate(
+    model: TokenModel,
+    conditions: list,
+    config: DecodeConfig,
+    sampling: SamplingConfig,
+    out: str | Path,
+    drafter: Optional[DraftModel] = None,
+    seed: int = 0,
+    progress: bool = True,
+    settings: Optional[dict] = None,
+    overwrite: bool = False,
+    shard: Shard = SINGLE,
+    batch_size: int = 1,
+):
     """Decode ``conditions`` (image ``i`` from its own stream seeded by ``(seed, i)``) into the run
     directory ``out``, reusing the intact parts of finished images.
 
@@ -197,28 +335,55 @@ def run_generate(model: TokenModel, conditions: list, config: DecodeConfig, samp
     holding a run of other settings or another shard count.
     """
     t0 = time.perf_counter()
-    record = settings if settings is not None else {"model": model.describe(), **config.as_dict(),
-                                                    **sampling.as_dict(), "seed": seed}
+    record = (
+        settings
+        if settings is not None
+        else {"model": model.describe(), **config.as_dict(), **sampling.as_dict(), "seed": seed}
+    )
     run = RunDir(out, record, command=COMMAND, outputs=OUTPUTS, merge=MERGE)
     shard.first(lambda: run.open(overwrite, shards=shard.count), lambda: run.open(shards=shard.count))
     pixels = model.can_decode
     check_depth(config, model)
-    neighbours = neighbour_table(model, config, progress=progress)  # built once; decode() checks the drafter before any image
-    facts = {"model": model.describe(), "class_names": model.class_names, "method": config.method,
-             "gamma": config.draft_depth, "sampling": sampling.as_dict(), "rule": config.as_dict(), "pixels": pixels,
-             "drafter": None if drafter is None else {"target": drafter.target.get("name"),
-                                                      "training": getattr(drafter, "info", {})},
-             "conditions": [str(c) for c in conditions]}
+    neighbours = neighbour_table(
+        model, config, progress=progress
+    )  # built once; decode() checks the drafter before any image
+    facts = {
+        "model": model.describe(),
+        "class_names": model.class_names,
+        "method": config.method,
+        "gamma": config.draft_depth,
+        "sampling": sampling.as_dict(),
+        "rule": config.as_dict(),
+        "pixels": pixels,
+        "drafter": None
+        if drafter is None
+        else {"target": drafter.target.get("name"), "training": getattr(drafter, "info", {})},
+        "conditions": [str(c) for c in conditions],
+    }
     if shard.index == 0:  # what the merge needs to know: how many images, their conditions, the facts
         run.write_part("request", {"num_images": len(conditions)}, meta=facts)
     todo = [i for i, c in enumerate(conditions) if shard.owns(i) and not _finished(run, i, c, pixels)]
     chunk = 1 if batch_size == 1 else 16 * batch_size
-    bar = tqdm(total=len(todo), desc=f"{config.method} images" + (f" ({shard.label})" if shard.count > 1 else ""),
-               disable=not progress, unit="img")
+    bar = tqdm(
+        total=len(todo),
+        desc=f"{config.method} images" + (f" ({shard.label})" if shard.count > 1 else ""),
+        disable=not progress,
+        unit="img",
+    )
     for at in range(0, len(todo), chunk):
-        these = todo[at:at + chunk]
-        d = decode(model, [conditions[i] for i in these], config, sampling, drafter, neighbours, seed=seed,
-                   pixels=pixels, indices=these, batch_size=batch_size)
+        these = todo[at : at + chunk]
+        d = decode(
+            model,
+            [conditions[i] for i in these],
+            config,
+            sampling,
+            drafter,
+            neighbours,
+            seed=seed,
+            pixels=pixels,
+            indices=these,
+            batch_size=batch_size,
+        )
         for i, one in zip(these, d.split()):
             _save_image(run, i, conditions[i], one)
         bar.update(len(these))
@@ -247,19 +412,30 @@ def _assemble(run: RunDir, facts: dict, computed: int, t0: float):
         raise UsageError(f"{run.path} has image parts without their PNG; rerun the generate command to repair them")
     cat = lambda what: pd.concat([p.tables[what] for p in parts], ignore_index=True)  # noqa: E731
     steps, drafts, images = cat("steps"), cat("drafts"), cat("image")
-    summary = {"model": facts["model"], "settings": run.settings, "method": facts["method"], "gamma": facts["gamma"],
-               "sampling": facts["sampling"], "rule": facts["rule"], "drafter": facts["drafter"],
-               **summarize(steps, drafts, images, facts["gamma"]),
-               "images_resumed": len(conditions) - computed, "images_computed": computed,
-               "notes": run.notes, "wall_time_s": round(time.perf_counter() - t0, 3)}
+    summary = {
+        "model": facts["model"],
+        "settings": run.settings,
+        "method": facts["method"],
+        "gamma": facts["gamma"],
+        "sampling": facts["sampling"],
+        "rule": facts["rule"],
+        "drafter": facts["drafter"],
+        **summarize(steps, drafts, images, facts["gamma"]),
+        "images_resumed": len(conditions) - computed,
+        "images_computed": computed,
+        "notes": run.notes,
+        "wall_time_s": round(time.perf_counter() - t0, 3),
+    }
     write_table(steps, run.path / "steps.parquet")
     write_table(drafts, run.path / "drafts.parquet")
     write_table(images, run.path / "images.parquet")
     if facts["pixels"]:
         _grid(facts["class_names"], run.path, images)
     write_json(summary, run.path / "summary.json")
-    run.seal(["steps.parquet", "drafts.parquet", "images.parquet", "summary.json"]  # lantern.runs.load_run checks them
-             + ([f"images/{int(i):05d}.png" for i in images["image"]] if facts["pixels"] else []))
+    run.seal(
+        ["steps.parquet", "drafts.parquet", "images.parquet", "summary.json"]  # lantern.runs.load_run checks them
+        + ([f"images/{int(i):05d}.png" for i in images["image"]] if facts["pixels"] else [])
+    )
     return steps, drafts, images, summary
 
 
@@ -279,11 +455,14 @@ def merge_run(path: str | Path, figures: bool = True):
 
 
 def _grid(class_names, out: Path, images) -> None:
-    arr = [np.asarray(Image.open(out / "images" / f"{int(i):05d}.png"), dtype=np.float32) / 255.0
-           for i in images["image"]]
+    arr = [
+        np.asarray(Image.open(out / "images" / f"{int(i):05d}.png"), dtype=np.float32) / 255.0 for i in images["image"]
+    ]
     x = np.stack([a[None] if a.ndim == 2 else a.transpose(2, 0, 1) for a in arr])
-    titles = [class_names[int(c)] if class_names and str(c).isdigit() and int(c) < len(class_names) else str(c)
-              for c in images["condition"]]
+    titles = [
+        class_names[int(c)] if class_names and str(c).isdigit() and int(c) < len(class_names) else str(c)
+        for c in images["condition"]
+    ]
     fig = plots.image_grid(x, ncol=min(8, len(x)), titles=titles)
     plots.save_figure(fig, out / "grid")
 
@@ -299,9 +478,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     check_batch_config(config, args.batch_size)
     classes = parse_classes(args.classes)
     dynamic = config.tree is not None and config.tree.kind == "dynamic"
-    check_spec_options(args.model, args.weights, k=config.rule.k if config.rule is not None and config.rule.relaxed
-                       else None, classes=classes, captions=args.captions,
-                       tree_top_k=config.tree.top_k if dynamic else None)
+    check_spec_options(
+        args.model,
+        args.weights,
+        k=config.rule.k if config.rule is not None and config.rule.relaxed else None,
+        classes=classes,
+        captions=args.captions,
+        tree_top_k=config.tree.top_k if dynamic else None,
+    )
     device, dtype = device_from_args(args)
     out = check_out_dir(args.out or default_out("generate", f"{args.model}-{args.method}"))
     settings = _settings(args, config, sampling, device, dtype)
@@ -319,17 +503,33 @@ def main(argv: Optional[list[str]] = None) -> int:
         check_batching(model, drafter, config.tree if config.speculative else None)
         check_run_size(model, args.num_images, args.batch_size, sampling.guided)
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
-    result = run_generate(model, conditions, config, sampling, out, drafter, args.seed, progress=not args.no_progress,
-                          settings=settings, overwrite=args.overwrite, shard=shard, batch_size=args.batch_size)
+    result = run_generate(
+        model,
+        conditions,
+        config,
+        sampling,
+        out,
+        drafter,
+        args.seed,
+        progress=not args.no_progress,
+        settings=settings,
+        overwrite=args.overwrite,
+        shard=shard,
+        batch_size=args.batch_size,
+    )
     if result is None:
-        print(f"{shard.label} done: its images are parts of {out}"
-              + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}"))
+        print(
+            f"{shard.label} done: its images are parts of {out}"
+            + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}")
+        )
         return 0
     summary = result[3]
     print(summary_table([summary]))
     hist = summary["accept_histogram"]
-    print(f"accepted drafts per step (0..{len(hist) - 1}): {hist}; cfg {sampling.guidance}, temperature "
-          f"{sampling.temperature}; {summary['images_computed']} images computed, {summary['images_resumed']} resumed")
+    print(
+        f"accepted drafts per step (0..{len(hist) - 1}): {hist}; cfg {sampling.guidance}, temperature "
+        f"{sampling.temperature}; {summary['images_computed']} images computed, {summary['images_resumed']} resumed"
+    )
     print(f"wrote {out}/(images/, grid.png, steps.parquet, drafts.parquet, images.parquet, summary.json)")
     return 0
 

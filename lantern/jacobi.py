@@ -55,6 +55,7 @@ Records (:mod:`lantern.records`): one step row per Jacobi forward (``drafted`` =
 ``proposed_step`` = the Jacobi iteration (step) whose forward sampled it, or -1 for an initialised
 position; for GSD ``p_tilde = p(G)``, ``j_star = |G| - 1`` and ``spent = p(G) - p(x)``.
 """
+
 from __future__ import annotations
 
 import time
@@ -71,9 +72,21 @@ from lantern.records import Decoded, StepLog
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
 from lantern.trees import Draws, GeneratorDraws
 
-__all__ = ["JACOBI_METHODS", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "JacobiConfig", "sjd_accept_prob",
-           "group_masses", "gsd_accept_prob", "sjd_residual", "gsd_output_distribution", "sjd_output_distribution",
-           "jacobi_decode", "check_jacobi"]
+__all__ = [
+    "JACOBI_METHODS",
+    "INITS",
+    "COUPLINGS",
+    "DEFAULT_WINDOW",
+    "JacobiConfig",
+    "sjd_accept_prob",
+    "group_masses",
+    "gsd_accept_prob",
+    "sjd_residual",
+    "gsd_output_distribution",
+    "sjd_output_distribution",
+    "jacobi_decode",
+    "check_jacobi",
+]
 
 JACOBI_METHODS = ("sjd", "gsd", "scd")
 INITS = ("random", "repeat-horizon")
@@ -128,7 +141,7 @@ class JacobiConfig:
             d.update(scd_coupling=self.coupling)
         return d
 
-    def replace(self, **kw) -> "JacobiConfig":
+    def replace(self, **kw) -> JacobiConfig:
         return JacobiConfig(**{**asdict(self), **kw})
 
 
@@ -137,18 +150,23 @@ def check_jacobi(config: JacobiConfig, model: TokenModel) -> None:
     vocabulary, ``--gsd-distance`` without input embeddings, ``repeat-horizon`` without a 2-D grid."""
     V = model.vocab_size
     if config.method == "gsd" and config.group > V:
-        raise UsageError(f"--gsd-group {config.group} exceeds the vocabulary size {V} of {model.name}; "
-                         f"use --gsd-group {V} or less")
+        raise UsageError(
+            f"--gsd-group {config.group} exceeds the vocabulary size {V} of {model.name}; use --gsd-group {V} or less"
+        )
     if config.method == "gsd" and config.distance is not None:
         try:
             model.input_embeddings()
         except NotImplementedError:
-            raise UsageError(f"--gsd-distance needs the input embeddings of {model.name}, which it does not expose; "
-                             f"drop --gsd-distance") from None
+            raise UsageError(
+                f"--gsd-distance needs the input embeddings of {model.name}, which it does not expose; "
+                f"drop --gsd-distance"
+            ) from None
     grid = tuple(getattr(model, "grid", (1, model.num_tokens)))
     if config.init == "repeat-horizon" and (len(grid) != 2 or min(grid) < 2):
-        raise UsageError(f"--jacobi-init repeat-horizon copies the token to the left in the image grid, but "
-                         f"{model.name} has no 2-D token grid; use --jacobi-init random")
+        raise UsageError(
+            f"--jacobi-init repeat-horizon copies the token to the left in the image grid, but "
+            f"{model.name} has no 2-D token grid; use --jacobi-init random"
+        )
 
 
 # --------------------------------------------------------------------------- rules (pure tensor functions)
@@ -171,8 +189,14 @@ def sjd_residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, r / torch.where(mass > 0, mass, torch.ones_like(mass)), p)
 
 
-def group_masses(p: torch.Tensor, q: torch.Tensor, group: int, prob_gap: float,
-                 embeddings: Optional[torch.Tensor] = None, distance: Optional[float] = None):
+def group_masses(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    group: int,
+    prob_gap: float,
+    embeddings: Optional[torch.Tensor] = None,
+    distance: Optional[float] = None,
+):
     """GSD's group ``G(x)`` of every token ``x``, as masses: ``(p(G), q(G), |G|)``, each (..., V).
 
     p, q: (..., V) float. Tokens are ranked by ascending ``p`` (stable: ties by code index); ``G(x)``
@@ -212,8 +236,14 @@ def gsd_accept_prob(p_group: torch.Tensor, q_group: torch.Tensor) -> torch.Tenso
     return torch.where(q_group > 0, (p_group / safe).clamp(max=1.0), (p_group > 0).to(p_group.dtype))
 
 
-def gsd_output_distribution(p: torch.Tensor, q: torch.Tensor, group: int, prob_gap: float,
-                            embeddings: Optional[torch.Tensor] = None, distance: Optional[float] = None) -> torch.Tensor:
+def gsd_output_distribution(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    group: int,
+    prob_gap: float,
+    embeddings: Optional[torch.Tensor] = None,
+    distance: Optional[float] = None,
+) -> torch.Tensor:
     """The exact distribution of the token one GSD verification emits at a position (..., V).
 
     ``out(y) = q(y) a(y) + (Σ_x q(x) (1 - a(x))) norm(max(p - q, 0))(y)`` with
@@ -270,8 +300,9 @@ class _Gumbel:
         return int((p.double().log() + g).argmax())
 
 
-def _init_token(tokens: torch.Tensor, window: _Window, position: int, n: int, config: JacobiConfig, width: int,
-                V: int, draws: Draws) -> int:
+def _init_token(
+    tokens: torch.Tensor, window: _Window, position: int, n: int, config: JacobiConfig, width: int, V: int, draws: Draws
+) -> int:
     """A new window position: uniform random, or the token to its left (``repeat-horizon``,
     random in the first column). ``tokens`` (1, N) committed; the window starts at ``n``."""
     if config.init == "repeat-horizon" and position % width != 0:
@@ -289,8 +320,9 @@ def _draw(p: torch.Tensor, position: int, greedy: bool, draws: Draws, gumbel: Op
     return draws.categorical(p)
 
 
-def _judge(p: torch.Tensor, q: torch.Tensor, token: int, config: JacobiConfig, greedy: bool,
-           embeddings: Optional[torch.Tensor]) -> dict:
+def _judge(
+    p: torch.Tensor, q: torch.Tensor, token: int, config: JacobiConfig, greedy: bool, embeddings: Optional[torch.Tensor]
+) -> dict:
     """Verdict inputs of one draft: acceptance probability (0/1 when greedy) and record columns."""
     px = float(p[token])
     qx = float(q[token])
@@ -325,14 +357,24 @@ def _in_group(p: torch.Tensor, x: int, y: int, config: JacobiConfig, embeddings)
 
 
 def _point(V: int, token: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(V, dtype=like.dtype, device=like.device).scatter_(0, torch.tensor([token], device=like.device),
-                                                                          1.0)
+    return torch.zeros(V, dtype=like.dtype, device=like.device).scatter_(
+        0, torch.tensor([token], device=like.device), 1.0
+    )
 
 
 @torch.no_grad()
-def jacobi_decode(model: TokenModel, prompt: Prompt, sampling: SamplingConfig, config: JacobiConfig,
-                  generator: Optional[torch.Generator] = None, num_tokens: Optional[int] = None, image: int = 0,
-                  seed: Optional[int] = None, draws: Optional[Draws] = None, pairs: Optional[list] = None) -> Decoded:
+def jacobi_decode(
+    model: TokenModel,
+    prompt: Prompt,
+    sampling: SamplingConfig,
+    config: JacobiConfig,
+    generator: Optional[torch.Generator] = None,
+    num_tokens: Optional[int] = None,
+    image: int = 0,
+    seed: Optional[int] = None,
+    draws: Optional[Draws] = None,
+    pairs: Optional[list] = None,
+) -> Decoded:
     """Decode one image with SJD, GSD or SCD (module docstring): batch 1, CFG rows, any sampling.
 
     model: the target (:class:`TokenModel`: new_cache / prefill / extend / rollback); prompt: one
@@ -372,7 +414,7 @@ def jacobi_decode(model: TokenModel, prompt: Prompt, sampling: SamplingConfig, c
                 window.add(_init_token(tokens, window, n + len(window), n, config, width, V, draws), None, -1)
             drafts = torch.tensor([window.tokens], dtype=torch.long, device=model.device)
         with timer("target"):
-            out = model.extend(cache, expand_rows(torch.cat([tokens[:, n - 1:n], drafts], 1), guided))
+            out = model.extend(cache, expand_rows(torch.cat([tokens[:, n - 1 : n], drafts], 1), guided))
         with timer("acceptance"):
             p = target_distribution(out.logits, sampling, guided)[0]  # (g + 1, V): positions n .. n + g
             cols, a = [], g
@@ -392,7 +434,7 @@ def jacobi_decode(model: TokenModel, prompt: Prompt, sampling: SamplingConfig, c
                 nxt = int(p[a].argmax()) if greedy else draws.categorical(sjd_residual(p[a], q))
             else:
                 nxt = _draw(p[g], n + g, greedy, draws, gumbel)
-            tokens[0, n:n + a] = drafts[0, :a]
+            tokens[0, n : n + a] = drafts[0, :a]
             tokens[0, n + a] = nxt
             new = _Window()  # the next drafts: this forward's samples at positions n + a + 1 .. n + g
             for j in range(a + 1, g + 1):
@@ -410,8 +452,17 @@ def jacobi_decode(model: TokenModel, prompt: Prompt, sampling: SamplingConfig, c
         kind = "bonus" if a == g else "residual"
         if g == 0:
             kind = "target"
-        log.add_step(step, n, g, a, kind, nxt, elapsed_since(timer, before),
-                     _draft_columns(p[:g], window, cols, step) if g else None, drafter_forwards=0)
+        log.add_step(
+            step,
+            n,
+            g,
+            a,
+            kind,
+            nxt,
+            elapsed_since(timer, before),
+            _draft_columns(p[:g], window, cols, step) if g else None,
+            drafter_forwards=0,
+        )
         window = new
         n += a + 1
     steps, drafts_tab = log.tables()
@@ -428,12 +479,23 @@ def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> d
     qs = [window.q[j] if window.q[j] is not None else None for j in range(g)]
     q_top1 = torch.tensor([float(q.max()) if q is not None else 1.0 for q in qs], dtype=torch.float64)
     toks = torch.tensor(window.tokens[:g], dtype=torch.long)
-    q_draft = torch.tensor([float(q[t]) if q is not None else 1.0 for q, t in zip(qs, window.tokens[:g])],
-                           dtype=torch.float64)
+    q_draft = torch.tensor(
+        [float(q[t]) if q is not None else 1.0 for q, t in zip(qs, window.tokens[:g])], dtype=torch.float64
+    )
     p_cpu = p.detach().double().cpu()
     f = lambda key: torch.tensor(pad(key, nan), dtype=torch.float64)  # noqa: E731
-    return dict(token=toks, p_draft=p_cpu.gather(-1, toks[:, None])[:, 0], q_draft=q_draft, p_tilde=f("p_tilde"),
-                j_star=torch.tensor(pad("j_star", 0), dtype=torch.long), spent=f("spent"),
-                accept_prob=f("accept_prob"), u=f("u"), accepted=torch.tensor(pad("accepted", False)),
-                p_top1=top1_prob(p_cpu), p_entropy=entropy(p_cpu), q_top1=q_top1,
-                proposed_step=torch.tensor(window.proposed[:g], dtype=torch.long))
+    return dict(
+        token=toks,
+        p_draft=p_cpu.gather(-1, toks[:, None])[:, 0],
+        q_draft=q_draft,
+        p_tilde=f("p_tilde"),
+        j_star=torch.tensor(pad("j_star", 0), dtype=torch.long),
+        spent=f("spent"),
+        accept_prob=f("accept_prob"),
+        u=f("u"),
+        accepted=torch.tensor(pad("accepted", False)),
+        p_top1=top1_prob(p_cpu),
+        p_entropy=entropy(p_cpu),
+        q_top1=q_top1,
+        proposed_step=torch.tensor(window.proposed[:g], dtype=torch.long),
+    )

@@ -47,25 +47,87 @@ Definitions (:func:`summarize`), per decode, summed over images:
 * ``out_of_support`` = committed drafts whose own target probability is 0 (and their share
   ``out_of_support_rate`` of the committed drafts).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
 
-__all__ = ["STEP_COLUMNS", "DRAFT_COLUMNS", "IMAGE_COLUMNS", "NEXT_KINDS", "Decoded", "StepLog", "summarize",
-           "accept_histogram", "summary_table"]
+__all__ = [
+    "STEP_COLUMNS",
+    "DRAFT_COLUMNS",
+    "IMAGE_COLUMNS",
+    "NEXT_KINDS",
+    "Decoded",
+    "StepLog",
+    "summarize",
+    "accept_histogram",
+    "summary_table",
+]
 
-STEP_COLUMNS = ("image", "step", "position", "drafted", "accepted", "emitted", "next_kind", "next_token",
-                "drafter_forwards", "target_s", "drafter_s", "acceptance_s", "proximity_s", "batch_step", "active")
-DRAFT_COLUMNS = ("image", "step", "draft_index", "position", "token", "p_draft", "q_draft", "p_tilde", "j_star",
-                 "spent", "accept_prob", "u", "accepted", "reached", "committed", "out_of_support", "p_top1",
-                 "p_entropy", "q_top1", "node", "parent", "depth", "sibling", "proposed_step")
+STEP_COLUMNS = (
+    "image",
+    "step",
+    "position",
+    "drafted",
+    "accepted",
+    "emitted",
+    "next_kind",
+    "next_token",
+    "drafter_forwards",
+    "target_s",
+    "drafter_s",
+    "acceptance_s",
+    "proximity_s",
+    "batch_step",
+    "active",
+)
+DRAFT_COLUMNS = (
+    "image",
+    "step",
+    "draft_index",
+    "position",
+    "token",
+    "p_draft",
+    "q_draft",
+    "p_tilde",
+    "j_star",
+    "spent",
+    "accept_prob",
+    "u",
+    "accepted",
+    "reached",
+    "committed",
+    "out_of_support",
+    "p_top1",
+    "p_entropy",
+    "q_top1",
+    "node",
+    "parent",
+    "depth",
+    "sibling",
+    "proposed_step",
+)
 _TREE_INT = ("token", "j_star", "node", "parent", "depth", "sibling", "position", "draft_index")
-IMAGE_COLUMNS = ("image", "condition", "seed", "tokens", "target_forwards", "steps", "drafted", "accepted",
-                 "target_s", "drafter_s", "acceptance_s", "proximity_s", "total_s")
+IMAGE_COLUMNS = (
+    "image",
+    "condition",
+    "seed",
+    "tokens",
+    "target_forwards",
+    "steps",
+    "drafted",
+    "accepted",
+    "target_s",
+    "drafter_s",
+    "acceptance_s",
+    "proximity_s",
+    "total_s",
+)
 NEXT_KINDS = ("target", "bonus", "residual")  # how the token sampled by a verification forward was drawn
 
 
@@ -81,18 +143,44 @@ class StepLog:
         self.steps: list[dict] = []
         self.drafts: list[dict] = []
 
-    def add_step(self, step: int, position: int, drafted: int, accepted: int, next_kind: str, next_token: int,
-                 seconds: dict, drafts: Optional[dict] = None, drafter_forwards: int = 0) -> None:
+    def add_step(
+        self,
+        step: int,
+        position: int,
+        drafted: int,
+        accepted: int,
+        next_kind: str,
+        next_token: int,
+        seconds: dict,
+        drafts: Optional[dict] = None,
+        drafter_forwards: int = 0,
+    ) -> None:
         """One verification step; ``drafts`` maps draft columns to (γ,) tensors of a chain (absent
         when γ = 0), or — with a ``reached`` column — to the complete per-node arrays of a tree."""
-        self.steps.append(dict(image=self.image, step=step, position=position, drafted=drafted, accepted=accepted,
-                               emitted=accepted + 1, next_kind=next_kind, next_token=next_token,
-                               drafter_forwards=drafter_forwards, target_s=seconds.get("target", 0.0),
-                               drafter_s=seconds.get("drafter", 0.0), acceptance_s=seconds.get("acceptance", 0.0),
-                               proximity_s=seconds.get("proximity", 0.0), batch_step=step, active=1))
+        self.steps.append(
+            dict(
+                image=self.image,
+                step=step,
+                position=position,
+                drafted=drafted,
+                accepted=accepted,
+                emitted=accepted + 1,
+                next_kind=next_kind,
+                next_token=next_token,
+                drafter_forwards=drafter_forwards,
+                target_s=seconds.get("target", 0.0),
+                drafter_s=seconds.get("drafter", 0.0),
+                acceptance_s=seconds.get("acceptance", 0.0),
+                proximity_s=seconds.get("proximity", 0.0),
+                batch_step=step,
+                active=1,
+            )
+        )
         if drafts is not None and drafted > 0:
             chain = "reached" not in drafts  # a tree brings its own per-node positions
-            self.drafts.append(dict(drafts, step=step, accepted_count=accepted, **({"position": position} if chain else {})))
+            self.drafts.append(
+                dict(drafts, step=step, accepted_count=accepted, **({"position": position} if chain else {}))
+            )
 
     def tables(self) -> tuple[dict, dict]:
         """(steps, drafts) as dicts of numpy columns (see the module docstring)."""
@@ -118,13 +206,35 @@ def _chain_rows(d: dict) -> dict:
     g = int(d["token"].numel())
     idx = np.arange(g)
     a = d["accepted_count"]
-    rows = {"draft_index": idx, "position": d["position"] + idx, "accepted": d["accepted"].cpu().numpy().astype(bool),
-            "reached": idx <= a, "committed": idx < a, "node": idx + 1, "parent": idx, "depth": idx + 1,
-            "sibling": np.zeros(g, dtype=np.int64)}
-    for c in ("token", "p_draft", "q_draft", "p_tilde", "j_star", "spent", "accept_prob", "u", "p_top1", "p_entropy",
-              "q_top1") + (("proposed_step",) if "proposed_step" in d else ()):
-        rows[c] = (d[c].cpu().numpy().astype(np.int64) if c in ("token", "j_star", "proposed_step")
-                   else d[c].detach().double().cpu().numpy())
+    rows = {
+        "draft_index": idx,
+        "position": d["position"] + idx,
+        "accepted": d["accepted"].cpu().numpy().astype(bool),
+        "reached": idx <= a,
+        "committed": idx < a,
+        "node": idx + 1,
+        "parent": idx,
+        "depth": idx + 1,
+        "sibling": np.zeros(g, dtype=np.int64),
+    }
+    for c in (
+        "token",
+        "p_draft",
+        "q_draft",
+        "p_tilde",
+        "j_star",
+        "spent",
+        "accept_prob",
+        "u",
+        "p_top1",
+        "p_entropy",
+        "q_top1",
+    ) + (("proposed_step",) if "proposed_step" in d else ()):
+        rows[c] = (
+            d[c].cpu().numpy().astype(np.int64)
+            if c in ("token", "j_star", "proposed_step")
+            else d[c].detach().double().cpu().numpy()
+        )
     return rows
 
 
@@ -173,28 +283,51 @@ class Decoded:
     def summary(self) -> dict:
         """:func:`summarize` of this decode plus method, γ and settings."""
         steps, drafts, images = self.frames()
-        return {"method": self.method, "gamma": self.gamma, **self.settings,
-                **summarize(steps, drafts, images, self.gamma)}
+        return {
+            "method": self.method,
+            "gamma": self.gamma,
+            **self.settings,
+            **summarize(steps, drafts, images, self.gamma),
+        }
 
-    def split(self) -> list["Decoded"]:
+    def split(self) -> list[Decoded]:
         """One Decoded per image (row of ``tokens``, in order), with that image's rows of every table."""
         out = []
         for j, image in enumerate(np.asarray(self.images["image"])):
-            pick = lambda tab: {c: np.asarray(v)[np.asarray(tab["image"]) == image] for c, v in tab.items()}  # noqa: E731
-            out.append(Decoded(self.tokens[j:j + 1], pick(self.steps), pick(self.drafts),
-                               {c: np.asarray(v)[j:j + 1] for c, v in self.images.items()}, self.method, self.gamma,
-                               dict(self.settings), None if self.pixels is None else self.pixels[j:j + 1]))
+            pick = lambda tab, image=image: {
+                c: np.asarray(v)[np.asarray(tab["image"]) == image] for c, v in tab.items()
+            }  # noqa: E731
+            out.append(
+                Decoded(
+                    self.tokens[j : j + 1],
+                    pick(self.steps),
+                    pick(self.drafts),
+                    {c: np.asarray(v)[j : j + 1] for c, v in self.images.items()},
+                    self.method,
+                    self.gamma,
+                    dict(self.settings),
+                    None if self.pixels is None else self.pixels[j : j + 1],
+                )
+            )
         return out
 
     @staticmethod
-    def concat(parts: Sequence["Decoded"]) -> "Decoded":
+    def concat(parts: Sequence[Decoded]) -> Decoded:
         """Join per-image decodes (same method) in order; image indices are kept as recorded."""
         if not parts:
             raise ValueError("nothing to concatenate")
         cat = lambda key: {c: np.concatenate([getattr(p, key)[c] for p in parts]) for c in getattr(parts[0], key)}
         pixels = None if any(p.pixels is None for p in parts) else torch.cat([p.pixels for p in parts])
-        return Decoded(torch.cat([p.tokens for p in parts]), cat("steps"), cat("drafts"), cat("images"),
-                       parts[0].method, parts[0].gamma, dict(parts[0].settings), pixels)
+        return Decoded(
+            torch.cat([p.tokens for p in parts]),
+            cat("steps"),
+            cat("drafts"),
+            cat("images"),
+            parts[0].method,
+            parts[0].gamma,
+            dict(parts[0].settings),
+            pixels,
+        )
 
 
 def accept_histogram(steps, gamma: int) -> list[int]:
@@ -235,8 +368,11 @@ def summarize(steps, drafts, images, gamma: int) -> dict:
         "acceptance_rate": float(committed.sum() / reached.sum()) if reached.sum() else nan,
         "accept_histogram": accept_histogram(steps, gamma),
         "out_of_support": int(np.sum(np.asarray(drafts["out_of_support"], dtype=bool))) if len(drafts["token"]) else 0,
-        "out_of_support_rate": (float(np.sum(np.asarray(drafts["out_of_support"], dtype=bool)) / committed.sum())
-                                if committed.sum() else nan),
+        "out_of_support_rate": (
+            float(np.sum(np.asarray(drafts["out_of_support"], dtype=bool)) / committed.sum())
+            if committed.sum()
+            else nan
+        ),
         "mean_j_star": float(np.mean(np.asarray(drafts["j_star"])[committed])) if committed.any() else nan,
         "mean_spent": float(np.mean(np.asarray(drafts["spent"])[committed])) if committed.any() else nan,
         "seconds_per_image": per("total_s"),
@@ -247,11 +383,20 @@ def summarize(steps, drafts, images, gamma: int) -> dict:
     return out
 
 
-SUMMARY_SHOWN = (("method", "method"), ("images", "images"), ("tokens", "tokens"), ("target_forwards", "fwd"),
-                 ("acceptance_rate", "α"), ("tau", "τ (+bonus)"),
-                 ("mean_accepted_drafts", "accepted/step"), ("tokens_per_forward", "tokens/fwd"),
-                 ("seconds_per_image", "s/img"), ("target_s_per_image", "target s"),
-                 ("drafter_s_per_image", "drafter s"), ("acceptance_s_per_image", "accept s"))
+SUMMARY_SHOWN = (
+    ("method", "method"),
+    ("images", "images"),
+    ("tokens", "tokens"),
+    ("target_forwards", "fwd"),
+    ("acceptance_rate", "α"),
+    ("tau", "τ (+bonus)"),
+    ("mean_accepted_drafts", "accepted/step"),
+    ("tokens_per_forward", "tokens/fwd"),
+    ("seconds_per_image", "s/img"),
+    ("target_s_per_image", "target s"),
+    ("drafter_s_per_image", "drafter s"),
+    ("acceptance_s_per_image", "accept s"),
+)
 
 
 def summary_table(summaries: Sequence[dict], extra: Sequence[str] = ()) -> str:

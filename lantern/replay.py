@@ -30,18 +30,29 @@ writes ``acceptance_by_ambiguity.parquet``, ``image_quality.parquet``, ``quality
 ``--quality``; resumable parts in ``<out>/quality``), ``replay.png`` / ``.pdf`` and prints the
 tables. The run readers and proxies live in :mod:`lantern.run_reader` and are re-exported here.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_device_args, add_out_arg, check_out_dir, check_out_file, cli_main,
-                           nonneg_int, parse_mapping, positive_int)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_device_args,
+    add_out_arg,
+    check_out_dir,
+    check_out_file,
+    cli_main,
+    nonneg_int,
+    parse_mapping,
+    positive_int,
+)
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_table
 from ambiguity.models.base import resolve_device
@@ -51,8 +62,20 @@ from lantern.quality.features import EXTRACTORS, OFFLINE
 from lantern.quality.scoring import Protocol
 from lantern.run_reader import image_quality, load_run, read_images, reference_notes, run_label, target_scores
 
-__all__ = ["load_run", "run_label", "ambiguity_bins", "acceptance_by_ambiguity", "read_images", "image_quality",
-           "reference_notes", "target_scores", "plot_replay", "run_quality", "main", "AMBIGUITY_COLUMNS"]
+__all__ = [
+    "load_run",
+    "run_label",
+    "ambiguity_bins",
+    "acceptance_by_ambiguity",
+    "read_images",
+    "image_quality",
+    "reference_notes",
+    "target_scores",
+    "plot_replay",
+    "run_quality",
+    "main",
+    "AMBIGUITY_COLUMNS",
+]
 
 AMBIGUITY_COLUMNS = {"p_top1": "top-1 probability of p", "p_entropy": "entropy of p (nats)"}
 
@@ -81,16 +104,23 @@ def ambiguity_bins(drafts, by: str = "p_top1", edges: Optional[Sequence[float]] 
     for b in range(len(edges) - 1):
         sel = d[which == b]
         n = len(sel)
-        rows.append({"by": by, "lo": edges[b], "hi": edges[b + 1], "mid": 0.5 * (edges[b] + edges[b + 1]),
-                     "drafts": n, "committed": int(sel["committed"].sum()),
-                     "acceptance_rate": float(sel["committed"].mean()) if n else float("nan"),
-                     "mean_j_star": float(sel["j_star"].mean()) if n else float("nan"),
-                     "mean_p_gain": float((sel["p_tilde"] - sel["p_draft"]).mean()) if n else float("nan")})
+        rows.append(
+            {
+                "by": by,
+                "lo": edges[b],
+                "hi": edges[b + 1],
+                "mid": 0.5 * (edges[b] + edges[b + 1]),
+                "drafts": n,
+                "committed": int(sel["committed"].sum()),
+                "acceptance_rate": float(sel["committed"].mean()) if n else float("nan"),
+                "mean_j_star": float(sel["j_star"].mean()) if n else float("nan"),
+                "mean_p_gain": float((sel["p_tilde"] - sel["p_draft"]).mean()) if n else float("nan"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def acceptance_by_ambiguity(runs: Mapping[str, object], by: Sequence[str] = ("p_top1", "p_entropy"),
-                            bins: int = 10):
+def acceptance_by_ambiguity(runs: Mapping[str, object], by: Sequence[str] = ("p_top1", "p_entropy"), bins: int = 10):
     """:func:`ambiguity_bins` for several runs on shared edges: ``runs`` maps a label to a drafts
     DataFrame. Returns one long DataFrame with a ``method`` column (the label)."""
     frames = []
@@ -105,8 +135,9 @@ def acceptance_by_ambiguity(runs: Mapping[str, object], by: Sequence[str] = ("p_
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay", min_drafts: int = 20,
-                level: float = 0.95) -> list[Path]:
+def plot_replay(
+    bins, quality=None, path: str | Path = "figures/lantern_replay", min_drafts: int = 20, level: float = 0.95
+) -> list[Path]:
     """Acceptance rate vs top-1 probability and vs entropy of p per method, with the Wilson
     ``level`` interval of each bin (:func:`lantern.quality.metrics.wilson_interval` over its
     reached drafts, which treats drafts as independent: within one image they are not, so read
@@ -122,8 +153,9 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
     n = len(cols) + (quality is not None and len(quality) > 0)
     methods = list(dict.fromkeys(bins["method"]))
     with plots.style():
-        fig, axes = plots.new_figure(2, n, width=2.6 * n, height=3.6, squeeze=False,
-                                     gridspec_kw={"height_ratios": [2.2, 1]})
+        fig, axes = plots.new_figure(
+            2, n, width=2.6 * n, height=3.6, squeeze=False, gridspec_kw={"height_ratios": [2.2, 1]}
+        )
         for c, col in enumerate(cols):
             ax, cnt = axes[0, c], axes[1, c]
             los = np.unique(bins.loc[bins["by"] == col, "lo"])
@@ -131,11 +163,25 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
             for j, m in enumerate(methods):
                 b = bins[(bins["by"] == col) & (bins["method"] == m) & (bins["drafts"] >= min_drafts)]
                 ci = np.array([wilson_interval(r, int(k), level) for r, k in zip(b["acceptance_rate"], b["drafts"])])
-                err = None if not len(b) else np.vstack([b["acceptance_rate"] - ci[:, 0], ci[:, 1] - b["acceptance_rate"]])
+                err = (
+                    None
+                    if not len(b)
+                    else np.vstack([b["acceptance_rate"] - ci[:, 0], ci[:, 1] - b["acceptance_rate"]])
+                )
                 dodge = (j - (len(methods) - 1) / 2) * 0.12 * width  # side by side within a bin
                 color = plots.color_for(m, j)
-                ax.errorbar(b["mid"] + dodge, b["acceptance_rate"], yerr=err, marker="o", ms=2.5, capsize=1.5, lw=1.0,
-                            elinewidth=0.6, label=m, color=color)
+                ax.errorbar(
+                    b["mid"] + dodge,
+                    b["acceptance_rate"],
+                    yerr=err,
+                    marker="o",
+                    ms=2.5,
+                    capsize=1.5,
+                    lw=1.0,
+                    elinewidth=0.6,
+                    label=m,
+                    color=color,
+                )
                 cnt.plot(b["mid"] + dodge, b["drafts"], marker="o", ms=2, lw=0.8, color=color)
             ax.set_ylabel("acceptance rate")
             ax.set_title(f"acceptance vs {AMBIGUITY_COLUMNS[col]}", fontsize=7)
@@ -158,8 +204,11 @@ def plot_replay(bins, quality=None, path: str | Path = "figures/lantern_replay",
             ax.set_ylabel("PSNR vs reference (dB)")
             ax.set_title("per image: PSNR vs acceptance", fontsize=7)
             axes[1, -1].set_visible(False)
-        fig.suptitle(f"Acceptance by ambiguity of the target's p (bars: {100 * level:g} % Wilson intervals per bin; "
-                     f"bins with >= {min_drafts} drafts)", fontsize=7.5)
+        fig.suptitle(
+            f"Acceptance by ambiguity of the target's p (bars: {100 * level:g} % Wilson intervals per bin; "
+            f"bins with >= {min_drafts} drafts)",
+            fontsize=7.5,
+        )
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=6, frameon=False)
         return plots.save_figure(fig, path)
@@ -174,12 +223,20 @@ def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out
     weights = parse_mapping(args.weights, list(EXTRACTORS), "--weights", must_exist=False)
     specs = [str(r["path"]) for r in runs] + ([str(reference["path"])] if reference is not None else [])
     base = str(reference["path"]) if reference is not None else None
-    df, rec = evaluate_runs(list(dict.fromkeys(specs)), Protocol(reference=args.quality_reference,
-                                                                 bootstrap=args.bootstrap),
-                            names, weights, out / "quality", device=resolve_device(args.device), progress=False,
-                            paired_with=base)
-    print(f"image quality against {args.quality_reference} (n = {int(df['n'].max())} images per run, "
-          f"jackknife over min({args.bootstrap}, n) groups, {int(100 * 0.95)} % intervals):")
+    df, rec = evaluate_runs(
+        list(dict.fromkeys(specs)),
+        Protocol(reference=args.quality_reference, bootstrap=args.bootstrap),
+        names,
+        weights,
+        out / "quality",
+        device=resolve_device(args.device),
+        progress=False,
+        paired_with=base,
+    )
+    print(
+        f"image quality against {args.quality_reference} (n = {int(df['n'].max())} images per run, "
+        f"jackknife over min({args.bootstrap}, n) groups, {int(100 * 0.95)} % intervals):"
+    )
     with pd.option_context("display.width", 250, "display.max_columns", 50):
         print(speed_quality_table(df, rec).to_string())
         if rec["paired"]:
@@ -194,25 +251,39 @@ def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m lantern.replay RUN [RUN ...] [--reference RUN]``: tables + figure (module docstring)."""
-    ap = ArgumentParser(prog="python -m lantern.replay",
-                        description="Relate acceptance of draft tokens to the ambiguity of p and to image quality.")
+    ap = ArgumentParser(
+        prog="python -m lantern.replay",
+        description="Relate acceptance of draft tokens to the ambiguity of p and to image quality.",
+    )
     ap.add_argument("runs", nargs="+", help="run directories written by python -m lantern.generate")
     ap.add_argument("--reference", default=None, help="run to compare images with (same --seed, usually --method ar)")
     ap.add_argument("--bins", type=positive_int, default=10, help="bins per ambiguity axis (default: 10)")
-    ap.add_argument("--scores", action="store_true",
-                    help="also load the target to score tokens (NLL, class consistency for c2i)")
+    ap.add_argument(
+        "--scores", action="store_true", help="also load the target to score tokens (NLL, class consistency for c2i)"
+    )
     add_device_args(ap, dtype=False, what="for --scores")
     add_out_arg(ap, "output directory (default: runs/replay)", default="runs/replay")
     ap.add_argument("--figure", default=None, help="figure path without suffix (default: <out>/replay)")
-    ap.add_argument("--quality", action="store_true",
-                    help="FID, KID, precision/recall, density/coverage of every run (lantern.evaluate)")
-    ap.add_argument("--quality-reference", default="fashion-mnist:test",
-                    help="reference set of --quality (default: fashion-mnist:test)")
-    ap.add_argument("--extractors", default=None,
-                    help=f"feature extractors of --quality (default: {','.join(OFFLINE)}, mobilenet only when its "
-                         f"weights are found)")
+    ap.add_argument(
+        "--quality",
+        action="store_true",
+        help="FID, KID, precision/recall, density/coverage of every run (lantern.evaluate)",
+    )
+    ap.add_argument(
+        "--quality-reference",
+        default="fashion-mnist:test",
+        help="reference set of --quality (default: fashion-mnist:test)",
+    )
+    ap.add_argument(
+        "--extractors",
+        default=None,
+        help=f"feature extractors of --quality (default: {','.join(OFFLINE)}, mobilenet only when its "
+        f"weights are found)",
+    )
     ap.add_argument("--weights", action="append", default=None, metavar="NAME=PATH", help="extractor weights")
-    ap.add_argument("--bootstrap", type=nonneg_int, default=100, help="jackknife groups of --quality's intervals (default: 100)")
+    ap.add_argument(
+        "--bootstrap", type=nonneg_int, default=100, help="jackknife groups of --quality's intervals (default: 100)"
+    )
     args = ap.parse_args(argv)
     if args.bins > 1000:
         raise UsageError(f"--bins must be at most 1000 (bins of the ambiguity axes), got {args.bins}")
@@ -232,14 +303,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         for lab, r in zip(labels, runs):
             for note in reference_notes(r, ref):
                 print(f"note: {lab}: {note}")
-        quality = pd.concat([image_quality(r, ref).assign(method=lab) for lab, r in zip(labels, runs)],
-                            ignore_index=True)
+        quality = pd.concat(
+            [image_quality(r, ref).assign(method=lab) for lab, r in zip(labels, runs)], ignore_index=True
+        )
     if args.scores:
         s = (ref or runs[0])["summary"].get("settings", {})
         model = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=args.device)
-        scores = pd.concat([target_scores(model, r["images"]).assign(method=lab) for lab, r in zip(labels, runs)]
-                           + ([target_scores(model, ref["images"]).assign(method="reference")] if ref else []),
-                           ignore_index=True)
+        scores = pd.concat(
+            [target_scores(model, r["images"]).assign(method=lab) for lab, r in zip(labels, runs)]
+            + ([target_scores(model, ref["images"]).assign(method="reference")] if ref else []),
+            ignore_index=True,
+        )
         write_table(scores, out / "target_scores.parquet")
         cols = ["nll"] + (["consistent"] if "consistent" in scores else [])
         print(scores.groupby("method")[cols].mean().to_string(float_format="%.4g"))
@@ -247,16 +321,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         write_table(quality, out / "image_quality.parquet")
         table = quality.assign(identical=quality["mse"] == 0, psnr=quality["psnr"].replace([np.inf], np.nan))
         print("per method, means over images (psnr over the non-identical images, dB):")
-        print(table.groupby("method")[["acceptance_rate", "tau", "tokens_per_forward", "mse", "psnr",
-                                       "token_match", "identical"]].mean().to_string(float_format="%.4g"))
+        print(
+            table.groupby("method")[
+                ["acceptance_rate", "tau", "tokens_per_forward", "mse", "psnr", "token_match", "identical"]
+            ]
+            .mean()
+            .to_string(float_format="%.4g")
+        )
     if args.quality:
         write_table(run_quality(runs, ref, args, out), out / "quality.parquet")
     wide = bins.pivot_table(index=["by", "mid"], columns="method", values="acceptance_rate")
     print(wide.to_string(float_format="%.3f"))
     files = plot_replay(bins, quality, args.figure or out / "replay")
-    print(f"wrote {out}/acceptance_by_ambiguity.parquet"
-          + (", image_quality.parquet" if quality is not None else "")
-          + (", quality.parquet" if args.quality else "") + f", {', '.join(str(f) for f in files)}")
+    print(
+        f"wrote {out}/acceptance_by_ambiguity.parquet"
+        + (", image_quality.parquet" if quality is not None else "")
+        + (", quality.parquet" if args.quality else "")
+        + f", {', '.join(str(f) for f in files)}"
+    )
     return 0
 
 

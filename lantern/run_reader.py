@@ -15,11 +15,12 @@ A run is a directory written by ``python -m lantern.generate`` (``summary.json``
 These are proxies; the distribution metrics (FID, KID, precision / recall, ...) are in
 :mod:`lantern.evaluate`. :mod:`lantern.replay` re-exports every name here.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -30,13 +31,23 @@ from ambiguity.errors import UsageError
 from ambiguity.io import read_table
 from ambiguity.runs import check_sealed
 
-__all__ = ["load_run", "run_label", "read_images", "image_quality", "check_comparable", "target_scores", "reference_notes"]
+__all__ = [
+    "load_run",
+    "run_label",
+    "read_images",
+    "image_quality",
+    "check_comparable",
+    "target_scores",
+    "reference_notes",
+]
 
 
 # the columns the readers of a run use (a table without them is damaged or another table)
-REQUIRED = {"steps": ("image", "accepted"),
-            "drafts": ("image", "reached", "committed", "p_draft", "p_tilde", "j_star", "p_top1", "p_entropy"),
-            "images": ("image", "condition", "seed", "codes", "tokens", "target_forwards")}
+REQUIRED = {
+    "steps": ("image", "accepted"),
+    "drafts": ("image", "reached", "committed", "p_draft", "p_tilde", "j_star", "p_top1", "p_entropy"),
+    "images": ("image", "condition", "seed", "codes", "tokens", "target_forwards"),
+}
 
 
 def load_run(path: str | Path) -> dict:
@@ -67,8 +78,9 @@ def load_run(path: str | Path) -> dict:
     for name, columns in REQUIRED.items():
         missing = [c for c in columns if c not in tables[name].columns]
         if missing:
-            raise UsageError(f"{path}/{name}.parquet lacks the column {missing[0]!r}, so it is not the {name} "
-                             f"table of a run; {fix}")
+            raise UsageError(
+                f"{path}/{name}.parquet lacks the column {missing[0]!r}, so it is not the {name} table of a run; {fix}"
+            )
     check_sealed(path, fix)  # the tables, summary and PNGs are the bytes the run wrote
     return {"path": path, "summary": summary, **tables}
 
@@ -98,8 +110,10 @@ def read_images(run_dir: str | Path, images) -> np.ndarray:
             with Image.open(path) as im:
                 a = np.asarray(im, dtype=np.float64) / 255.0
         except OSError as exc:  # truncated or not a PNG
-            raise UsageError(f"{path} is damaged ({exc}); rerun python -m lantern.generate with --out {Path(run_dir)} "
-                             f"to recompute that image") from None
+            raise UsageError(
+                f"{path} is damaged ({exc}); rerun python -m lantern.generate with --out {Path(run_dir)} "
+                f"to recompute that image"
+            ) from None
         out.append(a[None] if a.ndim == 2 else a.transpose(2, 0, 1))
     if len({a.shape for a in out}) > 1:
         raise UsageError(f"the PNGs of {run_dir} differ in size; rerun its lantern.generate command")
@@ -123,12 +137,15 @@ def image_quality(run: Mapping, reference: Mapping):
     for col in ("seed", "condition"):
         bad = [i for i in common if a.loc[i, col] != r.loc[i, col]]
         if bad:
-            raise UsageError(f"image {bad[0]} has {col} {a.loc[bad[0], col]} in {run['path']} but "
-                             f"{r.loc[bad[0], col]} in the reference; generate both with the same --seed and --classes")
+            raise UsageError(
+                f"image {bad[0]} has {col} {a.loc[bad[0], col]} in {run['path']} but "
+                f"{r.loc[bad[0], col]} in the reference; generate both with the same --seed and --classes"
+            )
     sub = pd.DataFrame({"image": common})
     first = common[0]
-    check_comparable(run, reference, len(np.asarray(a.loc[first, "codes"])), len(np.asarray(r.loc[first, "codes"])),
-                     "tokens")
+    check_comparable(
+        run, reference, len(np.asarray(a.loc[first, "codes"])), len(np.asarray(r.loc[first, "codes"])), "tokens"
+    )
     x, y = read_images(run["path"], sub), read_images(reference["path"], sub)
     check_comparable(run, reference, "x".join(map(str, x.shape[1:])), "x".join(map(str, y.shape[1:])), "pixels (CxHxW)")
     mse = ((x - y) ** 2).reshape(len(common), -1).mean(1)
@@ -142,12 +159,19 @@ def image_quality(run: Mapping, reference: Mapping):
         d = dr[dr["image"] == i]
         s = st[st["image"] == i]
         reached = int(d["reached"].sum())
-        rows.append({"image": i, "condition": a.loc[i, "condition"],
-                     "acceptance_rate": float(d["committed"].sum() / reached) if reached else float("nan"),
-                     "tau": float((s["accepted"] + 1).mean()) if len(s) else float("nan"),
-                     "tokens_per_forward": float(a.loc[i, "tokens"] / a.loc[i, "target_forwards"]),
-                     "mse": float(mse[j]), "psnr": float(psnr[j]), "token_match": float((ca == cr).mean()),
-                     "first_mismatch": int(diff[0]) if diff.size else -1})
+        rows.append(
+            {
+                "image": i,
+                "condition": a.loc[i, "condition"],
+                "acceptance_rate": float(d["committed"].sum() / reached) if reached else float("nan"),
+                "tau": float((s["accepted"] + 1).mean()) if len(s) else float("nan"),
+                "tokens_per_forward": float(a.loc[i, "tokens"] / a.loc[i, "target_forwards"]),
+                "mse": float(mse[j]),
+                "psnr": float(psnr[j]),
+                "token_match": float((ca == cr).mean()),
+                "first_mismatch": int(diff[0]) if diff.size else -1,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -169,10 +193,10 @@ def target_scores(model, images, batch_size: int = 64):
     def loglik(cond_list, toks):
         out = []
         for s in range(0, len(cond_list), batch_size):
-            prompt = model.make_prompt(cond_list[s:s + batch_size], guided=False)
+            prompt = model.make_prompt(cond_list[s : s + batch_size], guided=False)
             with torch.no_grad():
-                logits = model.teacher_force(prompt, toks[s:s + batch_size]).logits.float()
-            lp = torch.log_softmax(logits, -1).gather(-1, toks[s:s + batch_size, :, None])[..., 0]
+                logits = model.teacher_force(prompt, toks[s : s + batch_size]).logits.float()
+            lp = torch.log_softmax(logits, -1).gather(-1, toks[s : s + batch_size, :, None])[..., 0]
             out.append(lp.sum(-1).cpu())
         return torch.cat(out)
 
@@ -195,8 +219,10 @@ def check_comparable(run: Mapping, reference: Mapping, mine, theirs, what: str) 
         return
     model = (run["summary"].get("settings") or {}).get("model", "?")
     ref_model = (reference["summary"].get("settings") or {}).get("model", "?")
-    raise UsageError(f"{run['path']} ({model}) has {mine} {what} per image but the reference {reference['path']} "
-                     f"({ref_model}) {theirs}; compare runs of one model: generate the reference with --model {model}")
+    raise UsageError(
+        f"{run['path']} ({model}) has {mine} {what} per image but the reference {reference['path']} "
+        f"({ref_model}) {theirs}; compare runs of one model: generate the reference with --model {model}"
+    )
 
 
 def reference_notes(run: Mapping, reference: Mapping) -> list[str]:
@@ -209,6 +235,8 @@ def reference_notes(run: Mapping, reference: Mapping) -> list[str]:
             notes.append(f"{key} is {s[key]} here but {r[key]} in the reference {reference['path']}")
     mine, theirs = set(run["images"]["image"]), set(reference["images"]["image"])
     if mine - theirs:
-        notes.append(f"image quality covers {len(mine & theirs)} of its {len(mine)} images: the reference has "
-                     f"{len(theirs)}; generate the reference with at least as many --num-images")
+        notes.append(
+            f"image quality covers {len(mine & theirs)} of its {len(mine)} images: the reference has "
+            f"{len(theirs)}; generate the reference with at least as many --num-images"
+        )
     return notes

@@ -2,12 +2,13 @@
 
 Used by :mod:`lantern.chain` (chain drafts) and :mod:`lantern.tree_decoding` (draft trees).
 """
+
 from __future__ import annotations
 
 import contextlib
 import time
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -60,8 +61,9 @@ def prefill(model: TokenModel, prompt: Prompt, num_tokens: int) -> tuple[object,
     return cache, model.prefill(prompt, cache)
 
 
-def target_distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: bool,
-                        convention: str = "exact") -> torch.Tensor:
+def target_distribution(
+    logits: torch.Tensor, sampling: SamplingConfig, guided: bool, convention: str = "exact"
+) -> torch.Tensor:
     """Per-row logits (rows, ..., V) -> the distribution acceptance compares (B, ..., V), float32.
 
     ``"exact"``: :func:`ambiguity.sampling.distribution` (guidance, temperature, top-k then top-p).
@@ -78,22 +80,32 @@ def target_distribution(logits: torch.Tensor, sampling: SamplingConfig, guided: 
 def check_prompt(prompt: Prompt, sampling: SamplingConfig) -> None:
     """Raise UsageError unless ``prompt`` is one condition whose guidance rows match ``sampling``."""
     if prompt.guided != sampling.guided:
-        raise UsageError("the prompt's guidance rows must match the sampling config; build it with "
-                         "model.make_prompt(conditions, guided=sampling.guided)")
+        raise UsageError(
+            "the prompt's guidance rows must match the sampling config; build it with "
+            "model.make_prompt(conditions, guided=sampling.guided)"
+        )
     if prompt.batch_size != 1:
-        raise UsageError("decoding takes one condition at a time (rows accept different numbers of tokens); "
-                         "use lantern.decoding.decode for several images")
+        raise UsageError(
+            "decoding takes one condition at a time (rows accept different numbers of tokens); "
+            "use lantern.decoding.decode for several images"
+        )
 
 
-def image_row(image: int, prompt: Prompt, seed, N: int, steps_n: int, steps: dict, seconds: dict,
-               total: float) -> dict:
+def image_row(image: int, prompt: Prompt, seed, N: int, steps_n: int, steps: dict, seconds: dict, total: float) -> dict:
     """The images-table row (dict of length-1 arrays) of one decoded image (:mod:`lantern.records`)."""
     cond = prompt.conditions[0] if prompt.conditions else ""
-    return {"image": np.array([image]), "condition": np.array([str(cond)]),
-            "seed": np.array([-1 if seed is None else int(seed)]), "tokens": np.array([N]),
-            "target_forwards": np.array([1 + steps_n]), "steps": np.array([steps_n]),
-            "drafted": np.array([int(np.sum(steps["drafted"])) if steps_n else 0]),
-            "accepted": np.array([int(np.sum(steps["accepted"])) if steps_n else 0]),
-            "target_s": np.array([seconds.get("target", 0.0)]), "drafter_s": np.array([seconds.get("drafter", 0.0)]),
-            "acceptance_s": np.array([seconds.get("acceptance", 0.0)]),
-            "proximity_s": np.array([seconds.get("proximity", 0.0)]), "total_s": np.array([total])}
+    return {
+        "image": np.array([image]),
+        "condition": np.array([str(cond)]),
+        "seed": np.array([-1 if seed is None else int(seed)]),
+        "tokens": np.array([N]),
+        "target_forwards": np.array([1 + steps_n]),
+        "steps": np.array([steps_n]),
+        "drafted": np.array([int(np.sum(steps["drafted"])) if steps_n else 0]),
+        "accepted": np.array([int(np.sum(steps["accepted"])) if steps_n else 0]),
+        "target_s": np.array([seconds.get("target", 0.0)]),
+        "drafter_s": np.array([seconds.get("drafter", 0.0)]),
+        "acceptance_s": np.array([seconds.get("acceptance", 0.0)]),
+        "proximity_s": np.array([seconds.get("proximity", 0.0)]),
+        "total_s": np.array([total]),
+    }

@@ -23,11 +23,13 @@ Rounds are given as a *schedule* of (first image index, image count): ``[(r, 1) 
 range(n)]`` decodes a new image every round (the paper's protocol: each caption once);
 ``[(0, 8)] * 5`` repeats the same eight images five times (the decoding benchmark).
 """
+
 from __future__ import annotations
 
 import random
 import time
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -39,11 +41,21 @@ from lantern.decoding import DecodeConfig, decode, neighbour_table
 from lantern.drafter import DraftModel
 from lantern.records import Decoded
 
-__all__ = ["TIMING_COLUMNS", "neighbour_tables", "time_decode", "interleaved_timing", "speedup_table",
-           "speedup_curve"]
+__all__ = ["TIMING_COLUMNS", "neighbour_tables", "time_decode", "interleaved_timing", "speedup_table", "speedup_curve"]
 
-TIMING_COLUMNS = ("round", "config", "first", "images", "seconds", "tokens", "target_forwards", "target_s",
-                  "drafter_s", "acceptance_s", "proximity_s")
+TIMING_COLUMNS = (
+    "round",
+    "config",
+    "first",
+    "images",
+    "seconds",
+    "tokens",
+    "target_forwards",
+    "target_s",
+    "drafter_s",
+    "acceptance_s",
+    "proximity_s",
+)
 
 
 def neighbour_tables(model: TokenModel, configs: Mapping[str, DecodeConfig]) -> dict:
@@ -51,28 +63,60 @@ def neighbour_tables(model: TokenModel, configs: Mapping[str, DecodeConfig]) -> 
     return {name: neighbour_table(model, c) for name, c in configs.items() if c.speculative and c.rule.relaxed}
 
 
-def time_decode(model: TokenModel, config: DecodeConfig, sampling: SamplingConfig, conditions: Sequence,
-                first: int, drafter: Optional[DraftModel], table, seed: int) -> tuple[dict, Decoded]:
+def time_decode(
+    model: TokenModel,
+    config: DecodeConfig,
+    sampling: SamplingConfig,
+    conditions: Sequence,
+    first: int,
+    drafter: Optional[DraftModel],
+    table,
+    seed: int,
+) -> tuple[dict, Decoded]:
     """Decode ``conditions`` (image indices ``first ..``) once: (one timing row, the decode). seconds:
     wall clock of the whole decode call; the rest from the decode's own records."""
     t0 = time.perf_counter()
-    d = decode(model, list(conditions), config, sampling, drafter if config.speculative else None, table,
-               seed=seed, first_index=first)
+    d = decode(
+        model,
+        list(conditions),
+        config,
+        sampling,
+        drafter if config.speculative else None,
+        table,
+        seed=seed,
+        first_index=first,
+    )
     seconds = time.perf_counter() - t0
     im = d.images
-    row = {"first": first, "images": len(conditions), "seconds": seconds, "tokens": int(np.sum(im["tokens"])),
-           "target_forwards": int(np.sum(im["target_forwards"])),
-           **{c: float(np.sum(im[c])) for c in ("target_s", "drafter_s", "acceptance_s", "proximity_s")}}
+    row = {
+        "first": first,
+        "images": len(conditions),
+        "seconds": seconds,
+        "tokens": int(np.sum(im["tokens"])),
+        "target_forwards": int(np.sum(im["target_forwards"])),
+        **{c: float(np.sum(im[c])) for c in ("target_s", "drafter_s", "acceptance_s", "proximity_s")},
+    }
     return row, d
 
 
-def interleaved_timing(model: TokenModel, configs: Mapping[str, DecodeConfig], sampling: SamplingConfig,
-                       conditions: Sequence, schedule: Sequence[tuple[int, int]],
-                       drafter: Optional[DraftModel | Mapping[str, DraftModel]] = None,
-                       tables: Optional[Mapping] = None, seed: int = 0, warmup: bool = True, order_seed: int = 0,
-                       progress: bool = False, done: Optional[pd.DataFrame] = None, on_round=None,
-                       desc: str = "timing (interleaved)", only: Optional[Sequence[int]] = None,
-                       rounds_of: Optional[Mapping[str, int]] = None) -> pd.DataFrame:
+def interleaved_timing(
+    model: TokenModel,
+    configs: Mapping[str, DecodeConfig],
+    sampling: SamplingConfig,
+    conditions: Sequence,
+    schedule: Sequence[tuple[int, int]],
+    drafter: Optional[DraftModel | Mapping[str, DraftModel]] = None,
+    tables: Optional[Mapping] = None,
+    seed: int = 0,
+    warmup: bool = True,
+    order_seed: int = 0,
+    progress: bool = False,
+    done: Optional[pd.DataFrame] = None,
+    on_round=None,
+    desc: str = "timing (interleaved)",
+    only: Optional[Sequence[int]] = None,
+    rounds_of: Optional[Mapping[str, int]] = None,
+) -> pd.DataFrame:
     """Time every configuration on every round of ``schedule``, interleaved (module docstring).
 
     configs: name -> :class:`~lantern.decoding.DecodeConfig`; conditions: the conditions by image
@@ -95,8 +139,16 @@ def interleaved_timing(model: TokenModel, configs: Mapping[str, DecodeConfig], s
     if warmup and todo:
         first, _ = schedule[todo[0]]
         for name in active(todo[0]):
-            time_decode(model, configs[name], sampling, conditions[first:first + 1], first, drafters.get(name),
-                        tables.get(name), seed)  # not recorded
+            time_decode(
+                model,
+                configs[name],
+                sampling,
+                conditions[first : first + 1],
+                first,
+                drafters.get(name),
+                tables.get(name),
+                seed,
+            )  # not recorded
     frames = [done] if done is not None and len(done) else []
     for r in tqdm(todo, desc=desc, unit="round", disable=not progress):
         first, count = schedule[r]
@@ -104,8 +156,16 @@ def interleaved_timing(model: TokenModel, configs: Mapping[str, DecodeConfig], s
         random.Random(order_seed * 1_000_003 + r).shuffle(order)
         rows, decodes = [], {}
         for name in order:
-            row, decodes[name] = time_decode(model, configs[name], sampling, conditions[first:first + count], first,
-                                             drafters.get(name), tables.get(name), seed)
+            row, decodes[name] = time_decode(
+                model,
+                configs[name],
+                sampling,
+                conditions[first : first + count],
+                first,
+                drafters.get(name),
+                tables.get(name),
+                seed,
+            )
             rows.append({"round": r, "config": name, **row})
         frame = pd.DataFrame(rows, columns=list(TIMING_COLUMNS))
         if on_round is not None:
@@ -118,9 +178,12 @@ def _per_round(timing: pd.DataFrame, baseline: str) -> pd.DataFrame:
     base = timing[timing["config"] == baseline].set_index("round")["seconds"]
     base_seconds = timing["round"].map(base).astype(float)
     paired = base_seconds.notna()
-    return timing.assign(ratio=base_seconds / timing["seconds"], base_seconds=base_seconds,
-                         paired_seconds=timing["seconds"].where(paired),
-                         seconds_per_image=timing["seconds"] / timing["images"])
+    return timing.assign(
+        ratio=base_seconds / timing["seconds"],
+        base_seconds=base_seconds,
+        paired_seconds=timing["seconds"].where(paired),
+        seconds_per_image=timing["seconds"] / timing["images"],
+    )
 
 
 def speedup_table(timing: pd.DataFrame, baseline: str = "ar") -> pd.DataFrame:
@@ -135,29 +198,41 @@ def speedup_table(timing: pd.DataFrame, baseline: str = "ar") -> pd.DataFrame:
     base = t[t["config"] == baseline]
     base_ms = 1e3 * base["target_s"].sum() / max(base["target_forwards"].sum(), 1)
     g = t.groupby("config", sort=False)
-    out = pd.DataFrame({
-        "ms_per_image": 1e3 * g["seconds_per_image"].median(),
-        "ms_per_image_q25": 1e3 * g["seconds_per_image"].quantile(0.25),
-        "ms_per_image_q75": 1e3 * g["seconds_per_image"].quantile(0.75),
-        "speedup": g["base_seconds"].sum() / g["paired_seconds"].sum(),  # rounds the baseline also ran
-        "speedup_median": g["ratio"].median(), "speedup_q25": g["ratio"].quantile(0.25),
-        "speedup_q75": g["ratio"].quantile(0.75),
-        "baseline_ms_per_forward": base_ms,
-        "target_ms_per_forward": 1e3 * g["target_s"].sum() / g["target_forwards"].sum(),
-        "tokens_per_forward": g["tokens"].sum() / g["target_forwards"].sum(),
-        "rounds": g["ratio"].count(),  # rounds paired with the baseline
-    }).reset_index()
+    out = pd.DataFrame(
+        {
+            "ms_per_image": 1e3 * g["seconds_per_image"].median(),
+            "ms_per_image_q25": 1e3 * g["seconds_per_image"].quantile(0.25),
+            "ms_per_image_q75": 1e3 * g["seconds_per_image"].quantile(0.75),
+            "speedup": g["base_seconds"].sum() / g["paired_seconds"].sum(),  # rounds the baseline also ran
+            "speedup_median": g["ratio"].median(),
+            "speedup_q25": g["ratio"].quantile(0.25),
+            "speedup_q75": g["ratio"].quantile(0.75),
+            "baseline_ms_per_forward": base_ms,
+            "target_ms_per_forward": 1e3 * g["target_s"].sum() / g["target_forwards"].sum(),
+            "tokens_per_forward": g["tokens"].sum() / g["target_forwards"].sum(),
+            "rounds": g["ratio"].count(),  # rounds paired with the baseline
+        }
+    ).reset_index()
     out["speedup_exceeds_tokens_per_forward"] = out["speedup"] > out["tokens_per_forward"]
     return out
 
 
-def speedup_curve(timing: pd.DataFrame, config: str, baseline: str = "ar", ns: Optional[Sequence[int]] = None,
-                  n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def speedup_curve(
+    timing: pd.DataFrame,
+    config: str,
+    baseline: str = "ar",
+    ns: Optional[Sequence[int]] = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Speed-up of ``config`` over ``baseline`` measured on the first n rounds, for each n in ``ns``
     (default 1 .. all): n, speedup (ratio of total latencies), ci_low / ci_high (95 % bootstrap
     over those rounds). LANTERN App. F.1."""
-    t = timing[timing["config"].isin([config, baseline])].pivot_table(index="round", columns="config",
-                                                                      values="seconds", aggfunc="sum").dropna()
+    t = (
+        timing[timing["config"].isin([config, baseline])]
+        .pivot_table(index="round", columns="config", values="seconds", aggfunc="sum")
+        .dropna()
+    )
     a, b = t[baseline].to_numpy(), t[config].to_numpy()
     ns = list(ns) if ns is not None else list(range(1, len(t) + 1))
     rng = np.random.default_rng(seed)
@@ -167,6 +242,12 @@ def speedup_curve(timing: pd.DataFrame, config: str, baseline: str = "ar", ns: O
             break
         idx = rng.integers(0, n, size=(n_boot, n))
         boot = a[:n][idx].sum(1) / b[:n][idx].sum(1)
-        rows.append({"n": n, "speedup": a[:n].sum() / b[:n].sum(), "ci_low": float(np.quantile(boot, 0.025)),
-                     "ci_high": float(np.quantile(boot, 0.975))})
+        rows.append(
+            {
+                "n": n,
+                "speedup": a[:n].sum() / b[:n].sum(),
+                "ci_low": float(np.quantile(boot, 0.025)),
+                "ci_high": float(np.quantile(boot, 0.975)),
+            }
+        )
     return pd.DataFrame(rows)

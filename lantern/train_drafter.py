@@ -31,15 +31,17 @@ samples N sequences from the target; with ``--with-data`` they are mixed with th
 the test set is the data's held-out split. ``--patience P`` stops once test top-1 has not risen
 above its best for P epochs (``--epochs`` stays the most epochs and sets the cosine schedule).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import pandas as pd
 import torch
@@ -48,9 +50,24 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.cli import (ArgumentParser, add_data_arg, add_model_args, add_out_arg, add_sampling_args, add_shard_args,
-                           check_out_dir, check_out_file, cli_main, default_out, device_from_args, finite_float,
-                           nonneg_int, positive_int, sampling_from_args, seed_int)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_data_arg,
+    add_model_args,
+    add_out_arg,
+    add_sampling_args,
+    add_shard_args,
+    check_out_dir,
+    check_out_file,
+    cli_main,
+    default_out,
+    device_from_args,
+    finite_float,
+    nonneg_int,
+    positive_int,
+    sampling_from_args,
+    seed_int,
+)
 from ambiguity.conditions import check_labels, parse_classes
 from ambiguity.data.fashion_mnist import model_image_size
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
@@ -64,17 +81,51 @@ from ambiguity.seeding import drafter_epoch_seed, drafter_init_seed
 from ambiguity.train import lr_at as ambiguity_lr_at
 from ambiguity.train import save_checkpoint
 from lantern.drafter import Drafter, accuracy_table_path, target_fingerprint
-from lantern.drafter_data import (TokenSet, build_feature_cache, check_tokens, fashion_mnist_tokens, iterate_batches,
-                                  load_token_file, load_token_part, mix_token_sets, read_conditions, save_token_part,
-                                  self_generate, shard_rows, split_holdout, token_digest, training_inputs)
+from lantern.drafter_data import (
+    TokenSet,
+    build_feature_cache,
+    check_tokens,
+    fashion_mnist_tokens,
+    iterate_batches,
+    load_token_file,
+    load_token_part,
+    mix_token_sets,
+    read_conditions,
+    save_token_part,
+    self_generate,
+    shard_rows,
+    split_holdout,
+    token_digest,
+    training_inputs,
+)
 
-__all__ = ["TrainConfig", "drafter_loss", "topk_hits", "topk_accuracy", "lr_at", "train_step", "evaluate",
-           "train_drafter", "plot_accuracy", "summary", "build_parser", "PAPER_TOP1", "main", "COMMAND",
-           "top1_stalled"]
+__all__ = [
+    "TrainConfig",
+    "drafter_loss",
+    "topk_hits",
+    "topk_accuracy",
+    "lr_at",
+    "train_step",
+    "evaluate",
+    "train_drafter",
+    "plot_accuracy",
+    "summary",
+    "build_parser",
+    "PAPER_TOP1",
+    "main",
+    "COMMAND",
+    "top1_stalled",
+]
 
 COMMAND = "python -m lantern.train_drafter"
-OUTPUTS = ("accuracy.parquet", "checkpoint.pt", "drafter.safetensors", "drafter_accuracy.parquet",
-           "drafter_accuracy.png", "drafter_accuracy.pdf")
+OUTPUTS = (
+    "accuracy.parquet",
+    "checkpoint.pt",
+    "drafter.safetensors",
+    "drafter_accuracy.parquet",
+    "drafter_accuracy.png",
+    "drafter_accuracy.pdf",
+)
 
 KS = (1, 2, 3)
 # LANTERN (arXiv 2410.03355) Sec. 3 / Fig. 2b: top-1 test accuracy of EAGLE drafters.
@@ -120,9 +171,13 @@ class TrainConfig:
 
 
 # --------------------------------------------------------------------------- losses and metrics
-def drafter_loss(pred: torch.Tensor, target_hidden: torch.Tensor, draft_logits: torch.Tensor,
-                 target_logits: torch.Tensor, ce_weight: float = 0.1
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def drafter_loss(
+    pred: torch.Tensor,
+    target_hidden: torch.Tensor,
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    ce_weight: float = 0.1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """EAGLE loss (arXiv 2401.15077, Sec. 4.2): ``SmoothL1(f, h) + ce_weight * CE(p, q)``.
 
     Args:
@@ -165,8 +220,13 @@ def lr_at(step: int, total: int, config: TrainConfig) -> float:
 
 
 # --------------------------------------------------------------------------- steps
-def _forward(drafter: Drafter, model: TokenModel, tokens: torch.Tensor, hidden: torch.Tensor,
-             ddp: Optional[torch.nn.Module] = None):
+def _forward(
+    drafter: Drafter,
+    model: TokenModel,
+    tokens: torch.Tensor,
+    hidden: torch.Tensor,
+    ddp: Optional[torch.nn.Module] = None,
+):
     """Drafter outputs and targets for teacher-forced rows (tokens (R, N), hidden (R, N, H));
     the features pass through ``ddp`` (the wrapped drafter) when given."""
     tok_in, feat_in, feat_tgt = training_inputs(tokens, hidden)
@@ -177,9 +237,17 @@ def _forward(drafter: Drafter, model: TokenModel, tokens: torch.Tensor, hidden: 
     return pred, feat_tgt, draft_logits, target_logits
 
 
-def train_step(drafter: Drafter, model: TokenModel, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
-               hidden: torch.Tensor, config: TrainConfig, lr: Optional[float] = None, scale: float = 1.0,
-               ddp: Optional[torch.nn.Module] = None) -> dict[str, float]:
+def train_step(
+    drafter: Drafter,
+    model: TokenModel,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    hidden: torch.Tensor,
+    config: TrainConfig,
+    lr: Optional[float] = None,
+    scale: float = 1.0,
+    ddp: Optional[torch.nn.Module] = None,
+) -> dict[str, float]:
     """One AdamW step on a batch of teacher-forced rows; only the drafter's weights change.
 
     tokens (R, N) int64, hidden (R, N, H) from the feature cache. scale multiplies the loss
@@ -204,8 +272,14 @@ def train_step(drafter: Drafter, model: TokenModel, optimizer: torch.optim.Optim
 
 
 @torch.no_grad()
-def evaluate(drafter: Drafter, model: TokenModel, paths: Sequence[Path], batch_size: int = 64,
-             ks: Sequence[int] = KS, shard: Shard = SINGLE) -> dict[str, float]:
+def evaluate(
+    drafter: Drafter,
+    model: TokenModel,
+    paths: Sequence[Path],
+    batch_size: int = 64,
+    ks: Sequence[int] = KS,
+    shard: Shard = SINGLE,
+) -> dict[str, float]:
     """Teacher-forced test metrics over feature parts: top-k accuracy (fractions), mean
     smooth_l1 and ce (nats) per position, and the number of positions.
 
@@ -219,10 +293,10 @@ def evaluate(drafter: Drafter, model: TokenModel, paths: Sequence[Path], batch_s
         pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden)
         _, l1, ce = drafter_loss(pred, tgt, dl, tl)
         m = dl[..., 0].numel()
-        sums[:len(ks)] += topk_hits(dl, tl, ks).double()
-        sums[len(ks):] += torch.tensor([m, float(l1) * m, float(ce) * m], dtype=torch.float64)
+        sums[: len(ks)] += topk_hits(dl, tl, ks).double()
+        sums[len(ks) :] += torch.tensor([m, float(l1) * m, float(ce) * m], dtype=torch.float64)
     sums = shard.all_sum(sums)
-    hits, (n, l1_sum, ce_sum) = sums[:len(ks)], sums[len(ks):].tolist()
+    hits, (n, l1_sum, ce_sum) = sums[: len(ks)], sums[len(ks) :].tolist()
     n = int(n)
     out = {f"top{k}": float(h) / max(n, 1) for k, h in zip(ks, hits.tolist())}
     out.update(test_smooth_l1=l1_sum / max(n, 1), test_ce=ce_sum / max(n, 1), test_positions=n)
@@ -239,12 +313,14 @@ def top1_stalled(rows: Sequence[dict], patience: int) -> Optional[str]:
     best_before = max(float(r["top1"]) for r in rows[:-patience])
     recent = max(float(r["top1"]) for r in rows[-patience:])
     if recent <= best_before:
-        return (f"test top-1 did not rise above {best_before:.2%} (epoch "
-                f"{int(max(rows[:-patience], key=lambda r: float(r['top1']))['epoch'])}) for {patience} epoch(s)")
+        return (
+            f"test top-1 did not rise above {best_before:.2%} (epoch "
+            f"{int(max(rows[:-patience], key=lambda r: float(r['top1']))['epoch'])}) for {patience} epoch(s)"
+        )
     return None
 
 
-def _run_record(model: TokenModel, config: "TrainConfig", data: dict) -> dict:
+def _run_record(model: TokenModel, config: TrainConfig, data: dict) -> dict:
     """The training run's settings: the target, the data and the optimisation (epochs and
     patience excluded: a larger ``--epochs`` continues a run, the stop rule only ends it)."""
     train = dataclasses.asdict(config)
@@ -253,9 +329,16 @@ def _run_record(model: TokenModel, config: "TrainConfig", data: dict) -> dict:
     return {"target": target_fingerprint(model), "train": train, "data": data}
 
 
-def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: str | Path | RunDir,
-                  config: Optional[TrainConfig] = None, progress: bool = True, overwrite: bool = False,
-                  shard: Shard = SINGLE):
+def train_drafter(
+    model: TokenModel,
+    train: TokenSet,
+    test: TokenSet,
+    run_dir: str | Path | RunDir,
+    config: Optional[TrainConfig] = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    shard: Shard = SINGLE,
+):
     """Train a drafter for ``model`` and measure its test accuracy after every epoch.
 
     Args:
@@ -277,9 +360,15 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
     Raises UsageError for a run dir holding another run.
     """
     config = config or TrainConfig()
-    data = {"train_source": train.source, "test_source": test.source, "train_sequences": len(train),
-            "test_sequences": len(test), "sequence_length": int(train.tokens.shape[1]),
-            "train_digest": token_digest(train), "test_digest": token_digest(test)}
+    data = {
+        "train_source": train.source,
+        "test_source": test.source,
+        "train_sequences": len(train),
+        "test_sequences": len(test),
+        "sequence_length": int(train.tokens.shape[1]),
+        "train_digest": token_digest(train),
+        "test_digest": token_digest(test),
+    }
     if isinstance(run_dir, RunDir):
         run = run_dir
     else:
@@ -306,9 +395,20 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
     if not rows:
         t0 = time.perf_counter()
         ev = evaluate(drafter, model, test_paths, config.batch_size, shard=shard)
-        rows.append({"model": model.name, "epoch": 0, **ev, "train_loss": float("nan"),
-                     "train_smooth_l1": float("nan"), "train_ce": float("nan"), "lr": 0.0, "steps": 0,
-                     "train_rows": 0, "seconds": time.perf_counter() - t0})
+        rows.append(
+            {
+                "model": model.name,
+                "epoch": 0,
+                **ev,
+                "train_loss": float("nan"),
+                "train_smooth_l1": float("nan"),
+                "train_ce": float("nan"),
+                "lr": 0.0,
+                "steps": 0,
+                "train_rows": 0,
+                "seconds": time.perf_counter() - t0,
+            }
+        )
         _save_progress(run, shard, drafter, optimizer, rows, step)
 
     for epoch in range(rows[-1]["epoch"] + 1, config.epochs + 1):
@@ -317,8 +417,12 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(drafter_epoch_seed(config.seed, epoch))
         sums = torch.zeros(4, dtype=torch.float64)  # loss, smooth_l1, ce (row-weighted), rows
-        bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch}/{config.epochs}", unit="step",
-                   disable=not progress or shard.index != 0)
+        bar = tqdm(
+            total=steps_per_epoch,
+            desc=f"epoch {epoch}/{config.epochs}",
+            unit="step",
+            disable=not progress or shard.index != 0,
+        )
         lr = config.lr
         for tokens, hidden, _ in iterate_batches(train_paths, config.batch_size, gen, model.device):
             lr = lr_at(step, total, config)
@@ -328,8 +432,9 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
             if n_mine == 0:  # fewer rows than ranks: join the gradient all-reduce with a zero gradient
                 mine = torch.arange(1)
             stats = train_step(drafter, model, optimizer, tokens[mine], hidden[mine], config, lr, scale, ddp)
-            sums += torch.tensor([stats["loss"] * n_mine, stats["smooth_l1"] * n_mine, stats["ce"] * n_mine, n_mine],
-                                 dtype=torch.float64)
+            sums += torch.tensor(
+                [stats["loss"] * n_mine, stats["smooth_l1"] * n_mine, stats["ce"] * n_mine, n_mine], dtype=torch.float64
+            )
             step += 1
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", ce=f"{stats['ce']:.3f}")
@@ -337,13 +442,26 @@ def train_drafter(model: TokenModel, train: TokenSet, test: TokenSet, run_dir: s
         sums = shard.all_sum(sums)
         n = max(int(sums[3]), 1)
         ev = evaluate(drafter, model, test_paths, config.batch_size, shard=shard)
-        rows.append({"model": model.name, "epoch": epoch, **ev, "train_loss": float(sums[0]) / n,
-                     "train_smooth_l1": float(sums[1]) / n, "train_ce": float(sums[2]) / n, "lr": lr,
-                     "steps": step, "train_rows": int(sums[3]), "seconds": time.perf_counter() - t0})
+        rows.append(
+            {
+                "model": model.name,
+                "epoch": epoch,
+                **ev,
+                "train_loss": float(sums[0]) / n,
+                "train_smooth_l1": float(sums[1]) / n,
+                "train_ce": float(sums[2]) / n,
+                "lr": lr,
+                "steps": step,
+                "train_rows": int(sums[3]),
+                "seconds": time.perf_counter() - t0,
+            }
+        )
         _save_progress(run, shard, drafter, optimizer, rows, step, data, config)
         if progress and shard.index == 0:
-            tqdm.write(f"epoch {epoch}: top-1 {ev['top1']:.2%}  top-2 {ev['top2']:.2%}  top-3 {ev['top3']:.2%}  "
-                       f"test ce {ev['test_ce']:.3f} nats")
+            tqdm.write(
+                f"epoch {epoch}: top-1 {ev['top1']:.2%}  top-2 {ev['top2']:.2%}  top-3 {ev['top3']:.2%}  "
+                f"test ce {ev['test_ce']:.3f} nats"
+            )
         if shard.index == 0 and top1_stalled(rows, config.patience):
             print(f"stopping after epoch {epoch}: {top1_stalled(rows, config.patience)}", flush=True)
     drafter.info.update(_training_info(data, config, rows))
@@ -366,26 +484,42 @@ def _data_parallel(drafter: Drafter, shard: Shard) -> Optional[torch.nn.Module]:
     return DistributedDataParallel(drafter, device_ids=ids)
 
 
-def _save_progress(run: RunDir, shard: Shard, drafter: Drafter, optimizer, rows: list, step: int,
-                   data: Optional[dict] = None, config: Optional["TrainConfig"] = None) -> None:
+def _save_progress(
+    run: RunDir,
+    shard: Shard,
+    drafter: Drafter,
+    optimizer,
+    rows: list,
+    step: int,
+    data: Optional[dict] = None,
+    config: Optional[TrainConfig] = None,
+) -> None:
     """After an epoch: the checkpoint, the epoch's drafter (when ``data``) and the accuracy table,
     written by the merging rank while the others wait."""
     if shard.index == 0:
         _save_checkpoint(run, drafter, optimizer, rows, step)
         epoch = int(rows[-1]["epoch"])
         if data is not None:
-            drafter.save(run.path / f"drafter_epoch{epoch:03d}.safetensors", dtype=torch.float32,
-                         **_training_info(data, config, rows))
+            drafter.save(
+                run.path / f"drafter_epoch{epoch:03d}.safetensors",
+                dtype=torch.float32,
+                **_training_info(data, config, rows),
+            )
         write_table(pd.DataFrame(rows), run.path / "accuracy.parquet")
     shard.barrier()
 
 
-def _training_info(data: dict, config: "TrainConfig", rows: list) -> dict:
+def _training_info(data: dict, config: TrainConfig, rows: list) -> dict:
     last = rows[-1]
     stop = top1_stalled(rows, config.patience) or f"epoch budget ({config.epochs}) reached"
-    return {"data": data, "config": dataclasses.asdict(config), "epochs_done": int(last["epoch"]), "stop_reason": stop,
-            "test_accuracy": {f"top{k}": round(float(last[f"top{k}"]), 4) for k in KS},
-            "random_init_accuracy": {f"top{k}": round(float(rows[0][f"top{k}"]), 4) for k in KS}}
+    return {
+        "data": data,
+        "config": dataclasses.asdict(config),
+        "epochs_done": int(last["epoch"]),
+        "stop_reason": stop,
+        "test_accuracy": {f"top{k}": round(float(last[f"top{k}"]), 4) for k in KS},
+        "random_init_accuracy": {f"top{k}": round(float(rows[0][f"top{k}"]), 4) for k in KS},
+    }
 
 
 def _save_checkpoint(run: RunDir, drafter: Drafter, optimizer, rows: list, step: int) -> None:
@@ -408,8 +542,14 @@ def plot_accuracy(table, path: str | Path, title: str = "", references: Optional
     with plots.style():
         fig, ax = plots.new_figure(width=4.2, height=3.0)
         for i, k in enumerate(KS):
-            ax.plot(df["epoch"], 100 * df[f"top{k}"], marker="o", markersize=3, color=plots.color_for(f"top-{k}", i),
-                    label=f"top-{k}")
+            ax.plot(
+                df["epoch"],
+                100 * df[f"top{k}"],
+                marker="o",
+                markersize=3,
+                color=plots.color_for(f"top-{k}", i),
+                label=f"top-{k}",
+            )
         for (label, value), style in zip(refs.items(), ("--", ":", "-.")):
             ax.axhline(100 * value, color="0.45", ls=style, lw=0.9, label=f"{label} top-1")
         ax.set_xticks(list(df["epoch"]))
@@ -437,12 +577,20 @@ def summary(table) -> str:
 # --------------------------------------------------------------------------- CLI
 def _data_settings(args) -> dict:
     """What decides the training sequences (part of the run record)."""
-    return {"tokens": abspath(args.tokens), "conditions": abspath(args.conditions),
-            "self_generate": args.self_generate, "data": abspath(args.data), "train_size": args.train_size,
-            **({"classes": parse_classes(args.classes)} if args.classes else {}),
-            "test_size": args.test_size, "seed": args.seed, "with_data": args.with_data,
-            "sampling": {k: getattr(args, k) for k in ("cfg", "temperature", "top_k", "top_p")}
-            if args.self_generate else None}
+    return {
+        "tokens": abspath(args.tokens),
+        "conditions": abspath(args.conditions),
+        "self_generate": args.self_generate,
+        "data": abspath(args.data),
+        "train_size": args.train_size,
+        **({"classes": parse_classes(args.classes)} if args.classes else {}),
+        "test_size": args.test_size,
+        "seed": args.seed,
+        "with_data": args.with_data,
+        "sampling": {k: getattr(args, k) for k in ("cfg", "temperature", "top_k", "top_p")}
+        if args.self_generate
+        else None,
+    }
 
 
 def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Optional[tuple[TokenSet, TokenSet]]:
@@ -461,8 +609,17 @@ def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Option
         conds = read_conditions(args.conditions) if args.conditions else classes
         if args.self_generate:
             sampling = sampling_from_args(args, model.kind)
-            ts = self_generate(model, args.self_generate, sampling, conds, args.gen_batch_size, args.seed, run,
-                               progress=not args.no_progress, shard=shard)
+            ts = self_generate(
+                model,
+                args.self_generate,
+                sampling,
+                conds,
+                args.gen_batch_size,
+                args.seed,
+                run,
+                progress=not args.no_progress,
+                shard=shard,
+            )
             if ts is None:
                 return None
             if args.with_data:  # EAGLE: target-generated and data sequences together; tested on held-out data
@@ -487,8 +644,9 @@ def keep_classes(ts: TokenSet, classes: list[int], what: str) -> TokenSet:
     none is left."""
     keep = [i for i, c in enumerate(ts.conditions) if c in set(classes)]
     if not keep:
-        raise UsageError(f"no {what} sequence has a class in --classes {','.join(map(str, classes))}; "
-                         f"pass classes the data holds")
+        raise UsageError(
+            f"no {what} sequence has a class in --classes {','.join(map(str, classes))}; pass classes the data holds"
+        )
     return ts.subset(keep)
 
 
@@ -530,11 +688,15 @@ def _data_tokens(args, model: TokenModel, classes: Optional[list[int]]) -> tuple
     if classes is not None:
         train, test = (keep_classes(ts, classes, what) for ts, what in ((train, "training"), (test, "test")))
     if args.train_size is not None and len(train) < args.train_size:
-        _note(f"--train-size {args.train_size}: only {len(train)} training sequences exist ({train.source}); "
-              f"training on all of them")
+        _note(
+            f"--train-size {args.train_size}: only {len(train)} training sequences exist ({train.source}); "
+            f"training on all of them"
+        )
     if args.test_size is not None and len(test) < args.test_size and not args.tokens:
-        _note(f"--test-size {args.test_size}: only {len(test)} test sequences exist ({test.source}); "
-              f"testing on all of them")
+        _note(
+            f"--test-size {args.test_size}: only {len(test)} test sequences exist ({test.source}); "
+            f"testing on all of them"
+        )
     return _first(train, args.train_size), test
 
 
@@ -547,43 +709,78 @@ def _takes_fashion_mnist(model: TokenModel) -> bool:
 
 def build_parser() -> ArgumentParser:
     """The CLI's argument parser (one-line errors, exit status 2)."""
-    p = ArgumentParser(prog=COMMAND,
-                       description="Train an EAGLE drafter on the target's teacher-forced hidden states and report "
-                                   "its test accuracy per epoch (LANTERN Fig. 2b).")
+    p = ArgumentParser(
+        prog=COMMAND,
+        description="Train an EAGLE drafter on the target's teacher-forced hidden states and report "
+        "its test accuracy per epoch (LANTERN Fig. 2b).",
+    )
     add_model_args(p)
     d = p.add_argument_group("data (default for the embedded model: Fashion-MNIST train / test images)")
-    d.add_argument("--tokens", default=None, help="token file: .safetensors/.pt/.npz/.npy of (N, h*w) code indices "
-                                                   "plus labels or conditions (see lantern.drafter_data)")
+    d.add_argument(
+        "--tokens",
+        default=None,
+        help="token file: .safetensors/.pt/.npz/.npy of (N, h*w) code indices "
+        "plus labels or conditions (see lantern.drafter_data)",
+    )
     d.add_argument("--conditions", default=None, help="text file, one class label or caption a line")
-    d.add_argument("--classes", default=None, metavar="LIST",
-                   help="c2i: train and test on these class labels only, e.g. 0,3,7 (cycled by --self-generate)")
-    d.add_argument("--self-generate", type=positive_int, default=None, metavar="N",
-                   help="sample N sequences from the target itself and train on them (kept as parts of the run)")
+    d.add_argument(
+        "--classes",
+        default=None,
+        metavar="LIST",
+        help="c2i: train and test on these class labels only, e.g. 0,3,7 (cycled by --self-generate)",
+    )
+    d.add_argument(
+        "--self-generate",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="sample N sequences from the target itself and train on them (kept as parts of the run)",
+    )
     add_sampling_args(d, guidance=1.0, guidance_help="guidance scale for --self-generate (1 = none)")
     d.add_argument("--gen-batch-size", type=positive_int, default=32, help="images per batch for --self-generate")
     add_data_arg(d, "Fashion-MNIST IDX directory (embedded model)")
-    d.add_argument("--with-data", action="store_true",
-                   help="with --self-generate: also train on the data tokens (--tokens, else Fashion-MNIST train), "
-                        "test on the data's held-out split (as EAGLE trains drafters)")
-    d.add_argument("--train-size", type=positive_int, default=None,
-                   help="use at most this many training sequences (with --with-data: data sequences)")
+    d.add_argument(
+        "--with-data",
+        action="store_true",
+        help="with --self-generate: also train on the data tokens (--tokens, else Fashion-MNIST train), "
+        "test on the data's held-out split (as EAGLE trains drafters)",
+    )
+    d.add_argument(
+        "--train-size",
+        type=positive_int,
+        default=None,
+        help="use at most this many training sequences (with --with-data: data sequences)",
+    )
     d.add_argument("--test-size", type=positive_int, default=1000, help="held-out test sequences (default 1000)")
     t = p.add_argument_group("training")
     defaults = TrainConfig()
     t.add_argument("--epochs", type=nonneg_int, default=defaults.epochs, help="most epochs (sets the cosine schedule)")
-    t.add_argument("--patience", type=nonneg_int, default=defaults.patience,
-                   help="stop once test top-1 has not risen for this many epochs (0: train all --epochs)")
+    t.add_argument(
+        "--patience",
+        type=nonneg_int,
+        default=defaults.patience,
+        help="stop once test top-1 has not risen for this many epochs (0: train all --epochs)",
+    )
     t.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="sequences per step")
     t.add_argument("--lr", type=finite_float, default=defaults.lr, help="peak learning rate (warmup, cosine decay)")
-    t.add_argument("--uncond-fraction", type=finite_float, default=defaults.uncond_fraction,
-                   help="share of rows from the unconditional (guidance) stream")
+    t.add_argument(
+        "--uncond-fraction",
+        type=finite_float,
+        default=defaults.uncond_fraction,
+        help="share of rows from the unconditional (guidance) stream",
+    )
     t.add_argument("--seed", type=seed_int, default=defaults.seed)
     o = p.add_argument_group("output")
     o.add_argument("--run-dir", default=None, help="features, checkpoints, tables (default runs/drafter-<model>)")
-    add_out_arg(o, "final drafter file (default <run-dir>/drafter.safetensors); the accuracy table goes next to it "
-                   "as <name>_accuracy.parquet", metavar="FILE")
-    o.add_argument("--figure", default=None,
-                   help="accuracy figure .png (+.pdf) (default <run-dir>/drafter_accuracy.png)")
+    add_out_arg(
+        o,
+        "final drafter file (default <run-dir>/drafter.safetensors); the accuracy table goes next to it "
+        "as <name>_accuracy.parquet",
+        metavar="FILE",
+    )
+    o.add_argument(
+        "--figure", default=None, help="accuracy figure .png (+.pdf) (default <run-dir>/drafter_accuracy.png)"
+    )
     o.add_argument("--save-dtype", default="fp16", choices=["fp16", "bf16", "fp32"], help="dtype of the saved drafter")
     o.add_argument("--overwrite", action="store_true", help="discard a run of other settings in --run-dir")
     o.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -595,8 +792,14 @@ def build_parser() -> ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
     args = build_parser().parse_args(argv)
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                         uncond_fraction=args.uncond_fraction, seed=args.seed, patience=args.patience)
+    config = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        uncond_fraction=args.uncond_fraction,
+        seed=args.seed,
+        patience=args.patience,
+    )
     sampling_from_args(args, get_spec(args.model).kind)  # validates --cfg/--temperature/--top-k/--top-p
     check_spec_options(args.model, args.weights, classes=parse_classes(args.classes))  # before any weights
     device, dtype = device_from_args(args)
@@ -607,8 +810,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         check_out_file(args.figure, "--figure")
     shard = shard_from_args(args, device)
     if shard.count > 1 and not shard.group and not args.self_generate:
-        raise UsageError("--shard-index/--num-shards split --self-generate N across independent processes; to "
-                         "train data-parallel launch with torchrun --nproc_per_node=N instead")
+        raise UsageError(
+            "--shard-index/--num-shards split --self-generate N across independent processes; to "
+            "train data-parallel launch with torchrun --nproc_per_node=N instead"
+        )
     torch.manual_seed(drafter_init_seed(args.seed))
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
     check_sizes(args, model)
@@ -617,25 +822,32 @@ def main(argv: Optional[list[str]] = None) -> int:
     shard.first(lambda: run.open(args.overwrite, shards=None), lambda: run.open(shards=None))
     data = _data(args, model, run, shard)
     if data is None:
-        print(f"{shard.label} done: its --self-generate batches are parts of {run_dir}; after every shard, train "
-              f"with the same command without --shard-index/--num-shards (or under torchrun)")
+        print(
+            f"{shard.label} done: its --self-generate batches are parts of {run_dir}; after every shard, train "
+            f"with the same command without --shard-index/--num-shards (or under torchrun)"
+        )
         return 0
     train, test = data
     if shard.index == 0:
-        print(f"target {model.name}: {len(train)} training and {len(test)} test sequences of "
-              f"{train.tokens.shape[1]} tokens; run dir {run_dir}" + (f"; {shard.count} ranks" if shard.group else ""))
+        print(
+            f"target {model.name}: {len(train)} training and {len(test)} test sequences of "
+            f"{train.tokens.shape[1]} tokens; run dir {run_dir}" + (f"; {shard.count} ranks" if shard.group else "")
+        )
     drafter, table = train_drafter(model, train, test, run, config, progress=not args.no_progress, shard=shard)
     if shard.index != 0:
         return 0
     save_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
     drafter.save(out, dtype=save_dtype)
     write_table(table, accuracy_table_path(out))
-    figs = plot_accuracy(table, args.figure or run_dir / "drafter_accuracy.png",
-                         title=f"EAGLE drafter for {model.name}: test accuracy")
+    figs = plot_accuracy(
+        table, args.figure or run_dir / "drafter_accuracy.png", title=f"EAGLE drafter for {model.name}: test accuracy"
+    )
     print(summary(table))
     print(f"stop: {drafter.info['stop_reason']}")
-    print(f"drafter: {out} ({out.stat().st_size / 2 ** 20:.2f} MB)  table: {accuracy_table_path(out)}  "
-          f"figure: {', '.join(map(str, figs))}")
+    print(
+        f"drafter: {out} ({out.stat().st_size / 2**20:.2f} MB)  table: {accuracy_table_path(out)}  "
+        f"figure: {', '.join(map(str, figs))}"
+    )
     return 0
 
 

@@ -19,6 +19,7 @@ cache holds ``x_0..x_{n-2}``, the root of the tree is ``x_{n-1}``):
 4. :meth:`~ambiguity.models.base.TokenModel.keep_path`: the target's cache keeps the root and
    the accepted nodes; the next token is fed in the next round.
 """
+
 from __future__ import annotations
 
 import time
@@ -55,8 +56,15 @@ class TreeOutcome:
     trials: list[dict] = field(default_factory=list)
 
 
-def walk_tree(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional[torch.Tensor], greedy: bool,
-              draws: Optional[Draws], timer: Optional[Timer] = None) -> TreeOutcome:
+def walk_tree(
+    tree: Tree,
+    p: torch.Tensor,
+    rule: AcceptanceRule,
+    table: Optional[torch.Tensor],
+    greedy: bool,
+    draws: Optional[Draws],
+    timer: Optional[Timer] = None,
+) -> TreeOutcome:
     """Judge the tree's nodes from the root down and pick the next token.
 
     p: (T, V) the target distribution after each node (:func:`lantern.steps.target_distribution`);
@@ -106,8 +114,9 @@ def walk_tree(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional
         cur = accepted
 
 
-def walk_official_greedy(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional[torch.Tensor],
-                         timer: Optional[Timer] = None) -> TreeOutcome:
+def walk_official_greedy(
+    tree: Tree, p: torch.Tensor, rule: AcceptanceRule, table: Optional[torch.Tensor], timer: Optional[Timer] = None
+) -> TreeOutcome:
     """The official code's greedy tree verification: every node passes or fails on its own
     (:func:`lantern.acceptance.judge_greedy`, ``"official"``: ``x̂`` is the argmax of the
     unfiltered ``p`` with ``p̃(x̂)`` written at it, ties to the lower index); each root-to-leaf
@@ -142,8 +151,17 @@ def walk_official_greedy(tree: Tree, p: torch.Tensor, rule: AcceptanceRule, tabl
 
 
 def _trial(node, sibling, p_tilde, j_star, spent, q_draft, accept_prob, u, accepted) -> dict:
-    return dict(node=int(node), sibling=int(sibling), p_tilde=float(p_tilde), j_star=int(j_star), spent=float(spent),
-                q_draft=float(q_draft), accept_prob=float(accept_prob), u=float(u), accepted=bool(accepted))
+    return dict(
+        node=int(node),
+        sibling=int(sibling),
+        p_tilde=float(p_tilde),
+        j_star=int(j_star),
+        spent=float(spent),
+        q_draft=float(q_draft),
+        accept_prob=float(accept_prob),
+        u=float(u),
+        accepted=bool(accepted),
+    )
 
 
 def _draft_columns(tree: Tree, p: torch.Tensor, outcome: TreeOutcome, position: int) -> dict:
@@ -168,17 +186,39 @@ def _draft_columns(tree: Tree, p: torch.Tensor, outcome: TreeOutcome, position: 
     q_top1 = np.asarray([float(tree.q[par].max()) if tree.q[par] is not None else np.nan for par in parents])
     p_draft = p_par.gather(1, tree.tokens[1:, None].to(p.device))[:, 0].double().cpu().numpy()
     ent = -(torch.xlogy(p_par, p_par)).sum(-1)
-    return dict(token=tokens, p_draft=p_draft, **cols, reached=reached, committed=committed,
-                p_top1=p_par.amax(-1).double().cpu().numpy(), p_entropy=ent.double().cpu().numpy(), q_top1=q_top1,
-                node=nodes, parent=parents, depth=depths, sibling=sibling, position=position + depths - 1,
-                draft_index=depths - 1)
+    return dict(
+        token=tokens,
+        p_draft=p_draft,
+        **cols,
+        reached=reached,
+        committed=committed,
+        p_top1=p_par.amax(-1).double().cpu().numpy(),
+        p_entropy=ent.double().cpu().numpy(),
+        q_top1=q_top1,
+        node=nodes,
+        parent=parents,
+        depth=depths,
+        sibling=sibling,
+        position=position + depths - 1,
+        draft_index=depths - 1,
+    )
 
 
 @torch.no_grad()
-def tree_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, sampling: SamplingConfig,
-                rule: AcceptanceRule, neighbours: Optional[torch.Tensor], spec: TreeSpec,
-                generator: Generators = None, num_tokens: Optional[int] = None, image: int = 0,
-                seed: Optional[int] = None, draws: Optional[Draws] = None) -> Decoded:
+def tree_decode(
+    model: TokenModel,
+    drafter: DraftModel,
+    prompt: Prompt,
+    sampling: SamplingConfig,
+    rule: AcceptanceRule,
+    neighbours: Optional[torch.Tensor],
+    spec: TreeSpec,
+    generator: Generators = None,
+    num_tokens: Optional[int] = None,
+    image: int = 0,
+    seed: Optional[int] = None,
+    draws: Optional[Draws] = None,
+) -> Decoded:
     """Tree speculative decoding of one image (module docstring).
 
     model, drafter, prompt (one condition), sampling, rule, neighbours: as
@@ -216,7 +256,7 @@ def tree_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, sampling
         room = N - 1 - n  # drafts deeper than this would pass the image's last token
         if room == 0:  # one token left: a plain target forward
             with timer("target"):
-                out = model.extend(cache, expand_rows(tokens[:, n - 1:n], guided))
+                out = model.extend(cache, expand_rows(tokens[:, n - 1 : n], guided))
             with timer("acceptance"):
                 p = q_of(out.logits)[0]
                 y = int(p.argmax()) if greedy else draws.categorical(p)
@@ -226,27 +266,52 @@ def tree_decode(model: TokenModel, drafter: DraftModel, prompt: Prompt, sampling
             n += 1
             continue
         with timer("drafter"):
-            tree = draft_tree(drafter, model, dcache, expand_rows(tokens[:, d:n], guided), feats[:, d:n], d, spec,
-                              room, q_of, greedy, draws, guided)
+            tree = draft_tree(
+                drafter,
+                model,
+                dcache,
+                expand_rows(tokens[:, d:n], guided),
+                feats[:, d:n],
+                d,
+                spec,
+                room,
+                q_of,
+                greedy,
+                draws,
+                guided,
+            )
             drafter.rollback(dcache, n)  # tree nodes used the drafter's own features: recomputed next round
         d = n
         with timer("target"):
             # all nodes in one forward; node t at image position n-1+depth[t], seeing its ancestors only
-            out = model.extend_tree(cache, expand_rows(tree.tokens[None], guided),
-                                    torch.tensor(tree.depths, dtype=torch.long), tree.ancestors())
+            out = model.extend_tree(
+                cache,
+                expand_rows(tree.tokens[None], guided),
+                torch.tensor(tree.depths, dtype=torch.long),
+                tree.ancestors(),
+            )
         with timer("acceptance"):
             p = q_of(out.logits)  # (T, V): p after each node
             outcome = walk_tree(tree, p, rule, table, greedy, draws, timer)
         path = torch.tensor(outcome.path, dtype=torch.long, device=model.device)
         m = len(outcome.path) - 1
-        tokens[0, n:n + m] = tree.tokens[path[1:]]
+        tokens[0, n : n + m] = tree.tokens[path[1:]]
         tokens[0, n + m] = outcome.token
-        feats[:, n:n + m + 1] = out.hidden[:, path]  # h_{n-1} .. h_{n+m-1}: root and accepted nodes
+        feats[:, n : n + m + 1] = out.hidden[:, path]  # h_{n-1} .. h_{n+m-1}: root and accepted nodes
         with timer("target"):
             model.keep_path(cache, n - 1, path)  # keep x_0..x_{n+m-1}; the new token is fed next round
         max_drafted = max(max_drafted, max(tree.depths))
-        log.add_step(step_no, n, len(tree) - 1, m, outcome.kind, outcome.token, elapsed_since(timer, before),
-                     _draft_columns(tree, p, outcome, n), drafter_forwards=tree.forwards)
+        log.add_step(
+            step_no,
+            n,
+            len(tree) - 1,
+            m,
+            outcome.kind,
+            outcome.token,
+            elapsed_since(timer, before),
+            _draft_columns(tree, p, outcome, n),
+            drafter_forwards=tree.forwards,
+        )
         n += m + 1
     steps, drafts_tab = log.tables()
     images = image_row(image, prompt, seed, N, step_no, steps, timer.seconds, time.perf_counter() - t_start)

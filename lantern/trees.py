@@ -22,6 +22,7 @@ token ``x_{n-1}``; a node at depth ``d`` is a candidate for ``x_{n-1+d}``.
 Every random choice goes through a :class:`Draws` object (one torch generator per image in
 decoding), so that tests can enumerate all outcomes of the real code exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,33 +41,148 @@ __all__ = ["STATIC_TREES", "TreeSpec", "Tree", "Draws", "GeneratorDraws", "draft
 
 # The official trees (jadohu/LANTERN models/drafters/choices.py, from EAGLE/Medusa): child-rank paths.
 STATIC_TREES: dict[str, tuple[tuple[int, ...], ...]] = {
-    "mc_sim_7b_63": ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0),
-                     (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (0, 2, 1), (1, 0, 0),
-                     (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1)),
-    "mc_sim_7b_63_balanced": ((0,), (1,), (2,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1),
-                              (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0),
-                              (1, 1, 1), (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1)),
+    "mc_sim_7b_63": (
+        (0,),
+        (1,),
+        (2,),
+        (3,),
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (2, 1),
+        (3, 0),
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 0, 2),
+        (0, 1, 0),
+        (0, 1, 1),
+        (0, 2, 0),
+        (0, 2, 1),
+        (1, 0, 0),
+        (0, 0, 0, 0),
+        (0, 0, 0, 1),
+        (0, 0, 0, 2),
+        (0, 0, 0, 0, 0),
+        (0, 0, 0, 0, 1),
+    ),
+    "mc_sim_7b_63_balanced": (
+        (0,),
+        (1,),
+        (2,),
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (2, 0),
+        (2, 1),
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 0, 2),
+        (0, 1, 0),
+        (0, 1, 1),
+        (1, 0, 0),
+        (1, 0, 1),
+        (1, 1, 0),
+        (1, 1, 1),
+        (0, 0, 0, 0),
+        (0, 0, 0, 1),
+        (0, 0, 0, 2),
+        (0, 0, 0, 0, 0),
+        (0, 0, 0, 0, 1),
+    ),
     "naive_extend_57": tuple(
         [(i,) for i in range(5)]
         + [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (4, 0)]
-        + [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3), (0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 2, 0), (0, 2, 1),
-           (0, 2, 2), (0, 3, 0), (0, 3, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (2, 0, 0)]
-        + [(0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 3), (0, 0, 1, 0), (0, 0, 1, 1), (0, 0, 1, 2),
-           (0, 0, 2, 0), (0, 0, 2, 1), (0, 0, 3, 0), (0, 1, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (0, 2, 0, 0)]
-        + [(0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 2), (0, 0, 0, 1, 0), (0, 0, 0, 1, 1), (0, 0, 1, 0, 0),
-           (0, 0, 1, 0, 1), (0, 0, 1, 1, 0), (0, 0, 2, 0, 0)]),
+        + [
+            (0, 0, 0),
+            (0, 0, 1),
+            (0, 0, 2),
+            (0, 0, 3),
+            (0, 1, 0),
+            (0, 1, 1),
+            (0, 1, 2),
+            (0, 2, 0),
+            (0, 2, 1),
+            (0, 2, 2),
+            (0, 3, 0),
+            (0, 3, 1),
+            (1, 0, 0),
+            (1, 0, 1),
+            (1, 1, 0),
+            (2, 0, 0),
+        ]
+        + [
+            (0, 0, 0, 0),
+            (0, 0, 0, 1),
+            (0, 0, 0, 2),
+            (0, 0, 0, 3),
+            (0, 0, 1, 0),
+            (0, 0, 1, 1),
+            (0, 0, 1, 2),
+            (0, 0, 2, 0),
+            (0, 0, 2, 1),
+            (0, 0, 3, 0),
+            (0, 1, 0, 0),
+            (0, 1, 0, 1),
+            (0, 1, 1, 0),
+            (0, 2, 0, 0),
+        ]
+        + [
+            (0, 0, 0, 0, 0),
+            (0, 0, 0, 0, 1),
+            (0, 0, 0, 0, 2),
+            (0, 0, 0, 1, 0),
+            (0, 0, 0, 1, 1),
+            (0, 0, 1, 0, 0),
+            (0, 0, 1, 0, 1),
+            (0, 0, 1, 1, 0),
+            (0, 0, 2, 0, 0),
+        ]
+    ),
     "medusa_2_7b_63": tuple(
         [(i,) for i in range(10)]
-        + [(0, i) for i in range(10)] + [(1, i) for i in range(5)] + [(2, 0), (2, 1), (3, 0), (3, 1), (4, 0), (5, 0),
-                                                                       (6, 0), (7, 0)]
-        + [(0, 0, i) for i in range(9)] + [(0, 1, i) for i in range(4)] + [(0, 2, 0), (0, 2, 1), (0, 3, 0), (0, 4, 0),
-                                                                           (0, 5, 0)]
+        + [(0, i) for i in range(10)]
+        + [(1, i) for i in range(5)]
+        + [(2, 0), (2, 1), (3, 0), (3, 1), (4, 0), (5, 0), (6, 0), (7, 0)]
+        + [(0, 0, i) for i in range(9)]
+        + [(0, 1, i) for i in range(4)]
+        + [(0, 2, 0), (0, 2, 1), (0, 3, 0), (0, 4, 0), (0, 5, 0)]
         + [(1, 0, 0), (1, 0, 1), (1, 0, 2), (1, 1, 0), (2, 0, 0)]
-        + [(0, 0, 0, i) for i in range(4)] + [(0, 0, 1, 0), (0, 0, 2, 0), (0, 1, 0, 0)]),
-    "reverse_balanced_25": ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2),
-                            (0, 1, 0), (0, 1, 1), (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 1, 0),
-                            (0, 0, 1, 1), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 0, 2), (0, 0, 0, 0, 3),
-                            (0, 0, 0, 1, 0), (0, 0, 0, 1, 1), (0, 0, 0, 1, 2)),
+        + [(0, 0, 0, i) for i in range(4)]
+        + [(0, 0, 1, 0), (0, 0, 2, 0), (0, 1, 0, 0)]
+    ),
+    "reverse_balanced_25": (
+        (0,),
+        (1,),
+        (2,),
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (2, 0),
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 0, 2),
+        (0, 1, 0),
+        (0, 1, 1),
+        (1, 0, 0),
+        (0, 0, 0, 0),
+        (0, 0, 0, 1),
+        (0, 0, 0, 2),
+        (0, 0, 1, 0),
+        (0, 0, 1, 1),
+        (0, 0, 0, 0, 0),
+        (0, 0, 0, 0, 1),
+        (0, 0, 0, 0, 2),
+        (0, 0, 0, 0, 3),
+        (0, 0, 0, 1, 0),
+        (0, 0, 0, 1, 1),
+        (0, 0, 0, 1, 2),
+    ),
     "chain": ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)),
 }
 TREE_KINDS = ("chain", "static", "dynamic")
@@ -154,8 +270,10 @@ def check_paths(paths) -> tuple[tuple[int, ...], ...]:
         if len(p) > 1 and p[:-1] not in seen:
             raise UsageError(f"static tree path {list(p)} has no parent {list(p[:-1])}: not a tree")
         if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in seen:
-            raise UsageError(f"static tree path {list(p)} has no elder sibling {list(p[:-1] + (p[-1] - 1,))}; "
-                             f"child ranks must be 0, 1, 2, ... without gaps")
+            raise UsageError(
+                f"static tree path {list(p)} has no elder sibling {list(p[:-1] + (p[-1] - 1,))}; "
+                f"child ranks must be 0, 1, 2, ... without gaps"
+            )
     return tuple(sorted(out, key=lambda p: (len(p), p)))
 
 
@@ -176,9 +294,12 @@ def parse_tree(text: str, total_tokens: int = 59, depth: int = 4, top_k: int = 1
         except UsageError as exc:
             raise UsageError(f"--tree {path}: {exc}") from None
         except (OSError, ValueError):
-            raise UsageError(f"--tree {path} is not readable JSON; write a list of paths like [[0], [1], [0, 0]]") from None
-    raise UsageError(f"unknown --tree {text!r}; use chain, dynamic, one of {', '.join(STATIC_TREES)} "
-                     f"or a .json file of paths")
+            raise UsageError(
+                f"--tree {path} is not readable JSON; write a list of paths like [[0], [1], [0, 0]]"
+            ) from None
+    raise UsageError(
+        f"unknown --tree {text!r}; use chain, dynamic, one of {', '.join(STATIC_TREES)} or a .json file of paths"
+    )
 
 
 # --------------------------------------------------------------------------- randomness
@@ -271,14 +392,23 @@ class Tree:
 
 
 # --------------------------------------------------------------------------- drafting
-def _root_features(drafter: DraftModel, model: TokenModel, dcache, tokens: torch.Tensor, features: torch.Tensor,
-                   start: int) -> torch.Tensor:
+def _root_features(
+    drafter: DraftModel, model: TokenModel, dcache, tokens: torch.Tensor, features: torch.Tensor, start: int
+) -> torch.Tensor:
     """The drafter over the pending positions (true target features); its last output f_{n-1}."""
     return drafter(model, tokens, features, dcache, start)[:, -1:]
 
 
-def _expand(drafter: DraftModel, model: TokenModel, dcache, node_tokens: torch.Tensor, parent_f: torch.Tensor,
-            positions: torch.Tensor, visible: torch.Tensor, guided: bool) -> torch.Tensor:
+def _expand(
+    drafter: DraftModel,
+    model: TokenModel,
+    dcache,
+    node_tokens: torch.Tensor,
+    parent_f: torch.Tensor,
+    positions: torch.Tensor,
+    visible: torch.Tensor,
+    guided: bool,
+) -> torch.Tensor:
     """One drafter forward over F tree nodes: tokens (F,), their parents' features (rows, F, H),
     image positions (F,), visibility (F, cache length + F) -> features (rows, F, H)."""
     rows_tokens = expand_rows(node_tokens[None], guided)
@@ -304,9 +434,20 @@ def _cache_length(dcache) -> int:
     return int(length) if length is not None else int(dcache.get_seq_length())
 
 
-def draft_tree(drafter: DraftModel, model: TokenModel, dcache, tokens: torch.Tensor, features: torch.Tensor,
-               start: int, spec: TreeSpec, max_depth: int, q_of, greedy: bool, draws: Optional[Draws],
-               guided: bool) -> Tree:
+def draft_tree(
+    drafter: DraftModel,
+    model: TokenModel,
+    dcache,
+    tokens: torch.Tensor,
+    features: torch.Tensor,
+    start: int,
+    spec: TreeSpec,
+    max_depth: int,
+    q_of,
+    greedy: bool,
+    draws: Optional[Draws],
+    guided: bool,
+) -> Tree:
     """Draft one tree after the committed tokens (EAGLE alignment as :func:`lantern.decoding.draft`).
 
     tokens (rows, P) / features (rows, P, H): the pending positions ``start .. n-1`` with true
@@ -322,12 +463,14 @@ def draft_tree(drafter: DraftModel, model: TokenModel, dcache, tokens: torch.Ten
     root_q = q_of(drafter.logits(model, f_root))[0]
     if spec.kind == "dynamic":
         return _dynamic(drafter, model, dcache, tokens[0, -1], f_root, root_q, n, spec, max_depth, q_of, guided)
-    return _static(drafter, model, dcache, tokens[0, -1], f_root, root_q, n, spec, max_depth, q_of, greedy,
-                   draws, guided)
+    return _static(
+        drafter, model, dcache, tokens[0, -1], f_root, root_q, n, spec, max_depth, q_of, greedy, draws, guided
+    )
 
 
-def _static(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_depth, q_of, greedy, draws,
-            guided) -> Tree:
+def _static(
+    drafter, model, dcache, root_token, f_root, root_q, n, spec, max_depth, q_of, greedy, draws, guided
+) -> Tree:
     paths = [p for p in spec.paths if len(p) <= max_depth]
     kids: dict[tuple, int] = {}
     for p in paths:  # children per parent path (ranks 0 .. m-1)
@@ -365,12 +508,20 @@ def _static(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_dep
             vis = _visibility(L, n, slots, anc)
             parent_f = torch.cat([feats[parents[i]] for i in idx], 1)
             pos = torch.full((len(idx),), n - 1 + depth, dtype=torch.long)
-            out = _expand(drafter, model, dcache, torch.tensor([tokens[i] for i in idx], device=model.device),
-                          parent_f, pos, vis, guided)
+            out = _expand(
+                drafter,
+                model,
+                dcache,
+                torch.tensor([tokens[i] for i in idx], device=model.device),
+                parent_f,
+                pos,
+                vis,
+                guided,
+            )
             q_new = q_of(drafter.logits(model, out))
             forwards += 1
             for j, i in enumerate(idx):
-                feats[i], qs[i], slots[i] = out[:, j:j + 1], q_new[j], L + j
+                feats[i], qs[i], slots[i] = out[:, j : j + 1], q_new[j], L + j
         frontier = new
     tree = _finish(tokens, parents, depths, qs, model, sampled=not greedy, forwards=forwards)
     tree.static = True
@@ -418,15 +569,23 @@ def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_de
             vis[i, L + i] = True
         parent_f = torch.cat([feat[c_par[b]] if c_par[b] >= 0 else f_root for b in beam], 1)
         pos = torch.full((len(beam),), n - 1 + depth, dtype=torch.long)
-        out = _expand(drafter, model, dcache, torch.tensor([c_tok[b] for b in beam], device=model.device),
-                      parent_f, pos, vis, guided)
+        out = _expand(
+            drafter,
+            model,
+            dcache,
+            torch.tensor([c_tok[b] for b in beam], device=model.device),
+            parent_f,
+            pos,
+            vis,
+            guided,
+        )
         q_new = q_of(drafter.logits(model, out))  # (F, V)
         logq = torch.log(q_new.double().clamp_min(1e-300)).masked_fill(q_new <= 0, float("-inf"))
         kk = min(spec.top_k, logq.shape[-1])
         child = logq.topk(kk, dim=-1)
         first = len(c_tok)
         for j, b in enumerate(beam):
-            slot[b], feat[b] = L + j, out[:, j:j + 1]
+            slot[b], feat[b] = L + j, out[:, j : j + 1]
             for t in range(kk):
                 c_tok.append(int(child.indices[j, t]))
                 c_par.append(b)
@@ -444,10 +603,18 @@ def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_de
     return _finish(tokens, parents, depths, [None] * len(tokens), model, sampled=False, forwards=1 + max(rounds, 0))
 
 
-def _finish(tokens: list[int], parents: list[int], depths: list[int], qs, model: TokenModel, sampled: bool,
-            forwards: int = 1) -> Tree:
+def _finish(
+    tokens: list[int], parents: list[int], depths: list[int], qs, model: TokenModel, sampled: bool, forwards: int = 1
+) -> Tree:
     children: list[list[int]] = [[] for _ in tokens]
     for t in range(1, len(tokens)):
         children[parents[t]].append(t)
-    return Tree(torch.tensor(tokens, dtype=torch.long, device=model.device), parents, depths, children, list(qs),
-                sampled, forwards)
+    return Tree(
+        torch.tensor(tokens, dtype=torch.long, device=model.device),
+        parents,
+        depths,
+        children,
+        list(qs),
+        sampled,
+        forwards,
+    )

@@ -7,6 +7,7 @@ reconstructions, and class-conditional samples of the GPT.
 
 Seeded (``--seed``): the same test images and samples on every run on the same device.
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,9 +15,18 @@ from pathlib import Path
 
 import torch
 
+from ambiguity.cli import (
+    ArgumentParser,
+    add_data_arg,
+    add_device_args,
+    add_out_arg,
+    add_sampling_args,
+    check_out_file,
+    cli_main,
+    positive_int,
+    seed_int,
+)
 from ambiguity.data.fashion_mnist import CLASSES, load_split
-from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, add_sampling_args,
-                           check_out_file, cli_main, positive_int, seed_int)
 from ambiguity.generation import sample_tokens
 from ambiguity.io import atomic_path, ensure_writable_dir
 from ambiguity.memory import check_batch
@@ -30,12 +40,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args(argv=None):
     p = ArgumentParser(prog="figure_embedded_samples.py", description=__doc__.split("\n")[0])
-    p.add_argument("--model", choices=list(VARIANTS), default="embedded",
-                   help="which shipped model (default: %(default)s)")
+    p.add_argument(
+        "--model", choices=list(VARIANTS), default="embedded", help="which shipped model (default: %(default)s)"
+    )
     p.add_argument("--weights", default=None, help="directory with the two weight files (default: the shipped ones)")
     add_data_arg(p)
-    add_out_arg(p, "output path without suffix (default figures/embedded_samples, figures/embedded16_samples)",
-                metavar="PATH")
+    add_out_arg(
+        p, "output path without suffix (default figures/embedded_samples, figures/embedded16_samples)", metavar="PATH"
+    )
     p.add_argument("--seed", type=seed_int, default=0)
     add_sampling_args(p, guidance=2.0)
     p.add_argument("--n-real", type=positive_int, default=4, help="test images per class")
@@ -62,7 +74,7 @@ def mosaic(images: torch.Tensor, rows: int, gap: int = 2) -> torch.Tensor:
     out = torch.ones(rows * (H + gap) - gap, cols * (W + gap) - gap)
     for i in range(n):
         r, c = divmod(i, cols)
-        out[r * (H + gap): r * (H + gap) + H, c * (W + gap): c * (W + gap) + W] = images[i, 0]
+        out[r * (H + gap) : r * (H + gap) + H, c * (W + gap) : c * (W + gap) + W] = images[i, 0]
     return out
 
 
@@ -74,12 +86,19 @@ def draw(real, recon, samples, class_names, title_samples: str, note: str):
     import seaborn as sns
 
     sns.set_theme(context="paper", style="white")
-    panels = [(mosaic(real, 10), "test images"), (mosaic(recon, 10), "VQ reconstructions"),
-              (mosaic(samples, 10), title_samples)]
+    panels = [
+        (mosaic(real, 10), "test images"),
+        (mosaic(recon, 10), "VQ reconstructions"),
+        (mosaic(samples, 10), title_samples),
+    ]
     widths = [p[0].shape[1] for p in panels]
     scale = real.shape[-1] / 32  # the figure's size does not grow with the image side
-    fig, axes = plt.subplots(1, 3, figsize=(0.42 * sum(widths) / (34 * scale) + 1.4, 4.9),
-                             gridspec_kw={"width_ratios": widths, "wspace": 0.04})
+    fig, axes = plt.subplots(
+        1,
+        3,
+        figsize=(0.42 * sum(widths) / (34 * scale) + 1.4, 4.9),
+        gridspec_kw={"width_ratios": widths, "wspace": 0.04},
+    )
     H = panels[0][0].shape[0]
     for k, (ax, (img, title)) in enumerate(zip(axes, panels)):
         ax.imshow(img.numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
@@ -114,16 +133,21 @@ def main(argv=None) -> int:
     codes = sample_tokens(model, prompt, sampling, image_generators(args.seed, range(len(conditions)), device))
     samples = model.decode_codes(codes.view(-1, *model.grid)).cpu()
 
-    knobs = f"CFG {args.cfg:g}, temperature {args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") \
+    knobs = (
+        f"CFG {args.cfg:g}, temperature {args.temperature:g}"
+        + (f", top-k {args.top_k}" if args.top_k else "")
         + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
+    )
     metrics_path = weights_dir(args.weights) / VARIANTS[args.model].metrics_file
     note = f"{model.name} model (LlamaGen VQ + c2i GPT trained on Fashion-MNIST), seed {args.seed}"
     if metrics_path.is_file():
         m = json.loads(metrics_path.read_text())
         if "vq" in m and "gpt" in m:
-            note += (f"\n{m['vq']['test']['codebook_size']} codes, test PSNR {m['vq']['test']['psnr_db']:.1f} dB, "
-                     f"GPT {m['gpt']['parameters'] / 1e6:.2f}M params, test NLL "
-                     f"{m['gpt']['test']['nll_bits_per_token']:.2f} bits/token")
+            note += (
+                f"\n{m['vq']['test']['codebook_size']} codes, test PSNR {m['vq']['test']['psnr_db']:.1f} dB, "
+                f"GPT {m['gpt']['parameters'] / 1e6:.2f}M params, test NLL "
+                f"{m['gpt']['test']['nll_bits_per_token']:.2f} bits/token"
+            )
     fig = draw(real, recon, samples, CLASSES, f"samples ({knobs})", note)
     ensure_writable_dir(out.parent)
     written = []

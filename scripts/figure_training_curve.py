@@ -9,6 +9,7 @@ embedded-16-long`` after every epoch), so it works on the partial curve of a run
 The shipped ``embedded-16`` GPT's (0.48 epochs) full-test-split NLL is marked for reference when its
 metrics file is present (the ``embedded`` model's bits/token, over 1024 codes, are not comparable).
 """
+
 from __future__ import annotations
 
 import json
@@ -67,13 +68,33 @@ def plot_curve(curve: dict, path: Path, references: dict[str, tuple[float, float
     ep = [r["epoch"] for r in rows]
     with plots.style():
         fig, ax = plots.new_figure(width=4.2, height=2.8)
-        ax.plot(ep, [r["test_nll_bits"] for r in rows], marker="o", markersize=3, color=plots.color_for("target"),
-                label=f"test NLL ({curve.get('eval_images', '?')} test images)")
-        ax.plot(ep, [r["train_loss_bits"] for r in rows], marker="s", markersize=3, linestyle="--",
-                color=plots.color_for("", 1), label="train loss (mean over the epoch)")
+        ax.plot(
+            ep,
+            [r["test_nll_bits"] for r in rows],
+            marker="o",
+            markersize=3,
+            color=plots.color_for("target"),
+            label=f"test NLL ({curve.get('eval_images', '?')} test images)",
+        )
+        ax.plot(
+            ep,
+            [r["train_loss_bits"] for r in rows],
+            marker="s",
+            markersize=3,
+            linestyle="--",
+            color=plots.color_for("", 1),
+            label="train loss (mean over the epoch)",
+        )
         for i, (name, (e, nll)) in enumerate((references or {}).items()):
-            ax.scatter([e], [nll], marker="x", s=30, zorder=3, color=plots.color_for("", 3 + i),
-                       label=f"{name}: full test split")
+            ax.scatter(
+                [e],
+                [nll],
+                marker="x",
+                s=30,
+                zorder=3,
+                color=plots.color_for("", 3 + i),
+                label=f"{name}: full test split",
+            )
         ax.set_xlabel("epochs")
         ax.set_ylabel("bits / token")
         ax.set_xlim(left=0)

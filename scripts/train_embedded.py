@@ -21,29 +21,51 @@ resumes where an interrupted run stopped.
 Test metrics are computed with the fp16 files as shipped (reloaded), on the Fashion-MNIST
 test split: VQ reconstruction MSE/L1/PSNR and codebook usage, GPT teacher-forced NLL.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import time
-import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, cli_main, finite_float,
-                           positive_int, seed_int)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_data_arg,
+    add_device_args,
+    add_out_arg,
+    cli_main,
+    finite_float,
+    positive_int,
+    seed_int,
+)
 from ambiguity.data.fashion_mnist import find_dir, load_split
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.base import resolve_device
 from ambiguity.models.checkpoints import save_module
 from ambiguity.models.embedded import VARIANTS, VQ_SKIP, WEIGHTS_DIR, load_gpt, load_vq
-from ambiguity.train import (CURVE_FILE, EpochStopConfig, count_params, embedded16_long_recipe, embedded16_recipe,
-                             embedded_recipe, gpt_nll, load_checkpoint, save_checkpoint, steps_for_epochs, tokenize,
-                             train_gpt, train_vq, vq_metrics)
+from ambiguity.train import (
+    CURVE_FILE,
+    EpochStopConfig,
+    count_params,
+    embedded16_long_recipe,
+    embedded16_recipe,
+    embedded_recipe,
+    gpt_nll,
+    load_checkpoint,
+    save_checkpoint,
+    steps_for_epochs,
+    tokenize,
+    train_gpt,
+    train_vq,
+    vq_metrics,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # recipe name -> (VQConfig, VQTrainConfig, GPTConfig, GPTTrainConfig) of it; its files: VARIANTS[name]
@@ -57,17 +79,33 @@ def parse_args(argv=None):
     p = ArgumentParser(prog="train_embedded.py", description=__doc__.split("\n")[0])
     add_data_arg(p)
     add_out_arg(p, "where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
-    p.add_argument("--run-dir", default=None, help="checkpoints and caches (default runs/<recipe>, runs/<recipe>-quick)")
-    p.add_argument("--recipe", choices=sorted(RECIPES), default="embedded",
-                   help="embedded (1024 codes, 8x8 tokens), embedded-16 (16384 codes, 16x16 tokens) or "
-                        "embedded-16-long (embedded-16 by epochs with early stop, into a staging directory)")
+    p.add_argument(
+        "--run-dir", default=None, help="checkpoints and caches (default runs/<recipe>, runs/<recipe>-quick)"
+    )
+    p.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="embedded",
+        help="embedded (1024 codes, 8x8 tokens), embedded-16 (16384 codes, 16x16 tokens) or "
+        "embedded-16-long (embedded-16 by epochs with early stop, into a staging directory)",
+    )
     e = p.add_argument_group("embedded-16-long only")
     e.add_argument("--epochs", type=finite_float, default=None, help="most passes over the training set (default 6)")
-    e.add_argument("--min-gain", type=finite_float, default=None,
-                   help="stop once the test NLL gains less than this many bits/token per epoch (default 0.02)")
-    e.add_argument("--min-epochs", type=finite_float, default=None, help="never stop before this many epochs (default 1.9)")
-    e.add_argument("--eval-images", type=positive_int, default=None,
-                   help="test images (a fixed seeded subset) for the per-epoch NLL (default 1000)")
+    e.add_argument(
+        "--min-gain",
+        type=finite_float,
+        default=None,
+        help="stop once the test NLL gains less than this many bits/token per epoch (default 0.02)",
+    )
+    e.add_argument(
+        "--min-epochs", type=finite_float, default=None, help="never stop before this many epochs (default 1.9)"
+    )
+    e.add_argument(
+        "--eval-images",
+        type=positive_int,
+        default=None,
+        help="test images (a fixed seeded subset) for the per-epoch NLL (default 1000)",
+    )
     p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
     p.add_argument("--seed", type=seed_int, default=0)
     add_device_args(p, dtype=False, threads=0)
@@ -88,9 +126,13 @@ def read_json(path: Path) -> dict:
 def stage_done(done: dict, weights: Path, model_cfg, train_cfg, seed: int) -> bool:
     """Whether ``done`` (a run dir's ``*_done.json``) records this recipe and the file as it is now."""
     m = done.get("metrics", {})
-    return (weights.is_file() and done.get("sha") == file_sha(weights) and done.get("seed", seed) == seed
-            and _with_defaults(m.get("config"), model_cfg) == asdict(model_cfg)
-            and _with_defaults(m.get("train"), train_cfg) == asdict(train_cfg))
+    return (
+        weights.is_file()
+        and done.get("sha") == file_sha(weights)
+        and done.get("seed", seed) == seed
+        and _with_defaults(m.get("config"), model_cfg) == asdict(model_cfg)
+        and _with_defaults(m.get("train"), train_cfg) == asdict(train_cfg)
+    )
 
 
 def _with_defaults(recorded, cfg) -> dict:
@@ -101,8 +143,9 @@ def _with_defaults(recorded, cfg) -> dict:
     return {**asdict(type(cfg)()), **recorded}
 
 
-def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str,
-                  chunk: int = 5000) -> tuple[torch.Tensor, float]:
+def cached_tokens(
+    vq, images, path: Path, vq_sha: str, progress: bool, desc: str, chunk: int = 5000
+) -> tuple[torch.Tensor, float]:
     """Codes (N, h*w) int64 of ``images`` under the VQ whose file hash is ``vq_sha``, cached in
     ``path``, and the seconds the tokenization took (when it was computed, also on a cache hit).
 
@@ -124,7 +167,7 @@ def cached_tokens(vq, images, path: Path, vq_sha: str, progress: bool, desc: str
     done = sum(p.shape[0] for p in parts)
     while done < n:
         t0 = time.perf_counter()
-        parts.append(tokenize(vq, images[done:done + chunk], progress=progress, desc=desc).short())
+        parts.append(tokenize(vq, images[done : done + chunk], progress=progress, desc=desc).short())
         seconds += time.perf_counter() - t0
         done += parts[-1].shape[0]
         save_checkpoint(path, vq_sha=vq_sha, codes=torch.cat(parts), n=n, time_s=seconds)
@@ -148,9 +191,15 @@ def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> 
     shipped, _ = load_vq(out / VQ_FILE, device)
     t0 = time.perf_counter()
     test_metrics, _ = vq_metrics(shipped, test, progress=progress)
-    metrics = {"config": asdict(vq_cfg), "train": asdict(vq_train), "parameters": count_params(vq), **stats,
-               "eval_time_s": time.perf_counter() - t0, "train_images": int(images.shape[0]),
-               "test": {**test_metrics, "images": int(test.shape[0])}}
+    metrics = {
+        "config": asdict(vq_cfg),
+        "train": asdict(vq_train),
+        "parameters": count_params(vq),
+        **stats,
+        "eval_time_s": time.perf_counter() - t0,
+        "train_images": int(images.shape[0]),
+        "test": {**test_metrics, "images": int(test.shape[0])},
+    }
     write_json({"sha": file_sha(out / VQ_FILE), "seed": args.seed, "metrics": metrics}, run / "vq_done.json")
     return metrics
 
@@ -164,8 +213,16 @@ def eval_subset(n: int, k: int) -> torch.Tensor:
 def long_settings(args) -> tuple[float, EpochStopConfig, int]:
     """(most epochs, stop rule, test images per evaluation) of the embedded-16-long recipe from
     the flags. Raises UsageError for these flags with another recipe or out-of-range values."""
-    given = [f for f, v in (("--epochs", args.epochs), ("--min-gain", args.min_gain),
-                            ("--min-epochs", args.min_epochs), ("--eval-images", args.eval_images)) if v is not None]
+    given = [
+        f
+        for f, v in (
+            ("--epochs", args.epochs),
+            ("--min-gain", args.min_gain),
+            ("--min-epochs", args.min_epochs),
+            ("--eval-images", args.eval_images),
+        )
+        if v is not None
+    ]
     if args.recipe != LONG:
         if given:
             raise UsageError(f"{', '.join(given)} only apply to --recipe {LONG}")
@@ -173,8 +230,9 @@ def long_settings(args) -> tuple[float, EpochStopConfig, int]:
     epochs = 6.0 if args.epochs is None else args.epochs
     if epochs <= 0:
         raise UsageError(f"--epochs must be > 0, got {epochs}")
-    stop = EpochStopConfig(**{k: v for k, v in (("min_gain_bits", args.min_gain), ("min_epochs", args.min_epochs))
-                              if v is not None})
+    stop = EpochStopConfig(
+        **{k: v for k, v in (("min_gain_bits", args.min_gain), ("min_epochs", args.min_epochs)) if v is not None}
+    )
     if stop.min_epochs < 0:
         raise UsageError(f"--min-epochs must be >= 0, got {stop.min_epochs}")
     return epochs, stop, args.eval_images or 1000
@@ -196,8 +254,10 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
         return done["metrics"]
     vq, _ = load_vq(out / VQ_FILE, device)
     if vq.config.codebook_size != gpt_cfg.vocab_size:
-        raise UsageError(f"{out / VQ_FILE} has {vq.config.codebook_size} codes but the GPT expects "
-                         f"{gpt_cfg.vocab_size}; retrain the VQ with --stage all --fresh")
+        raise UsageError(
+            f"{out / VQ_FILE} has {vq.config.codebook_size} codes but the GPT expects "
+            f"{gpt_cfg.vocab_size}; retrain the VQ with --stage all --fresh"
+        )
     images, labels = load_split("train", data, limit=64 if args.quick else None, size=size)
     test, test_labels = load_split("test", data, limit=32 if args.quick else None, size=size)
     tokens, t_train = cached_tokens(vq, images, run / "tokens_train.pt", vq_sha, progress, "tokenize train")
@@ -214,23 +274,51 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
         def evaluate(model):
             return gpt_nll(model, sub_tokens, sub_labels, progress=False)["nll_bits_per_token"]
 
-        long_info = {"recipe": args.recipe, "max_epochs": epochs, "eval_images": int(sub.numel()),
-                     "eval_subset_seed": EVAL_SUBSET_SEED, "seed": args.seed,
-                     "test_nll": "teacher-forced, true labels, no CFG, bits/token, on the fixed test subset"}
-    gpt, stats = train_gpt(gpt_cfg, gpt_train, tokens, labels, run, args.seed, device, progress,
-                           evaluate=evaluate, stop=stop, curve_info=long_info)
+        long_info = {
+            "recipe": args.recipe,
+            "max_epochs": epochs,
+            "eval_images": int(sub.numel()),
+            "eval_subset_seed": EVAL_SUBSET_SEED,
+            "seed": args.seed,
+            "test_nll": "teacher-forced, true labels, no CFG, bits/token, on the fixed test subset",
+        }
+    gpt, stats = train_gpt(
+        gpt_cfg,
+        gpt_train,
+        tokens,
+        labels,
+        run,
+        args.seed,
+        device,
+        progress,
+        evaluate=evaluate,
+        stop=stop,
+        curve_info=long_info,
+    )
     save_module(gpt, gpt_cfg, out / GPT_FILE, seed=args.seed, stage="gpt", vq_sha=vq_sha, variant=args.recipe)
     shipped, _ = load_gpt(out / GPT_FILE, device)
     t0 = time.perf_counter()
     nll = gpt_nll(shipped, test_tokens, test_labels, progress=progress)
-    metrics = {"config": asdict(gpt_cfg), "train": asdict(gpt_train), "parameters": count_params(gpt), **stats,
-               "tokenize_time_s": t_train + t_test, "eval_time_s": time.perf_counter() - t0,
-               "train_sequences": int(tokens.shape[0]), "test": nll}
+    metrics = {
+        "config": asdict(gpt_cfg),
+        "train": asdict(gpt_train),
+        "parameters": count_params(gpt),
+        **stats,
+        "tokenize_time_s": t_train + t_test,
+        "eval_time_s": time.perf_counter() - t0,
+        "train_sequences": int(tokens.shape[0]),
+        "test": nll,
+    }
     if stop is not None:
-        metrics.update(stop=asdict(stop), curve_file=str(run / CURVE_FILE),
-                       **{k: v for k, v in long_info.items() if k not in ("recipe", "seed")})
-    write_json({"sha": file_sha(out / GPT_FILE), "vq_sha": vq_sha, "seed": args.seed, "metrics": metrics},
-               run / "gpt_done.json")
+        metrics.update(
+            stop=asdict(stop),
+            curve_file=str(run / CURVE_FILE),
+            **{k: v for k, v in long_info.items() if k not in ("recipe", "seed")},
+        )
+    write_json(
+        {"sha": file_sha(out / GPT_FILE), "vq_sha": vq_sha, "seed": args.seed, "metrics": metrics},
+        run / "gpt_done.json",
+    )
     return metrics
 
 
@@ -238,23 +326,36 @@ def summary(m: dict) -> str:
     rows = [("seed", m.get("seed"))]
     if "vq" in m:
         v, t = m["vq"], m["vq"]["test"]
-        rows += [("VQ parameters", f"{v['parameters']:,}"), ("VQ train steps x batch", f"{v['steps']} x {v['batch_size']}"),
-                 ("VQ train time", f"{v['train_time_s'] / 60:.1f} min"),
-                 ("VQ test MSE / L1 ([0,1] px)", f"{t['mse']:.5f} / {t['l1']:.4f}"),
-                 ("VQ test PSNR (pooled / per image)", f"{t['psnr_db']:.2f} / {t['psnr_db_per_image']:.2f} dB"),
-                 ("codebook size / usage / perplexity",
-                  f"{t['codebook_size']} / {100 * t['codebook_usage']:.1f}% / {t['code_perplexity']:.1f}")]
+        rows += [
+            ("VQ parameters", f"{v['parameters']:,}"),
+            ("VQ train steps x batch", f"{v['steps']} x {v['batch_size']}"),
+            ("VQ train time", f"{v['train_time_s'] / 60:.1f} min"),
+            ("VQ test MSE / L1 ([0,1] px)", f"{t['mse']:.5f} / {t['l1']:.4f}"),
+            ("VQ test PSNR (pooled / per image)", f"{t['psnr_db']:.2f} / {t['psnr_db_per_image']:.2f} dB"),
+            (
+                "codebook size / usage / perplexity",
+                f"{t['codebook_size']} / {100 * t['codebook_usage']:.1f}% / {t['code_perplexity']:.1f}",
+            ),
+        ]
     if "gpt" in m:
         g = m["gpt"]
-        rows += [("GPT parameters", f"{g['parameters']:,}"), ("GPT steps x batch", f"{g['steps']} x {g['batch_size']}"),
-                 ("GPT token budget", f"{g['token_budget']:,} tokens ({g['epochs']:.2f} epochs)"),
-                 ("GPT train time", f"{g['train_time_s'] / 60:.1f} min"),
-                 ("GPT final train loss", f"{g['final_train_loss_nats'] / 0.6931471805599453:.3f} bits/token"),
-                 ("GPT test NLL", f"{g['test']['nll_bits_per_token']:.3f} bits/token")]
+        rows += [
+            ("GPT parameters", f"{g['parameters']:,}"),
+            ("GPT steps x batch", f"{g['steps']} x {g['batch_size']}"),
+            ("GPT token budget", f"{g['token_budget']:,} tokens ({g['epochs']:.2f} epochs)"),
+            ("GPT train time", f"{g['train_time_s'] / 60:.1f} min"),
+            ("GPT final train loss", f"{g['final_train_loss_nats'] / 0.6931471805599453:.3f} bits/token"),
+            ("GPT test NLL", f"{g['test']['nll_bits_per_token']:.3f} bits/token"),
+        ]
         if "stop_reason" in g:
             rows.append(("GPT stopped", g["stop_reason"]))
-            rows += [(f"  test NLL after epoch {r['epoch']:.2f}", f"{r['test_nll_bits']:.4f} bits/token "
-                      f"({g['eval_images']} images)") for r in g["curve"]]
+            rows += [
+                (
+                    f"  test NLL after epoch {r['epoch']:.2f}",
+                    f"{r['test_nll_bits']:.4f} bits/token ({g['eval_images']} images)",
+                )
+                for r in g["curve"]
+            ]
     for name, size in m.get("files", {}).items():
         rows.append((name, f"{size / 1e6:.2f} MB"))
     width = max(len(r[0]) for r in rows)
@@ -278,19 +379,34 @@ def main(argv=None) -> int:
     staged = args.quick or args.recipe == LONG
     out = ensure_writable_dir(args.out or (run / "weights" if staged else WEIGHTS_DIR))
     if args.recipe == LONG and out.resolve() == WEIGHTS_DIR.resolve():
-        raise UsageError(f"--recipe {LONG} writes to a staging directory, not {WEIGHTS_DIR}; pass another --out "
-                         f"and copy {GPT_FILE} from it once training ends")
+        raise UsageError(
+            f"--recipe {LONG} writes to a staging directory, not {WEIGHTS_DIR}; pass another --out "
+            f"and copy {GPT_FILE} from it once training ends"
+        )
     if args.fresh:
-        for f in ("vq_ckpt.pt", "gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", "vq_done.json", "gpt_done.json",
-                  CURVE_FILE):
+        for f in (
+            "vq_ckpt.pt",
+            "gpt_ckpt.pt",
+            "tokens_train.pt",
+            "tokens_test.pt",
+            "vq_done.json",
+            "gpt_done.json",
+            CURVE_FILE,
+        ):
             (run / f).unlink(missing_ok=True)
     recipe = RECIPES[args.recipe](args.quick)
     progress = not args.no_progress
     metrics = read_json(out / METRICS_FILE)
-    metrics.update(seed=args.seed, quick=args.quick, device=str(device), threads=torch.get_num_threads(),
-                   data="Fashion-MNIST (Xiao et al. 2017), 32x32 (28x28 padded 2 px)"
-                        + (f", bilinearly upsampled to {size}x{size}" if size != 32 else "") + ", 60k train / 10k test",
-                   torch=torch.__version__)
+    metrics.update(
+        seed=args.seed,
+        quick=args.quick,
+        device=str(device),
+        threads=torch.get_num_threads(),
+        data="Fashion-MNIST (Xiao et al. 2017), 32x32 (28x28 padded 2 px)"
+        + (f", bilinearly upsampled to {size}x{size}" if size != 32 else "")
+        + ", 60k train / 10k test",
+        torch=torch.__version__,
+    )
     if args.stage in ("vq", "all"):
         metrics["vq"] = run_vq(args, recipe, data, out, run, device, progress)
         if args.stage == "vq":

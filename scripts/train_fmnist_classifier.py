@@ -13,6 +13,7 @@ resumes exactly. Writes ``fmnist_classifier.safetensors`` (float32, config in th
 and ``fmnist_classifier_metrics.json`` (test accuracy and cross-entropy on the 10k test
 images, measured on the saved file reloaded, per-class accuracy, recipe, wall time).
 """
+
 from __future__ import annotations
 
 import time
@@ -22,8 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ambiguity.cli import (ArgumentParser, add_data_arg, add_out_arg, add_threads_arg, cli_main,
-                           positive_int, seed_int)
+from ambiguity.cli import ArgumentParser, add_data_arg, add_out_arg, add_threads_arg, cli_main, positive_int, seed_int
 from ambiguity.data.fashion_mnist import CLASSES, load_split
 from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.checkpoints import save_module
@@ -43,18 +43,24 @@ def augment(x: torch.Tensor, seed: int, step: int) -> torch.Tensor:
     shifts = torch.randint(-2, 3, (len(x), 2), generator=g)
     pad = F.pad(x, (2, 2, 2, 2))
     H, W = x.shape[-2:]
-    return torch.stack([pad[i, :, 2 + dy:2 + dy + H, 2 + dx:2 + dx + W] for i, (dy, dx) in enumerate(shifts.tolist())])
+    return torch.stack(
+        [pad[i, :, 2 + dy : 2 + dy + H, 2 + dx : 2 + dx + W] for i, (dy, dx) in enumerate(shifts.tolist())]
+    )
 
 
 @torch.no_grad()
 def evaluate(model: FashionNet, images: torch.Tensor, labels: torch.Tensor, batch: int = 500) -> dict:
     """Accuracy, mean cross-entropy (nats) and per-class accuracy on (images, labels)."""
     model.eval()
-    logits = torch.cat([model(images[s:s + batch]) for s in range(0, len(images), batch)])
+    logits = torch.cat([model(images[s : s + batch]) for s in range(0, len(images), batch)])
     pred = logits.argmax(1)
     per_class = {CLASSES[c]: float((pred[labels == c] == c).float().mean()) for c in range(len(CLASSES))}
-    return {"accuracy": float((pred == labels).float().mean()), "cross_entropy": float(F.cross_entropy(logits, labels)),
-            "per_class_accuracy": per_class, "images": int(len(labels))}
+    return {
+        "accuracy": float((pred == labels).float().mean()),
+        "cross_entropy": float(F.cross_entropy(logits, labels)),
+        "per_class_accuracy": per_class,
+        "images": int(len(labels)),
+    }
 
 
 def train(cfg: FashionNetConfig, recipe: dict, images, labels, run_dir: Path, progress: bool = True) -> FashionNet:
@@ -87,8 +93,7 @@ def train(cfg: FashionNetConfig, recipe: dict, images, labels, run_dir: Path, pr
         if step % recipe["ckpt_every"] == 0 or step == total:
             save_checkpoint(ck_path, model=model.state_dict(), opt=opt.state_dict(), step=step, recipe=recipe)
             if progress:
-                print(f"step {step}/{total} loss {run_loss / seen:.4f} "
-                      f"({time.perf_counter() - t0:.0f} s)", flush=True)
+                print(f"step {step}/{total} loss {run_loss / seen:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
             run_loss, seen = 0.0, 0
     return model.eval()
 
@@ -107,28 +112,51 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    run_dir = ensure_writable_dir(Path(args.run_dir or ROOT / "runs" / ("fmnist_classifier" + "-quick" * args.quick)),
-                                  "--run-dir")
+    run_dir = ensure_writable_dir(
+        Path(args.run_dir or ROOT / "runs" / ("fmnist_classifier" + "-quick" * args.quick)), "--run-dir"
+    )
     out = ensure_writable_dir(Path(args.out) if args.out else WEIGHTS_FILE.parent)
     limit = 1000 if args.quick else None
     train_x, train_y = load_split("train", args.data, limit)
     test_x, test_y = load_split("test", args.data, limit)
     cfg = FashionNetConfig(widths=[4, 8, 8], feature_dim=16) if args.quick else FashionNetConfig()
-    recipe = {"seed": args.seed, "epochs": 1 if args.quick else args.epochs, "batch_size": 128, "lr": 2e-3,
-              "weight_decay": 5e-4, "warmup": 50, "ckpt_every": args.ckpt_every, "config": asdict(cfg),
-              "train_images": len(train_x)}
+    recipe = {
+        "seed": args.seed,
+        "epochs": 1 if args.quick else args.epochs,
+        "batch_size": 128,
+        "lr": 2e-3,
+        "weight_decay": 5e-4,
+        "warmup": 50,
+        "ckpt_every": args.ckpt_every,
+        "config": asdict(cfg),
+        "train_images": len(train_x),
+    }
     t0 = time.perf_counter()
     model = train(cfg, recipe, train_x, train_y, run_dir)
-    weights = save_module(model, cfg, out / WEIGHTS_FILE.name, dtype=torch.float32,
-                          recipe=recipe, data="Fashion-MNIST train (60k), 28x28 padded to 32x32, [0, 1]")
+    weights = save_module(
+        model,
+        cfg,
+        out / WEIGHTS_FILE.name,
+        dtype=torch.float32,
+        recipe=recipe,
+        data="Fashion-MNIST train (60k), 28x28 padded to 32x32, [0, 1]",
+    )
     shipped, _ = load_fashion_net(weights)
-    metrics = {"test": evaluate(shipped, test_x, test_y), "train_subset": evaluate(shipped, train_x[:10000], train_y[:10000]),
-               "parameters": count_params(shipped), "feature_dim": cfg.feature_dim, "recipe": recipe,
-               "weights_sha256": file_sha256(weights), "wall_time_s": round(time.perf_counter() - t0, 1),
-               "command": "python scripts/train_fmnist_classifier.py" + (" --quick" if args.quick else "")}
+    metrics = {
+        "test": evaluate(shipped, test_x, test_y),
+        "train_subset": evaluate(shipped, train_x[:10000], train_y[:10000]),
+        "parameters": count_params(shipped),
+        "feature_dim": cfg.feature_dim,
+        "recipe": recipe,
+        "weights_sha256": file_sha256(weights),
+        "wall_time_s": round(time.perf_counter() - t0, 1),
+        "command": "python scripts/train_fmnist_classifier.py" + (" --quick" if args.quick else ""),
+    }
     write_json(metrics, out / METRICS_FILE.name)
-    print(f"test accuracy {metrics['test']['accuracy']:.4f}, cross-entropy {metrics['test']['cross_entropy']:.4f}; "
-          f"wrote {weights} and {out / METRICS_FILE.name}")
+    print(
+        f"test accuracy {metrics['test']['accuracy']:.4f}, cross-entropy {metrics['test']['cross_entropy']:.4f}; "
+        f"wrote {weights} and {out / METRICS_FILE.name}"
+    )
     return 0
 
 

@@ -24,6 +24,7 @@ default ``runs/text_twin``) holds the tokenised corpus and periodic checkpoints:
 same command resumes where it stopped. ``--drafter-tokens RUN_DIR`` also writes the twin's
 training and held-out passages as token files for ``python -m lantern.train_drafter``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +41,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ambiguity.cli import (ArgumentParser, add_device_args, add_out_arg, check_out_dir, cli_main,  # noqa: E402
-                           nonneg_int, positive_int, seed_int)
+from ambiguity.cli import (  # noqa: E402
+    ArgumentParser,
+    add_device_args,
+    add_out_arg,
+    check_out_dir,
+    cli_main,
+    nonneg_int,
+    positive_int,
+    seed_int,
+)
 from ambiguity.data import text_corpus as tc  # noqa: E402
 from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.io import atomic_path, ensure_writable_dir, save_tensors, write_json  # noqa: E402
@@ -68,22 +77,34 @@ def image_reference(weights: Path):
     """
     gpt_path, metrics_path = weights / GPT_FILE, weights / IMAGE_METRICS
     if not gpt_path.is_file() or not metrics_path.is_file():
-        raise UsageError(f"the image model ({gpt_path.name} + {metrics_path.name}) is not in {weights} yet; "
-                         f"train it first (python scripts/train_embedded.py) or pass --image-weights DIR")
+        raise UsageError(
+            f"the image model ({gpt_path.name} + {metrics_path.name}) is not in {weights} yet; "
+            f"train it first (python scripts/train_embedded.py) or pass --image-weights DIR"
+        )
     cfg = load_gpt(gpt_path)[0].config  # a damaged or foreign file is a one-line UsageError
     try:
         metrics = json.loads(metrics_path.read_text())
         return cfg, GPTTrainConfig(**metrics["gpt"]["train"]), metrics
     except (ValueError, KeyError, TypeError):
-        raise UsageError(f"{metrics_path} has no readable GPT training record; rerun python scripts/train_embedded.py "
-                         f"--stage gpt") from None
+        raise UsageError(
+            f"{metrics_path} has no readable GPT training record; rerun python scripts/train_embedded.py --stage gpt"
+        ) from None
 
 
 def quick_reference():
     """A tiny stand-in for the image model (``--quick``): vocabulary 300, the smallest size a
     byte-level BPE over a toy corpus supports comfortably; 8 steps of batch 8."""
-    cfg = GPTConfig(dim=32, n_layer=2, n_head=2, multiple_of=32, num_classes=10, class_dropout_prob=0.1,
-                    vocab_size=300, block_size=64, rope="2d")
+    cfg = GPTConfig(
+        dim=32,
+        n_layer=2,
+        n_head=2,
+        multiple_of=32,
+        num_classes=10,
+        class_dropout_prob=0.1,
+        vocab_size=300,
+        block_size=64,
+        rope="2d",
+    )
     return cfg, GPTTrainConfig(steps=8, batch_size=8, warmup=1, ckpt_every=4), {}
 
 
@@ -111,10 +132,15 @@ def build_data(chapters, vocab_size: int, length: int, test_every: int, run_dir:
         "train": tc.passages(tr_ids, tr_starts, length),
         "train_disjoint": tc.passages(tr_ids, tc.disjoint_starts(tr_starts, length), length),
         "heldout": tc.passages(te_ids, tc.disjoint_starts(te_starts, length), length),
-        "stats": {"chapters_train": len(train_ch), "chapters_heldout": len(test_ch),
-                  "verses_train": int(tr_starts.numel()), "verses_heldout": int(te_starts.numel()),
-                  "tokens_train": int(tr_ids.numel()), "tokens_heldout": int(te_ids.numel()),
-                  "words_train": sum(len(v.split()) for c in train_ch for v in c.verses)},
+        "stats": {
+            "chapters_train": len(train_ch),
+            "chapters_heldout": len(test_ch),
+            "verses_train": int(tr_starts.numel()),
+            "verses_heldout": int(te_starts.numel()),
+            "tokens_train": int(tr_ids.numel()),
+            "tokens_heldout": int(te_ids.numel()),
+            "words_train": sum(len(v.split()) for c in train_ch for v in c.verses),
+        },
     }
     if data["train"].shape[0] < 2 or data["heldout"].shape[0] < 1:
         raise UsageError(f"the corpus gives too few {length}-token passages; pass a larger --corpus")
@@ -144,29 +170,48 @@ def write_drafter_tokens(run_dir: Path, data: dict, test_size: int, train_size: 
     if 0 < train_size < train.shape[0]:
         keep = torch.randperm(train.shape[0], generator=torch.Generator().manual_seed(holdout_seed(seed)))[:train_size]
         train = train[keep.sort().values]
-    for name, x, source in (("tokens_train", train, "text twin training passages"),
-                            ("tokens_test", data["heldout"][:test_size], "text twin held-out passages")):
-        save_tensors({"tokens": x.to(torch.int32)}, run_dir / f"{name}.safetensors",
-                     {"source": source, "conditions": [""] * x.shape[0]})
+    for name, x, source in (
+        ("tokens_train", train, "text twin training passages"),
+        ("tokens_test", data["heldout"][:test_size], "text twin held-out passages"),
+    ):
+        save_tensors(
+            {"tokens": x.to(torch.int32)},
+            run_dir / f"{name}.safetensors",
+            {"source": source, "conditions": [""] * x.shape[0]},
+        )
 
 
 def parse_args(argv):
     p = ArgumentParser(prog="train_text_twin.py", description=__doc__.split("\n")[0])
     add_out_arg(p, "where the shipped files go (default ambiguity/weights; with --quick <run-dir>/weights)")
     p.add_argument("--run-dir", default=None, help="checkpoints and the tokenised corpus (default runs/text_twin)")
-    p.add_argument("--image-weights", default=None, help="folder with the image model's fashion_gpt.safetensors "
-                                                          "and embedded_metrics.json (default ambiguity/weights)")
+    p.add_argument(
+        "--image-weights",
+        default=None,
+        help="folder with the image model's fashion_gpt.safetensors "
+        "and embedded_metrics.json (default ambiguity/weights)",
+    )
     p.add_argument("--corpus", default=None, help="a UTF-8 text file instead of the KJV")
     p.add_argument("--test-every", type=positive_int, default=10, help="hold out every N-th chapter (default 10)")
     p.add_argument("--token-budget", type=positive_int, default=None, help="training tokens (default: the image GPT's)")
     p.add_argument("--seed", type=seed_int, default=0)
     add_device_args(p, dtype=False, threads=0)
-    p.add_argument("--drafter-tokens", default=None, metavar="RUN_DIR",
-                   help="also write tokens_train/tokens_test.safetensors for python -m lantern.train_drafter "
-                        "--model text-twin --run-dir RUN_DIR")
-    p.add_argument("--drafter-train-size", type=nonneg_int, default=0,
-                   help="seeded subset of training passages in tokens_train (default 0: all)")
-    p.add_argument("--drafter-test-size", type=positive_int, default=1000, help="held-out passages in tokens_test (default 1000)")
+    p.add_argument(
+        "--drafter-tokens",
+        default=None,
+        metavar="RUN_DIR",
+        help="also write tokens_train/tokens_test.safetensors for python -m lantern.train_drafter "
+        "--model text-twin --run-dir RUN_DIR",
+    )
+    p.add_argument(
+        "--drafter-train-size",
+        type=nonneg_int,
+        default=0,
+        help="seeded subset of training passages in tokens_train (default 0: all)",
+    )
+    p.add_argument(
+        "--drafter-test-size", type=positive_int, default=1000, help="held-out passages in tokens_test (default 1000)"
+    )
     p.add_argument("--fresh", action="store_true", help="discard the checkpoint in --run-dir and start again")
     p.add_argument("--quick", action="store_true", help="tiny synthetic corpus and model, a few steps (smoke test)")
     p.add_argument("--no-progress", action="store_true")
@@ -180,8 +225,9 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    run_dir = ensure_writable_dir(args.run_dir or ROOT / ("runs/text_twin-quick" if args.quick else "runs/text_twin"),
-                                  "--run-dir")
+    run_dir = ensure_writable_dir(
+        args.run_dir or ROOT / ("runs/text_twin-quick" if args.quick else "runs/text_twin"), "--run-dir"
+    )
     out = ensure_writable_dir(args.out or (run_dir / "weights" if args.quick else WEIGHTS_DIR))
     if args.drafter_tokens:
         check_out_dir(args.drafter_tokens, "--drafter-tokens")
@@ -202,40 +248,65 @@ def main(argv=None) -> int:
     data = build_data(chapters, cfg.vocab_size, length, args.test_every, run_dir)
     t_data = time.perf_counter() - t0
     train_x = data["train"]
-    gpt, stats = train_gpt(cfg, train_cfg, train_x, bos_labels(train_x.shape[0]), run_dir, args.seed, device,
-                           progress=not args.no_progress)
+    gpt, stats = train_gpt(
+        cfg, train_cfg, train_x, bos_labels(train_x.shape[0]), run_dir, args.seed, device, progress=not args.no_progress
+    )
 
     tok_json = data["tokenizer"].to_str()
     corpus = str(args.corpus or ("synthetic" if args.quick else "kjv"))
-    meta = {"tokenizer_sha256": hashlib.sha256(tok_json.encode()).hexdigest(), "seed": args.seed, "stage": "text-twin",
-            "corpus": corpus, "token_budget": stats["token_budget"]}
+    meta = {
+        "tokenizer_sha256": hashlib.sha256(tok_json.encode()).hexdigest(),
+        "seed": args.seed,
+        "stage": "text-twin",
+        "corpus": corpus,
+        "token_budget": stats["token_budget"],
+    }
     save_module(gpt, cfg, out / TWIN_FILE, **meta)
     with atomic_path(out / TOKENIZER_FILE) as tmp:
         tmp.write_text(tok_json)
     held = data["heldout"]
-    save_tensors({"tokens": held[:HELDOUT_SHIPPED].to(torch.int16 if cfg.vocab_size < 2 ** 15 else torch.int32)},
-                 out / HELDOUT_FILE, {"description": "held-out passages (chapters never trained on) for --source dataset",
-                                      "corpus": corpus, "tokenizer_sha256": meta["tokenizer_sha256"]})
+    save_tensors(
+        {"tokens": held[:HELDOUT_SHIPPED].to(torch.int16 if cfg.vocab_size < 2**15 else torch.int32)},
+        out / HELDOUT_FILE,
+        {
+            "description": "held-out passages (chapters never trained on) for --source dataset",
+            "corpus": corpus,
+            "tokenizer_sha256": meta["tokenizer_sha256"],
+        },
+    )
     if args.drafter_tokens:
-        write_drafter_tokens(Path(args.drafter_tokens), data, args.drafter_test_size, args.drafter_train_size, args.seed)
+        write_drafter_tokens(
+            Path(args.drafter_tokens), data, args.drafter_test_size, args.drafter_train_size, args.seed
+        )
 
     # test metrics with the fp16 file as shipped, the same measure as the image model's
     shipped, _ = load_gpt(out / TWIN_FILE, device)
     t0 = time.perf_counter()
     heldout = gpt_nll(shipped, held, bos_labels(held.shape[0]), progress=not args.no_progress)
-    seen = data["train_disjoint"][:held.shape[0]]
+    seen = data["train_disjoint"][: held.shape[0]]
     train_nll = gpt_nll(shipped, seen, bos_labels(seen.shape[0]), progress=not args.no_progress)
     image_gpt = image_metrics.get("gpt", {})
     metrics = {
-        "config": dataclasses.asdict(cfg), "train": dataclasses.asdict(train_cfg), "seed": args.seed,
-        "image_config": dataclasses.asdict(image_cfg), "parameters": count_params(gpt),
-        "image_parameters": image_gpt.get("parameters"), **stats, "corpus": corpus, **data["stats"],
-        "passages_train": int(train_x.shape[0]), "passages_heldout": int(held.shape[0]),
+        "config": dataclasses.asdict(cfg),
+        "train": dataclasses.asdict(train_cfg),
+        "seed": args.seed,
+        "image_config": dataclasses.asdict(image_cfg),
+        "parameters": count_params(gpt),
+        "image_parameters": image_gpt.get("parameters"),
+        **stats,
+        "corpus": corpus,
+        **data["stats"],
+        "passages_train": int(train_x.shape[0]),
+        "passages_heldout": int(held.shape[0]),
         "corpus_passes": stats["token_budget"] / data["stats"]["tokens_train"],
-        "test": {**heldout, "passages": int(held.shape[0])}, "train_nll": train_nll,
+        "test": {**heldout, "passages": int(held.shape[0])},
+        "train_nll": train_nll,
         "image_test_nll_bits_per_token": image_gpt.get("test", {}).get("nll_bits_per_token"),
-        "image_token_budget": image_metrics.get("token_budget"), "data_time_s": t_data,
-        "eval_time_s": time.perf_counter() - t0, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "image_token_budget": image_metrics.get("token_budget"),
+        "data_time_s": t_data,
+        "eval_time_s": time.perf_counter() - t0,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
         "files": {f: (out / f).stat().st_size for f in (TWIN_FILE, TOKENIZER_FILE, HELDOUT_FILE)},
     }
     write_json(metrics, out / METRICS_FILE)
@@ -250,19 +321,33 @@ def _fmt(x) -> str:
 def summary(m: dict, out: Path) -> str:
     """The table printed at the end of a run."""
     c, bits = m["config"], 1 / math.log(2)
-    rows = [("architecture", f"GPT dim {c['dim']}, {c['n_layer']} layers, {c['n_head']} heads, vocab {c['vocab_size']}, "
-                             f"{c['block_size']} tokens, rope 1d, BOS class token"),
-            ("parameters", f"{m['parameters']:,} (image GPT {m['image_parameters'] or 'n/a'})"),
-            ("corpus", f"{m['corpus']}: {m['tokens_train']:,} train / {m['tokens_heldout']:,} held-out tokens, "
-                       f"{m['passages_train']:,} training passages"),
-            ("token budget", f"{m['token_budget']:,} = {m['steps']} steps x {m['batch_size']} x {c['block_size']} "
-                             f"(image GPT: {m['image_token_budget'] or 'n/a'}); {m['corpus_passes']:.2f} corpus passes"),
-            ("train time", f"{m['train_time_s'] / 60:.1f} min"),
-            ("final train loss", f"{m['final_train_loss_nats'] * bits:.3f} bits/token"),
-            ("held-out NLL", f"{m['test']['nll_bits_per_token']:.3f} bits/token "
-                             f"(train passages {m['train_nll']['nll_bits_per_token']:.3f}; image GPT test "
-                             f"{_fmt(m['image_test_nll_bits_per_token'])})"),
-            ("written", f"{out}/: {TWIN_FILE}, {TOKENIZER_FILE}, {HELDOUT_FILE}, {METRICS_FILE}")]
+    rows = [
+        (
+            "architecture",
+            f"GPT dim {c['dim']}, {c['n_layer']} layers, {c['n_head']} heads, vocab {c['vocab_size']}, "
+            f"{c['block_size']} tokens, rope 1d, BOS class token",
+        ),
+        ("parameters", f"{m['parameters']:,} (image GPT {m['image_parameters'] or 'n/a'})"),
+        (
+            "corpus",
+            f"{m['corpus']}: {m['tokens_train']:,} train / {m['tokens_heldout']:,} held-out tokens, "
+            f"{m['passages_train']:,} training passages",
+        ),
+        (
+            "token budget",
+            f"{m['token_budget']:,} = {m['steps']} steps x {m['batch_size']} x {c['block_size']} "
+            f"(image GPT: {m['image_token_budget'] or 'n/a'}); {m['corpus_passes']:.2f} corpus passes",
+        ),
+        ("train time", f"{m['train_time_s'] / 60:.1f} min"),
+        ("final train loss", f"{m['final_train_loss_nats'] * bits:.3f} bits/token"),
+        (
+            "held-out NLL",
+            f"{m['test']['nll_bits_per_token']:.3f} bits/token "
+            f"(train passages {m['train_nll']['nll_bits_per_token']:.3f}; image GPT test "
+            f"{_fmt(m['image_test_nll_bits_per_token'])})",
+        ),
+        ("written", f"{out}/: {TWIN_FILE}, {TOKENIZER_FILE}, {HELDOUT_FILE}, {METRICS_FILE}"),
+    ]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 

@@ -14,6 +14,7 @@ runs is already imported), so every command imports them itself, as from a fresh
 ``BAD_INPUTS_FRESH=1`` in the environment of the tests skips this launcher and starts a fresh
 interpreter per command instead (slower, the same verdicts).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ import resource
 import runpy
 import sys
 
-AS_LIMIT = 12 * 2 ** 30  # address space of a command: a runaway allocation fails there, not on the machine
+AS_LIMIT = 12 * 2**30  # address space of a command: a runaway allocation fails there, not on the machine
 
 
 def _preload() -> None:

@@ -1,5 +1,6 @@
 """Helpers shared by the embedded-model tests: a tiny fake Fashion-MNIST and loading a script
 under ``scripts/`` as a module."""
+
 import importlib.util
 from pathlib import Path
 

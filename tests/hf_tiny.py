@@ -3,6 +3,7 @@
 Sizes follow the model testers of transformers (tests/models/*/test_modeling_*.py): a few
 thousand to a few hundred thousand parameters, built from configs, no download.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -14,9 +15,14 @@ import torch
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-
-def char_tokenizer(specials: list[str], bos: str | None = "<s>", eos: str | None = None, pad: str = "<pad>",
-                   append_eos: bool = False, prepend_bos: bool = False):
+def char_tokenizer(
+    specials: list[str],
+    bos: str | None = "<s>",
+    eos: str | None = None,
+    pad: str = "<pad>",
+    append_eos: bool = False,
+    prepend_bos: bool = False,
+):
     """A character-level fast tokenizer: ``<unk>``, the special tokens in the given order, then
     printable ASCII characters. Special strings are single tokens."""
     from tokenizers import Regex, Tokenizer
@@ -73,14 +79,40 @@ def tiny_janus(seed: int = 0):
     tok = char_tokenizer(["<begin_of_image>", "<end_of_image>"], bos="<s>", pad="<pad>")
     torch.manual_seed(seed)
     cfg = JanusConfig(
-        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
-                         max_position_embeddings=256, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id),
-        vision_config=dict(image_size=16, patch_size=4, hidden_size=16, projection_dim=32, num_hidden_layers=1,
-                           num_attention_heads=2, mlp_ratio=2, num_image_tokens=16),
-        vq_config=dict(embed_dim=4, num_embeddings=24, latent_channels=8, base_channels=32, channel_multiplier=[1, 1],
-                       num_res_blocks=1, projection_dim=32, image_token_embed_dim=32),
-        image_token_id=tok.unk_token_id)
+        text_config=dict(
+            model_type="llama",
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=48,
+            max_position_embeddings=256,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+        ),
+        vision_config=dict(
+            image_size=16,
+            patch_size=4,
+            hidden_size=16,
+            projection_dim=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            mlp_ratio=2,
+            num_image_tokens=16,
+        ),
+        vq_config=dict(
+            embed_dim=4,
+            num_embeddings=24,
+            latent_channels=8,
+            base_channels=32,
+            channel_multiplier=[1, 1],
+            num_res_blocks=1,
+            projection_dim=32,
+            image_token_embed_dim=32,
+        ),
+        image_token_id=tok.unk_token_id,
+    )
     model = JanusForConditionalGeneration(cfg).eval()
     return model, tok
 
@@ -92,8 +124,9 @@ def emu3_tokenizer(codebook: int = 20, seed: int = 0):
     visual = [f"<|visual token{c:06d}|>" for c in order]
     specials = ["<|image start|>", "<|image end|>", "<|image token|>", "<|extra_200|>", "<|extra_201|>", "<image>"]
     # interleave some visual tokens between the specials so the map cannot be an offset
-    return char_tokenizer(visual[:5] + specials + visual[5:], bos="<|extra_203|>", eos="<|extra_204|>",
-                          pad="<|endoftext|>")
+    return char_tokenizer(
+        visual[:5] + specials + visual[5:], bos="<|extra_203|>", eos="<|extra_204|>", pad="<|endoftext|>"
+    )
 
 
 def tiny_emu3(seed: int = 0, codebook: int = 20):
@@ -102,11 +135,29 @@ def tiny_emu3(seed: int = 0, codebook: int = 20):
 
     tok = emu3_tokenizer(codebook, seed)
     torch.manual_seed(seed)
-    text = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                intermediate_size=48, max_position_embeddings=512, pad_token_id=tok.pad_token_id,
-                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    vq = dict(codebook_size=codebook, embed_dim=4, latent_channels=4, temporal_downsample_factor=1, base_channels=32,
-              channel_multiplier=[1, 2, 1], num_res_blocks=1, hidden_size=32, attn_resolutions=[])
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    vq = dict(
+        codebook_size=codebook,
+        embed_dim=4,
+        latent_channels=4,
+        temporal_downsample_factor=1,
+        base_channels=32,
+        channel_multiplier=[1, 2, 1],
+        num_res_blocks=1,
+        hidden_size=32,
+        attn_resolutions=[],
+    )
     cfg = Emu3Config(text_config=text, vq_config=vq, vocabulary_map=dict(tok.get_vocab()))
     model = Emu3ForConditionalGeneration(cfg).eval()
     return model, tok
@@ -118,9 +169,18 @@ def tiny_llama(seed: int = 0):
 
     tok = char_tokenizer([], bos="<s>", eos="</s>", pad="<pad>", prepend_bos=True)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=48, max_position_embeddings=256,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     return LlamaForCausalLM(cfg).eval(), tok
 
 
@@ -130,8 +190,15 @@ def tiny_gpt2(seed: int = 0):
 
     tok = char_tokenizer([], bos=None, eos="<|endoftext|>", pad="<|endoftext|>")
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=128,
-                     bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=128,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     return GPT2LMHeadModel(cfg).eval(), tok
 
 
@@ -141,9 +208,18 @@ def tiny_t5(seed: int = 0):
 
     tok = char_tokenizer([], bos=None, eos="</s>", pad="<pad>", append_eos=True)
     torch.manual_seed(seed)
-    cfg = T5Config(vocab_size=len(tok), d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=4,
-                   relative_attention_num_buckets=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                   feed_forward_proj="gated-gelu")
+    cfg = T5Config(
+        vocab_size=len(tok),
+        d_model=16,
+        d_kv=4,
+        d_ff=32,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        feed_forward_proj="gated-gelu",
+    )
     return T5EncoderModel(cfg).eval(), tok
 
 

@@ -4,6 +4,7 @@ enumeration of all draft outcomes against a loop-based reference, closed forms, 
 Probabilities in the hand cases are dyadic (multiples of 1/16) so float sums are exact and
 the ``<=`` comparisons at the bounds are decided exactly.
 """
+
 import math
 
 import pytest
@@ -12,10 +13,10 @@ import torch
 from ambiguity.errors import UsageError
 from lantern.acceptance import (
     AcceptanceRule,
-    output_distribution,
-    relaxed_mass,
     judge,
     judge_greedy,
+    output_distribution,
+    relaxed_mass,
     residual,
 )
 from lantern.divergences import jsd, moved_jsd, tvd
@@ -529,7 +530,10 @@ def test_bad_application_raises_usage_error():
     x, u = torch.tensor(0), t(0.5)
     table = nb(NB8)
     cases = [
-        (lambda: judge(p, q, x, u, nb([[1]] * 8), AcceptanceRule("lantern", k=8, delta=0.1)), "smaller than the vocabulary"),
+        (
+            lambda: judge(p, q, x, u, nb([[1]] * 8), AcceptanceRule("lantern", k=8, delta=0.1)),
+            "smaller than the vocabulary",
+        ),
         (lambda: judge(p, q, x, u, None, AcceptanceRule("lantern", k=2, delta=0.1)), "needs a neighbour table"),
         (lambda: judge(p, q, x, u, table[:, :1], AcceptanceRule("lantern", k=2, delta=0.1)), "at least k columns"),
         (lambda: judge(p, q, x, u, table[:4], AcceptanceRule("lantern", k=2, delta=0.1)), "at least k columns"),

@@ -1,10 +1,14 @@
 """Every adapter runs the two research paths end to end on a tiny random model: the ambiguity
 profile (generation with CFG where the model has it) and the drafter-accuracy path (features,
 one training epoch, per-epoch top-k accuracy table)."""
+
 import math
 
 import pytest
 import torch
+from hf_tiny import tiny_emu3, tiny_gpt2, tiny_janus, tiny_llama
+from test_chameleon import adapter as chameleon_adapter
+from test_chameleon import tiny_config as chameleon_config
 from transformers import ChameleonForConditionalGeneration
 
 from ambiguity.models.emu3 import Emu3Model
@@ -12,11 +16,8 @@ from ambiguity.models.hf_text import HFCausalLM
 from ambiguity.models.janus import JanusModel
 from ambiguity.profile import profile
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import tiny_emu3, tiny_gpt2, tiny_janus, tiny_llama
 from lantern.drafter_data import TokenSet
 from lantern.train_drafter import TrainConfig, train_drafter
-from test_chameleon import adapter as chameleon_adapter
-from test_chameleon import tiny_config as chameleon_config
 
 CAPTIONS = ["a cat", "a big dog on grass"]
 
@@ -56,8 +57,9 @@ def model(request):
 
 def test_profile_runs_on_every_adapter(model):
     cfg = 1.0 if model.kind == "text" else 2.0
-    table, summary = profile(model, conditions=CAPTIONS, sampling=SamplingConfig(guidance=cfg), num_images=2,
-                             batch_size=2, progress=False)
+    table, summary = profile(
+        model, conditions=CAPTIONS, sampling=SamplingConfig(guidance=cfg), num_images=2, batch_size=2, progress=False
+    )
     assert len(table) == 2 * model.num_tokens
     for col in ("guided_top1", "guided_top10", "guided_entropy", "cond_top1", "cond_chosen_rank"):
         assert table[col].notna().all() and table[col].map(math.isfinite).all()

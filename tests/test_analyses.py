@@ -1,4 +1,5 @@
 """Neighbourhood concentration and latent interchangeability on cases whose answers are known."""
+
 import math
 
 import pandas as pd
@@ -12,7 +13,6 @@ from ambiguity.neighbourhood import build_neighbourhoods
 
 # A codebook on a line: code i sits at i. l2 neighbours of code 3 are 2, 4, 1, 5, 0, 6, 7 (ties -> lower index).
 LINE = torch.arange(8, dtype=torch.float32)[:, None]
-
 
 
 @pytest.fixture(scope="module")
@@ -45,22 +45,27 @@ def test_mass_far_from_the_top1(line_table):
 def test_sampled_random_mass_matches_its_expectation():
     g = torch.Generator().manual_seed(0)
     V, P = 256, 4000
-    e = -torch.rand(P, V, generator=g).log() ** 3                 # heavy-tailed weights, seeded
+    e = -(torch.rand(P, V, generator=g).log() ** 3)  # heavy-tailed weights, seeded
     p = e / e.sum(1, keepdim=True)
     a = p.argmax(1)
     rand = build_neighbourhoods(torch.randn(V, 4, generator=g), V - 1, "random", seed=1, cache=False)
     ks = [4, 32, 128, V - 1]
     got = conc.neighbourhood_mass(p, a, rand.indices, ks).mean(0)
     want = conc.expected_random_mass(p, a, ks).mean(0)
-    torch.testing.assert_close(got, want, rtol=0.08, atol=1e-6)     # seeded; ~4 s.e. at k = 4
+    torch.testing.assert_close(got, want, rtol=0.08, atol=1e-6)  # seeded; ~4 s.e. at k = 4
     assert got[-1].item() == pytest.approx(want[-1].item(), abs=1e-6)
 
 
 def test_default_ks_and_summary():
     assert conc.default_ks(64) == [1, 2, 4, 8, 16, 32, 63]
     assert conc.default_ks(3) == [1, 2]
-    pos = pd.DataFrame({"set": ["random"] * 4 + ["neighbours:l2"] * 4, "k": [1, 1, 2, 2] * 2,
-                        "mass": [0.1, 0.3, 0.2, 0.4, 0.4, 0.4, 0.6, 0.6]})
+    pos = pd.DataFrame(
+        {
+            "set": ["random"] * 4 + ["neighbours:l2"] * 4,
+            "k": [1, 1, 2, 2] * 2,
+            "mass": [0.1, 0.3, 0.2, 0.4, 0.4, 0.4, 0.6, 0.6],
+        }
+    )
     s = conc.summarize_concentration(pos).set_index(["set", "k"])
     assert s.loc[("neighbours:l2", 1), "mean"] == pytest.approx(0.4)
     assert s.loc[("neighbours:l2", 1), "over_random"] == pytest.approx(2.0)
@@ -71,19 +76,27 @@ def test_default_ks_and_summary():
 # --------------------------------------------------------------------------- tiny LlamaGen model
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from ambiguity.models.embedded import load_embedded
     from ambiguity.models.checkpoints import save_module
+    from ambiguity.models.embedded import load_embedded
     from ambiguity.models.gpt import GPT, GPTConfig
     from ambiguity.models.vq import VQConfig, VQModel
 
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("tiny")
     gc = GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=64, block_size=16, num_classes=10, multiple_of=32)
-    vc = VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                  z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    vc = VQConfig(
+        codebook_size=64,
+        codebook_embed_dim=4,
+        encoder_ch_mult=[1, 2],
+        decoder_ch_mult=[1, 2],
+        z_channels=32,
+        ch=32,
+        num_res_blocks=1,
+        in_channels=1,
+    )
     gpt = GPT(gc)
     with torch.no_grad():
-        gpt.output.weight.normal_()            # the LlamaGen init zeroes the head: make p non-uniform
+        gpt.output.weight.normal_()  # the LlamaGen init zeroes the head: make p non-uniform
     save_module(gpt, gc, d / "fashion_gpt.safetensors", dtype=torch.float32)
     save_module(VQModel(vc), vc, d / "fashion_vq.safetensors", dtype=torch.float32)
     return d, load_embedded(weights=d)
@@ -94,7 +107,7 @@ def test_concentration_on_a_model_invariants_and_resume(tiny, tmp_path, monkeypa
     ks = [1, 4, 16, 63]
     kw = dict(num_images=3, batch_size=2, seed=3, out_dir=tmp_path, cache_dir=tmp_path / "c", progress=False)
     pos, summary = conc.run_concentration(model, ks, ["l2", "cosine"], **kw)
-    assert len(pos) == 3 * 16 * 5 * len(ks)                      # images x positions x sets x ks
+    assert len(pos) == 3 * 16 * 5 * len(ks)  # images x positions x sets x ks
     wide = pos.pivot_table(index=["image", "position", "k"], columns="set", values="mass")
     eps = 1e-6
     for s in ("neighbours:l2", "neighbours:cosine", "random"):
@@ -102,7 +115,7 @@ def test_concentration_on_a_model_invariants_and_resume(tiny, tmp_path, monkeypa
     last = pos[pos["k"] == 63]
     assert ((last["mass"] - (1 - last["anchor_p"])).abs() < 1e-5).all()
     steps = pos.sort_values("k").groupby(["image", "position", "set"])["mass"].diff().dropna()
-    assert (steps >= -eps).all()                                  # masses grow with k
+    assert (steps >= -eps).all()  # masses grow with k
     assert set(summary["set"]) == {"neighbours:l2", "neighbours:cosine", "random", "random-expected", "top-k"}
     # resume: a rerun with the same settings reads the parts and samples nothing
     import ambiguity.generation as gen
@@ -119,11 +132,20 @@ def test_concentration_teacher_forced_real_tokens(tiny, tmp_path):
     _, model = tiny
     g = torch.Generator().manual_seed(0)
     images = torch.rand(3, 1, 8, 8, generator=g)
-    pos, summary = conc.run_concentration(model, [2, 63], num_images=3, batch_size=2, anchor="sampled",
-                                          conditions=[1, 2, 3], images=images, progress=False, cache_dir=tmp_path)
+    pos, summary = conc.run_concentration(
+        model,
+        [2, 63],
+        num_images=3,
+        batch_size=2,
+        anchor="sampled",
+        conditions=[1, 2, 3],
+        images=images,
+        progress=False,
+        cache_dir=tmp_path,
+    )
     real = model.encode_images(images).reshape(3, 16)
     one = pos[(pos["set"] == "top-k") & (pos["k"] == 2)].sort_values(["image", "position"])
-    assert one["anchor"].tolist() == real.reshape(-1).tolist()          # anchors are the real tokens
+    assert one["anchor"].tolist() == real.reshape(-1).tolist()  # anchors are the real tokens
     assert one["condition"].tolist() == [str(c) for c in (1, 2, 3) for _ in range(16)]
     last = pos[pos["k"] == 63]
     assert ((last["mass"] - (1 - last["anchor_p"])).abs() < 1e-5).all()
@@ -161,7 +183,7 @@ class LinearDecoder:
 
 
 def test_replacement_error_by_hand():
-    E = torch.tensor([[0.0], [1.0], [3.0], [7.0]])                # nearest other: 0->1, 1->0, 2->1, 3->2
+    E = torch.tensor([[0.0], [1.0], [3.0], [7.0]])  # nearest other: 0->1, 1->0, 2->1, 3->2
     model = LinearDecoder(E)
     nb = build_neighbourhoods(E, 1, cache=False)
     codes = torch.tensor([[[0, 1], [2, 3]]])
@@ -181,13 +203,13 @@ def test_random_replacement_by_hand_and_uniform():
     model = LinearDecoder(E)
     nb = build_neighbourhoods(E, 1, cache=False)
     df = inter.interchangeability(model, torch.zeros(2, 3, 3, dtype=torch.long), nb, E, [1], [1.0], seed=0)
-    assert (df[df["mode"] == "random"]["mse"] == 4.0).all()       # the only other code is 2 away
+    assert (df[df["mode"] == "random"]["mse"] == 4.0).all()  # the only other code is 2 away
     g = torch.Generator().manual_seed(0)
     codes = torch.full((300, 100), 2)
     new, mask = inter.replace_tokens(codes, 1.0, g, vocab_size=4)
     assert mask.all() and not (new == 2).any()
     freq = torch.bincount(new.view(-1), minlength=4).float() / new.numel()
-    torch.testing.assert_close(freq, torch.tensor([1 / 3, 1 / 3, 0.0, 1 / 3]), atol=0.01, rtol=0)   # 30k draws
+    torch.testing.assert_close(freq, torch.tensor([1 / 3, 1 / 3, 0.0, 1 / 3]), atol=0.01, rtol=0)  # 30k draws
 
 
 def test_replace_tokens_counts_and_membership():
@@ -225,7 +247,7 @@ def test_interchangeability_on_a_model_resume_and_grid(tiny, tmp_path, monkeypat
     calls = []
     monkeypatch.setattr(inter, "_decode", lambda *a, **k: calls.append(1))
     _, _, again, _ = inter.run_interchangeability(model, [1, 4], [0.5, 1.0], **kw)
-    assert calls == [1] and again.equals(per_image)               # only the reference decode; parts reused
+    assert calls == [1] and again.equals(per_image)  # only the reference decode; parts reused
 
 
 @pytest.mark.slow
@@ -233,8 +255,18 @@ def test_clis_write_outputs_and_fail_in_one_line(tiny, tmp_path, capsys):
     from ambiguity.analyses.__main__ import main
 
     d, _ = tiny
-    common = ["--weights", str(d), "--device", "cpu", "--num-images", "2", "--batch-size", "2",
-              "--cache-dir", str(tmp_path / "c")]
+    common = [
+        "--weights",
+        str(d),
+        "--device",
+        "cpu",
+        "--num-images",
+        "2",
+        "--batch-size",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     assert main(["concentration", *common, "--ks", "1,8,63", "--out", str(tmp_path / "a")]) == 0
     s = pd.read_parquet(tmp_path / "a" / "concentration.parquet")
     assert set(s["k"]) == {1, 8, 63} and (tmp_path / "a" / "concentration.png").is_file()
@@ -278,6 +310,10 @@ def test_no_progress_silences_the_neighbourhood_bar(tmp_path, monkeypatch, capsy
     common = ["--num-images", "1", "--batch-size", "1", "--no-progress", "--cache-dir", str(tmp_path / "c")]
     assert conc.main([*common, "--ks", "1,4", "--out", str(tmp_path / "conc")]) == 0
     assert inter.main([*common, "--ks", "4", "--rates", "0.5", "--out", str(tmp_path / "inter")]) == 0
-    assert generate.main(["--method", "lantern", "--k", "4", "--num-images", "1", "--no-progress",
-                          "--out", str(tmp_path / "gen")]) == 0
+    assert (
+        generate.main(
+            ["--method", "lantern", "--k", "4", "--num-images", "1", "--no-progress", "--out", str(tmp_path / "gen")]
+        )
+        == 0
+    )
     assert seen and all(p is False for p in seen), seen

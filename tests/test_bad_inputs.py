@@ -29,6 +29,7 @@ address-space limit so that a missed size check fails the case instead of the ma
 ``BAD_INPUTS_FRESH=1`` to start a fresh interpreter per case instead (about 10 times slower, the
 same verdicts). Selecting cases with ``-k`` runs only those.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -42,9 +43,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import pytest
 
@@ -73,8 +75,11 @@ class Case:
     base: bool = True  # prepend the command's usual safe options (--no-progress, --out in tmp)
 
     def argv(self, tmp: Path) -> list[str]:
-        head = [sys.executable, str(ROOT / self.target)] if self.target.endswith(".py") else \
-            [sys.executable, "-m", *self.target.split()]
+        head = (
+            [sys.executable, str(ROOT / self.target)]
+            if self.target.endswith(".py")
+            else [sys.executable, "-m", *self.target.split()]
+        )
         args = (BASE.get(self.target, []) if self.base else []) + list(self.args)
         return head + [str(a).replace("{tmp}", str(tmp)) for a in args]
 
@@ -114,7 +119,7 @@ def write(path: Path, data: bytes | str) -> Path:
 def truncated(src: Path, dst: Path, keep: float = 0.5) -> Path:
     """The first ``keep`` share of ``src``'s bytes at ``dst``."""
     data = src.read_bytes()
-    return write(dst, data[:int(len(data) * keep)])
+    return write(dst, data[: int(len(data) * keep)])
 
 
 def below_file(tmp: Path) -> None:
@@ -178,8 +183,11 @@ def nan_drafter(tmp: Path) -> None:
     from ambiguity.io import load_tensors, save_tensors
 
     t, meta = load_tensors(LW / "embedded_drafter.safetensors")
-    save_tensors({k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in t.items()},
-                 tmp / "d.safetensors", meta)
+    save_tensors(
+        {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in t.items()},
+        tmp / "d.safetensors",
+        meta,
+    )
 
 
 def idx_dir(kind: str) -> Callable[[Path], None]:
@@ -188,8 +196,12 @@ def idx_dir(kind: str) -> Callable[[Path], None]:
     def setup(tmp: Path) -> None:
         d = tmp / "fm"
         d.mkdir(parents=True)
-        names = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                 "t10k-labels-idx1-ubyte")
+        names = (
+            "train-images-idx3-ubyte",
+            "train-labels-idx1-ubyte",
+            "t10k-images-idx3-ubyte",
+            "t10k-labels-idx1-ubyte",
+        )
         real = Path("/usr/share/datasets/fashion-mnist")
         for n in names:
             if kind == "garbage-gz":
@@ -197,7 +209,7 @@ def idx_dir(kind: str) -> Callable[[Path], None]:
             elif kind == "truncated-gz":
                 src = real / f"{n}.gz"
                 blob = src.read_bytes() if src.is_file() else gzip.compress(_idx_blob(n, 50))
-                write(d / f"{n}.gz", blob[:len(blob) // 2])
+                write(d / f"{n}.gz", blob[: len(blob) // 2])
             elif kind == "truncated-raw":
                 write(d / n, _idx_blob(n, 20)[:-7])
             elif kind == "bad-magic":
@@ -233,23 +245,33 @@ def token_file(kind: str) -> Callable[[Path], None]:
         if kind == "garbage":
             write(tmp / "tokens.safetensors", b"garbage" * 20)
         elif kind == "truncated":
-            save_file({"tokens": torch.zeros(40, 64, dtype=torch.long), "labels": torch.zeros(40, dtype=torch.long)},
-                      str(tmp / "full.safetensors"))
+            save_file(
+                {"tokens": torch.zeros(40, 64, dtype=torch.long), "labels": torch.zeros(40, dtype=torch.long)},
+                str(tmp / "full.safetensors"),
+            )
             truncated(tmp / "full.safetensors", tmp / "tokens.safetensors")
         elif kind == "shape":
             np.save(tmp / "tokens.npy", np.zeros((5,), dtype=np.int64))
         elif kind == "length":
-            save_file({"tokens": torch.zeros(40, 65, dtype=torch.long), "labels": torch.zeros(40, dtype=torch.long)},
-                      str(tmp / "tokens.safetensors"))
+            save_file(
+                {"tokens": torch.zeros(40, 65, dtype=torch.long), "labels": torch.zeros(40, dtype=torch.long)},
+                str(tmp / "tokens.safetensors"),
+            )
         elif kind == "range":
-            save_file({"tokens": torch.full((40, 64), 5000, dtype=torch.long),
-                       "labels": torch.zeros(40, dtype=torch.long)}, str(tmp / "tokens.safetensors"))
+            save_file(
+                {"tokens": torch.full((40, 64), 5000, dtype=torch.long), "labels": torch.zeros(40, dtype=torch.long)},
+                str(tmp / "tokens.safetensors"),
+            )
         elif kind == "labels":
-            save_file({"tokens": torch.zeros(40, 64, dtype=torch.long), "labels": torch.full((40,), 77)},
-                      str(tmp / "tokens.safetensors"))
+            save_file(
+                {"tokens": torch.zeros(40, 64, dtype=torch.long), "labels": torch.full((40,), 77)},
+                str(tmp / "tokens.safetensors"),
+            )
         elif kind == "float":
-            save_file({"tokens": torch.rand(40, 64), "labels": torch.zeros(40, dtype=torch.long)},
-                      str(tmp / "tokens.safetensors"))
+            save_file(
+                {"tokens": torch.rand(40, 64), "labels": torch.zeros(40, dtype=torch.long)},
+                str(tmp / "tokens.safetensors"),
+            )
         elif kind == "pickle":
             torch.save({"tokens": [1, 2, 3]}, tmp / "tokens.pt")
         elif kind == "npz":
@@ -291,25 +313,48 @@ class Shared:
         with self.lock:
             if name not in self._cache:
                 out = self.root / name
-                proc = subprocess.run([sys.executable, "-m", *argv, "--out", str(out)], capture_output=True,
-                                      text=True, env=_env(self.root), cwd=self.root, timeout=TIMEOUT)
+                proc = subprocess.run(
+                    [sys.executable, "-m", *argv, "--out", str(out)],
+                    capture_output=True,
+                    text=True,
+                    env=_env(self.root),
+                    cwd=self.root,
+                    timeout=TIMEOUT,
+                )
                 assert proc.returncode == 0, proc.stderr[-2000:]
                 self._cache[name] = out
             return self._cache[name]
 
     def generate(self) -> Path:
-        return self._build("gen", ["lantern.generate", "--num-images", "2", "--gamma", "2", "--k", "8",
-                                   "--no-progress"])
+        return self._build(
+            "gen", ["lantern.generate", "--num-images", "2", "--gamma", "2", "--k", "8", "--no-progress"]
+        )
 
     def generate16(self) -> Path:
         """One AR image of embedded-16 (16 x 16 tokens, 64 px): another geometry than :meth:`generate`."""
-        return self._build("gen16", ["lantern.generate", "--model", "embedded-16", "--method", "ar", "--num-images",
-                                     "1", "--no-progress"])
+        return self._build(
+            "gen16",
+            ["lantern.generate", "--model", "embedded-16", "--method", "ar", "--num-images", "1", "--no-progress"],
+        )
 
     def profile_shard(self) -> Path:
         """Shard 0 of 2 of a profile run: the merge lacks shard 1's part."""
-        return self._build("prof", ["ambiguity.profile", "--num-images", "2", "--batch-size", "1", "--no-figures",
-                                    "--no-progress", "--num-shards", "2", "--shard-index", "0"])
+        return self._build(
+            "prof",
+            [
+                "ambiguity.profile",
+                "--num-images",
+                "2",
+                "--batch-size",
+                "1",
+                "--no-figures",
+                "--no-progress",
+                "--num-shards",
+                "2",
+                "--shard-index",
+                "0",
+            ],
+        )
 
 
 SHARED: Optional[Shared] = None
@@ -366,18 +411,30 @@ def llamagen_pair(gpt: Optional[Callable[[Path], None]] = None) -> Callable[[Pat
 
 
 # --------------------------------------------------------------------------- the table
-HUGE = str(10 ** 12)
-BIG_SEED = str(2 ** 64)
+HUGE = str(10**12)
+BIG_SEED = str(2**64)
 NO_GPU = "cuda:99"  # absent on CPU machines and on GPU machines alike
 C = Case
-P, N, CO, IN = ("ambiguity.profile", "ambiguity.neighbourhood", "ambiguity.analyses concentration",
-                "ambiguity.analyses interchangeability")
+P, N, CO, IN = (
+    "ambiguity.profile",
+    "ambiguity.neighbourhood",
+    "ambiguity.analyses concentration",
+    "ambiguity.analyses interchangeability",
+)
 G, R, E, T = "lantern.generate", "lantern.replay", "lantern.evaluate", "lantern.train_drafter"
-FIG, TE, TF, TT = ("scripts/figure_embedded_samples.py", "scripts/train_embedded.py",
-                   "scripts/train_fmnist_classifier.py", "scripts/train_text_twin.py")
-BA, BD, BN, BS, PD = ("benchmarks/bench_acceptance.py", "benchmarks/bench_decoding.py",
-                      "benchmarks/bench_neighbourhood.py", "benchmarks/bench_scaleout.py",
-                      "benchmarks/probe_distortion.py")
+FIG, TE, TF, TT = (
+    "scripts/figure_embedded_samples.py",
+    "scripts/train_embedded.py",
+    "scripts/train_fmnist_classifier.py",
+    "scripts/train_text_twin.py",
+)
+BA, BD, BN, BS, PD = (
+    "benchmarks/bench_acceptance.py",
+    "benchmarks/bench_decoding.py",
+    "benchmarks/bench_neighbourhood.py",
+    "benchmarks/bench_scaleout.py",
+    "benchmarks/probe_distortion.py",
+)
 EMB_W = ["--weights", "{tmp}/w"]
 TRUNC_GPT = embedded_weights(lambda d: truncated(d / "fashion_gpt.safetensors", d / "fashion_gpt.safetensors"))
 TEXT_GPT = embedded_weights(lambda d: write(d / "fashion_gpt.safetensors", "not weights\n"))
@@ -392,61 +449,132 @@ CASES: list[Case] = [
     C("lantern-unknown-command", "lantern", ["generat"], expect="did you mean generate"),
     C("analyses-unknown-command", "ambiguity.analyses", ["concentrate"], expect="unknown command"),
     C("amb-merge-no-run", "ambiguity", ["merge"], expect="run"),
-
     # ---------------------------------------------------------------- ambiguity.profile
     C("profile-weights-truncated", P, ["--num-images", "1", *EMB_W], TRUNC_GPT, "fashion_gpt.safetensors"),
     C("profile-weights-text-file", P, ["--num-images", "1", *EMB_W], TEXT_GPT, "fashion_gpt.safetensors"),
     C("profile-weights-empty-vq", P, ["--num-images", "1", *EMB_W], EMPTY_VQ, "fashion_vq.safetensors"),
     C("profile-weights-swapped", P, ["--num-images", "1", *EMB_W], SWAPPED, "which file goes where"),
     C("profile-weights-missing-dir", P, ["--weights", "{tmp}/nope"], expect="not found"),
-    C("profile-weights-nan", P, ["--num-images", "1", *EMB_W],
-      embedded_weights(nan_in("fashion_gpt.safetensors", "output.weight")), "NaN"),
-    C("profile-weights-inf-vq", P, ["--num-images", "1", *EMB_W],
-      embedded_weights(nan_in("fashion_vq.safetensors", "quantize.embedding.weight", float("inf"))), "NaN"),
-    C("profile-weights-of-embedded-16", P, ["--num-images", "1", *EMB_W], other_variant("fashion16", "fashion"),
-      "--model embedded-16"),
-    C("profile-16-weights-of-embedded", P, ["--model", "embedded-16", "--num-images", "1", *EMB_W],
-      other_variant("fashion", "fashion16"), "--model embedded"),
+    C(
+        "profile-weights-nan",
+        P,
+        ["--num-images", "1", *EMB_W],
+        embedded_weights(nan_in("fashion_gpt.safetensors", "output.weight")),
+        "NaN",
+    ),
+    C(
+        "profile-weights-inf-vq",
+        P,
+        ["--num-images", "1", *EMB_W],
+        embedded_weights(nan_in("fashion_vq.safetensors", "quantize.embedding.weight", float("inf"))),
+        "NaN",
+    ),
+    C(
+        "profile-weights-of-embedded-16",
+        P,
+        ["--num-images", "1", *EMB_W],
+        other_variant("fashion16", "fashion"),
+        "--model embedded-16",
+    ),
+    C(
+        "profile-16-weights-of-embedded",
+        P,
+        ["--model", "embedded-16", "--num-images", "1", *EMB_W],
+        other_variant("fashion", "fashion16"),
+        "--model embedded",
+    ),
     C("profile-weights-is-file", P, ["--weights", AW / "fashion_gpt.safetensors"], expect="directory"),
-    C("profile-weights-dir-of-junk", P, ["--weights", "{tmp}/w"],
-      embedded_weights(lambda d: [(d / f).unlink() for f in ("fashion_gpt.safetensors",)]), "fashion_gpt"),
-    C("profile-llamagen-no-weights", P, ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg"],
-      lambda tmp: (tmp / "lg").mkdir(), "c2i_B_256.pt"),
-    C("profile-llamagen-truncated", P, ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg"],
-      llamagen_pair(lambda p: truncated(LLAMAGEN / "gpt_tiny_c2i.pt", p)), "c2i_B_256.pt"),
-    C("profile-llamagen-garbage", P, ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt"],
-      llamagen_pair(lambda p: write(p, "garbage")), "c2i_B_256.pt"),
-    C("profile-llamagen-safetensors-as-pt", P, ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt"],
-      llamagen_pair(lambda p: shutil.copy(AW / "fashion_gpt.safetensors", p)), "c2i_B_256.pt"),
-    C("profile-llamagen-t2i-ckpt", P, ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt"],
-      llamagen_pair(lambda p: shutil.copy(LLAMAGEN / "gpt_tiny_t2i.pt", p)), "does not match"),
-    C("profile-llamagen-dir-as-weights", P, ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt"],
-      llamagen_pair(lambda p: p.mkdir()), "c2i_B_256.pt"),
+    C(
+        "profile-weights-dir-of-junk",
+        P,
+        ["--weights", "{tmp}/w"],
+        embedded_weights(lambda d: [(d / f).unlink() for f in ("fashion_gpt.safetensors",)]),
+        "fashion_gpt",
+    ),
+    C(
+        "profile-llamagen-no-weights",
+        P,
+        ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg"],
+        lambda tmp: (tmp / "lg").mkdir(),
+        "c2i_B_256.pt",
+    ),
+    C(
+        "profile-llamagen-truncated",
+        P,
+        ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg"],
+        llamagen_pair(lambda p: truncated(LLAMAGEN / "gpt_tiny_c2i.pt", p)),
+        "c2i_B_256.pt",
+    ),
+    C(
+        "profile-llamagen-garbage",
+        P,
+        ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt"],
+        llamagen_pair(lambda p: write(p, "garbage")),
+        "c2i_B_256.pt",
+    ),
+    C(
+        "profile-llamagen-safetensors-as-pt",
+        P,
+        ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt"],
+        llamagen_pair(lambda p: shutil.copy(AW / "fashion_gpt.safetensors", p)),
+        "c2i_B_256.pt",
+    ),
+    C(
+        "profile-llamagen-t2i-ckpt",
+        P,
+        ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt"],
+        llamagen_pair(lambda p: shutil.copy(LLAMAGEN / "gpt_tiny_t2i.pt", p)),
+        "does not match",
+    ),
+    C(
+        "profile-llamagen-dir-as-weights",
+        P,
+        ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt"],
+        llamagen_pair(lambda p: p.mkdir()),
+        "c2i_B_256.pt",
+    ),
     C("profile-data-garbage-gz", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("garbage-gz"), "t10k"),
-    C("profile-data-truncated-gz", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("truncated-gz"),
-      "t10k"),
-    C("profile-data-truncated-raw", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("truncated-raw"),
-      "truncated"),
+    C("profile-data-truncated-gz", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("truncated-gz"), "t10k"),
+    C(
+        "profile-data-truncated-raw",
+        P,
+        ["--source", "dataset", "--data", "{tmp}/fm"],
+        idx_dir("truncated-raw"),
+        "truncated",
+    ),
     C("profile-data-bad-magic", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("bad-magic"), "IDX"),
     C("profile-data-empty-files", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("empty"), "IDX"),
     C("profile-data-header-only", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("header-only"), "IDX"),
     C("profile-data-huge-dims", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("huge-dims"), "t10k"),
-    C("profile-data-count-mismatch", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("mismatch"),
-      "do not match"),
+    C(
+        "profile-data-count-mismatch",
+        P,
+        ["--source", "dataset", "--data", "{tmp}/fm"],
+        idx_dir("mismatch"),
+        "do not match",
+    ),
     C("profile-data-text-files", P, ["--source", "dataset", "--data", "{tmp}/fm"], idx_dir("text"), "IDX"),
     C("profile-data-missing", P, ["--source", "dataset", "--data", "{tmp}/nope"], expect="--data"),
     C("profile-data-is-file", P, ["--source", "dataset", "--data", ROOT / "README.md"], expect="--data"),
     C("profile-data-without-dataset", P, ["--data", "{tmp}"], expect="--source dataset"),
-    C("profile-images-empty-dir", P, ["--source", "dataset", "--images", "{tmp}/imgs"],
-      lambda tmp: (tmp / "imgs").mkdir(), "--images"),
-    C("profile-captions-to-c2i", P, ["--num-images", "1", "--captions", "{tmp}/caps.txt"], CAPS,
-      "class-conditional"),
-    C("profile-captions-to-c2i-dataset", P, ["--source", "dataset", "--captions", "{tmp}/caps.txt"], CAPS,
-      "class-conditional"),
+    C(
+        "profile-images-empty-dir",
+        P,
+        ["--source", "dataset", "--images", "{tmp}/imgs"],
+        lambda tmp: (tmp / "imgs").mkdir(),
+        "--images",
+    ),
+    C("profile-captions-to-c2i", P, ["--num-images", "1", "--captions", "{tmp}/caps.txt"], CAPS, "class-conditional"),
+    C(
+        "profile-captions-to-c2i-dataset",
+        P,
+        ["--source", "dataset", "--captions", "{tmp}/caps.txt"],
+        CAPS,
+        "class-conditional",
+    ),
     C("profile-captions-empty", P, ["--captions", "{tmp}/caps.txt"], captions("\n\n"), "no captions"),
     C("profile-captions-binary", P, ["--captions", "{tmp}/caps.txt"], captions(b"\xff\xfe\x00\x81"), "UTF-8"),
-    C("profile-captions-bad-json", P, ["--captions", "{tmp}/c.json"], captions("{\"annotations\": [", "c.json"),
-      "JSON"),
+    C("profile-captions-bad-json", P, ["--captions", "{tmp}/c.json"], captions('{"annotations": [', "c.json"), "JSON"),
     C("profile-captions-dir", P, ["--captions", "{tmp}"], expect="directory"),
     C("profile-captions-missing", P, ["--captions", "{tmp}/none.txt"], expect="does not exist"),
     C("profile-cfg-inf", P, ["--cfg", "inf"], expect="--cfg"),
@@ -479,14 +607,22 @@ CASES: list[Case] = [
     C("profile-out-below-file", P, ["--out", "{tmp}/file/sub"], below_file, "lies below the file"),
     C("profile-out-is-file", P, ["--out", "{tmp}/file"], below_file, "is a file"),
     C("profile-out-unwritable", P, ["--out", "/proc/version/out"], expect="--out"),
-    C("profile-out-other-settings", P, ["--num-images", "1", "--seed", "1"],
-      files(**{"out/run.json": json.dumps({"command": "x", "settings": {"settings": {"seed": 0}}})}),
-      "other settings"),
+    C(
+        "profile-out-other-settings",
+        P,
+        ["--num-images", "1", "--seed", "1"],
+        files(**{"out/run.json": json.dumps({"command": "x", "settings": {"settings": {"seed": 0}}})}),
+        "other settings",
+    ),
     C("profile-out-damaged-run-json", P, ["--num-images", "1"], files(**{"out/run.json": "{broken"}), "damaged"),
     C("profile-shard-index-out-of-range", P, ["--shard-index", "2", "--num-shards", "2"], expect="--shard-index"),
     C("profile-shard-index-alone", P, ["--shard-index", "0"], expect="--num-shards"),
-    C("profile-text-twin-classes", P, ["--model", "text-twin", "--classes", "3", "--num-images", "1"],
-      expect="--classes"),
+    C(
+        "profile-text-twin-classes",
+        P,
+        ["--model", "text-twin", "--classes", "3", "--num-images", "1"],
+        expect="--classes",
+    ),
     C("profile-unknown-option", P, ["--num-image", "3", "--bogus"], expect="unrecognized"),
     C("profile-out-empty-string", P, ["--out", ""], expect="--out"),
     C("profile-out-name-too-long", P, ["--out", "{tmp}/" + "x" * 300], expect="--out"),
@@ -494,15 +630,28 @@ CASES: list[Case] = [
     C("profile-weights-empty-string", P, ["--weights", ""], expect="--weights"),
     C("profile-seed-float-syntax", P, ["--seed", "1e3"], expect="--seed"),
     C("profile-num-images-negative", P, ["--num-images", "-5"], expect="--num-images"),
-    C("profile-images-garbage", P, ["--source", "dataset", "--images", "{tmp}/imgs", "--num-images", "1"],
-      files(**{"imgs/a.png": "not an image"}), "a.png"),
-    C("profile-coco-without-captions", P, ["--captions", "{tmp}/c.json"],
-      captions(json.dumps({"annotations": [{"image_id": 1}]}), "c.json"), "caption"),
+    C(
+        "profile-images-garbage",
+        P,
+        ["--source", "dataset", "--images", "{tmp}/imgs", "--num-images", "1"],
+        files(**{"imgs/a.png": "not an image"}),
+        "a.png",
+    ),
+    C(
+        "profile-coco-without-captions",
+        P,
+        ["--captions", "{tmp}/c.json"],
+        captions(json.dumps({"annotations": [{"image_id": 1}]}), "c.json"),
+        "caption",
+    ),
     C("profile-hf-dir-not-a-model", P, ["--model", "hf:{tmp}/empty"], lambda tmp: (tmp / "empty").mkdir(), "empty"),
-    C("profile-text-twin-dataset-too-many", P, ["--model", "text-twin", "--source", "dataset", "--num-images",
-                                                "100000"], expect="--num-images"),
+    C(
+        "profile-text-twin-dataset-too-many",
+        P,
+        ["--model", "text-twin", "--source", "dataset", "--num-images", "100000"],
+        expect="--num-images",
+    ),
     C("profile-device-cuda-dtype", P, ["--device", NO_GPU, "--dtype", "bf16"], expect="cuda"),
-
     # ---------------------------------------------------------------- ambiguity.neighbourhood
     C("nb-k-zero", N, ["--k", "0"], expect="--k"),
     C("nb-k-negative", N, ["--k", "-4"], expect="--k"),
@@ -521,7 +670,6 @@ CASES: list[Case] = [
     C("nb-model-bogus", N, ["--model", "nope"], expect="unknown model"),
     C("nb-text-twin-codebook", N, ["--model", "text-twin", "--k", "4"], expect="codebook"),
     C("nb-out-name-too-long", N, ["--k", "4", "--out", "{tmp}/" + "y" * 300 + ".parquet"], expect="--out"),
-
     # ---------------------------------------------------------------- ambiguity.analyses concentration
     C("conc-ks-text", CO, ["--ks", "a,b"], expect="--ks"),
     C("conc-ks-empty", CO, ["--ks", ","], expect="--ks"),
@@ -537,15 +685,19 @@ CASES: list[Case] = [
     C("conc-data-garbage", CO, ["--data", "{tmp}/fm", "--num-images", "2"], idx_dir("garbage-gz"), "t10k"),
     C("conc-data-missing", CO, ["--data", "{tmp}/nope", "--num-images", "2"], expect="--data"),
     C("conc-weights-swapped", CO, [*EMB_W, "--num-images", "1"], SWAPPED, "which file goes where"),
-    C("conc-weights-nan", CO, [*EMB_W, "--num-images", "1"],
-      embedded_weights(nan_in("fashion_gpt.safetensors", "output.weight")), "NaN"),
+    C(
+        "conc-weights-nan",
+        CO,
+        [*EMB_W, "--num-images", "1"],
+        embedded_weights(nan_in("fashion_gpt.safetensors", "output.weight")),
+        "NaN",
+    ),
     C("conc-captions-to-c2i", CO, ["--captions", "{tmp}/caps.txt", "--num-images", "1"], CAPS, "class-conditional"),
     C("conc-out-below-file", CO, ["--out", "{tmp}/file/o"], below_file, "below the file"),
     C("conc-cache-below-file", CO, ["--cache-dir", "{tmp}/file/c", "--num-images", "1"], below_file, "--cache-dir"),
     C("conc-device-bogus", CO, ["--device", "tpu"], expect="--device"),
     C("conc-seed-64bit", CO, ["--seed", BIG_SEED], expect="--seed"),
     C("conc-text-twin-codebook", CO, ["--model", "text-twin", "--num-images", "1"], expect="codebook"),
-
     # ---------------------------------------------------------------- ambiguity.analyses interchangeability
     C("inter-rates-nan", IN, ["--rates", "nan"], expect="--rates"),
     C("inter-rates-above-one", IN, ["--rates", "0.5,2"], expect="--rates"),
@@ -562,52 +714,97 @@ CASES: list[Case] = [
     C("inter-out-below-file", IN, ["--out", "{tmp}/file/o"], below_file, "below the file"),
     C("inter-weights-truncated", IN, [*EMB_W, "--num-images", "1"], TRUNC_GPT, "fashion_gpt.safetensors"),
     C("inter-text-twin-cannot-decode", IN, ["--model", "text-twin", "--num-images", "1"], expect="decode"),
-
     # ---------------------------------------------------------------- ambiguity.compare / lantern.compare
     C("acompare-models-empty", "ambiguity.compare", ["--models", ","], expect="--models"),
     C("acompare-models-bogus", "ambiguity.compare", ["--models", "embedded,nope"], expect="unknown model"),
     C("acompare-weights-no-equals", "ambiguity.compare", ["--weights", "embedded"], expect="MODEL=PATH"),
     C("acompare-weights-other-model", "ambiguity.compare", ["--weights", "anole={tmp}"], expect="--models"),
     C("acompare-weights-missing", "ambiguity.compare", ["--weights", "embedded={tmp}/nope"], expect="does not exist"),
-    C("acompare-weights-truncated", "ambiguity.compare", ["--models", "embedded", "--num-images", "2",
-                                                          "--weights", "embedded={tmp}/w"], TRUNC_GPT,
-      "fashion_gpt.safetensors"),
-    C("acompare-accuracy-garbage", "ambiguity.compare",
-      ["--models", "embedded", "--num-images", "2", "--bootstrap", "10", "--drafter-accuracy",
-       "embedded={tmp}/acc.parquet"], files(acc__parquet="PAR1 not really"), "acc.parquet"),
+    C(
+        "acompare-weights-truncated",
+        "ambiguity.compare",
+        ["--models", "embedded", "--num-images", "2", "--weights", "embedded={tmp}/w"],
+        TRUNC_GPT,
+        "fashion_gpt.safetensors",
+    ),
+    C(
+        "acompare-accuracy-garbage",
+        "ambiguity.compare",
+        [
+            "--models",
+            "embedded",
+            "--num-images",
+            "2",
+            "--bootstrap",
+            "10",
+            "--drafter-accuracy",
+            "embedded={tmp}/acc.parquet",
+        ],
+        files(acc__parquet="PAR1 not really"),
+        "acc.parquet",
+    ),
     C("acompare-bootstrap-negative", "ambiguity.compare", ["--bootstrap", "-1"], expect="--bootstrap"),
     C("acompare-level-above-one", "ambiguity.compare", ["--level", "1.5"], expect="--level"),
     C("acompare-level-nan", "ambiguity.compare", ["--level", "nan"], expect="--level"),
     C("acompare-num-images-zero", "ambiguity.compare", ["--num-images", "0"], expect="--num-images"),
     C("acompare-batch-size-zero", "ambiguity.compare", ["--batch-size", "0"], expect="--batch-size"),
     C("acompare-figures-below-file", "ambiguity.compare", ["--figures", "{tmp}/file/f"], below_file, "--figures"),
-    C("acompare-data-garbage", "ambiguity.compare", ["--models", "embedded", "--source", "dataset", "--data",
-                                                     "{tmp}/fm", "--num-images", "2"], idx_dir("garbage-gz"), "t10k"),
+    C(
+        "acompare-data-garbage",
+        "ambiguity.compare",
+        ["--models", "embedded", "--source", "dataset", "--data", "{tmp}/fm", "--num-images", "2"],
+        idx_dir("garbage-gz"),
+        "t10k",
+    ),
     C("acompare-seed-64bit", "ambiguity.compare", ["--seed", BIG_SEED], expect="--seed"),
-    C("acompare-accuracy-dir", "ambiguity.compare", ["--models", "embedded", "--num-images", "2", "--bootstrap", "10",
-                                                     "--drafter-accuracy", "embedded={tmp}"], expect="accuracy"),
-    C("acompare-bootstrap-huge", "ambiguity.compare", ["--models", "embedded", "--num-images", "2", "--bootstrap",
-                                                       HUGE], expect="--bootstrap"),
+    C(
+        "acompare-accuracy-dir",
+        "ambiguity.compare",
+        ["--models", "embedded", "--num-images", "2", "--bootstrap", "10", "--drafter-accuracy", "embedded={tmp}"],
+        expect="accuracy",
+    ),
+    C(
+        "acompare-bootstrap-huge",
+        "ambiguity.compare",
+        ["--models", "embedded", "--num-images", "2", "--bootstrap", HUGE],
+        expect="--bootstrap",
+    ),
     C("lcompare-models-bogus", "lantern.compare", ["--models", "emb"], expect="unknown model"),
     C("lcompare-out-below-file", "lantern.compare", ["--out", "{tmp}/file/x"], below_file, "below the file"),
     C("lcompare-cfg-inf", "lantern.compare", ["--cfg", "inf"], expect="--cfg"),
     C("lcompare-device-bogus", "lantern.compare", ["--device", "cpu0"], expect="--device"),
-
     # ---------------------------------------------------------------- python -m ambiguity merge
     C("merge-missing-dir", "ambiguity merge", ["{tmp}/nope"], expect="run"),
     C("merge-not-a-run", "ambiguity merge", ["{tmp}"], expect="run.json"),
     C("merge-damaged-run-json", "ambiguity merge", ["{tmp}"], files(run__json="{not json"), "damaged"),
-    C("merge-foreign-merge-function", "ambiguity merge", ["{tmp}"],
-      files(run__json=json.dumps({"command": "x", "settings": {}, "merge": "os:system"})), "merge"),
+    C(
+        "merge-foreign-merge-function",
+        "ambiguity merge",
+        ["{tmp}"],
+        files(run__json=json.dumps({"command": "x", "settings": {}, "merge": "os:system"})),
+        "merge",
+    ),
     C("merge-missing-shard", "ambiguity merge", ["{tmp}/run", "--no-figures"], prof_shard_run, "batch_00001"),
-    C("merge-run-json-without-key", "ambiguity merge", ["{tmp}/run", "--no-figures"],
-      both(prof_shard_run, lambda tmp: edit_json("run.json", lambda r: r["settings"].pop("key"))(tmp / "run")),
-      "run.json"),
-    C("merge-damaged-part", "ambiguity merge", ["{tmp}/run", "--no-figures"],
-      both(prof_shard_run, lambda tmp: truncated(tmp / "run/parts/batch_00000.tokens.parquet",
-                                                 tmp / "run/parts/batch_00000.tokens.parquet")), "batch_00000"),
+    C(
+        "merge-run-json-without-key",
+        "ambiguity merge",
+        ["{tmp}/run", "--no-figures"],
+        both(prof_shard_run, lambda tmp: edit_json("run.json", lambda r: r["settings"].pop("key"))(tmp / "run")),
+        "run.json",
+    ),
+    C(
+        "merge-damaged-part",
+        "ambiguity merge",
+        ["{tmp}/run", "--no-figures"],
+        both(
+            prof_shard_run,
+            lambda tmp: truncated(
+                tmp / "run/parts/batch_00000.tokens.parquet", tmp / "run/parts/batch_00000.tokens.parquet"
+            ),
+        ),
+        "batch_00000",
+    ),
     C("merge-file", "ambiguity merge", [ROOT / "README.md"], expect="run"),
-
     # ---------------------------------------------------------------- lantern.generate
     C("gen-method-bogus", G, ["--method", "eagle"], expect="--method"),
     C("gen-gamma-zero", G, ["--gamma", "0"], expect="--gamma"),
@@ -620,36 +817,69 @@ CASES: list[Case] = [
     C("gen-lam-below-one", G, ["--method", "lantern++", "--lam", "0.5"], expect="--lam"),
     C("gen-tree-bogus", G, ["--tree", "bushy"], expect="--tree"),
     C("gen-tree-json-garbage", G, ["--tree", "{tmp}/t.json"], files(t__json="[[0], [0, 1"), "t.json"),
-    C("gen-tree-json-bad-paths", G, ["--tree", "{tmp}/t.json"], files(t__json="[[0], [3, -1], \"x\"]"), "t.json"),
+    C("gen-tree-json-bad-paths", G, ["--tree", "{tmp}/t.json"], files(t__json='[[0], [3, -1], "x"]'), "t.json"),
     C("gen-tree-json-missing", G, ["--tree", "{tmp}/none.json"], expect="none.json"),
     C("gen-tree-json-empty-list", G, ["--tree", "{tmp}/t.json"], files(t__json="[]"), "t.json"),
     C("gen-total-tokens-zero", G, ["--tree", "dynamic", "--total-tokens", "0"], expect="--total-tokens"),
     C("gen-depth-huge", G, ["--tree", "dynamic", "--depth", "1000000", "--num-images", "1"], expect="--depth"),
-    C("gen-tree-top-k-huge", G, ["--tree", "dynamic", "--tree-top-k", HUGE, "--num-images", "1"],
-      expect="--tree-top-k"),
-    C("gen-total-tokens-huge", G, ["--tree", "dynamic", "--total-tokens", HUGE, "--num-images", "1"],
-      expect="--total-tokens"),
-    C("gen-drafter-truncated", G, ["--num-images", "1", "--drafter", "{tmp}/d.safetensors"], TRUNC_DRAFTER,
-      "d.safetensors"),
-    C("gen-drafter-text", G, ["--num-images", "1", "--drafter", "{tmp}/d.safetensors"],
-      files(d__safetensors="hello"), "d.safetensors"),
-    C("gen-drafter-other-model", G, ["--num-images", "1", "--drafter", LW / "text-twin_drafter.safetensors"],
-      expect="text-twin"),
-    C("gen-drafter-is-model-weights", G, ["--num-images", "1", "--drafter", AW / "fashion_gpt.safetensors"],
-      expect="drafter"),
+    C(
+        "gen-tree-top-k-huge",
+        G,
+        ["--tree", "dynamic", "--tree-top-k", HUGE, "--num-images", "1"],
+        expect="--tree-top-k",
+    ),
+    C(
+        "gen-total-tokens-huge",
+        G,
+        ["--tree", "dynamic", "--total-tokens", HUGE, "--num-images", "1"],
+        expect="--total-tokens",
+    ),
+    C(
+        "gen-drafter-truncated",
+        G,
+        ["--num-images", "1", "--drafter", "{tmp}/d.safetensors"],
+        TRUNC_DRAFTER,
+        "d.safetensors",
+    ),
+    C(
+        "gen-drafter-text",
+        G,
+        ["--num-images", "1", "--drafter", "{tmp}/d.safetensors"],
+        files(d__safetensors="hello"),
+        "d.safetensors",
+    ),
+    C(
+        "gen-drafter-other-model",
+        G,
+        ["--num-images", "1", "--drafter", LW / "text-twin_drafter.safetensors"],
+        expect="text-twin",
+    ),
+    C(
+        "gen-drafter-is-model-weights",
+        G,
+        ["--num-images", "1", "--drafter", AW / "fashion_gpt.safetensors"],
+        expect="drafter",
+    ),
     C("gen-drafter-all-nan", G, ["--num-images", "1", "--drafter", "{tmp}/d.safetensors"], nan_drafter, "NaN"),
     C("gen-drafter-dir", G, ["--num-images", "1", "--drafter", "{tmp}"], expect="drafter"),
-    C("gen-drafter-missing", G, ["--num-images", "1", "--drafter", "{tmp}/nope.safetensors"],
-      expect="does not exist"),
+    C("gen-drafter-missing", G, ["--num-images", "1", "--drafter", "{tmp}/nope.safetensors"], expect="does not exist"),
     C("gen-weights-swapped", G, ["--num-images", "1", *EMB_W], SWAPPED, "which file goes where"),
-    C("gen-weights-truncated-vq", G, ["--num-images", "1", *EMB_W],
-      embedded_weights(lambda d: truncated(d / "fashion_vq.safetensors", d / "fashion_vq.safetensors", 0.9)),
-      "fashion_vq.safetensors"),
+    C(
+        "gen-weights-truncated-vq",
+        G,
+        ["--num-images", "1", *EMB_W],
+        embedded_weights(lambda d: truncated(d / "fashion_vq.safetensors", d / "fashion_vq.safetensors", 0.9)),
+        "fashion_vq.safetensors",
+    ),
     C("gen-num-images-huge", G, ["--num-images", HUGE], expect="--num-images"),
     C("gen-num-images-zero", G, ["--num-images", "0"], expect="--num-images"),
     C("gen-text-twin-lantern-codebook", G, ["--model", "text-twin", "--num-images", "1"], expect="codebook"),
-    C("gen-classes-for-text-model", G, ["--model", "text-twin", "--classes", "3", "--num-images", "1",
-                                        "--method", "ar"], expect="--classes"),
+    C(
+        "gen-classes-for-text-model",
+        G,
+        ["--model", "text-twin", "--classes", "3", "--num-images", "1", "--method", "ar"],
+        expect="--classes",
+    ),
     C("gen-device-cuda-index", G, ["--device", NO_GPU, "--num-images", "1"], expect="cuda"),
     C("gen-seed-64bit", G, ["--seed", BIG_SEED], expect="--seed"),
     C("gen-cfg-inf", G, ["--cfg", "inf"], expect="--cfg"),
@@ -665,111 +895,240 @@ CASES: list[Case] = [
     C("gen-shard-index-too-big", G, ["--shard-index", "5", "--num-shards", "2"], expect="--shard-index"),
     C("gen-convention-bogus", G, ["--convention", "loose"], expect="--convention"),
     C("gen-metric-bogus", G, ["--metric", "hamming"], expect="--metric"),
-    C("gen-text-twin-lantern-captions", G, ["--model", "text-twin", "--num-images", "1", "--captions",
-                                            "{tmp}/caps.txt"], CAPS, "text-twin"),
-    C("gen-llamagen-garbage", G, ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt",
-                                  "--method", "ar"], llamagen_pair(lambda p: write(p, b"\x80\x02garbage")),
-      "c2i_B_256.pt"),
-
+    C(
+        "gen-text-twin-lantern-captions",
+        G,
+        ["--model", "text-twin", "--num-images", "1", "--captions", "{tmp}/caps.txt"],
+        CAPS,
+        "text-twin",
+    ),
+    C(
+        "gen-llamagen-garbage",
+        G,
+        ["--model", "llamagen-c2i-b", "--weights", "{tmp}/lg/c2i_B_256.pt", "--method", "ar"],
+        llamagen_pair(lambda p: write(p, b"\x80\x02garbage")),
+        "c2i_B_256.pt",
+    ),
     # ---------------------------------------------------------------- lantern.replay
     C("replay-missing-run", R, ["{tmp}/nope"], expect="summary.json"),
     C("replay-file-as-run", R, [ROOT / "README.md"], expect="README.md"),
     C("replay-empty-dir", R, ["{tmp}"], expect="summary.json"),
     C("replay-truncated-drafts", R, ["{tmp}/run"], gen_run(truncate_file("drafts.parquet")), "drafts.parquet"),
     C("replay-truncated-images", R, ["{tmp}/run"], gen_run(truncate_file("images.parquet")), "images.parquet"),
-    C("replay-broken-summary", R, ["{tmp}/run"], gen_run(replace_file("summary.json", "{\"method\": ")),
-      "summary.json"),
+    C("replay-broken-summary", R, ["{tmp}/run"], gen_run(replace_file("summary.json", '{"method": ')), "summary.json"),
     C("replay-summary-list", R, ["{tmp}/run"], gen_run(replace_file("summary.json", "[1, 2]")), "summary.json"),
     C("replay-missing-steps", R, ["{tmp}/run"], gen_run(remove_file("steps.parquet")), "steps.parquet"),
-    C("replay-drafts-wrong-table", R, ["{tmp}/run"],
-      gen_run(lambda d: shutil.copy(d / "steps.parquet", d / "drafts.parquet")), "drafts.parquet"),
-    C("replay-missing-png", R, ["{tmp}/run", "--reference", "{tmp}/ref"],
-      both(gen_run(), gen_run(remove_file("images/00001.png"), "ref")), "00001.png"),
+    C(
+        "replay-drafts-wrong-table",
+        R,
+        ["{tmp}/run"],
+        gen_run(lambda d: shutil.copy(d / "steps.parquet", d / "drafts.parquet")),
+        "drafts.parquet",
+    ),
+    C(
+        "replay-missing-png",
+        R,
+        ["{tmp}/run", "--reference", "{tmp}/ref"],
+        both(gen_run(), gen_run(remove_file("images/00001.png"), "ref")),
+        "00001.png",
+    ),
     C("replay-reference-missing", R, ["{tmp}/run", "--reference", "{tmp}/nope"], gen_run(), "nope"),
-    C("replay-reference-other-seed", R, ["{tmp}/run", "--reference", "{tmp}/ref"],
-      both(gen_run(), gen_run(lambda d: _set_image_column(d, "seed", 7), "ref")), "--seed"),
+    C(
+        "replay-reference-other-seed",
+        R,
+        ["{tmp}/run", "--reference", "{tmp}/ref"],
+        both(gen_run(), gen_run(lambda d: _set_image_column(d, "seed", 7), "ref")),
+        "--seed",
+    ),
     C("replay-profile-run", R, ["{tmp}/run"], prof_shard_run, "lantern.generate"),
     C("replay-bins-zero", R, ["{tmp}/run", "--bins", "0"], expect="--bins"),
     C("replay-bins-1e9", R, ["{tmp}/run", "--bins", "1e9"], expect="--bins"),
     C("replay-bins-too-many", R, ["{tmp}/run", "--bins", "1000000000"], gen_run(), "--bins"),
-    C("replay-figure-below-file", R, ["{tmp}/run", "--figure", "{tmp}/file/fig"], both(gen_run(), below_file),
-      "below the file"),
-    C("replay-out-below-file", R, ["{tmp}/run", "--out", "{tmp}/file/o"], both(gen_run(), below_file),
-      "below the file"),
+    C(
+        "replay-figure-below-file",
+        R,
+        ["{tmp}/run", "--figure", "{tmp}/file/fig"],
+        both(gen_run(), below_file),
+        "below the file",
+    ),
+    C(
+        "replay-out-below-file",
+        R,
+        ["{tmp}/run", "--out", "{tmp}/file/o"],
+        both(gen_run(), below_file),
+        "below the file",
+    ),
     C("replay-extractors-bogus", R, ["{tmp}/run", "--quality", "--extractors", "vgg"], gen_run(), "vgg"),
-    C("replay-quality-reference-bogus", R, ["{tmp}/run", "--quality", "--extractors", "fmnist",
-                                            "--quality-reference", "fashion-mnist:validation"], gen_run(),
-      "fashion-mnist"),
-    C("replay-quality-weights-garbage", R, ["{tmp}/run", "--quality", "--extractors", "fmnist", "--weights",
-                                            "fmnist={tmp}/f.safetensors"],
-      both(gen_run(), files(f__safetensors="nope")), "f.safetensors"),
+    C(
+        "replay-quality-reference-bogus",
+        R,
+        ["{tmp}/run", "--quality", "--extractors", "fmnist", "--quality-reference", "fashion-mnist:validation"],
+        gen_run(),
+        "fashion-mnist",
+    ),
+    C(
+        "replay-quality-weights-garbage",
+        R,
+        ["{tmp}/run", "--quality", "--extractors", "fmnist", "--weights", "fmnist={tmp}/f.safetensors"],
+        both(gen_run(), files(f__safetensors="nope")),
+        "f.safetensors",
+    ),
     C("replay-scores-device-bogus", R, ["{tmp}/run", "--scores", "--device", "bogus"], gen_run(), "--device"),
-    C("replay-reference-of-embedded-16", R, ["{tmp}/run16", "--reference", "{tmp}/run"], both(gen_run(), gen16_run),
-      "256 tokens per image but the reference"),
+    C(
+        "replay-reference-of-embedded-16",
+        R,
+        ["{tmp}/run16", "--reference", "{tmp}/run"],
+        both(gen_run(), gen16_run),
+        "256 tokens per image but the reference",
+    ),
     C("replay-bootstrap-negative", R, ["{tmp}/run", "--bootstrap", "-5"], expect="--bootstrap"),
     C("replay-run-named-twice", R, ["{tmp}/run", "{tmp}/run/"], gen_run(), "named twice"),
-
     # ---------------------------------------------------------------- lantern.evaluate
     C("eval-missing-run", E, ["{tmp}/nope", "--extractors", "fmnist"], expect="nope"),
     C("eval-spec-bogus", E, ["fashion-mnist:validation", "--extractors", "fmnist"], expect="fashion-mnist"),
     C("eval-spec-count-zero", E, ["fashion-mnist:test@0", "--extractors", "fmnist"], expect="@"),
     C("eval-spec-count-text", E, ["fashion-mnist:test@many", "--extractors", "fmnist"], expect="@"),
-    C("eval-empty-folder", E, ["{tmp}/imgs", "--extractors", "fmnist"], lambda tmp: (tmp / "imgs").mkdir(),
-      "imgs"),
-    C("eval-garbage-png", E, ["{tmp}/imgs", "--extractors", "fmnist"],
-      files(**{"imgs/a.png": "not a png", "imgs/b.png": "also not"}), "a.png"),
-    C("eval-truncated-images-table", E, ["{tmp}/run", "--extractors", "fmnist"],
-      gen_run(truncate_file("images.parquet")), "images.parquet"),
-    C("eval-broken-summary", E, ["{tmp}/run", "--extractors", "fmnist"],
-      gen_run(replace_file("summary.json", "nope")), "summary.json"),
-    C("eval-truncated-png", E, ["{tmp}/run", "--extractors", "fmnist", "--reference", "fashion-mnist:test@20",
-                                "--bootstrap", "0"], gen_run(truncate_file("images/00000.png")), "00000.png"),
+    C("eval-empty-folder", E, ["{tmp}/imgs", "--extractors", "fmnist"], lambda tmp: (tmp / "imgs").mkdir(), "imgs"),
+    C(
+        "eval-garbage-png",
+        E,
+        ["{tmp}/imgs", "--extractors", "fmnist"],
+        files(**{"imgs/a.png": "not a png", "imgs/b.png": "also not"}),
+        "a.png",
+    ),
+    C(
+        "eval-truncated-images-table",
+        E,
+        ["{tmp}/run", "--extractors", "fmnist"],
+        gen_run(truncate_file("images.parquet")),
+        "images.parquet",
+    ),
+    C(
+        "eval-broken-summary",
+        E,
+        ["{tmp}/run", "--extractors", "fmnist"],
+        gen_run(replace_file("summary.json", "nope")),
+        "summary.json",
+    ),
+    C(
+        "eval-truncated-png",
+        E,
+        ["{tmp}/run", "--extractors", "fmnist", "--reference", "fashion-mnist:test@20", "--bootstrap", "0"],
+        gen_run(truncate_file("images/00000.png")),
+        "00000.png",
+    ),
     C("eval-extractors-bogus", E, ["fashion-mnist:test@10", "--extractors", "vgg16"], expect="vgg16"),
     C("eval-extractors-empty", E, ["fashion-mnist:test@10", "--extractors", ","], expect="--extractors"),
-    C("eval-weights-truncated", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--reference",
-                                    "fashion-mnist:train@10", "--weights", "fmnist={tmp}/c.safetensors"],
-      lambda tmp: truncated(LW / "fmnist_classifier.safetensors", tmp / "c.safetensors"), "c.safetensors"),
-    C("eval-weights-wrong-model", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--reference",
-                                      "fashion-mnist:train@10", "--weights",
-                                      f"fmnist={LW / 'embedded_drafter.safetensors'}"], expect="fmnist"),
-    C("eval-weights-mobilenet-garbage", E, ["fashion-mnist:test@10", "--extractors", "mobilenet", "--reference",
-                                            "fashion-mnist:train@10", "--weights", "mobilenet={tmp}/m.pth"],
-      files(m__pth="garbage"), "m.pth"),
+    C(
+        "eval-weights-truncated",
+        E,
+        [
+            "fashion-mnist:test@10",
+            "--extractors",
+            "fmnist",
+            "--reference",
+            "fashion-mnist:train@10",
+            "--weights",
+            "fmnist={tmp}/c.safetensors",
+        ],
+        lambda tmp: truncated(LW / "fmnist_classifier.safetensors", tmp / "c.safetensors"),
+        "c.safetensors",
+    ),
+    C(
+        "eval-weights-wrong-model",
+        E,
+        [
+            "fashion-mnist:test@10",
+            "--extractors",
+            "fmnist",
+            "--reference",
+            "fashion-mnist:train@10",
+            "--weights",
+            f"fmnist={LW / 'embedded_drafter.safetensors'}",
+        ],
+        expect="fmnist",
+    ),
+    C(
+        "eval-weights-mobilenet-garbage",
+        E,
+        [
+            "fashion-mnist:test@10",
+            "--extractors",
+            "mobilenet",
+            "--reference",
+            "fashion-mnist:train@10",
+            "--weights",
+            "mobilenet={tmp}/m.pth",
+        ],
+        files(m__pth="garbage"),
+        "m.pth",
+    ),
     C("eval-weights-unknown-name", E, ["fashion-mnist:test@10", "--weights", "vgg={tmp}"], expect="vgg"),
     C("eval-bootstrap-negative", E, ["fashion-mnist:test@10", "--bootstrap", "-1"], expect="--bootstrap"),
     C("eval-bootstrap-huge", E, ["fashion-mnist:test@10", "--bootstrap", HUGE], expect="--bootstrap"),
     C("eval-level-two", E, ["fashion-mnist:test@10", "--level", "2"], expect="--level"),
     C("eval-level-one", E, ["fashion-mnist:test@10", "--level", "1"], expect="--level"),
     C("eval-run-named-twice", E, ["{tmp}/run", "{tmp}/run/", "--extractors", "fmnist"], gen_run(), "named twice"),
-    C("eval-paired-with-only-run", E, ["{tmp}/run", "--paired-with", "{tmp}/run", "--extractors", "fmnist"], gen_run(),
-      "only run"),
+    C(
+        "eval-paired-with-only-run",
+        E,
+        ["{tmp}/run", "--paired-with", "{tmp}/run", "--extractors", "fmnist"],
+        gen_run(),
+        "only run",
+    ),
     C("eval-one-image-run", E, ["{tmp}/run16", "--extractors", "fmnist"], gen16_run, "need at least 2 per set"),
     C("eval-one-image-spec", E, ["fashion-mnist:test@1", "--extractors", "fmnist"], expect="need at least 2 per set"),
     C("eval-k-zero", E, ["fashion-mnist:test@10", "--k", "0"], expect="--k"),
-    C("eval-k-huge", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--reference",
-                         "fashion-mnist:train@10", "--k", "1000"], expect="--nearest-k"),
+    C(
+        "eval-k-huge",
+        E,
+        ["fashion-mnist:test@10", "--extractors", "fmnist", "--reference", "fashion-mnist:train@10", "--k", "1000"],
+        expect="--nearest-k",
+    ),
     C("eval-batch-size-zero", E, ["fashion-mnist:test@10", "--batch-size", "0"], expect="--batch-size"),
     C("eval-seed-64bit", E, ["fashion-mnist:test@10", "--seed", BIG_SEED], expect="--seed"),
     C("eval-device-bogus", E, ["fashion-mnist:test@10", "--device", "bogus"], expect="--device"),
     C("eval-out-below-file", E, ["fashion-mnist:test@10", "--out", "{tmp}/file/o"], below_file, "below the file"),
-    C("eval-figure-below-file", E, ["fashion-mnist:test@10", "--figure", "{tmp}/file/f"], below_file,
-      "below the file"),
+    C("eval-figure-below-file", E, ["fashion-mnist:test@10", "--figure", "{tmp}/file/f"], below_file, "below the file"),
     C("eval-cache-below-file", E, ["fashion-mnist:test@10", "--cache", "{tmp}/file/c"], below_file, "--cache"),
-    C("eval-class-names-empty", E, ["{tmp}/run", "--clip-score", "--class-names", "{tmp}/names.txt"],
-      both(gen_run(), files(names__txt="")), "names.txt"),
+    C(
+        "eval-class-names-empty",
+        E,
+        ["{tmp}/run", "--clip-score", "--class-names", "{tmp}/names.txt"],
+        both(gen_run(), files(names__txt="")),
+        "names.txt",
+    ),
     C("eval-clip-absent", E, ["{tmp}/run", "--clip-score", "--clip-model", "{tmp}/noclip"], gen_run(), "clip"),
-    C("eval-proxy-reference-missing", E, ["{tmp}/run", "--extractors", "fmnist", "--proxy-reference",
-                                          "{tmp}/nope"], gen_run(), "nope"),
-    C("eval-data-garbage", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--data", "{tmp}/fm"],
-      idx_dir("garbage-gz"), "t10k"),
+    C(
+        "eval-proxy-reference-missing",
+        E,
+        ["{tmp}/run", "--extractors", "fmnist", "--proxy-reference", "{tmp}/nope"],
+        gen_run(),
+        "nope",
+    ),
+    C(
+        "eval-data-garbage",
+        E,
+        ["fashion-mnist:test@10", "--extractors", "fmnist", "--data", "{tmp}/fm"],
+        idx_dir("garbage-gz"),
+        "t10k",
+    ),
     C("eval-clip-scale-bogus", E, ["fashion-mnist:test@10", "--clip-scale", "x1000"], expect="--clip-scale"),
-    C("eval-reference-truncated-table", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--reference",
-                                            "{tmp}/run"], gen_run(truncate_file("drafts.parquet")), "drafts.parquet"),
-    C("eval-folder-mixed-sizes", E, ["{tmp}/imgs", "--extractors", "fmnist", "--reference", "fashion-mnist:test@10"],
-      lambda tmp: _pngs(tmp / "imgs", [(32, 32), (40, 40)]), "size"),
-    C("eval-device-cuda", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--device", NO_GPU],
-      expect="cuda"),
-
+    C(
+        "eval-reference-truncated-table",
+        E,
+        ["fashion-mnist:test@10", "--extractors", "fmnist", "--reference", "{tmp}/run"],
+        gen_run(truncate_file("drafts.parquet")),
+        "drafts.parquet",
+    ),
+    C(
+        "eval-folder-mixed-sizes",
+        E,
+        ["{tmp}/imgs", "--extractors", "fmnist", "--reference", "fashion-mnist:test@10"],
+        lambda tmp: _pngs(tmp / "imgs", [(32, 32), (40, 40)]),
+        "size",
+    ),
+    C("eval-device-cuda", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--device", NO_GPU], expect="cuda"),
     # ---------------------------------------------------------------- lantern.train_drafter
     C("td-out-below-file", T, ["--out", "{tmp}/file/d.safetensors"], below_file, "below the file"),
     C("td-out-is-dir", T, ["--out", "{tmp}"], expect="--out"),
@@ -783,8 +1142,13 @@ CASES: list[Case] = [
     C("td-test-size-huge", T, ["--test-size", HUGE], expect="--test-size"),
     C("td-classes-out-of-range", T, ["--classes", "3,12"], expect="--classes"),
     C("td-classes-not-numbers", T, ["--classes", "shirt"], expect="--classes"),
-    C("td-classes-and-conditions", T, ["--self-generate", "4", "--classes", "1", "--conditions", "{tmp}/c.txt"],
-      files(c__txt="1\n2\n"), "not both"),
+    C(
+        "td-classes-and-conditions",
+        T,
+        ["--self-generate", "4", "--classes", "1", "--conditions", "{tmp}/c.txt"],
+        files(c__txt="1\n2\n"),
+        "not both",
+    ),
     C("td-epochs-negative", T, ["--epochs", "-1"], expect="--epochs"),
     C("td-lr-zero", T, ["--lr", "0"], expect="--lr"),
     C("td-lr-nan", T, ["--lr", "nan"], expect="--lr"),
@@ -794,31 +1158,75 @@ CASES: list[Case] = [
     C("td-with-data-alone", T, ["--with-data"], expect="--with-data"),
     C("td-self-generate-zero", T, ["--self-generate", "0"], expect="--self-generate"),
     C("td-self-generate-huge", T, ["--self-generate", HUGE], expect="--self-generate"),
-    C("td-tokens-and-self-generate", T, ["--tokens", "{tmp}/tokens.safetensors", "--self-generate", "4"],
-      token_file("length"), "not both"),
+    C(
+        "td-tokens-and-self-generate",
+        T,
+        ["--tokens", "{tmp}/tokens.safetensors", "--self-generate", "4"],
+        token_file("length"),
+        "not both",
+    ),
     C("td-tokens-missing", T, ["--tokens", "{tmp}/nope.safetensors"], expect="nope.safetensors"),
     C("td-tokens-garbage", T, ["--tokens", "{tmp}/tokens.safetensors"], token_file("garbage"), "tokens.safetensors"),
-    C("td-tokens-truncated", T, ["--tokens", "{tmp}/tokens.safetensors"], token_file("truncated"),
-      "tokens.safetensors"),
+    C(
+        "td-tokens-truncated",
+        T,
+        ["--tokens", "{tmp}/tokens.safetensors"],
+        token_file("truncated"),
+        "tokens.safetensors",
+    ),
     C("td-tokens-1d", T, ["--tokens", "{tmp}/tokens.npy"], token_file("shape"), "tokens.npy"),
-    C("td-tokens-too-long", T, ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"],
-      token_file("length"), "2..64"),
-    C("td-tokens-out-of-range", T, ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"],
-      token_file("range"), "1024"),
-    C("td-tokens-bad-labels", T, ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"],
-      token_file("labels"), "label"),
-    C("td-tokens-float", T, ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"], token_file("float"),
-      "tokens.safetensors"),
+    C(
+        "td-tokens-too-long",
+        T,
+        ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"],
+        token_file("length"),
+        "2..64",
+    ),
+    C(
+        "td-tokens-out-of-range",
+        T,
+        ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"],
+        token_file("range"),
+        "1024",
+    ),
+    C(
+        "td-tokens-bad-labels",
+        T,
+        ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"],
+        token_file("labels"),
+        "label",
+    ),
+    C(
+        "td-tokens-float",
+        T,
+        ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"],
+        token_file("float"),
+        "tokens.safetensors",
+    ),
     C("td-tokens-pickle", T, ["--tokens", "{tmp}/tokens.pt"], token_file("pickle"), "tokens.pt"),
     C("td-tokens-npz-no-key", T, ["--tokens", "{tmp}/tokens.npz"], token_file("npz"), "tokens.npz"),
-    C("td-tokens-test-size-too-big", T, ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "40"],
-      token_file("labels"), "--test-size"),
-    C("td-conditions-empty", T, ["--self-generate", "4", "--conditions", "{tmp}/c.txt"], files(c__txt="\n"),
-      "c.txt"),
-    C("td-conditions-captions-to-c2i", T, ["--self-generate", "4", "--conditions", "{tmp}/c.txt"],
-      files(c__txt="a cat\na dog\n"), "class"),
-    C("td-data-garbage", T, ["--data", "{tmp}/fm", "--train-size", "8", "--test-size", "4"],
-      idx_dir("truncated-gz"), "train"),
+    C(
+        "td-tokens-test-size-too-big",
+        T,
+        ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "40"],
+        token_file("labels"),
+        "--test-size",
+    ),
+    C("td-conditions-empty", T, ["--self-generate", "4", "--conditions", "{tmp}/c.txt"], files(c__txt="\n"), "c.txt"),
+    C(
+        "td-conditions-captions-to-c2i",
+        T,
+        ["--self-generate", "4", "--conditions", "{tmp}/c.txt"],
+        files(c__txt="a cat\na dog\n"),
+        "class",
+    ),
+    C(
+        "td-data-garbage",
+        T,
+        ["--data", "{tmp}/fm", "--train-size", "8", "--test-size", "4"],
+        idx_dir("truncated-gz"),
+        "train",
+    ),
     C("td-weights-truncated", T, [*EMB_W], TRUNC_GPT, "fashion_gpt.safetensors"),
     C("td-model-bogus", T, ["--model", "bogus"], expect="unknown model"),
     C("td-device-bogus", T, ["--device", "bogus"], expect="--device"),
@@ -826,11 +1234,10 @@ CASES: list[Case] = [
     C("td-shards-without-self-generate", T, ["--shard-index", "0", "--num-shards", "2"], expect="torchrun"),
     C("td-cfg-inf", T, ["--self-generate", "4", "--cfg", "inf"], expect="--cfg"),
     C("td-seed-64bit", T, ["--seed", BIG_SEED], expect="--seed"),
-    C("td-damaged-run-json", T, [], files(**{"run/run.json": "][" }), "damaged"),
+    C("td-damaged-run-json", T, [], files(**{"run/run.json": "]["}), "damaged"),
     C("td-tokens-dir", T, ["--tokens", "{tmp}"], expect="--tokens"),
     C("td-conditions-dir", T, ["--self-generate", "4", "--conditions", "{tmp}"], expect="conditions"),
     C("td-device-cuda", T, ["--device", NO_GPU], expect="cuda"),
-
     # ---------------------------------------------------------------- scripts
     C("fig-weights-truncated", FIG, [*EMB_W], TRUNC_GPT, "fashion_gpt.safetensors"),
     C("fig-weights-swapped", FIG, [*EMB_W], SWAPPED, "which file goes where"),
@@ -858,9 +1265,13 @@ CASES: list[Case] = [
     C("te-out-below-file", TE, ["--out", "{tmp}/file/w"], below_file, "below the file"),
     C("te-run-dir-below-file", TE, ["--run-dir", "{tmp}/file/r"], below_file, "below the file"),
     C("te-gpt-without-vq", TE, ["--stage", "gpt", "--out", "{tmp}/empty"], expect="--stage vq"),
-    C("te-gpt-vq-truncated", TE, ["--stage", "gpt", "--out", "{tmp}/w"],
-      embedded_weights(lambda d: truncated(d / "fashion_vq.safetensors", d / "fashion_vq.safetensors")),
-      "fashion_vq.safetensors"),
+    C(
+        "te-gpt-vq-truncated",
+        TE,
+        ["--stage", "gpt", "--out", "{tmp}/w"],
+        embedded_weights(lambda d: truncated(d / "fashion_vq.safetensors", d / "fashion_vq.safetensors")),
+        "fashion_vq.safetensors",
+    ),
     C("tf-data-garbage", TF, ["--data", "{tmp}/fm"], idx_dir("garbage-gz"), "train"),
     C("tf-epochs-zero", TF, ["--epochs", "0"], expect="--epochs"),
     C("tf-seed-negative", TF, ["--seed", "-1"], expect="--seed"),
@@ -872,12 +1283,21 @@ CASES: list[Case] = [
     C("tt-corpus-binary", TT, ["--corpus", "{tmp}/c.txt"], files(c__txt=b"\xff\xfe\x00\x00\x81" * 50), "c.txt"),
     C("tt-corpus-empty", TT, ["--corpus", "{tmp}/c.txt"], files(c__txt=""), "corpus"),
     C("tt-corpus-dir", TT, ["--corpus", "{tmp}"], expect="corpus"),
-    C("tt-image-weights-missing", TT, ["--no-progress", "--out", "{tmp}/out", "--run-dir", "{tmp}/run",
-                                       "--image-weights", "{tmp}/nope"], expect="nope", base=False),
-    C("tt-image-weights-truncated", TT, ["--no-progress", "--out", "{tmp}/out", "--run-dir", "{tmp}/run",
-                                         "--image-weights", "{tmp}/w"],
-      both(TRUNC_GPT, lambda tmp: shutil.copy(AW / "embedded_metrics.json", tmp / "w")), "fashion_gpt.safetensors",
-      base=False),
+    C(
+        "tt-image-weights-missing",
+        TT,
+        ["--no-progress", "--out", "{tmp}/out", "--run-dir", "{tmp}/run", "--image-weights", "{tmp}/nope"],
+        expect="nope",
+        base=False,
+    ),
+    C(
+        "tt-image-weights-truncated",
+        TT,
+        ["--no-progress", "--out", "{tmp}/out", "--run-dir", "{tmp}/run", "--image-weights", "{tmp}/w"],
+        both(TRUNC_GPT, lambda tmp: shutil.copy(AW / "embedded_metrics.json", tmp / "w")),
+        "fashion_gpt.safetensors",
+        base=False,
+    ),
     C("tt-test-every-zero", TT, ["--test-every", "0"], expect="--test-every"),
     C("tt-token-budget-negative", TT, ["--token-budget", "-5"], expect="--token-budget"),
     C("tt-seed-64bit", TT, ["--seed", BIG_SEED], expect="--seed"),
@@ -886,7 +1306,6 @@ CASES: list[Case] = [
     C("tt-drafter-train-size-negative", TT, ["--drafter-train-size", "-1"], expect="--drafter-train-size"),
     C("tt-drafter-tokens-below-file", TT, ["--drafter-tokens", "{tmp}/file/r"], below_file, "below the file"),
     C("tt-out-below-file", TT, ["--out", "{tmp}/file/w"], below_file, "below the file"),
-
     # ---------------------------------------------------------------- benchmarks
     C("ba-k-zero", BA, ["--k", "0"], expect="--k"),
     C("ba-k-too-large", BA, ["--k", "20000"], expect="--k"),
@@ -912,8 +1331,13 @@ CASES: list[Case] = [
     C("bd-gamma-huge", BD, ["--gamma", "1000000000", "--num-images", "1"], expect="--gamma"),
     C("bd-num-images-zero", BD, ["--num-images", "0"], expect="--num-images"),
     C("bd-static-bogus", BD, ["--static", "oak"], expect="--static"),
-    C("bd-drafter-garbage", BD, ["--drafter", "{tmp}/d.safetensors", "--num-images", "1"],
-      files(d__safetensors="nope"), "d.safetensors"),
+    C(
+        "bd-drafter-garbage",
+        BD,
+        ["--drafter", "{tmp}/d.safetensors", "--num-images", "1"],
+        files(d__safetensors="nope"),
+        "d.safetensors",
+    ),
     C("bd-device-bogus", BD, ["--device", "bogus"], expect="--device"),
     C("bd-out-below-file", BD, ["--out", "{tmp}/file/o"], below_file, "below the file"),
     C("bd-figure-below-file", BD, ["--figure", "{tmp}/file/f"], below_file, "below the file"),
@@ -974,9 +1398,16 @@ def _reseal(run: Path, name: str) -> None:
 # --------------------------------------------------------------------------- running and judging
 def _env(tmp: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "FASHION_MNIST", "AMBIGUITY_"))}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", MPLBACKEND="Agg", HF_HUB_OFFLINE="1",
-               HF_HUB_CACHE=str(tmp / "hf-cache"), HF_HOME=str(tmp / "hf-home"),
-               AMBIGUITY_NEIGHBOURHOOD_CACHE=str(tmp / "nb-cache"), PYTHONPATH=str(ROOT))
+    env.update(
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        MPLBACKEND="Agg",
+        HF_HUB_OFFLINE="1",
+        HF_HUB_CACHE=str(tmp / "hf-cache"),
+        HF_HOME=str(tmp / "hf-home"),
+        AMBIGUITY_NEIGHBOURHOOD_CACHE=str(tmp / "nb-cache"),
+        PYTHONPATH=str(ROOT),
+    )
     return env
 
 
@@ -1022,8 +1453,14 @@ class Launcher:
         self.root, self.proc = root, None
         if not os.environ.get("BAD_INPUTS_FRESH"):
             env = {**_env(root), "PYTHONPATH": str(ROOT)}
-            self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "cli_launcher.py")], text=True,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=root)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "cli_launcher.py")],
+                text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                cwd=root,
+            )
             assert json.loads(self.proc.stdout.readline()).get("ready"), "cli_launcher did not start"
 
     def run(self, argv: list[str], cwd: Path, env: dict) -> tuple[int, str]:
@@ -1034,8 +1471,9 @@ class Launcher:
             except subprocess.TimeoutExpired as exc:
                 return -9, f"timed out after {TIMEOUT} s\n{exc.stderr or ''}"
         out, err = cwd / ".stdout", cwd / ".stderr"
-        self.proc.stdin.write(json.dumps({"argv": argv[1:], "cwd": str(cwd), "env": env, "stdout": str(out),
-                                          "stderr": str(err)}) + "\n")
+        self.proc.stdin.write(
+            json.dumps({"argv": argv[1:], "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}) + "\n"
+        )
         self.proc.stdin.flush()
         pid = json.loads(self.proc.stdout.readline())["pid"]
         ready, _, _ = select.select([self.proc.stdout], [], [], TIMEOUT)
@@ -1059,8 +1497,12 @@ def run_case(case: Case, tmp: Path, launcher: Launcher) -> Outcome:
     return Outcome(code, stderr, judge(case, code, stderr))
 
 
-def run_all(cases: list[Case], root: Path, workers: Optional[int] = None,
-            report: Optional[Callable[[Case, Outcome], None]] = None) -> dict[str, Outcome]:
+def run_all(
+    cases: list[Case],
+    root: Path,
+    workers: Optional[int] = None,
+    report: Optional[Callable[[Case, Outcome], None]] = None,
+) -> dict[str, Outcome]:
     """Run ``cases`` a few at a time, each in ``root/<id>``; {id: Outcome}. ``report`` sees each
     outcome as it comes."""
     global SHARED
@@ -1100,9 +1542,13 @@ assert len({c.id for c in CASES}) == len(CASES), "case ids must be unique"
 @pytest.fixture(scope="module")
 def outcomes(request, tmp_path_factory) -> dict[str, Outcome]:
     """Every selected case's outcome, computed together (in parallel) on first use."""
-    chosen = {item.callspec.params["case"].id for item in request.session.items
-              if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
-              and "case" in item.callspec.params}
+    chosen = {
+        item.callspec.params["case"].id
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+        and hasattr(item, "callspec")
+        and "case" in item.callspec.params
+    }
     return run_all([c for c in CASES if c.id in chosen], tmp_path_factory.mktemp("bad_inputs"))
 
 
@@ -1135,8 +1581,19 @@ def test_caption_encoder_of_another_width_is_one_line():
     from ambiguity.models.llamagen import LlamaGenModel
 
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=64, block_size=16, model_type="t2i", caption_dim=16,
-                        cls_token_num=4, multiple_of=32))
+    gpt = GPT(
+        GPTConfig(
+            dim=32,
+            n_layer=1,
+            n_head=2,
+            vocab_size=64,
+            block_size=16,
+            model_type="t2i",
+            caption_dim=16,
+            cls_token_num=4,
+            multiple_of=32,
+        )
+    )
     model = LlamaGenModel(gpt, name="llamagen-t2i-tiny", caption_encoder=_FixedWidthEncoder(8, 4))
     with pytest.raises(UsageError, match="gives 8-wide features but llamagen-t2i-tiny takes 16") as err:
         model.make_prompt(["a cat"], guided=True)
@@ -1144,8 +1601,9 @@ def test_caption_encoder_of_another_width_is_one_line():
     model.caption_encoder = _FixedWidthEncoder(16, 4)
     assert model.make_prompt(["a cat"], guided=True).inputs["cond"].shape == (2, 4, 16)
     with pytest.raises(UsageError, match="class-conditional"):
-        LlamaGenModel(GPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=64, block_size=16, multiple_of=32)),
-                      name="c2i").make_prompt(["a cat"])
+        LlamaGenModel(
+            GPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=64, block_size=16, multiple_of=32)), name="c2i"
+        ).make_prompt(["a cat"])
 
 
 if __name__ == "__main__":  # python tests/test_bad_inputs.py [ID_SUBSTRING ...]: run and print the tally
@@ -1164,8 +1622,9 @@ if __name__ == "__main__":  # python tests/test_bad_inputs.py [ID_SUBSTRING ...]
     with tempfile.TemporaryDirectory() as d:
         res = run_all(todo, Path(d), report=show)
     bad = [k for k, v in res.items() if v.problems]
-    print(f"{len(todo) - len(bad)} of {len(todo)} cases give one error line and exit 2 "
-          f"({time.perf_counter() - t0:.0f} s)")
+    print(
+        f"{len(todo) - len(bad)} of {len(todo)} cases give one error line and exit 2 ({time.perf_counter() - t0:.0f} s)"
+    )
 
 
 # --------------------------------------------------------------------------- before the weights (issue 20, item 13)
@@ -1193,8 +1652,10 @@ def tiny_checkpoints(tmp_path_factory):
     from hf_tiny import save, tiny_emu3, tiny_janus
 
     root = tmp_path_factory.mktemp("tiny_hf")
-    return {"emu3-gen": save(*tiny_emu3(codebook=20), root / "emu3"),
-            "janus-pro-1b": save(*tiny_janus(), root / "janus")}
+    return {
+        "emu3-gen": save(*tiny_emu3(codebook=20), root / "emu3"),
+        "janus-pro-1b": save(*tiny_janus(), root / "janus"),
+    }
 
 
 def test_spec_sizes_come_from_the_config_and_the_registry(tiny_checkpoints, monkeypatch, tmp_path):
@@ -1215,15 +1676,18 @@ def test_spec_sizes_come_from_the_config_and_the_registry(tiny_checkpoints, monk
     assert spec_sizes(get_spec("embedded"), "my_weights") == {"codes": None, "classes": None}
 
 
-@pytest.mark.parametrize("model,options,expect", [
-    ("emu3-gen", dict(k=20), "--k 20 must be smaller than the vocabulary size 20 of emu3-gen; lower --k"),
-    ("janus-pro-1b", dict(tree_top_k=25), "--tree-top-k 25 exceeds the vocabulary size 24 of janus-pro-1b"),
-    ("emu3-gen", dict(classes=[3]), "emu3-gen is not class-conditional (t2i); drop --classes"),
-    ("embedded", dict(k=1024), "--k 1024 must be smaller than the vocabulary size 1024 of embedded"),
-    ("embedded", dict(classes=[0, 10]), "class 10 is out of range for embedded; pass --classes in 0..9"),
-    ("embedded", dict(captions="caps.txt"), "embedded is class-conditional; drop --captions"),
-    ("text-twin", dict(classes=[3]), "text-twin is not class-conditional (text); drop --classes"),
-])
+@pytest.mark.parametrize(
+    "model,options,expect",
+    [
+        ("emu3-gen", dict(k=20), "--k 20 must be smaller than the vocabulary size 20 of emu3-gen; lower --k"),
+        ("janus-pro-1b", dict(tree_top_k=25), "--tree-top-k 25 exceeds the vocabulary size 24 of janus-pro-1b"),
+        ("emu3-gen", dict(classes=[3]), "emu3-gen is not class-conditional (t2i); drop --classes"),
+        ("embedded", dict(k=1024), "--k 1024 must be smaller than the vocabulary size 1024 of embedded"),
+        ("embedded", dict(classes=[0, 10]), "class 10 is out of range for embedded; pass --classes in 0..9"),
+        ("embedded", dict(captions="caps.txt"), "embedded is class-conditional; drop --captions"),
+        ("text-twin", dict(classes=[3]), "text-twin is not class-conditional (text); drop --classes"),
+    ],
+)
 def test_options_that_cannot_fit_are_refused_before_the_weights(tiny_checkpoints, monkeypatch, model, options, expect):
     from ambiguity.errors import UsageError
     from ambiguity.models.registry import check_spec_options
@@ -1243,13 +1707,20 @@ def test_options_that_fit_pass_the_spec_check(tiny_checkpoints, monkeypatch):
     check_spec_options("embedded", "other.safetensors", k=5000, classes=[12])  # sizes unknown: checked after loading
 
 
-@pytest.mark.parametrize("module,argv,expect", [
-    ("ambiguity.neighbourhood", ["--model", "emu3-gen", "--weights", "{emu3-gen}", "--k", "25"], "vocabulary size 20"),
-    ("ambiguity.profile", ["--model", "emu3-gen", "--weights", "{emu3-gen}", "--classes", "1"], "drop --classes"),
-    ("ambiguity.profile", ["--classes", "0,10"], "0..9"),
-    ("lantern.train_drafter", ["--classes", "11"], "0..9"),
-    ("ambiguity.analyses.concentration", ["--classes", "10"], "0..9"),
-])
+@pytest.mark.parametrize(
+    "module,argv,expect",
+    [
+        (
+            "ambiguity.neighbourhood",
+            ["--model", "emu3-gen", "--weights", "{emu3-gen}", "--k", "25"],
+            "vocabulary size 20",
+        ),
+        ("ambiguity.profile", ["--model", "emu3-gen", "--weights", "{emu3-gen}", "--classes", "1"], "drop --classes"),
+        ("ambiguity.profile", ["--classes", "0,10"], "0..9"),
+        ("lantern.train_drafter", ["--classes", "11"], "0..9"),
+        ("ambiguity.analyses.concentration", ["--classes", "10"], "0..9"),
+    ],
+)
 def test_commands_refuse_before_loading(tiny_checkpoints, monkeypatch, tmp_path, capsys, module, argv, expect):
     """The command line gives the one-line error with exit 2 and never reaches a weight reader."""
     import importlib

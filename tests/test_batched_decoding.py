@@ -10,11 +10,13 @@
   for an image that starts with the batch and for one admitted later into a freed slot;
 * bad input: batch size < 1, draft trees, a model that cannot batch.
 """
+
 import itertools
 
 import numpy as np
 import pytest
 import torch
+from test_trees import enumerate_outcomes, exact_joint, tiny
 
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
@@ -25,7 +27,6 @@ from lantern.batched import batched_decode
 from lantern.decoding import DecodeConfig, decode
 from lantern.drafter import Drafter
 from lantern.trees import TreeSpec
-from test_trees import enumerate_outcomes, exact_joint, tiny
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +60,21 @@ def _same_records(a, b):
                 assert np.array_equal(x, y), (key, c)
 
 
-CHAINS = [DecodeConfig.of("ar"), DecodeConfig.of("sd", 3), DecodeConfig.of("lantern", 3, k=8, delta=0.2),
-          DecodeConfig.of("lantern-jsd", 2, k=8, delta=0.1), DecodeConfig.of("lantern++", 4, k=8, lam=2.0),
-          DecodeConfig.of("lantern", 3, k=8, delta=0.2, convention="official"),
-          DecodeConfig.of("sd", 3, convention="official")]
-SAMPLINGS = [SamplingConfig(guidance=1.0, temperature=1.0), SamplingConfig(guidance=3.0, temperature=0.8, top_k=12),
-             SamplingConfig(guidance=2.0, temperature=1.2, top_p=0.9), SamplingConfig(guidance=2.0, temperature=0.0)]
+CHAINS = [
+    DecodeConfig.of("ar"),
+    DecodeConfig.of("sd", 3),
+    DecodeConfig.of("lantern", 3, k=8, delta=0.2),
+    DecodeConfig.of("lantern-jsd", 2, k=8, delta=0.1),
+    DecodeConfig.of("lantern++", 4, k=8, lam=2.0),
+    DecodeConfig.of("lantern", 3, k=8, delta=0.2, convention="official"),
+    DecodeConfig.of("sd", 3, convention="official"),
+]
+SAMPLINGS = [
+    SamplingConfig(guidance=1.0, temperature=1.0),
+    SamplingConfig(guidance=3.0, temperature=0.8, top_k=12),
+    SamplingConfig(guidance=2.0, temperature=1.2, top_p=0.9),
+    SamplingConfig(guidance=2.0, temperature=0.0),
+]
 
 
 @pytest.mark.parametrize("config", CHAINS, ids=lambda c: f"{c.method}-{c.rule.convention if c.rule else ''}")
@@ -112,8 +122,9 @@ def test_a_draining_batch_drops_its_empty_slots(model, drafter, monkeypatch):
     keep only the busy rows (CFG: two per image), and the tokens still equal batch 1's."""
     kept = []
     select = type(model).select_slots
-    monkeypatch.setattr(type(model), "select_slots", lambda self, cache, rows: (kept.append(len(rows)),
-                                                                               select(self, cache, rows))[1])
+    monkeypatch.setattr(
+        type(model), "select_slots", lambda self, cache, rows: (kept.append(len(rows)), select(self, cache, rows))[1]
+    )
     s = SamplingConfig(guidance=2.0, temperature=1.0)
     for cfg in (DecodeConfig.of("sd", 3), DecodeConfig.of("ar")):
         one = decode(model, list(range(9)), cfg, s, drafter, seed=1)
@@ -145,8 +156,7 @@ def test_exact_batched_decoding_at_delta_zero_is_ar_sampling(sampling, rule, ima
     seen = {"accepted": 0, "rejected": 0, "late": 0}
 
     def run(draws):
-        out = batched_decode(m, [1, 2, 1], sampling, rule, d, nb, gamma=2, batch_size=2, seed=9,
-                             draws={image: draws})
+        out = batched_decode(m, [1, 2, 1], sampling, rule, d, nb, gamma=2, batch_size=2, seed=9, draws={image: draws})
         mine = out.steps["image"] == image
         seen["accepted"] += int(out.steps["accepted"][mine].sum())
         seen["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"])[out.drafts["image"] == image].sum())
@@ -170,8 +180,11 @@ def test_relaxed_batched_decoding_is_not_ar_sampling():
     s = SamplingConfig(guidance=1.0, temperature=1.0, top_k=2)
     want = exact_joint(m, 1, s)
     rule = AcceptanceRule("lantern", k=2, delta=0.4)
-    got, _ = enumerate_outcomes(lambda dr: tuple(batched_decode(m, [1, 1], s, rule, d, nb, gamma=2, batch_size=2,
-                                                                draws={0: dr}).tokens[0].tolist()))
+    got, _ = enumerate_outcomes(
+        lambda dr: tuple(
+            batched_decode(m, [1, 1], s, rule, d, nb, gamma=2, batch_size=2, draws={0: dr}).tokens[0].tolist()
+        )
+    )
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
     assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) > 1e-3
 
@@ -204,7 +217,7 @@ def test_bad_batched_calls_raise_usage_errors(model, drafter, table, monkeypatch
     class NoBatch(type(model)):
         can_batch_decode = False
 
-    monkeypatch.setattr("ambiguity.memory.available_bytes", lambda device=None: 3 * 10 ** 5)
+    monkeypatch.setattr("ambiguity.memory.available_bytes", lambda device=None: 3 * 10**5)
     with pytest.raises(UsageError, match=r"--batch-size 6 needs about .* use --batch-size \d+ or less"):
         decode(model, list(range(6)), DecodeConfig.of("sd", 3), s, drafter, batch_size=6)
     monkeypatch.undo()

@@ -1,4 +1,5 @@
 """ambiguity.data.captions: text files, MS-COCO JSON (longest caption per image), seeded subsets, errors."""
+
 import json
 
 import pytest
@@ -6,14 +7,16 @@ import pytest
 from ambiguity.data.captions import is_coco_json, load_captions, read_captions, sample_captions
 from ambiguity.errors import UsageError
 
-COCO = {"images": [{"id": 9}, {"id": 3}],
-        "annotations": [
-            {"image_id": 9, "id": 1, "caption": "A dog."},
-            {"image_id": 3, "id": 2, "caption": "A red bus on a  street.\n"},
-            {"image_id": 9, "id": 3, "caption": "A brown dog runs."},
-            {"image_id": 3, "id": 4, "caption": "A bus."},
-            {"image_id": 9, "id": 5, "caption": "A black dog eats."},  # same length as id 3: first one wins
-        ]}
+COCO = {
+    "images": [{"id": 9}, {"id": 3}],
+    "annotations": [
+        {"image_id": 9, "id": 1, "caption": "A dog."},
+        {"image_id": 3, "id": 2, "caption": "A red bus on a  street.\n"},
+        {"image_id": 9, "id": 3, "caption": "A brown dog runs."},
+        {"image_id": 3, "id": 4, "caption": "A bus."},
+        {"image_id": 9, "id": 5, "caption": "A black dog eats."},  # same length as id 3: first one wins
+    ],
+}
 
 
 def test_text_file_skips_blank_lines(tmp_path):
@@ -62,8 +65,17 @@ def _bad_files(tmp_path):
     (tmp_path / "nocaption.json").write_text('{"annotations": [{"image_id": 1}]}')
     (tmp_path / "emptyann.json").write_text('{"annotations": []}')
     (tmp_path / "adir").mkdir()
-    return ["missing.txt", "empty.txt", "blank.txt", "latin1.txt", "broken.json", "nokey.json", "nocaption.json",
-            "emptyann.json", "adir"]
+    return [
+        "missing.txt",
+        "empty.txt",
+        "blank.txt",
+        "latin1.txt",
+        "broken.json",
+        "nokey.json",
+        "nocaption.json",
+        "emptyann.json",
+        "adir",
+    ]
 
 
 def test_errors_are_one_line_and_name_the_fix(tmp_path):

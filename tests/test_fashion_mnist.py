@@ -1,4 +1,5 @@
 """The Fashion-MNIST IDX reader on hand-written files (no data set needed)."""
+
 import gzip
 
 import numpy as np
@@ -9,9 +10,7 @@ from ambiguity.data.fashion_mnist import CLASSES, find_dir, load_split, pad_to_3
 from ambiguity.errors import UsageError
 
 # 2 images of 2 x 3 pixels: magic 0x00000803, sizes 2, 2, 3 (big-endian uint32), 12 pixel bytes.
-IMAGES_2x2x3 = bytes([0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 3,
-                      0, 1, 2, 3, 4, 5,
-                      255, 128, 64, 32, 16, 8])
+IMAGES_2x2x3 = bytes([0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 3, 0, 1, 2, 3, 4, 5, 255, 128, 64, 32, 16, 8])
 LABELS_3 = bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 0, 9])
 
 

@@ -1,5 +1,6 @@
 """``python -m lantern.generate`` and ``python -m lantern.replay`` on a tiny embedded model
 saved into a temporary directory (outputs, resume, greedy equality, one-line errors)."""
+
 import json
 
 import numpy as np
@@ -7,12 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from ambiguity.seeding import image_seed
-
-from ambiguity.models.embedded import load_embedded
 from ambiguity.models.checkpoints import save_module
+from ambiguity.models.embedded import load_embedded
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
+from ambiguity.seeding import image_seed
 from lantern.drafter import Drafter
 from lantern.generate import main
 from lantern.replay import main as replay_main
@@ -31,8 +31,16 @@ def _save_tiny(d, seed=0):
     gc = GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=64, block_size=16, num_classes=10, multiple_of=32)
     gpt = GPT(gc)
     torch.nn.init.normal_(gpt.output.weight, 0.0, 0.3)
-    vc = VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                  z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    vc = VQConfig(
+        codebook_size=64,
+        codebook_embed_dim=4,
+        encoder_ch_mult=[1, 2],
+        decoder_ch_mult=[1, 2],
+        z_channels=32,
+        ch=32,
+        num_res_blocks=1,
+        in_channels=1,
+    )
     d.mkdir(parents=True, exist_ok=True)
     save_module(gpt, gc, d / "fashion_gpt.safetensors", dtype=torch.float32)
     save_module(VQModel(vc), vc, d / "fashion_vq.safetensors", dtype=torch.float32)
@@ -57,8 +65,20 @@ def nb_cache(tmp_path, monkeypatch):
 
 
 def _args(tiny, out, *extra):
-    return ["--weights", str(tiny / "weights"), "--drafter", str(tiny / "drafter.safetensors"), "--out", str(out),
-            "--no-progress", "--k", "8", "--gamma", "3", *extra]
+    return [
+        "--weights",
+        str(tiny / "weights"),
+        "--drafter",
+        str(tiny / "drafter.safetensors"),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--k",
+        "8",
+        "--gamma",
+        "3",
+        *extra,
+    ]
 
 
 def test_outputs_summary_and_resume(tiny, tmp_path, capsys):
@@ -66,8 +86,16 @@ def test_outputs_summary_and_resume(tiny, tmp_path, capsys):
     assert main(_args(tiny, out, "--method", "lantern", "--delta", "0.3", "--num-images", "2")) == 0
     printed = capsys.readouterr().out
     assert "τ (+bonus)" in printed and "2 images computed, 0 resumed" in printed
-    for f in ("steps.parquet", "drafts.parquet", "images.parquet", "summary.json", "grid.png", "grid.pdf",
-              "images/00000.png", "images/00001.png"):
+    for f in (
+        "steps.parquet",
+        "drafts.parquet",
+        "images.parquet",
+        "summary.json",
+        "grid.png",
+        "grid.pdf",
+        "images/00000.png",
+        "images/00001.png",
+    ):
         assert (out / f).is_file(), f
     steps, drafts, images = (pd.read_parquet(out / f"{n}.parquet") for n in ("steps", "drafts", "images"))
     summary = json.loads((out / "summary.json").read_text())
@@ -98,8 +126,21 @@ def test_greedy_lantern_delta_zero_equals_ar_and_replay(tiny, tmp_path, capsys):
     ar, la0 = (pd.read_parquet(tmp_path / r / "images.parquet") for r in ("ar", "la0"))
     assert [list(c) for c in ar["codes"]] == [list(c) for c in la0["codes"]]
     capsys.readouterr()
-    assert replay_main([str(tmp_path / "la0"), str(tmp_path / "la"), "--reference", str(tmp_path / "ar"),
-                        "--out", str(tmp_path / "replay"), "--bins", "4"]) == 0
+    assert (
+        replay_main(
+            [
+                str(tmp_path / "la0"),
+                str(tmp_path / "la"),
+                "--reference",
+                str(tmp_path / "ar"),
+                "--out",
+                str(tmp_path / "replay"),
+                "--bins",
+                "4",
+            ]
+        )
+        == 0
+    )
     q = pd.read_parquet(tmp_path / "replay" / "image_quality.parquet")
     exact = q[q["method"] == "lantern k=8 δ=0"]
     assert (exact["token_match"] == 1).all() and (exact["mse"] == 0).all() and np.isinf(exact["psnr"]).all()
@@ -122,14 +163,17 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
     assert len(pd.read_parquet(tmp_path / "r" / "image_quality.parquet")) == 2
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--method", "lantern", "--delta", "-0.1"], "error: --delta must be >= 0"),
-    (["--method", "lantern++", "--lam", "0.5"], "error: --lam must be >= 1"),
-    (["--method", "lantern", "--k", "64"], "must be smaller than the vocabulary size 64"),
-    (["--method", "sd", "--gamma", "0"], "argument --gamma: must be >= 1, got 0"),
-    (["--method", "medusa"], "invalid choice: 'medusa'"),
-    (["--method", "sd", "--drafter", "OTHER"], "drafter was trained for embedded with other weights"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--method", "lantern", "--delta", "-0.1"], "error: --delta must be >= 0"),
+        (["--method", "lantern++", "--lam", "0.5"], "error: --lam must be >= 1"),
+        (["--method", "lantern", "--k", "64"], "must be smaller than the vocabulary size 64"),
+        (["--method", "sd", "--gamma", "0"], "argument --gamma: must be >= 1, got 0"),
+        (["--method", "medusa"], "invalid choice: 'medusa'"),
+        (["--method", "sd", "--drafter", "OTHER"], "drafter was trained for embedded with other weights"),
+    ],
+)
 def test_bad_parameters_exit_2_with_one_line(tiny, tmp_path, capsys, extra, message):
     args = _args(tiny, tmp_path / "bad", "--num-images", "1", *extra)
     args = [a.replace("OTHER", str(tiny / "other_drafter.safetensors")) for a in args]  # argparse: last wins
@@ -144,4 +188,3 @@ def test_default_cfg_and_the_same_explicit_cfg_are_one_run(tiny, tmp_path, capsy
     assert main(_args(tiny, out, "--method", "ar", "--num-images", "1")) == 0  # c2i default: cfg 4
     assert main(_args(tiny, out, "--method", "ar", "--num-images", "1", "--cfg", "4")) == 0
     assert "0 images computed, 1 resumed" in capsys.readouterr().out
-

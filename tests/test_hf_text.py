@@ -1,13 +1,14 @@
 """``hf:<repo>`` text adapter on tiny random Llama and GPT-2 causal LMs (offline, CPU)."""
+
 import pytest
 import torch
+from hf_tiny import save, save_to_hf_cache, tiny_gpt2, tiny_llama, use_hf_cache  # noqa: F401
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
 from ambiguity.models.hf_text import HFCausalLM, load_hf_causal_lm, read_prompts
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import save, save_to_hf_cache, tiny_gpt2, tiny_llama, use_hf_cache  # noqa: F401
 
 PROMPTS = ["hello there, old friend", "hi"]
 L = 6
@@ -42,7 +43,7 @@ def test_prompts_use_the_tokenizer_and_left_padding(tiny):
     ids, mask = p.inputs["ids"], p.inputs["mask"]
     for i, text in enumerate(PROMPTS):
         want = tok(text)["input_ids"]
-        assert ids[i, -len(want):].tolist() == want and int(mask[i].sum()) == len(want)
+        assert ids[i, -len(want) :].tolist() == want and int(mask[i].sum()) == len(want)
     if name == "llama":  # Llama tokenizers start with BOS; the short row is left-padded
         assert ids[1, -3:].tolist() == [tok.bos_token_id] + tok("hi", add_special_tokens=False)["input_ids"]
         assert ids[1, 0] == lm.pad_id and mask[1, 0] == 0
@@ -57,7 +58,7 @@ def test_logits_equal_the_causal_lm(tiny):
     assert step.logits.shape == (1, L, lm.vocab_size) and torch.isfinite(step.logits).all()
     P = p.inputs["ids"].shape[1]
     with torch.no_grad():
-        direct = model(input_ids=torch.cat([p.inputs["ids"], tokens[:, :-1]], 1)).logits[:, P - 1:]
+        direct = model(input_ids=torch.cat([p.inputs["ids"], tokens[:, :-1]], 1)).logits[:, P - 1 :]
     torch.testing.assert_close(step.logits, direct, atol=1e-5, rtol=0)
 
 
@@ -82,10 +83,18 @@ def test_greedy_sampling_equals_generate(tiny):
     p = lm.make_prompt(PROMPTS[:1])
     out = sample_tokens(lm, p, SamplingConfig(temperature=0.0))
     with torch.no_grad():
-        ref = model.generate(input_ids=p.inputs["ids"], attention_mask=p.inputs["mask"], do_sample=False,
-                             max_new_tokens=L, min_new_tokens=L, pad_token_id=lm.pad_id)
-    assert out.tolist() == ref[:, p.inputs["ids"].shape[1]:].tolist()
-    sampled = sample_tokens(lm, lm.make_prompt(PROMPTS), SamplingConfig(top_p=0.9), generator=torch.Generator().manual_seed(0))
+        ref = model.generate(
+            input_ids=p.inputs["ids"],
+            attention_mask=p.inputs["mask"],
+            do_sample=False,
+            max_new_tokens=L,
+            min_new_tokens=L,
+            pad_token_id=lm.pad_id,
+        )
+    assert out.tolist() == ref[:, p.inputs["ids"].shape[1] :].tolist()
+    sampled = sample_tokens(
+        lm, lm.make_prompt(PROMPTS), SamplingConfig(top_p=0.9), generator=torch.Generator().manual_seed(0)
+    )
     assert sampled.shape == (2, L)
 
 

@@ -11,12 +11,15 @@
 * hand-computed accept / reject cases of each rule; GSD's exact one-step output distribution;
 * records (proposed_step, identities) and one-line errors for bad knobs.
 """
+
 import itertools
 from collections import defaultdict
 
 import numpy as np
 import pytest
 import torch
+from test_decoding import _chi2_pvalue
+from test_trees import enumerate_outcomes, exact_joint, tiny
 
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
@@ -24,10 +27,17 @@ from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from ambiguity.seeding import image_generator
 from lantern.decoding import DecodeConfig, decode
 from lantern.divergences import tvd
-from lantern.jacobi import (JacobiConfig, check_jacobi, group_masses, gsd_accept_prob, gsd_output_distribution,
-                            jacobi_decode, sjd_accept_prob, sjd_output_distribution, sjd_residual)
-from test_decoding import _chi2_pvalue
-from test_trees import enumerate_outcomes, exact_joint, tiny
+from lantern.jacobi import (
+    JacobiConfig,
+    check_jacobi,
+    group_masses,
+    gsd_accept_prob,
+    gsd_output_distribution,
+    jacobi_decode,
+    sjd_accept_prob,
+    sjd_output_distribution,
+    sjd_residual,
+)
 
 
 def _joint(m, config, sampling, label=1):
@@ -44,16 +54,24 @@ def _joint(m, config, sampling, label=1):
     return got, runs, stats
 
 
-SAMPLINGS = [SamplingConfig(guidance=1.0, temperature=1.0, top_k=2),
-             SamplingConfig(guidance=2.0, temperature=0.7, top_k=2),
-             SamplingConfig(guidance=1.5, temperature=1.3, top_p=0.8)]
+SAMPLINGS = [
+    SamplingConfig(guidance=1.0, temperature=1.0, top_k=2),
+    SamplingConfig(guidance=2.0, temperature=0.7, top_k=2),
+    SamplingConfig(guidance=1.5, temperature=1.3, top_p=0.8),
+]
 
 
 @pytest.mark.slow  # ~10-20 s each on 2 shared cores: a few thousand enumerated runs
 @pytest.mark.parametrize("sampling", SAMPLINGS)
-@pytest.mark.parametrize("config", [JacobiConfig("sjd", window=3), JacobiConfig("sjd", window=4, init="repeat-horizon"),
-                                    JacobiConfig("scd", window=3, coupling="maximal")],
-                         ids=["sjd", "sjd-repeat", "scd-maximal"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        JacobiConfig("sjd", window=3),
+        JacobiConfig("sjd", window=4, init="repeat-horizon"),
+        JacobiConfig("scd", window=3, coupling="maximal"),
+    ],
+    ids=["sjd", "sjd-repeat", "scd-maximal"],
+)
 def test_sjd_and_scd_maximal_are_exactly_ar_sampling(config, sampling):
     """Every outcome of jacobi_decode weighted by its probability is the AR joint (V = 4, 2 x 2
     tokens, windows of 2-3 drafts: random initial drafts, kept drafts and rejections all occur)."""
@@ -95,8 +113,9 @@ def test_maximal_coupling_bookkeeping():
     gaps = {}
     for coupling in ("maximal", "maximal-official"):
         cfg = JacobiConfig("scd", window=4, coupling=coupling)
-        got, _ = enumerate_outcomes(lambda d, cfg=cfg: tuple(jacobi_decode(m, prompt, s, cfg, draws=d, num_tokens=5)
-                                                             .tokens[0].tolist()))
+        got, _ = enumerate_outcomes(
+            lambda d, cfg=cfg: tuple(jacobi_decode(m, prompt, s, cfg, draws=d, num_tokens=5).tokens[0].tolist())
+        )
         assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
         gaps[coupling] = sum(abs(got.get(k, 0.0) - v) for k, v in want.items()) / 2  # TVD of the joints
     assert gaps["maximal"] < 1e-12
@@ -152,8 +171,13 @@ def test_greedy_jacobi_equals_greedy_ar():
         s = SamplingConfig(guidance=guidance, temperature=0.0)
         prompt = m.make_prompt([label], guided=s.guided)
         ar = sample_tokens(m, prompt, s)
-        for cfg in (JacobiConfig("sjd", window=4), JacobiConfig("scd", window=6), JacobiConfig("gsd", window=4, group=1),
-                    JacobiConfig("sjd", window=5, init="repeat-horizon"), JacobiConfig("sjd", window=1)):
+        for cfg in (
+            JacobiConfig("sjd", window=4),
+            JacobiConfig("scd", window=6),
+            JacobiConfig("gsd", window=4, group=1),
+            JacobiConfig("sjd", window=5, init="repeat-horizon"),
+            JacobiConfig("sjd", window=1),
+        ):
             out = jacobi_decode(m, prompt, s, cfg)
             assert torch.equal(out.tokens, ar), (cfg, guidance)
             accepted += int(out.steps["accepted"].sum())
@@ -237,14 +261,17 @@ def test_records_and_decode_dispatch():
     assert torch.equal(again.tokens[0], d.tokens[1])
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(method="sjd", window=0), "--window"),
-    (dict(method="gsd", group=0), "--gsd-group"),
-    (dict(method="gsd", prob_gap=0.0), "--gsd-prob-gap"),
-    (dict(method="scd", coupling="nope"), "--scd-coupling"),
-    (dict(method="sjd", init="nope"), "--jacobi-init"),
-    (dict(method="gsd", distance=-1.0), "--gsd-distance"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(method="sjd", window=0), "--window"),
+        (dict(method="gsd", group=0), "--gsd-group"),
+        (dict(method="gsd", prob_gap=0.0), "--gsd-prob-gap"),
+        (dict(method="scd", coupling="nope"), "--scd-coupling"),
+        (dict(method="sjd", init="nope"), "--jacobi-init"),
+        (dict(method="gsd", distance=-1.0), "--gsd-distance"),
+    ],
+)
 def test_bad_knobs_raise_usage_errors(kwargs, match):
     with pytest.raises(UsageError, match=match):
         JacobiConfig(**kwargs)
@@ -267,8 +294,10 @@ def test_methods_a_model_cannot_run():
 def test_generate_cli_rejects_bad_jacobi_knobs(tmp_path, capsys):
     from lantern.generate import main
 
-    for argv, match in ((["--method", "sjd", "--window", "0"], "--window"),
-                        (["--method", "gsd", "--gsd-group", "5000"], "--gsd-group 5000 exceeds the vocabulary")):
+    for argv, match in (
+        (["--method", "sjd", "--window", "0"], "--window"),
+        (["--method", "gsd", "--gsd-group", "5000"], "--gsd-group 5000 exceeds the vocabulary"),
+    ):
         assert main(argv + ["--num-images", "1", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and match in err[0], err

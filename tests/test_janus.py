@@ -1,7 +1,9 @@
 """Janus / Janus-Pro adapter on a tiny random JanusForConditionalGeneration (offline, CPU)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from hf_tiny import save, save_to_hf_cache, tiny_janus, use_hf_cache  # noqa: F401
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
@@ -9,7 +11,6 @@ from ambiguity.models.hf_common import new_dynamic_cache
 from ambiguity.models.janus import JANUS_PRO_1B_REPO, JanusModel, load_janus
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import save, save_to_hf_cache, tiny_janus, use_hf_cache  # noqa: F401
 
 CAPTIONS = ["a cat", "a big dog on grass"]
 
@@ -59,12 +60,17 @@ def test_logits_finite_and_equal_direct_computation(tiny):
     assert step.logits.shape == (1, 16, 24) and step.logits.dtype == torch.float32
     assert torch.isfinite(step.logits).all()
     with torch.no_grad():
-        embeds = torch.cat([model.get_input_embeddings()(p.inputs["ids"]),
-                            model.prepare_embeddings_for_image_generation(tokens[:, :-1])], 1)
+        embeds = torch.cat(
+            [
+                model.get_input_embeddings()(p.inputs["ids"]),
+                model.prepare_embeddings_for_image_generation(tokens[:, :-1]),
+            ],
+            1,
+        )
         h = model.model.language_model(inputs_embeds=embeds).last_hidden_state
-        direct = model.model.generation_head(h[:, p.inputs["ids"].shape[1] - 1:])
+        direct = model.model.generation_head(h[:, p.inputs["ids"].shape[1] - 1 :])
     torch.testing.assert_close(step.logits, direct, atol=1e-5, rtol=0)
-    torch.testing.assert_close(step.hidden, h[:, p.inputs["ids"].shape[1] - 1:], atol=1e-5, rtol=0)
+    torch.testing.assert_close(step.hidden, h[:, p.inputs["ids"].shape[1] - 1 :], atol=1e-5, rtol=0)
     torch.testing.assert_close(jm.head(step.hidden), step.logits)
 
 
@@ -74,8 +80,12 @@ def test_prefill_extend_equals_teacher_force_with_cfg_and_padding(tiny):
     tokens = _codes(2, 16, seed=1).repeat(2, 1)
     tf = jm.teacher_force(p, tokens)
     cache = jm.new_cache(p, 16)
-    steps = [jm.prefill(p, cache), jm.extend(cache, tokens[:, :5]), jm.extend(cache, tokens[:, 5:6]),
-             jm.extend(cache, tokens[:, 6:15])]
+    steps = [
+        jm.prefill(p, cache),
+        jm.extend(cache, tokens[:, :5]),
+        jm.extend(cache, tokens[:, 5:6]),
+        jm.extend(cache, tokens[:, 6:15]),
+    ]
     assert jm.cache_tokens(cache) == 15
     torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), tf.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat([s.hidden for s in steps], 1), tf.hidden, atol=1e-5, rtol=0)
@@ -106,9 +116,14 @@ def test_expand_rows_equal_their_prompts_run_alone(tiny):
     # the unconditional row of caption 0, run alone and unpadded
     ids = jm.unconditional_ids(jm.prompt_ids(CAPTIONS[0]))
     with torch.no_grad():
-        embeds = torch.cat([model.get_input_embeddings()(torch.tensor([ids])),
-                            model.prepare_embeddings_for_image_generation(tokens[2:3, :-1])], 1)
-        h = model.model.language_model(inputs_embeds=embeds).last_hidden_state[:, len(ids) - 1:]
+        embeds = torch.cat(
+            [
+                model.get_input_embeddings()(torch.tensor([ids])),
+                model.prepare_embeddings_for_image_generation(tokens[2:3, :-1]),
+            ],
+            1,
+        )
+        h = model.model.language_model(inputs_embeds=embeds).last_hidden_state[:, len(ids) - 1 :]
     torch.testing.assert_close(batch.logits[2:3], jm.head(h), atol=1e-5, rtol=0)
     alone = jm.teacher_force(jm.make_prompt(CAPTIONS[:1]), tokens[:1])
     torch.testing.assert_close(batch.logits[:1], alone.logits, atol=1e-5, rtol=0)

@@ -1,18 +1,19 @@
 """Loading official LlamaGen checkpoints by registry name: layouts, strict keys, stage checks,
 the local Hugging Face cache, and one-line errors for absent or mismatched weights."""
+
 import json
 import shutil
 
 import pytest
 import torch
+from hf_tiny import save_to_hf_cache, use_hf_cache
 
 import ambiguity.models.llamagen as lg
 from ambiguity.errors import UsageError, WeightsNotFoundError
+from ambiguity.models.checkpoints import load_checkpoint_state
 from ambiguity.models.gpt import gpt_config_from_official
 from ambiguity.models.llamagen import check_checkpoint_name
-from ambiguity.models.checkpoints import load_checkpoint_state
 from ambiguity.models.registry import load_model
-from hf_tiny import save_to_hf_cache, use_hf_cache
 
 
 @pytest.fixture()
@@ -20,8 +21,11 @@ def tiny_official(reference_dir, monkeypatch):
     """Make the registry build the tiny reference architectures instead of the real-size ones."""
     d = reference_dir / "llamagen"
     cases = json.loads((d / "cases.json").read_text())
-    monkeypatch.setattr(lg, "official_gpt_config",
-                        lambda preset, kind, res, downsample=16: gpt_config_from_official(cases[f"gpt_tiny_{kind}"]["model_args"]))
+    monkeypatch.setattr(
+        lg,
+        "official_gpt_config",
+        lambda preset, kind, res, downsample=16: gpt_config_from_official(cases[f"gpt_tiny_{kind}"]["model_args"]),
+    )
     monkeypatch.setattr(lg, "VQ16", dict(cases["vq_tiny"]["model_args"], ch=cases["vq_tiny"]["encoder_decoder_ch"]))
     return d
 
@@ -64,7 +68,10 @@ def test_absent_weights_name_the_file_to_download(tmp_path, monkeypatch):
 def test_stage_two_checkpoint_is_refused_by_the_stage_one_model(tmp_path):
     wrong = tmp_path / "t2i_XL_stage2_512.pt"
     wrong.write_bytes(b"not read: the name check comes first")
-    with pytest.raises(UsageError, match="Stage 2 checkpoint but --model llamagen-t2i-stage1 is Stage 1; use --model llamagen-t2i-stage2"):
+    with pytest.raises(
+        UsageError,
+        match="Stage 2 checkpoint but --model llamagen-t2i-stage1 is Stage 1; use --model llamagen-t2i-stage2",
+    ):
         load_model("llamagen-t2i-stage1", weights=wrong)
 
 

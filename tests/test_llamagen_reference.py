@@ -1,4 +1,5 @@
 """The in-project LlamaGen matches the official implementation on ../shared/reference fixtures."""
+
 import json
 
 import pytest
@@ -6,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from ambiguity.generation import sample_tokens
+from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
 from ambiguity.models.gpt import GPT, gpt_config_from_official
 from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
-from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
 from ambiguity.models.vq import VQModel, vq_config_from_official
 from ambiguity.sampling import SamplingConfig
 
@@ -77,8 +78,9 @@ def test_adapter_pixels_use_unit_range(ref):
     model = LlamaGenModel(_gpt(ref, "gpt_tiny_c2i"), vq)
     images01 = (exp["vq_tiny.image"] + 1) / 2
     assert torch.equal(model.encode_images(images01), exp["vq_tiny.codes"])
-    torch.testing.assert_close(model.decode_codes(exp["vq_tiny.codes"]), ((exp["vq_tiny.decoded"] + 1) / 2).clamp(0, 1),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        model.decode_codes(exp["vq_tiny.codes"]), ((exp["vq_tiny.decoded"] + 1) / 2).clamp(0, 1), atol=1e-5, rtol=0
+    )
 
 
 MANIFEST_MODELS = {

@@ -1,4 +1,5 @@
 """Latent neighbourhoods B_k: exactness against brute force, ties, self exclusion, cache, ids, CLI."""
+
 import pytest
 import torch
 
@@ -8,7 +9,6 @@ from ambiguity.neighbourhood import Neighbourhoods, build_neighbourhoods, exact_
 
 EXACT = ("l2", "l2-normalized", "cosine")
 BACKENDS = ("faiss", "torch")
-
 
 
 def brute_force(x: torch.Tensor, metric: str):
@@ -50,7 +50,7 @@ def test_duplicates_self_excluded_and_ties_by_index(backend):
     assert I[8].tolist() == [9, 4, 5, 6, 7] and D[8].tolist() == [0, 2, 2, 2, 2]
     assert I[9].tolist() == [8, 4, 5, 6, 7]
     I3, _ = exact_knn(x, 3, "l2", backend=backend)
-    assert I3[2].tolist() == [0, 1, 3]          # the three duplicates, never itself
+    assert I3[2].tolist() == [0, 1, 3]  # the three duplicates, never itself
     assert bool((I != torch.arange(10)[:, None]).all())
 
 
@@ -68,7 +68,7 @@ def test_k_is_n_minus_1_ascending_permutation_of_others(metric):
 def test_faiss_and_torch_backends_agree():
     x = torch.randn(300, 8, generator=torch.Generator().manual_seed(3))
     a, da = exact_knn(x, 50, "l2", backend="faiss")
-    b, db = exact_knn(x, 50, "l2", backend="torch", block_bytes=16 * 300 * 7)   # blocks of 7 rows
+    b, db = exact_knn(x, 50, "l2", backend="torch", block_bytes=16 * 300 * 7)  # blocks of 7 rows
     assert (a != b).float().mean() < 0.002
     torch.testing.assert_close(da, db, atol=1e-5, rtol=1e-5)
 
@@ -81,7 +81,7 @@ def test_random_control_is_seeded_prefix_consistent_and_not_sorted():
     I10, _ = exact_knn(x, 10, "random", seed=7)
     assert torch.equal(I10, I[:, :10])
     assert not torch.equal(exact_knn(x, 10, "random", seed=8)[0], I10)
-    assert (D[:, 1:] >= D[:, :-1]).all(1).sum() == 0          # no row is distance-sorted
+    assert (D[:, 1:] >= D[:, :-1]).all(1).sum() == 0  # no row is distance-sorted
     # first neighbour uniform over the 299 others: a chi-square-like check on 300 rows is weak, so
     # check the mean rank of the first random neighbour in the true l2 order (uniform: 150 +- 5 s.e.)
     ri, _ = brute_force(x, "l2")
@@ -127,12 +127,12 @@ def test_cache_hit_reuse_and_invalidation(tmp_path, monkeypatch):
     again = build_neighbourhoods(x.clone(), 20, "l2", cache_dir=tmp_path)
     assert calls == [20] and again.from_cache and not first.from_cache
     assert torch.equal(first.indices, again.indices) and torch.equal(first.distances, again.distances)
-    smaller = build_neighbourhoods(x, 5, "l2", cache_dir=tmp_path)           # prefix of the k = 20 table
+    smaller = build_neighbourhoods(x, 5, "l2", cache_dir=tmp_path)  # prefix of the k = 20 table
     assert calls == [20] and torch.equal(smaller.indices, first.indices[:, :5])
-    build_neighbourhoods(x, 5, "cosine", cache_dir=tmp_path)                  # other metric: other key
+    build_neighbourhoods(x, 5, "cosine", cache_dir=tmp_path)  # other metric: other key
     assert calls == [20, 5]
     y = x.clone()
-    y[17, 2] += 1e-3                                                          # one entry of one row changes
+    y[17, 2] += 1e-3  # one entry of one row changes
     changed = build_neighbourhoods(y, 20, "l2", cache_dir=tmp_path)
     assert calls == [20, 5, 20] and not changed.from_cache and changed.key != first.key
     build_neighbourhoods(x, 20, "l2", cache_dir=tmp_path, cache=False)
@@ -184,7 +184,7 @@ def test_vocabulary_ids_of_a_chameleon_style_model(tmp_path):
         assert torch.equal(nb.of_vocab(ids[c]), ids[nb.indices[c]])
     assert nb.of_vocab(ids[torch.tensor([[1, 2]])]).shape == (1, 2, 5)
     with pytest.raises(UsageError, match="not image tokens"):
-        nb.of_vocab(torch.tensor([2]))             # a text-token id
+        nb.of_vocab(torch.tensor([2]))  # a text-token id
     frame = nb.to_frame()
     ids_np = ids.numpy()
     assert len(frame) == 16 * 5 and (frame["neighbour_vocab_id"] == ids_np[frame["neighbour"]]).all()
@@ -217,8 +217,16 @@ def tiny_weights(tmp_path_factory):
     torch.manual_seed(0)
     d = tmp_path_factory.mktemp("tiny")
     gc = GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=64, block_size=16, num_classes=10, multiple_of=32)
-    vc = VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                  z_channels=32, ch=32, num_res_blocks=1, in_channels=1)
+    vc = VQConfig(
+        codebook_size=64,
+        codebook_embed_dim=4,
+        encoder_ch_mult=[1, 2],
+        decoder_ch_mult=[1, 2],
+        z_channels=32,
+        ch=32,
+        num_res_blocks=1,
+        in_channels=1,
+    )
     save_module(GPT(gc), gc, d / "fashion_gpt.safetensors", dtype=torch.float32)
     save_module(VQModel(vc), vc, d / "fashion_vq.safetensors", dtype=torch.float32)
     return d
@@ -228,18 +236,47 @@ def test_cli_writes_table_and_errors_in_one_line(tiny_weights, tmp_path, capsys)
     import pandas as pd
 
     out = tmp_path / "nb.parquet"
-    rc = nbm.main(["--weights", str(tiny_weights), "--k", "8", "--out", str(out), "--cache-dir", str(tmp_path / "c"),
-                   "--device", "cpu"])
+    rc = nbm.main(
+        [
+            "--weights",
+            str(tiny_weights),
+            "--k",
+            "8",
+            "--out",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     df = pd.read_parquet(out)
-    assert len(df) == 64 * 8 and list(df.columns) == ["code", "vocab_id", "rank", "neighbour", "neighbour_vocab_id",
-                                                      "distance"]
+    assert len(df) == 64 * 8 and list(df.columns) == [
+        "code",
+        "vocab_id",
+        "rank",
+        "neighbour",
+        "neighbour_vocab_id",
+        "distance",
+    ]
     assert f"wrote {out}" in capsys.readouterr().out
     rc = nbm.main(["--weights", str(tiny_weights), "--k", "64", "--out", str(out), "--no-cache", "--device", "cpu"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: --k must be an integer in 1..63") and "\n" not in err
-    rc = nbm.main(["--weights", str(tiny_weights), "--k", "all", "--out", str(tmp_path / "all.safetensors"),
-                   "--no-cache", "--device", "cpu"])
+    rc = nbm.main(
+        [
+            "--weights",
+            str(tiny_weights),
+            "--k",
+            "all",
+            "--out",
+            str(tmp_path / "all.safetensors"),
+            "--no-cache",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0 and load_neighbourhoods(tmp_path / "all.safetensors").k == 63
 
 

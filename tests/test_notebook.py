@@ -1,4 +1,5 @@
 """The quick-start notebook runs top to bottom on the embedded model (cells executed in-process)."""
+
 import json
 from pathlib import Path
 
@@ -18,12 +19,14 @@ def _cells(path: Path) -> list[str]:
 @pytest.mark.parametrize("name", ["quickstart", "paper"])
 def test_notebook_matches_its_generator(name):
     import importlib.util
+
     spec = importlib.util.spec_from_file_location(f"make_{name}", ROOT / "notebooks" / f"make_{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     on_disk = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
-    assert [c["source"] for c in on_disk["cells"]] == [c["source"] for c in mod.build()["cells"]], \
+    assert [c["source"] for c in on_disk["cells"]] == [c["source"] for c in mod.build()["cells"]], (
         f"notebooks/{name}.ipynb is stale: run python notebooks/make_{name}.py"
+    )
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
@@ -34,13 +37,18 @@ def test_committed_notebook_keeps_its_outputs(path):
     nb = json.loads(path.read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     bare = [i for i, c in enumerate(code) if not c.get("outputs") or c.get("execution_count") is None]
-    assert code and not bare, (f"{path.name}: code cells {bare} have no outputs; "
-                               f"run python notebooks/make_{path.stem}.py --execute")
+    assert code and not bare, (
+        f"{path.name}: code cells {bare} have no outputs; run python notebooks/make_{path.stem}.py --execute"
+    )
 
 
 def test_the_outputs_check_fails_on_a_notebook_without_outputs(tmp_path):
-    nb = {"cells": [{"cell_type": "code", "source": ["1 + 1"], "outputs": [], "execution_count": None,
-                     "metadata": {}}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [{"cell_type": "code", "source": ["1 + 1"], "outputs": [], "execution_count": None, "metadata": {}}],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (tmp_path / "bare.ipynb").write_text(json.dumps(nb))
     with pytest.raises(AssertionError, match=r"code cells \[0\] have no outputs"):
         test_committed_notebook_keeps_its_outputs(tmp_path / "bare.ipynb")

@@ -1,5 +1,6 @@
 """python -m lantern.paper: the --quick run end to end (every item, the report next to the published
 values, resume without recomputation, the notebook), k mapping, and one-line errors."""
+
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONWARNINGS": "ignore"}
 
 def test_k_is_mapped_by_the_fraction_of_the_codebook():
     assert [map_to_codebook(k, 1024) for k in (100, 300, 1000, 2000)] == [6, 19, 62, 125]
-    assert map_to_codebook(1000, 16384) == 1000               # the paper's own codebook: unchanged
+    assert map_to_codebook(1000, 16384) == 1000  # the paper's own codebook: unchanged
     assert map_to_codebook(1, 1024) == 1 and map_to_codebook(20000, 1024) == 1023
 
 
@@ -32,8 +33,9 @@ def test_select_keeps_the_papers_order_and_refuses_unknown_names():
 
 
 def _run(*args, check=True):
-    p = subprocess.run([sys.executable, "-m", "lantern.paper", *map(str, args)], capture_output=True, text=True,
-                       env=ENV, timeout=1200)
+    p = subprocess.run(
+        [sys.executable, "-m", "lantern.paper", *map(str, args)], capture_output=True, text=True, env=ENV, timeout=1200
+    )
     if check:
         assert p.returncode == 0, p.stderr[-3000:]
     return p
@@ -87,8 +89,19 @@ def test_quick_run_regenerates_every_item_and_resumes(tmp_path, monkeypatch):
             assert png.with_suffix(".pdf").is_file()
         for csv in folder.glob("*.csv"):
             assert csv.with_suffix(".md").is_file()
-    for title in ("Fig. 2a", "Fig. 2b", "Fig. 2c", "Fig. 3", "Fig. 4", "Fig. 5", "Table 2", "Table 3", "App. F.1",
-                  "App. F.2", "Distortion"):
+    for title in (
+        "Fig. 2a",
+        "Fig. 2b",
+        "Fig. 2c",
+        "Fig. 3",
+        "Fig. 4",
+        "Fig. 5",
+        "Table 2",
+        "Table 3",
+        "App. F.1",
+        "App. F.2",
+        "Distortion",
+    ):
         assert f"## {title}" in report, title
     # the published values stand next to ours
     for value in ("0.206", "0.064", "0.388", "2.26", "1.69", "0.4781", "9.1", "23.91"):

@@ -1,4 +1,5 @@
 """python -m ambiguity.profile end to end on a tiny random model (4 x 4 tokens, 64 codes, 8 x 8 px)."""
+
 import gzip
 import json
 import math
@@ -15,19 +16,18 @@ import pytest
 import torch
 
 import ambiguity.profile as prof
+from ambiguity.conditions import ImageFiles, fashion_mnist_subset
 from ambiguity.errors import UsageError
-from ambiguity.models.embedded import GPT_FILE, VQ_FILE, load_embedded
 from ambiguity.models.checkpoints import save_module
+from ambiguity.models.embedded import GPT_FILE, VQ_FILE, load_embedded
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.profile import STAT_COLUMNS, main, profile, profile_forced
-from ambiguity.conditions import ImageFiles, fashion_mnist_subset
 from ambiguity.sampling import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ["top1_distribution", "top1_by_position", "images"]
-
 
 
 def _tiny_gpt(**kw) -> GPT:
@@ -40,8 +40,18 @@ def _tiny_gpt(**kw) -> GPT:
 
 def _tiny_vq() -> VQModel:
     torch.manual_seed(1)
-    return VQModel(VQConfig(codebook_size=64, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                            z_channels=32, ch=32, num_res_blocks=1, in_channels=1))
+    return VQModel(
+        VQConfig(
+            codebook_size=64,
+            codebook_embed_dim=4,
+            encoder_ch_mult=[1, 2],
+            decoder_ch_mult=[1, 2],
+            z_channels=32,
+            ch=32,
+            num_res_blocks=1,
+            in_channels=1,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +69,21 @@ def model(weights):
 
 
 def _run(weights, out, *extra, figures=False):
-    return main(["--weights", str(weights), "--out", str(out), "--no-progress", "--num-images", "6",
-                 "--batch-size", "4", *extra] + ([] if figures else ["--no-figures"]))
+    return main(
+        [
+            "--weights",
+            str(weights),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--num-images",
+            "6",
+            "--batch-size",
+            "4",
+            *extra,
+        ]
+        + ([] if figures else ["--no-figures"])
+    )
 
 
 def _leftovers(out: Path):
@@ -75,8 +98,12 @@ def test_cli_writes_consistent_outputs(weights, tmp_path, capsys):
     for f in ["tokens.parquet", "summary.json"] + [f"{n}.{x}" for n in FIGURES for x in ("png", "pdf")]:
         assert (out / f).is_file() and (out / f).stat().st_size > 0, f
     assert (out / "run.json").is_file()
-    assert sorted(p.name for p in (out / "parts").iterdir()) == ["batch_00000.json", "batch_00000.tokens.parquet",
-                                                                 "batch_00001.json", "batch_00001.tokens.parquet"]
+    assert sorted(p.name for p in (out / "parts").iterdir()) == [
+        "batch_00000.json",
+        "batch_00000.tokens.parquet",
+        "batch_00001.json",
+        "batch_00001.tokens.parquet",
+    ]
     assert _leftovers(out) == []
     df = pd.read_parquet(out / "tokens.parquet")
     assert len(df) == 6 * 16
@@ -253,9 +280,24 @@ def test_argparse_errors_exit_2(capsys):
 
 def test_subprocess_error_is_one_line_without_traceback(weights, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "ambiguity.profile", "--weights", str(weights), "--temperature", "-1",
-                        "--out", str(tmp_path / "x")], capture_output=True, text=True, env=env, cwd=tmp_path,
-                       timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ambiguity.profile",
+            "--weights",
+            str(weights),
+            "--temperature",
+            "-1",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert r.returncode == 2
     assert r.stderr.strip() == "error: --temperature must be a finite number >= 0 (0 is greedy), got -1.0"
     assert "Traceback" not in r.stdout + r.stderr
@@ -273,8 +315,28 @@ def test_dataset_source_teacher_forces_image_files(weights, model, tmp_path):
         Image.fromarray(arr).save(folder / ("sub" if i % 2 else "") / f"{i:012d}.png")
     (folder / "notes.txt").write_text("not an image")
     out = tmp_path / "ds"
-    rc = main(["--weights", str(weights), "--out", str(out), "--no-progress", "--source", "dataset", "--images",
-               str(folder), "--num-images", "4", "--batch-size", "3", "--classes", "5", "--cfg", "1.5", "--no-figures"])
+    rc = main(
+        [
+            "--weights",
+            str(weights),
+            "--out",
+            str(out),
+            "--no-progress",
+            "--source",
+            "dataset",
+            "--images",
+            str(folder),
+            "--num-images",
+            "4",
+            "--batch-size",
+            "3",
+            "--classes",
+            "5",
+            "--cfg",
+            "1.5",
+            "--no-figures",
+        ]
+    )
     assert rc == 0
     df = pd.read_parquet(out / "tokens.parquet")
     assert len(df) == 4 * 16 and (df["label"] == 5).all()
@@ -318,8 +380,12 @@ class HashCaptions:
         self.P, self.D = P, D
 
     def encode(self, captions):
-        feats = torch.stack([torch.sin(torch.arange(self.P * self.D).float() * (1 + sum(map(ord, c)) % 7))
-                             .view(self.P, self.D) for c in captions])
+        feats = torch.stack(
+            [
+                torch.sin(torch.arange(self.P * self.D).float() * (1 + sum(map(ord, c)) % 7)).view(self.P, self.D)
+                for c in captions
+            ]
+        )
         mask = torch.ones(len(captions), self.P, dtype=torch.bool)
         mask[0, 0] = False  # one padded caption exercises the masked path
         return feats, mask
@@ -347,14 +413,24 @@ def test_t2i_image_files_get_their_coco_captions(tmp_path):
 
     from ambiguity.conditions import image_files_subset
 
-    model = LlamaGenModel(_tiny_gpt(model_type="t2i", caption_dim=16, cls_token_num=4), _tiny_vq(), name="tiny-t2i",
-                          caption_encoder=HashCaptions())
+    model = LlamaGenModel(
+        _tiny_gpt(model_type="t2i", caption_dim=16, cls_token_num=4),
+        _tiny_vq(),
+        name="tiny-t2i",
+        caption_encoder=HashCaptions(),
+    )
     folder = tmp_path / "val2014"
     folder.mkdir()
     for i in (3, 9, 42):
         Image.new("RGB", (10, 12), (i, 2 * i, 3 * i)).save(folder / f"COCO_val2014_{i:012d}.jpg")
-    coco = {"annotations": [{"image_id": 9, "caption": "a dog"}, {"image_id": 3, "caption": "a red bus"},
-                            {"image_id": 9, "caption": "a brown dog"}, {"image_id": 7, "caption": "no such file"}]}
+    coco = {
+        "annotations": [
+            {"image_id": 9, "caption": "a dog"},
+            {"image_id": 3, "caption": "a red bus"},
+            {"image_id": 9, "caption": "a brown dog"},
+            {"image_id": 7, "caption": "no such file"},
+        ]
+    }
     (tmp_path / "captions_val2014.json").write_text(json.dumps(coco))
     files, caps = image_files_subset(model, folder, 2, seed=0, captions=tmp_path / "captions_val2014.json")
     pairs = {f.name: c for f, c in zip(files.paths, caps)}
@@ -402,7 +478,6 @@ def test_registered_kind_is_the_loaded_models_kind(name):
     from ambiguity.models.registry import get_spec, load_model
 
     assert load_model(name, device="cpu").kind == get_spec(name).kind
-
 
 
 def test_readme_profile_examples_run_one_after_the_other(tmp_path, monkeypatch, capsys):

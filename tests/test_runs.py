@@ -1,4 +1,5 @@
 """Run directories (ambiguity.runs): settings records, refuse / overwrite / resume, and checked parts."""
+
 import json
 
 import pandas as pd
@@ -16,11 +17,16 @@ def _table(n: int, start: int = 0) -> pd.DataFrame:
 def test_record_is_written_once_and_other_settings_are_refused(tmp_path):
     run = RunDir(tmp_path / "r", {"seed": 0, "k": 4}, command="test", outputs=("summary.json",)).open()
     record = json.loads((tmp_path / "r" / "run.json").read_text())
-    assert record["settings"] == {"seed": 0, "k": 4} and record["digest"] == run.digest == settings_digest({"k": 4, "seed": 0})
+    assert record["settings"] == {"seed": 0, "k": 4} and record["digest"] == run.digest == settings_digest(
+        {"k": 4, "seed": 0}
+    )
     assert {"python", "torch", "lantern-ambiguity"} <= set(record["versions"])
     RunDir(tmp_path / "r", {"k": 4, "seed": 0}, command="test").open()  # key order does not matter
-    with pytest.raises(UsageError, match=r"holds results of a run with other settings \(seed: 0 there, 1 now\); "
-                                         r"pass another --out or add --overwrite"):
+    with pytest.raises(
+        UsageError,
+        match=r"holds results of a run with other settings \(seed: 0 there, 1 now\); "
+        r"pass another --out or add --overwrite",
+    ):
         RunDir(tmp_path / "r", {"seed": 1, "k": 4}, command="test").open()
     # only some keys (the CLI options, before a model is loaded)
     RunDir(tmp_path / "r", {"seed": 0, "k": 5}, command="test").check(only=("seed",))
@@ -58,8 +64,14 @@ def test_part_round_trip_and_manifest(tmp_path):
     png.parent.mkdir()
     png.write_bytes(b"\x89PNG fake")
     t = torch.arange(6).view(2, 3)
-    run.write_part("batch_00000", {"images": [0, 2]}, tables={"rows": _table(2)}, tensors={"codes": {"codes": t}},
-                   files=[png], meta={"source": "unit test"})
+    run.write_part(
+        "batch_00000",
+        {"images": [0, 2]},
+        tables={"rows": _table(2)},
+        tensors={"codes": {"codes": t}},
+        files=[png],
+        meta={"source": "unit test"},
+    )
     m = json.loads(run.manifest_path("batch_00000").read_text())
     assert m["digest"] == run.digest and m["holds"] == {"images": [0, 2]} and m["meta"] == {"source": "unit test"}
     assert m["files"]["batch_00000.rows.parquet"]["rows"] == 2
@@ -70,13 +82,16 @@ def test_part_round_trip_and_manifest(tmp_path):
     assert run.part_names() == ["batch_00000"] and run.read_part("batch_00001", {"images": [2, 4]}) is None
 
 
-@pytest.mark.parametrize("damage, why", [
-    ("truncate", "checksum mismatch"),
-    ("delete", "is missing"),
-    ("foreign", "holds {'images': [2, 4]} instead of {'images': [0, 2]}"),
-    ("manifest", "manifest is unreadable"),
-    ("png", "checksum mismatch"),
-])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        ("truncate", "checksum mismatch"),
+        ("delete", "is missing"),
+        ("foreign", "holds {'images': [2, 4]} instead of {'images': [0, 2]}"),
+        ("manifest", "manifest is unreadable"),
+        ("png", "checksum mismatch"),
+    ],
+)
 def test_damaged_or_foreign_parts_are_not_reused(tmp_path, damage, why):
     notes = []
     run = RunDir(tmp_path / "r", {"a": 1}, command="test", report=notes.append).open()
@@ -111,8 +126,10 @@ def test_parts_of_other_settings_are_not_reused(tmp_path):
 
 
 def test_settings_difference_names_the_first_nested_key():
-    assert settings_difference({"s": {"guidance": 4.0, "seed": 0}}, {"s": {"guidance": 2.0, "seed": 0}}) == \
-        "s.guidance: 4.0 there, 2.0 now"
+    assert (
+        settings_difference({"s": {"guidance": 4.0, "seed": 0}}, {"s": {"guidance": 2.0, "seed": 0}})
+        == "s.guidance: 4.0 there, 2.0 now"
+    )
     assert settings_difference(None, {"a": 1}) == "unreadable run file"
 
 
@@ -122,10 +139,13 @@ def test_settings_difference_names_the_model_before_what_follows_from_it():
     old = {"guidance": 4.0, "model": {"grid": [8, 8], "name": "embedded"}, "seed": 0}
     new = {"guidance": 7.5, "model": {"grid": [16, 16], "name": "embedded-16"}, "seed": 0}
     assert settings_difference(old, new) == "model.name: 'embedded' there, 'embedded-16' now"
-    assert settings_difference({**old, "model": "embedded"}, {**new, "model": "anole"}) == \
-        "model: 'embedded' there, 'anole' now"
-    assert settings_difference({"b": 1, "a": 1, "method": "sd"}, {"b": 2, "a": 2, "method": "sd"}) == \
-        "a: 1 there, 2 now"
+    assert (
+        settings_difference({**old, "model": "embedded"}, {**new, "model": "anole"})
+        == "model: 'embedded' there, 'anole' now"
+    )
+    assert (
+        settings_difference({"b": 1, "a": 1, "method": "sd"}, {"b": 2, "a": 2, "method": "sd"}) == "a: 1 there, 2 now"
+    )
 
 
 def test_shard_units_and_assemble_units_split_resume_and_merge(tmp_path):
@@ -144,7 +164,7 @@ def test_shard_units_and_assemble_units_split_resume_and_merge(tmp_path):
         seen = [(i, part) for i, part in shard_units(run, units, shard)]
         assert [i for i, _ in seen] == [i for i in range(5) if i % 3 == index]
         assert all(part is None for _, part in seen)
-        for i, _ in seen[:1]:            # each shard finishes only its first unit
+        for i, _ in seen[:1]:  # each shard finishes only its first unit
             run.write_part(*units[i], tables={"t": table(i)})
         assert assemble_units(run, units, shard, [], lambda p: p) is None  # independent shards: merge later
     again = [(i, part is not None) for i, part in shard_units(run, units, Shard(0, 3))]

@@ -1,5 +1,6 @@
 """The seed scheme (ambiguity.seeding) and inverse-CDF sampling (ambiguity.sampling.pick / invert):
 an image's tokens depend only on (seed, image index), whatever the batch, the command or the method."""
+
 import pandas as pd
 import pytest
 import torch
@@ -46,7 +47,7 @@ def test_pick_follows_the_distribution_and_the_generators():
 
 def test_seeds_are_distinct_and_reproducible():
     assert image_seed(0, 1) != image_seed(1, 0) and image_seed(3, 4) == image_seed(3, 4)
-    assert 0 <= image_seed(2 ** 63 - 1, 10 ** 9) < 2 ** 63 and derived_seed(1, 2, 3) != derived_seed(1, 2, 4)
+    assert 0 <= image_seed(2**63 - 1, 10**9) < 2**63 and derived_seed(1, 2, 3) != derived_seed(1, 2, 4)
     g1, g2 = image_generator(7, 2), image_generators(7, [2])[0]
     assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
 
@@ -61,7 +62,7 @@ def test_tokens_do_not_depend_on_batch_size_or_command(model):
     prompt = model.make_prompt([4], guided=True)
     alone = sample_tokens(model, prompt, s, image_generators(11, [3]))
     ar = decode(model, [4], DecodeConfig.of("ar"), s, seed=11, first_index=3)
-    assert alone[0].tolist() == ar.tokens[0].tolist() == a["token"].tolist()[3 * 16:4 * 16]
+    assert alone[0].tolist() == ar.tokens[0].tolist() == a["token"].tolist()[3 * 16 : 4 * 16]
 
 
 def test_named_streams_reproduce_the_historic_formulas_exactly():

@@ -1,4 +1,5 @@
 """ambiguity.stats on hand-computed distributions."""
+
 import math
 
 import pytest
@@ -64,7 +65,9 @@ def test_batched_shapes_match_a_loop():
         for j in range(3):
             row, t = p[i, j], tokens[i, j].item()
             assert s["top1"][i, j].item() == pytest.approx(row.max().item())
-            assert s["top10"][i, j].item() == pytest.approx(row.sort(descending=True).values[:10].sum().item(), abs=1e-6)
+            assert s["top10"][i, j].item() == pytest.approx(
+                row.sort(descending=True).values[:10].sum().item(), abs=1e-6
+            )
             assert s["entropy"][i, j].item() == pytest.approx(-(row * row.log()).sum().item(), abs=1e-5)
             assert s["chosen_prob"][i, j].item() == row[t].item()
             order = row.argsort(descending=True).tolist()

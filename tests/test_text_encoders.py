@@ -1,6 +1,8 @@
 """T5 caption encoder (LlamaGen t2i) on a tiny random T5 saved locally (offline, CPU)."""
+
 import pytest
 import torch
+from hf_tiny import save, save_to_hf_cache, tiny_t5, use_hf_cache  # noqa: F401
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
@@ -8,18 +10,20 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.text_encoders import T5_REPO, T5CaptionEncoder, clean_caption
 from ambiguity.sampling import SamplingConfig
-from hf_tiny import save, save_to_hf_cache, tiny_t5, use_hf_cache  # noqa: F401
 
 
-@pytest.mark.parametrize("raw, clean", [
-    ("A photo of a Cat,sitting on https://x.com/a", "a photo of a cat, sitting on"),
-    ('  "A red\u2014blue   CAR."  ', "a red-blue car."),
-    ("my-cute-little-cat_photo", "my cute little cat photo"),
-    ("image.jpg of a dog @bob", "of a dog"),
-    ("a+b 1920x1080 wallpaper", "a b wallpaper"),
-    ("Tom &amp; Jerry <b>bold</b>", "tom ; jerry bold"),
-    ("\u201cquoted\u201d \u4e2d\u6587 text", '"quoted" text'),  # curly -> straight quotes, CJK removed
-])
+@pytest.mark.parametrize(
+    "raw, clean",
+    [
+        ("A photo of a Cat,sitting on https://x.com/a", "a photo of a cat, sitting on"),
+        ('  "A red\u2014blue   CAR."  ', "a red-blue car."),
+        ("my-cute-little-cat_photo", "my cute little cat photo"),
+        ("image.jpg of a dog @bob", "of a dog"),
+        ("a+b 1920x1080 wallpaper", "a b wallpaper"),
+        ("Tom &amp; Jerry <b>bold</b>", "tom ; jerry bold"),
+        ("\u201cquoted\u201d \u4e2d\u6587 text", '"quoted" text'),  # curly -> straight quotes, CJK removed
+    ],
+)
 def test_clean_caption(raw, clean):
     assert clean_caption(raw) == clean
 
@@ -71,8 +75,19 @@ def test_llamagen_t2i_prompt_from_captions(t5_dir):
     """The encoder feeds LlamaGen t2i: 120 caption tokens, padding moved to the front and zeroed."""
     path, _, _ = t5_dir
     torch.manual_seed(0)
-    gpt = GPT(GPTConfig(dim=32, n_layer=1, n_head=2, vocab_size=64, block_size=16, model_type="t2i",
-                        caption_dim=16, cls_token_num=120, multiple_of=32)).eval()
+    gpt = GPT(
+        GPTConfig(
+            dim=32,
+            n_layer=1,
+            n_head=2,
+            vocab_size=64,
+            block_size=16,
+            model_type="t2i",
+            caption_dim=16,
+            cls_token_num=120,
+            multiple_of=32,
+        )
+    ).eval()
     enc = T5CaptionEncoder(str(path))
     model = LlamaGenModel(gpt, caption_encoder=enc)
     p = model.make_prompt(["a cat", "a dog"], guided=True)

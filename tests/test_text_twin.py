@@ -1,4 +1,5 @@
 """The embedded text twin: corpus parsing, BPE tokenizer, passages, the model adapter, quick training."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,8 +18,9 @@ from ambiguity.models.text_twin import TextTwinModel, load_heldout, load_text_tw
 from ambiguity.sampling import SamplingConfig, distribution
 
 ROOT = Path(__file__).resolve().parents[1]
-IMAGE = GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=300, block_size=16, num_classes=10, multiple_of=32,
-                  class_dropout_prob=0.1)
+IMAGE = GPTConfig(
+    dim=32, n_layer=2, n_head=2, vocab_size=300, block_size=16, num_classes=10, multiple_of=32, class_dropout_prob=0.1
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +62,10 @@ Genesis 1
 def test_parse_bible_output_keeps_headings_and_verses():
     chapters = tc.parse_bible_output(BIBLE_OUTPUT)
     assert [c.name for c in chapters] == ["Genesis 1", "1 Samuel 3"]
-    assert chapters[0].verses == ["In the beginning God created the heaven and the earth.",
-                                  "And the earth was without form, and void."]
+    assert chapters[0].verses == [
+        "In the beginning God created the heaven and the earth.",
+        "And the earth was without form, and void.",
+    ]
     assert chapters[1].verses == ["And the child Samuel ministered unto the LORD before Eli."]
 
 
@@ -106,7 +110,7 @@ def test_encode_chapters_marks_verse_starts(tokenizer):
     assert starts.tolist()[0] == 0 and len(starts) == 6
     bounds = starts.tolist() + [ids.numel()]
     for i, v in enumerate(verses):
-        assert tokenizer.decode(ids[bounds[i]:bounds[i + 1]].tolist()) == " " + v
+        assert tokenizer.decode(ids[bounds[i] : bounds[i + 1]].tolist()) == " " + v
 
 
 def test_passages_and_disjoint_starts_exact():
@@ -123,7 +127,13 @@ def test_twin_config_matches_the_image_model():
     cfg = twin_config(IMAGE, length=64)
     for k in ("dim", "n_layer", "n_head", "vocab_size", "multiple_of", "ffn_dim", "norm_eps", "rope_base"):
         assert getattr(cfg, k) == getattr(IMAGE, k)
-    assert (cfg.model_type, cfg.num_classes, cfg.class_dropout_prob, cfg.rope, cfg.block_size) == ("c2i", 1, 0.0, "1d", 64)
+    assert (cfg.model_type, cfg.num_classes, cfg.class_dropout_prob, cfg.rope, cfg.block_size) == (
+        "c2i",
+        1,
+        0.0,
+        "1d",
+        64,
+    )
     assert twin_config(IMAGE).block_size == 16
 
 
@@ -131,7 +141,7 @@ def test_adapter_facts_and_prompt_tokens(twin, tokenizer):
     assert (twin.kind, twin.grid, twin.vocab_size, twin.num_classes) == ("text", (1, 16), 300, None)
     p = twin.make_prompt(["The king", ""])
     ids = tokenizer.encode(" The king").ids
-    assert p.inputs["ids"][0, -len(ids):].tolist() == ids
+    assert p.inputs["ids"][0, -len(ids) :].tolist() == ids
     assert p.inputs["mask"][1].tolist() == [False] * len(ids) + [True]  # BOS only, left-padded
     assert twin.make_prompt(["", ""]).inputs["mask"] is None
     assert twin.make_prompt(torch.zeros(3, dtype=torch.long)).batch_size == 3
@@ -161,7 +171,7 @@ def test_left_padding_changes_nothing(twin):
         one = twin.make_prompt([t])
         ref = twin.prefill(one, twin.new_cache(one, 4))
         torch.testing.assert_close(first.logits[i], ref.logits[0], atol=1e-5, rtol=0)
-        torch.testing.assert_close(forced.logits[i], twin.teacher_force(one, x[i:i + 1]).logits[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(forced.logits[i], twin.teacher_force(one, x[i : i + 1]).logits[0], atol=1e-5, rtol=0)
 
 
 @torch.no_grad()
@@ -172,7 +182,7 @@ def test_teacher_force_equals_cached_decoding(twin):
     cache = twin.new_cache(p, 6)
     steps = [twin.prefill(p, cache).logits]
     for t in range(5):
-        steps.append(twin.extend(cache, x[:, t:t + 1]).logits)
+        steps.append(twin.extend(cache, x[:, t : t + 1]).logits)
     torch.testing.assert_close(forced, torch.cat(steps, 1), atol=1e-5, rtol=0)
     twin.rollback(cache, 2)
     assert twin.cache_tokens(cache) == 2
@@ -210,12 +220,15 @@ def test_quick_training_then_load_and_generate(tmp_path, capsys):
     metrics = json.loads((out / "text_twin_metrics.json").read_text())
     assert metrics["config"]["vocab_size"] == 300 and metrics["config"]["rope"] == "1d"
     assert metrics["token_budget"] == metrics["steps"] * metrics["batch_size"] * 64 == 8 * 8 * 64
-    assert 0 < metrics["test"]["nll_bits_per_token"] < 9 and metrics["test"]["tokens"] == 64 * metrics["passages_heldout"]
+    assert (
+        0 < metrics["test"]["nll_bits_per_token"] < 9 and metrics["test"]["tokens"] == 64 * metrics["passages_heldout"]
+    )
 
     model = load_model("text-twin", weights=out, device="cpu")
     assert isinstance(model, TextTwinModel) and model.tokenizer.get_vocab_size() == 300
-    tokens = sample_tokens(model, model.make_prompt(["", "The king"]), SamplingConfig(),
-                           torch.Generator().manual_seed(0))
+    tokens = sample_tokens(
+        model, model.make_prompt(["", "The king"]), SamplingConfig(), torch.Generator().manual_seed(0)
+    )
     assert tokens.shape == (2, 64) and int(tokens.max()) < 300
     assert all(isinstance(s, str) for s in model.decode(tokens))
     held, conds = model.dataset_sequences(4, seed=0)
@@ -226,8 +239,12 @@ def test_quick_training_then_load_and_generate(tmp_path, capsys):
     from ambiguity.profile import main as profile_main
 
     prof = tmp_path / "profile"
-    assert profile_main(["--model", "text-twin", "--weights", str(out), "--num-images", "2", "--out", str(prof),
-                         "--no-progress"]) == 0
+    assert (
+        profile_main(
+            ["--model", "text-twin", "--weights", str(out), "--num-images", "2", "--out", str(prof), "--no-progress"]
+        )
+        == 0
+    )
     assert "samples.txt" in capsys.readouterr().out
     samples = (prof / "samples.txt").read_text()
     assert samples.count("--- passage ") == 2 and not (prof / "images.png").exists()

@@ -1,5 +1,6 @@
 """lantern.timing (speed-up statistics, interleaved rounds) and lantern.distortion (real (p, q) pairs,
 exact per-step distortion), against hand-computed values and the real decoder."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -21,18 +22,25 @@ def _timing(rows):
 
 def test_speedup_table_and_curve_by_hand():
     # AR takes 2, 2, 4 s; the method 1, 2, 0.5 s -> per-round ratios 2, 1, 8; totals 8 / 3.5
-    t = _timing([(0, "ar", 2.0, 64, 64, 1.28), (0, "m", 1.0, 64, 16, 0.5),
-                 (1, "ar", 2.0, 64, 64, 1.28), (1, "m", 2.0, 64, 32, 0.5),
-                 (2, "ar", 4.0, 64, 64, 1.28), (2, "m", 0.5, 64, 16, 0.5)])
+    t = _timing(
+        [
+            (0, "ar", 2.0, 64, 64, 1.28),
+            (0, "m", 1.0, 64, 16, 0.5),
+            (1, "ar", 2.0, 64, 64, 1.28),
+            (1, "m", 2.0, 64, 32, 0.5),
+            (2, "ar", 4.0, 64, 64, 1.28),
+            (2, "m", 0.5, 64, 16, 0.5),
+        ]
+    )
     s = speedup_table(t).set_index("config")
-    assert s.loc["m", "speedup"] == pytest.approx(8.0 / 3.5)        # the paper's ratio of total (mean) latencies
-    assert s.loc["m", "speedup_median"] == pytest.approx(2.0)       # median of 2, 1, 8
+    assert s.loc["m", "speedup"] == pytest.approx(8.0 / 3.5)  # the paper's ratio of total (mean) latencies
+    assert s.loc["m", "speedup_median"] == pytest.approx(2.0)  # median of 2, 1, 8
     assert s.loc["m", "speedup_q25"] == pytest.approx(1.5)
     assert s.loc["m", "speedup_q75"] == pytest.approx(5.0)
     assert s.loc["m", "tokens_per_forward"] == pytest.approx(192 / 64)
     assert s.loc["m", "baseline_ms_per_forward"] == pytest.approx(1e3 * 3 * 1.28 / 192)
     assert s.loc["ar", "speedup"] == 1.0 and s.loc["m", "rounds"] == 3
-    assert not s.loc["m", "speedup_exceeds_tokens_per_forward"]     # 2.29 < 3 tokens per forward
+    assert not s.loc["m", "speedup_exceeds_tokens_per_forward"]  # 2.29 < 3 tokens per forward
     # a round the baseline did not run does not enter the ratio of totals
     s = speedup_table(pd.concat([t, _timing([(3, "m", 9.0, 64, 16, 0.5)])])).set_index("config")
     assert s.loc["m", "speedup"] == pytest.approx(8.0 / 3.5) and s.loc["m", "rounds"] == 3
@@ -51,25 +59,48 @@ def embedded():
 def test_interleaved_timing_decodes_the_samples_of_plain_decoding(embedded):
     model, drafter = embedded
     sampling = SamplingConfig(guidance=3.0)
-    configs = {"ar": DecodeConfig.of("ar"), "sd": DecodeConfig.of("sd", gamma=3),
-               "lantern": DecodeConfig.of("lantern", gamma=3, k=16, delta=0.2)}
+    configs = {
+        "ar": DecodeConfig.of("ar"),
+        "sd": DecodeConfig.of("sd", gamma=3),
+        "lantern": DecodeConfig.of("lantern", gamma=3, k=16, delta=0.2),
+    }
     conditions = [3, 7, 1]
     seen = {}
-    rows = interleaved_timing(model, configs, sampling, conditions, [(0, 1), (1, 1), (2, 1)], drafter,
-                              rounds_of={"lantern": 2}, only=[0, 2], seed=5,
-                              on_round=lambda r, frame, decodes: seen.update({(r, n): d for n, d in decodes.items()}))
+    rows = interleaved_timing(
+        model,
+        configs,
+        sampling,
+        conditions,
+        [(0, 1), (1, 1), (2, 1)],
+        drafter,
+        rounds_of={"lantern": 2},
+        only=[0, 2],
+        seed=5,
+        on_round=lambda r, frame, decodes: seen.update({(r, n): d for n, d in decodes.items()}),
+    )
     assert sorted(rows["round"].unique()) == [0, 2]  # only the asked rounds
     assert set(rows[rows["round"] == 0]["config"]) == {"ar", "sd", "lantern"}
     assert set(rows[rows["round"] == 2]["config"]) == {"ar", "sd"}  # lantern takes part in rounds 0, 1 only
     assert (rows["seconds"] > 0).all() and (rows["tokens"] == 64).all()
     # what a timed round decodes is exactly what an untimed decode of that image gives
     for (r, name), d in seen.items():
-        plain = decode(model, [conditions[r]], configs[name], sampling, drafter if name != "ar" else None,
-                       seed=5, first_index=r)
+        plain = decode(
+            model, [conditions[r]], configs[name], sampling, drafter if name != "ar" else None, seed=5, first_index=r
+        )
         assert torch.equal(d.tokens, plain.tokens), (r, name)
     # a resumed measurement keeps the rounds already timed
-    more = interleaved_timing(model, configs, sampling, conditions, [(0, 1), (1, 1), (2, 1)], drafter,
-                              rounds_of={"lantern": 2}, seed=5, done=rows, warmup=False)
+    more = interleaved_timing(
+        model,
+        configs,
+        sampling,
+        conditions,
+        [(0, 1), (1, 1), (2, 1)],
+        drafter,
+        rounds_of={"lantern": 2},
+        seed=5,
+        done=rows,
+        warmup=False,
+    )
     assert sorted(more["round"].unique()) == [0, 1, 2] and len(more) == len(rows) + 3
 
 
@@ -127,21 +158,38 @@ def test_bench_decoding_replot_recomputes_the_ratio_of_totals(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_decoding", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    t = _timing([(0, "ar", 2.0, 64, 64, 1.28), (0, "sd-chain1", 1.0, 64, 32, 0.5), (0, "sd-chain2", 4.0, 64, 16, 0.5),
-                 (0, "lantern-chain-k8-d0.1", 1.0, 64, 16, 0.5),
-                 (1, "ar", 4.0, 64, 64, 1.28), (1, "sd-chain1", 4.0, 64, 32, 0.5), (1, "sd-chain2", 1.5, 64, 16, 0.5),
-                 (1, "lantern-chain-k8-d0.1", 1.0, 64, 16, 0.5)]).assign(temperature=1.0)
-    stats = pd.DataFrame({"temperature": 1.0, "config": ["ar", "sd-chain1", "sd-chain2", "lantern-chain-k8-d0.1"],
-                          "method": ["ar", "sd", "sd", "lantern"], "shape_kind": ["ar", "chain", "chain", "chain"],
-                          "setting": ["ar", "sd-chain1", "sd-chain2", "k8-d0.1"], "tau": [1.0, 2.0, 2.5, 3.0],
-                          "nll": [2.0, 2.0, 2.0, 2.5], "tokens_per_forward": [1.0, 2.0, 4.0, 4.0], "speedup": 9.0})  # a stale speed column is replaced
+    t = _timing(
+        [
+            (0, "ar", 2.0, 64, 64, 1.28),
+            (0, "sd-chain1", 1.0, 64, 32, 0.5),
+            (0, "sd-chain2", 4.0, 64, 16, 0.5),
+            (0, "lantern-chain-k8-d0.1", 1.0, 64, 16, 0.5),
+            (1, "ar", 4.0, 64, 64, 1.28),
+            (1, "sd-chain1", 4.0, 64, 32, 0.5),
+            (1, "sd-chain2", 1.5, 64, 16, 0.5),
+            (1, "lantern-chain-k8-d0.1", 1.0, 64, 16, 0.5),
+        ]
+    ).assign(temperature=1.0)
+    stats = pd.DataFrame(
+        {
+            "temperature": 1.0,
+            "config": ["ar", "sd-chain1", "sd-chain2", "lantern-chain-k8-d0.1"],
+            "method": ["ar", "sd", "sd", "lantern"],
+            "shape_kind": ["ar", "chain", "chain", "chain"],
+            "setting": ["ar", "sd-chain1", "sd-chain2", "k8-d0.1"],
+            "tau": [1.0, 2.0, 2.5, 3.0],
+            "nll": [2.0, 2.0, 2.0, 2.5],
+            "tokens_per_forward": [1.0, 2.0, 4.0, 4.0],
+            "speedup": 9.0,
+        }
+    )  # a stale speed column is replaced
     stats.to_parquet(tmp_path / "decoding.parquet")
     t.to_parquet(tmp_path / "decoding_timing.parquet")
     files = bench.replot(tmp_path / "decoding.parquet", tmp_path / "sweep")
     assert [f.name for f in files] == ["sweep.png", "sweep.pdf"]
     df = pd.read_parquet(tmp_path / "decoding.parquet").set_index("config")
-    assert df.loc["sd-chain1", "speedup"] == pytest.approx(6.0 / 5.0)   # totals: AR 6 s, chain1 5 s
-    assert df.loc["sd-chain2", "speedup"] == pytest.approx(6.0 / 5.5)   # ... chain2 5.5 s (ratios 0.5 and 8/3)
+    assert df.loc["sd-chain1", "speedup"] == pytest.approx(6.0 / 5.0)  # totals: AR 6 s, chain1 5 s
+    assert df.loc["sd-chain2", "speedup"] == pytest.approx(6.0 / 5.5)  # ... chain2 5.5 s (ratios 0.5 and 8/3)
     assert df.loc["sd-chain2", "speedup_median"] == pytest.approx((0.5 + 8 / 3) / 2)
     assert df.loc["lantern-chain-k8-d0.1", "speedup"] == pytest.approx(3.0)
     assert df.loc["sd-best", "setting"] == "sd-chain1"  # the fastest SD row by the ratio of totals

@@ -1,11 +1,14 @@
 """Training of the embedded model: the --quick smoke run end to end on a fake Fashion-MNIST,
 resume after an interruption, and the small pieces (schedule, data order, metrics)."""
+
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+from fake_data import load_script as _load_script
+from fake_data import write_fake_fashion_mnist
 
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
@@ -13,9 +16,20 @@ from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, load_embe
 from ambiguity.models.gpt import GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.sampling import SamplingConfig
-from ambiguity.train import (CURVE_FILE, EpochStopConfig, GPTTrainConfig, batch_indices, code_usage, epoch_ends,
-                             gpt_nll, lr_at, reinit_dead_codes, steps_for_epochs, stop_reason, train_gpt)
-from fake_data import load_script as _load_script, write_fake_fashion_mnist
+from ambiguity.train import (
+    CURVE_FILE,
+    EpochStopConfig,
+    GPTTrainConfig,
+    batch_indices,
+    code_usage,
+    epoch_ends,
+    gpt_nll,
+    lr_at,
+    reinit_dead_codes,
+    steps_for_epochs,
+    stop_reason,
+    train_gpt,
+)
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
 FIGURE = SCRIPT.with_name("figure_embedded_samples.py")
@@ -34,8 +48,18 @@ def fake_data(tmp_path):
 def test_quick_run_end_to_end(fake_data, tmp_path, capsys):
     out, run = tmp_path / "w", tmp_path / "run"
     main = load_script().main
-    argv = ["--quick", "--data", str(fake_data), "--out", str(out), "--run-dir", str(run), "--no-progress",
-            "--device", "cpu"]
+    argv = [
+        "--quick",
+        "--data",
+        str(fake_data),
+        "--out",
+        str(out),
+        "--run-dir",
+        str(run),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     assert "GPT test NLL" in capsys.readouterr().out
     m = json.loads((out / METRICS_FILE).read_text())
@@ -65,8 +89,25 @@ def test_quick_run_end_to_end(fake_data, tmp_path, capsys):
 
     # The samples figure renders from these weights (2 test images per class in the fake set).
     fig = load_script(FIGURE).main
-    assert fig(["--weights", str(out), "--data", str(fake_data), "--out", str(tmp_path / "fig"), "--n-real", "2",
-                "--n-samples", "2", "--device", "cpu"]) == 0
+    assert (
+        fig(
+            [
+                "--weights",
+                str(out),
+                "--data",
+                str(fake_data),
+                "--out",
+                str(tmp_path / "fig"),
+                "--n-real",
+                "2",
+                "--n-samples",
+                "2",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "fig.png").stat().st_size > 0 and (tmp_path / "fig.pdf").stat().st_size > 0
     assert fig(["--weights", str(out), "--n-real", "0"]) == 2
 
@@ -108,8 +149,9 @@ def test_gpt_resume_after_interruption_matches_uninterrupted(tmp_path, monkeypat
         train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False)
     monkeypatch.setattr(T, "gpt_loss", real)
     logs = []
-    resumed, stats = train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"),
-                               progress=False, log=logs.append)
+    resumed, stats = train_gpt(
+        cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False, log=logs.append
+    )
     assert logs[0] == "resuming GPT training at step 2/6"
     assert [line.split()[1] for line in logs[1:]] == ["4/6", "6/6"]  # a line per checkpoint
     for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
@@ -117,8 +159,16 @@ def test_gpt_resume_after_interruption_matches_uninterrupted(tmp_path, monkeypat
     assert stats["token_budget"] == ref_stats["token_budget"] == 6 * 4 * 16
 
     with pytest.raises(UsageError, match="--fresh"):  # another recipe in the same run dir
-        train_gpt(cfg, GPTTrainConfig(steps=7, batch_size=4), tokens, labels, tmp_path / "b", 0,
-                  torch.device("cpu"), progress=False)
+        train_gpt(
+            cfg,
+            GPTTrainConfig(steps=7, batch_size=4),
+            tokens,
+            labels,
+            tmp_path / "b",
+            0,
+            torch.device("cpu"),
+            progress=False,
+        )
 
 
 def test_untrained_gpt_nll_is_log2_vocab():
@@ -157,8 +207,18 @@ def test_code_usage_hand_computed():
 
 def test_reinit_dead_codes_restarts_only_stale_codes():
     torch.manual_seed(0)
-    vq = VQModel(VQConfig(codebook_size=6, codebook_embed_dim=4, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
-                          z_channels=32, ch=32, num_res_blocks=1, in_channels=1))
+    vq = VQModel(
+        VQConfig(
+            codebook_size=6,
+            codebook_embed_dim=4,
+            encoder_ch_mult=[1, 2],
+            decoder_ch_mult=[1, 2],
+            z_channels=32,
+            ch=32,
+            num_res_blocks=1,
+            in_channels=1,
+        )
+    )
     w0 = vq.quantize.embedding.weight.detach().clone()
     last_used = torch.tensor([10, 3, 9, 0, 10, 5])
     pool = torch.nn.functional.normalize(torch.randn(50, 4), dim=-1)
@@ -204,8 +264,18 @@ def test_gpt_epoch_curve_resumes_exactly(tmp_path, monkeypatch):
         assert not model.training
         return gpt_nll(model, tokens[:8], labels[:8], progress=False)["nll_bits_per_token"]
 
-    ref, ref_stats = train_gpt(cfg, train, tokens, labels, tmp_path / "a", 0, torch.device("cpu"), progress=False,
-                               evaluate=evaluate, stop=never)
+    ref, ref_stats = train_gpt(
+        cfg,
+        train,
+        tokens,
+        labels,
+        tmp_path / "a",
+        0,
+        torch.device("cpu"),
+        progress=False,
+        evaluate=evaluate,
+        stop=never,
+    )
     assert [(r["epoch"], r["step"]) for r in ref_stats["curve"]] == [(1.0, 6), (2.0, 12), (3.0, 18)]
     assert ref_stats["stop_reason"] == "step budget reached (18 steps)" and ref_stats["steps"] == 18
     assert ref_stats["curve"][-1]["test_nll_bits"] == pytest.approx(evaluate(ref))
@@ -224,12 +294,33 @@ def test_gpt_epoch_curve_resumes_exactly(tmp_path, monkeypatch):
 
     monkeypatch.setattr(T, "gpt_loss", flaky)
     with pytest.raises(KeyboardInterrupt):
-        train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False,
-                  evaluate=evaluate, stop=never)
+        train_gpt(
+            cfg,
+            train,
+            tokens,
+            labels,
+            tmp_path / "b",
+            0,
+            torch.device("cpu"),
+            progress=False,
+            evaluate=evaluate,
+            stop=never,
+        )
     monkeypatch.setattr(T, "gpt_loss", real)
     logs = []
-    resumed, stats = train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False,
-                               log=logs.append, evaluate=evaluate, stop=never)
+    resumed, stats = train_gpt(
+        cfg,
+        train,
+        tokens,
+        labels,
+        tmp_path / "b",
+        0,
+        torch.device("cpu"),
+        progress=False,
+        log=logs.append,
+        evaluate=evaluate,
+        stop=never,
+    )
     assert logs[0] == "resuming GPT training at step 12/18"
     assert sum(line.startswith("epoch ") for line in logs) == 1  # only epoch 3 is evaluated after the resume
     for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
@@ -238,8 +329,18 @@ def test_gpt_epoch_curve_resumes_exactly(tmp_path, monkeypatch):
     assert [[r[k] for k in keys] for r in stats["curve"]] == [[r[k] for k in keys] for r in ref_stats["curve"]]
 
     with pytest.raises(UsageError, match="--fresh"):  # another stop rule in the same run dir
-        train_gpt(cfg, train, tokens, labels, tmp_path / "b", 0, torch.device("cpu"), progress=False,
-                  evaluate=evaluate, stop=EpochStopConfig())
+        train_gpt(
+            cfg,
+            train,
+            tokens,
+            labels,
+            tmp_path / "b",
+            0,
+            torch.device("cpu"),
+            progress=False,
+            evaluate=evaluate,
+            stop=EpochStopConfig(),
+        )
 
 
 def test_gpt_early_stop_after_small_gain(tmp_path):
@@ -247,8 +348,19 @@ def test_gpt_early_stop_after_small_gain(tmp_path):
     train = GPTTrainConfig(steps=steps_for_epochs(5, 24, 4), batch_size=4, warmup=2, ckpt_every=4)
     nll = iter([5.0, 4.9, 4.89, 4.0, 3.0])  # gains 0.1 then 0.01 bits/token per epoch
 
-    model, stats = train_gpt(cfg, train, tokens, labels, tmp_path, 0, torch.device("cpu"), progress=False,
-                             log=lambda s: None, evaluate=lambda m: next(nll), stop=EpochStopConfig(0.02, 1.9))
+    model, stats = train_gpt(
+        cfg,
+        train,
+        tokens,
+        labels,
+        tmp_path,
+        0,
+        torch.device("cpu"),
+        progress=False,
+        log=lambda s: None,
+        evaluate=lambda m: next(nll),
+        stop=EpochStopConfig(0.02, 1.9),
+    )
     assert stats["steps"] == 18 and stats["max_steps"] == 30 and stats["epochs"] == 3.0
     assert stats["token_budget"] == 18 * 4 * 16
     assert [r["test_nll_bits"] for r in stats["curve"]] == [5.0, 4.9, 4.89]
@@ -257,9 +369,19 @@ def test_gpt_early_stop_after_small_gain(tmp_path):
     assert curve["rows"] == stats["curve"] and curve["stop_reason"] == stats["stop_reason"]
     assert curve["max_steps"] == 30 and curve["train_sequences"] == 24
     # A rerun finds the stopped run: no further steps, no evaluation.
-    again, stats2 = train_gpt(cfg, train, tokens, labels, tmp_path, 0, torch.device("cpu"), progress=False,
-                              log=lambda s: None, evaluate=lambda m: pytest.fail("evaluated again"),
-                              stop=EpochStopConfig(0.02, 1.9))
+    again, stats2 = train_gpt(
+        cfg,
+        train,
+        tokens,
+        labels,
+        tmp_path,
+        0,
+        torch.device("cpu"),
+        progress=False,
+        log=lambda s: None,
+        evaluate=lambda m: pytest.fail("evaluated again"),
+        stop=EpochStopConfig(0.02, 1.9),
+    )
     assert stats2["steps"] == 18 and stats2["curve"] == stats["curve"]
     for a, b in zip(model.state_dict().values(), again.state_dict().values()):
         assert torch.equal(a, b)
@@ -276,8 +398,26 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     torch.manual_seed(0)
     save_module(VQModel(vq_cfg), vq_cfg, out / VQ16_FILE, skip=VQ_SKIP)  # an untrained quick VQ: no VQ training
     main = load_script().main
-    argv = ["--quick", "--recipe", "embedded-16-long", "--stage", "gpt", "--epochs", "2", "--eval-images", "8",
-            "--data", str(fake_data), "--out", str(out), "--run-dir", str(run), "--no-progress", "--device", "cpu"]
+    argv = [
+        "--quick",
+        "--recipe",
+        "embedded-16-long",
+        "--stage",
+        "gpt",
+        "--epochs",
+        "2",
+        "--eval-images",
+        "8",
+        "--data",
+        str(fake_data),
+        "--out",
+        str(out),
+        "--run-dir",
+        str(run),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "GPT stopped" in text and "test NLL after epoch 2.00" in text
@@ -300,8 +440,24 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     # The flags belong to the long recipe; the shipped directory is refused as its --out.
     assert main(["--quick", "--epochs", "2", "--data", str(fake_data), "--run-dir", str(run)]) == 2
     assert "only apply to --recipe embedded-16-long" in capsys.readouterr().err
-    assert main(["--quick", "--recipe", "embedded-16-long", "--stage", "gpt", "--data", str(fake_data),
-                 "--out", str(WEIGHTS_DIR), "--run-dir", str(run)]) == 2
+    assert (
+        main(
+            [
+                "--quick",
+                "--recipe",
+                "embedded-16-long",
+                "--stage",
+                "gpt",
+                "--data",
+                str(fake_data),
+                "--out",
+                str(WEIGHTS_DIR),
+                "--run-dir",
+                str(run),
+            ]
+        )
+        == 2
+    )
     assert "staging directory" in capsys.readouterr().err
 
 

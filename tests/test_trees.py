@@ -11,6 +11,7 @@
 * the ``official`` convention reproduces hand-computed verdicts of the official code;
 * dynamic trees keep the best candidates by cumulative drafter log-probability; bad specs.
 """
+
 import itertools
 import math
 from collections import defaultdict
@@ -34,8 +35,9 @@ from lantern.trees import STATIC_TREES, Tree, TreeSpec, check_paths, parse_tree
 def tiny(vocab=4, block=4, seed=0, std=0.8, dim=16, dtype=torch.float64):
     """A one-layer LlamaGen GPT; float64 so that tree, chain and teacher-forced forwards agree to ~1e-15."""
     torch.manual_seed(seed)
-    gpt = GPT(GPTConfig(dim=dim, n_layer=1, n_head=2, vocab_size=vocab, block_size=block, num_classes=10,
-                        multiple_of=16))
+    gpt = GPT(
+        GPTConfig(dim=dim, n_layer=1, n_head=2, vocab_size=vocab, block_size=block, num_classes=10, multiple_of=16)
+    )
     torch.nn.init.normal_(gpt.output.weight, 0.0, std)
     return LlamaGenModel(gpt.to(dtype).eval(), name="tiny")
 
@@ -46,15 +48,22 @@ def test_static_tree_shapes_and_validation(tmp_path):
     assert len(STATIC_TREES["medusa_2_7b_63"]) == 63 and TreeSpec("static", STATIC_TREES["chain"]).max_depth == 5
     for name, paths in STATIC_TREES.items():
         assert check_paths(paths) == tuple(sorted(paths, key=lambda p: (len(p), p))), name
-    for bad, msg in (([[0, 0]], "no parent"), ([[0], [0]], "twice"), ([[1]], "elder sibling"), ([[]], "empty"),
-                     ([], "no paths"), ([["a"]], "list of paths")):
+    for bad, msg in (
+        ([[0, 0]], "no parent"),
+        ([[0], [0]], "twice"),
+        ([[1]], "elder sibling"),
+        ([[]], "empty"),
+        ([], "no paths"),
+        ([["a"]], "list of paths"),
+    ):
         with pytest.raises(UsageError, match=msg):
             check_paths(bad)
     for kw, field in ((dict(total_tokens=1), "total_tokens"), (dict(depth=0), "depth"), (dict(top_k=0), "top_k")):
         with pytest.raises(UsageError, match=f"TreeSpec.{field} must be an integer"):  # the CLI names its flag
             TreeSpec("dynamic", **kw)
-    assert parse_tree("chain") is None and parse_tree("dynamic", 20, 2, 3) == TreeSpec("dynamic", total_tokens=20,
-                                                                                       depth=2, top_k=3)
+    assert parse_tree("chain") is None and parse_tree("dynamic", 20, 2, 3) == TreeSpec(
+        "dynamic", total_tokens=20, depth=2, top_k=3
+    )
     f = tmp_path / "t.json"
     f.write_text("[[0], [1], [0, 0]]")
     assert parse_tree(str(f)).paths == ((0,), (1,), (0, 0))
@@ -62,8 +71,13 @@ def test_static_tree_shapes_and_validation(tmp_path):
         parse_tree("bushy")
     m = tiny()
     with pytest.raises(UsageError, match="drafts 5 deep but an image of tiny has 4 tokens"):
-        decode(m, [0], DecodeConfig.of("sd", tree=TreeSpec("dynamic", depth=4)), SamplingConfig(),
-               Drafter.for_target(m, seed=0))
+        decode(
+            m,
+            [0],
+            DecodeConfig.of("sd", tree=TreeSpec("dynamic", depth=4)),
+            SamplingConfig(),
+            Drafter.for_target(m, seed=0),
+        )
 
 
 # --------------------------------------------------------------------------- tree attention
@@ -120,14 +134,15 @@ def test_llamagen_tree_attention_equals_chains(guided):
 
 
 def test_transformers_adapter_tree_attention_equals_chains():
-    from ambiguity.models.janus import JanusModel
     from hf_tiny import tiny_janus
+
+    from ambiguity.models.janus import JanusModel
 
     model, tok = tiny_janus()
     m = JanusModel(model, tok, name="janus-tiny")  # a Llama decoder behind 4D masks and position ids
     gen = torch.Generator().manual_seed(1)
     for guided in (False, True):
-        prompt = m.make_prompt(["a cat", "a big dog on grass"][:1 + guided][-1:], guided=guided)
+        prompt = m.make_prompt(["a cat", "a big dog on grass"][: 1 + guided][-1:], guided=guided)
         with torch.no_grad():
             _check_tree_attention(m, prompt, 3, guided, gen)
 
@@ -183,17 +198,22 @@ def exact_joint(model, label, s):
     return {seq: float(v) for seq, v in zip(seqs, probs) if v > 0}
 
 
-TREES = {"dynamic": TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2),
-         "static": TreeSpec("static", ((0,), (1,), (0, 0)), name="small")}
+TREES = {
+    "dynamic": TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2),
+    "static": TreeSpec("static", ((0,), (1,), (0, 0)), name="small"),
+}
 
 
 @pytest.mark.slow  # ~25 s: the static tree's draws without replacement branch into ~1700 runs
-@pytest.mark.parametrize("tree, sampling", [
-    ("dynamic", SamplingConfig(guidance=1.0, temperature=1.0)),
-    ("dynamic", SamplingConfig(guidance=2.0, temperature=0.7, top_k=3)),
-    ("static", SamplingConfig(guidance=1.0, temperature=1.0, top_k=3)),
-    ("static", SamplingConfig(guidance=2.0, temperature=1.3, top_p=0.9)),
-])
+@pytest.mark.parametrize(
+    "tree, sampling",
+    [
+        ("dynamic", SamplingConfig(guidance=1.0, temperature=1.0)),
+        ("dynamic", SamplingConfig(guidance=2.0, temperature=0.7, top_k=3)),
+        ("static", SamplingConfig(guidance=1.0, temperature=1.0, top_k=3)),
+        ("static", SamplingConfig(guidance=2.0, temperature=1.3, top_p=0.9)),
+    ],
+)
 def test_exact_tree_decoding_at_delta_zero_is_ar_sampling(tree, sampling):
     """Every random outcome of tree_decode, weighted by its probability, gives exactly the AR joint
     (V = 4, 2 x 2 tokens): LANTERN δ = 0 (neighbours of zero mass are still "moved", and the
@@ -231,8 +251,13 @@ def test_relaxed_tree_decoding_is_not_ar_sampling():
     s = SamplingConfig(guidance=1.0, temperature=1.0)
     want = exact_joint(m, 1, s)
     prompt = m.make_prompt([1])
-    got, _ = enumerate_outcomes(lambda dr: tuple(tree_decode(m, d, prompt, s, AcceptanceRule("lantern", k=2, delta=0.4),
-                                                              nb, TREES["dynamic"], draws=dr).tokens[0].tolist()))
+    got, _ = enumerate_outcomes(
+        lambda dr: tuple(
+            tree_decode(m, d, prompt, s, AcceptanceRule("lantern", k=2, delta=0.4), nb, TREES["dynamic"], draws=dr)
+            .tokens[0]
+            .tolist()
+        )
+    )
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
     assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) > 1e-3
 
@@ -244,13 +269,18 @@ def test_greedy_tree_decoding_equals_greedy_ar(convention):
     d = Drafter.for_target(m, seed=2).eval()
     nb = build_neighbourhoods(m.input_embeddings(), 8, "l2", cache=False).indices
     accepted = 0
-    for spec in (TreeSpec("dynamic", total_tokens=10, depth=3, top_k=3), TreeSpec("static", STATIC_TREES["mc_sim_7b_63"])):
+    for spec in (
+        TreeSpec("dynamic", total_tokens=10, depth=3, top_k=3),
+        TreeSpec("static", STATIC_TREES["mc_sim_7b_63"]),
+    ):
         for guidance, label in ((1.0, 0), (3.0, 5)):
             s = SamplingConfig(guidance=guidance, temperature=0.0)
             prompt = m.make_prompt([label], guided=s.guided)
             ar = sample_tokens(m, prompt, s)
-            for rule in (AcceptanceRule("sd", convention=convention),
-                         AcceptanceRule("lantern", k=8, delta=0.0, convention=convention)):
+            for rule in (
+                AcceptanceRule("sd", convention=convention),
+                AcceptanceRule("lantern", k=8, delta=0.0, convention=convention),
+            ):
                 out = tree_decode(m, d, prompt, s, rule, nb, spec)
                 assert torch.equal(out.tokens, ar), (spec.kind, guidance, rule.method)
                 accepted += int(out.steps["accepted"].sum())
@@ -318,8 +348,10 @@ def test_official_greedy_takes_the_longest_passing_path():
     table = torch.tensor([[1, 2, 3], [0, 2, 3], [3, 0, 1], [2, 1, 0]])
     tree = _toy_tree([0, 0, 1, 2, 3, 2], [-1, 0, 0, 1, 2, 2])
     rule = AcceptanceRule("sd", convention="official")
-    p = torch.tensor([[4, 4, 0, 0], [0, 0, 8, 0], [0, 0, 0, 8], [1, 1, 1, 5], [1, 1, 1, 5], [1, 1, 1, 5]],
-                     dtype=F64) / 8
+    p = (
+        torch.tensor([[4, 4, 0, 0], [0, 0, 8, 0], [0, 0, 0, 8], [1, 1, 1, 5], [1, 1, 1, 5], [1, 1, 1, 5]], dtype=F64)
+        / 8
+    )
     out = walk_official_greedy(tree, p, rule, table)
     assert out.path == [0, 1, 3] and out.token == 3 and out.kind == "bonus"
     p[0] = torch.tensor([3, 5, 0, 0], dtype=F64) / 8
@@ -348,8 +380,9 @@ def test_official_greedy_static_tie_goes_to_the_first_sorted_path():
     spec = TreeSpec("static", ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
     d = TokenDrafter(L)
     q_of = lambda logits: torch.softmax(logits[0].double(), -1)  # noqa: E731
-    tree = draft_tree(d, m, d.new_cache(1), torch.tensor([[3, 1]]), torch.zeros(1, 2, 4), 0, spec, 10, q_of,
-                      True, None, False)
+    tree = draft_tree(
+        d, m, d.new_cache(1), torch.tensor([[3, 1]]), torch.zeros(1, 2, 4), 0, spec, 10, q_of, True, None, False
+    )
     assert tree.static and tree.tokens.tolist() == [1, 1, 0, 2, 1, 0, 0, 1]
     assert tree.parents == [-1, 0, 0, 0, 1, 1, 2, 4]  # node t + 1 is the t-th path in (depth, path) order
     assert tree.official_leaves() == [7, 5, 6, 3]
@@ -429,8 +462,9 @@ def test_dynamic_tree_is_eagle2_beam_search_then_rerank():
     for total, depth, k in ((8, 2, 3), (12, 3, 2), (5, 1, 4)):
         spec = TreeSpec("dynamic", total_tokens=total, depth=depth, top_k=k)
         d = TokenDrafter(L)
-        tree = draft_tree(d, m, d.new_cache(1), torch.tensor([[4, 1]]), torch.zeros(1, 2, 4), 0, spec, 10, q_of,
-                          False, None, False)
+        tree = draft_tree(
+            d, m, d.new_cache(1), torch.tensor([[4, 1]]), torch.zeros(1, 2, 4), 0, spec, 10, q_of, False, None, False
+        )
         want, keep = reference_dynamic(L, 1, total, depth, k)
         assert tree.tokens.tolist()[0] == 1 and len(tree) == total
         assert tree.tokens.tolist()[1:] == [t for t, _ in want]

@@ -8,15 +8,21 @@
 Run ``python -m ambiguity.analyses {concentration,interchangeability} --help``. The names below
 are imported lazily, so ``python -m ambiguity.analyses.<analysis>`` runs without warnings.
 """
+
 from __future__ import annotations
 
 import importlib
 
 _EXPORTS = {
-    "default_ks": "concentration", "neighbourhood_mass": "concentration", "top_mass": "concentration",
-    "run_concentration": "concentration", "summarize_concentration": "concentration",
-    "replace_tokens": "interchangeability", "pixel_errors": "interchangeability",
-    "run_interchangeability": "interchangeability", "summarize_interchangeability": "interchangeability",
+    "default_ks": "concentration",
+    "neighbourhood_mass": "concentration",
+    "top_mass": "concentration",
+    "run_concentration": "concentration",
+    "summarize_concentration": "concentration",
+    "replace_tokens": "interchangeability",
+    "pixel_errors": "interchangeability",
+    "run_interchangeability": "interchangeability",
+    "summarize_interchangeability": "interchangeability",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,4 +1,5 @@
 """``python -m ambiguity.analyses <analysis> [options]``: dispatch to one analysis CLI."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -6,10 +7,14 @@ from typing import Optional
 from ambiguity.cli import run_subcommand
 
 ANALYSES = {
-    "concentration": ("ambiguity.analyses.concentration",
-                      "target mass on the latent neighbours of the top-1 token vs random and top-k tokens"),
-    "interchangeability": ("ambiguity.analyses.interchangeability",
-                           "decode error after swapping tokens for latent neighbours vs random tokens"),
+    "concentration": (
+        "ambiguity.analyses.concentration",
+        "target mass on the latent neighbours of the top-1 token vs random and top-k tokens",
+    ),
+    "interchangeability": (
+        "ambiguity.analyses.interchangeability",
+        "decode error after swapping tokens for latent neighbours vs random tokens",
+    ),
 }
 
 

@@ -6,11 +6,13 @@ Nothing here is science; the analyses themselves live in :mod:`.concentration` a
 analysis is the image ``i`` that ``python -m ambiguity.profile`` generates for the same seed,
 condition and sampling settings.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Iterator, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Optional
 
 import torch
 
@@ -32,14 +34,23 @@ def add_analysis_args(ap, num_images: int, batch_size: int, out_help: str) -> No
     add_model_args(ap, dtype=False)
     add_condition_args(ap, num_images=num_images, batch_size=batch_size)
     add_sampling_args(ap, guidance=1.0)
-    add_data_arg(ap, "teacher-force Fashion-MNIST test images instead of generating: an IDX folder, or "
-                     "'fashion-mnist' for the default places")
+    add_data_arg(
+        ap,
+        "teacher-force Fashion-MNIST test images instead of generating: an IDX folder, or "
+        "'fashion-mnist' for the default places",
+    )
     ap.add_argument("--cache-dir", default=None, metavar="DIR", help="neighbourhood cache folder")
     add_run_args(ap, out_help)
 
 
-def analysis_inputs(model: TokenModel, num_images: int, seed: int, classes: Optional[str | list[int]] = None,
-                    captions: Optional[str] = None, data: Optional[str] = None):
+def analysis_inputs(
+    model: TokenModel,
+    num_images: int,
+    seed: int,
+    classes: Optional[str | list[int]] = None,
+    captions: Optional[str] = None,
+    data: Optional[str] = None,
+):
     """(conditions, images or None) for an analysis.
 
     With ``data``: a seeded subset of Fashion-MNIST test images (:func:`ambiguity.conditions.fashion_mnist_subset`)
@@ -52,13 +63,21 @@ def analysis_inputs(model: TokenModel, num_images: int, seed: int, classes: Opti
     if data is not None:
         if captions is not None:
             raise UsageError("--data teacher-forces labelled Fashion-MNIST images; drop --captions")
-        images, labels = fashion_mnist_subset(model, num_images, seed, classes, None if data == "fashion-mnist" else data)
+        images, labels = fashion_mnist_subset(
+            model, num_images, seed, classes, None if data == "fashion-mnist" else data
+        )
         return labels, images
     return generation_conditions(model, num_images, seed, classes, captions), None
 
 
-def generate_grids(model: TokenModel, conditions: Sequence, sampling: SamplingConfig, seed: int, first: int,
-                   on_step: Optional[StepHook] = None) -> torch.Tensor:
+def generate_grids(
+    model: TokenModel,
+    conditions: Sequence,
+    sampling: SamplingConfig,
+    seed: int,
+    first: int,
+    on_step: Optional[StepHook] = None,
+) -> torch.Tensor:
     """Sample the images ``first .. first + len(conditions) - 1`` (each from its own stream,
     :mod:`ambiguity.seeding`) -> (B, N) int64 code indices."""
     prompt = model.make_prompt(list(conditions), guided=sampling.guided)

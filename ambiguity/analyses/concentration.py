@@ -20,10 +20,12 @@ CLI: ``python -m ambiguity.analyses.concentration --model embedded --num-images 
 (or ``python -m ambiguity.analyses concentration ...``) writes ``concentration.parquet``
 (summary), ``concentration_positions.parquet`` (per position) and ``concentration.png/.pdf``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -33,17 +35,27 @@ from tqdm.auto import tqdm
 from ambiguity import plots
 from ambiguity.analyses.common import add_analysis_args, analysis_inputs, batches, digest, generate_grids, print_table
 from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, default_out, int_list, sampling_from_args
+from ambiguity.conditions import parse_classes
 from ambiguity.errors import UsageError
 from ambiguity.io import write_table
 from ambiguity.memory import check_run_size
-from ambiguity.conditions import parse_classes
 from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 
-__all__ = ["default_ks", "neighbourhood_mass", "top_mass", "expected_random_mass", "position_masses",
-           "concentration_frame", "summarize_concentration", "run_concentration", "plot_concentration", "main"]
+__all__ = [
+    "default_ks",
+    "neighbourhood_mass",
+    "top_mass",
+    "expected_random_mass",
+    "position_masses",
+    "concentration_frame",
+    "summarize_concentration",
+    "run_concentration",
+    "plot_concentration",
+    "main",
+]
 
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 
@@ -64,8 +76,9 @@ def _check_ks(ks: Sequence[int], limit: int) -> list[int]:
     return ks
 
 
-def neighbourhood_mass(p: torch.Tensor, anchors: torch.Tensor, neighbours: torch.Tensor,
-                       ks: Sequence[int]) -> torch.Tensor:
+def neighbourhood_mass(
+    p: torch.Tensor, anchors: torch.Tensor, neighbours: torch.Tensor, ks: Sequence[int]
+) -> torch.Tensor:
     """Mass of the first k neighbours of each anchor, for every k in ``ks``.
 
     Args:
@@ -101,8 +114,13 @@ def expected_random_mass(p: torch.Tensor, anchors: torch.Tensor, ks: Sequence[in
     return (rest * frac).float()
 
 
-def position_masses(p: torch.Tensor, anchors: torch.Tensor, tables: dict[str, Neighbourhoods],
-                    random_table: Neighbourhoods, ks: Sequence[int]) -> dict[str, torch.Tensor]:
+def position_masses(
+    p: torch.Tensor,
+    anchors: torch.Tensor,
+    tables: dict[str, Neighbourhoods],
+    random_table: Neighbourhoods,
+    ks: Sequence[int],
+) -> dict[str, torch.Tensor]:
     """All curves at P positions: set name -> (P, len(ks)) float32 (see the module docstring).
 
     ``tables`` maps metric names to neighbourhood tables; ``random_table`` is a ``random``-metric
@@ -144,11 +162,24 @@ OUTPUTS = ("concentration.parquet", "concentration_positions.parquet", "concentr
 
 
 @torch.no_grad()
-def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequence[str] = ("l2",),
-                      matrix: str = "codebook", *, num_images: int = 32, batch_size: int = 16, sampling=None,
-                      seed: int = 0, anchor: str = "top1", conditions: Optional[list] = None,
-                      images: Optional[torch.Tensor] = None, out_dir: Optional[str | Path] = None,
-                      overwrite: bool = False, cache_dir=None, progress: bool = True):
+def run_concentration(
+    model,
+    ks: Optional[Sequence[int]] = None,
+    metrics: Sequence[str] = ("l2",),
+    matrix: str = "codebook",
+    *,
+    num_images: int = 32,
+    batch_size: int = 16,
+    sampling=None,
+    seed: int = 0,
+    anchor: str = "top1",
+    conditions: Optional[list] = None,
+    images: Optional[torch.Tensor] = None,
+    out_dir: Optional[str | Path] = None,
+    overwrite: bool = False,
+    cache_dir=None,
+    progress: bool = True,
+):
     """Measure neighbourhood concentration on generated (or, with ``images``, real) token grids.
 
     Args:
@@ -176,15 +207,25 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
     metrics = list(dict.fromkeys(metrics))
     bad = [m for m in metrics if m not in METRICS or m == "random"]
     if bad or not metrics:
-        raise UsageError(f"--metrics must name some of l2, l2-normalized, cosine (random is always added), "
-                         f"got {metrics}")
+        raise UsageError(
+            f"--metrics must name some of l2, l2-normalized, cosine (random is always added), got {metrics}"
+        )
     V = model.vocab_size
     ks = _check_ks(ks if ks is not None else default_ks(V), V - 1)
     check_run_size(model, num_images, batch_size, sampling.guided)
     rows = model_matrix(model, matrix)
-    tables = {m: build_neighbourhoods(rows, ks[-1], m, image_token_ids=model.image_token_ids,
-                                      source=f"{model.name}:{matrix}", cache_dir=cache_dir, progress=progress)
-              for m in metrics}
+    tables = {
+        m: build_neighbourhoods(
+            rows,
+            ks[-1],
+            m,
+            image_token_ids=model.image_token_ids,
+            source=f"{model.name}:{matrix}",
+            cache_dir=cache_dir,
+            progress=progress,
+        )
+        for m in metrics
+    }
     rtable = build_neighbourhoods(rows, ks[-1], "random", seed=seed, cache_dir=cache_dir, progress=progress)
     conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
     if len(conds) < num_images:
@@ -192,11 +233,26 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
     conds = conds[:num_images]
     run = None
     if out_dir is not None:
-        run = RunDir(out_dir, {"analysis": "concentration", "model": model.describe(), "matrix": matrix,
-                               "metrics": metrics, "ks": ks, "sampling": sampling.as_dict(), "seed": seed,
-                               "anchor": anchor, "real_images": images is not None, "batch_size": batch_size,
-                               "num_images": num_images, "conditions": digest(conds),
-                               "matrix_key": tables[metrics[0]].key}, command=COMMAND, outputs=OUTPUTS)
+        run = RunDir(
+            out_dir,
+            {
+                "analysis": "concentration",
+                "model": model.describe(),
+                "matrix": matrix,
+                "metrics": metrics,
+                "ks": ks,
+                "sampling": sampling.as_dict(),
+                "seed": seed,
+                "anchor": anchor,
+                "real_images": images is not None,
+                "batch_size": batch_size,
+                "num_images": num_images,
+                "conditions": digest(conds),
+                "matrix_key": tables[metrics[0]].key,
+            },
+            command=COMMAND,
+            outputs=OUTPUTS,
+        )
         run.open(overwrite)
     frames = []
     for b, sl in tqdm(list(batches(num_images, batch_size)), desc="concentration", unit="batch", disable=not progress):
@@ -222,16 +278,20 @@ def run_concentration(model, ks: Optional[Sequence[int]] = None, metrics: Sequen
             prompt = model.make_prompt(cond_b, guided=sampling.guided)
             codes = model.encode_images(images[sl]).reshape(len(cond_b), -1)
             step = model.teacher_force(prompt, expand_rows(codes, prompt.guided))
-            p = distribution(step.logits, sampling, prompt.guided)             # (B, T, V)
+            p = distribution(step.logits, sampling, prompt.guided)  # (B, T, V)
             T = p.shape[1]
             p = p.reshape(-1, V)
             anchors = p.argmax(-1) if anchor == "top1" else codes.reshape(-1).to(p.device)
             anchor_p = p.gather(1, anchors[:, None])[:, 0]
             masses = position_masses(p, anchors, tables, rtable, ks)
         B = len(cond_b)
-        meta = {"image": np.repeat(np.arange(sl.start, sl.stop), T), "position": np.tile(np.arange(T), B),
-                "condition": np.repeat(np.asarray([str(c) for c in cond_b], dtype=object), T),
-                "anchor": anchors.cpu().numpy(), "anchor_p": anchor_p.float().cpu().numpy()}
+        meta = {
+            "image": np.repeat(np.arange(sl.start, sl.stop), T),
+            "position": np.tile(np.arange(T), B),
+            "condition": np.repeat(np.asarray([str(c) for c in cond_b], dtype=object), T),
+            "anchor": anchors.cpu().numpy(),
+            "anchor_p": anchor_p.float().cpu().numpy(),
+        }
         frame = concentration_frame(masses, ks, meta)
         if run is not None:
             run.write_part(name, holds, tables={"positions": frame})
@@ -267,8 +327,14 @@ def plot_concentration(summary, path: str | Path, title: str = "") -> list[Path]
             ax.fill_between(d["k"], d["q25"], d["q75"], color=c, alpha=0.18, linewidth=0)
         e = summary[summary["set"] == "random-expected"].sort_values("k")
         if len(e):
-            ax.plot(e["k"], e["mean"], color=plots.color_for("random"), linestyle="--", linewidth=0.8,
-                    label="random (expected)")
+            ax.plot(
+                e["k"],
+                e["mean"],
+                color=plots.color_for("random"),
+                linestyle="--",
+                linewidth=0.8,
+                label="random (expected)",
+            )
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1)
         ax.set_xlabel("set size k (top-1 token excluded)")
@@ -282,9 +348,11 @@ def plot_concentration(summary, path: str | Path, title: str = "") -> list[Path]
 @cli_main
 def main(argv=None) -> int:
     """``python -m ambiguity.analyses.concentration``: mass near the top-1 token vs random and top-k."""
-    ap = ArgumentParser(prog="python -m ambiguity.analyses.concentration",
-                        description="Probability mass the target puts on the latent neighbours of its top-1 token "
-                                    "(LANTERN Sec. 4.1), against k random tokens and the best k tokens.")
+    ap = ArgumentParser(
+        prog="python -m ambiguity.analyses.concentration",
+        description="Probability mass the target puts on the latent neighbours of its top-1 token "
+        "(LANTERN Sec. 4.1), against k random tokens and the best k tokens.",
+    )
     add_analysis_args(ap, num_images=32, batch_size=16, out_help="output folder (default: runs/concentration/<model>)")
     ap.add_argument("--ks", default=None, help="comma-separated set sizes (default: 1,2,4,...,V-1)")
     ap.add_argument("--metrics", default="l2", help="comma-separated: l2, l2-normalized, cosine (default: %(default)s)")
@@ -301,22 +369,40 @@ def main(argv=None) -> int:
     sampling = sampling_from_args(args, "c2i")
     conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)
     positions, summary = run_concentration(
-        model, ks, [m for m in args.metrics.split(",") if m], args.matrix, num_images=args.num_images,
-        batch_size=args.batch_size, sampling=sampling, seed=args.seed, anchor=args.anchor, conditions=conds,
-        images=images, out_dir=out, overwrite=args.overwrite, cache_dir=args.cache_dir,
-        progress=not args.no_progress)
+        model,
+        ks,
+        [m for m in args.metrics.split(",") if m],
+        args.matrix,
+        num_images=args.num_images,
+        batch_size=args.batch_size,
+        sampling=sampling,
+        seed=args.seed,
+        anchor=args.anchor,
+        conditions=conds,
+        images=images,
+        out_dir=out,
+        overwrite=args.overwrite,
+        cache_dir=args.cache_dir,
+        progress=not args.no_progress,
+    )
     summary.insert(0, "model", model.name)
     summary.insert(1, "matrix", args.matrix)
     write_table(summary, out / "concentration.parquet")
     write_table(positions, out / "concentration_positions.parquet")
     src = "real images" if images is not None else "generated"
-    figs = plot_concentration(summary, out / "concentration",
-                              title=f"{model.name}, {args.matrix}, {args.num_images} {src} images")
-    print_table(summary, ["set", "k", "mean", "q25", "q50", "q75", "over_random"],
-                title=f"neighbourhood concentration ({model.name}, {args.matrix} rows, anchor {args.anchor}, "
-                      f"{summary['positions'].iloc[0]} positions):")
-    print(f"wrote {out / 'concentration.parquet'}, {out / 'concentration_positions.parquet'}, "
-          f"{', '.join(str(f) for f in figs)}")
+    figs = plot_concentration(
+        summary, out / "concentration", title=f"{model.name}, {args.matrix}, {args.num_images} {src} images"
+    )
+    print_table(
+        summary,
+        ["set", "k", "mean", "q25", "q50", "q75", "over_random"],
+        title=f"neighbourhood concentration ({model.name}, {args.matrix} rows, anchor {args.anchor}, "
+        f"{summary['positions'].iloc[0]} positions):",
+    )
+    print(
+        f"wrote {out / 'concentration.parquet'}, {out / 'concentration_positions.parquet'}, "
+        f"{', '.join(str(f) for f in figs)}"
+    )
     return 0
 
 

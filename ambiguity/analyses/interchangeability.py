@@ -23,10 +23,12 @@ CLI: ``python -m ambiguity.analyses.interchangeability --model embedded`` (or
 (rows: original, neighbour replacement at each r, random replacement at each r) and
 ``interchangeability_psnr.png/.pdf``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -35,28 +37,51 @@ from tqdm.auto import tqdm
 
 from ambiguity import plots
 from ambiguity.analyses.common import add_analysis_args, analysis_inputs, batches, digest, generate_grids, print_table
-from ambiguity.cli import (ArgumentParser, check_out_dir, cli_main, default_out, float_list, int_list, positive_int,
-                           sampling_from_args)
+from ambiguity.cli import (
+    ArgumentParser,
+    check_out_dir,
+    cli_main,
+    default_out,
+    float_list,
+    int_list,
+    positive_int,
+    sampling_from_args,
+)
+from ambiguity.conditions import parse_classes
 from ambiguity.errors import UsageError
 from ambiguity.io import write_table
 from ambiguity.memory import RECORD_BYTES, check_count, check_run_size
-from ambiguity.conditions import parse_classes
 from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig
 from ambiguity.seeding import replacement_seed
 
-__all__ = ["replace_tokens", "pixel_errors", "replacement_settings", "interchangeability",
-           "summarize_interchangeability", "replacement_rows", "replacement_grid", "plot_psnr",
-           "run_interchangeability", "main"]
+__all__ = [
+    "replace_tokens",
+    "pixel_errors",
+    "replacement_settings",
+    "interchangeability",
+    "summarize_interchangeability",
+    "replacement_rows",
+    "replacement_grid",
+    "plot_psnr",
+    "run_interchangeability",
+    "main",
+]
 
 PSNR_FLOOR_MSE = 1e-10
 
 
-def replace_tokens(codes: torch.Tensor, rate: float, generator: torch.Generator, *,
-                   neighbours: Optional[torch.Tensor] = None, k: Optional[int] = None,
-                   vocab_size: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def replace_tokens(
+    codes: torch.Tensor,
+    rate: float,
+    generator: torch.Generator,
+    *,
+    neighbours: Optional[torch.Tensor] = None,
+    k: Optional[int] = None,
+    vocab_size: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Replace round(rate * n) tokens of every grid by a latent neighbour, or by a random code.
 
     Args:
@@ -119,15 +144,27 @@ def _replace(codes, setting, neighbourhoods: Neighbourhoods, vocab_size: int, se
 
 
 def _decode(model, codes: torch.Tensor, batch_size: int) -> torch.Tensor:
-    return torch.cat([model.decode_codes(codes[i: i + batch_size]).float().cpu()
-                      for i in range(0, codes.shape[0], batch_size)])
+    return torch.cat(
+        [model.decode_codes(codes[i : i + batch_size]).float().cpu() for i in range(0, codes.shape[0], batch_size)]
+    )
 
 
 @torch.no_grad()
-def interchangeability(model, codes: torch.Tensor, neighbourhoods: Neighbourhoods, rows: torch.Tensor,
-                       ks: Sequence[int], rates: Sequence[float], *, seed: int = 0, repeats: int = 1,
-                       batch_size: int = 16, reference: Optional[torch.Tensor] = None, run: Optional[RunDir] = None,
-                       progress: bool = False):
+def interchangeability(
+    model,
+    codes: torch.Tensor,
+    neighbourhoods: Neighbourhoods,
+    rows: torch.Tensor,
+    ks: Sequence[int],
+    rates: Sequence[float],
+    *,
+    seed: int = 0,
+    repeats: int = 1,
+    batch_size: int = 16,
+    reference: Optional[torch.Tensor] = None,
+    run: Optional[RunDir] = None,
+    progress: bool = False,
+):
     """Pixel error of neighbour vs random replacement for every (k, rate) and repeat.
 
     Args:
@@ -158,9 +195,19 @@ def interchangeability(model, codes: torch.Tensor, neighbourhoods: Neighbourhood
         m = mask.reshape(B, -1).cpu()
         dist = (rows[new.reshape(B, -1).cpu()] - rows[codes.reshape(B, -1).cpu()]).norm(dim=-1)
         latent = (dist * m).sum(1) / m.sum(1).clamp_min(1)
-        frame = pd.DataFrame({"image": np.arange(B), "mode": mode, "k": pd.array([k] * B, dtype="Int64"),
-                              "rate": rate, "repeat": rep, "replaced": m.sum(1).numpy(), "mse": mse.numpy(),
-                              "psnr": psnr.numpy(), "latent_distance": latent.numpy()})
+        frame = pd.DataFrame(
+            {
+                "image": np.arange(B),
+                "mode": mode,
+                "k": pd.array([k] * B, dtype="Int64"),
+                "rate": rate,
+                "repeat": rep,
+                "replaced": m.sum(1).numpy(),
+                "mse": mse.numpy(),
+                "psnr": psnr.numpy(),
+                "latent_distance": latent.numpy(),
+            }
+        )
         if run is not None:
             run.write_part(name, holds, tables={"images": frame})
         frames.append(frame)
@@ -171,16 +218,31 @@ def summarize_interchangeability(per_image):
     """Per (mode, k, rate): mean and std of MSE, mean/median PSNR (dB), mean latent distance,
     mean replaced tokens, number of images x repeats."""
     g = per_image.groupby(["mode", "k", "rate"], dropna=False, sort=True)
-    s = g.agg(mse=("mse", "mean"), mse_std=("mse", "std"), psnr=("psnr", "mean"), psnr_median=("psnr", "median"),
-              latent_distance=("latent_distance", "mean"), replaced=("replaced", "mean"), n=("mse", "size"))
+    s = g.agg(
+        mse=("mse", "mean"),
+        mse_std=("mse", "std"),
+        psnr=("psnr", "mean"),
+        psnr_median=("psnr", "median"),
+        latent_distance=("latent_distance", "mean"),
+        replaced=("replaced", "mean"),
+        n=("mse", "size"),
+    )
     s = s.reset_index()
     s["order"] = (s["mode"] == "random").astype(int)
     return s.sort_values(["order", "k", "rate"]).drop(columns="order").reset_index(drop=True)
 
 
 @torch.no_grad()
-def replacement_rows(model, codes: torch.Tensor, neighbourhoods: Neighbourhoods, k: int, rates: Sequence[float],
-                     *, seed: int = 0, show: int = 6) -> tuple[torch.Tensor, list[str]]:
+def replacement_rows(
+    model,
+    codes: torch.Tensor,
+    neighbourhoods: Neighbourhoods,
+    k: int,
+    rates: Sequence[float],
+    *,
+    seed: int = 0,
+    show: int = 6,
+) -> tuple[torch.Tensor, list[str]]:
     """The images of :func:`replacement_grid`, row after row, and one label per row.
 
     Rows: the decode of the first ``show`` grids, then neighbour replacement (B_k) at each rate,
@@ -192,15 +254,25 @@ def replacement_rows(model, codes: torch.Tensor, neighbourhoods: Neighbourhoods,
     rows, labels = [model.decode_codes(codes[:show]).float().cpu()], ["original"]
     for mode in ("neighbour", "random"):
         for r in rates:
-            new, _ = _replace(codes, (mode, k if mode == "neighbour" else None, float(r)), neighbourhoods,
-                              model.vocab_size, seed, 0)
+            new, _ = _replace(
+                codes, (mode, k if mode == "neighbour" else None, float(r)), neighbourhoods, model.vocab_size, seed, 0
+            )
             rows.append(model.decode_codes(new[:show]).float().cpu())
             labels.append(f"B_{k}, r={r:g}" if mode == "neighbour" else f"random, r={r:g}")
     return torch.cat(rows), labels
 
 
-def replacement_grid(model, codes: torch.Tensor, neighbourhoods: Neighbourhoods, k: int, rates: Sequence[float],
-                     *, seed: int = 0, show: int = 6, title: str = ""):
+def replacement_grid(
+    model,
+    codes: torch.Tensor,
+    neighbourhoods: Neighbourhoods,
+    k: int,
+    rates: Sequence[float],
+    *,
+    seed: int = 0,
+    show: int = 6,
+    title: str = "",
+):
     """Image-grid figure of :func:`replacement_rows` (rows: original, neighbour replacement at
     each rate, random replacement at each rate; columns: the first ``show`` grids).
 
@@ -217,11 +289,24 @@ def plot_psnr(summary, path: str | Path, title: str = "") -> list[Path]:
         nb = summary[summary["mode"] == "neighbour"]
         for i, k in enumerate(sorted(nb["k"].dropna().unique())):
             d = nb[nb["k"] == k].sort_values("rate")
-            ax.plot(d["rate"], d["psnr"], marker="o", markersize=2.5, color=plots.color_for(f"k{k}", i),
-                    label=f"neighbour, k={int(k)}")
+            ax.plot(
+                d["rate"],
+                d["psnr"],
+                marker="o",
+                markersize=2.5,
+                color=plots.color_for(f"k{k}", i),
+                label=f"neighbour, k={int(k)}",
+            )
         d = summary[summary["mode"] == "random"].sort_values("rate")
-        ax.plot(d["rate"], d["psnr"], marker="s", markersize=2.5, linestyle="--", color=plots.color_for("random"),
-                label="random token")
+        ax.plot(
+            d["rate"],
+            d["psnr"],
+            marker="s",
+            markersize=2.5,
+            linestyle="--",
+            color=plots.color_for("random"),
+            label="random token",
+        )
         ax.set_xlabel("fraction of tokens replaced r")
         ax.set_ylabel("PSNR vs untouched decode (dB)")
         if title:
@@ -232,16 +317,30 @@ def plot_psnr(summary, path: str | Path, title: str = "") -> list[Path]:
 
 COMMAND = "python -m ambiguity.analyses interchangeability"
 OUTPUTS = ("interchangeability.parquet", "interchangeability_images.parquet") + tuple(
-    f"interchangeability_{f}.{x}" for f in ("grid", "psnr") for x in ("png", "pdf"))
+    f"interchangeability_{f}.{x}" for f in ("grid", "psnr") for x in ("png", "pdf")
+)
 
 
 @torch.no_grad()
-def run_interchangeability(model, ks: Optional[Sequence[int]] = None, rates: Sequence[float] = (0.1, 0.25, 0.5, 1.0),
-                           metric: str = "l2", matrix: str = "codebook", *, num_images: int = 16,
-                           batch_size: int = 16, sampling=None, seed: int = 0, repeats: int = 1,
-                           conditions: Optional[list] = None, images: Optional[torch.Tensor] = None,
-                           out_dir: Optional[str | Path] = None, overwrite: bool = False, cache_dir=None,
-                           progress: bool = True):
+def run_interchangeability(
+    model,
+    ks: Optional[Sequence[int]] = None,
+    rates: Sequence[float] = (0.1, 0.25, 0.5, 1.0),
+    metric: str = "l2",
+    matrix: str = "codebook",
+    *,
+    num_images: int = 16,
+    batch_size: int = 16,
+    sampling=None,
+    seed: int = 0,
+    repeats: int = 1,
+    conditions: Optional[list] = None,
+    images: Optional[torch.Tensor] = None,
+    out_dir: Optional[str | Path] = None,
+    overwrite: bool = False,
+    cache_dir=None,
+    progress: bool = True,
+):
     """Token grids (generated with ``sampling``, or the VQ codes of real ``images``) -> replacement errors.
 
     ks default: those of 1, 4, 16, 64, 256 below V. Image ``i`` is generated from its own
@@ -264,19 +363,44 @@ def run_interchangeability(model, ks: Optional[Sequence[int]] = None, rates: Seq
     if repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {repeats}")
     check_run_size(model, num_images, batch_size, sampling.guided)
-    check_count(repeats, num_images * len(replacement_settings(ks, rates)) * RECORD_BYTES, "--repeats",
-                "the per-image rows of every replacement setting")
+    check_count(
+        repeats,
+        num_images * len(replacement_settings(ks, rates)) * RECORD_BYTES,
+        "--repeats",
+        "the per-image rows of every replacement setting",
+    )
     rows = model_matrix(model, matrix)
-    nb = build_neighbourhoods(rows, ks[-1], metric, seed=seed, image_token_ids=model.image_token_ids,
-                              source=f"{model.name}:{matrix}", cache_dir=cache_dir, progress=progress)
+    nb = build_neighbourhoods(
+        rows,
+        ks[-1],
+        metric,
+        seed=seed,
+        image_token_ids=model.image_token_ids,
+        source=f"{model.name}:{matrix}",
+        cache_dir=cache_dir,
+        progress=progress,
+    )
     conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
     conds = conds[:num_images]
     run = None
     if out_dir is not None:
-        run = RunDir(out_dir, {"analysis": "interchangeability", "model": model.describe(), "matrix": matrix,
-                               "metric": metric, "sampling": sampling.as_dict(), "seed": seed,
-                               "real_images": images is not None, "num_images": num_images,
-                               "conditions": digest(conds), "key": nb.key}, command=COMMAND, outputs=OUTPUTS)
+        run = RunDir(
+            out_dir,
+            {
+                "analysis": "interchangeability",
+                "model": model.describe(),
+                "matrix": matrix,
+                "metric": metric,
+                "sampling": sampling.as_dict(),
+                "seed": seed,
+                "real_images": images is not None,
+                "num_images": num_images,
+                "conditions": digest(conds),
+                "key": nb.key,
+            },
+            command=COMMAND,
+            outputs=OUTPUTS,
+        )
         run.open(overwrite)
     holds = {"images": num_images}
     part = run.read_part("codes", holds) if run is not None else None
@@ -292,26 +416,33 @@ def run_interchangeability(model, ks: Optional[Sequence[int]] = None, rates: Seq
         codes = torch.cat(grids)
         if run is not None:
             run.write_part("codes", holds, tensors={"codes": {"codes": codes}})
-    per_image = interchangeability(model, codes, nb, rows, ks, rates, seed=seed, repeats=repeats,
-                                   batch_size=batch_size, run=run, progress=progress)
+    per_image = interchangeability(
+        model, codes, nb, rows, ks, rates, seed=seed, repeats=repeats, batch_size=batch_size, run=run, progress=progress
+    )
     return codes, nb, per_image, summarize_interchangeability(per_image)
 
 
 @cli_main
 def main(argv=None) -> int:
     """``python -m ambiguity.analyses.interchangeability``: decode errors of neighbour vs random swaps."""
-    ap = ArgumentParser(prog="python -m ambiguity.analyses.interchangeability",
-                        description="Replace a fraction of tokens by latent neighbours (or random tokens), decode, "
-                                    "and measure the pixel error (LANTERN Sec. 4.1, Fig. 3).")
-    add_analysis_args(ap, num_images=16, batch_size=16,
-                      out_help="output folder (default: runs/interchangeability/<model>)")
+    ap = ArgumentParser(
+        prog="python -m ambiguity.analyses.interchangeability",
+        description="Replace a fraction of tokens by latent neighbours (or random tokens), decode, "
+        "and measure the pixel error (LANTERN Sec. 4.1, Fig. 3).",
+    )
+    add_analysis_args(
+        ap, num_images=16, batch_size=16, out_help="output folder (default: runs/interchangeability/<model>)"
+    )
     ap.add_argument("--ks", default=None, help="comma-separated neighbourhood sizes (default: 1,4,16,64,256 below V)")
-    ap.add_argument("--rates", default="0.1,0.25,0.5,1",
-                    help="comma-separated fractions replaced (default: %(default)s)")
+    ap.add_argument(
+        "--rates", default="0.1,0.25,0.5,1", help="comma-separated fractions replaced (default: %(default)s)"
+    )
     ap.add_argument("--metric", default="l2", choices=[m for m in METRICS if m != "random"])
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
     ap.add_argument("--repeats", type=positive_int, default=1, help="random draws per setting (default: %(default)s)")
-    ap.add_argument("--grid-k", type=positive_int, default=None, help="k shown in the image grid (default: the largest k)")
+    ap.add_argument(
+        "--grid-k", type=positive_int, default=None, help="k shown in the image grid (default: the largest k)"
+    )
     ap.add_argument("--show", type=positive_int, default=6, help="images per grid row (default: %(default)s)")
     args = ap.parse_args(argv)
 
@@ -327,9 +458,23 @@ def main(argv=None) -> int:
     sampling = sampling_from_args(args, "c2i")
     conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)
     codes, nb, per_image, summary = run_interchangeability(
-        model, ks, rates, args.metric, args.matrix, num_images=args.num_images, batch_size=args.batch_size,
-        sampling=sampling, seed=args.seed, repeats=args.repeats, conditions=conds, images=images, out_dir=out,
-        overwrite=args.overwrite, cache_dir=args.cache_dir, progress=not args.no_progress)
+        model,
+        ks,
+        rates,
+        args.metric,
+        args.matrix,
+        num_images=args.num_images,
+        batch_size=args.batch_size,
+        sampling=sampling,
+        seed=args.seed,
+        repeats=args.repeats,
+        conditions=conds,
+        images=images,
+        out_dir=out,
+        overwrite=args.overwrite,
+        cache_dir=args.cache_dir,
+        progress=not args.no_progress,
+    )
     grid_k = args.grid_k or int(summary["k"].max())
     if not 1 <= grid_k <= nb.k:
         raise UsageError(f"--grid-k must be in 1..{nb.k}, got {grid_k}")
@@ -339,15 +484,28 @@ def main(argv=None) -> int:
     write_table(summary, out / "interchangeability.parquet")
     write_table(per_image, out / "interchangeability_images.parquet")
     src = "real" if images is not None else "generated"
-    fig = replacement_grid(model, codes, nb, grid_k, sorted(set(rates)), seed=args.seed, show=args.show,
-                           title=f"{model.name}: {src} tokens, {args.metric} neighbours of the {args.matrix}")
+    fig = replacement_grid(
+        model,
+        codes,
+        nb,
+        grid_k,
+        sorted(set(rates)),
+        seed=args.seed,
+        show=args.show,
+        title=f"{model.name}: {src} tokens, {args.metric} neighbours of the {args.matrix}",
+    )
     figs = plots.save_figure(fig, out / "interchangeability_grid")
     figs += plot_psnr(summary, out / "interchangeability_psnr", title=f"{model.name}, {args.matrix}, {args.metric}")
-    print_table(summary, ["mode", "k", "rate", "mse", "psnr", "psnr_median", "latent_distance", "n"],
-                title=f"latent interchangeability ({model.name}, {codes.shape[0]} {src} grids, "
-                      f"{args.repeats} draw(s) per setting):")
-    print(f"wrote {out / 'interchangeability.parquet'}, {out / 'interchangeability_images.parquet'}, "
-          f"{', '.join(str(f) for f in figs)}")
+    print_table(
+        summary,
+        ["mode", "k", "rate", "mse", "psnr", "psnr_median", "latent_distance", "n"],
+        title=f"latent interchangeability ({model.name}, {codes.shape[0]} {src} grids, "
+        f"{args.repeats} draw(s) per setting):",
+    )
+    print(
+        f"wrote {out / 'interchangeability.parquet'}, {out / 'interchangeability_images.parquet'}, "
+        f"{', '.join(str(f) for f in figs)}"
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ A file is read as COCO JSON when its name ends in ``.json`` or its first non-bla
 ``{``. :func:`sample_captions` draws the seeded random subset the profiler uses.
 Every problem with the file is a one-line :class:`~ambiguity.errors.UsageError` naming the fix.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ import torch
 from ambiguity.errors import UsageError
 from ambiguity.seeding import subset_seed
 
-__all__ = ["read_captions", "read_text_captions", "read_coco_captions", "longest_per_image", "sample_captions",
-           "load_captions", "is_coco_json"]
+__all__ = [
+    "read_captions",
+    "read_text_captions",
+    "read_coco_captions",
+    "longest_per_image",
+    "sample_captions",
+    "load_captions",
+    "is_coco_json",
+]
 
 _FIX = "pass --captions FILE with one caption per line or an MS-COCO captions_*.json"
 
@@ -65,8 +73,12 @@ def longest_per_image(annotations: list) -> dict[int, str]:
     """
     best: dict[int, str] = {}
     for i, ann in enumerate(annotations):
-        if not isinstance(ann, dict) or not isinstance(ann.get("caption"), str) or \
-                isinstance(ann.get("image_id"), bool) or not isinstance(ann.get("image_id"), int):
+        if (
+            not isinstance(ann, dict)
+            or not isinstance(ann.get("caption"), str)
+            or isinstance(ann.get("image_id"), bool)
+            or not isinstance(ann.get("image_id"), int)
+        ):
             raise UsageError(f"COCO annotation #{i} lacks an integer image_id and a string caption; {_FIX}")
         cap = _clean(ann["caption"])
         if cap and len(cap) > len(best.get(ann["image_id"], "")):
@@ -86,7 +98,7 @@ def read_coco_captions(path: str | Path) -> dict[int, str]:
     except json.JSONDecodeError as exc:
         raise UsageError(f"captions file {path} is not valid JSON (line {exc.lineno}: {exc.msg}); {_FIX}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("annotations"), list):
-        raise UsageError(f"{path} has no \"annotations\" list, so it is not an MS-COCO captions file; {_FIX}")
+        raise UsageError(f'{path} has no "annotations" list, so it is not an MS-COCO captions file; {_FIX}')
     best = longest_per_image(obj["annotations"])
     if not best:
         raise UsageError(f"COCO captions file {path} holds no captions; {_FIX}")
@@ -129,8 +141,10 @@ def sample_captions(captions: list[str], n: Optional[int], seed: int = 0) -> lis
     if n < 1:
         raise UsageError(f"--num-images must be >= 1, got {n}")
     if n > len(captions):
-        raise UsageError(f"the captions file has {len(captions)} captions but {n} images were asked for; "
-                         f"lower --num-images or pass a larger --captions file")
+        raise UsageError(
+            f"the captions file has {len(captions)} captions but {n} images were asked for; "
+            f"lower --num-images or pass a larger --captions file"
+        )
     g = torch.Generator().manual_seed(subset_seed(seed))
     order = torch.randperm(len(captions), generator=g)[:n]
     return [captions[i] for i in order.tolist()]

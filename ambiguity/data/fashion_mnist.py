@@ -6,6 +6,7 @@ On Debian ``apt-get install dataset-fashion-mnist`` puts them in
 so that a VQ tokenizer with 4x downsampling gives an 8 x 8 token grid; ``load_split(size=64)``
 upsamples them (:func:`upsample`) to 64 x 64 for a 16 x 16 grid (the ``embedded-16`` model).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -21,14 +22,25 @@ import torch
 
 from ambiguity.errors import UsageError
 
-__all__ = ["CLASSES", "DEFAULT_DIRS", "find_dir", "load_split", "pad_to_32", "read_idx", "write_idx", "upsample",
-           "model_image_size"]
+__all__ = [
+    "CLASSES",
+    "DEFAULT_DIRS",
+    "find_dir",
+    "load_split",
+    "pad_to_32",
+    "read_idx",
+    "write_idx",
+    "upsample",
+    "model_image_size",
+]
 
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 DEFAULT_DIRS = ("/usr/share/datasets/fashion-mnist", "~/.cache/fashion-mnist", "data/fashion-mnist")
-MAX_IDX_BYTES = 2 ** 31  # the largest Fashion-MNIST file holds 47 MB
-_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+MAX_IDX_BYTES = 2**31  # the largest Fashion-MNIST file holds 47 MB
+_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
 
 
 def _open(base: Path):
@@ -51,8 +63,10 @@ def find_dir(root: Optional[str | os.PathLike] = None) -> Path:
         if all(_open(p / f) is not None for f in _FILES["test"]):
             return p
     where = root or ", ".join(DEFAULT_DIRS)
-    raise UsageError(f"Fashion-MNIST IDX files not found in {where}; run `apt-get install dataset-fashion-mnist` "
-                     f"or pass --data DIR with train-/t10k- images and labels")
+    raise UsageError(
+        f"Fashion-MNIST IDX files not found in {where}; run `apt-get install dataset-fashion-mnist` "
+        f"or pass --data DIR with train-/t10k- images and labels"
+    )
 
 
 def _read_idx(fh, name: str = "IDX file") -> np.ndarray:
@@ -60,22 +74,30 @@ def _read_idx(fh, name: str = "IDX file") -> np.ndarray:
         with fh:
             head = fh.read(4)
             if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] != 0x08:
-                raise UsageError(f"{name} is not an unsigned-byte IDX file (bad magic {head.hex() or 'none'}); "
-                                 f"re-download the Fashion-MNIST files")
+                raise UsageError(
+                    f"{name} is not an unsigned-byte IDX file (bad magic {head.hex() or 'none'}); "
+                    f"re-download the Fashion-MNIST files"
+                )
             sizes = fh.read(4 * head[3])
             if len(sizes) != 4 * head[3]:
                 raise UsageError(f"{name} ends inside its IDX header; the file is truncated, re-download it")
             dims = struct.unpack(">" + "I" * head[3], sizes)
             if math.prod(dims) > MAX_IDX_BYTES:
-                raise UsageError(f"{name} has the shape {tuple(dims)} in its header, more data than any "
-                                 f"Fashion-MNIST file; the file is damaged, re-download it")
+                raise UsageError(
+                    f"{name} has the shape {tuple(dims)} in its header, more data than any "
+                    f"Fashion-MNIST file; the file is damaged, re-download it"
+                )
             data = fh.read(math.prod(dims) + 1)
     except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError; EOFError: truncated .gz
-        raise UsageError(f"cannot read {name} ({type(exc).__name__}: {exc}); the file is damaged or truncated, "
-                         f"re-download the Fashion-MNIST files") from None
+        raise UsageError(
+            f"cannot read {name} ({type(exc).__name__}: {exc}); the file is damaged or truncated, "
+            f"re-download the Fashion-MNIST files"
+        ) from None
     if len(data) != math.prod(dims):
-        raise UsageError(f"{name} holds {len(data)} bytes of data but its header says {tuple(dims)}; "
-                         f"the file is truncated or damaged, re-download it")
+        raise UsageError(
+            f"{name} holds {len(data)} bytes of data but its header says {tuple(dims)}; "
+            f"the file is truncated or damaged, re-download it"
+        )
     return np.frombuffer(data, dtype=np.uint8).reshape(dims)
 
 
@@ -140,8 +162,9 @@ def model_image_size(shape) -> Optional[int]:
     return int(shape[1])
 
 
-def load_split(split: str = "train", root: Optional[str | os.PathLike] = None,
-               limit: Optional[int] = None, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def load_split(
+    split: str = "train", root: Optional[str | os.PathLike] = None, limit: Optional[int] = None, size: int = 32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Read a split -> (images (N, 1, size, size) float32 in [0, 1], labels (N,) int64 in 0..9).
 
     ``root``: directory with the IDX files (default: see :func:`find_dir`); ``limit``: keep only
@@ -159,8 +182,10 @@ def load_split(split: str = "train", root: Optional[str | os.PathLike] = None,
     images = torch.from_numpy(_read_idx(_open(d / img_f), str(d / img_f)).copy())
     labels = torch.from_numpy(_read_idx(_open(d / lab_f), str(d / lab_f)).astype(np.int64))
     if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
-        raise UsageError(f"{d}: {split} images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match; "
-                         f"re-download the Fashion-MNIST files")
+        raise UsageError(
+            f"{d}: {split} images {tuple(images.shape)} and labels {tuple(labels.shape)} do not match; "
+            f"re-download the Fashion-MNIST files"
+        )
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
     return upsample(pad_to_32(images), size), labels

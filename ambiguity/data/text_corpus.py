@@ -16,22 +16,36 @@ The tokenizer is a byte-level BPE (``tokenizers`` library) with exactly ``vocab_
 and no special tokens: the beginning of a sequence is the GPT's single class token, not a
 vocabulary entry, so the twin's vocabulary matches the image model's codebook size one to one.
 """
+
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from ambiguity.errors import UsageError
 
-__all__ = ["Chapter", "KJV_RANGE", "read_kjv", "parse_bible_output", "read_text_file", "load_corpus",
-           "split_chapters", "train_tokenizer", "load_tokenizer", "encode_chapters", "passages", "disjoint_starts",
-           "synthetic_corpus"]
+__all__ = [
+    "Chapter",
+    "KJV_RANGE",
+    "read_kjv",
+    "parse_bible_output",
+    "read_text_file",
+    "load_corpus",
+    "split_chapters",
+    "train_tokenizer",
+    "load_tokenizer",
+    "encode_chapters",
+    "passages",
+    "disjoint_starts",
+    "synthetic_corpus",
+]
 
 KJV_RANGE = "gen1:1-rev22:21"
 _VERSE = re.compile(r"^\s+(\d+)\s+(.*\S)\s*$")
@@ -53,13 +67,16 @@ def read_kjv(program: str = "bible") -> list[Chapter]:
     """
     exe = shutil.which(program)
     if exe is None:
-        raise UsageError(f"the `{program}` program is not installed; run `apt-get install bible-kjv` "
-                         f"or pass --corpus FILE with English prose")
+        raise UsageError(
+            f"the `{program}` program is not installed; run `apt-get install bible-kjv` "
+            f"or pass --corpus FILE with English prose"
+        )
     try:
         out = subprocess.run([exe, "-l0", KJV_RANGE], capture_output=True, text=True, check=True, timeout=120).stdout
     except (subprocess.SubprocessError, OSError) as exc:
-        raise UsageError(f"`{program} -l0 {KJV_RANGE}` failed ({exc}); reinstall bible-kjv-text "
-                         f"or pass --corpus FILE") from None
+        raise UsageError(
+            f"`{program} -l0 {KJV_RANGE}` failed ({exc}); reinstall bible-kjv-text or pass --corpus FILE"
+        ) from None
     chapters = parse_bible_output(out)
     if not chapters:
         raise UsageError(f"`{program}` printed no verses; reinstall bible-kjv-text or pass --corpus FILE")
@@ -119,8 +136,10 @@ def split_chapters(chapters: Sequence[Chapter], test_every: int = 10) -> tuple[l
     train = [c for i, c in enumerate(chapters) if i % test_every != test_every - 1]
     test = [c for i, c in enumerate(chapters) if i % test_every == test_every - 1]
     if not train or not test:
-        raise UsageError(f"the corpus has {len(chapters)} chapters, too few for a held-out split every "
-                         f"{test_every}; pass a larger --corpus")
+        raise UsageError(
+            f"the corpus has {len(chapters)} chapters, too few for a held-out split every "
+            f"{test_every}; pass a larger --corpus"
+        )
     return train, test
 
 
@@ -144,12 +163,18 @@ def train_tokenizer(chapters: Sequence[Chapter], vocab_size: int):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
     tok.train_from_iterator(_verse_texts(chapters), trainer)
     if tok.get_vocab_size() != vocab_size:
-        raise UsageError(f"the corpus only supports {tok.get_vocab_size()} BPE tokens, not {vocab_size}; "
-                         f"pass a larger --corpus")
+        raise UsageError(
+            f"the corpus only supports {tok.get_vocab_size()} BPE tokens, not {vocab_size}; pass a larger --corpus"
+        )
     return tok
 
 

@@ -27,11 +27,13 @@ distribution of the first image token; ``model.extend(cache, tokens)`` appends `
 and returns, for each, the distribution of the *next* token; ``model.rollback(cache, n)`` keeps
 the prefix and the first ``n`` image tokens (KV-cache rollback after a rejected draft).
 """
+
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -114,11 +116,18 @@ class DraftLayer(nn.Module, abc.ABC):
     def rollback(self, cache: Any, n: int) -> None: ...
 
     @abc.abstractmethod
-    def forward(self, x: torch.Tensor, cache: Any, start: int, positions: Optional[torch.Tensor] = None,
-                attend: Optional[torch.Tensor] = None) -> torch.Tensor: ...
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: Any,
+        start: int,
+        positions: Optional[torch.Tensor] = None,
+        attend: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor: ...
 
-    def forward_slots(self, x: torch.Tensor, cache: Any, slots: torch.Tensor, positions: torch.Tensor,
-                      visible: torch.Tensor) -> torch.Tensor:
+    def forward_slots(
+        self, x: torch.Tensor, cache: Any, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+    ) -> torch.Tensor:
         """Batched decoding (see :meth:`TokenModel.extend_slots`): x (rows, T, H) written at cache
         slots (rows, T), rotary positions (rows, T), attending to the slots ``visible`` (rows, T, S)
         allows -> (rows, T, H). Raises NotImplementedError when the layer cannot batch."""
@@ -243,16 +252,18 @@ class TokenModel(abc.ABC):
         for ``num_tokens + spare`` image positions. Every slot keeps its own length (the caller's);
         the cache is preallocated once and updated in place (:meth:`prefill_slots`,
         :meth:`extend_slots`). Raises NotImplementedError when the adapter cannot batch."""
-        raise NotImplementedError(f"{self.name} cannot decode several images per forward (its adapter has no "
-                                  f"per-image cache positions)")
+        raise NotImplementedError(
+            f"{self.name} cannot decode several images per forward (its adapter has no per-image cache positions)"
+        )
 
     def prefill_slots(self, cache: Any, rows: torch.Tensor, prompt: Prompt) -> Step:
         """Run ``prompt``'s prefix and store it in cache rows ``rows`` (prompt.rows,) int64 (a new image
         takes a freed slot). Returns the Step (prompt.rows, 1, .) of the first image token."""
         raise NotImplementedError(f"{self.name} cannot decode several images per forward")
 
-    def extend_slots(self, cache: Any, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                     visible: torch.Tensor) -> Step:
+    def extend_slots(
+        self, cache: Any, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+    ) -> Step:
         """Every row appends T tokens at its own image positions, in one forward.
 
         tokens: (rows, T) int64 code indices; slots: (rows, T) int64 image positions (cache slots
@@ -327,5 +338,12 @@ class TokenModel(abc.ABC):
 
     def describe(self) -> dict:
         """Facts for summaries: name, kind, grid, vocabulary, hidden size, parameter count."""
-        return {"model": self.name, "kind": self.kind, "grid": list(self.grid), "vocab_size": self.vocab_size,
-                "hidden_size": self.hidden_size, "device": str(self.device), "dtype": str(self.dtype).replace("torch.", "")}
+        return {
+            "model": self.name,
+            "kind": self.kind,
+            "grid": list(self.grid),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+        }

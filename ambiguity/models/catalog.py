@@ -3,11 +3,13 @@
 :mod:`ambiguity.models.registry` registers :data:`BUILTIN` at import; add a model by appending a
 spec here (or calling :func:`ambiguity.models.registry.register` from your own code).
 """
+
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 from ambiguity.models.base import TokenModel
 from ambiguity.models.llamagen import LLAMAGEN_C2I_REPO, LLAMAGEN_T2I_REPO
@@ -54,15 +56,30 @@ def _add(spec: ModelSpec) -> None:
     BUILTIN.append(spec)
 
 
-_add(ModelSpec(
-    "embedded", "LlamaGen-architecture c2i model trained on Fashion-MNIST, shipped with the package",
-    "ambiguity.models.embedded:load_embedded", aliases=("fashion-mnist", "embedded-fashion-mnist"), kind="c2i",
-    codes=1024, classes=10))
-_add(ModelSpec(
-    "embedded-16", "The embedded model with LlamaGen's token geometry: 16384 x 8 l2-normalised codebook, "
-    "16x16 tokens (Fashion-MNIST upsampled to 64 px), shipped with the package",
-    "ambiguity.models.embedded:load_embedded", dict(variant="embedded-16"), aliases=("embedded16",), kind="c2i",
-    codes=16384, classes=10))
+_add(
+    ModelSpec(
+        "embedded",
+        "LlamaGen-architecture c2i model trained on Fashion-MNIST, shipped with the package",
+        "ambiguity.models.embedded:load_embedded",
+        aliases=("fashion-mnist", "embedded-fashion-mnist"),
+        kind="c2i",
+        codes=1024,
+        classes=10,
+    )
+)
+_add(
+    ModelSpec(
+        "embedded-16",
+        "The embedded model with LlamaGen's token geometry: 16384 x 8 l2-normalised codebook, "
+        "16x16 tokens (Fashion-MNIST upsampled to 64 px), shipped with the package",
+        "ambiguity.models.embedded:load_embedded",
+        dict(variant="embedded-16"),
+        aliases=("embedded16",),
+        kind="c2i",
+        codes=16384,
+        classes=10,
+    )
+)
 
 # Official LlamaGen class-conditional checkpoints (ImageNet, VQ-16 tokenizer).
 _C2I = {
@@ -75,50 +92,129 @@ _C2I = {
     "llamagen-c2i-3b-384": ("GPT-3B", 384, "c2i_3B_384.pt"),
 }
 for _name, (_preset, _res, _file) in _C2I.items():
-    _add(ModelSpec(
-        _name, f"LlamaGen {_preset} class-conditional, {_res} px ({_res // 16}x{_res // 16} tokens)",
-        "ambiguity.models.llamagen:load_llamagen",
-        dict(preset=_preset, model_type="c2i", resolution=_res, gpt_file=_file, vq_file="vq_ds16_c2i.pt",
-             repo=LLAMAGEN_C2I_REPO, name=_name),
-        aliases=(_name.replace("-384", ""),) if _name.endswith("-384") and _name.replace("-384", "") not in _C2I else (),
-        kind="c2i", codes=16384, classes=1000))
+    _add(
+        ModelSpec(
+            _name,
+            f"LlamaGen {_preset} class-conditional, {_res} px ({_res // 16}x{_res // 16} tokens)",
+            "ambiguity.models.llamagen:load_llamagen",
+            dict(
+                preset=_preset,
+                model_type="c2i",
+                resolution=_res,
+                gpt_file=_file,
+                vq_file="vq_ds16_c2i.pt",
+                repo=LLAMAGEN_C2I_REPO,
+                name=_name,
+            ),
+            aliases=(_name.replace("-384", ""),)
+            if _name.endswith("-384") and _name.replace("-384", "") not in _C2I
+            else (),
+            kind="c2i",
+            codes=16384,
+            classes=1000,
+        )
+    )
 
 # Official LlamaGen text-conditional checkpoints (flan-t5-xl captions, VQ-16 t2i tokenizer).
 for _stage, _res in ((1, 256), (2, 512)):
     _name = f"llamagen-t2i-stage{_stage}"
-    _add(ModelSpec(
-        _name, f"LlamaGen GPT-XL text-to-image Stage {'I' * _stage}, {_res} px ({_res // 16}x{_res // 16} tokens)",
-        "ambiguity.models.llamagen:load_llamagen",
-        dict(preset="GPT-XL", model_type="t2i", resolution=_res, gpt_file=f"t2i_XL_stage{_stage}_{_res}.pt",
-             vq_file="vq_ds16_t2i.pt", repo=LLAMAGEN_T2I_REPO, stage=_stage, name=_name), codes=16384))
+    _add(
+        ModelSpec(
+            _name,
+            f"LlamaGen GPT-XL text-to-image Stage {'I' * _stage}, {_res} px ({_res // 16}x{_res // 16} tokens)",
+            "ambiguity.models.llamagen:load_llamagen",
+            dict(
+                preset="GPT-XL",
+                model_type="t2i",
+                resolution=_res,
+                gpt_file=f"t2i_XL_stage{_stage}_{_res}.pt",
+                vq_file="vq_ds16_t2i.pt",
+                repo=LLAMAGEN_T2I_REPO,
+                stage=_stage,
+                name=_name,
+            ),
+            codes=16384,
+        )
+    )
 
 _CHAMELEON_SIZES = dict(codes=8192, codes_key=("vq_config", "num_embeddings"))
 _JANUS_SIZES = dict(codes=16384, codes_key=("vq_config", "num_embeddings"))
 
 # Models behind transformers classes (adapters in their own modules; weights from --weights or the HF cache).
-_add(ModelSpec("anole", "Anole-7b (Chameleon architecture, image generation), 512 px (32x32 tokens); "
-                   "leloy/Anole-7b-v0.1-hf or GAIR/Anole-7b-v0.1 layout",
-                   "ambiguity.models.chameleon:load_chameleon",
-                   dict(repo="leloy/Anole-7b-v0.1-hf", alt_repos=("GAIR/Anole-7b-v0.1",), style="chameleon",
-                        resolution=512, name="anole"),
-                   aliases=("anole-7b",), **_CHAMELEON_SIZES))
-_add(ModelSpec("chameleon-7b", "Chameleon-7b (facebook/chameleon-7b), 512 px (32x32 tokens)",
-                   "ambiguity.models.chameleon:load_chameleon",
-                   dict(repo="facebook/chameleon-7b", style="chameleon", resolution=512, name="chameleon-7b"), **_CHAMELEON_SIZES))
-_add(ModelSpec("lumina-mgpt", "Lumina-mGPT 7B 768 px (Chameleon architecture, 48x48 tokens + end-of-row tokens)",
-                   "ambiguity.models.chameleon:load_chameleon",
-                   dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768", style="lumina", resolution=768, name="lumina-mgpt"),
-               trees=False, **_CHAMELEON_SIZES))
-_add(ModelSpec("janus-pro-1b", "Janus-Pro-1B text-to-image, 384 px (24x24 tokens), transformers layout "
-                   "deepseek-community/Janus-Pro-1B", "ambiguity.models.janus:load_janus",
-                   dict(repo="deepseek-community/Janus-Pro-1B", name="janus-pro-1b"), aliases=("janus-pro",), **_JANUS_SIZES))
-_add(ModelSpec("janus-pro-7b", "Janus-Pro-7B text-to-image, 384 px (24x24 tokens), transformers layout "
-                   "deepseek-community/Janus-Pro-7B", "ambiguity.models.janus:load_janus",
-                   dict(repo="deepseek-community/Janus-Pro-7B", name="janus-pro-7b"), **_JANUS_SIZES))
-_add(ModelSpec("emu3-gen", "Emu3-Gen text-to-image, 720 px (90x90 tokens, end-of-row tokens hidden), "
-                   "transformers layout BAAI/Emu3-Gen-hf", "ambiguity.models.emu3:load_emu3",
-                   dict(repo="BAAI/Emu3-Gen-hf", name="emu3-gen"), aliases=("emu3",), trees=False,
-               codes=32768, codes_key=("vq_config", "codebook_size")))
-_add(ModelSpec("text-twin", "Embedded text twin: the embedded model's architecture trained on KJV English prose",
-                   "ambiguity.models.text_twin:load_text_twin", aliases=("embedded-text",), kind="text",
-               codes=1024))
+_add(
+    ModelSpec(
+        "anole",
+        "Anole-7b (Chameleon architecture, image generation), 512 px (32x32 tokens); "
+        "leloy/Anole-7b-v0.1-hf or GAIR/Anole-7b-v0.1 layout",
+        "ambiguity.models.chameleon:load_chameleon",
+        dict(
+            repo="leloy/Anole-7b-v0.1-hf",
+            alt_repos=("GAIR/Anole-7b-v0.1",),
+            style="chameleon",
+            resolution=512,
+            name="anole",
+        ),
+        aliases=("anole-7b",),
+        **_CHAMELEON_SIZES,
+    )
+)
+_add(
+    ModelSpec(
+        "chameleon-7b",
+        "Chameleon-7b (facebook/chameleon-7b), 512 px (32x32 tokens)",
+        "ambiguity.models.chameleon:load_chameleon",
+        dict(repo="facebook/chameleon-7b", style="chameleon", resolution=512, name="chameleon-7b"),
+        **_CHAMELEON_SIZES,
+    )
+)
+_add(
+    ModelSpec(
+        "lumina-mgpt",
+        "Lumina-mGPT 7B 768 px (Chameleon architecture, 48x48 tokens + end-of-row tokens)",
+        "ambiguity.models.chameleon:load_chameleon",
+        dict(repo="Alpha-VLLM/Lumina-mGPT-7B-768", style="lumina", resolution=768, name="lumina-mgpt"),
+        trees=False,
+        **_CHAMELEON_SIZES,
+    )
+)
+_add(
+    ModelSpec(
+        "janus-pro-1b",
+        "Janus-Pro-1B text-to-image, 384 px (24x24 tokens), transformers layout deepseek-community/Janus-Pro-1B",
+        "ambiguity.models.janus:load_janus",
+        dict(repo="deepseek-community/Janus-Pro-1B", name="janus-pro-1b"),
+        aliases=("janus-pro",),
+        **_JANUS_SIZES,
+    )
+)
+_add(
+    ModelSpec(
+        "janus-pro-7b",
+        "Janus-Pro-7B text-to-image, 384 px (24x24 tokens), transformers layout deepseek-community/Janus-Pro-7B",
+        "ambiguity.models.janus:load_janus",
+        dict(repo="deepseek-community/Janus-Pro-7B", name="janus-pro-7b"),
+        **_JANUS_SIZES,
+    )
+)
+_add(
+    ModelSpec(
+        "emu3-gen",
+        "Emu3-Gen text-to-image, 720 px (90x90 tokens, end-of-row tokens hidden), transformers layout BAAI/Emu3-Gen-hf",
+        "ambiguity.models.emu3:load_emu3",
+        dict(repo="BAAI/Emu3-Gen-hf", name="emu3-gen"),
+        aliases=("emu3",),
+        trees=False,
+        codes=32768,
+        codes_key=("vq_config", "codebook_size"),
+    )
+)
+_add(
+    ModelSpec(
+        "text-twin",
+        "Embedded text twin: the embedded model's architecture trained on KJV English prose",
+        "ambiguity.models.text_twin:load_text_twin",
+        aliases=("embedded-text",),
+        kind="text",
+        codes=1024,
+    )
+)

@@ -36,12 +36,14 @@ cache of the model's repo or of ``GAIR/Anole-7b-v0.1``; without it there are no 
 Source: Chameleon Team, arXiv 2405.09818; Chern et al., Anole, arXiv 2407.06135; Liu et al.,
 Lumina-mGPT, arXiv 2408.02657; LANTERN (Jang et al., ICLR 2025) Sec. 3 uses Anole as a target.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -52,9 +54,18 @@ from ambiguity.models.chameleon_weights import build_lm, locate_checkpoint, read
 from ambiguity.models.hf_common import HFDraftLayer, HFTokenModel, left_pad_ids, make_draft_layer
 from ambiguity.models.hub import find_weight
 
-__all__ = ["ChameleonModel", "ImageTemplate", "load_chameleon",
-           "image_token_ids_from_vocab", "make_template", "ANOLE_REPO", "ANOLE_META_REPO",
-           "CHAMELEON_REPO", "LUMINA_REPO", "VQGAN_ENV"]
+__all__ = [
+    "ChameleonModel",
+    "ImageTemplate",
+    "load_chameleon",
+    "image_token_ids_from_vocab",
+    "make_template",
+    "ANOLE_REPO",
+    "ANOLE_META_REPO",
+    "CHAMELEON_REPO",
+    "LUMINA_REPO",
+    "VQGAN_ENV",
+]
 
 ANOLE_REPO = "leloy/Anole-7b-v0.1-hf"
 ANOLE_META_REPO = "GAIR/Anole-7b-v0.1"
@@ -77,9 +88,11 @@ def image_token_ids_from_vocab(vocab: Mapping[str, int]) -> torch.Tensor:
     by_code: dict[int, int] = {}
     for name, vid in vocab.items():
         if name.startswith("IMGIMG") and name.endswith("Z"):
-            spelled = "".join(digits.get(ch, "?") for ch in name[len("IMGIMG"):-1])
+            spelled = "".join(digits.get(ch, "?") for ch in name[len("IMGIMG") : -1])
             if not spelled.isdigit():
-                raise UsageError(f"image token name {name!r} is not IMGIMG<letters A-J>Z; the vocabulary is not Chameleon's")
+                raise UsageError(
+                    f"image token name {name!r} is not IMGIMG<letters A-J>Z; the vocabulary is not Chameleon's"
+                )
             by_code[int(spelled)] = int(vid)
     if not by_code:
         raise UsageError("the model vocabulary has no IMGIMG image tokens; this is not a Chameleon-family checkpoint")
@@ -117,9 +130,11 @@ class ImageTemplate:
         return [self.boi, *self.size_tokens] if self.style == "lumina" else [self.bos, self.boi]
 
     def describe(self) -> str:
-        return {"chameleon": "<s> {caption} <racm3:break> | uncond <s> <racm3:break>",
-                "lumina": "<s> " + self.text.replace("\n", "\\n") + "<reserved08706> <racm3:break> <h> <w> | "
-                          "uncond <racm3:break> <h> <w>; <reserved08799> after each row"}[self.style]
+        return {
+            "chameleon": "<s> {caption} <racm3:break> | uncond <s> <racm3:break>",
+            "lumina": "<s> " + self.text.replace("\n", "\\n") + "<reserved08706> <racm3:break> <h> <w> | "
+            "uncond <racm3:break> <h> <w>; <reserved08799> after each row",
+        }[self.style]
 
 
 def _need(vocab: Mapping[str, int], name: str) -> int:
@@ -128,8 +143,9 @@ def _need(vocab: Mapping[str, int], name: str) -> int:
     return int(vocab[name])
 
 
-def make_template(vocab: Mapping[str, int], bos: int, style: str = "chameleon", resolution: int = 512,
-                  downsample: int = 16) -> ImageTemplate:
+def make_template(
+    vocab: Mapping[str, int], bos: int, style: str = "chameleon", resolution: int = 512, downsample: int = 16
+) -> ImageTemplate:
     """The :class:`ImageTemplate` of ``style`` for ``resolution`` px square images.
 
     Raises UsageError for an unknown style, a resolution the model family cannot make, or a
@@ -143,9 +159,17 @@ def make_template(vocab: Mapping[str, int], bos: int, style: str = "chameleon", 
         return ImageTemplate("chameleon", (side, side), bos, _need(vocab, BOI), pad)
     if style == "lumina":
         size = _need(vocab, f"<reserved{8800 + resolution // (2 * downsample):05d}>")
-        return ImageTemplate("lumina", (side, side), bos, _need(vocab, BOI), pad, sep=_need(vocab, LUMINA_SEP),
-                             eol=_need(vocab, LUMINA_EOL), size_tokens=(size, size),
-                             text=LUMINA_TEXT.replace("{width}", str(resolution)).replace("{height}", str(resolution)))
+        return ImageTemplate(
+            "lumina",
+            (side, side),
+            bos,
+            _need(vocab, BOI),
+            pad,
+            sep=_need(vocab, LUMINA_SEP),
+            eol=_need(vocab, LUMINA_EOL),
+            size_tokens=(size, size),
+            text=LUMINA_TEXT.replace("{width}", str(resolution)).replace("{height}", str(resolution)),
+        )
     raise UsageError(f"unknown Chameleon prompt style {style!r}; use chameleon or lumina")
 
 
@@ -164,8 +188,9 @@ class ChameleonModel(HFTokenModel):
 
     kind = "t2i"
 
-    def __init__(self, lm, template: ImageTemplate, tokenizer=None, vqgan: Optional[ChameleonVQGAN] = None,
-                 name: str = "anole"):
+    def __init__(
+        self, lm, template: ImageTemplate, tokenizer=None, vqgan: Optional[ChameleonVQGAN] = None, name: str = "anole"
+    ):
         config = lm.config
         vocab = config.vocabulary_map or (tokenizer.get_vocab() if tokenizer is not None else None)
         if not vocab:
@@ -188,8 +213,9 @@ class ChameleonModel(HFTokenModel):
         if isinstance(condition, str):
             if self.tokenizer is None:
                 raise UsageError(f"{self.name}: no tokenizer.json next to the weights; give captions as token id lists")
-            return self.tokenizer.encode(self.template.text.replace("{caption}", condition),
-                                         add_special_tokens=False).ids
+            return self.tokenizer.encode(
+                self.template.text.replace("{caption}", condition), add_special_tokens=False
+            ).ids
         ids = [int(i) for i in (condition.tolist() if torch.is_tensor(condition) else condition)]
         if any(i < 0 or i >= self.lm.config.vocab_size for i in ids):
             raise UsageError(f"caption token ids must lie in 0..{self.lm.config.vocab_size - 1}")
@@ -256,8 +282,10 @@ class ChameleonModel(HFTokenModel):
         """Code grids (B, h, w) int64 -> images (B, 3, 16h, 16w) float32 in [0, 1] through the VQGAN
         decoder; NotImplementedError without vqgan.ckpt."""
         if self.vqgan is None:
-            raise NotImplementedError(f"{self.name}: no VQGAN decoder (vqgan.ckpt + vqgan.yaml) found; put them next to "
-                                      f"the weights or set {VQGAN_ENV}")
+            raise NotImplementedError(
+                f"{self.name}: no VQGAN decoder (vqgan.ckpt + vqgan.yaml) found; put them next to "
+                f"the weights or set {VQGAN_ENV}"
+            )
         with torch.no_grad():
             x = self.vqgan.decode_codes(codes)
         return ((x.float() + 1) / 2).clamp(0, 1)
@@ -279,13 +307,18 @@ class ChameleonModel(HFTokenModel):
     def describe(self) -> dict:
         """Summary facts plus parameter count (without the VQ model), prompt template and pixel support."""
         d = super().describe()
-        d.update(parameters=sum(p.numel() for n, p in self.lm.named_parameters() if ".vqmodel." not in n),
-                 template=self.template.describe(), can_decode=self.can_decode)
+        d.update(
+            parameters=sum(p.numel() for n, p in self.lm.named_parameters() if ".vqmodel." not in n),
+            template=self.template.describe(),
+            can_decode=self.can_decode,
+        )
         return d
 
 
 # --------------------------------------------------------------------------- checkpoints
-def _find_vqgan(vqgan, folders: Sequence[Path], repos: Sequence[str], fallback_config, device) -> Optional[ChameleonVQGAN]:
+def _find_vqgan(
+    vqgan, folders: Sequence[Path], repos: Sequence[str], fallback_config, device
+) -> Optional[ChameleonVQGAN]:
     """Meta's vqgan.ckpt: the explicit path (or $AMBIGUITY_CHAMELEON_VQGAN), else next to the
     weights, else in the local Hugging Face cache of ``repos``; None when nowhere."""
     explicit = vqgan if vqgan is not None else os.environ.get(VQGAN_ENV)
@@ -296,8 +329,9 @@ def _find_vqgan(vqgan, folders: Sequence[Path], repos: Sequence[str], fallback_c
             raise UsageError(f"VQGAN checkpoint {p} does not exist; pass the path of Meta's vqgan.ckpt")
         cands = [p]
     else:
-        cands = [d / "vqgan.ckpt" for d in folders] + \
-                [find_weight(f, r) for r in repos for f in ("tokenizer/vqgan.ckpt", "vqgan.ckpt")]
+        cands = [d / "vqgan.ckpt" for d in folders] + [
+            find_weight(f, r) for r in repos for f in ("tokenizer/vqgan.ckpt", "vqgan.ckpt")
+        ]
     for c in cands:
         if c is not None and Path(c).is_file():
             c = Path(c)
@@ -306,9 +340,18 @@ def _find_vqgan(vqgan, folders: Sequence[Path], repos: Sequence[str], fallback_c
     return None
 
 
-def load_chameleon(weights=None, device="cpu", dtype=torch.float32, *, repo: str = ANOLE_REPO,
-                   alt_repos: Sequence[str] = (), style: Optional[str] = None, resolution: Optional[int] = None,
-                   vqgan: Optional[str | Path] = None, name: Optional[str] = None) -> ChameleonModel:
+def load_chameleon(
+    weights=None,
+    device="cpu",
+    dtype=torch.float32,
+    *,
+    repo: str = ANOLE_REPO,
+    alt_repos: Sequence[str] = (),
+    style: Optional[str] = None,
+    resolution: Optional[int] = None,
+    vqgan: Optional[str | Path] = None,
+    name: Optional[str] = None,
+) -> ChameleonModel:
     """Load Anole / Chameleon / Lumina-mGPT (see :data:`ambiguity.models.catalog`).
 
     ``weights``: a checkpoint folder in either layout (module docstring); else the local Hugging

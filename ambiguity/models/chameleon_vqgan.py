@@ -20,6 +20,7 @@ Source: Esser et al., "Taming Transformers", CVPR 2021 (VQGAN); Chameleon Team, 
 2405.09818, Sec. 2.1 (the 8192-code, 512 px -> 32 x 32 tokenizer); the released
 ``chameleon/inference/vqgan.py`` for parameter names.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,16 @@ from ambiguity.errors import UsageError
 from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
 from ambiguity.models.vq import AttnBlock, Downsample, ResnetBlock, Upsample, _norm
 
-__all__ = ["VQGANConfig", "ChameleonVQGAN", "vqgan_config_from_official", "vqgan_config_from_hf",
-           "read_vqgan_config", "load_vqgan", "vqgan_from_state", "TRAINING_ONLY_PREFIXES"]
+__all__ = [
+    "VQGANConfig",
+    "ChameleonVQGAN",
+    "vqgan_config_from_official",
+    "vqgan_config_from_hf",
+    "read_vqgan_config",
+    "load_vqgan",
+    "vqgan_from_state",
+    "TRAINING_ONLY_PREFIXES",
+]
 
 # Keys a training checkpoint may carry that are not part of the tokenizer (the GAN loss).
 TRAINING_ONLY_PREFIXES = ("loss.",)
@@ -86,14 +95,21 @@ def vqgan_config_from_official(params: dict) -> VQGANConfig:
         params = params["model"].get("params", params["model"])
     try:
         dd = params["ddconfig"]
-        kw = dict(ch=int(dd["ch"]), ch_mult=tuple(int(m) for m in dd["ch_mult"]),
-                  num_res_blocks=int(dd["num_res_blocks"]),
-                  attn_resolutions=tuple(int(r) for r in dd.get("attn_resolutions") or ()),
-                  in_channels=int(dd.get("in_channels", 3)), out_ch=int(dd.get("out_ch", 3)),
-                  resolution=int(dd["resolution"]), z_channels=int(dd["z_channels"]),
-                  double_z=bool(dd.get("double_z", False)), dropout=float(dd.get("dropout", 0.0)),
-                  attn_type=str(dd.get("attn_type", "vanilla")),
-                  n_embed=int(params["n_embed"]), embed_dim=int(params["embed_dim"]))
+        kw = dict(
+            ch=int(dd["ch"]),
+            ch_mult=tuple(int(m) for m in dd["ch_mult"]),
+            num_res_blocks=int(dd["num_res_blocks"]),
+            attn_resolutions=tuple(int(r) for r in dd.get("attn_resolutions") or ()),
+            in_channels=int(dd.get("in_channels", 3)),
+            out_ch=int(dd.get("out_ch", 3)),
+            resolution=int(dd["resolution"]),
+            z_channels=int(dd["z_channels"]),
+            double_z=bool(dd.get("double_z", False)),
+            dropout=float(dd.get("dropout", 0.0)),
+            attn_type=str(dd.get("attn_type", "vanilla")),
+            n_embed=int(params["n_embed"]),
+            embed_dim=int(params["embed_dim"]),
+        )
     except (KeyError, TypeError) as exc:
         raise UsageError(f"VQGAN config lacks {exc}; pass the vqgan.yaml released with vqgan.ckpt") from None
     return VQGANConfig(**kw)
@@ -101,15 +117,26 @@ def vqgan_config_from_official(params: dict) -> VQGANConfig:
 
 def vqgan_config_from_hf(vq_config) -> VQGANConfig:
     """transformers' ``ChameleonVQVAEConfig`` (object or dict) -> :class:`VQGANConfig`."""
-    get = (lambda k, d=None: vq_config.get(k, d)) if isinstance(vq_config, dict) else \
-        (lambda k, d=None: getattr(vq_config, k, d))
-    return VQGANConfig(ch=int(get("base_channels", 128)), ch_mult=tuple(get("channel_multiplier", (1, 1, 2, 2, 4))),
-                       num_res_blocks=int(get("num_res_blocks", 2)),
-                       attn_resolutions=tuple(get("attn_resolutions") or ()), in_channels=int(get("in_channels", 3)),
-                       out_ch=int(get("out_channels", 3) or 3), resolution=int(get("resolution", 512)),
-                       z_channels=int(get("latent_channels", 256)), double_z=bool(get("double_latent", False)),
-                       dropout=float(get("dropout", 0.0)), attn_type=str(get("attn_type", "vanilla") or "none"),
-                       n_embed=int(get("num_embeddings", 8192)), embed_dim=int(get("embed_dim", 256)))
+    get = (
+        (lambda k, d=None: vq_config.get(k, d))
+        if isinstance(vq_config, dict)
+        else (lambda k, d=None: getattr(vq_config, k, d))
+    )
+    return VQGANConfig(
+        ch=int(get("base_channels", 128)),
+        ch_mult=tuple(get("channel_multiplier", (1, 1, 2, 2, 4))),
+        num_res_blocks=int(get("num_res_blocks", 2)),
+        attn_resolutions=tuple(get("attn_resolutions") or ()),
+        in_channels=int(get("in_channels", 3)),
+        out_ch=int(get("out_channels", 3) or 3),
+        resolution=int(get("resolution", 512)),
+        z_channels=int(get("latent_channels", 256)),
+        double_z=bool(get("double_latent", False)),
+        dropout=float(get("dropout", 0.0)),
+        attn_type=str(get("attn_type", "vanilla") or "none"),
+        n_embed=int(get("num_embeddings", 8192)),
+        embed_dim=int(get("embed_dim", 256)),
+    )
 
 
 def read_vqgan_config(path: str | Path) -> VQGANConfig:
@@ -118,8 +145,9 @@ def read_vqgan_config(path: str | Path) -> VQGANConfig:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise UsageError(f"cannot read VQGAN config {path} ({exc.strerror or exc}); pass the vqgan.yaml "
-                         "released with vqgan.ckpt") from None
+        raise UsageError(
+            f"cannot read VQGAN config {path} ({exc.strerror or exc}); pass the vqgan.yaml released with vqgan.ckpt"
+        ) from None
     if path.suffix == ".json":
         return vqgan_config_from_official(json.loads(text))
     import yaml
@@ -151,8 +179,11 @@ class Level(nn.Module):
 
 def _mid(config: VQGANConfig, channels: int) -> nn.Module:
     mid = nn.Module()
-    mid.block_1, mid.attn_1, mid.block_2 = (ResnetBlock(channels, channels, config.dropout), _attn(config, channels),
-                                            ResnetBlock(channels, channels, config.dropout))
+    mid.block_1, mid.attn_1, mid.block_2 = (
+        ResnetBlock(channels, channels, config.dropout),
+        _attn(config, channels),
+        ResnetBlock(channels, channels, config.dropout),
+    )
     return mid
 
 
@@ -205,7 +236,9 @@ class Decoder(nn.Module):
         levels: list[Optional[Level]] = [None] * n
         for i in reversed(range(n)):
             out = config.ch * config.ch_mult[i]
-            blocks = [ResnetBlock(width if j == 0 else out, out, config.dropout) for j in range(config.num_res_blocks + 1)]
+            blocks = [
+                ResnetBlock(width if j == 0 else out, out, config.dropout) for j in range(config.num_res_blocks + 1)
+            ]
             attn = [_attn(config, out) for _ in blocks] if res in config.attn_resolutions else []
             level = Level(blocks, attn)
             if i != 0:
@@ -285,8 +318,9 @@ class ChameleonVQGAN(nn.Module):
         return self.decode(self.quantize.lookup(codes.to(self.quant_conv.weight.device)))
 
 
-def vqgan_from_state(state: dict[str, torch.Tensor], config: VQGANConfig, what: str = "VQGAN checkpoint",
-                     device="cpu") -> ChameleonVQGAN:
+def vqgan_from_state(
+    state: dict[str, torch.Tensor], config: VQGANConfig, what: str = "VQGAN checkpoint", device="cpu"
+) -> ChameleonVQGAN:
     """Build a float32 :class:`ChameleonVQGAN` and load ``state`` strictly (official key names).
 
     GAN-loss entries (``loss.*``) of a training checkpoint are dropped; any other missing,

@@ -18,11 +18,13 @@ Two layouts, found from ``--weights`` or the local Hugging Face cache (never the
 
 Source: Chameleon Team, arXiv 2405.09818 (architecture: QK-norm, 65536-token vocabulary).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -38,8 +40,11 @@ def _hf_state(root: Path, device) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     index = root / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else \
-        sorted(p.name for p in root.glob("*.safetensors"))
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.is_file()
+        else sorted(p.name for p in root.glob("*.safetensors"))
+    )
     state: dict[str, torch.Tensor] = {}
     for name in files:
         with safe_open(str(root / name), framework="pt", device=str(device)) as f:
@@ -49,7 +54,9 @@ def _hf_state(root: Path, device) -> dict[str, torch.Tensor]:
         for p in sorted(root.glob("pytorch_model*.bin")):
             state.update(torch.load(p, map_location="cpu", weights_only=True, mmap=True))
     if not state:
-        raise UsageError(f"{root} holds config.json but no *.safetensors or pytorch_model*.bin weights; finish the download")
+        raise UsageError(
+            f"{root} holds config.json but no *.safetensors or pytorch_model*.bin weights; finish the download"
+        )
     return state
 
 
@@ -72,8 +79,11 @@ def convert_meta_state(loaded: Mapping[str, torch.Tensor], params: Mapping) -> d
     """
     H = int(params["n_heads"])
     KV = int(params.get("n_kv_heads") or H)
-    out = {"model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
-           "lm_head.weight": "output.weight"}
+    out = {
+        "model.embed_tokens.weight": "tok_embeddings.weight",
+        "model.norm.weight": "norm.weight",
+        "lm_head.weight": "output.weight",
+    }
     try:
         state = {k: loaded[v] for k, v in out.items()}
         for i in range(int(params["n_layers"])):
@@ -91,7 +101,9 @@ def convert_meta_state(loaded: Mapping[str, torch.Tensor], params: Mapping) -> d
             state[m + "input_layernorm.weight"] = loaded[src + "attention_norm.weight"]
             state[m + "post_attention_layernorm.weight"] = loaded[src + "ffn_norm.weight"]
     except KeyError as exc:
-        raise UsageError(f"consolidated.pth lacks {exc}; only single-file Meta checkpoints (7B) are supported") from None
+        raise UsageError(
+            f"consolidated.pth lacks {exc}; only single-file Meta checkpoints (7B) are supported"
+        ) from None
     return state
 
 
@@ -122,20 +134,35 @@ def _meta_checkpoint(model_dir: Path, tok_dir: Path):
         import yaml
 
         vc = vqgan_config_from_official(yaml.safe_load((tok_dir / "vqgan.yaml").read_text()))
-        vq_kwargs = dict(embed_dim=vc.embed_dim, num_embeddings=vc.n_embed, latent_channels=vc.z_channels,
-                         resolution=vc.resolution, in_channels=vc.in_channels, base_channels=vc.ch,
-                         channel_multiplier=list(vc.ch_mult), num_res_blocks=vc.num_res_blocks,
-                         attn_resolutions=list(vc.attn_resolutions), double_latent=vc.double_z)
+        vq_kwargs = dict(
+            embed_dim=vc.embed_dim,
+            num_embeddings=vc.n_embed,
+            latent_channels=vc.z_channels,
+            resolution=vc.resolution,
+            in_channels=vc.in_channels,
+            base_channels=vc.ch,
+            channel_multiplier=list(vc.ch_mult),
+            num_res_blocks=vc.num_res_blocks,
+            attn_resolutions=list(vc.attn_resolutions),
+            double_latent=vc.double_z,
+        )
     config = ChameleonConfig(
-        vocab_size=int(loaded["tok_embeddings.weight"].shape[0]), hidden_size=dim, intermediate_size=ffn,
-        num_hidden_layers=int(params["n_layers"]), num_attention_heads=int(params["n_heads"]),
-        num_key_value_heads=int(params.get("n_kv_heads") or params["n_heads"]), rms_norm_eps=float(params["norm_eps"]),
-        max_position_embeddings=16384 if theta > 10000.0 else 4096, rope_parameters={"rope_type": "default", "rope_theta": theta},
-        model_parallel_size=mp, swin_norm=bool(params.get("swin_norm", False)), vq_config=vq_kwargs,
-        vocabulary_map=vocab)
+        vocab_size=int(loaded["tok_embeddings.weight"].shape[0]),
+        hidden_size=dim,
+        intermediate_size=ffn,
+        num_hidden_layers=int(params["n_layers"]),
+        num_attention_heads=int(params["n_heads"]),
+        num_key_value_heads=int(params.get("n_kv_heads") or params["n_heads"]),
+        rms_norm_eps=float(params["norm_eps"]),
+        max_position_embeddings=16384 if theta > 10000.0 else 4096,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        model_parallel_size=mp,
+        swin_norm=bool(params.get("swin_norm", False)),
+        vq_config=vq_kwargs,
+        vocabulary_map=vocab,
+    )
     state = convert_meta_state(loaded, params)
     if (tok_dir / "vqgan.ckpt").is_file():
-
         vq = load_checkpoint_state(tok_dir / "vqgan.ckpt")
         state.update({f"model.vqmodel.{k}": v for k, v in vq.items() if not k.startswith("loss.")})
     return config, state
@@ -158,16 +185,19 @@ def read_checkpoint(root: str | Path, device="cpu"):
     root = Path(root).expanduser()
     layout = checkpoint_layout(root)
     if layout is None:
-        raise WeightsNotFoundError(f"{root} is neither a transformers checkpoint (config.json) nor Meta's layout "
-                                   "(models/7b/params.json)")
+        raise WeightsNotFoundError(
+            f"{root} is neither a transformers checkpoint (config.json) nor Meta's layout (models/7b/params.json)"
+        )
     kind, d = layout
     if kind == "hf":
         tok = root / "tokenizer.json"
         config = ChameleonConfig.from_pretrained(str(root))
         if not config.vocabulary_map:  # transformers' classes need it; fall back to the tokenizer's vocabulary
             if not tok.is_file():
-                raise UsageError(f"{root}/config.json has no vocabulary_map and there is no tokenizer.json; "
-                                 "re-download the checkpoint")
+                raise UsageError(
+                    f"{root}/config.json has no vocabulary_map and there is no tokenizer.json; "
+                    "re-download the checkpoint"
+                )
             from tokenizers import Tokenizer
 
             config.vocabulary_map = Tokenizer.from_file(str(tok)).get_vocab()
@@ -195,12 +225,18 @@ def build_lm(config, state: dict[str, torch.Tensor], device="cpu", dtype=torch.f
         lm = ChameleonForConditionalGeneration(config)
     own = {k: v.shape for k, v in lm.state_dict().items()}
     pre = "model.vqmodel."
-    vq_state = {k[len(pre):]: v for k, v in state.items() if k.startswith(pre)}
+    vq_state = {k[len(pre) :]: v for k, v in state.items() if k.startswith(pre)}
     for k in [k for k in state if k.startswith(pre) and k not in own]:
         del state[k]  # decoder weights: only in vq_state
     for k, v in state.items():
-        if (".q_norm." in k or ".k_norm." in k) and k in own and v.shape != own[k] and v.dim() == 2 \
-                and v.shape[1] == own[k][1] and own[k][0] % v.shape[0] == 0:
+        if (
+            (".q_norm." in k or ".k_norm." in k)
+            and k in own
+            and v.shape != own[k]
+            and v.dim() == 2
+            and v.shape[1] == own[k][1]
+            and own[k][0] % v.shape[0] == 0
+        ):
             state[k] = v.repeat_interleave(own[k][0] // v.shape[0], 0)  # Lumina-mGPT: one row per shard
     if "lm_head.weight" not in state and getattr(config, "tie_word_embeddings", False):
         state["lm_head.weight"] = state.get("model.embed_tokens.weight")
@@ -210,9 +246,11 @@ def build_lm(config, state: dict[str, torch.Tensor], device="cpu", dtype=torch.f
     unexpected = [k for k in state if k not in own]
     shapes = [f"{k} {tuple(state[k].shape)} != {tuple(own[k])}" for k in own if k in state and state[k].shape != own[k]]
     if missing or unexpected or shapes:
-        parts = ([f"missing {len(missing)} keys (e.g. {missing[0]})"] if missing else []) + \
-                ([f"unexpected {len(unexpected)} keys (e.g. {unexpected[0]})"] if unexpected else []) + \
-                ([f"shape mismatch ({shapes[0]})"] if shapes else [])
+        parts = (
+            ([f"missing {len(missing)} keys (e.g. {missing[0]})"] if missing else [])
+            + ([f"unexpected {len(unexpected)} keys (e.g. {unexpected[0]})"] if unexpected else [])
+            + ([f"shape mismatch ({shapes[0]})"] if shapes else [])
+        )
         raise UsageError(f"{what} does not match the Chameleon architecture: {'; '.join(parts)}")
     for k in list(state):
         state[k] = state[k].to(device=device, dtype=torch.float32 if k.startswith(pre) else dtype)
@@ -232,8 +270,10 @@ def locate_checkpoint(repo: str, alt_repos: Sequence[str], weights, model: str) 
         root = Path(weights).expanduser()
         if root.is_dir() and checkpoint_layout(root) is not None:
             return root
-        raise WeightsNotFoundError(f"{model}: --weights {weights} is neither a transformers checkpoint folder "
-                                   f"(config.json) nor Meta's layout (models/7b/params.json); {download_hint(repo)}")
+        raise WeightsNotFoundError(
+            f"{model}: --weights {weights} is neither a transformers checkpoint folder "
+            f"(config.json) nor Meta's layout (models/7b/params.json); {download_hint(repo)}"
+        )
     for r in (repo, *alt_repos):
         try:
             from huggingface_hub import snapshot_download

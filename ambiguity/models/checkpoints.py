@@ -8,11 +8,13 @@ The project's own files (:func:`save_module`) are safetensors with the module's 
 as JSON metadata (key ``config``), so :func:`load_module` rebuilds the module without code that
 knows the architecture in advance.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -20,8 +22,15 @@ from ambiguity.errors import UsageError
 from ambiguity.io import load_tensors, save_tensors
 from ambiguity.memory import available_bytes, check_weights_fit, format_bytes
 
-__all__ = ["load_checkpoint_state", "read_safetensors", "load_strict", "save_module", "load_module",
-           "first_non_finite", "check_finite"]
+__all__ = [
+    "load_checkpoint_state",
+    "read_safetensors",
+    "load_strict",
+    "save_module",
+    "load_module",
+    "first_non_finite",
+    "check_finite",
+]
 
 
 def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
@@ -38,8 +47,10 @@ def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
     except FileNotFoundError:
         raise UsageError(f"checkpoint {path} does not exist; check the --weights path") from None
     except Exception as exc:  # pickle errors, truncated downloads, files that are no checkpoint
-        raise UsageError(f"cannot read {path} as a PyTorch checkpoint ({type(exc).__name__}); check that --weights "
-                         f"names the official .pt file, and re-download it if it is truncated") from None
+        raise UsageError(
+            f"cannot read {path} as a PyTorch checkpoint ({type(exc).__name__}); check that --weights "
+            f"names the official .pt file, and re-download it if it is truncated"
+        ) from None
     if not isinstance(obj, dict):
         raise UsageError(f"{path} is not a state-dict checkpoint; pass the official .pt file")
     for key in ("model", "module", "state_dict"):
@@ -62,11 +73,14 @@ def read_safetensors(path: str | Path, fix: str = "re-create or re-download it")
     try:
         return load_tensors(path)
     except MemoryError:  # the file may be fine: say what it needs, not that it is damaged
-        raise UsageError(f"not enough memory to read {path} ({format_bytes(path.stat().st_size)} on disk, "
-                         f"{format_bytes(available_bytes())} available); free memory or use a machine with more") from None
+        raise UsageError(
+            f"not enough memory to read {path} ({format_bytes(path.stat().st_size)} on disk, "
+            f"{format_bytes(available_bytes())} available); free memory or use a machine with more"
+        ) from None
     except Exception as exc:  # SafetensorError for bad headers, OSError, truncated data
-        raise UsageError(f"cannot read {path} as a safetensors file ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:80]}); {fix}") from None
+        raise UsageError(
+            f"cannot read {path} as a safetensors file ({type(exc).__name__}: {str(exc).splitlines()[0][:80]}); {fix}"
+        ) from None
 
 
 def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
@@ -74,8 +88,11 @@ def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: s
     own = module.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} != {tuple(own[k].shape)}" for k in own
-              if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} != {tuple(own[k].shape)}"
+        for k in own
+        if k in state and tuple(state[k].shape) != tuple(own[k].shape)
+    ]
     if missing or unexpected or shapes:
         parts = []
         if missing:
@@ -84,8 +101,11 @@ def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: s
             parts.append(f"unexpected {len(unexpected)} keys (e.g. {unexpected[0]})")
         if shapes:
             parts.append(f"shape mismatch ({shapes[0]})")
-        raise UsageError(f"{what} does not match the model architecture: " + "; ".join(parts)
-                         + "; check that --model names the checkpoint's model")
+        raise UsageError(
+            f"{what} does not match the model architecture: "
+            + "; ".join(parts)
+            + "; check that --model names the checkpoint's model"
+        )
     module.load_state_dict(state, strict=True)
 
 
@@ -116,8 +136,14 @@ def check_finite(modules, what: str, fix: str) -> None:
             raise UsageError(f"{what} holds NaN or infinite values (in {where}); the weights are damaged: {fix}")
 
 
-def save_module(module: torch.nn.Module, config, path: str | Path, dtype: torch.dtype = torch.float16,
-                skip: tuple[str, ...] = (), **metadata) -> Path:
+def save_module(
+    module: torch.nn.Module,
+    config,
+    path: str | Path,
+    dtype: torch.dtype = torch.float16,
+    skip: tuple[str, ...] = (),
+    **metadata,
+) -> Path:
     """Save parameters and buffers (floating tensors cast to ``dtype``, fp16 by default; keys in
     ``skip`` left out) with the dataclass ``config`` as safetensors metadata (key ``config``,
     JSON) plus any extra ``metadata``, atomically. Returns ``path``."""
@@ -126,9 +152,15 @@ def save_module(module: torch.nn.Module, config, path: str | Path, dtype: torch.
     return save_tensors(state, path, meta)
 
 
-def load_module(path: str | Path, module_cls: Callable, config_cls: type, device="cpu",
-                dtype: torch.dtype = torch.float32, defaults: Optional[Callable[[torch.nn.Module], dict]] = None,
-                fix: str = "re-create the file with its training script"):
+def load_module(
+    path: str | Path,
+    module_cls: Callable,
+    config_cls: type,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    defaults: Optional[Callable[[torch.nn.Module], dict]] = None,
+    fix: str = "re-create the file with its training script",
+):
     """Rebuild a module from a file written by :func:`save_module`.
 
     ``module_cls(config_cls(**meta["config"]))`` is built, its state loaded strictly (float32),
@@ -143,8 +175,10 @@ def load_module(path: str | Path, module_cls: Callable, config_cls: type, device
     names = {f.name for f in dataclasses.fields(config_cls)}
     if not isinstance(config, dict) or not set(config) <= names:
         what = config_cls.__name__.removesuffix("Config") or config_cls.__name__
-        raise UsageError(f"{path.name} does not hold a {what} module (its stored config has other fields); "
-                         f"check which file goes where, or {fix}")
+        raise UsageError(
+            f"{path.name} does not hold a {what} module (its stored config has other fields); "
+            f"check which file goes where, or {fix}"
+        )
     module = module_cls(config_cls(**config))
     if defaults is not None:
         for k, v in defaults(module).items():

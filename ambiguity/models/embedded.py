@@ -4,6 +4,7 @@ trained by this project on Fashion-MNIST (``scripts/train_embedded.py`` regenera
 Weights ship inside the package as safetensors with the architecture in the file metadata
 (key ``config``), so running the model needs neither the data set nor a network.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,24 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.vq import VQConfig, VQModel
 
-__all__ = ["WEIGHTS_DIR", "VQ_FILE", "GPT_FILE", "METRICS_FILE", "VQ16_FILE", "GPT16_FILE", "METRICS16_FILE",
-           "Variant", "VARIANTS", "load_gpt", "load_vq", "load_embedded", "variant_of", "check_variant", "weights_dir", "VQ_SKIP"]
+__all__ = [
+    "WEIGHTS_DIR",
+    "VQ_FILE",
+    "GPT_FILE",
+    "METRICS_FILE",
+    "VQ16_FILE",
+    "GPT16_FILE",
+    "METRICS16_FILE",
+    "Variant",
+    "VARIANTS",
+    "load_gpt",
+    "load_vq",
+    "load_embedded",
+    "variant_of",
+    "check_variant",
+    "weights_dir",
+    "VQ_SKIP",
+]
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"
 VQ_FILE = "fashion_vq.safetensors"
@@ -44,8 +61,10 @@ class Variant(NamedTuple):
 
 
 # registry name (= --recipe of scripts/train_embedded.py) -> its files
-VARIANTS = {"embedded": Variant(VQ_FILE, GPT_FILE, METRICS_FILE, 32),
-            "embedded-16": Variant(VQ16_FILE, GPT16_FILE, METRICS16_FILE, 64)}
+VARIANTS = {
+    "embedded": Variant(VQ_FILE, GPT_FILE, METRICS_FILE, 32),
+    "embedded-16": Variant(VQ16_FILE, GPT16_FILE, METRICS16_FILE, 64),
+}
 
 
 def weights_dir(weights: Optional[str | Path] = None) -> Path:
@@ -61,9 +80,15 @@ def load_gpt(path: str | Path, device="cpu", dtype: torch.dtype = torch.float32)
 def load_vq(path: str | Path, device="cpu") -> tuple[VQModel, dict]:
     """A VQ tokenizer written by ``save_module`` (its ``codebook_used`` bookkeeping buffer is not
     stored) -> (module in float32, metadata)."""
-    return load_module(path, VQModel, VQConfig, device, torch.float32,
-                       defaults=lambda m: {"quantize.codebook_used": m.quantize.codebook_used},
-                       fix=f"retrain it ({TRAIN_HINT})")
+    return load_module(
+        path,
+        VQModel,
+        VQConfig,
+        device,
+        torch.float32,
+        defaults=lambda m: {"quantize.codebook_used": m.quantize.codebook_used},
+        fix=f"retrain it ({TRAIN_HINT})",
+    )
 
 
 def load_embedded(weights=None, device="cpu", dtype=torch.float32, variant: str = "embedded") -> LlamaGenModel:
@@ -82,12 +107,14 @@ def load_embedded(weights=None, device="cpu", dtype=torch.float32, variant: str 
     d = weights_dir(weights)
     hint = TRAIN_HINT + ("" if variant == "embedded" else f" --recipe {variant}")
     if d.is_file():
-        raise UsageError(f"--weights {d} is a file; the {name} model takes a directory holding {vq_file} and "
-                         f"{gpt_file}")
+        raise UsageError(
+            f"--weights {d} is a file; the {name} model takes a directory holding {vq_file} and {gpt_file}"
+        )
     missing = [f for f in (vq_file, gpt_file) if not (d / f).is_file()]
     if missing:
-        raise WeightsNotFoundError(f"{name} model weights {', '.join(missing)} not found in {d}; "
-                                   f"run `{hint}` to train them")
+        raise WeightsNotFoundError(
+            f"{name} model weights {', '.join(missing)} not found in {d}; run `{hint}` to train them"
+        )
     vq, vq_meta = load_vq(d / vq_file, device)
     gpt, gpt_meta = load_gpt(d / gpt_file, device, dtype)
     check_variant(variant, d, vq, vq_meta, gpt, gpt_meta)
@@ -113,15 +140,21 @@ def check_variant(variant: str, d: Path, vq: VQModel, vq_meta: dict, gpt: GPT, g
     codebook. Source: the variant table :data:`VARIANTS`; the file metadata of ``save_module``."""
     recorded = {k: m.get("variant") for k, m in (("VQ", vq_meta), ("GPT", gpt_meta)) if m.get("variant")}
     if len(set(recorded.values())) > 1:
-        raise UsageError(f"the files in {d} belong to different models (VQ: {recorded['VQ']}, GPT: {recorded['GPT']}); "
-                         f"restore the pair or retrain it ({TRAIN_HINT})")
+        raise UsageError(
+            f"the files in {d} belong to different models (VQ: {recorded['VQ']}, GPT: {recorded['GPT']}); "
+            f"restore the pair or retrain it ({TRAIN_HINT})"
+        )
     found = variant_of(vq, vq_meta, gpt, gpt_meta)
     if found is not None and found != variant:
         side = math.isqrt(gpt.config.block_size)
         fix = f"pass --model {found}" if found in VARIANTS else "pass the model these files belong to"
-        raise UsageError(f"{d} holds {found} weights ({side}x{side} tokens, {gpt.config.vocab_size} codes) under "
-                         f"{variant}'s file names; {fix}, or restore {variant}'s files")
+        raise UsageError(
+            f"{d} holds {found} weights ({side}x{side} tokens, {gpt.config.vocab_size} codes) under "
+            f"{variant}'s file names; {fix}, or restore {variant}'s files"
+        )
     if gpt.config.vocab_size != vq.config.codebook_size:
-        raise UsageError(f"the GPT in {d} predicts {gpt.config.vocab_size} codes but the VQ has "
-                         f"{vq.config.codebook_size}; the two files belong to different models: restore the pair "
-                         f"or retrain it ({TRAIN_HINT})")
+        raise UsageError(
+            f"the GPT in {d} predicts {gpt.config.vocab_size} codes but the VQ has "
+            f"{vq.config.codebook_size}; the two files belong to different models: restore the pair "
+            f"or retrain it ({TRAIN_HINT})"
+        )

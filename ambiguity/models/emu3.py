@@ -25,28 +25,46 @@ in the same template, image-size header included; Emu3 samples with guidance 3.0
 Weights: ``transformers.Emu3ForConditionalGeneration`` checkpoints (``BAAI/Emu3-Gen-hf``) from
 ``--weights DIR`` or the local HF cache.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt
-from ambiguity.models.hf_common import (HFTokenModel, left_pad_ids, load_pretrained, load_tokenizer, local_dir,
-                                        make_draft_layer, rows_of)
+from ambiguity.models.hf_common import (
+    HFTokenModel,
+    left_pad_ids,
+    load_pretrained,
+    load_tokenizer,
+    local_dir,
+    make_draft_layer,
+    rows_of,
+)
 from ambiguity.models.hub import hf_snapshot_dir
 
-__all__ = ["Emu3Model", "load_emu3", "emu3_grid", "visual_token_ids", "EMU3_GEN_REPO", "EMU3_NEGATIVE_PROMPT",
-           "EMU3_POSITIVE_SUFFIX"]
+__all__ = [
+    "Emu3Model",
+    "load_emu3",
+    "emu3_grid",
+    "visual_token_ids",
+    "EMU3_GEN_REPO",
+    "EMU3_NEGATIVE_PROMPT",
+    "EMU3_POSITIVE_SUFFIX",
+]
 
 EMU3_GEN_REPO = "BAAI/Emu3-Gen-hf"
-EMU3_NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
-                        "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
-                        "username, blurry.")
+EMU3_NEGATIVE_PROMPT = (
+    "lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
+    "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
+    "username, blurry."
+)
 EMU3_POSITIVE_SUFFIX = " masterpiece, film grained, best quality."
 _VISUAL = re.compile(r"^<\|visual token(\d+)\|>$")
 EOL, EOF, BOI, EOI, IMG = "<|extra_200|>", "<|extra_201|>", "<|image start|>", "<|image end|>", "<|image token|>"
@@ -63,8 +81,10 @@ def visual_token_ids(vocabulary_map: dict[str, int], codebook_size: int) -> torc
         if m:
             found[int(m.group(1))] = int(i)
     if sorted(found) != list(range(codebook_size)):
-        raise UsageError(f"the vocabulary names {len(found)} visual tokens but the VQ codebook has {codebook_size}; "
-                         f"the checkpoint's vocabulary_map and vq_config disagree")
+        raise UsageError(
+            f"the vocabulary names {len(found)} visual tokens but the VQ codebook has {codebook_size}; "
+            f"the checkpoint's vocabulary_map and vq_config disagree"
+        )
     return torch.tensor([found[c] for c in range(codebook_size)], dtype=torch.long)
 
 
@@ -101,9 +121,17 @@ class Emu3Model(HFTokenModel):
 
     kind = "t2i"
 
-    def __init__(self, model, tokenizer, name: str = "emu3", grid: tuple[int, int] = (90, 90),
-                 negative_prompt: str = EMU3_NEGATIVE_PROMPT, positive_suffix: str = "",
-                 pixel_mean: float | Sequence[float] = 0.5, pixel_std: float | Sequence[float] = 0.5):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        name: str = "emu3",
+        grid: tuple[int, int] = (90, 90),
+        negative_prompt: str = EMU3_NEGATIVE_PROMPT,
+        positive_suffix: str = "",
+        pixel_mean: float | Sequence[float] = 0.5,
+        pixel_std: float | Sequence[float] = 0.5,
+    ):
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.decoder, self.text_embeddings = model.model.text_model, model.get_input_embeddings()
         self.lm_head, self.vq = model.lm_head, model.model.vqmodel
@@ -125,7 +153,7 @@ class Emu3Model(HFTokenModel):
         ids = self.image_token_ids
         contiguous = bool((ids == torch.arange(int(ids[0]), int(ids[0]) + ids.numel(), device=ids.device)).all())
         W = self.lm_head.weight
-        self._head_weight = W[int(ids[0]): int(ids[0]) + ids.numel()] if contiguous else W[ids]
+        self._head_weight = W[int(ids[0]) : int(ids[0]) + ids.numel()] if contiguous else W[ids]
         shape = (3, 1, 1)
         self.pixel_mean = torch.as_tensor(pixel_mean, dtype=torch.float32).reshape(-1, 1, 1).expand(shape).clone()
         self.pixel_std = torch.as_tensor(pixel_std, dtype=torch.float32).reshape(-1, 1, 1).expand(shape).clone()
@@ -209,9 +237,18 @@ def _pixel_norm(path: Optional[Path]) -> tuple[list[float] | float, list[float] 
     return 0.5, 0.5
 
 
-def load_emu3(weights=None, device="cpu", dtype=torch.float32, repo: str = EMU3_GEN_REPO, name: Optional[str] = None,
-              grid: Optional[tuple[int, int]] = None, ratio: str = "1:1", image_area: int = 720 * 720,
-              negative_prompt: str = EMU3_NEGATIVE_PROMPT, positive_suffix: str = "") -> Emu3Model:
+def load_emu3(
+    weights=None,
+    device="cpu",
+    dtype=torch.float32,
+    repo: str = EMU3_GEN_REPO,
+    name: Optional[str] = None,
+    grid: Optional[tuple[int, int]] = None,
+    ratio: str = "1:1",
+    image_area: int = 720 * 720,
+    negative_prompt: str = EMU3_NEGATIVE_PROMPT,
+    positive_suffix: str = "",
+) -> Emu3Model:
     """Load Emu3-Gen in the transformers layout, offline.
 
     ``grid`` (h, w) overrides ``ratio``/``image_area`` (Emu3's defaults give 90 x 90 codes).
@@ -224,5 +261,13 @@ def load_emu3(weights=None, device="cpu", dtype=torch.float32, repo: str = EMU3_
     tokenizer = load_tokenizer(repo, weights, label)
     factor = int(model.model.vqmodel.spatial_scale_factor)
     mean, std = _pixel_norm(hf_snapshot_dir(repo, local_dir(repo, weights), model=label))
-    return Emu3Model(model, tokenizer, name=label, grid=grid or emu3_grid(ratio, image_area, factor),
-                     negative_prompt=negative_prompt, positive_suffix=positive_suffix, pixel_mean=mean, pixel_std=std)
+    return Emu3Model(
+        model,
+        tokenizer,
+        name=label,
+        grid=grid or emu3_grid(ratio, image_area, factor),
+        negative_prompt=negative_prompt,
+        positive_suffix=positive_suffix,
+        pixel_mean=mean,
+        pixel_std=std,
+    )

@@ -16,6 +16,7 @@ Two behaviours of the official model are kept on purpose because checkpoints dep
 The KV cache is a static buffer in the style of gpt-fast; :meth:`KVCache.crop` rolls it back
 after a rejected speculative draft.
 """
+
 from __future__ import annotations
 
 import math
@@ -199,8 +200,16 @@ class KVCache:
     caption tokens of the ``t2i`` prefix).
     """
 
-    def __init__(self, n_layer: int, rows: int, max_len: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
+    def __init__(
+        self,
+        n_layer: int,
+        rows: int,
+        max_len: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
         shape = (n_layer, rows, kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -226,8 +235,8 @@ class KVCache:
         m = int(idx.numel())
         if m and (int(idx.min()) < start or int(idx.max()) >= self.length):
             raise ValueError(f"keep indices must lie in {start}..{self.length - 1}")
-        self.k[:, :, :, start:start + m] = self.k[:, :, :, idx].clone()
-        self.v[:, :, :, start:start + m] = self.v[:, :, :, idx].clone()
+        self.k[:, :, :, start : start + m] = self.k[:, :, :, idx].clone()
+        self.v[:, :, :, start : start + m] = self.v[:, :, :, idx].clone()
         self.length = start + m
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -243,8 +252,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.dim, config.dim, bias=False)
         self.resid_dropout = nn.Dropout(config.resid_dropout_p)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor, layer: int, cache: Optional[KVCache],
-                mask: Optional[torch.Tensor], slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor,
+        layer: int,
+        cache: Optional[KVCache],
+        mask: Optional[torch.Tensor],
+        slots: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """x (R, T, dim). slots: (R, T) int64 cache positions each row writes its T keys/values to
         (batched decoding, in place); the keys are then the first ``mask.shape[-1]`` cache positions
         and ``mask`` (R, 1, T, span) bool says which each query sees. Without slots the T entries
@@ -265,8 +281,8 @@ class Attention(nn.Module):
             v = cache.v[layer, :, :, :span]
         elif cache is not None:
             start = cache.length
-            cache.k[layer, :, :, start:start + T] = k
-            cache.v[layer, :, :, start:start + T] = v
+            cache.k[layer, :, :, start : start + T] = k
+            cache.v[layer, :, :, start : start + T] = v
             k = cache.k[layer, :, :, : start + T]
             v = cache.v[layer, :, :, : start + T]
         if config.kv_heads != config.n_head:
@@ -334,7 +350,7 @@ class CaptionEmbedder(nn.Module):
     def __init__(self, caption_dim: int, dim: int, dropout_prob: float, token_num: int):
         super().__init__()
         self.cap_proj = CaptionMLP(caption_dim, dim)
-        self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim ** 0.5)
+        self.register_buffer("uncond_embedding", torch.randn(token_num, caption_dim) / caption_dim**0.5)
         self.dropout_prob = dropout_prob
 
     def forward(self, caption: torch.Tensor) -> torch.Tensor:
@@ -368,7 +384,9 @@ class GPT(nn.Module):
         if config.model_type == "c2i":
             self.cls_embedding = LabelEmbedder(config.num_classes, config.dim, config.class_dropout_prob)
         else:
-            self.cls_embedding = CaptionEmbedder(config.caption_dim, config.dim, config.class_dropout_prob, config.cls_token_num)
+            self.cls_embedding = CaptionEmbedder(
+                config.caption_dim, config.dim, config.class_dropout_prob, config.cls_token_num
+            )
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.tok_dropout = nn.Dropout(config.token_dropout_p)
         self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layer))
@@ -405,21 +423,31 @@ class GPT(nn.Module):
     # ---------------------------------------------------------------- cache
     def new_cache(self, rows: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
         w = self.tok_embeddings.weight
-        return KVCache(self.config.n_layer, rows, max_len or self.config.max_len, self.config.kv_heads,
-                       self.config.head_dim, dtype or w.dtype, device or w.device)
+        return KVCache(
+            self.config.n_layer,
+            rows,
+            max_len or self.config.max_len,
+            self.config.kv_heads,
+            self.config.head_dim,
+            dtype or w.dtype,
+            device or w.device,
+        )
 
     def rope_at(self, start: int, length: int) -> torch.Tensor:
         if start + length > self.rope.shape[0]:
             if self.config.rope == "1d":
                 self.rope = rope_table(self.config, start + length).to(self.rope.device)
             else:
-                raise ValueError(f"position {start + length} is past the {self.config.grid_size}x"
-                                 f"{self.config.grid_size} token grid (max {self.rope.shape[0]})")
-        return self.rope[start:start + length]
+                raise ValueError(
+                    f"position {start + length} is past the {self.config.grid_size}x"
+                    f"{self.config.grid_size} token grid (max {self.rope.shape[0]})"
+                )
+        return self.rope[start : start + length]
 
     @staticmethod
-    def attention_mask(T: int, start: int, cache: Optional[KVCache],
-                       attend: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    def attention_mask(
+        T: int, start: int, cache: Optional[KVCache], attend: Optional[torch.Tensor] = None
+    ) -> Optional[torch.Tensor]:
         """Bool mask (R|1, 1, T, start+T) or None when plain causal attention suffices.
 
         ``attend``: (T, start+T) bool, which cache positions each new token sees (a draft tree's
@@ -438,8 +466,14 @@ class GPT(nn.Module):
         return allowed[:, None]
 
     # ---------------------------------------------------------------- forward
-    def forward(self, h: torch.Tensor, cache: Optional[KVCache] = None, start: int | None = None,
-                positions: Optional[torch.Tensor] = None, attend: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        cache: Optional[KVCache] = None,
+        start: int | None = None,
+        positions: Optional[torch.Tensor] = None,
+        attend: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         """Run the blocks over input embeddings h (R, T, dim) -> hidden after final norm (R, T, dim).
 
         The new entries are written at cache positions ``start .. start+T-1`` (default:
@@ -468,8 +502,9 @@ class GPT(nn.Module):
             cache.length = start + T
         return self.norm(h)
 
-    def forward_rows(self, h: torch.Tensor, cache: KVCache, slots: torch.Tensor, rope_rows: torch.Tensor,
-                     mask: torch.Tensor) -> torch.Tensor:
+    def forward_rows(
+        self, h: torch.Tensor, cache: KVCache, slots: torch.Tensor, rope_rows: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """Batched decoding: every row appends T tokens at its own cache positions, in place.
 
         h: (R, T, dim) input embeddings; slots: (R, T) int64 cache positions written (prefix
@@ -490,4 +525,4 @@ class GPT(nn.Module):
         """
         h = torch.cat([self.embed_condition(cond), self.embed_tokens(tokens[:, :-1])], dim=1)
         hidden = self.forward(h)
-        return self.head(hidden[:, self.config.cls_token_num - 1:])
+        return self.head(hidden[:, self.config.cls_token_num - 1 :])

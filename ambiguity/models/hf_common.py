@@ -26,12 +26,14 @@ different lengths are left-padded; padded positions get attention-mask 0 and the
 of real tokens count from 0 in every row (``cumsum(mask) - 1``), so a padded row computes what
 the same prompt computes alone.
 """
+
 from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn as nn
@@ -41,10 +43,27 @@ from ambiguity.memory import check_weights_fit
 from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
 from ambiguity.models.hub import hf_snapshot_dir
 
-__all__ = ["HFCache", "HFTokenModel", "HFDraftLayer", "cache_kwarg", "new_dynamic_cache", "run_decoder",
-           "left_pad_ids", "position_ids", "decoder_layers", "new_decoder_layer", "load_pretrained",
-           "load_tokenizer", "rows_of", "token_id", "make_draft_layer", "crop_dynamic_cache", "select_dynamic_cache",
-           "additive_mask", "local_dir"]
+__all__ = [
+    "HFCache",
+    "HFTokenModel",
+    "HFDraftLayer",
+    "cache_kwarg",
+    "new_dynamic_cache",
+    "run_decoder",
+    "left_pad_ids",
+    "position_ids",
+    "decoder_layers",
+    "new_decoder_layer",
+    "load_pretrained",
+    "load_tokenizer",
+    "rows_of",
+    "token_id",
+    "make_draft_layer",
+    "crop_dynamic_cache",
+    "select_dynamic_cache",
+    "additive_mask",
+    "local_dir",
+]
 
 
 # --------------------------------------------------------------------------- caches
@@ -129,8 +148,9 @@ def position_ids(mask: torch.Tensor, past: Optional[torch.Tensor] = None) -> tor
     return (before + mask.cumsum(1) - 1).clamp(min=0)
 
 
-def run_decoder(decoder: nn.Module, embeds: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                cache: Optional[HFCache] = None) -> torch.Tensor:
+def run_decoder(
+    decoder: nn.Module, embeds: torch.Tensor, mask: Optional[torch.Tensor] = None, cache: Optional[HFCache] = None
+) -> torch.Tensor:
     """One call of a transformers decoder on ``embeds`` (rows, T, H); returns hidden (rows, T, H).
 
     ``mask`` (rows, T) marks real (1) and padded (0) positions (all real when None). With a
@@ -144,8 +164,9 @@ def run_decoder(decoder: nn.Module, embeds: torch.Tensor, mask: Optional[torch.T
     mask = mask.long()
     past = cache.mask if cache is not None else None
     full = torch.cat([past, mask], 1) if past is not None else mask
-    kwargs: dict[str, Any] = dict(inputs_embeds=embeds, attention_mask=full, position_ids=position_ids(mask, past),
-                                  use_cache=cache is not None)
+    kwargs: dict[str, Any] = dict(
+        inputs_embeds=embeds, attention_mask=full, position_ids=position_ids(mask, past), use_cache=cache is not None
+    )
     if cache is not None:
         kwargs[cache_kwarg(decoder.forward)] = cache.kv
     out = decoder(**kwargs)
@@ -161,8 +182,8 @@ def left_pad_ids(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tup
     mask = torch.zeros(len(seqs), P, dtype=torch.long)
     for i, s in enumerate(seqs):
         if len(s):
-            ids[i, P - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
-            mask[i, P - len(s):] = 1
+            ids[i, P - len(s) :] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, P - len(s) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -222,8 +243,12 @@ class HFTokenModel(TokenModel):
             return self.embed(tokens), t
         w = self.grid[1]
         slot = t + (start + t) // w - start // w  # separators of the rows completed before token t
-        ids = torch.full((tokens.shape[0], T + (start + T) // w - start // w), int(self.eol_id),
-                         dtype=torch.long, device=tokens.device)
+        ids = torch.full(
+            (tokens.shape[0], T + (start + T) // w - start // w),
+            int(self.eol_id),
+            dtype=torch.long,
+            device=tokens.device,
+        )
         ids[:, slot] = self.to_vocab_ids(tokens)
         return self.text_embeddings(ids), slot + ((start + t + 1) % w == 0).long()
 
@@ -238,8 +263,10 @@ class HFTokenModel(TokenModel):
         n = self.num_tokens if max_new_tokens is None else int(max_new_tokens)
         need = prompt.inputs["ids"].shape[1] + self.cache_positions(n)
         if self.max_positions and need > self.max_positions:
-            raise UsageError(f"{self.name}: prompt plus {n} tokens need {need} positions but the model has "
-                             f"{self.max_positions}; shorten the prompts or generate fewer tokens")
+            raise UsageError(
+                f"{self.name}: prompt plus {n} tokens need {need} positions but the model has "
+                f"{self.max_positions}; shorten the prompts or generate fewer tokens"
+            )
         return HFCache(new_dynamic_cache(getattr(self.decoder, "config", None)), prompt.rows, self.device)
 
     @torch.no_grad()
@@ -260,22 +287,32 @@ class HFTokenModel(TokenModel):
         return Step(self.head(h), h)
 
     @torch.no_grad()
-    def extend_tree(self, cache: HFCache, tokens: torch.Tensor, depths: torch.Tensor,
-                    ancestors: torch.Tensor) -> Step:
+    def extend_tree(self, cache: HFCache, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> Step:
         """Verify a draft tree in one forward with a 4D attention mask and per-node position ids
         (see :meth:`TokenModel.extend_tree`). Not for layouts with end-of-row tokens."""
         if self.eol_id is not None:
-            raise UsageError(f"{self.name} inserts end-of-row tokens, which draft trees do not model yet; "
-                             f"use chain drafting (--tree chain)")
+            raise UsageError(
+                f"{self.name} inserts end-of-row tokens, which draft trees do not model yet; "
+                f"use chain drafting (--tree chain)"
+            )
         rows, T = tokens.shape
         embeds = self.embed(tokens.to(self.device))
         past = cache.mask
         before = past.sum(1, keepdim=True)
         pos = before + depths.to(self.device)[None]
-        allowed = torch.cat([past.bool()[:, None, :].expand(rows, T, past.shape[1]),
-                             ancestors.to(self.device).bool()[None].expand(rows, T, T)], 2)
-        kwargs: dict[str, Any] = dict(inputs_embeds=embeds, attention_mask=additive_mask(allowed[:, None], embeds.dtype),
-                                      position_ids=pos, use_cache=True)
+        allowed = torch.cat(
+            [
+                past.bool()[:, None, :].expand(rows, T, past.shape[1]),
+                ancestors.to(self.device).bool()[None].expand(rows, T, T),
+            ],
+            2,
+        )
+        kwargs: dict[str, Any] = dict(
+            inputs_embeds=embeds,
+            attention_mask=additive_mask(allowed[:, None], embeds.dtype),
+            position_ids=pos,
+            use_cache=True,
+        )
         kwargs[cache_kwarg(self.decoder.forward)] = cache.kv
         h = self.decoder(**kwargs).last_hidden_state
         cache.mask = torch.cat([past, torch.ones(rows, T, dtype=past.dtype, device=past.device)], 1)
@@ -311,7 +348,7 @@ class HFTokenModel(TokenModel):
         ones = torch.ones(mask.shape[0], embeds.shape[1], dtype=mask.dtype, device=mask.device)
         full_mask = torch.cat([mask, ones], 1)
         h = run_decoder(self.decoder, full, full_mask)
-        hidden = torch.cat([h[:, P - 1:P], h[:, P + pick]], 1)
+        hidden = torch.cat([h[:, P - 1 : P], h[:, P + pick]], 1)
         return Step(self.head(hidden), hidden)
 
     def describe(self) -> dict:
@@ -379,8 +416,14 @@ class HFDraftLayer(DraftLayer):
         """Keep the first ``n`` positions of the layer's cache."""
         crop_dynamic_cache(cache, n)
 
-    def forward(self, x: torch.Tensor, cache, start: int, positions: Optional[torch.Tensor] = None,
-                attend: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache,
+        start: int,
+        positions: Optional[torch.Tensor] = None,
+        attend: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         rows, T = x.shape[:2]
         past = 0
         if cache is not None:
@@ -448,8 +491,10 @@ def load_pretrained(model_cls, repo: str, weights=None, device="cpu", dtype=torc
         model = model_cls.from_pretrained(str(path), **kwargs)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{name or repo}: {path} does not load as {model_cls.__name__} ({msg}); "
-                         f"check that --model matches the checkpoint") from None
+        raise UsageError(
+            f"{name or repo}: {path} does not load as {model_cls.__name__} ({msg}); "
+            f"check that --model matches the checkpoint"
+        ) from None
     return model.to(device).eval().requires_grad_(False)
 
 
@@ -462,5 +507,6 @@ def load_tokenizer(repo: str, weights=None, name: str = ""):
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"{name or repo}: no usable tokenizer in {path} ({msg}); "
-                         f"download the full repository") from None
+        raise UsageError(
+            f"{name or repo}: no usable tokenizer in {path} ({msg}); download the full repository"
+        ) from None

@@ -13,17 +13,25 @@ classifier-free guidance is refused.
 Hidden states are the base model's ``last_hidden_state`` (after the final norm); logits are the
 ``lm_head`` of those (with the final logit soft-capping of models that have one, e.g. Gemma 2).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt
-from ambiguity.models.hf_common import (HFTokenModel, left_pad_ids, load_pretrained, load_tokenizer,
-                                        make_draft_layer, rows_of)
+from ambiguity.models.hf_common import (
+    HFTokenModel,
+    left_pad_ids,
+    load_pretrained,
+    load_tokenizer,
+    make_draft_layer,
+    rows_of,
+)
 
 __all__ = ["HFCausalLM", "load_hf_causal_lm", "read_prompts"]
 
@@ -120,8 +128,9 @@ class HFCausalLM(HFTokenModel):
         return self.lm_head.weight.detach().float()
 
 
-def load_hf_causal_lm(weights=None, device="cpu", dtype=torch.float32, repo: str = "", length: int = 64,
-                      name: Optional[str] = None) -> HFCausalLM:
+def load_hf_causal_lm(
+    weights=None, device="cpu", dtype=torch.float32, repo: str = "", length: int = 64, name: Optional[str] = None
+) -> HFCausalLM:
     """Load ``AutoModelForCausalLM`` + tokenizer from ``weights``, the directory ``repo`` or the
     local HF cache of the repo id ``repo``, offline.
 

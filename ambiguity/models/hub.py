@@ -3,6 +3,7 @@
 Nothing here downloads. When a file is absent the error says which repository and file to
 download and where to put it.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,10 @@ __all__ = ["find_weight", "require_weight", "hf_snapshot_dir", "download_hint"]
 
 def download_hint(repo_id: str, filename: str | None = None) -> str:
     what = f"{repo_id} {filename}" if filename else repo_id
-    return (f"download it with `hf download {what}` (goes to the Hugging Face cache, "
-            f"{_hf_cache_dir()}) or pass --weights PATH")
+    return (
+        f"download it with `hf download {what}` (goes to the Hugging Face cache, "
+        f"{_hf_cache_dir()}) or pass --weights PATH"
+    )
 
 
 def _hf_cache_dir() -> str:
@@ -29,8 +32,9 @@ def _hf_cache_dir() -> str:
         return os.path.expanduser("~/.cache/huggingface/hub")
 
 
-def find_weight(filename: str, repo_id: Optional[str], weights: Optional[str | Path] = None,
-                primary: bool = False) -> Optional[Path]:
+def find_weight(
+    filename: str, repo_id: Optional[str], weights: Optional[str | Path] = None, primary: bool = False
+) -> Optional[Path]:
     """Locate ``filename``.
 
     ``weights`` may be a directory holding the file, or (when ``primary``) the file itself
@@ -59,19 +63,25 @@ def find_weight(filename: str, repo_id: Optional[str], weights: Optional[str | P
     return Path(hit) if isinstance(hit, (str, os.PathLike)) and Path(hit).is_file() else None
 
 
-def require_weight(filename: str, repo_id: str, weights: Optional[str | Path] = None,
-                   primary: bool = False, model: str = "") -> Path:
+def require_weight(
+    filename: str, repo_id: str, weights: Optional[str | Path] = None, primary: bool = False, model: str = ""
+) -> Path:
     """Like :func:`find_weight` but raises :class:`WeightsNotFoundError` with a one-line fix."""
     hit = find_weight(filename, repo_id, weights, primary)
     if hit is not None:
         return hit
-    where = f"--weights {weights} holds no {filename}" if weights is not None else f"{filename} is not in the local Hugging Face cache"
+    where = (
+        f"--weights {weights} holds no {filename}"
+        if weights is not None
+        else f"{filename} is not in the local Hugging Face cache"
+    )
     prefix = f"{model}: " if model else ""
     raise WeightsNotFoundError(f"{prefix}{where}; {download_hint(repo_id, filename)}")
 
 
-def hf_snapshot_dir(repo_id: str, weights: Optional[str | Path] = None, model: str = "",
-                    must_have: str = "config.json") -> Path:
+def hf_snapshot_dir(
+    repo_id: str, weights: Optional[str | Path] = None, model: str = "", must_have: str = "config.json"
+) -> Path:
     """A directory with a transformers checkpoint: ``weights`` if given, else the cached snapshot.
 
     Raises :class:`WeightsNotFoundError` when neither holds ``must_have``.
@@ -81,8 +91,9 @@ def hf_snapshot_dir(repo_id: str, weights: Optional[str | Path] = None, model: s
         w = Path(weights).expanduser()
         if (w / must_have).is_file():
             return w
-        raise WeightsNotFoundError(f"{prefix}--weights {weights} is not a model directory with {must_have}; "
-                                   f"{download_hint(repo_id)}")
+        raise WeightsNotFoundError(
+            f"{prefix}--weights {weights} is not a model directory with {must_have}; {download_hint(repo_id)}"
+        )
     try:
         from huggingface_hub import snapshot_download
 

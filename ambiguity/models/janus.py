@@ -23,17 +23,26 @@ token; those pad tokens are attended (they are content, not padding). Janus samp
 Weights: ``transformers.JanusForConditionalGeneration`` checkpoints
 (``deepseek-community/Janus-Pro-1B`` / ``-7B``) from ``--weights DIR`` or the local HF cache.
 """
+
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt
-from ambiguity.models.hf_common import (HFTokenModel, left_pad_ids, load_pretrained, load_tokenizer,
-                                        make_draft_layer, rows_of, token_id)
+from ambiguity.models.hf_common import (
+    HFTokenModel,
+    left_pad_ids,
+    load_pretrained,
+    load_tokenizer,
+    make_draft_layer,
+    rows_of,
+    token_id,
+)
 
 __all__ = ["JanusModel", "load_janus", "JANUS_TEMPLATE", "JANUS_PRO_1B_REPO", "JANUS_PRO_7B_REPO"]
 
@@ -59,21 +68,26 @@ class JanusModel(HFTokenModel):
 
     kind = "t2i"
 
-    def __init__(self, model, tokenizer, name: str = "janus", template: str = JANUS_TEMPLATE,
-                 boi_token: str = BOI_TOKEN):
+    def __init__(
+        self, model, tokenizer, name: str = "janus", template: str = JANUS_TEMPLATE, boi_token: str = BOI_TOKEN
+    ):
         self.model, self.tokenizer, self.name, self.template = model, tokenizer, name, template
         inner = model.model
         self.decoder, self.text_embeddings = inner.language_model, model.get_input_embeddings()
         self.vq, self.gen_head = inner.vqmodel, inner.generation_head
         config = model.config
         V = int(config.vq_config.num_embeddings)
-        sizes = {"generation head": self.gen_head.vision_head.out_features,
-                 "image embedding": inner.generation_embeddings.num_embeddings,
-                 "VQ codebook": self.vq.quantize.embedding.num_embeddings}
+        sizes = {
+            "generation head": self.gen_head.vision_head.out_features,
+            "image embedding": inner.generation_embeddings.num_embeddings,
+            "VQ codebook": self.vq.quantize.embedding.num_embeddings,
+        }
         if any(int(v) != V for v in sizes.values()):
-            raise UsageError(f"{name}: vq_config.num_embeddings={V} but "
-                             + ", ".join(f"{k} {v}" for k, v in sizes.items())
-                             + "; the checkpoint is inconsistent")
+            raise UsageError(
+                f"{name}: vq_config.num_embeddings={V} but "
+                + ", ".join(f"{k} {v}" for k, v in sizes.items())
+                + "; the checkpoint is inconsistent"
+            )
         side = int(config.vision_config.image_size) // int(config.vision_config.patch_size)
         self.grid = (side, side)
         p = next(self.decoder.parameters())
@@ -83,8 +97,9 @@ class JanusModel(HFTokenModel):
         self.max_positions = getattr(config.text_config, "max_position_embeddings", None)
         self.bos_id = tokenizer.bos_token_id
         if tokenizer.pad_token_id is None:
-            raise UsageError(f"{name}: the tokenizer has no pad token (Janus's CFG needs it); "
-                             f"use the checkpoint's tokenizer")
+            raise UsageError(
+                f"{name}: the tokenizer has no pad token (Janus's CFG needs it); use the checkpoint's tokenizer"
+            )
         self.pad_id = int(tokenizer.pad_token_id)
         self.boi_id = token_id(tokenizer, getattr(tokenizer, "boi_token", None) or boi_token, "image-start")
 
@@ -171,8 +186,14 @@ class JanusModel(HFTokenModel):
         return d
 
 
-def load_janus(weights=None, device="cpu", dtype=torch.float32, repo: str = JANUS_PRO_1B_REPO,
-               name: Optional[str] = None, template: str = JANUS_TEMPLATE) -> JanusModel:
+def load_janus(
+    weights=None,
+    device="cpu",
+    dtype=torch.float32,
+    repo: str = JANUS_PRO_1B_REPO,
+    name: Optional[str] = None,
+    template: str = JANUS_TEMPLATE,
+) -> JanusModel:
     """Load a Janus / Janus-Pro checkpoint in the transformers layout, offline.
 
     ``weights``: a directory with ``config.json``, weights and tokenizer files; else the local HF

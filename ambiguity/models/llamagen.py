@@ -4,11 +4,13 @@
 :class:`~ambiguity.models.vq.VQModel`. The embedded Fashion-MNIST model is the same class with
 small configs. Image-token ids equal code indices (LlamaGen's vocabulary *is* the codebook).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -20,8 +22,17 @@ from ambiguity.models.hub import find_weight, require_weight
 from ambiguity.models.text_encoders import T5CaptionEncoder
 from ambiguity.models.vq import VQModel, vq_config_from_official
 
-__all__ = ["LlamaGenModel", "GPTCache", "GPTDraftLayer", "load_llamagen", "official_gpt_config", "check_checkpoint_name",
-           "LLAMAGEN_C2I_REPO", "LLAMAGEN_T2I_REPO", "T5_REPO"]
+__all__ = [
+    "LlamaGenModel",
+    "GPTCache",
+    "GPTDraftLayer",
+    "load_llamagen",
+    "official_gpt_config",
+    "check_checkpoint_name",
+    "LLAMAGEN_C2I_REPO",
+    "LLAMAGEN_T2I_REPO",
+    "T5_REPO",
+]
 
 
 class GPTCache:
@@ -42,19 +53,29 @@ class GPTDraftLayer(DraftLayer):
 
     def new_cache(self, rows: int, spare: int = 0) -> KVCache:
         p = next(self.parameters())
-        return KVCache(1, rows, self.config.block_size + int(spare), self.config.kv_heads, self.config.head_dim,
-                       p.dtype, p.device)
+        return KVCache(
+            1, rows, self.config.block_size + int(spare), self.config.kv_heads, self.config.head_dim, p.dtype, p.device
+        )
 
     def rollback(self, cache: KVCache, n: int) -> None:
         cache.crop(n)
 
-    def forward_slots(self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor,
-                      visible: torch.Tensor) -> torch.Tensor:
-        off = self.config.cls_token_num  # the drafter's cache holds image positions only; its rope keeps the prefix rows
+    def forward_slots(
+        self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+    ) -> torch.Tensor:
+        off = (
+            self.config.cls_token_num
+        )  # the drafter's cache holds image positions only; its rope keeps the prefix rows
         return self.block(x, self.rope[off + positions], 0, cache, visible[:, None], slots)
 
-    def forward(self, x: torch.Tensor, cache: Optional[KVCache], start: int,
-                positions: Optional[torch.Tensor] = None, attend: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: Optional[KVCache],
+        start: int,
+        positions: Optional[torch.Tensor] = None,
+        attend: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         T = x.shape[1]
         off = self.config.cls_token_num
         pos = torch.arange(start, start + T) if positions is None else positions.cpu()
@@ -85,8 +106,15 @@ class LlamaGenModel(TokenModel):
         text: treat the model as a text LM (the embedded text twin): kind ``"text"``.
     """
 
-    def __init__(self, gpt: GPT, vq=None, name: str = "llamagen", caption_encoder=None,
-                 class_names: Optional[list[str]] = None, text: bool = False):
+    def __init__(
+        self,
+        gpt: GPT,
+        vq=None,
+        name: str = "llamagen",
+        caption_encoder=None,
+        class_names: Optional[list[str]] = None,
+        text: bool = False,
+    ):
         config = gpt.config
         self.gpt, self.vq, self.name = gpt.eval(), (vq.eval() if vq is not None else None), name
         self.caption_encoder = caption_encoder
@@ -127,12 +155,16 @@ class LlamaGenModel(TokenModel):
             shown = captions
         P = gpt.config.cls_token_num
         if feats.ndim != 3 or feats.shape[1] != P:
-            raise UsageError(f"caption features have shape {tuple(feats.shape)}; {self.name} expects (B, {P}, "
-                             f"{gpt.config.caption_dim})")
+            raise UsageError(
+                f"caption features have shape {tuple(feats.shape)}; {self.name} expects (B, {P}, "
+                f"{gpt.config.caption_dim})"
+            )
         if feats.shape[2] != gpt.config.caption_dim:
-            raise UsageError(f"the caption encoder gives {feats.shape[2]}-wide features but {self.name} takes "
-                             f"{gpt.config.caption_dim}; use the text encoder it was trained with (flan-t5-xl for "
-                             f"LlamaGen t2i)")
+            raise UsageError(
+                f"the caption encoder gives {feats.shape[2]}-wide features but {self.name} takes "
+                f"{gpt.config.caption_dim}; use the text encoder it was trained with (flan-t5-xl for "
+                f"LlamaGen t2i)"
+            )
         feats = feats * mask[..., None]
         B = feats.shape[0]
         if guided:
@@ -167,8 +199,7 @@ class LlamaGenModel(TokenModel):
         h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv)
         return Step(self.gpt.head(h), h)
 
-    def extend_tree(self, cache: GPTCache, tokens: torch.Tensor, depths: torch.Tensor,
-                    ancestors: torch.Tensor) -> Step:
+    def extend_tree(self, cache: GPTCache, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> Step:
         L = cache.kv.length
         positions = L + depths.to(torch.long).cpu()  # prefix offset + image position of each node
         attend = torch.cat([torch.ones(len(depths), L, dtype=torch.bool), ancestors.cpu().bool()], 1)
@@ -202,8 +233,9 @@ class LlamaGenModel(TokenModel):
     def select_slots(self, cache: GPTCache, rows: torch.Tensor) -> None:
         cache.kv.select_rows(rows.to(self.device))
 
-    def extend_slots(self, cache: GPTCache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
-                     visible: torch.Tensor) -> Step:
+    def extend_slots(
+        self, cache: GPTCache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+    ) -> Step:
         P, (R, T) = cache.prefix, tokens.shape
         prefix = cache.kv.key_mask[:, None, :P].expand(R, T, P)  # padded caption tokens stay hidden
         mask = torch.cat([prefix, visible], -1)[:, None]
@@ -218,7 +250,7 @@ class LlamaGenModel(TokenModel):
             return super().teacher_force(prompt, tokens)  # padded captions need the masked cache path
         prefix = self.prefix_embeddings(prompt)
         h = torch.cat([prefix, self.gpt.embed_tokens(tokens[:, :-1])], dim=1)
-        hidden = self.gpt.forward(h)[:, prefix.shape[1] - 1:]
+        hidden = self.gpt.forward(h)[:, prefix.shape[1] - 1 :]
         return Step(self.gpt.head(hidden), hidden)
 
     # ------------------------------------------------------------------ drafter
@@ -292,8 +324,8 @@ def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, tor
     for i in range(feats.shape[0]):
         n = int(mask[i].sum())
         P = feats.shape[1]
-        out_f[i, P - n:] = feats[i, :n]
-        out_m[i, P - n:] = True
+        out_f[i, P - n :] = feats[i, :n]
+        out_m[i, P - n :] = True
     return out_f, out_m
 
 
@@ -311,12 +343,15 @@ def check_checkpoint_name(path: str | Path, name: str, stage: Optional[int], res
     m = _STAGE.search(fname)
     if stage is not None and m and int(m.group(1)) != stage:
         other = f"llamagen-t2i-stage{m.group(1)}"
-        raise UsageError(f"{fname} is a Stage {m.group(1)} checkpoint but --model {name} is Stage {stage}; "
-                         f"use --model {other}")
+        raise UsageError(
+            f"{fname} is a Stage {m.group(1)} checkpoint but --model {name} is Stage {stage}; use --model {other}"
+        )
     r = _RES.search(fname)
     if r and int(r.group(1)) != resolution:
-        raise UsageError(f"{fname} is a {r.group(1)} px checkpoint but --model {name} generates {resolution} px; "
-                         f"pick the model name with -{r.group(1)} or the matching file")
+        raise UsageError(
+            f"{fname} is a {r.group(1)} px checkpoint but --model {name} generates {resolution} px; "
+            f"pick the model name with -{r.group(1)} or the matching file"
+        )
 
 
 def class_labels(conditions: Sequence | torch.Tensor, name: str) -> torch.Tensor:
@@ -324,21 +359,24 @@ def class_labels(conditions: Sequence | torch.Tensor, name: str) -> torch.Tensor
     label (a caption given to a class-conditional model, say). Ranges are checked by the caller."""
     if torch.is_tensor(conditions):
         if conditions.is_floating_point() or conditions.is_complex():
-            raise UsageError(f"{name} is class-conditional: conditions must be integer class labels, got a "
-                             f"{conditions.dtype} tensor")
+            raise UsageError(
+                f"{name} is class-conditional: conditions must be integer class labels, got a {conditions.dtype} tensor"
+            )
         return conditions.long().view(-1)
     bad = next((c for c in conditions if not _is_label(c)), None)
     if bad is not None:
-        raise UsageError(f"{name} is class-conditional: conditions must be class labels, got {str(bad)[:40]!r}; "
-                         f"captions are for text-to-image models")
+        raise UsageError(
+            f"{name} is class-conditional: conditions must be class labels, got {str(bad)[:40]!r}; "
+            f"captions are for text-to-image models"
+        )
     return torch.tensor([int(c) for c in conditions], dtype=torch.long)
 
 
 def _is_label(c) -> bool:
     try:
         if isinstance(c, str):
-            return c.strip().lstrip("-").isdigit() and abs(int(c)) < 2 ** 62
-        return not isinstance(c, bool) and int(c) == c and abs(int(c)) < 2 ** 62
+            return c.strip().lstrip("-").isdigit() and abs(int(c)) < 2**62
+        return not isinstance(c, bool) and int(c) == c and abs(int(c)) < 2**62
     except (TypeError, ValueError, OverflowError):
         return False
 
@@ -348,21 +386,41 @@ LLAMAGEN_C2I_REPO = "FoundationVision/LlamaGen"
 LLAMAGEN_T2I_REPO = "peizesun/llamagen_t2i"
 T5_REPO = "google/flan-t5-xl"
 
-VQ16 = dict(codebook_size=16384, codebook_embed_dim=8, encoder_ch_mult=[1, 1, 2, 2, 4],
-            decoder_ch_mult=[1, 1, 2, 2, 4], z_channels=256, ch=128)
+VQ16 = dict(
+    codebook_size=16384,
+    codebook_embed_dim=8,
+    encoder_ch_mult=[1, 1, 2, 2, 4],
+    decoder_ch_mult=[1, 1, 2, 2, 4],
+    z_channels=256,
+    ch=128,
+)
 
 
 def official_gpt_config(preset: str, model_type: str, resolution: int, downsample: int = 16) -> GPTConfig:
     """GPTConfig of an official LlamaGen checkpoint: preset, c2i/t2i, image size in pixels."""
     grid = resolution // downsample
-    extra = dict(num_classes=1000, cls_token_num=1) if model_type == "c2i" else dict(caption_dim=2048, cls_token_num=120)
-    return gpt_config_from_official(preset=preset, model_type=model_type, block_size=grid * grid,
-                                    vocab_size=16384, **extra)
+    extra = (
+        dict(num_classes=1000, cls_token_num=1) if model_type == "c2i" else dict(caption_dim=2048, cls_token_num=120)
+    )
+    return gpt_config_from_official(
+        preset=preset, model_type=model_type, block_size=grid * grid, vocab_size=16384, **extra
+    )
 
 
-def load_llamagen(weights=None, device="cpu", dtype=torch.float32, *, preset: str, model_type: str,
-                  resolution: int, gpt_file: str, vq_file: str, repo: str, stage: Optional[int] = None,
-                  name: str = "llamagen") -> LlamaGenModel:
+def load_llamagen(
+    weights=None,
+    device="cpu",
+    dtype=torch.float32,
+    *,
+    preset: str,
+    model_type: str,
+    resolution: int,
+    gpt_file: str,
+    vq_file: str,
+    repo: str,
+    stage: Optional[int] = None,
+    name: str = "llamagen",
+) -> LlamaGenModel:
     """Load an official LlamaGen GPT + VQ-16 pair (see :data:`ambiguity.models.catalog`).
 
     ``weights``: the GPT checkpoint file, or a directory with the official file names; else

@@ -6,23 +6,33 @@ transformers or reads weights. A loader takes ``(weights, device, dtype)`` and r
 :class:`~ambiguity.errors.WeightsNotFoundError` with a one-line download hint when the
 checkpoint is absent.
 """
+
 from __future__ import annotations
 
 import difflib
 import json
-from pathlib import Path
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 from torch import nn
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
-from ambiguity.models.checkpoints import check_finite
 from ambiguity.models.base import TokenModel, resolve_device
 from ambiguity.models.catalog import BUILTIN, ModelSpec
+from ambiguity.models.checkpoints import check_finite
 
-__all__ = ["ModelSpec", "register", "available_models", "get_spec", "load_model", "DEFAULT_MODEL", "resolve_dtype",
-           "spec_sizes", "check_spec_options"]
+__all__ = [
+    "ModelSpec",
+    "register",
+    "available_models",
+    "get_spec",
+    "load_model",
+    "DEFAULT_MODEL",
+    "resolve_dtype",
+    "spec_sizes",
+    "check_spec_options",
+]
 
 DEFAULT_MODEL = "embedded"
 
@@ -45,8 +55,14 @@ def available_models() -> list[str]:
 def get_spec(name: str) -> ModelSpec:
     """Look a name up (aliases too). ``hf:<repo or path>`` names any Hugging Face causal LM."""
     if name.startswith("hf:"):
-        return ModelSpec(name, "Hugging Face causal LM", "ambiguity.models.hf_text:load_hf_causal_lm",
-                         {"repo": name[3:]}, kind="text", codes_key=("vocab_size",))
+        return ModelSpec(
+            name,
+            "Hugging Face causal LM",
+            "ambiguity.models.hf_text:load_hf_causal_lm",
+            {"repo": name[3:]},
+            kind="text",
+            codes_key=("vocab_size",),
+        )
     key = _ALIASES.get(name, name)
     if key not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY) + list(_ALIASES), n=1, cutoff=0.75)
@@ -62,8 +78,16 @@ def resolve_dtype(dtype: Optional[str | torch.dtype], device: torch.device) -> t
         return dtype
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "fp64": torch.float64,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float64": torch.float64,
+        "fp64": torch.float64,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in table:
         raise UsageError(f"--dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
     return table[dtype]
@@ -98,12 +122,20 @@ def spec_sizes(spec: ModelSpec, weights=None) -> dict:
     """
     read = _config_codes(spec, weights)
     fixed = weights is None and not spec.codes_key
-    return {"codes": read if read is not None else spec.codes if fixed else None,
-            "classes": spec.classes if weights is None and spec.kind == "c2i" else None}
+    return {
+        "codes": read if read is not None else spec.codes if fixed else None,
+        "classes": spec.classes if weights is None and spec.kind == "c2i" else None,
+    }
 
 
-def check_spec_options(name: str, weights=None, k: Optional[int] = None, classes: Optional[Sequence[int]] = None,
-                       captions=None, tree_top_k: Optional[int] = None) -> None:
+def check_spec_options(
+    name: str,
+    weights=None,
+    k: Optional[int] = None,
+    classes: Optional[Sequence[int]] = None,
+    captions=None,
+    tree_top_k: Optional[int] = None,
+) -> None:
     """Refuse options that cannot fit the model ``name`` before its weights load (issue 20, item 13).
 
     k: the neighbourhood size (``--k``, must be below V); classes: ``--classes`` labels (c2i
@@ -126,8 +158,9 @@ def check_spec_options(name: str, weights=None, k: Optional[int] = None, classes
     if V is not None and k is not None and k >= V:
         raise UsageError(f"--k {k} must be smaller than the vocabulary size {V} of {label}; lower --k")
     if V is not None and tree_top_k is not None and tree_top_k > V:
-        raise UsageError(f"--tree-top-k {tree_top_k} exceeds the vocabulary size {V} of {label}; "
-                         f"use --tree-top-k {V} or less")
+        raise UsageError(
+            f"--tree-top-k {tree_top_k} exceeds the vocabulary size {V} of {label}; use --tree-top-k {V} or less"
+        )
 
 
 def load_model(name: str = DEFAULT_MODEL, weights=None, device="auto", dtype=None) -> TokenModel:
@@ -139,9 +172,12 @@ def load_model(name: str = DEFAULT_MODEL, weights=None, device="auto", dtype=Non
     dev = resolve_device(device)
     model = spec.resolve_loader()(weights=weights, device=dev, dtype=resolve_dtype(dtype, dev), **spec.options)
     model.name = spec.name if not name.startswith("hf:") else name
-    check_finite({k: v for k, v in vars(model).items() if isinstance(v, nn.Module)}, f"the weights of {model.name}",
-                 "restore or re-download them" + (" (git checkout -- ambiguity/weights)" if weights is None and
-                                                   spec.name.startswith("embedded") else ""))
+    check_finite(
+        {k: v for k, v in vars(model).items() if isinstance(v, nn.Module)},
+        f"the weights of {model.name}",
+        "restore or re-download them"
+        + (" (git checkout -- ambiguity/weights)" if weights is None and spec.name.startswith("embedded") else ""),
+    )
     return model
 
 

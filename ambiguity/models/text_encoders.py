@@ -7,6 +7,7 @@ tokens and padded to 120, and the encoder's last hidden states (B, 120, 2048) to
 attention mask form the model's prefix. :class:`ambiguity.models.llamagen.LlamaGenModel` then
 moves the padding to the front and zeroes the padded features, as LlamaGen's sampler does.
 """
+
 from __future__ import annotations
 
 import html
@@ -26,24 +27,29 @@ T5_MAX_LENGTH = 120
 # Rules of the caption cleaner LlamaGen applies before T5 (written for this project; the ftfy
 # mojibake fix of the original is not reproduced). Each pair is (pattern, replacement).
 _CJK = "\u31c0-\u31ef\u31f0-\u31ff\u3200-\u32ff\u3300-\u33ff\u3400-\u4dbf\u4dc0-\u4dff\u4e00-\u9fff"
-_DASHES = ("\u002d\u058a\u05be\u1400\u1806\u2010-\u2015\u2e17\u2e1a\u2e3a\u2e3b\u2e40\u301c\u3030\u30a0"
-           "\ufe31\ufe32\ufe58\ufe63\uff0d")
+_DASHES = (
+    "\u002d\u058a\u05be\u1400\u1806\u2010-\u2015\u2e17\u2e1a\u2e3a\u2e3b\u2e40\u301c\u3030\u30a0"
+    "\ufe31\ufe32\ufe58\ufe63\uff0d"
+)
 _TLD = r"(?:com|co|ru|net|org|edu|gov|it)"
 _EARLY = [
     (r"<person>", "person"),
-    (r"\b(?:https?:(?:/{1,3}|[a-z0-9%])|[a-z0-9.\-]+[.]" + _TLD + r"[\w/-]*\b/?(?!@))", ""),   # URLs
+    (r"\b(?:https?:(?:/{1,3}|[a-z0-9%])|[a-z0-9.\-]+[.]" + _TLD + r"[\w/-]*\b/?(?!@))", ""),  # URLs
     (r"\b(?:www:(?:/{1,3}|[a-z0-9%])|[a-z0-9.\-]+[.]" + _TLD + r"[\w/-]*\b/?(?!@))", ""),
-    (r"<[^>]*>", ""),                                       # HTML tags
-    (r"@[\w\d]+\b", ""),                                    # @nicknames
+    (r"<[^>]*>", ""),  # HTML tags
+    (r"@[\w\d]+\b", ""),  # @nicknames
     ("[" + _CJK + "]+", ""),
     ("[" + _DASHES + "]+", "-"),
     ("[`\u00b4\u00ab\u00bb\u201c\u201d\u00a8]", '"'),
     ("[\u2018\u2019]", "'"),
-    (r"&quot;?", ""), (r"&amp", ""),
-    (r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}", " "),           # IP addresses
-    (r"\d:\d\d\s+$", ""),                                   # article ids
+    (r"&quot;?", ""),
+    (r"&amp", ""),
+    (r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}", " "),  # IP addresses
+    (r"\d:\d\d\s+$", ""),  # article ids
     (r"\\n", " "),
-    (r"#\d{1,3}\b", ""), (r"#\d{5,}\b", ""), (r"\b\d{6,}\b", ""),
+    (r"#\d{1,3}\b", ""),
+    (r"#\d{5,}\b", ""),
+    (r"\b\d{6,}\b", ""),
     (r"[\S]+\.(?:png|jpg|jpeg|bmp|webp|eps|pdf|apk|mp4)", ""),  # file names
     (r"[\"']{2,}", '"'),
     (r"[.]{2,}", " "),
@@ -51,14 +57,18 @@ _EARLY = [
     (r"\s+\.\s+", " "),
 ]
 _LATE = [
-    (r"\b[a-zA-Z]{1,3}\d{3,15}\b", ""), (r"\b[a-zA-Z]+\d+[a-zA-Z]+\b", ""), (r"\b\d+[a-zA-Z]+\d+\b", ""),
-    (r"(worldwide\s+)?(free\s+)?shipping", ""), (r"(free\s)?download(\sfree)?", ""),
-    (r"\bclick\b\s(?:for|on)\s\w+", ""), (r"\b(?:png|jpg|jpeg|bmp|webp|eps|pdf|apk|mp4)(\simage[s]?)?", ""),
+    (r"\b[a-zA-Z]{1,3}\d{3,15}\b", ""),
+    (r"\b[a-zA-Z]+\d+[a-zA-Z]+\b", ""),
+    (r"\b\d+[a-zA-Z]+\d+\b", ""),
+    (r"(worldwide\s+)?(free\s+)?shipping", ""),
+    (r"(free\s)?download(\sfree)?", ""),
+    (r"\bclick\b\s(?:for|on)\s\w+", ""),
+    (r"\b(?:png|jpg|jpeg|bmp|webp|eps|pdf|apk|mp4)(\simage[s]?)?", ""),
     (r"\bpage\s+\d+\b", ""),
     (r"\b\d*[a-zA-Z]+\d+[a-zA-Z]+\d+[a-zA-Z\d]*\b", " "),
-    (r"\b\d+\.?\d*[x\u0445\u00d7]\d+\.?\d*\b", ""),         # sizes like 1920x1080
+    (r"\b\d+\.?\d*[x\u0445\u00d7]\d+\.?\d*\b", ""),  # sizes like 1920x1080
     (r"\b\s+:\s+", ": "),
-    (r"(\D[,./])\b", r"\1 "),                               # a space after punctuation
+    (r"(\D[,./])\b", r"\1 "),  # a space after punctuation
     (r"\s+", " "),
 ]
 _ENDS = [(r"^[\"']([\w\W]+)[\"']$", r"\1"), (r"^['_,\-:;]", ""), (r"['_,\-:+]$", ""), (r"^\.\S+$", "")]
@@ -68,7 +78,7 @@ def _clean_once(text: str) -> str:
     text = urllib.parse.unquote_plus(str(text)).strip().lower()
     for pat, rep in _EARLY:
         text = re.sub(pat, rep, text)
-    if len(re.findall(r"[-_]", text)) > 3:                  # this-is-a-slug / this_is_a_slug
+    if len(re.findall(r"[-_]", text)) > 3:  # this-is-a-slug / this_is_a_slug
         text = re.sub(r"[-_]", " ", text)
     text = html.unescape(html.unescape(text)).strip()
     for pat, rep in _LATE:
@@ -108,8 +118,15 @@ class T5CaptionEncoder:
     for an empty caption list.
     """
 
-    def __init__(self, repo_or_path: str = T5_REPO, device="cpu", dtype=torch.float32,
-                 max_length: int = T5_MAX_LENGTH, lazy: bool = False, clean: bool = True):
+    def __init__(
+        self,
+        repo_or_path: str = T5_REPO,
+        device="cpu",
+        dtype=torch.float32,
+        max_length: int = T5_MAX_LENGTH,
+        lazy: bool = False,
+        clean: bool = True,
+    ):
         self.repo, self.device, self.dtype, self.max_length = str(repo_or_path), torch.device(device), dtype, max_length
         self.clean = clean
         self.model = self.tokenizer = None
@@ -128,16 +145,23 @@ class T5CaptionEncoder:
         from transformers import T5EncoderModel
 
         self.tokenizer = load_tokenizer(self.repo, name="caption encoder")
-        self.model = load_pretrained(T5EncoderModel, self.repo, device=self.device, dtype=self.dtype,
-                                     name="caption encoder")
+        self.model = load_pretrained(
+            T5EncoderModel, self.repo, device=self.device, dtype=self.dtype, name="caption encoder"
+        )
 
     def tokenize(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Captions -> (input ids (B, max_length) int64, mask (B, max_length) int64), cleaned,
         with special tokens, truncated and padded to ``max_length``."""
         self._load()
         texts = [clean_caption(c) if self.clean else str(c).lower().strip() for c in captions]
-        batch = self.tokenizer(texts, max_length=self.max_length, padding="max_length", truncation=True,
-                               add_special_tokens=True, return_tensors="pt")
+        batch = self.tokenizer(
+            texts,
+            max_length=self.max_length,
+            padding="max_length",
+            truncation=True,
+            add_special_tokens=True,
+            return_tensors="pt",
+        )
         return batch["input_ids"], batch["attention_mask"]
 
     @torch.no_grad()

@@ -24,10 +24,12 @@ Sanchez et al., 2023, "Stay on topic with classifier-free guidance"), so for BOS
 guidance is the identity. Prompts of different lengths are left-padded with masked keys; rotary
 attention depends only on relative positions, so padding does not change the result.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -40,8 +42,16 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.seeding import holdout_seed
 
-__all__ = ["TWIN_FILE", "TOKENIZER_FILE", "HELDOUT_FILE", "METRICS_FILE", "twin_config", "TextTwinModel",
-           "load_text_twin", "load_heldout"]
+__all__ = [
+    "TWIN_FILE",
+    "TOKENIZER_FILE",
+    "HELDOUT_FILE",
+    "METRICS_FILE",
+    "twin_config",
+    "TextTwinModel",
+    "load_text_twin",
+    "load_heldout",
+]
 
 TWIN_FILE = "text_twin.safetensors"
 TOKENIZER_FILE = "text_twin_tokenizer.json"
@@ -49,8 +59,22 @@ HELDOUT_FILE = "text_twin_heldout.safetensors"
 METRICS_FILE = "text_twin_metrics.json"
 
 # Fields copied from the image model's GPTConfig: everything that sets the size and the training.
-_SHARED = ("dim", "n_layer", "n_head", "n_kv_head", "multiple_of", "ffn_dim_multiplier", "rope_base", "norm_eps",
-           "initializer_range", "token_dropout_p", "attn_dropout_p", "resid_dropout_p", "ffn_dropout_p", "vocab_size")
+_SHARED = (
+    "dim",
+    "n_layer",
+    "n_head",
+    "n_kv_head",
+    "multiple_of",
+    "ffn_dim_multiplier",
+    "rope_base",
+    "norm_eps",
+    "initializer_range",
+    "token_dropout_p",
+    "attn_dropout_p",
+    "resid_dropout_p",
+    "ffn_dropout_p",
+    "vocab_size",
+)
 
 
 def twin_config(image: GPTConfig, length: Optional[int] = None) -> GPTConfig:
@@ -62,8 +86,15 @@ def twin_config(image: GPTConfig, length: Optional[int] = None) -> GPTConfig:
     tokens per image).
     """
     values = {k: getattr(image, k) for k in _SHARED}
-    return GPTConfig(**values, model_type="c2i", num_classes=1, class_dropout_prob=0.0, cls_token_num=1,
-                     block_size=int(length or image.block_size), rope="1d")
+    return GPTConfig(
+        **values,
+        model_type="c2i",
+        num_classes=1,
+        class_dropout_prob=0.0,
+        cls_token_num=1,
+        block_size=int(length or image.block_size),
+        rope="1d",
+    )
 
 
 class TextTwinModel(LlamaGenModel):
@@ -75,8 +106,10 @@ class TextTwinModel(LlamaGenModel):
     """
 
     can_batch_decode = False
-    batch_limit = ("its prompts have different lengths, so each row's cache prefix and 1D rotary positions "
-                   "differ (the slots cache assumes one prefix length)")
+    batch_limit = (
+        "its prompts have different lengths, so each row's cache prefix and 1D rotary positions "
+        "differ (the slots cache assumes one prefix length)"
+    )
 
     def __init__(self, gpt: GPT, tokenizer=None, name: str = "text-twin"):
         config = gpt.config
@@ -95,8 +128,10 @@ class TextTwinModel(LlamaGenModel):
         or holds fewer than ``n`` passages.
         """
         if self.heldout_path is None or not Path(self.heldout_path).is_file():
-            raise UsageError(f"{self.name} has no held-out passages ({HELDOUT_FILE}); "
-                             f"run `python scripts/train_text_twin.py` or use --source generate")
+            raise UsageError(
+                f"{self.name} has no held-out passages ({HELDOUT_FILE}); "
+                f"run `python scripts/train_text_twin.py` or use --source generate"
+            )
         tokens = load_heldout(self.heldout_path)
         if tokens.shape[0] < n:
             raise UsageError(f"only {tokens.shape[0]} held-out passages ship with {self.name}; lower --num-images")
@@ -155,8 +190,10 @@ class TextTwinModel(LlamaGenModel):
         limit = self.gpt.config.block_size - 1
         longest = max(len(r) for r in rows)
         if longest > limit:
-            raise UsageError(f"a prompt is {longest} tokens; {self.name} was trained on {limit + 1}-token passages, "
-                             f"shorten prompts to at most {limit} tokens")
+            raise UsageError(
+                f"a prompt is {longest} tokens; {self.name} was trained on {limit + 1}-token passages, "
+                f"shorten prompts to at most {limit} tokens"
+            )
         B = len(rows)
         if guided:
             rows = rows + [[] for _ in range(B)]
@@ -165,10 +202,14 @@ class TextTwinModel(LlamaGenModel):
         lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
         for i, r in enumerate(rows):
             if r:
-                ids[i, P - len(r):] = torch.tensor(r, dtype=torch.long)
+                ids[i, P - len(r) :] = torch.tensor(r, dtype=torch.long)
         mask = torch.arange(P + 1)[None] >= (P - lengths)[:, None]
-        inputs = {"cond": torch.zeros(len(rows), dtype=torch.long, device=self.device), "ids": ids.to(self.device),
-                  "lengths": lengths.to(self.device), "mask": None if bool(mask.all()) else mask.to(self.device)}
+        inputs = {
+            "cond": torch.zeros(len(rows), dtype=torch.long, device=self.device),
+            "ids": ids.to(self.device),
+            "lengths": lengths.to(self.device),
+            "mask": None if bool(mask.all()) else mask.to(self.device),
+        }
         return Prompt(inputs, B, guided, list(shown))
 
     def prefix_embeddings(self, prompt: Prompt) -> torch.Tensor:
@@ -208,8 +249,10 @@ def load_text_twin(weights=None, device="cpu", dtype=torch.float32) -> TextTwinM
     """
     path, folder = _resolve(weights)
     if not path.is_file():
-        raise WeightsNotFoundError(f"text twin weights {path.name} not found in {folder}; "
-                                   f"run `python scripts/train_text_twin.py` to train them")
+        raise WeightsNotFoundError(
+            f"text twin weights {path.name} not found in {folder}; "
+            f"run `python scripts/train_text_twin.py` to train them"
+        )
     gpt, _ = load_gpt(path, device, dtype)
     tok_path = folder / TOKENIZER_FILE
     tokenizer = load_tokenizer(tok_path) if tok_path.is_file() else None
@@ -228,7 +271,9 @@ def load_heldout(weights=None, n: Optional[int] = None) -> torch.Tensor:
     path = p if (p is not None and p.name == HELDOUT_FILE) else _resolve(weights)[1] / HELDOUT_FILE
     folder = path.parent
     if not path.is_file():
-        raise UsageError(f"held-out passages {HELDOUT_FILE} not found in {folder}; "
-                         f"run `python scripts/train_text_twin.py` or use --source generate")
+        raise UsageError(
+            f"held-out passages {HELDOUT_FILE} not found in {folder}; "
+            f"run `python scripts/train_text_twin.py` or use --source generate"
+        )
     tokens = load_tensors(path)[0]["tokens"].long()
     return tokens if n is None else tokens[:n]

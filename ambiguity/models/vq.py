@@ -9,6 +9,7 @@ Parameter names follow the official ``vq_ds16_*.pt`` checkpoints.
 Images are float tensors in [-1, 1] (the official convention); the model adapters convert
 from and to [0, 1].
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
@@ -86,7 +87,7 @@ class AttnBlock(nn.Module):
         h = self.norm(x)
         B, C, H, W = x.shape
         q, k, v = (m(h).flatten(2).transpose(1, 2) for m in (self.q, self.k, self.v))  # (B, HW, C)
-        attn = torch.softmax(q @ k.transpose(1, 2) * C ** -0.5, dim=-1)
+        attn = torch.softmax(q @ k.transpose(1, 2) * C**-0.5, dim=-1)
         out = (attn @ v).transpose(1, 2).reshape(B, C, H, W)
         return x + self.proj_out(out)
 
@@ -132,8 +133,9 @@ class Encoder(nn.Module):
             if not last:
                 level.downsample = Downsample(cin)
             self.conv_blocks.append(level)
-        self.mid = nn.ModuleList([ResnetBlock(cin, cin, config.dropout_p), AttnBlock(cin),
-                                  ResnetBlock(cin, cin, config.dropout_p)])
+        self.mid = nn.ModuleList(
+            [ResnetBlock(cin, cin, config.dropout_p), AttnBlock(cin), ResnetBlock(cin, cin, config.dropout_p)]
+        )
         self.norm_out = _norm(cin)
         self.conv_out = nn.Conv2d(cin, config.z_channels, 3, padding=1)
 
@@ -157,8 +159,9 @@ class Decoder(nn.Module):
         ch, mult = config.ch, config.decoder_ch_mult
         cin = ch * mult[-1]
         self.conv_in = nn.Conv2d(config.z_channels, cin, 3, padding=1)
-        self.mid = nn.ModuleList([ResnetBlock(cin, cin, config.dropout_p), AttnBlock(cin),
-                                  ResnetBlock(cin, cin, config.dropout_p)])
+        self.mid = nn.ModuleList(
+            [ResnetBlock(cin, cin, config.dropout_p), AttnBlock(cin), ResnetBlock(cin, cin, config.dropout_p)]
+        )
         self.conv_blocks = nn.ModuleList()
         for i in reversed(range(len(mult))):
             level, cout, first = _Level(), ch * mult[i], i == len(mult) - 1
@@ -215,7 +218,7 @@ class VectorQuantizer(nn.Module):
             zf = F.normalize(zf, dim=-1)
         e = self.codebook()
         e2 = e.pow(2).sum(1)
-        rows = max(1, 2 ** 20 // e.shape[0])  # cache-sized distance blocks (16384 codes: 64 rows); same result
+        rows = max(1, 2**20 // e.shape[0])  # cache-sized distance blocks (16384 codes: 64 rows); same result
         codes = [(c.pow(2).sum(1, keepdim=True) + e2 - 2 * c @ e.t()).argmin(1) for c in zf.split(rows)]
         return torch.cat(codes).view(z.shape[0], z.shape[2], z.shape[3])
 

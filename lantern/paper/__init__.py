@@ -24,13 +24,15 @@ decoding sessions it reads keep every finished image (:mod:`lantern.paper.sessio
 decoding experiments run on the first image model of ``--models``; k and top-k are mapped to its
 codebook by the paper's fraction (:func:`lantern.paper.config.map_to_codebook`).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from tqdm.auto import tqdm
 
@@ -55,13 +57,21 @@ def select(only: Optional[Sequence[str] | str]) -> list[str]:
     names = [n.strip() for n in (only.split(",") if isinstance(only, str) else only) if n.strip()]
     unknown = [n for n in names if n not in EXPERIMENTS]
     if unknown or not names:
-        raise UsageError(f"unknown experiment {unknown[0] if unknown else '(none given)'!r} in --only; choose from "
-                         f"{', '.join(EXPERIMENTS)}")
+        raise UsageError(
+            f"unknown experiment {unknown[0] if unknown else '(none given)'!r} in --only; choose from "
+            f"{', '.join(EXPERIMENTS)}"
+        )
     return [n for n in EXPERIMENTS if n in names]
 
 
-def run_paper(config: PaperConfig, out: str | Path, only: Optional[Sequence[str] | str] = None,
-              overwrite: bool = False, progress: bool = True, shard: Shard = SINGLE) -> Optional[Path]:
+def run_paper(
+    config: PaperConfig,
+    out: str | Path,
+    only: Optional[Sequence[str] | str] = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    shard: Shard = SINGLE,
+) -> Optional[Path]:
     """Run (or resume) the selected experiments into ``out`` and write ``report.md``.
 
     Returns the report's path (None on a shard that does not merge). Raises UsageError for an
@@ -95,8 +105,12 @@ def run_paper(config: PaperConfig, out: str | Path, only: Optional[Sequence[str]
     if not shard.merges:
         return None
     items = [it for it in (load_item(run, n) for n in EXPERIMENTS) if it is not None]
-    report = write_report(run.path / "report.md", items, _header(ctx, items, time.perf_counter() - t0),
-                          {"config": config.settings(), "versions": versions()})
+    report = write_report(
+        run.path / "report.md",
+        items,
+        _header(ctx, items, time.perf_counter() - t0),
+        {"config": config.settings(), "versions": versions()},
+    )
     _print_summary(items, timings, report)
     return report
 
@@ -114,36 +128,49 @@ def _preflight(ctx: Context, names: list[str]) -> None:
         try:
             model.codebook()
         except NotImplementedError:
-            raise UsageError(f"{ctx.primary} has no VQ codebook loaded, which the neighbour experiments need; pass "
-                             f"its tokenizer with --weights {ctx.primary}=DIR or drop it from --models") from None
+            raise UsageError(
+                f"{ctx.primary} has no VQ codebook loaded, which the neighbour experiments need; pass "
+                f"its tokenizer with --weights {ctx.primary}=DIR or drop it from --models"
+            ) from None
 
 
 def _header(ctx: Context, items: list[Item], seconds: float) -> str:
     c = ctx.config
-    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    lines = ["# LANTERN, regenerated", "",
-             f"`{' '.join(['python -m lantern.paper'] + sys.argv[1:])}` — {when}, device {ctx.device}, "
-             f"{seconds / 60:.1f} min for this invocation{_total(items)}.", "",
-             f"Models: {', '.join(c.models)} (decoding experiments on **{ctx.primary}**). Paper: Jang et al., "
-             f"LANTERN, ICLR 2025 (arXiv 2410.03355). τ here is the mean accepted length (bonus token counted); the "
-             f"paper writes τ for the temperature.", ""]
+    when = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    lines = [
+        "# LANTERN, regenerated",
+        "",
+        f"`{' '.join(['python -m lantern.paper'] + sys.argv[1:])}` — {when}, device {ctx.device}, "
+        f"{seconds / 60:.1f} min for this invocation{_total(items)}.",
+        "",
+        f"Models: {', '.join(c.models)} (decoding experiments on **{ctx.primary}**). Paper: Jang et al., "
+        f"LANTERN, ICLR 2025 (arXiv 2410.03355). τ here is the mean accepted length (bonus token counted); the "
+        f"paper writes τ for the temperature.",
+        "",
+    ]
     if c.quick:
-        lines += ["> **QUICK MODE** — a handful of images per measurement: every number below only shows that the "
-                  "pipeline runs end to end. Run without `--quick` for the real measurement.", ""]
-    lines += ["Items: " + ", ".join(it.name for it in items) + ". Each item's folder holds its figure (PNG + PDF) "
-              "and tables (CSV with every column, Markdown as shown here); intervals are written `value [lo, hi]`.",
-              ""]
+        lines += [
+            "> **QUICK MODE** — a handful of images per measurement: every number below only shows that the "
+            "pipeline runs end to end. Run without `--quick` for the real measurement.",
+            "",
+        ]
+    lines += [
+        "Items: " + ", ".join(it.name for it in items) + ". Each item's folder holds its figure (PNG + PDF) "
+        "and tables (CSV with every column, Markdown as shown here); intervals are written `value [lo, hi]`.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def _total(items: list[Item]) -> str:
-    """", 52.3 min computing the items over all invocations" (or which items' times are unknown)."""
+    """ ", 52.3 min computing the items over all invocations" (or which items' times are unknown)."""
     known = [it.seconds for it in items if it.seconds is not None]
     if not known:
         return ""
     unknown = [it.name for it in items if it.seconds is None]
-    return (f", {sum(known) / 60:.1f} min computing the items over all invocations"
-            + (f" (not counting {', '.join(unknown)}: computed before times were kept)" if unknown else ""))
+    return f", {sum(known) / 60:.1f} min computing the items over all invocations" + (
+        f" (not counting {', '.join(unknown)}: computed before times were kept)" if unknown else ""
+    )
 
 
 def _print_summary(items: list[Item], timings: dict, report: Path) -> None:

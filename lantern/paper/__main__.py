@@ -1,53 +1,102 @@
 """``python -m lantern.paper``: the command line of :mod:`lantern.paper`."""
+
 from __future__ import annotations
 
 import dataclasses
 import sys
 from typing import Optional
 
-from ambiguity.cli import (ArgumentParser, add_data_arg, add_device_args, add_out_arg, add_shard_args, check_out_dir,
-                           cli_main, default_out, device_from_args, float_list, int_list, parse_mapping, positive_int,
-                           seed_int)
+from ambiguity.cli import (
+    ArgumentParser,
+    add_data_arg,
+    add_device_args,
+    add_out_arg,
+    add_shard_args,
+    check_out_dir,
+    cli_main,
+    default_out,
+    device_from_args,
+    float_list,
+    int_list,
+    parse_mapping,
+    positive_int,
+    seed_int,
+)
 from ambiguity.compare import parse_models
 from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
 from lantern.paper import COMMAND, EXPERIMENTS, QUICK, TITLES, PaperConfig, run_paper, select
 from lantern.quality.features import EXTRACTORS, default_extractors
 
-SIZES = ("main_images", "greedy_images", "grid_images", "fig2a_images", "random_init_images", "profile_images",
-         "interchange_images", "pairs_images", "timing_images")
+SIZES = (
+    "main_images",
+    "greedy_images",
+    "grid_images",
+    "fig2a_images",
+    "random_init_images",
+    "profile_images",
+    "interchange_images",
+    "pairs_images",
+    "timing_images",
+)
 
 
 def build_parser() -> ArgumentParser:
     defaults = PaperConfig()
-    p = ArgumentParser(prog=COMMAND, description="Regenerate the LANTERN paper's figures and tables next to its "
-                                                 "published values.",
-                       epilog="experiments: " + "; ".join(f"{k}: {v.rstrip('.')}" for k, v in TITLES.items()) + ".")
-    p.add_argument("--models", default=",".join(defaults.models),
-                   help="comma-separated registry names; the first image model runs the decoding experiments "
-                        "(default: embedded,text-twin)")
+    p = ArgumentParser(
+        prog=COMMAND,
+        description="Regenerate the LANTERN paper's figures and tables next to its published values.",
+        epilog="experiments: " + "; ".join(f"{k}: {v.rstrip('.')}" for k, v in TITLES.items()) + ".",
+    )
+    p.add_argument(
+        "--models",
+        default=",".join(defaults.models),
+        help="comma-separated registry names; the first image model runs the decoding experiments "
+        "(default: embedded,text-twin)",
+    )
     p.add_argument("--weights", action="append", default=None, metavar="NAME=PATH", help="checkpoint per model")
-    p.add_argument("--drafter", action="append", default=None, metavar="NAME=PATH",
-                   help="drafter per model (default: the shipped one; train with python -m lantern.train_drafter)")
+    p.add_argument(
+        "--drafter",
+        action="append",
+        default=None,
+        metavar="NAME=PATH",
+        help="drafter per model (default: the shipped one; train with python -m lantern.train_drafter)",
+    )
     add_device_args(p)
     p.add_argument("--only", default=None, metavar="LIST", help=f"experiments to run: {', '.join(EXPERIMENTS)}")
-    p.add_argument("--quick", action="store_true", help="a few images per measurement (< 10 min on 2 CPU cores); "
-                                                         "every figure is marked as such")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few images per measurement (< 10 min on 2 CPU cores); every figure is marked as such",
+    )
     p.add_argument("--seed", type=seed_int, default=defaults.seed)
-    p.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, metavar="B",
-                   help="images per forward for statistics, samples and quality (AR and chains; default 1: every "
-                        "image is also timed); with B > 1 latency is timed at batch 1 on --timing-images rounds")
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=defaults.batch_size,
+        metavar="B",
+        help="images per forward for statistics, samples and quality (AR and chains; default 1: every "
+        "image is also timed); with B > 1 latency is timed at batch 1 on --timing-images rounds",
+    )
     sizes = p.add_argument_group("sizes (defaults: full run; --quick lowers them)")
     for name in SIZES:
-        sizes.add_argument("--" + name.replace("_", "-"), type=positive_int, default=None,
-                           help=f"default {getattr(defaults, name)} ({QUICK.get(name)} with --quick)")
+        sizes.add_argument(
+            "--" + name.replace("_", "-"),
+            type=positive_int,
+            default=None,
+            help=f"default {getattr(defaults, name)} ({QUICK.get(name)} with --quick)",
+        )
     grid = p.add_argument_group("the paper's grid (k on its 16384-code codebook, mapped to the model's)")
     grid.add_argument("--ks", default=None, help="default 100,300,1000")
     grid.add_argument("--deltas", default=None, help="default 0.05,0.1,0.2,0.4")
     grid.add_argument("--jsd-deltas", default=None, help="JSD bounds in nats for Table 3 (default 0.01,0.03,0.1,0.3)")
     q = p.add_argument_group("quality")
-    q.add_argument("--extractors", default=None, help=f"feature extractors ({', '.join(EXTRACTORS)}; default "
-                                                      f"fmnist,mobilenet where MobileNetV2's weights are found, fmnist with --quick)")
+    q.add_argument(
+        "--extractors",
+        default=None,
+        help=f"feature extractors ({', '.join(EXTRACTORS)}; default "
+        f"fmnist,mobilenet where MobileNetV2's weights are found, fmnist with --quick)",
+    )
     q.add_argument("--reference", default=defaults.reference, help="real-image set (lantern.evaluate source spec)")
     q.add_argument("--captions", default=None, help="t2i captions: a text file or an MS-COCO captions_*.json")
     add_data_arg(q)
@@ -81,9 +130,20 @@ def config_from_args(args) -> PaperConfig:
     weights = {k: str(v) for k, v in parse_mapping(args.weights, models, "--weights").items()}
     drafters = {k: str(v) for k, v in parse_mapping(args.drafter, models, "--drafter").items()}
     device, _ = device_from_args(args)
-    return dataclasses.replace(PaperConfig(), models=models, weights=weights, drafters=drafters, device=str(device),
-                               dtype=args.dtype, seed=args.seed, reference=args.reference, captions=args.captions,
-                               data=args.data, batch_size=args.batch_size, **values)
+    return dataclasses.replace(
+        PaperConfig(),
+        models=models,
+        weights=weights,
+        drafters=drafters,
+        device=str(device),
+        dtype=args.dtype,
+        seed=args.seed,
+        reference=args.reference,
+        captions=args.captions,
+        data=args.data,
+        batch_size=args.batch_size,
+        **values,
+    )
 
 
 @cli_main
@@ -95,8 +155,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     shard = shard_from_args(args, device_from_args(args)[0])
     report = run_paper(config, out, only, overwrite=args.overwrite, progress=not args.no_progress, shard=shard)
     if report is None:
-        print(f"{shard.label} done: its decoding rounds are parts of {out}/sessions"
-              + ("" if shard.group else "; after every shard, run the same command without --shard-index"))
+        print(
+            f"{shard.label} done: its decoding rounds are parts of {out}/sessions"
+            + ("" if shard.group else "; after every shard, run the same command without --shard-index")
+        )
     if args.extractors is None and not args.quick:
         for note in default_extractors()[1]:
             print(f"note: {note}", file=sys.stderr)

@@ -4,6 +4,7 @@ The paper's neighbourhood sizes (k = 100, 300, 1000) and its top-k filter (2000)
 LlamaGen's 16384-code VQ codebook. On a model with another codebook they are mapped by the same
 fraction of the codebook (:func:`map_to_codebook`), and the report says so.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -91,8 +92,10 @@ class PaperConfig:
         if bad:
             raise UsageError(f"--{bad[0].replace('_', '-')} must be >= 1, got {sizes[bad[0]]}")
         if self.grid_images > self.main_images:
-            raise UsageError(f"--grid-images ({self.grid_images}) cannot exceed --main-images ({self.main_images}): "
-                             f"the grid cells are the first images of the main session")
+            raise UsageError(
+                f"--grid-images ({self.grid_images}) cannot exceed --main-images ({self.main_images}): "
+                f"the grid cells are the first images of the main session"
+            )
         if int(self.batch_size) < 1:
             raise UsageError(f"--batch-size must be >= 1, got {self.batch_size}")
         if not self.models:
@@ -108,6 +111,19 @@ class PaperConfig:
         return out
 
 
-QUICK = dict(quick=True, main_images=6, greedy_images=4, grid_images=4, fig2a_images=3, random_init_images=2,
-             profile_images=16, interchange_images=8, pairs_images=4, show=2, ks=(300, 1000), deltas=(0.1, 0.4),
-             jsd_deltas=(0.03, 0.3), extractors=("fmnist",))
+QUICK = dict(
+    quick=True,
+    main_images=6,
+    greedy_images=4,
+    grid_images=4,
+    fig2a_images=3,
+    random_init_images=2,
+    profile_images=16,
+    interchange_images=8,
+    pairs_images=4,
+    show=2,
+    ks=(300, 1000),
+    deltas=(0.1, 0.4),
+    jsd_deltas=(0.03, 0.3),
+    extractors=("fmnist",),
+)

@@ -1,4 +1,5 @@
 """The state a paper run shares between experiments: its directory, models, drafters, shard."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,14 +53,19 @@ class Context:
     def primary(self) -> str:
         """The image model the decoding experiments run on (the first in ``--models``)."""
         if not self.image_models:
-            raise UsageError("--models names no image model; the decoding experiments need one, e.g. "
-                             "--models embedded,text-twin")
+            raise UsageError(
+                "--models names no image model; the decoding experiments need one, e.g. --models embedded,text-twin"
+            )
         return self.image_models[0]
 
     def model(self, name: str) -> TokenModel:
         if name not in self._models:
-            self._models[name] = load_model(name, weights=self.config.weights.get(name), device=self.device,
-                                            dtype=resolve_dtype(self.config.dtype, self.device))
+            self._models[name] = load_model(
+                name,
+                weights=self.config.weights.get(name),
+                device=self.device,
+                dtype=resolve_dtype(self.config.dtype, self.device),
+            )
         return self._models[name]
 
     def drafter(self, name: str, which: str = "trained"):
@@ -84,5 +90,11 @@ class Context:
         return p
 
     def note_quick(self) -> Optional[str]:
-        return ("QUICK MODE: a handful of images per measurement; numbers show that the pipeline runs, not what the "
-                "model does") if self.config.quick else None
+        return (
+            (
+                "QUICK MODE: a handful of images per measurement; numbers show that the pipeline runs, not what the "
+                "model does"
+            )
+            if self.config.quick
+            else None
+        )

@@ -6,12 +6,14 @@ writes each table as CSV + Markdown under ``<run>/<item>/`` and keeps the item a
 of the run (so a resumed run does not recompute it); :func:`write_report` assembles
 ``report.md`` from every finished item.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -50,8 +52,10 @@ def compact(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     for c in list(out.columns):
         for lo, hi in ((f"{c}_lo", f"{c}_hi"), (f"{c}_q25", f"{c}_q75")):
             if lo in out.columns and hi in out.columns:
-                out[c] = [num(v) if pd.isna(a) or pd.isna(b) else f"{num(v)} [{num(a)}, {num(b)}]"
-                          for v, a, b in zip(out[c], out[lo], out[hi])]
+                out[c] = [
+                    num(v) if pd.isna(a) or pd.isna(b) else f"{num(v)} [{num(a)}, {num(b)}]"
+                    for v, a, b in zip(out[c], out[lo], out[hi])
+                ]
                 out = out.drop(columns=[lo, hi])
     for c in out.columns:
         if pd.api.types.is_float_dtype(out[c]):
@@ -76,9 +80,18 @@ def save_item(run: RunDir, item: Item) -> None:
         with atomic_path(folder / f"{item.name}_{key}.md") as tmp:
             tmp.write_text(markdown_table(df) + "\n")
     tables = {k: _parquet_safe(v) for k, v in item.tables.items()}
-    run.write_part(f"item_{item.name}", {"item": item.name}, tables=tables,
-                   meta={"title": item.title, "figures": list(item.figures), "settings": _plain(item.settings),
-                         "notes": list(item.notes), "seconds": item.seconds})
+    run.write_part(
+        f"item_{item.name}",
+        {"item": item.name},
+        tables=tables,
+        meta={
+            "title": item.title,
+            "figures": list(item.figures),
+            "settings": _plain(item.settings),
+            "notes": list(item.notes),
+            "seconds": item.seconds,
+        },
+    )
 
 
 def load_item(run: RunDir, name: str) -> Optional[Item]:
@@ -89,8 +102,9 @@ def load_item(run: RunDir, name: str) -> Optional[Item]:
     m = part.meta
     if any(not (run.path / f).is_file() for f in m.get("figures", [])):
         return None  # a figure file is missing: draw the item again
-    return Item(name, m["title"], dict(part.tables), list(m["figures"]), dict(m["settings"]), list(m["notes"]),
-                m.get("seconds"))
+    return Item(
+        name, m["title"], dict(part.tables), list(m["figures"]), dict(m["settings"]), list(m["notes"]), m.get("seconds")
+    )
 
 
 def write_report(path: Path, items: Sequence[Item], header: str, settings: dict) -> Path:

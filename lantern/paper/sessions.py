@@ -14,10 +14,12 @@ other rounds are decoded per method in batches of B images (:mod:`lantern.batche
 batch 1) and stored as the same round parts without timing rows: statistics, samples and quality
 use every round, speed-ups the timed ones.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -94,9 +96,12 @@ class SessionData:
         if n is not None:
             st, im = st[st["image"] < n], im[im["image"] < n]
         reached = float(st["reached"].sum())
-        return {"images": int(len(im)), "tau": float((st["accepted"] + 1).mean()) if len(st) else float("nan"),
-                "tokens_per_forward": float(im["tokens"].sum() / im["target_forwards"].sum()),
-                "acceptance_rate": float(st["committed"].sum()) / reached if reached else float("nan")}
+        return {
+            "images": int(len(im)),
+            "tau": float((st["accepted"] + 1).mean()) if len(st) else float("nan"),
+            "tokens_per_forward": float(im["tokens"].sum() / im["target_forwards"].sum()),
+            "acceptance_rate": float(st["committed"].sum()) / reached if reached else float("nan"),
+        }
 
     def speed(self, n: Optional[int] = None, methods: Optional[Sequence[str]] = None) -> pd.DataFrame:
         """:func:`lantern.timing.speedup_table` over the first ``n`` rounds (and ``methods``), against AR."""
@@ -126,14 +131,21 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     """Run (or resume) ``session``; returns its data on the merging process, None on other shards."""
     model = ctx.model(session.model)
     sampling = sampling_for(ctx, session.model, session.temperature)
-    settings = {"model": model.describe(), "sampling": sampling.as_dict(), "seed": ctx.config.seed,
-                "methods": {m.name: {**m.config.as_dict(), "drafter": m.drafter} for m in session.methods},
-                "captions": ctx.config.captions}
+    settings = {
+        "model": model.describe(),
+        "sampling": sampling.as_dict(),
+        "seed": ctx.config.seed,
+        "methods": {m.name: {**m.config.as_dict(), "drafter": m.drafter} for m in session.methods},
+        "captions": ctx.config.captions,
+    }
     run = RunDir(ctx.path / "sessions" / session.name, settings, command=COMMAND, outputs=())
     # rounds are independent units (each timed within one process): any number of shards may continue a session
     ctx.shard.first(lambda: run.open(shards=None), lambda: run.open(shards=None))
-    conditions = (generation_conditions(model, session.rounds, ctx.config.seed, None, ctx.config.captions)
-                  if model.kind != "text" else model.default_conditions(session.rounds, ctx.config.seed))
+    conditions = (
+        generation_conditions(model, session.rounds, ctx.config.seed, None, ctx.config.captions)
+        if model.kind != "text"
+        else model.default_conditions(session.rounds, ctx.config.seed)
+    )
     configs = {m.name: m.config for m in session.methods}
     speculative = [m for m in session.methods if m.config.speculative]
     drafters = {m.name: ctx.drafter(session.model, m.drafter) for m in speculative}
@@ -145,28 +157,52 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     def save(r: int, timing: pd.DataFrame, decodes: dict) -> None:
         steps = pd.concat([_step_counts(d).assign(method=name) for name, d in decodes.items()], ignore_index=True)
         images = pd.concat([d.frames()[2].assign(method=name) for name, d in decodes.items()], ignore_index=True)
-        run.write_part(*_round_part(session, r), tables={"timing": timing, "steps": steps, "images": images},
-                       tensors={"tokens": {name: d.tokens for name, d in decodes.items()}})
+        run.write_part(
+            *_round_part(session, r),
+            tables={"timing": timing, "steps": steps, "images": images},
+            tensors={"tokens": {name: d.tokens for name, d in decodes.items()}},
+        )
 
     B = int(getattr(ctx.config, "batch_size", 1))
     timed = mine if B == 1 else [r for r in mine if r < ctx.config.timing_images]
     tables = neighbour_tables(model, configs) if mine else {}
     if timed:
-        interleaved_timing(model, configs, sampling, conditions, [(r, 1) for r in range(session.rounds)], drafters,
-                           tables, seed=ctx.config.seed, progress=ctx.progress,
-                           only=timed, rounds_of=rounds_of, on_round=save, desc=session.name)
+        interleaved_timing(
+            model,
+            configs,
+            sampling,
+            conditions,
+            [(r, 1) for r in range(session.rounds)],
+            drafters,
+            tables,
+            seed=ctx.config.seed,
+            progress=ctx.progress,
+            only=timed,
+            rounds_of=rounds_of,
+            on_round=save,
+            desc=session.name,
+        )
     untimed = [r for r in mine if r not in set(timed)]
     for at in range(0, len(untimed), 16 * B):  # the other rounds in batches: parts every 16 batches
-        chunk = untimed[at:at + 16 * B]
+        chunk = untimed[at : at + 16 * B]
         per_round: dict = {r: {} for r in chunk}
         for m in session.methods:
             rs = [r for r in chunk if m.rounds is None or r < m.rounds]
             if not rs:
                 continue
             batch = B if m.config.tree is None or not m.config.speculative else 1
-            d = decode(model, [conditions[r] for r in rs], m.config, sampling, drafters.get(m.name),
-                       tables.get(m.name), seed=ctx.config.seed, indices=rs, batch_size=batch,
-                       progress=ctx.progress)
+            d = decode(
+                model,
+                [conditions[r] for r in rs],
+                m.config,
+                sampling,
+                drafters.get(m.name),
+                tables.get(m.name),
+                seed=ctx.config.seed,
+                indices=rs,
+                batch_size=batch,
+                progress=ctx.progress,
+            )
             for r, one in zip(rs, d.split()):
                 per_round[r][m.name] = one
         for r in chunk:
@@ -176,11 +212,14 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
         return None
     parts = run.require_parts(*zip(*(_round_part(session, r) for r in range(session.rounds))))
     cat = lambda key: pd.concat([p.tables[key] for p in parts], ignore_index=True)  # noqa: E731
-    tokens = {m.name: torch.cat([p.tensors["tokens"][m.name] for p in parts if m.name in p.tensors["tokens"]])
-              for m in session.methods}
+    tokens = {
+        m.name: torch.cat([p.tensors["tokens"][m.name] for p in parts if m.name in p.tensors["tokens"]])
+        for m in session.methods
+    }
     timed_parts = [p.tables["timing"] for p in parts if len(p.tables["timing"])]  # untimed rounds have none
-    timing = (pd.concat(timed_parts, ignore_index=True) if timed_parts
-              else pd.DataFrame(columns=list(TIMING_COLUMNS)))[list(TIMING_COLUMNS)]
+    timing = (pd.concat(timed_parts, ignore_index=True) if timed_parts else pd.DataFrame(columns=list(TIMING_COLUMNS)))[
+        list(TIMING_COLUMNS)
+    ]
     return SessionData(session, run, sampling, conditions, timing, cat("steps"), cat("images"), tokens)
 
 
@@ -190,25 +229,40 @@ def pixels(ctx: Context, data: SessionData, method: str, n: int, batch: int = 64
     h, w = model.grid
     codes = data.tokens[method][:n]
     with torch.no_grad():
-        return torch.cat([model.decode_codes(codes[i:i + batch].view(-1, h, w).to(model.device)).float().cpu()
-                          for i in range(0, len(codes), batch)])
+        return torch.cat(
+            [
+                model.decode_codes(codes[i : i + batch].view(-1, h, w).to(model.device)).float().cpu()
+                for i in range(0, len(codes), batch)
+            ]
+        )
 
 
 def quality(ctx: Context, data: SessionData, method: str, n: int) -> dict:
     """Quality metrics of the first ``n`` images of ``method`` (:func:`lantern.evaluate.score_images`
     with the run's extractors and reference), cached as a part of the session; {metric: value dict}."""
     run = data.run
-    holds = {"method": method, "n": int(n), "extractors": list(ctx.config.extractors),
-             "reference": ctx.config.reference, "intervals": "jackknife+wilson"}  # parts of the old bootstrap recompute
+    holds = {
+        "method": method,
+        "n": int(n),
+        "extractors": list(ctx.config.extractors),
+        "reference": ctx.config.reference,
+        "intervals": "jackknife+wilson",
+    }  # parts of the old bootstrap recompute
     name = f"quality_{method}_{n}"
     part = run.read_part(name, holds)
     if part is not None:
         return part.meta["scores"]
     model = ctx.model(data.session.model)
-    scores = score_images(pixels(ctx, data, method, n), reference=ctx.config.reference,
-                          extractors=ctx.config.extractors, conditions=data.conditions[:n],
-                          class_names=model.class_names, data=ctx.config.data, device=ctx.device,
-                          label=method)
+    scores = score_images(
+        pixels(ctx, data, method, n),
+        reference=ctx.config.reference,
+        extractors=ctx.config.extractors,
+        conditions=data.conditions[:n],
+        class_names=model.class_names,
+        data=ctx.config.data,
+        device=ctx.device,
+        label=method,
+    )
     scores = {k: v for k, v in scores.items() if isinstance(v, dict) and "value" in v}
     run.write_part(name, holds, meta={"scores": _jsonable(scores)})
     return scores

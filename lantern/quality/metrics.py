@@ -38,6 +38,7 @@ only comparable with scores from the same extractor, reference set and protocol.
   symmetric statistic — the k-NN set metrics (recall, coverage) included; the simulation in
   ``tests/test_evaluate_metrics.py`` checks every metric's coverage against a known answer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,10 +51,31 @@ from scipy import stats
 from ambiguity.errors import UsageError
 from ambiguity.memory import check_count
 
-__all__ = ["as_f64", "gaussian_stats", "frechet_distance", "psd_sqrt", "FidReference", "fid_reference", "fid_values",
-           "poly_kernel", "KidReference", "kid_reference", "kid_values", "knn_radii", "pairwise_distances",
-           "PrdcTerms", "prdc_terms", "prdc_values", "bootstrap_indices", "percentile_interval", "jackknife_counts",
-           "jackknife_interval", "wilson_interval", "RANGES", "mean_values"]
+__all__ = [
+    "as_f64",
+    "gaussian_stats",
+    "frechet_distance",
+    "psd_sqrt",
+    "FidReference",
+    "fid_reference",
+    "fid_values",
+    "poly_kernel",
+    "KidReference",
+    "kid_reference",
+    "kid_values",
+    "knn_radii",
+    "pairwise_distances",
+    "PrdcTerms",
+    "prdc_terms",
+    "prdc_values",
+    "bootstrap_indices",
+    "percentile_interval",
+    "jackknife_counts",
+    "jackknife_interval",
+    "wilson_interval",
+    "RANGES",
+    "mean_values",
+]
 
 
 def as_f64(x) -> np.ndarray:
@@ -127,7 +149,7 @@ def _weighted_fd(x: np.ndarray, w: np.ndarray, ref: FidReference, gram: Optional
         m = (sw[:, None] * c * sw[None, :]) / (n - 1)
         lam = np.linalg.eigvalsh(m)
         xc = x - mu
-        tr_x = float((w * (xc ** 2).sum(1)).sum() / (n - 1))
+        tr_x = float((w * (xc**2).sum(1)).sum() / (n - 1))
     else:
         xc = x - mu
         sx = (xc * w[:, None]).T @ xc / (n - 1)
@@ -147,8 +169,10 @@ def fid_values(x, ref: FidReference, counts: Optional[np.ndarray] = None) -> np.
     """
     x = as_f64(x)
     if x.shape[1] != ref.mu.shape[0]:
-        raise UsageError(f"features have {x.shape[1]} dimensions but the reference statistics {ref.mu.shape[0]}; "
-                         f"use the same extractor for both")
+        raise UsageError(
+            f"features have {x.shape[1]} dimensions but the reference statistics {ref.mu.shape[0]}; "
+            f"use the same extractor for both"
+        )
     counts = np.ones((1, len(x))) if counts is None else np.asarray(counts, np.float64)
     gram = None
     if len(x) < x.shape[1]:
@@ -178,8 +202,8 @@ def kid_reference(features, block: int = 2048) -> KidReference:
         raise UsageError(f"KID needs at least 2 reference images, got {m}")
     total = 0.0
     for s in range(0, m, block):
-        k = poly_kernel(y[s:s + block], y)
-        total += k.sum() - np.einsum("ii->", k[:, s:s + block])
+        k = poly_kernel(y[s : s + block], y)
+        total += k.sum() - np.einsum("ii->", k[:, s : s + block])
     return KidReference(y, total / (m * (m - 1)))
 
 
@@ -192,20 +216,23 @@ def kid_values(x, ref: KidReference, counts: Optional[np.ndarray] = None) -> np.
     """
     x = as_f64(x)
     if x.shape[1] != ref.features.shape[1]:
-        raise UsageError(f"features have {x.shape[1]} dimensions but the reference {ref.features.shape[1]}; "
-                         f"use the same extractor for both")
+        raise UsageError(
+            f"features have {x.shape[1]} dimensions but the reference {ref.features.shape[1]}; "
+            f"use the same extractor for both"
+        )
     if len(x) < 2:
         raise UsageError(f"KID needs at least 2 generated images, got {len(x)}")
     kxx = poly_kernel(x, x)
-    kxy = np.concatenate([poly_kernel(x, ref.features[s:s + 4096]).sum(1, keepdims=True)
-                          for s in range(0, len(ref.features), 4096)], 1).sum(1) / len(ref.features)
+    kxy = np.concatenate(
+        [poly_kernel(x, ref.features[s : s + 4096]).sum(1, keepdims=True) for s in range(0, len(ref.features), 4096)], 1
+    ).sum(1) / len(ref.features)
     diag = np.diag(kxx)
     counts = np.ones((1, len(x))) if counts is None else np.asarray(counts, np.float64)
     out = []
     for c in counts:
         n = c.sum()
-        pairs = n * n - (c ** 2).sum()  # 0 when a resample drew one image only: no within-set pair
-        xx = (c @ kxx @ c - (c ** 2 * diag).sum()) / pairs if pairs > 0 else np.nan
+        pairs = n * n - (c**2).sum()  # 0 when a resample drew one image only: no within-set pair
+        xx = (c @ kxx @ c - (c**2 * diag).sum()) / pairs if pairs > 0 else np.nan
         out.append(xx + ref.mean_kyy - 2 * (c @ kxy) / n)
     return np.array(out)
 
@@ -213,12 +240,12 @@ def kid_values(x, ref: KidReference, counts: Optional[np.ndarray] = None) -> np.
 # --------------------------------------------------------------------------- k-NN metrics
 def pairwise_distances(a: np.ndarray, b: np.ndarray, block: int = 4096) -> np.ndarray:
     """Euclidean distances (N, M) float64, in row blocks of ``a``."""
-    bb = (b ** 2).sum(1)
+    bb = (b**2).sum(1)
     out = np.empty((len(a), len(b)))
     for s in range(0, len(a), block):
-        blk = a[s:s + block]
-        d2 = (blk ** 2).sum(1)[:, None] + bb[None, :] - 2 * blk @ b.T
-        out[s:s + block] = np.sqrt(np.clip(d2, 0, None))
+        blk = a[s : s + block]
+        d2 = (blk**2).sum(1)[:, None] + bb[None, :] - 2 * blk @ b.T
+        out[s : s + block] = np.sqrt(np.clip(d2, 0, None))
     return out
 
 
@@ -230,7 +257,9 @@ def knn_radii(x, k: int = 3) -> np.ndarray:
     """
     x = as_f64(x)
     if len(x) <= k:
-        raise UsageError(f"--nearest-k {k} (k-NN radii) needs more than {k} images per set, got {len(x)}; lower --nearest-k")
+        raise UsageError(
+            f"--nearest-k {k} (k-NN radii) needs more than {k} images per set, got {len(x)}; lower --nearest-k"
+        )
     index = faiss.IndexFlatL2(x.shape[1])
     xf = np.ascontiguousarray(x, dtype=np.float32)
     index.add(xf)
@@ -238,8 +267,8 @@ def knn_radii(x, k: int = 3) -> np.ndarray:
     # the row itself is among the k + 1 (distance 0) unless exact duplicates tie with it
     out = np.empty(len(x))
     for s in range(0, len(x), 1024):
-        d = np.sqrt(((x[s:s + 1024, None, :] - x[nn[s:s + 1024]]) ** 2).sum(-1))  # (block, k + 1) float64
-        out[s:s + 1024] = np.sort(d, axis=1)[:, k]
+        d = np.sqrt(((x[s : s + 1024, None, :] - x[nn[s : s + 1024]]) ** 2).sum(-1))  # (block, k + 1) float64
+        out[s : s + 1024] = np.sort(d, axis=1)[:, k]
     return out
 
 
@@ -270,11 +299,11 @@ def prdc_values(t: PrdcTerms, counts: Optional[np.ndarray] = None) -> dict[str, 
 
     counts: (B, N) draws per generated image (None: the full set). Returns {name: (B,) float64}.
     """
-    inside_real = t.dist < t.real_radii[:, None]           # (M, N): fake j inside real ball i
-    per_fake_any = inside_real.any(0).astype(np.float64)   # precision indicator per fake
+    inside_real = t.dist < t.real_radii[:, None]  # (M, N): fake j inside real ball i
+    per_fake_any = inside_real.any(0).astype(np.float64)  # precision indicator per fake
     per_fake_count = inside_real.sum(0).astype(np.float64)  # density count per fake
-    inside_fake = t.dist < t.fake_radii[None, :]            # (M, N): real i inside fake ball j
-    covered = t.dist < t.real_radii[:, None]                # nearest-fake test uses the real radius
+    inside_fake = t.dist < t.fake_radii[None, :]  # (M, N): real i inside fake ball j
+    covered = t.dist < t.real_radii[:, None]  # nearest-fake test uses the real radius
     counts = np.ones((1, t.dist.shape[1])) if counts is None else np.asarray(counts, np.float64)
     out = {"precision": [], "recall": [], "density": [], "coverage": []}
     for c in counts:
@@ -317,8 +346,14 @@ def percentile_interval(values: np.ndarray, level: float = 0.95, center: Optiona
 
 # --------------------------------------------------------------------------- jackknife intervals
 # The range of each metric's value: intervals are clipped to it (KID, an unbiased MMD² estimate, has none).
-RANGES = {"fid": (0.0, np.inf), "kid": (-np.inf, np.inf), "precision": (0.0, 1.0), "recall": (0.0, 1.0),
-          "density": (0.0, np.inf), "coverage": (0.0, 1.0)}
+RANGES = {
+    "fid": (0.0, np.inf),
+    "kid": (-np.inf, np.inf),
+    "precision": (0.0, 1.0),
+    "recall": (0.0, 1.0),
+    "density": (0.0, np.inf),
+    "coverage": (0.0, 1.0),
+}
 
 
 def jackknife_counts(n: int, groups: int, seed: int) -> np.ndarray:
@@ -334,8 +369,9 @@ def jackknife_counts(n: int, groups: int, seed: int) -> np.ndarray:
     return (group[None, :] != np.arange(g)[:, None]).astype(np.float64)
 
 
-def jackknife_interval(values: np.ndarray, estimate: float, level: float = 0.95,
-                       bounds: tuple[float, float] = (-np.inf, np.inf)) -> tuple[float, float]:
+def jackknife_interval(
+    values: np.ndarray, estimate: float, level: float = 0.95, bounds: tuple[float, float] = (-np.inf, np.inf)
+) -> tuple[float, float]:
     """Interval (lo, hi) for the expected value of a statistic at its n from its G leave-one-group-out
     values (G,) float: ``estimate ± t_{G-1, (1+level)/2} · se`` with the delete-a-group jackknife
     standard error ``se = sqrt((G-1)/G · Σ_g (v_g - mean v)²)`` (Efron & Stein 1981: conservative

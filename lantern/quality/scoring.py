@@ -10,6 +10,7 @@ term) are cached on disk per (reference, extractor, protocol) under ``--cache``
 directory (:class:`ambiguity.runs.RunDir`) whose settings are the reference's fingerprint and
 the extractor's record, including the SHA-256 of its weights; a changed file is recomputed.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,20 @@ from lantern.quality import metrics as M
 from lantern.quality.features import DEFAULT_REPOS, Extractor, extract
 from lantern.quality.sources import ImageSet
 
-__all__ = ["Protocol", "protocol_record", "RefStats", "cache_dir", "reference_stats", "feature_metrics",
-           "value_metrics", "metric_name", "paired_differences", "BOOTSTRAP_TAG", "PRDC_TAG", "PAPER_SAMPLE_SIZES"]
+__all__ = [
+    "Protocol",
+    "protocol_record",
+    "RefStats",
+    "cache_dir",
+    "reference_stats",
+    "feature_metrics",
+    "value_metrics",
+    "metric_name",
+    "paired_differences",
+    "BOOTSTRAP_TAG",
+    "PRDC_TAG",
+    "PAPER_SAMPLE_SIZES",
+]
 
 BOOTSTRAP_TAG, PRDC_TAG = SEED_TAGS["quality-bootstrap"], SEED_TAGS["quality-prdc-reference"]
 BOUNDED = ("precision", "recall", "coverage", "token_match_vs_reference", "class_consistency")
@@ -37,8 +50,11 @@ BOUNDED = ("precision", "recall", "coverage", "token_match_vs_reference", "class
 # (one caption per image; jadohu/LANTERN#9 reproduces with all 5,000). LlamaGen's text-to-image
 # FID uses 30k MS-COCO 2014 validation captions; ImageNet c2i FIDs use 50k samples against the
 # training-set statistics (ADM suite).
-PAPER_SAMPLE_SIZES = {"LANTERN t2i, MS-COCO 2017 val": 5000, "LlamaGen t2i, MS-COCO 2014 val": 30000,
-                      "ImageNet c2i": 50000}
+PAPER_SAMPLE_SIZES = {
+    "LANTERN t2i, MS-COCO 2017 val": 5000,
+    "LlamaGen t2i, MS-COCO 2014 val": 30000,
+    "ImageNet c2i": 50000,
+}
 
 
 @dataclass
@@ -69,24 +85,35 @@ class Protocol:
 def protocol_record(p: Protocol, reference: Optional[ImageSet] = None) -> dict:
     """The protocol as recorded in results: settings, seeds and the reference's facts."""
     rec = asdict(p)
-    rec["seeds"] = {"subsets": f"derived_seed({p.seed}, {SEED_TAGS['quality-subset']})", "bootstrap": f"derived_seed({p.seed}, {BOOTSTRAP_TAG})",
-                    "prdc_reference_subset": f"derived_seed({p.seed}, {PRDC_TAG})"}
-    rec["bootstrap_scheme"] = ("delete-a-group jackknife over the generated images (min(bootstrap, n) seeded groups, "
-                               "one left out at a time; reference fixed; k-NN radii from the full sets): estimate "
-                               "± t_(G-1) jackknife SE, clipped to the metric's range; precision (and 0/1 per-image "
-                               "values): Wilson score interval; for the metric's expected value at this n, not a "
-                               "small-n bias correction")
+    rec["seeds"] = {
+        "subsets": f"derived_seed({p.seed}, {SEED_TAGS['quality-subset']})",
+        "bootstrap": f"derived_seed({p.seed}, {BOOTSTRAP_TAG})",
+        "prdc_reference_subset": f"derived_seed({p.seed}, {PRDC_TAG})",
+    }
+    rec["bootstrap_scheme"] = (
+        "delete-a-group jackknife over the generated images (min(bootstrap, n) seeded groups, "
+        "one left out at a time; reference fixed; k-NN radii from the full sets): estimate "
+        "± t_(G-1) jackknife SE, clipped to the metric's range; precision (and 0/1 per-image "
+        "values): Wilson score interval; for the metric's expected value at this n, not a "
+        "small-n bias correction"
+    )
     rec["caption_rule"] = "longest MS-COCO caption per image, seeded subset (ambiguity.data.captions), as generated"
     if reference is not None:
-        rec["reference_set"] = {"spec": reference.spec, "images": reference.n, "fingerprint": reference.fingerprint,
-                                "size": list(reference.images.shape[1:]), **{k: v for k, v in reference.info.items()
-                                                                               if k != "class_names"}}
+        rec["reference_set"] = {
+            "spec": reference.spec,
+            "images": reference.n,
+            "fingerprint": reference.fingerprint,
+            "size": list(reference.images.shape[1:]),
+            **{k: v for k, v in reference.info.items() if k != "class_names"},
+        }
     return rec
 
 
 def cache_dir(cache: Optional[str | Path] = None) -> Path:
     """The reference-statistics cache directory (module docstring)."""
-    return Path(cache or os.environ.get("LANTERN_EVAL_CACHE") or "~/.cache/lantern-ambiguity/reference-stats").expanduser()
+    return Path(
+        cache or os.environ.get("LANTERN_EVAL_CACHE") or "~/.cache/lantern-ambiguity/reference-stats"
+    ).expanduser()
 
 
 @dataclass
@@ -105,12 +132,17 @@ def _stats(features: np.ndarray) -> RefStats:
     return RefStats(features, M.fid_reference(features), M.kid_reference(features))
 
 
-def reference_stats(ref: ImageSet, ex: Extractor, cache: Optional[str | Path] = None, batch_size: int = 64,
-                    use_cache: bool = True) -> RefStats:
+def reference_stats(
+    ref: ImageSet, ex: Extractor, cache: Optional[str | Path] = None, batch_size: int = 64, use_cache: bool = True
+) -> RefStats:
     """Features and statistics of the reference under extractor ``ex``, cached in memory and on
     disk (module docstring; ``use_cache=False`` computes without touching the disk)."""
-    settings = {"reference": ref.spec, "fingerprint": ref.fingerprint, "shape": list(ref.images.shape),
-                "extractor": ex.describe()}
+    settings = {
+        "reference": ref.spec,
+        "fingerprint": ref.fingerprint,
+        "shape": list(ref.images.shape),
+        "extractor": ex.describe(),
+    }
     key = settings_digest(settings)
     if key in _MEMORY:
         return _MEMORY[key]
@@ -128,10 +160,19 @@ def reference_stats(ref: ImageSet, ex: Extractor, cache: Optional[str | Path] = 
     feats = extract(ref.images, ex, batch_size)
     out = _stats(feats)
     if run is not None:
-        run.write_part("stats", {"images": ref.n}, tensors={"stats": {
-            "features": torch.from_numpy(feats), "mu": torch.from_numpy(out.fid.mu),
-            "sigma": torch.from_numpy(out.fid.sigma), "sqrt_sigma": torch.from_numpy(out.fid.sqrt_sigma),
-            "mean_kyy": torch.tensor(out.kid.mean_kyy, dtype=torch.float64)}})
+        run.write_part(
+            "stats",
+            {"images": ref.n},
+            tensors={
+                "stats": {
+                    "features": torch.from_numpy(feats),
+                    "mu": torch.from_numpy(out.fid.mu),
+                    "sigma": torch.from_numpy(out.fid.sigma),
+                    "sqrt_sigma": torch.from_numpy(out.fid.sqrt_sigma),
+                    "mean_kyy": torch.tensor(out.kid.mean_kyy, dtype=torch.float64),
+                }
+            },
+        )
     _MEMORY[key] = out
     return out
 
@@ -141,8 +182,15 @@ def metric_name(metric: str, extractor: Optional[str]) -> str:
     return f"{metric}_{extractor}" if extractor else metric
 
 
-def _row(metric: str, extractor: Optional[str], full: float, resampled: np.ndarray, n: int, p: Protocol,
-         proportion: bool = False) -> dict:
+def _row(
+    metric: str,
+    extractor: Optional[str],
+    full: float,
+    resampled: np.ndarray,
+    n: int,
+    p: Protocol,
+    proportion: bool = False,
+) -> dict:
     """One metric row; ``resampled``: the leave-one-group-out values; ``proportion``: ``full`` is a
     mean of n independent 0/1 outcomes (Wilson score interval)."""
     if not len(resampled):
@@ -152,9 +200,16 @@ def _row(metric: str, extractor: Optional[str], full: float, resampled: np.ndarr
     else:
         bounds = (0.0, 1.0) if metric in BOUNDED else M.RANGES.get(metric, (-np.inf, np.inf))
         lo, hi = M.jackknife_interval(resampled, float(full), p.level, bounds)
-    return {"metric": metric_name(metric, extractor), "extractor": extractor or "", "value": float(full),
-            "ci_low": lo, "ci_high": hi, "n": int(n), "bootstrap": int(len(resampled)),
-            "resamples": np.asarray(resampled, np.float64)}
+    return {
+        "metric": metric_name(metric, extractor),
+        "extractor": extractor or "",
+        "value": float(full),
+        "ci_low": lo,
+        "ci_high": hi,
+        "n": int(n),
+        "bootstrap": int(len(resampled)),
+        "resamples": np.asarray(resampled, np.float64),
+    }
 
 
 def resample_counts(n: int, p: Protocol) -> Optional[np.ndarray]:
@@ -207,8 +262,17 @@ def value_metrics(values: dict[str, np.ndarray], p: Protocol) -> list[dict]:
         if not len(v):
             continue
         counts = resample_counts(len(v), p)
-        rows.append(_row(name, None, v.mean(), M.mean_values(v, counts) if counts is not None else [], len(v), p,
-                         proportion=bool(np.isin(v, (0.0, 1.0)).all())))
+        rows.append(
+            _row(
+                name,
+                None,
+                v.mean(),
+                M.mean_values(v, counts) if counts is not None else [],
+                len(v),
+                p,
+                proportion=bool(np.isin(v, (0.0, 1.0)).all()),
+            )
+        )
     return rows
 
 

@@ -20,6 +20,7 @@ other sizes is centre-cropped and resized (PIL bicubic) to the resolution of the
 generated sets must share one resolution with each other and with a fixed-size reference (runs and
 data sets), else the evaluation stops with one line naming the fix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -110,7 +111,7 @@ def _resize_square(a: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     """Centre-crop to square and resize (PIL bicubic) to hw; (C, H, W) float in [0, 1]."""
     c, h, w = a.shape
     s = min(h, w)
-    a = a[:, (h - s) // 2:(h - s) // 2 + s, (w - s) // 2:(w - s) // 2 + s]
+    a = a[:, (h - s) // 2 : (h - s) // 2 + s, (w - s) // 2 : (w - s) // 2 + s]
     if (s, s) == tuple(hw):
         return a
     u8 = np.clip(np.rint(a * 255), 0, 255).astype(np.uint8)
@@ -122,16 +123,20 @@ def _resize_square(a: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
 def _folder(path: Path, k: Optional[int], seed: int, resize_to: Optional[tuple[int, int]]) -> ImageSet:
     files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     if not files:
-        raise UsageError(f"{path} holds no image files ({', '.join(IMAGE_SUFFIXES)}) and no lantern.generate run; "
-                         f"pass a run directory, an image folder or one of {', '.join(DATASETS)}")
+        raise UsageError(
+            f"{path} holds no image files ({', '.join(IMAGE_SUFFIXES)}) and no lantern.generate run; "
+            f"pass a run directory, an image folder or one of {', '.join(DATASETS)}"
+        )
     files = [files[i] for i in subset_indices(len(files), k, seed)]
     arrays = [_read_image(f) for f in files]
     if resize_to is not None:
         arrays = [_resize_square(a, resize_to) for a in arrays]
     shapes = sorted({a.shape for a in arrays})
     if len(shapes) > 1:
-        raise UsageError(f"{path} holds images of several sizes ({shapes[0]} and {shapes[-1]}); resize them to one "
-                         f"size, or use the folder as --reference (references are cropped and resized)")
+        raise UsageError(
+            f"{path} holds images of several sizes ({shapes[0]} and {shapes[-1]}); resize them to one "
+            f"size, or use the folder as --reference (references are cropped and resized)"
+        )
     chans = {a.shape[0] for a in arrays}
     if len(chans) > 1:  # mixed grey / RGB: make all RGB
         arrays = [np.repeat(a, 3, 0) if a.shape[0] == 1 else a for a in arrays]
@@ -161,27 +166,37 @@ def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
     run = load_run(path)
     images = run["images"]
     if len(images) == 0:
-        raise UsageError(f"{path} holds no images; generate some with python -m lantern.generate --out {path} "
-                         f"--num-images N")
+        raise UsageError(
+            f"{path} holds no images; generate some with python -m lantern.generate --out {path} --num-images N"
+        )
     images = images.iloc[subset_indices(len(images), k, seed)].reset_index(drop=True)
     pix = torch.from_numpy(read_images(path, images).astype(np.float32))
     s = run["summary"]
     settings = s.get("settings", {}) or {}
     fp = hashlib.sha256((file_sha256(path / "images.parquet") + json.dumps(sorted(images["image"].tolist()))).encode())
     model = settings.get("model") or (s.get("model") or {}).get("name")
-    info = {"kind": "run", "path": str(path.resolve()), "method": s.get("method"), "rule": s.get("rule"),
-            "model": model, "sampling": s.get("sampling"), "seed": settings.get("seed"),
-            "captions": settings.get("captions"), "classes": settings.get("classes"),
-            "seeds": [int(v) for v in images["seed"]] if "seed" in images else None,
-            "image_indices": [int(v) for v in images["image"]],
-            "speed": _speed(s)}
+    info = {
+        "kind": "run",
+        "path": str(path.resolve()),
+        "method": s.get("method"),
+        "rule": s.get("rule"),
+        "model": model,
+        "sampling": s.get("sampling"),
+        "seed": settings.get("seed"),
+        "captions": settings.get("captions"),
+        "classes": settings.get("classes"),
+        "seeds": [int(v) for v in images["seed"]] if "seed" in images else None,
+        "image_indices": [int(v) for v in images["image"]],
+        "speed": _speed(s),
+    }
     if model == "embedded":
         info["class_names"] = list(CLASSES)
     return ImageSet(str(path), path.name, pix, list(images["condition"]), fp.hexdigest()[:16], info)
 
 
-def _dataset(spec: str, k: Optional[int], seed: int, data: Optional[str],
-             resize_to: Optional[tuple[int, int]] = None) -> ImageSet:
+def _dataset(
+    spec: str, k: Optional[int], seed: int, data: Optional[str], resize_to: Optional[tuple[int, int]] = None
+) -> ImageSet:
     split = spec.split(":", 1)[1]
     d = find_dir(data)
     # a reference for larger images (embedded-16: 64 x 64) is upsampled exactly as that model's
@@ -190,17 +205,27 @@ def _dataset(spec: str, k: Optional[int], seed: int, data: Optional[str],
     x, y = load_split(split, d, size=size)
     idx = subset_indices(len(x), k, seed)
     files = [f for f in sorted(d.iterdir()) if f.name.startswith("t10k" if split == "test" else "train")]
-    fp = hashlib.sha256("".join(file_sha256(f) for f in files).encode() + json.dumps(idx.tolist()).encode()
-                        + (f"@{size}px".encode() if size != 32 else b""))
-    info = {"kind": "dataset", "dataset": spec, "path": str(d.resolve()), "images_in_split": int(len(x)),
-            "format": "28x28 uint8 / 255, zero-padded by 2 px to 32x32"
-                      + (f", bilinearly upsampled to {size}x{size}" if size != 32 else ""), "class_names": list(CLASSES)}
+    fp = hashlib.sha256(
+        "".join(file_sha256(f) for f in files).encode()
+        + json.dumps(idx.tolist()).encode()
+        + (f"@{size}px".encode() if size != 32 else b"")
+    )
+    info = {
+        "kind": "dataset",
+        "dataset": spec,
+        "path": str(d.resolve()),
+        "images_in_split": int(len(x)),
+        "format": "28x28 uint8 / 255, zero-padded by 2 px to 32x32"
+        + (f", bilinearly upsampled to {size}x{size}" if size != 32 else ""),
+        "class_names": list(CLASSES),
+    }
     label = spec + ("" if k is None else f"@{k}" if k > 0 else f"@:{-k}")
     return ImageSet(spec, label, x[idx], [int(v) for v in y[idx]], fp.hexdigest()[:16], info)
 
 
-def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to: Optional[tuple[int, int]] = None,
-                what: str = "run") -> ImageSet:
+def load_source(
+    spec: str, seed: int = 0, data: Optional[str] = None, resize_to: Optional[tuple[int, int]] = None, what: str = "run"
+) -> ImageSet:
     """Load the images named by ``spec`` (module docstring) -> :class:`ImageSet`.
 
     seed: the evaluation seed (subsets); data: Fashion-MNIST directory; resize_to: (H, W) that a
@@ -217,8 +242,11 @@ def load_source(spec: str, seed: int = 0, data: Optional[str] = None, resize_to:
     else:
         path = Path(base).expanduser()
         if not path.exists():
-            hint = (f"pass a lantern.generate run, an image folder or one of {', '.join(DATASETS)}"
-                    if what == "reference" else "check the path, or generate it with python -m lantern.generate")
+            hint = (
+                f"pass a lantern.generate run, an image folder or one of {', '.join(DATASETS)}"
+                if what == "reference"
+                else "check the path, or generate it with python -m lantern.generate"
+            )
             raise UsageError(f"{what} {path} does not exist; {hint}")
         if not path.is_dir():
             raise UsageError(f"{what} {path} is not a directory; pass a lantern.generate run or an image folder")

@@ -17,11 +17,13 @@ For class-conditional runs the prompt of an image is ``template.format(class nam
 embedded model); for text-to-image runs it is the caption the image was generated from (the
 generator's caption rule: longest MS-COCO caption per image, seeded subset).
 """
+
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -31,15 +33,24 @@ from ambiguity.errors import UsageError
 from ambiguity.models.hub import find_weight
 from lantern.quality.features import CLIP_MEAN, CLIP_STD, Extractor, prepare
 
-__all__ = ["CLIP_SCALES", "prompts_for", "clip_text_embeddings", "clip_scores", "find_hps_weights", "hps_scores",
-           "HPS_REPO", "HPS_FILE"]
+__all__ = [
+    "CLIP_SCALES",
+    "prompts_for",
+    "clip_text_embeddings",
+    "clip_scores",
+    "find_hps_weights",
+    "hps_scores",
+    "HPS_REPO",
+    "HPS_FILE",
+]
 
 CLIP_SCALES = ("cosine", "x100")
 HPS_REPO, HPS_FILE = "xswu/HPSv2", "HPS_v2.1_compressed.pt"
 
 
-def prompts_for(conditions: Optional[Sequence], class_names: Optional[Sequence[str]],
-                template: str = "a photo of a {}") -> Optional[list[str]]:
+def prompts_for(
+    conditions: Optional[Sequence], class_names: Optional[Sequence[str]], template: str = "a photo of a {}"
+) -> Optional[list[str]]:
     """One prompt per image: captions as they are, class labels through ``template`` and
     ``class_names``; None when the conditions are unknown or a label has no name."""
     if conditions is None:
@@ -62,17 +73,25 @@ def clip_text_embeddings(model, tokenizer, prompts: Sequence[str], device="cpu",
     limit = int(getattr(model.config.text_config, "max_position_embeddings", 77))
     out = []
     for s in range(0, len(prompts), batch_size):
-        tok = tokenizer(list(prompts[s:s + batch_size]), padding=True, truncation=True, max_length=limit,
-                        return_tensors="pt")
-        e = model.get_text_features(input_ids=tok["input_ids"].to(device),
-                                    attention_mask=tok["attention_mask"].to(device))
+        tok = tokenizer(
+            list(prompts[s : s + batch_size]), padding=True, truncation=True, max_length=limit, return_tensors="pt"
+        )
+        e = model.get_text_features(
+            input_ids=tok["input_ids"].to(device), attention_mask=tok["attention_mask"].to(device)
+        )
         out.append(F.normalize(getattr(e, "pooler_output", e).float(), dim=-1).cpu())
     return torch.cat(out)
 
 
 @torch.no_grad()
-def clip_scores(images: torch.Tensor, prompts: Sequence[str], model_dir: str | Path, device="cpu",
-                scale: str = "cosine", batch_size: int = 64) -> np.ndarray:
+def clip_scores(
+    images: torch.Tensor,
+    prompts: Sequence[str],
+    model_dir: str | Path,
+    device="cpu",
+    scale: str = "cosine",
+    batch_size: int = 64,
+) -> np.ndarray:
     """Per-image CLIP score of images (N, C, H, W) float in [0, 1] against ``prompts`` (N,).
 
     model_dir: a transformers CLIP checkpoint directory (config, weights, tokenizer files).
@@ -95,10 +114,10 @@ def clip_scores(images: torch.Tensor, prompts: Sequence[str], model_dir: str | P
     row = {p: i for i, p in enumerate(unique)}
     out = []
     for s in range(0, len(images), batch_size):
-        x = prepare(images[s:s + batch_size].to(device), ex)
+        x = prepare(images[s : s + batch_size].to(device), ex)
         e = model.get_image_features(pixel_values=x)
         e = F.normalize(getattr(e, "pooler_output", e).float(), dim=-1).cpu()
-        t = text[[row[p] for p in prompts[s:s + batch_size]]]
+        t = text[[row[p] for p in prompts[s : s + batch_size]]]
         out.append((e * t).sum(-1))
     cos = torch.cat(out).double().numpy()
     return cos if scale == "cosine" else 100.0 * np.clip(cos, 0, None)
@@ -110,8 +129,9 @@ def find_hps_weights(path: Optional[str] = None) -> Optional[Path]:
 
 
 @torch.no_grad()
-def hps_scores(images: torch.Tensor, prompts: Sequence[str], weights: Optional[str] = None, device="cpu",
-               batch_size: int = 16) -> tuple[Optional[np.ndarray], str]:
+def hps_scores(
+    images: torch.Tensor, prompts: Sequence[str], weights: Optional[str] = None, device="cpu", batch_size: int = 16
+) -> tuple[Optional[np.ndarray], str]:
     """Per-image HPS v2.1 -> (scores (N,) float64 or None, a note saying what was used or why not).
 
     Images are resized (bicubic, antialias) to 224 x 224 and normalised with OpenCLIP's mean/std,
@@ -121,8 +141,9 @@ def hps_scores(images: torch.Tensor, prompts: Sequence[str], weights: Optional[s
         return None, "HPS v2.1 skipped: open_clip is not installed (pip install open-clip-torch)"
     f = find_hps_weights(weights)
     if f is None:
-        return None, (f"HPS v2.1 skipped: {HPS_FILE} not found; `hf download {HPS_REPO} {HPS_FILE}` or pass "
-                      f"--weights hps=FILE")
+        return None, (
+            f"HPS v2.1 skipped: {HPS_FILE} not found; `hf download {HPS_REPO} {HPS_FILE}` or pass --weights hps=FILE"
+        )
     import open_clip
 
     model, _, _ = open_clip.create_model_and_transforms("ViT-H-14", pretrained=None, device=device)
@@ -133,9 +154,8 @@ def hps_scores(images: torch.Tensor, prompts: Sequence[str], weights: Optional[s
     ex = Extractor("hps", 1024, 224, 3, "bicubic", lambda x: x, CLIP_MEAN, CLIP_STD)  # OpenCLIP's OpenAI mean/std
     out = []
     for s in range(0, len(images), batch_size):
-        x = prepare(images[s:s + batch_size].to(device), ex)
+        x = prepare(images[s : s + batch_size].to(device), ex)
         img = F.normalize(model.encode_image(x).float(), dim=-1)
-        txt = F.normalize(model.encode_text(tokenizer(list(prompts[s:s + batch_size])).to(device)).float(), dim=-1)
+        txt = F.normalize(model.encode_text(tokenizer(list(prompts[s : s + batch_size])).to(device)).float(), dim=-1)
         out.append((img * txt).sum(-1).cpu())
     return torch.cat(out).double().numpy(), f"HPS v2.1 from {f}"
-
