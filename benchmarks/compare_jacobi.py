@@ -1,6 +1,6 @@
 """AR, SD, EAGLE-2, LANTERN, LANTERN++, SJD, GSD and SCD on the same images: one table, one figure.
 
-    PYTHONPATH=$PWD python benchmarks/compare_jacobi.py --model embedded --num-images 4 --rounds 2
+    PYTHONPATH=$PWD python benchmarks/compare_jacobi.py --model embedded --num-images 32 --timing-images 4 --rounds 1
 
 Per method, on the same conditions and per-image seeds: tokens per target forward, τ (mean
 accepted length, bonus counted), acceptance rate of reached drafts, latency speed-up over AR at
@@ -8,14 +8,18 @@ batch 1 (interleaved rounds, :mod:`lantern.timing`), the exact per-step distorti
 ``TVD(out, p)`` of one verification: LANTERN / LANTERN++ on the (p, q) pairs of the drafter along
 AR samples, :mod:`lantern.distortion`; GSD on the (p, q) pairs its own decodes judged,
 :func:`lantern.jacobi.gsd_output_distribution`; 0 for the lossless methods) and the acceptance
-rate by the target's top-1 probability (:func:`lantern.replay.ambiguity_bins`). Writes
-``benchmarks/results/compare_jacobi_<model>.{csv,md}`` and ``figures/compare_jacobi_<model>.{png,pdf}``.
+rate by the target's top-1 probability (:func:`lantern.replay.ambiguity_bins`, with reached drafts
+per bin and Wilson intervals, :func:`lantern.quality.metrics.wilson_interval`) and, for image
+models, FID / KID / precision / recall of the ``--num-images`` images against ``--reference``
+with the ``fmnist`` extractor (:func:`lantern.evaluate.score_images`: jackknife intervals). The
+statistics use ``--num-images`` images, the timing the first ``--timing-images`` of them. Writes
+``benchmarks/results/compare_jacobi_<model>.{csv,md}``, ``compare_jacobi_<model>_ambiguity.csv``
+and ``figures/compare_jacobi_<model>.{png,pdf}``.
 Wall-clock numbers depend on the machine (and its load); the ratios are what to read.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import matplotlib
@@ -27,7 +31,9 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from ambiguity import plots  # noqa: E402
+from ambiguity.cli import ArgumentParser, add_guidance_arg, cli_main, positive_int, seed_int  # noqa: E402
 from ambiguity.conditions import generation_conditions  # noqa: E402
+from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.models.registry import get_spec, load_model  # noqa: E402
 from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
 from ambiguity.seeding import image_generator  # noqa: E402
@@ -36,12 +42,35 @@ from lantern.decoding import DecodeConfig, decode, neighbour_table  # noqa: E402
 from lantern.distortion import real_pairs  # noqa: E402
 from lantern.divergences import tvd  # noqa: E402
 from lantern.drafter import load_drafter  # noqa: E402
+from lantern.evaluate import flat_scores, score_images  # noqa: E402
 from lantern.jacobi import gsd_output_distribution, jacobi_decode  # noqa: E402
+from lantern.quality.metrics import wilson_interval  # noqa: E402
+from lantern.quality.scoring import Protocol  # noqa: E402
 from lantern.replay import ambiguity_bins  # noqa: E402
 from lantern.timing import interleaved_timing, speedup_table  # noqa: E402
 from lantern.trees import TreeSpec  # noqa: E402
 
 RULE = AcceptanceRule()
+QUALITY = ("fid", "kid", "precision", "recall")
+
+
+def with_wilson(bins: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """``bins`` (:func:`lantern.replay.ambiguity_bins` rows: acceptance_rate, drafts) with the
+    Wilson ``level`` interval of each bin's acceptance rate as ``ci_low`` / ``ci_high``
+    (probabilities; NaN for an empty bin). Treats the reached drafts of a bin as independent
+    0/1 outcomes, which drafts of one image are not: read it as a lower bound on the uncertainty."""
+    ci = [wilson_interval(r, int(n), level) for r, n in zip(bins["acceptance_rate"], bins["drafts"])]
+    return bins.assign(ci_low=[c[0] for c in ci], ci_high=[c[1] for c in ci])
+
+
+def bins_table(bins: pd.DataFrame) -> pd.DataFrame:
+    """One row per top-1 bin, one column per method, cells ``rate [lo, hi] (n)`` (n: reached drafts)."""
+    cell = [
+        f"{r:.2f} [{lo:.2f}, {hi:.2f}] ({n})" if n else "—"
+        for r, lo, hi, n in zip(bins["acceptance_rate"], bins["ci_low"], bins["ci_high"], bins["drafts"])
+    ]
+    t = bins.assign(cell=cell, bin=[f"{lo:.1f}-{hi:.1f}" for lo, hi in zip(bins["lo"], bins["hi"])])
+    return t.pivot_table(index="bin", columns="method", values="cell", aggfunc="first", sort=False)
 
 
 def configs() -> dict:
@@ -78,51 +107,178 @@ def gsd_distortion(model, conditions, sampling, config, seed) -> float:
     return float(torch.cat(vals).mean())
 
 
+def quality_row(pixels, reference: str, bootstrap: int) -> dict:
+    """FID / KID / precision / recall (fmnist features) of decoded images (N, C, H, W) in [0, 1]
+    against ``reference`` -> ``{metric: value, metric_lo, metric_hi}`` (jackknife intervals over
+    min(bootstrap, N) groups, :func:`lantern.evaluate.score_images`)."""
+    q = score_images(pixels, reference=reference, extractors=["fmnist"], protocol=Protocol(bootstrap=bootstrap))
+    return {k: v for k, v in flat_scores(q).items() if k.split("_")[0] in QUALITY}
+
+
+def plot_comparison(
+    table: pd.DataFrame, bins: pd.DataFrame, title: str, path, min_drafts: int = 20, level: float = 0.95
+) -> list:
+    """Speed per method; acceptance rate by the target's top-1 probability with Wilson intervals
+    and the reached drafts per bin below; for image models FID and precision / recall with their
+    jackknife intervals. Bins with fewer than ``min_drafts`` reached drafts are left out. PNG + PDF."""
+    has_q = "fid_fmnist" in table.columns
+    methods = list(table.index)
+    ncol = 3 if has_q else 2
+    with plots.style():
+        fig = plt.figure(figsize=(3.4 * ncol, 4.8), layout="constrained")
+        gs = fig.add_gridspec(2, ncol, height_ratios=[2.2, 1])
+        ax = fig.add_subplot(gs[:, 0])
+        x = np.arange(len(table))
+        ax.bar(x - 0.2, table["tokens_per_forward"], 0.4, label="tokens / target forward", color="tab:blue")
+        ax.bar(x + 0.2, table["speedup"], 0.4, label="latency speed-up vs AR (batch 1)", color="tab:orange")
+        ax.set_xticks(x, methods, rotation=40, ha="right")
+        ax.axhline(1, color="k", lw=0.5)
+        ax.set_ylim(0, 1.3 * float(np.nanmax(table[["tokens_per_forward", "speedup"]].to_numpy())))
+        ax.set_ylabel("ratio (AR = 1)")
+        ax.legend(frameon=False, fontsize=6, loc="upper left")
+        ax.set_title("speed", fontsize=8)
+        acc, cnt = fig.add_subplot(gs[0, 1]), fig.add_subplot(gs[1, 1])
+        named = [m for m in methods if m in set(bins["method"])]
+        for j, m in enumerate(named):
+            b = bins[(bins["method"] == m) & (bins["drafts"] >= min_drafts)]
+            dodge = (j - (len(named) - 1) / 2) * 0.011
+            err = np.vstack([b["acceptance_rate"] - b["ci_low"], b["ci_high"] - b["acceptance_rate"]])
+            color = plots.color_for(m, j)
+            acc.errorbar(
+                b["mid"] + dodge,
+                b["acceptance_rate"],
+                yerr=err,
+                marker="o",
+                ms=2.5,
+                capsize=1.5,
+                lw=0.9,
+                elinewidth=0.6,
+                label=m,
+                color=color,
+            )
+            cnt.plot(b["mid"] + dodge, b["drafts"], marker="o", ms=2, lw=0.8, color=color)
+        acc.set_ylim(0, 1.02)
+        acc.set_xlim(0, 1)
+        acc.set_ylabel("acceptance rate of reached drafts")
+        acc.set_title(f"acceptance vs ambiguity ({100 * level:g} % Wilson)", fontsize=8)
+        handles, labels = acc.get_legend_handles_labels()
+        fig.legend(
+            handles,
+            labels,
+            loc="outside lower center",
+            ncol=len(labels),
+            fontsize=6,
+            frameon=False,
+            title="acceptance panel: method",
+            title_fontsize=6,
+        )
+        cnt.set_xlim(0, 1)
+        cnt.set_yscale("log")
+        cnt.set_xlabel("target top-1 probability at the draft's position")
+        cnt.set_ylabel("reached drafts\nper bin")
+        if has_q:
+            fa, pr = fig.add_subplot(gs[0, 2]), fig.add_subplot(gs[1, 2])
+            fid = table["fid_fmnist"]
+            fa.errorbar(
+                x,
+                fid,
+                yerr=np.vstack([fid - table["fid_fmnist_lo"], table["fid_fmnist_hi"] - fid]),
+                fmt="o",
+                ms=3,
+                capsize=2,
+                color="k",
+            )
+            fa.set_xticks(x, [])
+            fa.set_ylabel("FID (fmnist features)")
+            fa.set_title("image quality (95 % jackknife)", fontsize=8)
+            for k, (metric, color) in enumerate((("precision", "tab:green"), ("recall", "tab:purple"))):
+                v = table[f"{metric}_fmnist"]
+                pr.errorbar(
+                    x + (k - 0.5) * 0.2,
+                    v,
+                    yerr=np.vstack([v - table[f"{metric}_fmnist_lo"], table[f"{metric}_fmnist_hi"] - v]),
+                    fmt="o",
+                    ms=2.5,
+                    capsize=1.5,
+                    color=color,
+                    label=metric,
+                )
+            pr.set_xticks(x, methods, rotation=40, ha="right", fontsize=6)
+            pr.set_ylim(0, 1.05)
+            pr.set_ylabel("precision / recall")
+            pr.legend(frameon=False, fontsize=5.5, ncol=2, loc="lower left")
+        fig.suptitle(title, fontsize=8)
+        return plots.save_figure(fig, path)
+
+
+@cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="compare_jacobi.py", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded")
-    ap.add_argument("--num-images", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cfg", type=float, default=None)
+    ap.add_argument("--num-images", type=positive_int, default=32, help="images for the statistics and quality")
+    ap.add_argument("--timing-images", type=positive_int, default=4, help="the first N of them for the latency timing")
+    ap.add_argument("--rounds", type=positive_int, default=1)
+    ap.add_argument("--seed", type=seed_int, default=0)
+    add_guidance_arg(ap)
+    ap.add_argument(
+        "--reference",
+        default="fashion-mnist:test@1000",
+        help="reference set of FID / KID / precision / recall (image models)",
+    )
+    ap.add_argument("--bootstrap", type=positive_int, default=32, help="jackknife groups of the quality intervals")
+    ap.add_argument("--no-quality", action="store_true")
     ap.add_argument("--only", default=None, help="comma-separated subset of methods (ar always included)")
     args = ap.parse_args(argv)
+    if args.only:
+        unknown = sorted(set(args.only.split(",")) - set(configs()))
+        if unknown:
+            raise UsageError(f"unknown method {unknown[0]!r} in --only; choose from {', '.join(configs())}")
+    if not args.no_quality and args.num_images < 4:
+        raise UsageError(
+            f"quality needs --num-images >= 4 (precision / recall use k = 3 neighbours), "
+            f"got {args.num_images}; pass more images or --no-quality"
+        )
     model = load_model(args.model)
     kind = get_spec(args.model).kind
     sampling = SamplingConfig(guidance=args.cfg if args.cfg is not None else default_guidance(kind), temperature=1.0)
     conditions = generation_conditions(model, args.num_images, args.seed, None, None)
+    timed = conditions[: max(1, min(args.timing_images, len(conditions)))]
+    quality = not args.no_quality and kind != "text" and model.can_decode
     cfgs = configs()
     if args.only:
         keep = {"ar", *args.only.split(",")}
         cfgs = {k: v for k, v in cfgs.items() if k in keep}
     drafter = load_drafter(model, None)
     timing = interleaved_timing(
-        model, cfgs, sampling, conditions, [(0, len(conditions))] * args.rounds, drafter, seed=args.seed, progress=True
+        model, cfgs, sampling, timed, [(0, len(timed))] * args.rounds, drafter, seed=args.seed, progress=True
     )
     speed = speedup_table(timing).set_index("config")
     rows, bins = [], []
     nb = neighbour_table(model, cfgs["lantern"]) if "lantern" in cfgs else None
     ar_tokens = None
+    edges = np.linspace(0, 1, 11)
     for name, c in cfgs.items():
-        d = decode(model, conditions, c, sampling, drafter if c.speculative else None, seed=args.seed)
+        d = decode(model, conditions, c, sampling, drafter if c.speculative else None, seed=args.seed, pixels=quality)
         if name == "ar":
             ar_tokens = d.tokens
         s = d.summary()
         _, drafts, _ = d.frames()
         if len(drafts):
-            bins.append(ambiguity_bins(drafts, "p_top1", np.linspace(0, 1, 11)).assign(method=name))
-        rows.append(
-            {
-                "method": name,
-                "tokens_per_forward": s["tokens_per_forward"],
-                "tau": s["tau"],
-                "acceptance_rate": s["acceptance_rate"],
-                "speedup": speed.loc[name, "speedup"],
-                "ms_per_image": speed.loc[name, "ms_per_image"],
-            }
-        )
+            bins.append(with_wilson(ambiguity_bins(drafts, "p_top1", edges)).assign(method=name))
+        row = {
+            "method": name,
+            "tokens_per_forward": s["tokens_per_forward"],
+            "tau": s["tau"],
+            "acceptance_rate": s["acceptance_rate"],
+            "speedup": speed.loc[name, "speedup"],
+            "ms_per_image": speed.loc[name, "ms_per_image"],
+        }
+        if quality:
+            row.update(quality_row(d.pixels, args.reference, args.bootstrap))
+        rows.append(row)
+        print(name, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     table = pd.DataFrame(rows).set_index("method")
-    table["distortion_tvd"] = 0.0
+    table.insert(5, "distortion_tvd", 0.0)
     if nb is not None and ar_tokens is not None:
         p, q = real_pairs(model, drafter, ar_tokens, conditions, sampling)
         for name, method, kw in (
@@ -144,31 +300,47 @@ def main(argv=None) -> int:
     out = Path("benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / f"compare_jacobi_{args.model}.csv")
-    md = table.to_markdown(floatfmt=".3g")
-    (out / f"compare_jacobi_{args.model}.md").write_text(
-        f"{args.model}: {len(conditions)} images x {args.rounds} interleaved rounds, cfg {sampling.guidance}, "
-        f"temperature 1, batch 1, shared 2-core CPU\n\n{md}\n"
+    b = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame()
+    if len(b):
+        b.to_csv(out / f"compare_jacobi_{args.model}_ambiguity.csv", index=False)
+    head = (
+        f"{args.model}: statistics{' and quality' if quality else ''} over {len(conditions)} images, timing "
+        f"over the first {len(timed)} x {args.rounds} interleaved rounds; cfg {sampling.guidance}, temperature 1, "
+        f"batch 1, shared 2-core CPU"
     )
+    parts = [
+        head,
+        table.drop(columns=[c for c in table.columns if c.split("_")[0] in QUALITY]).to_markdown(floatfmt=".3g"),
+    ]
+    if quality:
+        cells = {
+            m: [
+                f"{table.loc[m, f'{k}_fmnist']:.4g} [{table.loc[m, f'{k}_fmnist_lo']:.4g}, "
+                f"{table.loc[m, f'{k}_fmnist_hi']:.4g}]"
+                for k in QUALITY
+            ]
+            for m in table.index
+        }
+        qt = pd.DataFrame.from_dict(cells, orient="index", columns=[f"{k}_fmnist" for k in QUALITY])
+        parts += [
+            f"Image quality against {args.reference}, fmnist features, {len(conditions)} images per method, "
+            f"95 % jackknife intervals over min({args.bootstrap}, n) groups:",
+            qt.to_markdown(),
+        ]
+    if len(b):
+        parts += [
+            "Acceptance rate of reached drafts by the target's top-1 probability at the draft's position: "
+            "rate [95 % Wilson interval] (reached drafts):",
+            bins_table(b).to_markdown(),
+        ]
+    md = "\n\n".join(parts) + "\n"
+    (out / f"compare_jacobi_{args.model}.md").write_text(md)
     print(md)
-    fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
-    x = np.arange(len(table))
-    ax[0].bar(x - 0.2, table["tokens_per_forward"], 0.4, label="tokens / target forward")
-    ax[0].bar(x + 0.2, table["speedup"], 0.4, label="latency speed-up (batch 1)")
-    ax[0].set_xticks(x, table.index, rotation=30)
-    ax[0].axhline(1, color="k", lw=0.5)
-    ax[0].legend(frameon=False)
-    ax[0].set_title(f"{args.model}: speed")
-    if bins:
-        b = pd.concat(bins)
-        for name, g in b.groupby("method", sort=False):
-            g = g[g["drafts"] >= 20]
-            ax[1].plot(g["mid"], g["acceptance_rate"], marker="o", label=name)
-    ax[1].set_xlabel("target top-1 probability")
-    ax[1].set_ylabel("acceptance rate of reached drafts")
-    ax[1].legend(frameon=False, fontsize=8)
-    ax[1].set_title("acceptance vs ambiguity")
-    fig.tight_layout()
-    plots.save_figure(fig, Path("figures") / f"compare_jacobi_{args.model}")
+    title = (
+        f"{args.model}: {len(conditions)} images (speed: first {len(timed)} x {args.rounds} rounds), "
+        f"CFG {sampling.guidance:g}, temperature 1, batch 1, shared 2-core CPU"
+    )
+    plot_comparison(table, b, title, Path("figures") / f"compare_jacobi_{args.model}")
     return 0
 
 
