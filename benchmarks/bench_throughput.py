@@ -19,7 +19,6 @@ spreads and the ratios: each method at B against itself at B = 1 and against AR 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -33,7 +32,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ambiguity.cli import set_threads  # noqa: E402
+from ambiguity.cli import (  # noqa: E402
+    ArgumentParser,
+    add_out_arg,
+    add_threads_arg,
+    cli_main,
+    finite_float,
+    int_list,
+    positive_int,
+    set_threads,
+)
+from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.models.registry import load_model  # noqa: E402
 from ambiguity.profile import profile  # noqa: E402
 from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
@@ -70,22 +79,35 @@ def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -
     return {"images": n, "seconds": seconds, "images_per_s": n / seconds, "tau": tau}
 
 
+@cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="bench_throughput.py", description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="embedded,embedded-16")
     ap.add_argument("--methods", default="ar,sd,lantern,profile")
     ap.add_argument("--batch-sizes", default="1,8,32,64")
-    ap.add_argument("--images", type=int, default=8, help="images per cell at least (a cell takes max(this, 2B))")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--k", type=int, default=64)
-    ap.add_argument("--delta", type=float, default=0.2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "throughput"))
+    ap.add_argument(
+        "--images", type=positive_int, default=8, help="images per cell at least (a cell takes max(this, 2B))"
+    )
+    ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--gamma", type=positive_int, default=4)
+    ap.add_argument("--k", type=positive_int, default=64)
+    ap.add_argument("--delta", type=finite_float, default=0.2)
+    add_threads_arg(ap, 2)
+    add_out_arg(
+        ap,
+        "results directory (default benchmarks/results/throughput)",
+        default=str(ROOT / "benchmarks" / "results" / "throughput"),
+    )
     args = ap.parse_args(argv)
     set_threads(args.threads)
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    sizes = int_list(args.batch_sizes, "--batch-sizes", 1)
     methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in METHODS and m != "profile"]
+    if unknown or not methods:
+        raise UsageError(
+            f"unknown method {unknown[0] if unknown else '(none)'!r} in --methods; "
+            f"choose from {', '.join([*METHODS, 'profile'])}"
+        )
     rows, loaded = [], {}
     for name in args.models.split(","):
         model = load_model(name, device="cpu")

@@ -21,7 +21,6 @@ Writes a JSON report (``--out``) and prints one line per measurement; every skip
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -34,6 +33,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ambiguity.cli import (  # noqa: E402
+    ArgumentParser,
+    add_device_args,
+    add_out_arg,
+    cli_main,
+    device_from_args,
+    int_list,
+    positive_int,
+)
 from ambiguity.models.gpt import GPT, GPTConfig, gpt_config_from_official  # noqa: E402
 from ambiguity.models.llamagen import LlamaGenModel  # noqa: E402
 from ambiguity.sampling import SamplingConfig  # noqa: E402
@@ -114,23 +122,22 @@ def faiss_knn(V: int = 16384, k: int = 64) -> dict:
     return {"codes": V, "k": k, "seconds": seconds, "self_first": float((idx[:, 0] == np.arange(V)).mean())}
 
 
+@cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (runs on a CPU in seconds; GPU parts skipped)")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default: cuda when visible)")
-    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: bf16 on CUDA, fp32 on CPU)")
-    ap.add_argument("--latency-images", type=int, default=3, help="images per latency measurement (median)")
+    add_device_args(ap, what="for the models (default: cuda when visible; dtype bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument("--latency-images", type=positive_int, default=3, help="images per latency measurement (median)")
     ap.add_argument("--batch-sizes", default=None, help="default 1,8,32 (smoke: 1,4)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
-    args = ap.parse_args(argv)
-    device = torch.device(
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if args.device == "auto" else args.device)
+    add_out_arg(
+        ap,
+        "results file (default benchmarks/results/gpu_check.json)",
+        default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"),
+        metavar="FILE",
     )
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, None: None}[args.dtype]
-    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    sizes = [int(b) for b in (args.batch_sizes or ("1,4" if args.smoke else "1,8,32")).split(",")]
+    args = ap.parse_args(argv)
+    device, dtype = device_from_args(args)
+    sizes = int_list(args.batch_sizes or ("1,4" if args.smoke else "1,8,32"), "--batch-sizes", 1)
     t_start = time.perf_counter()
     report: dict = {
         "device": str(device),

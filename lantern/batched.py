@@ -177,6 +177,7 @@ class _Records:
             row[f"{s}_s"] = np.full(k, seconds.get(s, 0.0) / max(k, 1))
         self.steps.append(row)
         if draft_cols is not None:
+            draft_cols.setdefault("proposed_step", draft_cols["step"])  # a drafter proposes in its own step
             self.drafts.append(draft_cols)
 
     def tables(self) -> tuple[dict, dict]:
