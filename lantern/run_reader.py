@@ -58,6 +58,8 @@ def load_run(path: str | Path) -> dict:
     """
     path = Path(path).expanduser()
     fix = f"rerun python -m lantern.generate with --out {path} (finished images are reused)"
+    if not path.exists():
+        raise UsageError(f"{path} does not exist; check the path (a lantern.generate --out directory)")
     if not (path / "summary.json").is_file():
         raise UsageError(f"{path} is not a finished lantern.generate run (no summary.json); {fix}")
     try:

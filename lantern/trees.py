@@ -297,9 +297,8 @@ def parse_tree(text: str, total_tokens: int = 59, depth: int = 4, top_k: int = 1
             raise UsageError(
                 f"--tree {path} is not readable JSON; write a list of paths like [[0], [1], [0, 0]]"
             ) from None
-    raise UsageError(
-        f"unknown --tree {text!r}; use chain, dynamic, one of {', '.join(STATIC_TREES)} or a .json file of paths"
-    )
+    static = ", ".join(n for n in STATIC_TREES if n != "chain")
+    raise UsageError(f"unknown --tree {text!r}; use chain, dynamic, one of {static} or a .json file of paths")
 
 
 # --------------------------------------------------------------------------- randomness

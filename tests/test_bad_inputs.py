@@ -454,7 +454,7 @@ CASES: list[Case] = [
     C("profile-weights-text-file", P, ["--num-images", "1", *EMB_W], TEXT_GPT, "fashion_gpt.safetensors"),
     C("profile-weights-empty-vq", P, ["--num-images", "1", *EMB_W], EMPTY_VQ, "fashion_vq.safetensors"),
     C("profile-weights-swapped", P, ["--num-images", "1", *EMB_W], SWAPPED, "which file goes where"),
-    C("profile-weights-missing-dir", P, ["--weights", "{tmp}/nope"], expect="not found"),
+    C("profile-weights-missing-dir", P, ["--weights", "{tmp}/nope"], expect="does not exist"),
     C(
         "profile-weights-nan",
         P,
@@ -910,7 +910,7 @@ CASES: list[Case] = [
         "c2i_B_256.pt",
     ),
     # ---------------------------------------------------------------- lantern.replay
-    C("replay-missing-run", R, ["{tmp}/nope"], expect="summary.json"),
+    C("replay-missing-run", R, ["{tmp}/nope"], expect="does not exist"),
     C("replay-file-as-run", R, [ROOT / "README.md"], expect="README.md"),
     C("replay-empty-dir", R, ["{tmp}"], expect="summary.json"),
     C("replay-truncated-drafts", R, ["{tmp}/run"], gen_run(truncate_file("drafts.parquet")), "drafts.parquet"),
@@ -1241,7 +1241,7 @@ CASES: list[Case] = [
     # ---------------------------------------------------------------- scripts
     C("fig-weights-truncated", FIG, [*EMB_W], TRUNC_GPT, "fashion_gpt.safetensors"),
     C("fig-weights-swapped", FIG, [*EMB_W], SWAPPED, "which file goes where"),
-    C("fig-weights-missing", FIG, ["--weights", "{tmp}/nope"], expect="not found"),
+    C("fig-weights-missing", FIG, ["--weights", "{tmp}/nope"], expect="does not exist"),
     C("fig-data-garbage", FIG, ["--data", "{tmp}/fm"], idx_dir("garbage-gz"), "t10k"),
     C("fig-seed-64bit", FIG, ["--seed", BIG_SEED], expect="--seed"),
     C("fig-cfg-inf", FIG, ["--cfg", "inf"], expect="--cfg"),

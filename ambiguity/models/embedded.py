@@ -106,6 +106,8 @@ def load_embedded(weights=None, device="cpu", dtype=torch.float32, variant: str 
     name, (vq_file, gpt_file, _, _) = variant, VARIANTS[variant]
     d = weights_dir(weights)
     hint = TRAIN_HINT + ("" if variant == "embedded" else f" --recipe {variant}")
+    if weights is not None and not d.exists():
+        raise UsageError(f"--weights {d} does not exist; check the path (or omit --weights for the shipped files)")
     if d.is_file():
         raise UsageError(
             f"--weights {d} is a file; the {name} model takes a directory holding {vq_file} and {gpt_file}"
