@@ -80,14 +80,11 @@ _FLOAT_DRAFT = (
 _SECTIONS = ("target", "drafter", "acceptance", "proximity")
 
 
-def check_batching(model: TokenModel, drafter: Optional[DraftModel], tree) -> None:
-    """Raise UsageError (one line) when a decode with ``--batch-size`` > 1 cannot run: a draft tree,
-    an adapter without per-image cache positions, or a drafter without :meth:`forward_slots`."""
-    if tree is not None:
-        raise UsageError(
-            "--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
-            "use --tree chain or --batch-size 1"
-        )
+def check_batching(model: TokenModel, drafter: Optional[DraftModel]) -> None:
+    """Raise UsageError (one line) when ``model`` or ``drafter`` cannot decode with ``--batch-size`` > 1:
+    an adapter without per-image cache positions, or a drafter without :meth:`forward_slots`. What a
+    decode configuration cannot batch (trees, Jacobi methods) is refused earlier, before any model
+    loads, by :func:`lantern.decoding.check_batch_config`."""
     if not getattr(model, "can_batch_decode", False):
         why = getattr(model, "batch_limit", TokenModel.batch_limit)
         raise UsageError(f"{model.name} cannot decode several images per forward ({why}); use --batch-size 1")
@@ -249,7 +246,7 @@ def batched_decode(
     records as :func:`lantern.chain.speculative_decode` writes them plus ``batch_step`` and
     ``active``). Raises UsageError when the model or drafter cannot batch (:func:`check_batching`).
     """
-    check_batching(model, drafter if rule is not None else None, None)
+    check_batching(model, drafter if rule is not None else None)
     conds = list(conditions)
     index = np.arange(first_index, first_index + len(conds)) if indices is None else np.asarray(indices, dtype=np.int64)
     N = int(num_tokens or model.num_tokens)

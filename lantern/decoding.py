@@ -315,7 +315,7 @@ def decode(
             neighbours = neighbour_table(model, config)
     if batch_size > 1 and len(conditions) > 1:
         check_batch_config(config, batch_size)
-        check_batching(model, drafter if rule is not None else None, config.tree if rule is not None else None)
+        check_batching(model, drafter if rule is not None else None)
         N = int(num_tokens or model.num_tokens)
         check_batch(
             model,

@@ -500,7 +500,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         check_jacobi(config.jacobi, model)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
     if args.batch_size > 1:
-        check_batching(model, drafter, config.tree if config.speculative else None)
+        check_batching(model, drafter)
         check_run_size(model, args.num_images, args.batch_size, sampling.guided)
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
     result = run_generate(
