@@ -533,6 +533,7 @@ def train_gpt(
     evaluate: Optional[Callable[[GPT], float]] = None,
     stop: Optional[EpochStopConfig] = None,
     curve_info: Optional[dict] = None,
+    init: Optional[tuple[str, dict, float]] = None,
 ) -> tuple[GPT, dict]:
     """Train a c2i :class:`GPT` on code sequences tokens (N, block_size) int64 with labels (N,).
 
@@ -547,6 +548,12 @@ def train_gpt(
     ``curve_info`` merged in) right away; a checkpoint follows every evaluation, so a resumed
     run never repeats one. ``stop`` (needs ``evaluate``): end training early by
     :func:`stop_reason`.
+
+    ``init`` (tag, state dict, epochs): continue from these weights instead of a random init
+    (a warm restart: fresh optimiser state, the warmup and cosine schedule over this run's
+    steps); ``epochs`` is how many passes the weights have already seen and is added to every
+    epoch count (curve rows, the stop rule's ``min_epochs``, stats ``epochs``). ``tag`` (e.g.
+    the file's hash) is part of the recipe a resumed checkpoint must match.
 
     Returns (model in eval mode, stats: steps (done), max_steps, batch_size, token_budget
     (training tokens seen = steps * batch_size * block_size), epochs, train_time_s, final train
@@ -566,8 +573,14 @@ def train_gpt(
     }
     if stop is not None:
         recipe["stop"] = asdict(stop)
+    offset = 0.0
+    if init is not None:
+        recipe["init"], offset = init[0], float(init[2])
+        recipe["init_epochs"] = offset
     torch.manual_seed(gpt_init_seed(seed))
     model = GPT(gpt_config).to(device)
+    if init is not None:
+        model.load_state_dict({k: v.float() for k, v in init[1].items()})
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -598,7 +611,7 @@ def train_gpt(
         eval_s = time.perf_counter() - t_eval
         state["curve"].append(
             {
-                "epoch": step * train.batch_size / n,
+                "epoch": offset + step * train.batch_size / n,
                 "step": step,
                 "test_nll_bits": nll,
                 "train_loss_nats": mean,
@@ -664,7 +677,7 @@ def train_gpt(
             if not progress:
                 recent = [h["loss"] for h in state["history"][-train.ckpt_every :]]
                 log(
-                    f"step {step}/{train.steps}  epoch {step * train.batch_size / n:.3f}  "
+                    f"step {step}/{train.steps}  epoch {offset + step * train.batch_size / n:.3f}  "
                     f"train loss {sum(recent) / len(recent):.4f} nats  lr {opt.param_groups[0]['lr']:.2e}  "
                     f"{t0 - t_log:.1f} s since last line  {state['time_s'] / 3600:.2f} h in all"
                 )
@@ -678,7 +691,9 @@ def train_gpt(
         "batch_size": train.batch_size,
         "token_budget": done * train.batch_size * tokens.shape[1],
         "sequences_seen": done * train.batch_size,
-        "epochs": done * train.batch_size / n,
+        "epochs": offset + done * train.batch_size / n,
+        "epochs_this_run": done * train.batch_size / n,
+        "init_epochs": offset,
         "train_time_s": state["time_s"],
         "final_train_loss_nats": sum(h["loss"] for h in tail) / len(tail) if tail else float("nan"),
     }

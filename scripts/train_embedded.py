@@ -50,6 +50,7 @@ from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.base import resolve_device
 from ambiguity.models.checkpoints import save_module
 from ambiguity.models.embedded import VARIANTS, VQ_SKIP, WEIGHTS_DIR, load_gpt, load_vq
+from ambiguity.models.gpt import GPT
 from ambiguity.train import (
     CURVE_FILE,
     EpochStopConfig,
@@ -105,6 +106,26 @@ def parse_args(argv=None):
         type=positive_int,
         default=None,
         help="test images (a fixed seeded subset) for the per-epoch NLL (default 1000)",
+    )
+    e.add_argument(
+        "--init-from",
+        default=None,
+        help="continue from these GPT weights (a warm restart, e.g. ambiguity/weights/fashion16_gpt.safetensors "
+        "or a --snapshot of an earlier run) instead of a random init",
+    )
+    e.add_argument(
+        "--init-epochs",
+        type=finite_float,
+        default=None,
+        help="epochs the --init-from weights have seen, when their file does not record it "
+        "(0.48 for the shipped fashion16_gpt.safetensors)",
+    )
+    e.add_argument(
+        "--snapshot",
+        default=None,
+        metavar="PATH",
+        help="write the model of the run's latest checkpoint to PATH (fp16, its epochs recorded) and exit; "
+        "a later run continues from it with --init-from PATH",
     )
     p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
     p.add_argument("--seed", type=seed_int, default=0)
@@ -220,6 +241,9 @@ def long_settings(args) -> tuple[float, EpochStopConfig, int]:
             ("--min-gain", args.min_gain),
             ("--min-epochs", args.min_epochs),
             ("--eval-images", args.eval_images),
+            ("--init-from", args.init_from),
+            ("--init-epochs", args.init_epochs),
+            ("--snapshot", args.snapshot),
         )
         if v is not None
     ]
@@ -235,7 +259,39 @@ def long_settings(args) -> tuple[float, EpochStopConfig, int]:
     )
     if stop.min_epochs < 0:
         raise UsageError(f"--min-epochs must be >= 0, got {stop.min_epochs}")
+    if args.init_epochs is not None and (args.init_from is None or args.init_epochs < 0):
+        raise UsageError("--init-epochs needs --init-from and a value >= 0")
     return epochs, stop, args.eval_images or 1000
+
+
+def warm_start(args, gpt_cfg) -> tuple[str, dict, float] | None:
+    """(file hash, state dict, epochs seen) of ``--init-from``, or None without it. Raises
+    UsageError for a file of another architecture or one whose epochs are unknown."""
+    if args.init_from is None:
+        return None
+    model, meta = load_gpt(args.init_from)
+    if asdict(model.config) != asdict(gpt_cfg):
+        raise UsageError(f"--init-from {args.init_from} is not an {LONG} GPT (its config differs); pass its weights")
+    epochs = args.init_epochs if args.init_epochs is not None else meta.get("epochs")
+    if epochs is None:
+        raise UsageError(f"--init-from {args.init_from} does not record its epochs; pass --init-epochs")
+    return file_sha(Path(args.init_from)), model.state_dict(), float(epochs)
+
+
+def snapshot(args, recipe, run: Path) -> int:
+    """``--snapshot PATH``: the model of ``run``'s latest GPT checkpoint -> PATH (fp16, with
+    ``epochs`` in its metadata). Raises UsageError when the run has no checkpoint."""
+    ck = load_checkpoint(run / "gpt_ckpt.pt")
+    if ck is None:
+        raise UsageError(f"{run / 'gpt_ckpt.pt'} not found; train first (same --run-dir)")
+    gpt_cfg, rec = recipe[2], ck["recipe"]
+    model = GPT(gpt_cfg)
+    model.load_state_dict(ck["model"])
+    step = ck["state"]["step"]
+    epochs = rec.get("init_epochs", 0.0) + step * rec["train"]["batch_size"] / rec["n_sequences"]
+    save_module(model, gpt_cfg, args.snapshot, seed=args.seed, stage="gpt", variant=args.recipe, epochs=epochs)
+    print(f"wrote {args.snapshot}: step {step}, {epochs:.3f} epochs")
+    return 0
 
 
 def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
@@ -264,7 +320,7 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
     test_tokens, t_test = cached_tokens(vq, test, run / "tokens_test.pt", vq_sha, progress, "tokenize test")
     print(f"tokens: train {tuple(tokens.shape)}, test {tuple(test_tokens.shape)}", flush=True)
     del images, test  # ~1.1 GB of 64 x 64 float images not needed while the GPT trains
-    evaluate, stop, long_info = None, None, {}
+    evaluate, stop, long_info, init = None, None, {}, None
     if args.recipe == LONG:
         epochs, stop, k = long_settings(args)
         gpt_train = replace(gpt_train, steps=steps_for_epochs(epochs, tokens.shape[0], gpt_train.batch_size))
@@ -274,7 +330,9 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
         def evaluate(model):
             return gpt_nll(model, sub_tokens, sub_labels, progress=False)["nll_bits_per_token"]
 
+        init = warm_start(args, gpt_cfg)
         long_info = {
+            "init_from": None if init is None else {"file": str(args.init_from), "sha": init[0], "epochs": init[2]},
             "recipe": args.recipe,
             "max_epochs": epochs,
             "eval_images": int(sub.numel()),
@@ -294,8 +352,18 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
         evaluate=evaluate,
         stop=stop,
         curve_info=long_info,
+        init=init if args.recipe == LONG else None,
     )
-    save_module(gpt, gpt_cfg, out / GPT_FILE, seed=args.seed, stage="gpt", vq_sha=vq_sha, variant=args.recipe)
+    save_module(
+        gpt,
+        gpt_cfg,
+        out / GPT_FILE,
+        seed=args.seed,
+        stage="gpt",
+        vq_sha=vq_sha,
+        variant=args.recipe,
+        epochs=stats["epochs"],
+    )
     shipped, _ = load_gpt(out / GPT_FILE, device)
     t0 = time.perf_counter()
     nll = gpt_nll(shipped, test_tokens, test_labels, progress=progress)
@@ -395,6 +463,8 @@ def main(argv=None) -> int:
         ):
             (run / f).unlink(missing_ok=True)
     recipe = RECIPES[args.recipe](args.quick)
+    if args.snapshot:
+        return snapshot(args, recipe, run)
     progress = not args.no_progress
     metrics = read_json(out / METRICS_FILE)
     metrics.update(

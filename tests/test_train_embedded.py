@@ -461,6 +461,62 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     assert "staging directory" in capsys.readouterr().err
 
 
+def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
+    """--snapshot writes the run's latest model with its epochs; --init-from continues from it,
+    counting epochs on from there (curve rows, stop rule, metrics)."""
+    from ambiguity.io import load_tensors
+    from ambiguity.models.checkpoints import save_module
+    from ambiguity.models.embedded import GPT16_FILE, METRICS16_FILE, VQ16_FILE, VQ_SKIP
+    from ambiguity.train import embedded16_long_recipe
+
+    vq_cfg = embedded16_long_recipe(quick=True)[0]
+    main = load_script().main
+    common = ["--quick", "--recipe", "embedded-16-long", "--stage", "gpt", "--eval-images", "8", "--data"]
+    common += [str(fake_data), "--no-progress", "--device", "cpu"]
+    for name in ("a", "b"):
+        (tmp_path / name / "stage").mkdir(parents=True)
+        torch.manual_seed(0)
+        save_module(VQModel(vq_cfg), vq_cfg, tmp_path / name / "stage" / VQ16_FILE, skip=VQ_SKIP)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(common + ["--epochs", "1", "--out", str(a / "stage"), "--run-dir", str(a / "run")]) == 0
+    snap = tmp_path / "snap.safetensors"
+    assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(snap)]) == 0
+    assert "step 5, 1.000 epochs" in capsys.readouterr().out
+    shipped, meta = load_tensors(a / "stage" / GPT16_FILE)
+    snapped, snap_meta = load_tensors(snap)
+    assert meta["epochs"] == snap_meta["epochs"] == 1.0
+    assert all(torch.equal(shipped[k], snapped[k]) for k in shipped)  # the same final model, both fp16
+    assert (
+        main(
+            common
+            + ["--epochs", "1", "--out", str(b / "stage"), "--run-dir", str(b / "run")]
+            + ["--init-from", str(snap)]
+        )
+        == 0
+    )
+    curve = json.loads((b / "run" / CURVE_FILE).read_text())
+    assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(2.0, 5)]
+    assert curve["init_from"]["epochs"] == 1.0
+    m = json.loads((b / "stage" / METRICS16_FILE).read_text())["gpt"]
+    assert (m["epochs"], m["epochs_this_run"], m["init_epochs"]) == (2.0, 1.0, 1.0)
+    # With no steps to take, the warm-started model is the snapshot itself (fp16 -> fp32 exactly).
+    from dataclasses import replace
+
+    from ambiguity.train import train_gpt
+
+    _, _, gpt_cfg, gpt_train = embedded16_long_recipe(quick=True)[:4]
+    tokens, labels = torch.zeros(8, 256, dtype=torch.long), torch.zeros(8, dtype=torch.long)
+    model, stats = train_gpt(
+        gpt_cfg, replace(gpt_train, steps=0), tokens, labels, tmp_path / "c", 0, "cpu", False, init=("t", snapped, 1.0)
+    )
+    assert all(torch.equal(v, snapped[k].float()) for k, v in model.state_dict().items() if k in snapped)
+    assert stats["epochs"] == 1.0 and stats["epochs_this_run"] == 0.0
+    assert main(common + ["--epochs", "1", "--run-dir", str(b / "run"), "--init-epochs", "3"]) == 2
+    assert "--init-epochs needs --init-from" in capsys.readouterr().err
+    assert main(common + ["--run-dir", str(tmp_path / "none"), "--snapshot", str(snap)]) == 2
+    assert "train first" in capsys.readouterr().err
+
+
 def test_token_cache_resumes_after_its_last_chunk(tmp_path, capsys):
     from ambiguity.train import embedded16_long_recipe, save_checkpoint
 
