@@ -83,7 +83,7 @@ _SECTIONS = ("target", "drafter", "acceptance", "proximity")
 def check_batching(model: TokenModel, drafter: Optional[DraftModel]) -> None:
     """Raise UsageError (one line) when ``model`` or ``drafter`` cannot decode with ``--batch-size`` > 1:
     an adapter without per-image cache positions, or a drafter without :meth:`forward_slots`. What a
-    decode configuration cannot batch (trees, Jacobi methods) is refused earlier, before any model
+    decode configuration cannot batch (draft trees) is refused earlier, before any model
     loads, by :func:`lantern.decoding.check_batch_config`."""
     if not getattr(model, "can_batch_decode", False):
         why = getattr(model, "batch_limit", TokenModel.batch_limit)

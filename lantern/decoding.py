@@ -43,7 +43,7 @@ from lantern.acceptance import RULES, AcceptanceRule
 from lantern.batched import batched_decode, check_batching
 from lantern.chain import Acceptance, accept, autoregressive_decode, draft, speculative_decode, verify
 from lantern.drafter import DraftModel, fingerprint_mismatch, target_fingerprint
-from lantern.jacobi import JACOBI_METHODS, JacobiConfig, check_jacobi, jacobi_decode
+from lantern.jacobi import JACOBI_METHODS, JacobiConfig, batched_jacobi_decode, check_jacobi, jacobi_decode
 from lantern.records import Decoded
 from lantern.steps import Timer, prefill, target_distribution
 from lantern.tree_decoding import tree_decode
@@ -72,7 +72,7 @@ __all__ = [
     "tree_decode",
 ]
 
-METHODS = ("ar",) + RULES + JACOBI_METHODS  # sjd / gsd / scd: no drafter, batch 1 (lantern.jacobi)
+METHODS = ("ar",) + RULES + JACOBI_METHODS  # sjd / gsd / scd: no drafter (lantern.jacobi)
 DEFAULT_METRIC = "l2"  # the official LANTERN code: Euclidean distance between codebook vectors (torch.cdist)
 
 
@@ -248,19 +248,14 @@ def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
 
 
 def check_batch_config(config: DecodeConfig, batch_size: int) -> None:
-    """Refuse, before any model loads, a ``batch_size`` > 1 that ``config`` cannot decode: the
-    Jacobi methods (SJD / GSD / SCD) run one image at a time (each image commits its own window)
-    and draft trees are not batched. Raises UsageError (one line)."""
+    """Refuse, before any model loads, a ``batch_size`` > 1 that ``config`` cannot decode: draft
+    trees are not batched (AR, chains and the Jacobi methods SJD / GSD / SCD are). Raises
+    UsageError (one line)."""
     if batch_size <= 1:
         return
-    if config.jacobi is not None:
-        raise UsageError(
-            f"--method {config.method} decodes one image at a time (each image commits its own "
-            f"Jacobi window); use --batch-size 1"
-        )
     if config.rule is not None and config.tree is not None:
         raise UsageError(
-            "--batch-size > 1 decodes chains and AR only (draft trees are not batched yet); "
+            "--batch-size > 1 decodes chains, AR and Jacobi windows only (draft trees are not batched yet); "
             "use --tree chain or --batch-size 1"
         )
 
@@ -284,8 +279,9 @@ def decode(
 
     batch_size: 1 decodes one image after another (the loops of :mod:`lantern.chain` and
     :mod:`lantern.tree_decoding`); B > 1 keeps up to B images in flight, one target forward per
-    step for all of them (:func:`lantern.batched.batched_decode`: AR and chains; trees are refused
-    with a UsageError). The random streams are the same either way: in float64 the tokens equal
+    step for all of them (:func:`lantern.batched.batched_decode`: AR and chains;
+    :func:`lantern.jacobi.batched_jacobi_decode`: SJD / GSD / SCD; trees are refused with a
+    UsageError). The random streams are the same either way: in float64 the tokens equal
     batch 1's for every image; in float32 batched matrix products round differently and an image
     occasionally diverges from batch 1 at some position (both are exact samples of the method).
 
@@ -324,21 +320,26 @@ def decode(
             "--batch-size",
             1 + sampling.guided,
         )
-        result = batched_decode(
-            model,
-            conditions,
-            sampling,
-            rule,
-            drafter,
-            neighbours,
-            config.gamma,
-            batch_size,
-            seed,
-            first_index,
-            num_tokens,
-            progress,
-            indices,
-        )
+        if config.jacobi is not None:
+            result = batched_jacobi_decode(
+                model, conditions, sampling, config.jacobi, batch_size, seed, first_index, num_tokens, progress, indices
+            )
+        else:
+            result = batched_decode(
+                model,
+                conditions,
+                sampling,
+                rule,
+                drafter,
+                neighbours,
+                config.gamma,
+                batch_size,
+                seed,
+                first_index,
+                num_tokens,
+                progress,
+                indices,
+            )
         if pixels:
             h, w = model.grid
             result.pixels = torch.cat(

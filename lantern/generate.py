@@ -167,7 +167,7 @@ def add_decoding_args(p) -> None:
 
 
 def add_jacobi_args(p) -> None:
-    """SJD / GSD / SCD knobs (lantern.jacobi; official defaults, batch 1, no drafter)."""
+    """SJD / GSD / SCD knobs (lantern.jacobi; official defaults, no drafter; --batch-size batches them)."""
     _J = JacobiConfig()
     p.add_argument(
         "--window",
@@ -242,7 +242,8 @@ def build_parser() -> ArgumentParser:
         type=positive_int,
         default=1,
         metavar="B",
-        help="images decoded together, one target forward per step for all (AR and chains; default: 1). "
+        help="images decoded together, one target forward per step for all (AR, chains and sjd/gsd/scd; "
+        "default: 1). "
         "Same random streams: tokens equal batch 1's exactly with --dtype float64, almost always "
         "in float32",
     )

@@ -46,9 +46,14 @@ random in the first column), both with a point-mass ``q``. Greedy decoding (temp
 draft is accepted iff it is the argmax of ``p`` (GSD: iff the argmax is in its group) and the
 drafts are argmaxes: greedy SJD/SCD is greedy AR token for token.
 
-Batch 1: one condition at a time (two rows with CFG), like :mod:`lantern.chain`; every
-iteration commits a different number of tokens per image. Randomness: image ``i`` draws from its
-generator ``(seed, i)`` (:mod:`ambiguity.seeding`) through :class:`lantern.trees.Draws`.
+:func:`jacobi_decode`: one condition at a time (two rows with CFG), like :mod:`lantern.chain`.
+:func:`batched_jacobi_decode` (``decode(..., batch_size=B)``): up to B images per target forward,
+each at its own position with its own window, committing its own accepted prefix (ragged
+commits in per-image cache slots, with the masks and continuous batching of
+:mod:`lantern.batched`). Both run the same per-image steps (:class:`_Image`). Randomness: image
+``i`` draws from its generator ``(seed, i)`` (:mod:`ambiguity.seeding`) through
+:class:`lantern.trees.Draws`, the same numbers in the same order at any batch size; in float64
+batched tokens and records equal batch 1's.
 
 Records (:mod:`lantern.records`): one step row per Jacobi forward (``drafted`` = window drafts,
 ``accepted`` = accepted prefix, ``drafter_forwards = 0``), one draft row per window draft with
@@ -59,15 +64,20 @@ position; for GSD ``p_tilde = p(G)``, ``j_star = |G| - 1`` and ``spent = p(G) - 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt, TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
+from ambiguity.seeding import image_generator, image_seed
 from ambiguity.stats import entropy, top1_prob
+from lantern.batched import check_batching
 from lantern.records import Decoded, StepLog
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
 from lantern.trees import Draws, GeneratorDraws
@@ -85,6 +95,7 @@ __all__ = [
     "gsd_output_distribution",
     "sjd_output_distribution",
     "jacobi_decode",
+    "batched_jacobi_decode",
     "check_jacobi",
 ]
 
@@ -300,17 +311,6 @@ class _Gumbel:
         return int((p.double().log() + g).argmax())
 
 
-def _init_token(
-    tokens: torch.Tensor, window: _Window, position: int, n: int, config: JacobiConfig, width: int, V: int, draws: Draws
-) -> int:
-    """A new window position: uniform random, or the token to its left (``repeat-horizon``,
-    random in the first column). ``tokens`` (1, N) committed; the window starts at ``n``."""
-    if config.init == "repeat-horizon" and position % width != 0:
-        left = position - 1
-        return int(tokens[0, left]) if left < n else window.tokens[left - n]
-    return draws.categorical(torch.ones(V, dtype=torch.float64, device=tokens.device))
-
-
 def _draw(p: torch.Tensor, position: int, greedy: bool, draws: Draws, gumbel: Optional[_Gumbel]) -> int:
     """A target sample at ``position``: argmax (greedy), Gumbel-max (SCD gumbel) or from ``draws``."""
     if greedy:
@@ -362,6 +362,146 @@ def _point(V: int, token: int, like: torch.Tensor) -> torch.Tensor:
     )
 
 
+class _Image:
+    """One image's Jacobi state and its per-iteration work, shared by :func:`jacobi_decode` (batch 1)
+    and :func:`batched_jacobi_decode`: both call :meth:`start`, then per iteration :meth:`prepare`
+    (top up the window), one target forward, :meth:`verify` (judge, commit, next drafts) and
+    :meth:`commit` (records), so an image draws the same random numbers in the same order either way.
+
+    Committed tokens are a Python list (no device sync to read ``x_{n-1}`` or a left neighbour)."""
+
+    def __init__(
+        self,
+        model: TokenModel,
+        sampling: SamplingConfig,
+        config: JacobiConfig,
+        N: int,
+        draws: Draws,
+        generator: Optional[torch.Generator],
+        image: int,
+        emb: Optional[torch.Tensor],
+        pairs=None,
+    ):
+        self.config, self.N, self.V = config, N, model.vocab_size
+        self.greedy, self.device, self.draws, self.emb, self.pairs = sampling.greedy, model.device, draws, emb, pairs
+        self.width = int(tuple(getattr(model, "grid", (1, N)))[-1])
+        scd_gumbel = config.method == "scd" and config.coupling == "gumbel"
+        self.gumbel = _Gumbel(generator, self.V, model.device) if scd_gumbel else None
+        self.maximal = config.method == "scd" and config.coupling.startswith("maximal")
+        self.log, self.tokens, self.window, self.n, self.step = StepLog(image), [], _Window(), 1, 0
+
+    @property
+    def done(self) -> bool:
+        return self.n >= self.N
+
+    def start(self, p0: torch.Tensor) -> None:
+        """The first token from the prefill's distribution p0 (V,)."""
+        self.tokens = [_draw(p0, 0, self.greedy, self.draws, self.gumbel)]
+
+    def prepare(self) -> list[int]:
+        """Start an iteration: the window shrunk to ``g = min(L - 1, N - 1 - n)`` drafts and topped
+        up with initialised positions. Returns the forward's input ``[x_{n-1}, d_n .. d_{n+g-1}]``."""
+        self.step += 1
+        n, w = self.n, self.window
+        self.g = g = min(int(self.config.window) - 1, self.N - 1 - n)  # the bonus position n + g stays inside
+        w.set(w.tokens[:g], w.q[:g], w.proposed[:g])
+        while len(w) < g:
+            w.add(self._init(n + len(w)), None, -1)
+        return [self.tokens[n - 1]] + w.tokens
+
+    def _init(self, position: int) -> int:
+        """A new window position: uniform random, or the token to its left (``repeat-horizon``,
+        random in the first column)."""
+        if self.config.init == "repeat-horizon" and position % self.width != 0:
+            left = position - 1
+            return self.tokens[left] if left < self.n else self.window.tokens[left - self.n]
+        return self.draws.categorical(torch.ones(self.V, dtype=torch.float64, device=self.device))
+
+    def verify(self, p: torch.Tensor) -> int:
+        """Judge the window against this forward's ``p`` (g + 1, V) (positions n .. n + g), left to
+        right up to the first rejection; commit the accepted prefix and the next token (residual or
+        bonus); sample the next drafts. Returns the accepted length a."""
+        n, g, w, V, draws, greedy = self.n, self.g, self.window, self.V, self.draws, self.greedy
+        q_of = lambda j: w.q[j] if w.q[j] is not None else _point(V, w.tokens[j], p)  # noqa: E731
+        cols, a = [], g
+        for j in range(g):  # verify left to right; stop at the first rejection
+            q = q_of(j)
+            c = _judge(p[j], q, w.tokens[j], self.config, greedy, self.emb)
+            ok = bool(c["accept_prob"] >= 1.0) if greedy else draws.coin(c["accept_prob"])
+            c.update(u=getattr(draws, "last_u", float("nan")) if not greedy else float("nan"), accepted=ok)
+            cols.append(c)
+            if self.pairs is not None:
+                self.pairs.append((p[j].float().cpu(), q.float().cpu()))
+            if not ok:
+                a = j
+                break
+        if a < g:
+            nxt = int(p[a].argmax()) if greedy else draws.categorical(sjd_residual(p[a], q_of(a)))
+        else:
+            nxt = _draw(p[g], n + g, greedy, draws, self.gumbel)
+        self.tokens += w.tokens[:a] + [nxt]
+        new = _Window()  # the next drafts: this forward's samples at positions n + a + 1 .. n + g
+        for j in range(a + 1, g + 1):
+            if self.maximal and j < g and not greedy:
+                qj, d = q_of(j), w.tokens[j]
+                if draws.coin(float(sjd_accept_prob(p[j], qj, torch.tensor(d, device=p.device)))):
+                    new.add(d, qj if self.config.coupling == "maximal-official" else p[j], self.step)
+                else:
+                    new.add(draws.categorical(sjd_residual(p[j], qj)), p[j], self.step)
+            else:
+                new.add(_draw(p[j], n + j, greedy, draws, self.gumbel), p[j], self.step)
+        self._pending = (p, cols, a, nxt, new)
+        return a
+
+    def commit(self, seconds: dict, batch_step: Optional[int] = None, active: int = 1) -> None:
+        """Record the iteration (its seconds per section) and move past the committed tokens."""
+        p, cols, a, nxt, new = self._pending
+        g = self.g
+        kind = "target" if g == 0 else ("bonus" if a == g else "residual")
+        self.log.add_step(
+            self.step,
+            self.n,
+            g,
+            a,
+            kind,
+            nxt,
+            seconds,
+            _draft_columns(p[:g], self.window, cols, self.step) if g else None,
+            drafter_forwards=0,
+            batch_step=batch_step,
+            active=active,
+        )
+        self.window, self._pending = new, None
+        self.n += a + 1
+
+    def result(self, condition, seed, seconds: dict, total: float) -> Decoded:
+        """This image's :class:`Decoded` (tokens (1, N) int64 on the CPU)."""
+        steps, drafts_tab = self.log.tables()
+        images = image_row(self.log.image, _One(condition), seed, self.N, self.step, steps, seconds, total)
+        return Decoded(
+            torch.tensor([self.tokens], dtype=torch.long),
+            steps,
+            drafts_tab,
+            images,
+            self.config.method,
+            int(self.config.window) - 1,
+        )
+
+
+class _One:
+    """The one condition an images-table row names (:func:`lantern.steps.image_row`)."""
+
+    def __init__(self, condition):
+        self.conditions = [condition]
+
+
+def _image(model, sampling, config, N, generator, image, draws=None, pairs=None) -> _Image:
+    emb = model.input_embeddings() if config.method == "gsd" and config.distance is not None else None
+    return _Image(
+        model, sampling, config, N, draws or GeneratorDraws(generator, model.device), generator, image, emb, pairs
+    )
+
+
 @torch.no_grad()
 def jacobi_decode(
     model: TokenModel,
@@ -388,86 +528,164 @@ def jacobi_decode(
     """
     check_prompt(prompt, sampling)
     check_jacobi(config, model)
-    N, V = int(num_tokens or model.num_tokens), model.vocab_size
-    guided, greedy = prompt.guided, sampling.greedy
-    width = int(tuple(getattr(model, "grid", (1, N)))[-1])
-    draws = draws or GeneratorDraws(generator, model.device)
-    gumbel = _Gumbel(generator, V, model.device) if config.method == "scd" and config.coupling == "gumbel" else None
-    emb = model.input_embeddings() if config.method == "gsd" and config.distance is not None else None
-    maximal = config.method == "scd" and config.coupling.startswith("maximal")
-    timer, log = Timer(model.device), StepLog(image)
+    N = int(num_tokens or model.num_tokens)
+    guided = prompt.guided
+    img = _image(model, sampling, config, N, generator, image, draws, pairs)
+    timer = Timer(model.device)
     t_start = time.perf_counter()
     with timer("target"):
         cache, first = prefill(model, prompt, N)
     with timer("acceptance"):
-        x0 = _draw(target_distribution(first.logits[:, -1], sampling, guided)[0], 0, greedy, draws, gumbel)
-    tokens = torch.empty(1, N, dtype=torch.long, device=model.device)
-    tokens[0, 0] = x0
-    window, n, step = _Window(), 1, 0
-    while n < N:
-        step += 1
+        img.start(target_distribution(first.logits[:, -1], sampling, guided)[0])
+    while not img.done:
         before = timer.snapshot()
-        g = min(int(config.window) - 1, N - 1 - n)  # the bonus position n + g stays inside the image
         with timer("acceptance"):
-            window.set(window.tokens[:g], window.q[:g], window.proposed[:g])
-            while len(window) < g:
-                window.add(_init_token(tokens, window, n + len(window), n, config, width, V, draws), None, -1)
-            drafts = torch.tensor([window.tokens], dtype=torch.long, device=model.device)
+            fed = torch.tensor([img.prepare()], dtype=torch.long, device=model.device)
         with timer("target"):
-            out = model.extend(cache, expand_rows(torch.cat([tokens[:, n - 1 : n], drafts], 1), guided))
+            out = model.extend(cache, expand_rows(fed, guided))
         with timer("acceptance"):
-            p = target_distribution(out.logits, sampling, guided)[0]  # (g + 1, V): positions n .. n + g
-            cols, a = [], g
-            for j in range(g):  # verify left to right; stop at the first rejection
-                q = window.q[j] if window.q[j] is not None else _point(V, window.tokens[j], p)
-                c = _judge(p[j], q, window.tokens[j], config, greedy, emb)
-                ok = bool(c["accept_prob"] >= 1.0) if greedy else draws.coin(c["accept_prob"])
-                c.update(u=getattr(draws, "last_u", float("nan")) if not greedy else float("nan"), accepted=ok)
-                cols.append(c)
-                if pairs is not None:
-                    pairs.append((p[j].float().cpu(), q.float().cpu()))
-                if not ok:
-                    a = j
-                    break
-            if a < g:
-                q = window.q[a] if window.q[a] is not None else _point(V, window.tokens[a], p)
-                nxt = int(p[a].argmax()) if greedy else draws.categorical(sjd_residual(p[a], q))
-            else:
-                nxt = _draw(p[g], n + g, greedy, draws, gumbel)
-            tokens[0, n : n + a] = drafts[0, :a]
-            tokens[0, n + a] = nxt
-            new = _Window()  # the next drafts: this forward's samples at positions n + a + 1 .. n + g
-            for j in range(a + 1, g + 1):
-                if maximal and j < g and not greedy:
-                    qj = window.q[j] if window.q[j] is not None else _point(V, window.tokens[j], p)
-                    d = window.tokens[j]
-                    if draws.coin(float(sjd_accept_prob(p[j], qj, torch.tensor(d, device=p.device)))):
-                        new.add(d, qj if config.coupling == "maximal-official" else p[j], step)
-                    else:
-                        new.add(draws.categorical(sjd_residual(p[j], qj)), p[j], step)
-                else:
-                    new.add(_draw(p[j], n + j, greedy, draws, gumbel), p[j], step)
+            a = img.verify(target_distribution(out.logits, sampling, guided)[0])  # (g + 1, V): positions n .. n + g
         with timer("target"):
-            model.rollback(cache, n + a)  # keep x_0 .. x_{n+a-1}; x_{n+a} is fed next iteration
-        kind = "bonus" if a == g else "residual"
-        if g == 0:
-            kind = "target"
-        log.add_step(
-            step,
-            n,
-            g,
-            a,
-            kind,
-            nxt,
-            elapsed_since(timer, before),
-            _draft_columns(p[:g], window, cols, step) if g else None,
-            drafter_forwards=0,
-        )
-        window = new
-        n += a + 1
-    steps, drafts_tab = log.tables()
-    images = image_row(image, prompt, seed, N, step, steps, timer.seconds, time.perf_counter() - t_start)
-    return Decoded(tokens.cpu(), steps, drafts_tab, images, config.method, int(config.window) - 1)
+            model.rollback(cache, img.n + a)  # keep x_0 .. x_{n+a-1}; x_{n+a} is fed next iteration
+        img.commit(elapsed_since(timer, before))
+    cond = prompt.conditions[0] if prompt.conditions else ""
+    return img.result(cond, seed, timer.seconds, time.perf_counter() - t_start)
+
+
+@torch.no_grad()
+def batched_jacobi_decode(
+    model: TokenModel,
+    conditions: Sequence,
+    sampling: SamplingConfig,
+    config: JacobiConfig,
+    batch_size: int = 8,
+    seed: int = 0,
+    first_index: int = 0,
+    num_tokens: Optional[int] = None,
+    progress: bool = False,
+    indices: Optional[Sequence[int]] = None,
+    draws: Optional[dict] = None,
+) -> Decoded:
+    """Decode one image per condition with SJD, GSD or SCD, up to ``batch_size`` images per target forward.
+
+    Every Jacobi iteration runs one forward for all images in flight: image ``b`` at ``n_b``
+    committed tokens feeds ``[x_{n_b-1}, d_{n_b} .. d_{n_b+g_b-1}]`` at its own cache slots and
+    positions (the per-image KV slots, 2D positions and attention masks of
+    :func:`lantern.batched.batched_decode`; rows padded to the longest window, padding never
+    seen) and commits its own accepted prefix ``a_b + 1`` (ragged commits: rejected drafts stay
+    in slots past the image's length and are overwritten, no cache copy). Acceptance, residual /
+    bonus tokens and next drafts are the per-image steps of :func:`jacobi_decode` (:class:`_Image`)
+    on the image's rows of the batched distribution, drawn from the image's own stream
+    :func:`ambiguity.seeding.image_generator` ``(seed, i)`` (or ``draws[i]``, a
+    :class:`lantern.trees.Draws`, for exact enumeration), so an image's random numbers do not
+    depend on the batch, its slot or when it was admitted. A finished image's slot takes the next
+    condition (continuous batching); a draining batch drops its empty slots (one cache copy).
+
+    In float64 the tokens and the non-timing records equal :func:`jacobi_decode`'s for every image
+    (``tests/test_jacobi.py``); in float32 batched products round differently and an image now
+    and then diverges from batch 1 at some position. Step rows carry ``batch_step`` and ``active``;
+    each section's seconds of a batch step are split equally among its active images.
+    Returns a :class:`~lantern.records.Decoded` (rows in condition order, image ``first_index + j``
+    or ``indices[j]``). Raises UsageError when the model cannot batch or cannot run ``config``.
+    """
+    check_batching(model, None)
+    check_jacobi(config, model)
+    conds = list(conditions)
+    index = np.arange(first_index, first_index + len(conds)) if indices is None else np.asarray(indices, dtype=np.int64)
+    N, L, dev, guided = int(num_tokens or model.num_tokens), int(config.window), model.device, sampling.guided
+    B = max(1, min(int(batch_size), len(conds)))
+    cache = model.new_slots_cache(B, guided, N, L)  # room for a window of L padded past the image's end
+    scripted = dict(draws or {})
+    timer = Timer(dev)
+    slot: list[Optional[int]] = [None] * B  # condition j in each slot
+    imgs: dict[int, _Image] = {}
+    secs = {j: {} for j in range(len(conds))}
+    total = np.zeros(len(conds))
+    parts: list[Optional[Decoded]] = [None] * len(conds)
+    queue = iter(range(len(conds)))
+    waiting = [len(conds)]
+    bar = tqdm(total=len(conds), desc=config.method, disable=not progress, unit="img")
+    rows_of = lambda slots: torch.cat([slots, slots + B]) if guided else slots  # noqa: E731 - slot -> its rows
+
+    def share(j: int, seconds: dict, k: int) -> dict:
+        mine = {s: v / k for s, v in seconds.items()}
+        for s, v in mine.items():
+            secs[j][s] = secs[j].get(s, 0.0) + v
+        return mine
+
+    def admit(free: list[int]) -> None:
+        take = [(s, j) for s, j in zip(free, queue)]
+        waiting[0] -= len(take)
+        if not take:
+            return
+        t0, before = time.perf_counter(), timer.snapshot()
+        with timer("target"):
+            first = model.prefill_slots(
+                cache,
+                rows_of(torch.tensor([s for s, _ in take], device=dev)),
+                model.make_prompt([conds[j] for _, j in take], guided=guided),
+            )
+        with timer("acceptance"):
+            p0 = target_distribution(first.logits[:, -1], sampling, guided)  # (k, V)
+            for r, (s, j) in enumerate(take):
+                i = int(index[j])
+                imgs[j] = _image(model, sampling, config, N, image_generator(seed, i, dev), i, scripted.get(i))
+                imgs[j].start(p0[r])
+                slot[s] = j
+        for _, j in take:
+            share(j, elapsed_since(timer, before), len(take))
+            total[j] += (time.perf_counter() - t0) / len(take)
+
+    admit(list(range(B)))
+    batch_step = 0
+    while any(j is not None for j in slot):
+        batch_step += 1
+        t0, before = time.perf_counter(), timer.snapshot()
+        live = [b for b in range(B) if slot[b] is not None]
+        with timer("acceptance"):
+            fed = {b: imgs[slot[b]].prepare() for b in live}
+            T = max(len(x) for x in fed.values())
+            vin = torch.zeros(B, T, dtype=torch.long)
+            n = torch.ones(B, dtype=torch.long)
+            for b, x in fed.items():
+                vin[b, : len(x)] = torch.tensor(x)
+                n[b] = imgs[slot[b]].n
+        with timer("target"):
+            ar = torch.arange(int(n.max()) + T, device=dev)
+            at = (n.to(dev) - 1)[:, None] + ar[:T]  # x_{n-1} and the drafts, at their own image positions
+            visible = ar[None, None, : int(n.max()) - 1 + T] <= at[:, :, None]
+            out = model.extend_slots(
+                cache,
+                expand_rows(vin.to(dev), guided),
+                expand_rows(at, guided),
+                expand_rows(at.clamp(max=N - 1), guided),
+                expand_rows(visible, guided),
+            )
+        with timer("acceptance"):
+            p = target_distribution(out.logits, sampling, guided)  # (B, T, V)
+            for b in live:
+                imgs[slot[b]].verify(p[b, : len(fed[b])])
+        seconds, wall = elapsed_since(timer, before), time.perf_counter() - t0
+        finished = []
+        for b in live:
+            j = slot[b]
+            imgs[j].commit(share(j, seconds, len(live)), batch_step, len(live))
+            total[j] += wall / len(live)
+            if imgs[j].done:
+                finished.append(b)
+        for b in finished:
+            j = slot[b]
+            parts[j] = imgs.pop(j).result(conds[j], image_seed(seed, int(index[j])), secs[j], total[j])
+            slot[b] = None
+        if finished:
+            bar.update(len(finished))
+            admit(finished)
+        busy = [b for b in range(B) if slot[b] is not None]
+        if not waiting[0] and 0 < len(busy) <= B // 2:  # a draining batch: drop the empty slots (one copy)
+            model.select_slots(cache, rows_of(torch.tensor(busy, device=dev)))
+            slot, B = [slot[b] for b in busy], len(busy)
+    bar.close()
+    return Decoded.concat(parts)
 
 
 def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> dict:

@@ -154,9 +154,13 @@ class StepLog:
         seconds: dict,
         drafts: Optional[dict] = None,
         drafter_forwards: int = 0,
+        batch_step: Optional[int] = None,
+        active: int = 1,
     ) -> None:
         """One verification step; ``drafts`` maps draft columns to (γ,) tensors of a chain (absent
-        when γ = 0), or — with a ``reached`` column — to the complete per-node arrays of a tree."""
+        when γ = 0), or — with a ``reached`` column — to the complete per-node arrays of a tree.
+        batch_step / active: the batch forward and its image count (default: ``step`` and 1, one
+        image at a time; batched Jacobi decoding, :func:`lantern.jacobi.batched_jacobi_decode`)."""
         self.steps.append(
             dict(
                 image=self.image,
@@ -172,8 +176,8 @@ class StepLog:
                 drafter_s=seconds.get("drafter", 0.0),
                 acceptance_s=seconds.get("acceptance", 0.0),
                 proximity_s=seconds.get("proximity", 0.0),
-                batch_step=step,
-                active=1,
+                batch_step=step if batch_step is None else batch_step,
+                active=active,
             )
         )
         if drafts is not None and drafted > 0:

@@ -334,3 +334,132 @@ def test_generate_cli_runs_scd(tmp_path, capsys):
     assert summary["tokens_per_forward"] > 1
     drafts = pd.read_parquet(out / "drafts.parquet")
     assert (drafts["proposed_step"] >= -1).all() and (drafts["proposed_step"] < drafts["step"]).all()
+
+
+# --------------------------------------------------------------------------- batched Jacobi decoding
+BATCHED = [
+    JacobiConfig("sjd", window=4),
+    JacobiConfig("sjd", window=5, init="repeat-horizon"),
+    JacobiConfig("gsd", window=4, group=5, prob_gap=0.3),
+    JacobiConfig("scd", window=5),  # Gumbel coupling: noise per absolute position from the image's stream
+    JacobiConfig("scd", window=3, coupling="maximal"),
+]
+BATCH_SAMPLINGS = [
+    SamplingConfig(guidance=1.0, temperature=1.0),
+    SamplingConfig(guidance=3.0, temperature=0.8, top_k=12),
+    SamplingConfig(guidance=2.0, temperature=1.2, top_p=0.9),
+    SamplingConfig(guidance=2.0, temperature=0.0),
+]
+
+
+@pytest.mark.parametrize("config", BATCHED, ids=lambda c: f"{c.method}-{c.init}-{c.coupling}")
+def test_float64_batched_jacobi_equals_batch_one(config):
+    """7 images through 3 slots (continuous batching: images finish at different batch steps and
+    later ones take the freed slots): tokens and every non-timing record equal batch 1's."""
+    from test_batched_decoding import _same_records
+
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    labels = [0, 3, 5, 7, 1, 9, 4]
+    cfg = DecodeConfig(None, jacobi=config)
+    ragged = 0
+    for s in BATCH_SAMPLINGS:
+        one = decode(m, labels, cfg, s, seed=11, first_index=5)
+        many = decode(m, labels, cfg, s, seed=11, first_index=5, batch_size=3)
+        assert torch.equal(one.tokens, many.tokens), s
+        _same_records(one, many)
+        steps = many.steps
+        assert steps["active"].max() == 3 and (many.images["image"] == np.arange(5, 12)).all()
+        assert many.method == config.method and many.gamma == config.window - 1
+        last = {i: steps["batch_step"][steps["image"] == i].max() for i in range(5, 12)}
+        first = {i: steps["batch_step"][steps["image"] == i].min() for i in range(5, 12)}
+        assert max(first.values()) > 1  # some images entered a freed slot later
+        by_batch = {}
+        for b, pos in zip(steps["batch_step"], steps["position"]):
+            by_batch.setdefault(b, set()).add(pos)
+        ragged += sum(len(v) > 1 for v in by_batch.values()) + (len(set(last.values())) > 1)
+    assert ragged > 0  # images sat at different positions in one forward and finished at different steps
+
+
+def test_batched_jacobi_images_keep_their_streams_and_drain(monkeypatch):
+    """An image's tokens do not depend on its batch, slot or admission step; a draining batch drops
+    its empty slots (CFG: two cache rows per image) and still gives batch 1's tokens."""
+    from lantern.jacobi import batched_jacobi_decode
+
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    kept = []
+    select = type(m).select_slots
+    monkeypatch.setattr(
+        type(m), "select_slots", lambda self, cache, rows: (kept.append(len(rows)), select(self, cache, rows))[1]
+    )
+    s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=16)
+    cfg = JacobiConfig("scd", window=4)
+    full = batched_jacobi_decode(m, list(range(9)), s, cfg, batch_size=4, seed=4)
+    part = batched_jacobi_decode(m, [6, 3], s, cfg, batch_size=2, seed=4, indices=[6, 3])
+    assert torch.equal(part.tokens, full.tokens[[6, 3]])
+    assert kept and all(k % 2 == 0 and k <= 4 for k in kept)
+    one = torch.cat(
+        [
+            jacobi_decode(m, m.make_prompt([c], guided=True), s, cfg, image_generator(4, c), image=c).tokens
+            for c in range(9)
+        ]
+    )
+    assert torch.equal(one, full.tokens)
+
+
+def test_greedy_batched_jacobi_equals_greedy_ar():
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    labels = [2, 6, 8, 0, 3]
+    for guidance, method in itertools.product((1.0, 3.0), ("sjd", "scd")):
+        s = SamplingConfig(guidance=guidance, temperature=0.0)
+        out = decode(m, labels, DecodeConfig.of(method, jacobi={"window": 6}), s, batch_size=2)
+        ar = torch.cat([sample_tokens(m, m.make_prompt([c], guided=s.guided), s) for c in labels])
+        assert torch.equal(out.tokens, ar), (guidance, method)
+
+
+@pytest.mark.slow  # ~1 min: every branch is a batched decode of 3 images
+def test_exact_batched_sjd_is_ar_sampling_for_a_late_image():
+    """Every random outcome of image 2 of a batched SJD decode (3 images in 2 slots: it takes a
+    freed slot at a later batch step, next to an image at another position; the other images draw
+    from their own streams), weighted by its probability, is exactly the AR joint."""
+    from lantern.jacobi import batched_jacobi_decode
+
+    m = tiny()
+    s = SamplingConfig(guidance=2.0, temperature=0.7, top_k=2)
+    want = exact_joint(m, 1, s)
+    late, seen = [], {"accepted": 0, "rejected": 0}
+
+    def run(draws):
+        out = batched_jacobi_decode(m, [1, 2, 1], s, JacobiConfig("sjd", window=3), batch_size=2, draws={2: draws})
+        mine = out.steps["image"] == 2
+        late.append(out.steps["batch_step"][mine].min() > 1)
+        seen["accepted"] += int(out.steps["accepted"][mine].sum())
+        seen["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"])[out.drafts["image"] == 2].sum())
+        return tuple(out.tokens[2].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10 and all(late)
+    assert seen["accepted"] > 0 and seen["rejected"] > 0
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+
+
+def test_batched_jacobi_config_checks():
+    from lantern.decoding import check_batch_config
+    from lantern.trees import TreeSpec
+
+    for method in ("sjd", "gsd", "scd"):
+        check_batch_config(DecodeConfig.of(method), 8)  # allowed now
+    with pytest.raises(UsageError, match="draft trees are not batched"):
+        check_batch_config(DecodeConfig.of("sd", tree=TreeSpec("dynamic", total_tokens=6, depth=2, top_k=2)), 2)
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+
+    class NoBatch(type(m)):
+        can_batch_decode = False
+
+    plain = NoBatch.__new__(NoBatch)
+    plain.__dict__.update(m.__dict__)
+    s = SamplingConfig(guidance=1.0, temperature=1.0)
+    with pytest.raises(UsageError, match="cannot decode several images per forward"):
+        decode(plain, [1, 2], DecodeConfig.of("sjd"), s, batch_size=2)
+    with pytest.raises(UsageError, match="--gsd-group 40 exceeds the vocabulary size 32"):
+        decode(m, [1, 2], DecodeConfig.of("gsd", jacobi={"group": 40}), s, batch_size=2)
