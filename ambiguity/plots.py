@@ -36,6 +36,8 @@ __all__ = [
     "histograms",
     "grid_heatmap",
     "color_for",
+    "METHOD_COLORS",
+    "method_color",
 ]
 
 # Paper-ready defaults: small fonts at 1:1 size for a single column (~3.3 in), TrueType fonts in PDFs.
@@ -92,6 +94,30 @@ _CYCLE = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fb
 def color_for(name: str, index: int = 0) -> str:
     """The house colour of a named quantity (see :data:`PALETTE`), else the ``index``-th cycle colour."""
     return PALETTE.get(name, _CYCLE[index % len(_CYCLE)])
+
+
+# One fixed colour per decoding method, the same in every panel, figure and model (colour-blind
+# palette plus two darker tones; the drafter families in blues / oranges, the Jacobi methods in
+# green / purples, AR dark grey).
+METHOD_COLORS: dict[str, str] = {
+    "ar": "#4d4d4d",
+    "profile": "#949494",
+    "sd": "#56b4e9",
+    "eagle-2": "#0173b2",
+    "lantern": "#d55e00",
+    "lantern-jsd": "#ca9161",
+    "lantern++": "#de8f05",
+    "sjd": "#029e73",
+    "gsd": "#cc78bc",
+    "scd": "#6a3d9a",
+}
+
+
+def method_color(method: str) -> str:
+    """The fixed colour of a decoding method (:data:`METHOD_COLORS`; ``"ar"``, ``"sd"``, ``"eagle-2"``,
+    ``"lantern"``, ``"lantern-jsd"``, ``"lantern++"``, ``"sjd"``, ``"gsd"``, ``"scd"``, ``"profile"``);
+    an unknown name gets a grey (``"#bbbbbb"``)."""
+    return METHOD_COLORS.get(method, "#bbbbbb")
 
 
 @contextlib.contextmanager

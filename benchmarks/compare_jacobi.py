@@ -4,7 +4,10 @@
 
 Per method, on the same conditions and per-image seeds: tokens per target forward, τ (mean
 accepted length, bonus counted), acceptance rate of reached drafts, latency speed-up over AR at
-batch 1 (interleaved rounds, :mod:`lantern.timing`), the exact per-step distortion (mean
+batch 1 (interleaved rounds, :mod:`lantern.timing`), throughput at batch ``--batch-size`` B
+(images per second of each method decoding B images per target forward, AR at batch B in the
+same interleaved rounds: median and spread over ``--throughput-rounds``, and the per-round
+ratio to AR; draft trees are not batched, so EAGLE-2 has none), the exact per-step distortion (mean
 ``TVD(out, p)`` of one verification: LANTERN / LANTERN++ on the (p, q) pairs of the drafter along
 AR samples, :mod:`lantern.distortion`; GSD on the (p, q) pairs its own decodes judged,
 :func:`lantern.jacobi.gsd_output_distribution`; 0 for the lossless methods) and the acceptance
@@ -12,9 +15,12 @@ rate by the target's top-1 probability (:func:`lantern.replay.ambiguity_bins`, w
 per bin and Wilson intervals, :func:`lantern.quality.metrics.wilson_interval`) and, for image
 models, FID / KID / precision / recall of the ``--num-images`` images against ``--reference``
 with the ``fmnist`` extractor (:func:`lantern.evaluate.score_images`: jackknife intervals). The
-statistics use ``--num-images`` images, the timing the first ``--timing-images`` of them. Writes
-``benchmarks/results/compare_jacobi_<model>.{csv,md}``, ``compare_jacobi_<model>_ambiguity.csv``
-and ``figures/compare_jacobi_<model>.{png,pdf}``.
+statistics use ``--num-images`` images, the latency timing the first ``--timing-images`` of them,
+the throughput ``--throughput-images`` images (default 2 B) per round. Every method keeps its
+colour of :data:`ambiguity.plots.METHOD_COLORS` in every panel and figure. Writes
+``benchmarks/results/compare_jacobi_<model>.{csv,md}``, ``compare_jacobi_<model>_ambiguity.csv``,
+``compare_jacobi_<model>_throughput.csv`` (one row per method and round) and
+``figures/compare_jacobi_<model>.{png,pdf}``.
 Wall-clock numbers depend on the machine (and its load); the ratios are what to read.
 """
 
@@ -73,6 +79,28 @@ def bins_table(bins: pd.DataFrame) -> pd.DataFrame:
     return t.pivot_table(index="bin", columns="method", values="cell", aggfunc="first", sort=False)
 
 
+def throughput_table(timing: pd.DataFrame, baseline: str = "ar") -> pd.DataFrame:
+    """Per configuration (index ``config``), from :func:`lantern.timing.interleaved_timing` rows at one
+    batch size: ``images_per_s`` (median over rounds of images / wall second) with its spread
+    ``images_per_s_min`` / ``_max``; ``vs_ar``: the median per-round ratio of its images/s to the
+    ``baseline``'s in the same round, with ``vs_ar_min`` / ``vs_ar_max``; ``rounds``."""
+    t = timing.assign(images_per_s=timing["images"] / timing["seconds"])
+    base = t[t["config"] == baseline].set_index("round")["images_per_s"]
+    t = t.assign(vs_ar=t["images_per_s"] / t["round"].map(base).astype(float))
+    g = t.groupby("config", sort=False)
+    return pd.DataFrame(
+        {
+            "images_per_s": g["images_per_s"].median(),
+            "images_per_s_min": g["images_per_s"].min(),
+            "images_per_s_max": g["images_per_s"].max(),
+            "vs_ar": g["vs_ar"].median(),
+            "vs_ar_min": g["vs_ar"].min(),
+            "vs_ar_max": g["vs_ar"].max(),
+            "rounds": g["images_per_s"].count(),
+        }
+    )
+
+
 def configs() -> dict:
     """The compared methods at the toolkit's defaults (LANTERN k, δ; LANTERN++ λ; official Jacobi knobs)."""
     return {
@@ -116,11 +144,20 @@ def quality_row(pixels, reference: str, bootstrap: int) -> dict:
 
 
 def plot_comparison(
-    table: pd.DataFrame, bins: pd.DataFrame, title: str, path, min_drafts: int = 20, level: float = 0.95
+    table: pd.DataFrame,
+    bins: pd.DataFrame,
+    title: str,
+    path,
+    min_drafts: int = 20,
+    level: float = 0.95,
+    batch_size: int = 8,
 ) -> list:
-    """Speed per method; acceptance rate by the target's top-1 probability with Wilson intervals
+    """Speed per method (tokens per target forward, latency speed-up at batch 1 and, when the table
+    has ``throughput_vs_ar``, throughput against AR at ``batch_size`` with its spread over rounds);
+    acceptance rate by the target's top-1 probability with Wilson intervals
     and the reached drafts per bin below; for image models FID and precision / recall with their
-    jackknife intervals. Bins with fewer than ``min_drafts`` reached drafts are left out. PNG + PDF."""
+    jackknife intervals. Bins with fewer than ``min_drafts`` reached drafts are left out. Each
+    method has its :func:`ambiguity.plots.method_color` in every panel. PNG + PDF."""
     has_q = "fid_fmnist" in table.columns
     methods = list(table.index)
     ncol = 3 if has_q else 2
@@ -129,11 +166,36 @@ def plot_comparison(
         gs = fig.add_gridspec(2, ncol, height_ratios=[2.2, 1])
         ax = fig.add_subplot(gs[:, 0])
         x = np.arange(len(table))
-        ax.bar(x - 0.2, table["tokens_per_forward"], 0.4, label="tokens / target forward", color="tab:blue")
-        ax.bar(x + 0.2, table["speedup"], 0.4, label="latency speed-up vs AR (batch 1)", color="tab:orange")
+        colors = [plots.method_color(m) for m in methods]
+        measures = [("tokens_per_forward", "tokens / target forward", dict(alpha=0.35))]
+        measures.append(("speedup", "latency speed-up vs AR (batch 1)", {}))
+        if "throughput_vs_ar" in table.columns:
+            measures.append(
+                ("throughput_vs_ar", f"throughput vs AR (batch {batch_size})", dict(hatch="////", edgecolor="w"))
+            )
+        w = 0.8 / len(measures)
+        for k, (col, label, kw) in enumerate(measures):
+            off = (k - (len(measures) - 1) / 2) * w
+            ax.bar(x + off, table[col], w, color=colors, lw=0, **kw)
+            ax.bar([np.nan], [np.nan], color="0.45", label=label, **kw)  # legend key in grey
+        if "throughput_vs_ar" in table.columns:  # the spread over rounds
+            k = len(measures) - 1
+            v = table["throughput_vs_ar"]
+            ax.errorbar(
+                x + (k - (len(measures) - 1) / 2) * w,
+                v,
+                yerr=np.vstack([v - table["throughput_vs_ar_min"], table["throughput_vs_ar_max"] - v]),
+                fmt="none",
+                ecolor="k",
+                elinewidth=0.6,
+                capsize=1.2,
+            )
         ax.set_xticks(x, methods, rotation=40, ha="right")
+        for tick, c in zip(ax.get_xticklabels(), colors):
+            tick.set_color(c)
         ax.axhline(1, color="k", lw=0.5)
-        ax.set_ylim(0, 1.3 * float(np.nanmax(table[["tokens_per_forward", "speedup"]].to_numpy())))
+        top = table[[c for c, _, _ in measures] + (["throughput_vs_ar_max"] if len(measures) == 3 else [])]
+        ax.set_ylim(0, 1.35 * float(np.nanmax(top.to_numpy(dtype=float))))
         ax.set_ylabel("ratio (AR = 1)")
         ax.legend(frameon=False, fontsize=6, loc="upper left")
         ax.set_title("speed", fontsize=8)
@@ -143,7 +205,7 @@ def plot_comparison(
             b = bins[(bins["method"] == m) & (bins["drafts"] >= min_drafts)]
             dodge = (j - (len(named) - 1) / 2) * 0.011
             err = np.vstack([b["acceptance_rate"] - b["ci_low"], b["ci_high"] - b["acceptance_rate"]])
-            color = plots.color_for(m, j)
+            color = plots.method_color(m)
             acc.errorbar(
                 b["mid"] + dodge,
                 b["acceptance_rate"],
@@ -178,32 +240,38 @@ def plot_comparison(
         cnt.set_ylabel("reached drafts\nper bin")
         if has_q:
             fa, pr = fig.add_subplot(gs[0, 2]), fig.add_subplot(gs[1, 2])
-            fid = table["fid_fmnist"]
-            fa.errorbar(
-                x,
-                fid,
-                yerr=np.vstack([fid - table["fid_fmnist_lo"], table["fid_fmnist_hi"] - fid]),
-                fmt="o",
-                ms=3,
-                capsize=2,
-                color="k",
-            )
+            fid, fid_lo, fid_hi = table["fid_fmnist"], table["fid_fmnist_lo"], table["fid_fmnist_hi"]
+            for j in range(len(x)):
+                fa.errorbar(
+                    x[j],
+                    fid.iloc[j],
+                    yerr=[[fid.iloc[j] - fid_lo.iloc[j]], [fid_hi.iloc[j] - fid.iloc[j]]],
+                    fmt="o",
+                    ms=3,
+                    capsize=2,
+                    color=colors[j],
+                )
             fa.set_xticks(x, [])
             fa.set_ylabel("FID (fmnist features)")
             fa.set_title("image quality (95 % jackknife)", fontsize=8)
-            for k, (metric, color) in enumerate((("precision", "tab:green"), ("recall", "tab:purple"))):
+            for k, (metric, marker, fill) in enumerate((("precision", "o", "full"), ("recall", "s", "none"))):
                 v = table[f"{metric}_fmnist"]
-                pr.errorbar(
-                    x + (k - 0.5) * 0.2,
-                    v,
-                    yerr=np.vstack([v - table[f"{metric}_fmnist_lo"], table[f"{metric}_fmnist_hi"] - v]),
-                    fmt="o",
-                    ms=2.5,
-                    capsize=1.5,
-                    color=color,
-                    label=metric,
-                )
+                lo, hi = v - table[f"{metric}_fmnist_lo"], table[f"{metric}_fmnist_hi"] - v
+                for j in range(len(x)):
+                    pr.errorbar(
+                        x[j] + (k - 0.5) * 0.25,
+                        v.iloc[j],
+                        yerr=[[lo.iloc[j]], [hi.iloc[j]]],
+                        fmt=marker,
+                        fillstyle=fill,
+                        ms=2.8,
+                        capsize=1.5,
+                        color=colors[j],
+                    )
+                pr.plot([], [], marker, fillstyle=fill, color="0.45", ms=2.8, label=metric)  # legend key
             pr.set_xticks(x, methods, rotation=40, ha="right", fontsize=6)
+            for tick, c in zip(pr.get_xticklabels(), colors):
+                tick.set_color(c)
             pr.set_ylim(0, 1.05)
             pr.set_ylabel("precision / recall")
             pr.legend(frameon=False, fontsize=5.5, ncol=2, loc="lower left")
@@ -217,7 +285,12 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--num-images", type=positive_int, default=32, help="images for the statistics and quality")
     ap.add_argument("--timing-images", type=positive_int, default=4, help="the first N of them for the latency timing")
-    ap.add_argument("--rounds", type=positive_int, default=1)
+    ap.add_argument("--rounds", type=positive_int, default=1, help="interleaved rounds of the batch-1 latency timing")
+    ap.add_argument("--batch-size", type=positive_int, default=8, help="B of the throughput timing (1: no throughput)")
+    ap.add_argument(
+        "--throughput-images", type=positive_int, default=None, help="images per method and round at batch B (2 B)"
+    )
+    ap.add_argument("--throughput-rounds", type=positive_int, default=3, help="interleaved rounds at batch B")
     ap.add_argument("--seed", type=seed_int, default=0)
     add_guidance_arg(ap)
     ap.add_argument(
@@ -241,7 +314,9 @@ def main(argv=None) -> int:
     model = load_model(args.model)
     kind = get_spec(args.model).kind
     sampling = SamplingConfig(guidance=args.cfg if args.cfg is not None else default_guidance(kind), temperature=1.0)
-    conditions = generation_conditions(model, args.num_images, args.seed, None, None)
+    n_tp = args.throughput_images or 2 * args.batch_size
+    pool = generation_conditions(model, max(args.num_images, n_tp), args.seed, None, None)
+    conditions = pool[: args.num_images]
     timed = conditions[: max(1, min(args.timing_images, len(conditions)))]
     quality = not args.no_quality and kind != "text" and model.can_decode
     cfgs = configs()
@@ -253,6 +328,22 @@ def main(argv=None) -> int:
         model, cfgs, sampling, timed, [(0, len(timed))] * args.rounds, drafter, seed=args.seed, progress=True
     )
     speed = speedup_table(timing).set_index("config")
+    tp = None
+    if args.batch_size > 1:
+        batched = {k: v for k, v in cfgs.items() if v.tree is None or v.rule is None}  # trees are not batched
+        tp_timing = interleaved_timing(
+            model,
+            batched,
+            sampling,
+            pool[:n_tp],
+            [(0, n_tp)] * args.throughput_rounds,
+            drafter,
+            seed=args.seed,
+            progress=True,
+            batch_size=args.batch_size,
+            desc=f"throughput at batch {args.batch_size}",
+        )
+        tp = throughput_table(tp_timing)
     rows, bins = [], []
     nb = neighbour_table(model, cfgs["lantern"]) if "lantern" in cfgs else None
     ar_tokens = None
@@ -273,6 +364,11 @@ def main(argv=None) -> int:
             "speedup": speed.loc[name, "speedup"],
             "ms_per_image": speed.loc[name, "ms_per_image"],
         }
+        if tp is not None:
+            have = name in tp.index
+            for col in ("images_per_s", "images_per_s_min", "images_per_s_max", "vs_ar", "vs_ar_min", "vs_ar_max"):
+                key = col if col.startswith("images") else f"throughput_{col}"
+                row[key] = tp.loc[name, col] if have else float("nan")
         if quality:
             row.update(quality_row(d.pixels, args.reference, args.bootstrap))
         rows.append(row)
@@ -303,10 +399,20 @@ def main(argv=None) -> int:
     b = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame()
     if len(b):
         b.to_csv(out / f"compare_jacobi_{args.model}_ambiguity.csv", index=False)
+    if tp is not None:
+        tp_timing.assign(batch_size=args.batch_size).to_csv(
+            out / f"compare_jacobi_{args.model}_throughput.csv", index=False
+        )
     head = (
         f"{args.model}: statistics{' and quality' if quality else ''} over {len(conditions)} images, timing "
-        f"over the first {len(timed)} x {args.rounds} interleaved rounds; cfg {sampling.guidance}, temperature 1, "
-        f"batch 1, shared 2-core CPU"
+        f"over the first {len(timed)} x {args.rounds} interleaved rounds at batch 1"
+        + (
+            f", throughput (images/s at batch {args.batch_size}, median [min, max] over {args.throughput_rounds} "
+            f"interleaved rounds of {n_tp} images; throughput_vs_ar: median per-round ratio to AR at the same batch)"
+            if tp is not None
+            else ""
+        )
+        + f"; cfg {sampling.guidance}, temperature 1, shared 2-core CPU"
     )
     parts = [
         head,
@@ -337,10 +443,15 @@ def main(argv=None) -> int:
     (out / f"compare_jacobi_{args.model}.md").write_text(md)
     print(md)
     title = (
-        f"{args.model}: {len(conditions)} images (speed: first {len(timed)} x {args.rounds} rounds), "
-        f"CFG {sampling.guidance:g}, temperature 1, batch 1, shared 2-core CPU"
+        f"{args.model}: {len(conditions)} images (latency: first {len(timed)} x {args.rounds} rounds at batch 1"
+        + (
+            f"; throughput: {n_tp} images x {args.throughput_rounds} rounds at batch {args.batch_size}"
+            if tp is not None
+            else ""
+        )
+        + f"), CFG {sampling.guidance:g}, temperature 1, shared 2-core CPU"
     )
-    plot_comparison(table, b, title, Path("figures") / f"compare_jacobi_{args.model}")
+    plot_comparison(table, b, title, Path("figures") / f"compare_jacobi_{args.model}", batch_size=args.batch_size)
     return 0
 
 

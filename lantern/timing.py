@@ -72,9 +72,11 @@ def time_decode(
     drafter: Optional[DraftModel],
     table,
     seed: int,
+    batch_size: int = 1,
 ) -> tuple[dict, Decoded]:
-    """Decode ``conditions`` (image indices ``first ..``) once: (one timing row, the decode). seconds:
-    wall clock of the whole decode call; the rest from the decode's own records."""
+    """Decode ``conditions`` (image indices ``first ..``) once, ``batch_size`` images per forward:
+    (one timing row, the decode). seconds: wall clock of the whole decode call; the rest from the
+    decode's own records."""
     t0 = time.perf_counter()
     d = decode(
         model,
@@ -85,6 +87,7 @@ def time_decode(
         table,
         seed=seed,
         first_index=first,
+        batch_size=batch_size,
     )
     seconds = time.perf_counter() - t0
     im = d.images
@@ -116,6 +119,7 @@ def interleaved_timing(
     desc: str = "timing (interleaved)",
     only: Optional[Sequence[int]] = None,
     rounds_of: Optional[Mapping[str, int]] = None,
+    batch_size: int = 1,
 ) -> pd.DataFrame:
     """Time every configuration on every round of ``schedule``, interleaved (module docstring).
 
@@ -123,7 +127,8 @@ def interleaved_timing(
     index; schedule: per round (first image index, count); drafter: one for every configuration
     or name -> drafter; only: the rounds to run (default all; e.g. a shard's share);
     rounds_of: name -> number of leading rounds the configuration takes part in (default all:
-    a large grid can join the first rounds of a long measurement); tables: name -> neighbour table
+    a large grid can join the first rounds of a long measurement); batch_size: images per forward
+    of every decode (:func:`lantern.decoding.decode`; throughput rather than latency); tables: name -> neighbour table
     (default :func:`neighbour_tables`, built before timing); done: rows of rounds already timed
     (skipped: a resumed measurement); on_round: called as ``on_round(r, frame, decodes)`` after
     each new round with its timing rows and ``{name: Decoded}`` (e.g. to save them as run parts:
@@ -143,11 +148,12 @@ def interleaved_timing(
                 model,
                 configs[name],
                 sampling,
-                conditions[first : first + 1],
+                conditions[first : first + (1 if batch_size == 1 else 2)],  # batched: the batched loop
                 first,
                 drafters.get(name),
                 tables.get(name),
                 seed,
+                batch_size,
             )  # not recorded
     frames = [done] if done is not None and len(done) else []
     for r in tqdm(todo, desc=desc, unit="round", disable=not progress):
@@ -165,6 +171,7 @@ def interleaved_timing(
                 drafters.get(name),
                 tables.get(name),
                 seed,
+                batch_size,
             )
             rows.append({"round": r, "config": name, **row})
         frame = pd.DataFrame(rows, columns=list(TIMING_COLUMNS))

@@ -50,3 +50,71 @@ def test_with_wilson_hand_computed_and_bin_table():
     t = cj.bins_table(b)
     assert list(t.columns) == ["sjd"] and t.loc["0.5-0.6", "sjd"] == "0.50 [0.40, 0.60] (100)"
     assert t.loc["0.0-0.1", "sjd"] == "—" and t.loc["0.9-1.0", "sjd"] == "1.00 [0.51, 1.00] (4)"
+
+
+def test_throughput_table_hand_computed():
+    """Images/s per round = images / seconds; median and spread over rounds; the per-round ratio to AR."""
+    cj = _module()
+    timing = pd.DataFrame(
+        {
+            "round": [0, 0, 1, 1, 2, 2],
+            "config": ["ar", "sjd", "sjd", "ar", "ar", "sjd"],
+            "images": [16] * 6,
+            "seconds": [8.0, 4.0, 2.0, 4.0, 16.0, 4.0],  # ar 2, 4, 1 img/s; sjd 4, 8, 4 img/s
+        }
+    )
+    t = cj.throughput_table(timing)
+    assert t.loc["ar", "images_per_s"] == 2.0 and t.loc["ar", "vs_ar"] == 1.0
+    assert (t.loc["sjd", "images_per_s"], t.loc["sjd", "images_per_s_min"], t.loc["sjd", "images_per_s_max"]) == (
+        4.0,
+        4.0,
+        8.0,
+    )
+    # per-round ratios 4/2, 8/4, 4/1 = 2, 2, 4
+    assert (t.loc["sjd", "vs_ar"], t.loc["sjd", "vs_ar_min"], t.loc["sjd", "vs_ar_max"]) == (2.0, 2.0, 4.0)
+    assert t.loc["sjd", "rounds"] == 3
+
+
+def test_every_method_keeps_its_colour_in_the_figure(tmp_path, monkeypatch):
+    """The speed bars, the acceptance curves and the quality markers of a method all carry
+    ambiguity.plots.METHOD_COLORS[method], whatever the order or subset of methods."""
+    import matplotlib.colors as mcolors
+
+    from ambiguity.plots import METHOD_COLORS
+
+    cj = _module()
+    figs = []
+    monkeypatch.setattr(cj.plots, "save_figure", lambda fig, path: figs.append(fig) or [])
+    for methods in (["ar", "sd", "sjd", "gsd"], ["gsd", "ar", "lantern"]):
+        n = len(methods)
+        table = pd.DataFrame(
+            {
+                "tokens_per_forward": np.linspace(1, 2, n),
+                "speedup": np.linspace(1, 1.5, n),
+                "throughput_vs_ar": np.linspace(1, 1.2, n),
+                "throughput_vs_ar_min": np.linspace(0.9, 1.1, n),
+                "throughput_vs_ar_max": np.linspace(1.1, 1.3, n),
+            },
+            index=pd.Index(methods, name="method"),
+        )
+        bins = pd.DataFrame(
+            {
+                "method": [m for m in methods if m != "ar" for _ in range(2)],
+                "mid": [0.25, 0.75] * (n - 1),
+                "acceptance_rate": 0.5,
+                "ci_low": 0.4,
+                "ci_high": 0.6,
+                "drafts": 50,
+            }
+        )
+        cj.plot_comparison(table, bins, "t", tmp_path / "f", batch_size=4)
+        speed, acc = figs[-1].axes[:2]
+        bars = [p for p in speed.patches if np.isfinite(p.get_height())]
+        assert len(bars) == 3 * n
+        for k in range(3):  # three measures, each one bar per method in table order
+            got = [mcolors.to_hex(p.get_facecolor(), keep_alpha=False) for p in bars[k * n : (k + 1) * n]]
+            assert got == [METHOD_COLORS[m] for m in methods]
+        curves = list(acc.containers)
+        assert len(curves) == n - 1
+        for c, m in zip(curves, [m for m in methods if m != "ar"]):
+            assert mcolors.to_hex(c.lines[0].get_color()) == METHOD_COLORS[m], m
