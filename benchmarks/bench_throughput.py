@@ -1,4 +1,4 @@
-"""Throughput of batched decoding: images per second of AR, SD and LANTERN chains at batch sizes B.
+"""Throughput of batched decoding: images per second of AR, SD, LANTERN chains and SJD / GSD / SCD at batch sizes B.
 
     PYTHONPATH=$PWD python benchmarks/bench_throughput.py --models embedded,embedded-16 \
         --batch-sizes 1,8,32,64 --repeats 3
@@ -9,8 +9,9 @@ cell run in a draining batch, as a real run's last batch does) and records image
 The ``profile`` method times ``ambiguity.profile.profile`` on the same images and batch (AR
 sampling plus its statistics: the profiler's cost per image). Cells run interleaved: every
 repeat visits all cells in a fresh random order (seeded), after one warm-up decode per model and
-method; the table reports the median over repeats and the spread (min, max). Draft trees decode
-one image at a time (not batched), so they are not in this table. The machine may be shared:
+method; the table reports the median over repeats and the spread (min, max). ``--methods`` also
+takes ``sjd``, ``gsd``, ``scd`` (batched Jacobi decoding, :func:`lantern.jacobi.batched_jacobi_decode`).
+Draft trees decode one image at a time (not batched), so they are not in this table. The machine may be shared:
 compare ratios measured in one run, not absolute numbers across runs.
 
 Writes ``--out``/throughput.parquet (one row per cell and repeat) and throughput.json (medians,
@@ -53,6 +54,9 @@ METHODS = {
     "ar": lambda g, k, d: DecodeConfig.of("ar"),
     "sd": lambda g, k, d: DecodeConfig.of("sd", g),
     "lantern": lambda g, k, d: DecodeConfig.of("lantern", g, k=k, delta=d),
+    "sjd": lambda g, k, d: DecodeConfig.of("sjd"),  # Jacobi methods: official windows, no drafter
+    "gsd": lambda g, k, d: DecodeConfig.of("gsd"),
+    "scd": lambda g, k, d: DecodeConfig.of("scd"),
 }
 
 
