@@ -279,6 +279,23 @@ def plot_comparison(
         return plots.save_figure(fig, path)
 
 
+def replot(model: str, batch_size: int = 8) -> int:
+    """Redraw ``figures/compare_jacobi_<model>`` from ``benchmarks/results/compare_jacobi_<model>.csv``,
+    ``_ambiguity.csv`` and the first line of the ``.md`` (the sample sizes, as the figure's title):
+    e.g. after the palette changed, without decoding again. Raises UsageError when the table is missing."""
+    out = Path("benchmarks/results")
+    path = out / f"compare_jacobi_{model}.csv"
+    if not path.exists():
+        raise UsageError(f"{path} does not exist; run benchmarks/compare_jacobi.py --model {model} first")
+    table = pd.read_csv(path, index_col="method")
+    amb = out / f"compare_jacobi_{model}_ambiguity.csv"
+    bins = pd.read_csv(amb) if amb.exists() else pd.DataFrame(columns=["method"])
+    md = out / f"compare_jacobi_{model}.md"
+    title = md.read_text().splitlines()[0] if md.exists() else model
+    plot_comparison(table, bins, title, Path("figures") / f"compare_jacobi_{model}", batch_size=batch_size)
+    return 0
+
+
 @cli_main
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="compare_jacobi.py", description=__doc__.splitlines()[0])
@@ -301,7 +318,14 @@ def main(argv=None) -> int:
     ap.add_argument("--bootstrap", type=positive_int, default=32, help="jackknife groups of the quality intervals")
     ap.add_argument("--no-quality", action="store_true")
     ap.add_argument("--only", default=None, help="comma-separated subset of methods (ar always included)")
+    ap.add_argument(
+        "--replot",
+        action="store_true",
+        help="only redraw figures/compare_jacobi_<model> from its saved benchmarks/results files",
+    )
     args = ap.parse_args(argv)
+    if args.replot:
+        return replot(args.model, args.batch_size)
     if args.only:
         unknown = sorted(set(args.only.split(",")) - set(configs()))
         if unknown:

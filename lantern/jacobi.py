@@ -635,6 +635,18 @@ def batched_jacobi_decode(
         for _, j in take:
             share(j, elapsed_since(timer, before), len(take))
             total[j] += (time.perf_counter() - t0) / len(take)
+        done = [s for s, j in take if imgs[j].done]  # an image of one token is complete after its prefill
+        if done:
+            finish(done)
+
+    def finish(slots: list[int]) -> None:
+        """Record the finished images of ``slots``, free the slots and admit the next conditions."""
+        for b in slots:
+            j = slot[b]
+            parts[j] = imgs.pop(j).result(conds[j], image_seed(seed, int(index[j])), secs[j], total[j])
+            slot[b] = None
+        bar.update(len(slots))
+        admit(slots)
 
     admit(list(range(B)))
     batch_step = 0
@@ -673,13 +685,8 @@ def batched_jacobi_decode(
             total[j] += wall / len(live)
             if imgs[j].done:
                 finished.append(b)
-        for b in finished:
-            j = slot[b]
-            parts[j] = imgs.pop(j).result(conds[j], image_seed(seed, int(index[j])), secs[j], total[j])
-            slot[b] = None
         if finished:
-            bar.update(len(finished))
-            admit(finished)
+            finish(finished)
         busy = [b for b in range(B) if slot[b] is not None]
         if not waiting[0] and 0 < len(busy) <= B // 2:  # a draining batch: drop the empty slots (one copy)
             model.select_slots(cache, rows_of(torch.tensor(busy, device=dev)))

@@ -416,6 +416,19 @@ def test_greedy_batched_jacobi_equals_greedy_ar():
         assert torch.equal(out.tokens, ar), (guidance, method)
 
 
+def test_batched_jacobi_short_images():
+    """Images of 1, 2 and 5 tokens (num_tokens): one-token images finish at their prefill and free
+    their slot at once; the tokens equal batch 1's."""
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    s = SamplingConfig(guidance=2.0, temperature=1.0)
+    for N in (1, 2, 5):
+        cfg = DecodeConfig.of("sjd", jacobi={"window": 4})
+        one = decode(m, [1, 2, 3, 4, 5], cfg, s, seed=2, num_tokens=N)
+        many = decode(m, [1, 2, 3, 4, 5], cfg, s, seed=2, num_tokens=N, batch_size=2)
+        assert torch.equal(one.tokens, many.tokens) and many.tokens.shape == (5, N)
+        assert list(many.images["steps"]) == list(one.images["steps"])
+
+
 @pytest.mark.slow  # ~1 min: every branch is a batched decode of 3 images
 def test_exact_batched_sjd_is_ar_sampling_for_a_late_image():
     """Every random outcome of image 2 of a batched SJD decode (3 images in 2 slots: it takes a
