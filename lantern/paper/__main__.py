@@ -25,6 +25,7 @@ from ambiguity.cli import (
 from ambiguity.compare import parse_models
 from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
+from ambiguity.runs import RunOptions
 from lantern.paper import COMMAND, EXPERIMENTS, QUICK, TITLES, PaperConfig, run_paper, select
 from lantern.quality.features import EXTRACTORS, default_extractors
 
@@ -153,7 +154,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     config = config_from_args(args)
     out = check_out_dir(args.out or default_out("paper", args.name or ("quick" if args.quick else "default")))
     shard = shard_from_args(args, device_from_args(args)[0])
-    report = run_paper(config, out, only, overwrite=args.overwrite, progress=not args.no_progress, shard=shard)
+    report = run_paper(config, RunOptions.from_args(args, shard, out), only)
     if report is None:
         print(
             f"{shard.label} done: its decoding rounds are parts of {out}/sessions"
