@@ -10,7 +10,7 @@ from ambiguity.cli import (
     ArgumentParser,
     add_data_arg,
     add_device_args,
-    add_out_arg,
+    add_run_args,
     add_shard_args,
     check_out_dir,
     cli_main,
@@ -102,9 +102,7 @@ def build_parser() -> ArgumentParser:
     q.add_argument("--captions", default=None, help="t2i captions: a text file or an MS-COCO captions_*.json")
     add_data_arg(q)
     p.add_argument("--name", default=None, help="run name under runs/paper/ (default: default, or quick)")
-    add_out_arg(p, "run directory (default runs/paper/<name>)")
-    p.add_argument("--overwrite", action="store_true", help="discard a run of other settings in --out")
-    p.add_argument("--no-progress", action="store_true")
+    add_run_args(p, "run directory (default runs/paper/<name>)")
     add_shard_args(p)
     return p
 
