@@ -22,6 +22,12 @@ train_drafter, evaluate and paper) keeps them in a run directory::
   checks all of it; a damaged, truncated, foreign or stale part is recomputed with a one-line
   ``note:`` on stderr, never merged.
 
+* **One unit loop**: a driver opens its run with :meth:`RunDir.open_shared` (shard 0 first),
+  walks :func:`shard_units` (this shard's units, each with its finished part or None) computing
+  and writing the unfinished ones, then calls :func:`assemble_units` (barrier; shards that do not
+  merge return None; the merging one reads every part). :class:`RunOptions` carries what every
+  driver takes besides its science: ``out``, ``overwrite``, ``progress`` and the ``shard``.
+
 Which settings belong in the record is the command's choice: everything that changes a result,
 nothing that only extends the run (e.g. ``--num-images`` of a generation, which resumes and adds
 images).
