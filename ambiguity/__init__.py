@@ -65,6 +65,7 @@ _API = {
     "compare_models": "ambiguity.compare:compare",
     "CompareSettings": "ambiguity.compare",
     "RunDir": "ambiguity.runs",
+    "RunOptions": "ambiguity.runs",
     "plots": "ambiguity.plots",
 }
 __all__ = sorted(_API)

@@ -50,6 +50,8 @@ __all__ = [
     "add_condition_args",
     "add_shard_args",
     "add_run_args",
+    "add_overwrite_arg",
+    "add_progress_arg",
     "add_threads_arg",
     "add_data_arg",
     "add_out_arg",
@@ -475,10 +477,20 @@ def add_shard_args(p) -> None:
 
 
 def add_run_args(p, out_help: str, overwrite: bool = True) -> None:
-    """``--out [--overwrite] --no-progress``."""
+    """``--out [--overwrite] --no-progress`` (:meth:`ambiguity.runs.RunOptions.from_args` reads them)."""
     add_out_arg(p, out_help)
     if overwrite:
-        p.add_argument("--overwrite", action="store_true", help="discard results of a run with other settings in --out")
+        add_overwrite_arg(p)
+    add_progress_arg(p)
+
+
+def add_overwrite_arg(p, where: str = "--out") -> None:
+    """``--overwrite``: discard a stored run of other settings in ``where`` instead of refusing."""
+    p.add_argument("--overwrite", action="store_true", help=f"discard results of a run with other settings in {where}")
+
+
+def add_progress_arg(p) -> None:
+    """``--no-progress``: hide progress bars."""
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 

@@ -64,6 +64,7 @@ from ambiguity.io import ensure_writable_dir, read_table, write_json, write_tabl
 from ambiguity.memory import check_count
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.profile import profile
+from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig
 
 __all__ = [
@@ -267,10 +268,8 @@ def profile_one(
         seed=settings.seed,
         tokens=tokens,
         images=images,
-        out=out,
-        overwrite=overwrite,
         settings=record,
-        progress=progress,
+        options=RunOptions(out, overwrite, progress),
     )
     summary["compare"] = record
     if out is not None:

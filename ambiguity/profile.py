@@ -64,7 +64,7 @@ from ambiguity.cli import (
 )
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions, image_files_subset, parse_classes
 from ambiguity.data.captions import read_captions
-from ambiguity.distributed import SINGLE, Shard, shard_from_args
+from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.io import abspath
@@ -72,7 +72,7 @@ from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.profile_report import OUTPUTS, print_summary, write_outputs
-from ambiguity.runs import RunDir, assemble_units, shard_units, versions
+from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units, versions
 from ambiguity.sampling import SamplingConfig, default_guidance, distribution, expand_rows, split_rows
 from ambiguity.seeding import image_generators
 from ambiguity.stats import STAT_NAMES, token_stats
@@ -239,11 +239,9 @@ def profile(
     seed: int = 0,
     tokens: Optional[torch.Tensor] = None,
     images=None,
-    out: Optional[str | Path] = None,
-    overwrite: bool = False,
     settings: Optional[dict] = None,
-    progress: bool = True,
-    shard: Shard = SINGLE,
+    options: Optional[RunOptions] = None,
+    **old,
 ):
     """Profile ``model``'s next-token distributions; the Python entry point behind the CLI.
 
@@ -261,13 +259,15 @@ def profile(
         tokens: (num_images, N) int64 code sequences to teacher-force instead of generating, or
         images: (num_images, C, H, W) float in [0, 1] (anything sliceable to such tensors, e.g.
             :class:`ambiguity.conditions.ImageFiles`), encoded per batch with ``model.encode_images``.
-        out: a run directory (:class:`ambiguity.runs.RunDir`) that makes the run resumable: each
-            finished batch is a part; None keeps everything in memory.
-        overwrite: discard a run of other settings in ``out`` instead of refusing.
         settings: extra facts stored with the run and in the summary (the CLI's options).
-        progress: show a tqdm bar (tokens per second).
-        shard: this process's share (:mod:`ambiguity.distributed`): it computes the batches
-            ``b % shard.count == shard.index``; the merging shard then reads every batch's part.
+        options: :class:`~ambiguity.runs.RunOptions` (the old keywords ``out``, ``overwrite``,
+            ``progress`` and ``shard`` still work): ``out`` a run directory
+            (:class:`ambiguity.runs.RunDir`) that makes the run resumable, each finished batch a
+            part (None keeps everything in memory); ``overwrite`` discards a run of other
+            settings in ``out`` instead of refusing; ``progress`` shows a tqdm bar (tokens per
+            second); ``shard`` is this process's share (:mod:`ambiguity.distributed`): it
+            computes the batches ``b % shard.count == shard.index``, the merging shard then
+            reads every batch's part.
     Returns:
         (DataFrame, summary): one row per (image, position), columns as :func:`batch_table`;
         summary dict with the model facts, settings, per-column statistics (:func:`summarize`),
@@ -278,6 +278,8 @@ def profile(
         ``out`` holding results of other settings (unless ``overwrite``).
     """
     t0 = time.perf_counter()
+    opts = RunOptions.of(options, **old)
+    out, shard = opts.out, opts.shard
     sampling = sampling or SamplingConfig(guidance=default_guidance(model.kind))
     forced = tokens is not None or images is not None
     given = tokens if tokens is not None else images
@@ -317,7 +319,7 @@ def profile(
     run = None
     if out is not None:
         run = RunDir(out, {"settings": settings or {}, "key": key}, command=COMMAND, outputs=OUTPUTS, merge=MERGE)
-        shard.first(lambda: run.open(overwrite, shards=shard.count), lambda: run.open(shards=shard.count))
+        run.open_shared(shard, opts.overwrite)
     elif shard.count > 1:
         raise UsageError("sharded profiling needs --out: the shards meet in its run directory")
 
@@ -329,7 +331,7 @@ def profile(
         total=sum(min(batch_size, num_images - b * batch_size) for b in mine) * N,
         unit="tok",
         desc=f"profile {model.name}" + (f" ({shard.label})" if shard.count > 1 else ""),
-        disable=not progress,
+        disable=not opts.progress,
         dynamic_ncols=True,
         leave=False,
     )
@@ -371,8 +373,7 @@ def _batch_part(b: int, batch_size: int, num_images: int) -> tuple[str, dict]:
 
 def _read_batches(run: RunDir, nb: int, batch_size: int, num_images: int) -> list:
     """Every batch's table from the run's parts (UsageError naming a missing or foreign one)."""
-    names, holds = zip(*(_batch_part(b, batch_size, num_images) for b in range(nb)))
-    return [p.tables["tokens"] for p in run.require_parts(names, holds)]
+    return read_units(run, [_batch_part(b, batch_size, num_images) for b in range(nb)], lambda p: p.tables["tokens"])
 
 
 def _summary(key: dict, settings: dict, table, nb: int, resumed: int, seconds: float) -> dict:
@@ -474,11 +475,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         seed=args.seed,
         tokens=tokens,
         images=images,
-        out=out,
-        overwrite=args.overwrite,
         settings=settings,
-        progress=not args.no_progress,
-        shard=shard,
+        options=RunOptions.from_args(args, shard, out),
     )
     if table is None:
         print(

@@ -22,6 +22,12 @@ train_drafter, evaluate and paper) keeps them in a run directory::
   checks all of it; a damaged, truncated, foreign or stale part is recomputed with a one-line
   ``note:`` on stderr, never merged.
 
+* **One unit loop**: a driver opens its run with :meth:`RunDir.open_shared` (shard 0 first),
+  walks :func:`shard_units` (this shard's units, each with its finished part or None) computing
+  and writing the unfinished ones, then calls :func:`assemble_units` (barrier; shards that do not
+  merge return None; the merging one reads every part). :class:`RunOptions` carries what every
+  driver takes besides its science: ``out``, ``overwrite``, ``progress`` and the ``shard``.
+
 Which settings belong in the record is the command's choice: everything that changes a result,
 nothing that only extends the run (e.g. ``--num-images`` of a generation, which resumes and adds
 images).
@@ -37,7 +43,7 @@ import platform
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Optional, TypeVar
@@ -45,6 +51,7 @@ from typing import Optional, TypeVar
 import numpy as np
 import torch
 
+from ambiguity.distributed import SINGLE, Shard
 from ambiguity.errors import UsageError
 from ambiguity.io import (
     ensure_writable_dir,
@@ -59,8 +66,10 @@ from ambiguity.io import (
 __all__ = [
     "RunDir",
     "Part",
+    "RunOptions",
     "shard_units",
     "assemble_units",
+    "read_units",
     "settings_digest",
     "settings_difference",
     "versions",
@@ -313,6 +322,18 @@ class RunDir:
         self.parts_dir.mkdir(exist_ok=True)
         return self
 
+    def open_shared(
+        self, shard: Shard = SINGLE, overwrite: bool = False, extra: Optional[Mapping] = None, any_count: bool = False
+    ) -> RunDir:
+        """:meth:`open` by the shards of one run: shard 0 first (it clears the run with
+        ``overwrite`` and records it), then, after a barrier, the others (they continue it). A
+        merging process (``python -m ambiguity merge``) never clears. any_count: any number of
+        shards may continue the run (e.g. the paper's rounds); otherwise resuming with another
+        shard count is refused. Raises UsageError as :meth:`open`."""
+        shards = None if any_count else shard.count
+        clear = overwrite and not shard.merging
+        return shard.first(lambda: self.open(clear, extra, shards), lambda: self.open(extra=extra, shards=shards))
+
     def seal(self, names: Sequence[str]) -> None:
         """Record the SHA-256 of the final files ``names`` (relative to the run directory, all
         written) in ``run.json``, replacing an earlier seal; readers check them with
@@ -473,49 +494,116 @@ class RunDir:
 
 # --------------------------------------------------------------------------- the sharded unit loop
 def shard_units(
-    run: Optional[RunDir], units: Sequence[tuple[str, Mapping]], shard, load: bool = True
+    run: Optional[RunDir],
+    units: Sequence[tuple[str, Mapping]],
+    shard: Shard,
+    load: bool = True,
+    every_shard: bool = False,
 ) -> Iterator[tuple[int, Optional[Part]]]:
     """The units of a run that are this shard's, in order, each with its finished part (None: to compute).
 
     The one place that decides which units a shard computes and which are already done. A driver
-    loops ``for i, done in shard_units(run, units, shard)``: it takes ``done`` (resumed) or computes
-    unit ``i`` and writes its part, then calls :func:`assemble_units`.
+    opens the run with :meth:`RunDir.open_shared`, loops ``for i, done in shard_units(run, units,
+    shard)``: it takes ``done`` (resumed) or computes unit ``i`` and writes its part, then calls
+    :func:`assemble_units`.
 
     Args:
         run: the opened run directory, or None (no ``--out``: nothing is resumed).
         units: ``(part name, holds)`` of every unit of the whole run; unit ``i`` is shard ``i % count``'s.
         shard: :class:`ambiguity.distributed.Shard` (``SINGLE`` for one process).
         load: read the part's tables and tensors (False: only check its files).
+        every_shard: every shard takes part in every unit (a unit split further inside, e.g. a
+            paper item whose decoding sessions split their rounds; the merging shard writes its
+            part) and the shards wait for each other after each unit.
     Yields (i, Part or None).
     """
     for i, (name, holds) in enumerate(units):
-        if shard.owns(i):
+        if every_shard or shard.owns(i):
             yield i, (run.read_part(name, holds, load=load) if run is not None else None)
+            if every_shard:
+                shard.barrier()  # runs when the driver asks for the next unit: after it finished this one
+
+
+def read_units(
+    run: RunDir, units: Sequence[tuple[str, Mapping]], read: Callable[[Part], T] = lambda part: part, load: bool = True
+) -> list[T]:
+    """``read(part)`` of every unit's part, in unit order; raises UsageError naming the first
+    missing, damaged or foreign part (:meth:`RunDir.require_parts`)."""
+    names, holds = zip(*units)
+    return [read(p) for p in run.require_parts(names, holds, load=load)]
 
 
 def assemble_units(
     run: Optional[RunDir],
     units: Sequence[tuple[str, Mapping]],
-    shard,
-    own: list[T],
+    shard: Shard,
+    own: Optional[list[T]],
     read: Callable[[Part], T],
     every_rank: bool = False,
     load: bool = True,
 ) -> Optional[list[T]]:
     """After this shard's units: every unit's result in order, or None on a shard that does not merge.
 
-    One process: ``own`` (the results it computed or resumed, in unit order). Several shards: wait
-    for all of them (a barrier under torchrun); a shard that does not merge gets None (rank 0, or
-    ``python -m ambiguity merge``, writes the outputs); the merging one reads every unit's part
-    back with ``read``. ``every_rank``: every rank of a torchrun group reads them all (each needs
-    the data, e.g. to train on it), independent shards get None. ``load``: as in :func:`shard_units`.
-    Raises UsageError when a part is
-    missing, damaged or foreign (see :meth:`RunDir.require_parts`).
+    One process: ``own`` (the results it computed or resumed, in unit order); ``own=None``: the
+    results live only in the parts, which are read back with ``read`` (e.g. lantern's generate,
+    whose tables are those of the parts). Several shards: wait for all of them (a barrier under
+    torchrun); a shard that does not merge gets None (rank 0, or ``python -m ambiguity merge``,
+    writes the outputs); the merging one reads every unit's part back with ``read``.
+    ``every_rank``: every rank of a torchrun group reads them all (each needs the data, e.g. to
+    train on it), independent shards get None. ``load``: as in :func:`shard_units`. Raises
+    UsageError when a part is missing, damaged or foreign (see :meth:`RunDir.require_parts`).
     """
     if shard.count == 1:
-        return own
-    shard.barrier()
-    if not (shard.group if every_rank else shard.merges):
-        return None
-    names, holds = zip(*units)
-    return [read(p) for p in run.require_parts(names, holds, load=load)]
+        if own is not None:
+            return own
+    else:
+        shard.barrier()
+        if not (shard.group if every_rank else shard.merges):
+            return None
+    return read_units(run, units, read, load)
+
+
+# --------------------------------------------------------------------------- the options of a run
+@dataclass(frozen=True)
+class RunOptions:
+    """Where and how a driver keeps its run: the options every command shares (``--out``,
+    ``--overwrite``, ``--no-progress``, ``--shard-index/--num-shards`` or torchrun).
+
+    out: the run directory (None: nothing is kept or resumed, where the driver allows that).
+    overwrite: clear a stored run first (:meth:`RunDir.open`). progress: show progress bars.
+    shard: this process's share of the run (:mod:`ambiguity.distributed`).
+    """
+
+    out: Optional[str | Path] = None
+    overwrite: bool = False
+    progress: bool = True
+    shard: Shard = SINGLE
+
+    @classmethod
+    def of(cls, options: RunOptions | str | Path | None = None, /, **old) -> RunOptions:
+        """A driver's ``options`` argument as RunOptions: RunOptions, a run directory (``out``)
+        or None, with the keywords the drivers took before (``out``, ``overwrite``,
+        ``progress``, ``shard``) applied on top. Raises TypeError for another keyword or ``out``
+        given twice."""
+        known = {f.name for f in fields(cls)}
+        for key in old:
+            if key not in known:
+                raise TypeError(f"unexpected keyword argument {key!r} (run options: {', '.join(sorted(known))})")
+        if isinstance(options, RunOptions):
+            return replace(options, **old)
+        if options is not None:
+            if "out" in old:
+                raise TypeError("the run directory is given twice (positionally and as out=)")
+            old["out"] = options
+        return cls(**old)
+
+    @classmethod
+    def from_args(cls, args, shard: Shard = SINGLE, out: str | Path | None = None) -> RunOptions:
+        """The options parsed by :func:`ambiguity.cli.add_run_args` (``out``: the resolved
+        ``--out``, default ``args.out``) and this process's ``shard``."""
+        return cls(
+            out=out if out is not None else getattr(args, "out", None),
+            overwrite=bool(getattr(args, "overwrite", False)),
+            progress=not getattr(args, "no_progress", False),
+            shard=shard,
+        )

@@ -48,6 +48,7 @@ from ambiguity.cli import (
     add_guidance_arg,
     add_model_args,
     add_out_arg,
+    add_overwrite_arg,
     add_threads_arg,
     check_out_dir,
     check_out_file,
@@ -337,7 +338,7 @@ def build_parser() -> ArgumentParser:
     add_threads_arg(ap, 2)
     add_out_arg(ap, "results directory", default=str(ROOT / "benchmarks" / "results" / "decoding"))
     ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
-    ap.add_argument("--overwrite", action="store_true")
+    add_overwrite_arg(ap)
     ap.add_argument(
         "--replot",
         default=None,

@@ -53,6 +53,8 @@ from ambiguity.cli import (
     add_data_arg,
     add_device_args,
     add_out_arg,
+    add_overwrite_arg,
+    add_progress_arg,
     add_shard_args,
     check_out_dir,
     check_out_file,
@@ -70,7 +72,7 @@ from ambiguity.io import write_json, write_table
 from ambiguity.memory import check_count
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
-from ambiguity.runs import RunDir, assemble_units, shard_units
+from ambiguity.runs import RunDir, RunOptions, assemble_units, shard_units
 from lantern.quality.features import (
     EXTRACTORS,
     OFFLINE,
@@ -397,7 +399,7 @@ def evaluate_runs(
     protocol: Protocol = Protocol(),
     extractors: Optional[Sequence[str]] = None,
     weights: Optional[dict] = None,
-    out: Optional[str | Path] = None,
+    options: RunOptions | str | Path | None = None,
     cache: Optional[str | Path] = None,
     data: Optional[str] = None,
     device="cpu",
@@ -405,11 +407,9 @@ def evaluate_runs(
     class_names=None,
     proxy_reference: Optional[str] = None,
     target_scores_model=None,
-    overwrite: bool = False,
-    progress: bool = True,
     paired_with: Optional[str] = None,
-    shard: Shard = SINGLE,
     request: Optional[dict] = None,
+    **old,
 ) -> tuple[Optional[pd.DataFrame], Optional[dict]]:
     """Score generation runs (or image folders, or data-set splits) against ``protocol.reference``.
 
@@ -417,12 +417,14 @@ def evaluate_runs(
     :data:`lantern.quality.features.EXTRACTORS` (None: the offline ones whose weights are present,
     :func:`lantern.quality.features.default_extractors`, with a note on what was skipped);
     weights: {extractor or "clip"/"hps": path};
-    out: run directory for resumable parts and the outputs (None: nothing written but the
-    reference cache); cache: reference-statistics cache (False: none); proxy_reference: a
-    generate run for PSNR / token match; target_scores_model: a loaded TokenModel for NLL and
-    class consistency; paired_with: one of ``runs`` whose metrics every other set of the same n
-    is compared with by a paired bootstrap (``record["paired"]``, ``paired.parquet``).
-    shard (:mod:`ambiguity.distributed`): every set's images are split into chunks of whole
+    options: :class:`~ambiguity.runs.RunOptions`, or just ``out`` (the old keywords ``out``,
+    ``overwrite``, ``progress`` and ``shard`` still work): ``out`` the run directory for
+    resumable parts and the outputs (None: nothing written but the reference cache); cache:
+    reference-statistics cache (False: none); proxy_reference: a generate run for PSNR / token
+    match; target_scores_model: a loaded TokenModel for NLL and class consistency; paired_with:
+    one of ``runs`` whose metrics every other set of the same n is compared with by a paired
+    bootstrap (``record["paired"]``, ``paired.parquet``).
+    The shard (:mod:`ambiguity.distributed`): every set's images are split into chunks of whole
     extractor batches; shard i extracts the chunks ``c % n == i`` as parts of ``out`` and the
     merging process computes every metric from all chunks (equal to one process's). request:
     stored with the run for ``python -m ambiguity merge`` (the CLI's arguments). Returns
@@ -430,6 +432,8 @@ def evaluate_runs(
     Every input is checked before anything is computed; raises UsageError (module docstring).
     """
     t0 = time.perf_counter()
+    opts = RunOptions.of(options, **old)
+    out, shard = opts.out, opts.shard
     if not runs:
         raise UsageError("name at least one run to evaluate")
     check_run_names(runs, paired_with)
@@ -466,12 +470,9 @@ def evaluate_runs(
             merge=MERGE,
         )
         extra = {"request": request or {}}  # whichever shard starts the run records the command
-        shard.first(
-            lambda: run_dir.open(overwrite and not shard.merging, extra=extra, shards=shard.count),
-            lambda: run_dir.open(extra=extra, shards=shard.count),
-        )
+        run_dir.open_shared(shard, opts.overwrite, extra)
     frames, boot = [], {}
-    for s in tqdm(sets, desc="evaluate", unit="run", disable=not progress):
+    for s in tqdm(sets, desc="evaluate", unit="run", disable=not opts.progress):
         f, boot[s.spec] = _score_set(
             s,
             ref,
@@ -724,8 +725,8 @@ def build_parser() -> ArgumentParser:
         help="figure path without suffix: τ and FID/precision/recall vs δ per k, when LANTERN runs are "
         "given (default: <out>/quality_sweep)",
     )
-    p.add_argument("--overwrite", action="store_true", help="discard results of an evaluation with another protocol")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_overwrite_arg(p)
+    add_progress_arg(p)
     add_shard_args(p)
     return p
 
@@ -816,7 +817,7 @@ def _run(args, shard: Shard, request: dict) -> int:
         protocol,
         names,
         weights,
-        out,
+        RunOptions.from_args(args, shard, out),
         args.cache,
         args.data,
         device,
@@ -824,10 +825,7 @@ def _run(args, shard: Shard, request: dict) -> int:
         _class_names(args.class_names),
         args.proxy_reference,
         target,
-        args.overwrite,
-        not args.no_progress,
         args.paired_with,
-        shard,
         request,
     )
     if df is None:

@@ -51,14 +51,14 @@ from ambiguity.cli import (
     sampling_from_args,
 )
 from ambiguity.conditions import generation_conditions, parse_classes
-from ambiguity.distributed import SINGLE, Shard, shard_from_args
+from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import abspath, atomic_path, write_json, write_table
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS
-from ambiguity.runs import RunDir
+from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import CONVENTIONS, AcceptanceRule
 from lantern.batched import check_batching
@@ -314,39 +314,44 @@ def run_generate(
     conditions: list,
     config: DecodeConfig,
     sampling: SamplingConfig,
-    out: str | Path,
+    options: RunOptions | str | Path | None = None,
     drafter: Optional[DraftModel] = None,
     seed: int = 0,
-    progress: bool = True,
+    *,
     settings: Optional[dict] = None,
-    overwrite: bool = False,
-    shard: Shard = SINGLE,
     batch_size: int = 1,
+    **old,
 ):
-    """Decode ``conditions`` (image ``i`` from its own stream seeded by ``(seed, i)``) into the run
-    directory ``out``, reusing the intact parts of finished images.
+    """Decode ``conditions`` (image ``i`` from its own stream seeded by ``(seed, i)``) into a run
+    directory, reusing the intact parts of finished images.
 
-    shard: this process's share (:mod:`ambiguity.distributed`): it decodes the images
-    ``i % shard.count == shard.index``; the merging shard then reads every image's part.
+    options: :class:`~ambiguity.runs.RunOptions` (``out`` is required), or just the run directory;
+    the old keywords ``out``, ``overwrite``, ``progress`` and ``shard`` still work. Its shard
+    (:mod:`ambiguity.distributed`) decodes the images ``i % shard.count == shard.index``; the
+    merging shard then reads every image's part. settings: the run record (default: the model,
+    decoding config, sampling and seed). batch_size: images decoded together
+    (:func:`lantern.decoding.decode`); the parts are written after every ``16 * batch_size``
+    images (a batch then drains, so resuming loses at most that many).
     Returns ``(steps, drafts, images, summary)``: the three DataFrames of the images of these
     conditions and the summary dict also written to ``summary.json``; None on a shard that does
-    not merge. batch_size: images decoded together (:func:`lantern.decoding.decode`); the parts
-    are written after every ``16 * batch_size`` images (a batch then drains, so resuming loses
-    at most that many). Raises UsageError as :func:`lantern.decoding.decode`, or for an ``out``
-    holding a run of other settings or another shard count.
+    not merge. Raises UsageError as :func:`lantern.decoding.decode`, or for an ``out`` holding a
+    run of other settings or another shard count; TypeError without ``out``.
     """
     t0 = time.perf_counter()
+    opts = RunOptions.of(options, **old)
+    if opts.out is None:
+        raise TypeError("run_generate needs a run directory: options=RunOptions(out=...) or out=...")
+    shard = opts.shard
     record = (
         settings
         if settings is not None
         else {"model": model.describe(), **config.as_dict(), **sampling.as_dict(), "seed": seed}
     )
-    run = RunDir(out, record, command=COMMAND, outputs=OUTPUTS, merge=MERGE)
-    shard.first(lambda: run.open(overwrite, shards=shard.count), lambda: run.open(shards=shard.count))
+    run = RunDir(opts.out, record, command=COMMAND, outputs=OUTPUTS, merge=MERGE).open_shared(shard, opts.overwrite)
     pixels = model.can_decode
     check_depth(config, model)
     neighbours = neighbour_table(
-        model, config, progress=progress
+        model, config, progress=opts.progress
     )  # built once; decode() checks the drafter before any image
     facts = {
         "model": model.describe(),
@@ -363,12 +368,13 @@ def run_generate(
     }
     if shard.index == 0:  # what the merge needs to know: how many images, their conditions, the facts
         run.write_part("request", {"num_images": len(conditions)}, meta=facts)
-    todo = [i for i, c in enumerate(conditions) if shard.owns(i) and not _finished(run, i, c, pixels)]
+    units = _image_units(conditions)
+    todo = [i for i, done in shard_units(run, units, shard, load=False) if not _complete(done, pixels)]
     chunk = 1 if batch_size == 1 else 16 * batch_size
     bar = tqdm(
         total=len(todo),
         desc=f"{config.method} images" + (f" ({shard.label})" if shard.count > 1 else ""),
-        disable=not progress,
+        disable=not opts.progress,
         unit="img",
     )
     for at in range(0, len(todo), chunk):
@@ -389,27 +395,26 @@ def run_generate(
             _save_image(run, i, conditions[i], one)
         bar.update(len(these))
     bar.close()
-    if shard.count > 1:
-        shard.barrier()
-        if not shard.merges:
-            return None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
-    return _assemble(run, facts, len(todo), t0)
+    parts = assemble_units(run, units, shard, None, lambda part: part)  # the tables are the parts'
+    if parts is None:
+        return None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
+    return _assemble(run, facts, parts, len(todo), t0)
 
 
-def _image_part(i: int, condition) -> tuple[str, dict]:
-    return f"image_{i:05d}", {"image": i, "condition": str(condition)}
+def _image_units(conditions: list) -> list[tuple[str, dict]]:
+    """Name and content of every image's part: one unit per image."""
+    return [(f"image_{i:05d}", {"image": i, "condition": str(c)}) for i, c in enumerate(conditions)]
 
 
-def _finished(run: RunDir, i: int, condition, pixels: bool) -> bool:
-    part = run.read_part(*_image_part(i, condition), load=False)
+def _complete(part, pixels: bool) -> bool:
+    """Whether an image's part is finished: present, and with its PNG where the model draws pixels."""
     return part is not None and (not pixels or any(k.endswith(".png") for k in part.files))
 
 
-def _assemble(run: RunDir, facts: dict, computed: int, t0: float):
-    """The run's tables, grid and summary from every image's part (UsageError naming a missing one)."""
+def _assemble(run: RunDir, facts: dict, parts: list, computed: int, t0: float):
+    """The run's tables, grid and summary from every image's part (read in order)."""
     conditions = facts["conditions"]
-    parts = run.require_parts(*zip(*(_image_part(i, c) for i, c in enumerate(conditions))))
-    if facts["pixels"] and not all(any(k.endswith(".png") for k in p.files) for p in parts):
+    if facts["pixels"] and not all(_complete(p, True) for p in parts):
         raise UsageError(f"{run.path} has image parts without their PNG; rerun the generate command to repair them")
     cat = lambda what: pd.concat([p.tables[what] for p in parts], ignore_index=True)  # noqa: E731
     steps, drafts, images = cat("steps"), cat("drafts"), cat("image")
@@ -450,7 +455,7 @@ def merge_run(path: str | Path, figures: bool = True):
     if request is None or not {"pixels", "conditions"} <= set(request.meta):
         raise UsageError(f"{path} lacks its request part (shard 0 writes it); run shard 0 and merge again")
     facts = dict(request.meta, pixels=request.meta["pixels"] and figures)
-    _, _, _, summary = _assemble(run, facts, 0, t0)
+    _, _, _, summary = _assemble(run, facts, read_units(run, _image_units(facts["conditions"])), 0, t0)
     print(summary_table([summary]))
     return summary
 
@@ -504,19 +509,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         check_batching(model, drafter)
         check_run_size(model, args.num_images, args.batch_size, sampling.guided)
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
+    options = RunOptions.from_args(args, shard, out)
     result = run_generate(
-        model,
-        conditions,
-        config,
-        sampling,
-        out,
-        drafter,
-        args.seed,
-        progress=not args.no_progress,
-        settings=settings,
-        overwrite=args.overwrite,
-        shard=shard,
-        batch_size=args.batch_size,
+        model, conditions, config, sampling, options, drafter, args.seed, settings=settings, batch_size=args.batch_size
     )
     if result is None:
         print(

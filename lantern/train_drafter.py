@@ -55,6 +55,8 @@ from ambiguity.cli import (
     add_data_arg,
     add_model_args,
     add_out_arg,
+    add_overwrite_arg,
+    add_progress_arg,
     add_sampling_args,
     add_shard_args,
     check_out_dir,
@@ -373,7 +375,7 @@ def train_drafter(
         run = run_dir
     else:
         run = RunDir(run_dir, _run_record(model, config, data), command=COMMAND, outputs=OUTPUTS)
-        shard.first(lambda: run.open(overwrite, shards=None), lambda: run.open(shards=None))
+        run.open_shared(shard, overwrite, any_count=True)
     run_dir = run.path
     batch = max(1, config.batch_size)
     uncond = config.uncond_fraction if model.kind != "text" else 0.0  # text LMs have no guidance stream
@@ -782,8 +784,8 @@ def build_parser() -> ArgumentParser:
         "--figure", default=None, help="accuracy figure .png (+.pdf) (default <run-dir>/drafter_accuracy.png)"
     )
     o.add_argument("--save-dtype", default="fp16", choices=["fp16", "bf16", "fp32"], help="dtype of the saved drafter")
-    o.add_argument("--overwrite", action="store_true", help="discard a run of other settings in --run-dir")
-    o.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_overwrite_arg(o, "--run-dir")
+    add_progress_arg(o)
     add_shard_args(o)
     return p
 
@@ -819,7 +821,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     check_sizes(args, model)
     record = _run_record(model, config, _data_settings(args))
     run = RunDir(run_dir, record, command=COMMAND, flag="--run-dir", outputs=OUTPUTS)
-    shard.first(lambda: run.open(args.overwrite, shards=None), lambda: run.open(shards=None))
+    run.open_shared(shard, args.overwrite, any_count=True)
     data = _data(args, model, run, shard)
     if data is None:
         print(

@@ -39,6 +39,7 @@ from ambiguity.cli import (
     add_data_arg,
     add_device_args,
     add_out_arg,
+    add_progress_arg,
     cli_main,
     finite_float,
     positive_int,
@@ -132,7 +133,7 @@ def parse_args(argv=None):
     add_device_args(p, dtype=False, threads=0)
     p.add_argument("--quick", action="store_true", help="tiny models, a few steps, a data subset (smoke test)")
     p.add_argument("--fresh", action="store_true", help="discard checkpoints in --run-dir and start over")
-    p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    add_progress_arg(p)
     return p.parse_args(argv)
 
 

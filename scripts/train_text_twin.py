@@ -45,6 +45,7 @@ from ambiguity.cli import (  # noqa: E402
     ArgumentParser,
     add_device_args,
     add_out_arg,
+    add_progress_arg,
     check_out_dir,
     cli_main,
     nonneg_int,
@@ -214,7 +215,7 @@ def parse_args(argv):
     )
     p.add_argument("--fresh", action="store_true", help="discard the checkpoint in --run-dir and start again")
     p.add_argument("--quick", action="store_true", help="tiny synthetic corpus and model, a few steps (smoke test)")
-    p.add_argument("--no-progress", action="store_true")
+    add_progress_arg(p)
     return p.parse_args(argv)
 
 

@@ -183,11 +183,14 @@ def test_settings_errors_name_the_field_and_commands_name_the_flag(capsys):
 
 
 def test_each_shared_flag_is_defined_once_in_the_cli_groups():
-    """--data, --device, --threads, --out and --cfg come from ambiguity.cli's groups in every command,
-    benchmark and script (one definition, one meaning)."""
+    """--data, --device, --threads, --out, --cfg, --overwrite, --no-progress, --shard-index and
+    --num-shards come from ambiguity.cli's groups in every command, benchmark and script (one
+    definition, one meaning)."""
     import re
 
-    hand = re.compile(r"add_argument\(\s*\"--(data|device|threads|out|cfg)\"")
+    hand = re.compile(
+        r"add_argument\(\s*\"--(data|device|threads|out|cfg|overwrite|no-progress|shard-index|num-shards)\""
+    )
     files = [p for d in ("ambiguity", "lantern", "benchmarks", "scripts") for p in (ROOT / d).rglob("*.py")]
     typed = [
         f"{p.relative_to(ROOT)}: --{m.group(1)}"

@@ -188,3 +188,52 @@ def test_default_cfg_and_the_same_explicit_cfg_are_one_run(tiny, tmp_path, capsy
     assert main(_args(tiny, out, "--method", "ar", "--num-images", "1")) == 0  # c2i default: cfg 4
     assert main(_args(tiny, out, "--method", "ar", "--num-images", "1", "--cfg", "4")) == 0
     assert "0 images computed, 1 resumed" in capsys.readouterr().out
+
+
+def _tables(out):
+    """The run's three tables without their timing columns (``*_s``), which differ by nature."""
+    frames = (pd.read_parquet(out / f"{n}.parquet") for n in ("steps", "drafts", "images"))
+    return [df[[c for c in df.columns if not c.endswith("_s")]] for df in frames]
+
+
+def test_independent_shards_resume_a_damaged_image_and_merge_to_the_one_process_run(tiny, tmp_path, capsys):
+    """Two shards of three images (shard 0: images 0 and 2); a torn part of image 2 is recomputed
+    alone on shard 0's rerun, and the merge equals the one-process run table for table, PNG for PNG."""
+    from ambiguity.merge import main as merge_main
+
+    args = ("--method", "lantern", "--delta", "0.3", "--num-images", "3")
+    assert main(_args(tiny, tmp_path / "one", *args)) == 0
+    out = tmp_path / "sharded"
+    shard = lambda i: main(_args(tiny, out, *args, "--shard-index", str(i), "--num-shards", "2"))  # noqa: E731
+    assert shard(1) == 0 and shard(0) == 0
+    assert "shard 1/2 done" in capsys.readouterr().out and not (out / "images.parquet").exists()
+    (out / "parts" / "image_00002.steps.parquet").write_bytes(b"PAR1 torn")
+    first = (out / "parts" / "image_00000.steps.parquet").stat().st_mtime_ns
+    assert merge_main([str(out)]) == 2 and "image_00002" in capsys.readouterr().err
+    assert shard(0) == 0
+    err = capsys.readouterr().err
+    assert "image_00002 is not reused" in err and "image_00000" not in err
+    assert (out / "parts" / "image_00000.steps.parquet").stat().st_mtime_ns == first
+    assert merge_main([str(out)]) == 0
+    for a, b in zip(_tables(tmp_path / "one"), _tables(out)):
+        pd.testing.assert_frame_equal(a, b)
+    for i in range(3):
+        assert (out / f"images/{i:05d}.png").read_bytes() == (tmp_path / "one" / f"images/{i:05d}.png").read_bytes()
+
+
+def test_run_generate_takes_run_options_or_the_old_keywords(tiny, tmp_path):
+    """``run_generate(..., RunOptions(out=...))`` and the old ``out=, progress=, overwrite=``
+    keywords write the same run; without a run directory it is a TypeError."""
+    from ambiguity.runs import RunOptions
+    from ambiguity.sampling import SamplingConfig
+    from lantern.decoding import DecodeConfig
+    from lantern.generate import run_generate
+
+    model = load_embedded(tiny / "weights")
+    config, sampling = DecodeConfig.of("ar"), SamplingConfig(guidance=2.0)
+    new = run_generate(model, [1, 4], config, sampling, RunOptions(out=tmp_path / "new", progress=False), seed=5)
+    old = run_generate(model, [1, 4], config, sampling, out=tmp_path / "old", progress=False, overwrite=True, seed=5)
+    assert new[2]["codes"].map(list).tolist() == old[2]["codes"].map(list).tolist()
+    assert new[3]["images_computed"] == old[3]["images_computed"] == 2
+    with pytest.raises(TypeError, match="needs a run directory"):
+        run_generate(model, [1], config, sampling, progress=False)

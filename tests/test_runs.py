@@ -178,3 +178,88 @@ def test_shard_units_and_assemble_units_split_resume_and_merge(tmp_path):
     # one process: its own results, nothing read back; no run directory: nothing resumed
     assert assemble_units(None, units, Shard(0, 1), ["a"], lambda p: p) == ["a"]
     assert [(i, p) for i, p in shard_units(None, units, Shard(0, 1))] == [(i, None) for i in range(5)]
+
+
+def test_assemble_units_without_own_results_reads_the_parts_in_one_process(tmp_path):
+    """own=None (lantern's generate, the paper's sessions): one process reads every part back in
+    unit order, and a missing one is refused as on a merging shard."""
+    from ambiguity.distributed import SINGLE
+    from ambiguity.runs import assemble_units
+
+    units = [(f"u{i}", {"i": i}) for i in range(3)]
+    run = RunDir(tmp_path / "r", {"s": 1}, command="test").open()
+    for i in (2, 0):
+        run.write_part(*units[i], tables={"t": pd.DataFrame({"i": [10 * i]})})
+    with pytest.raises(UsageError, match="lacks the intact part u1"):
+        assemble_units(run, units, SINGLE, None, lambda p: p)
+    run.write_part(*units[1], tables={"t": pd.DataFrame({"i": [10]})})
+    assert assemble_units(run, units, SINGLE, None, lambda p: int(p.tables["t"]["i"][0])) == [0, 10, 20]
+
+
+class _Recorder:
+    """A shard of ``count`` in a process group that records its barriers (no group is started)."""
+
+    def __init__(self, index: int, count: int, events: list):
+        self.index, self.count, self.group, self.merging, self.events = index, count, True, False, events
+
+    def owns(self, unit: int) -> bool:
+        return unit % self.count == self.index
+
+    def barrier(self) -> None:
+        self.events.append("barrier")
+
+
+def test_shard_units_every_shard_yields_every_unit_and_waits_after_each(tmp_path):
+    """every_shard (the paper's items): shard 1 of 2 also gets units 0 and 2, finished ones with
+    their parts, and the barrier comes after the driver's work on each unit, never before it."""
+    from ambiguity.runs import shard_units
+
+    units = [(f"u{i}", {"i": i}) for i in range(3)]
+    run = RunDir(tmp_path / "r", {"s": 1}, command="test").open(shards=None)
+    run.write_part(*units[1], tables={"t": pd.DataFrame({"i": [1]})})
+    events: list = []
+    for i, done in shard_units(run, units, _Recorder(1, 2, events), every_shard=True):
+        events.append(f"unit {i}" + (" resumed" if done is not None else ""))
+    assert events == ["unit 0", "barrier", "unit 1 resumed", "barrier", "unit 2", "barrier"]
+    events.clear()
+    assert [i for i, _ in shard_units(run, units, _Recorder(1, 2, events))] == [1] and events == []
+
+
+def test_open_shared_records_the_shard_count_and_a_merge_never_clears(tmp_path):
+    from ambiguity.distributed import Shard, merging_shard
+
+    run = RunDir(tmp_path / "r", {"s": 1}, command="test", outputs=("summary.json",))
+    run.open_shared(Shard(1, 2))
+    run.write_part("u1", {"i": 1}, tables={"t": _table(1)})
+    assert json.loads(run.run_file.read_text())["shards"] == 2
+    with pytest.raises(UsageError, match="started with 2 shard"):
+        run.open_shared(Shard(0, 3))
+    run.open_shared(merging_shard(2), overwrite=True)  # `ambiguity merge` of an evaluate run with --overwrite
+    assert run.part_names() == ["u1"]
+    run.open_shared(Shard(0, 1), overwrite=True)
+    assert run.part_names() == [] and json.loads(run.run_file.read_text())["shards"] == 1
+    free = RunDir(tmp_path / "free", {"s": 1}, command="test").open_shared(Shard(0, 2), any_count=True)
+    assert json.loads(free.run_file.read_text())["shards"] is None
+    free.open_shared(Shard(2, 3), any_count=True)  # any number of shards may continue it
+
+
+def test_run_options_take_a_path_options_or_the_old_keywords():
+    from ambiguity.distributed import SINGLE, Shard
+    from ambiguity.runs import RunOptions
+
+    assert RunOptions.of("runs/x") == RunOptions(out="runs/x", overwrite=False, progress=True, shard=SINGLE)
+    assert RunOptions.of(None, out="o", overwrite=True, progress=False, shard=Shard(1, 2)) == RunOptions(
+        "o", True, False, Shard(1, 2)
+    )
+    assert RunOptions.of(RunOptions(out="o"), progress=False) == RunOptions("o", False, False, SINGLE)
+    assert RunOptions.of() == RunOptions()
+    with pytest.raises(TypeError, match="'outdir'"):
+        RunOptions.of("o", outdir="p")
+    with pytest.raises(TypeError, match="given twice"):
+        RunOptions.of("o", out="p")
+
+    class Args:
+        out, overwrite, no_progress = "a", True, True
+
+    assert RunOptions.from_args(Args(), Shard(0, 2)) == RunOptions("a", True, False, Shard(0, 2))
+    assert RunOptions.from_args(Args(), out="b").out == "b"

@@ -36,12 +36,13 @@ from ambiguity import plots
 from ambiguity.analyses.common import add_analysis_args, analysis_inputs, batches, digest, generate_grids, print_table
 from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, default_out, int_list, sampling_from_args
 from ambiguity.conditions import parse_classes
+from ambiguity.distributed import SINGLE
 from ambiguity.errors import UsageError
 from ambiguity.io import write_table
 from ambiguity.memory import check_run_size
 from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
-from ambiguity.runs import RunDir
+from ambiguity.runs import RunDir, shard_units
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 
 __all__ = [
@@ -255,9 +256,11 @@ def run_concentration(
         )
         run.open(overwrite)
     frames = []
-    for b, sl in tqdm(list(batches(num_images, batch_size)), desc="concentration", unit="batch", disable=not progress):
-        name, holds = f"batch_{b:05d}", {"images": [sl.start, sl.stop]}
-        part = run.read_part(name, holds) if run is not None else None
+    units = [(f"batch_{b:05d}", {"images": [sl.start, sl.stop]}) for b, sl in batches(num_images, batch_size)]
+    for b, part in tqdm(
+        shard_units(run, units, SINGLE), total=len(units), desc="concentration", unit="batch", disable=not progress
+    ):
+        sl = slice(*units[b][1]["images"])
         if part is not None:
             frames.append(part.tables["positions"])
             continue
@@ -294,7 +297,7 @@ def run_concentration(
         }
         frame = concentration_frame(masses, ks, meta)
         if run is not None:
-            run.write_part(name, holds, tables={"positions": frame})
+            run.write_part(*units[b], tables={"positions": frame})
         frames.append(frame)
     positions = pd.concat(frames, ignore_index=True)
     positions["set"] = positions["set"].astype(str)

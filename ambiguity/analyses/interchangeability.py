@@ -48,12 +48,13 @@ from ambiguity.cli import (
     sampling_from_args,
 )
 from ambiguity.conditions import parse_classes
+from ambiguity.distributed import SINGLE
 from ambiguity.errors import UsageError
 from ambiguity.io import write_table
 from ambiguity.memory import RECORD_BYTES, check_count, check_run_size
 from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
-from ambiguity.runs import RunDir
+from ambiguity.runs import RunDir, shard_units
 from ambiguity.sampling import SamplingConfig
 from ambiguity.seeding import replacement_seed
 
@@ -183,9 +184,13 @@ def interchangeability(
     rows = rows.float().cpu()
     frames = []
     settings = [(s, rep) for s in replacement_settings(ks, rates) for rep in range(repeats)]
-    for (mode, k, rate), rep in tqdm(settings, desc="interchangeability", unit="setting", disable=not progress):
-        name, holds = f"{mode}-k{k or 0}-r{rate:g}-{rep}", {"mode": mode, "k": k, "rate": rate, "repeat": rep}
-        part = run.read_part(name, holds) if run is not None else None
+    units = [
+        (f"{mode}-k{k or 0}-r{rate:g}-{rep}", {"mode": mode, "k": k, "rate": rate, "repeat": rep})
+        for (mode, k, rate), rep in settings
+    ]
+    bar = dict(total=len(units), desc="interchangeability", unit="setting", disable=not progress)
+    for i, part in tqdm(shard_units(run, units, SINGLE), **bar):
+        (mode, k, rate), rep = settings[i]
         if part is not None:
             frames.append(part.tables["images"])
             continue
@@ -209,7 +214,7 @@ def interchangeability(
             }
         )
         if run is not None:
-            run.write_part(name, holds, tables={"images": frame})
+            run.write_part(*units[i], tables={"images": frame})
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
 

@@ -36,13 +36,12 @@ from typing import Optional
 
 from tqdm.auto import tqdm
 
-from ambiguity.distributed import SINGLE, Shard
 from ambiguity.errors import UsageError
-from ambiguity.runs import RunDir, versions
+from ambiguity.runs import RunDir, RunOptions, shard_units, versions
 from lantern.paper.config import QUICK, PaperConfig
 from lantern.paper.context import Context
 from lantern.paper.experiments import EXPERIMENTS, TITLES
-from lantern.paper.report import Item, load_item, save_item, write_report
+from lantern.paper.report import Item, item_of, item_unit, load_item, save_item, write_report
 
 __all__ = ["PaperConfig", "QUICK", "EXPERIMENTS", "TITLES", "run_paper", "select", "COMMAND"]
 
@@ -66,41 +65,49 @@ def select(only: Optional[Sequence[str] | str]) -> list[str]:
 
 def run_paper(
     config: PaperConfig,
-    out: str | Path,
+    options: RunOptions | str | Path | None = None,
     only: Optional[Sequence[str] | str] = None,
-    overwrite: bool = False,
-    progress: bool = True,
-    shard: Shard = SINGLE,
+    **old,
 ) -> Optional[Path]:
-    """Run (or resume) the selected experiments into ``out`` and write ``report.md``.
+    """Run (or resume) the selected experiments into the run directory and write ``report.md``.
 
+    options: :class:`~ambiguity.runs.RunOptions` (``out`` is required), or just the run
+    directory; the old keywords ``out``, ``overwrite``, ``progress`` and ``shard`` still work.
+    Every shard takes part in every item (the decoding sessions split their rounds across
+    shards, :mod:`lantern.paper.sessions`); the merging one keeps the items and writes the report.
     Returns the report's path (None on a shard that does not merge). Raises UsageError for an
     unknown experiment, an ``out`` holding a run of other settings (unless ``overwrite``), a model
     without a drafter (naming the command that trains one) or without a codebook / decoder where
-    an experiment needs one.
+    an experiment needs one; TypeError without ``out``.
     """
+    opts = RunOptions.of(options, **old)
+    if opts.out is None:
+        raise TypeError("run_paper needs a run directory: options=RunOptions(out=...) or out=...")
+    shard = opts.shard
     names = select(only)
     t0 = time.perf_counter()
-    run = RunDir(out, {"config": config.settings()}, command=COMMAND, outputs=OUTPUTS)
-    if not overwrite:
+    run = RunDir(opts.out, {"config": config.settings()}, command=COMMAND, outputs=OUTPUTS)
+    if not opts.overwrite:
         run.check()  # another run's settings: refused before anything loads
-    ctx = Context(config, run, shard, progress)
+    ctx = Context(config, run, shard, opts.progress)
     _preflight(ctx, names)  # every model, drafter and codebook loads before anything is written
-    shard.first(lambda: run.open(overwrite, shards=None), lambda: run.open(shards=None))
+    run.open_shared(shard, opts.overwrite, any_count=True)
     timings = {}
-    bar = tqdm(names, desc="paper", unit="item", disable=not progress or not shard.merges, position=0)
-    for name in bar:
+    units = [item_unit(n) for n in names]
+    bar = tqdm(total=len(names), desc="paper", unit="item", disable=not opts.progress or not shard.merges, position=0)
+    for i, done in shard_units(run, units, shard, every_shard=True):
+        name = names[i]
         bar.set_postfix_str(name)
-        if load_item(run, name) is not None:
+        if item_of(run, done) is not None:
             timings[name] = "resumed"
-            continue
-        t1 = time.perf_counter()
-        item = EXPERIMENTS[name](ctx)
-        item.seconds = time.perf_counter() - t1
-        if shard.merges:
-            save_item(run, item)
-        timings[name] = f"{time.perf_counter() - t1:.0f} s"
-        shard.barrier()
+        else:
+            t1 = time.perf_counter()
+            item = EXPERIMENTS[name](ctx)
+            item.seconds = time.perf_counter() - t1
+            if shard.merges:
+                save_item(run, item)
+            timings[name] = f"{time.perf_counter() - t1:.0f} s"
+        bar.update()
     bar.close()
     if not shard.merges:
         return None

@@ -10,7 +10,7 @@ from ambiguity.cli import (
     ArgumentParser,
     add_data_arg,
     add_device_args,
-    add_out_arg,
+    add_run_args,
     add_shard_args,
     check_out_dir,
     cli_main,
@@ -25,6 +25,7 @@ from ambiguity.cli import (
 from ambiguity.compare import parse_models
 from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
+from ambiguity.runs import RunOptions
 from lantern.paper import COMMAND, EXPERIMENTS, QUICK, TITLES, PaperConfig, run_paper, select
 from lantern.quality.features import EXTRACTORS, default_extractors
 
@@ -101,9 +102,7 @@ def build_parser() -> ArgumentParser:
     q.add_argument("--captions", default=None, help="t2i captions: a text file or an MS-COCO captions_*.json")
     add_data_arg(q)
     p.add_argument("--name", default=None, help="run name under runs/paper/ (default: default, or quick)")
-    add_out_arg(p, "run directory (default runs/paper/<name>)")
-    p.add_argument("--overwrite", action="store_true", help="discard a run of other settings in --out")
-    p.add_argument("--no-progress", action="store_true")
+    add_run_args(p, "run directory (default runs/paper/<name>)")
     add_shard_args(p)
     return p
 
@@ -153,7 +152,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     config = config_from_args(args)
     out = check_out_dir(args.out or default_out("paper", args.name or ("quick" if args.quick else "default")))
     shard = shard_from_args(args, device_from_args(args)[0])
-    report = run_paper(config, out, only, overwrite=args.overwrite, progress=not args.no_progress, shard=shard)
+    report = run_paper(config, RunOptions.from_args(args, shard, out), only)
     if report is None:
         print(
             f"{shard.label} done: its decoding rounds are parts of {out}/sessions"

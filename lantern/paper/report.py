@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 
 from ambiguity.io import atomic_path
-from ambiguity.runs import RunDir
+from ambiguity.runs import Part, RunDir
 
-__all__ = ["Item", "compact", "markdown_table", "save_item", "load_item", "write_report"]
+__all__ = ["Item", "compact", "markdown_table", "save_item", "load_item", "item_of", "item_unit", "write_report"]
 
 
 @dataclass
@@ -81,8 +81,7 @@ def save_item(run: RunDir, item: Item) -> None:
             tmp.write_text(markdown_table(df) + "\n")
     tables = {k: _parquet_safe(v) for k, v in item.tables.items()}
     run.write_part(
-        f"item_{item.name}",
-        {"item": item.name},
+        *item_unit(item.name),
         tables=tables,
         meta={
             "title": item.title,
@@ -94,12 +93,21 @@ def save_item(run: RunDir, item: Item) -> None:
     )
 
 
+def item_unit(name: str) -> tuple[str, dict]:
+    """Name and content of the part that keeps the item ``name``."""
+    return f"item_{name}", {"item": name}
+
+
 def load_item(run: RunDir, name: str) -> Optional[Item]:
     """The finished item ``name`` (None when it was not computed, or its part is damaged)."""
-    part = run.read_part(f"item_{name}", {"item": name})
+    return item_of(run, run.read_part(*item_unit(name)))
+
+
+def item_of(run: RunDir, part: Optional[Part]) -> Optional[Item]:
+    """The item kept in ``part`` (None for no part, or when one of its figure files is missing)."""
     if part is None:
         return None
-    m = part.meta
+    name, m = part.holds["item"], part.meta
     if any(not (run.path / f).is_file() for f in m.get("figures", [])):
         return None  # a figure file is missing: draw the item again
     return Item(

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from ambiguity.conditions import generation_conditions
-from ambiguity.runs import RunDir
+from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, decode
 from lantern.evaluate import score_images
@@ -111,9 +111,15 @@ class SessionData:
         return speedup_table(t, baseline="ar")
 
 
-def _round_part(session: Session, r: int) -> tuple[str, dict]:
-    names = sorted(m.name for m in session.methods if m.rounds is None or r < m.rounds)
-    return f"round_{r:05d}", {"round": r, "methods": names}
+def _round_units(session: Session) -> list[tuple[str, dict]]:
+    """Name and content of every round's part: one unit per round (the methods that take part)."""
+    return [
+        (
+            f"round_{r:05d}",
+            {"round": r, "methods": sorted(m.name for m in session.methods if m.rounds is None or r < m.rounds)},
+        )
+        for r in range(session.rounds)
+    ]
 
 
 def _step_counts(d: Decoded) -> pd.DataFrame:
@@ -140,7 +146,7 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     }
     run = RunDir(ctx.path / "sessions" / session.name, settings, command=COMMAND, outputs=())
     # rounds are independent units (each timed within one process): any number of shards may continue a session
-    ctx.shard.first(lambda: run.open(shards=None), lambda: run.open(shards=None))
+    run.open_shared(ctx.shard, any_count=True)
     conditions = (
         generation_conditions(model, session.rounds, ctx.config.seed, None, ctx.config.captions)
         if model.kind != "text"
@@ -150,15 +156,14 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     speculative = [m for m in session.methods if m.config.speculative]
     drafters = {m.name: ctx.drafter(session.model, m.drafter) for m in speculative}
     rounds_of = {m.name: m.rounds for m in session.methods if m.rounds is not None}
-    done = [(r, run.read_part(*_round_part(session, r))) for r in range(session.rounds)]
-    finished = {r for r, p in done if p is not None}
-    mine = [r for r in range(session.rounds) if ctx.shard.owns(r) and r not in finished]
+    units = _round_units(session)
+    mine = [r for r, done in shard_units(run, units, ctx.shard, load=False) if done is None]
 
     def save(r: int, timing: pd.DataFrame, decodes: dict) -> None:
         steps = pd.concat([_step_counts(d).assign(method=name) for name, d in decodes.items()], ignore_index=True)
         images = pd.concat([d.frames()[2].assign(method=name) for name, d in decodes.items()], ignore_index=True)
         run.write_part(
-            *_round_part(session, r),
+            *units[r],
             tables={"timing": timing, "steps": steps, "images": images},
             tensors={"tokens": {name: d.tokens for name, d in decodes.items()}},
         )
@@ -207,10 +212,9 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
                 per_round[r][m.name] = one
         for r in chunk:
             save(r, pd.DataFrame(columns=list(TIMING_COLUMNS)), per_round[r])
-    ctx.shard.barrier()
-    if not ctx.shard.merges:
+    parts = assemble_units(run, units, ctx.shard, None, lambda part: part)  # the session's data are the parts'
+    if parts is None:
         return None
-    parts = run.require_parts(*zip(*(_round_part(session, r) for r in range(session.rounds))))
     cat = lambda key: pd.concat([p.tables[key] for p in parts], ignore_index=True)  # noqa: E731
     tokens = {
         m.name: torch.cat([p.tensors["tokens"][m.name] for p in parts if m.name in p.tensors["tokens"]])
