@@ -8,7 +8,10 @@
   image branched with its probability while the other images of the batch draw from their own
   streams; with δ = 0 the image's joint distribution equals AR sampling exactly (1e-12),
   for an image that starts with the batch and for one admitted later into a freed slot;
-* bad input: batch size < 1, draft trees, a model that cannot batch.
+* draft trees (EAGLE-1 static, EAGLE-2 dynamic), both conventions, every rule: the same float64
+  equality of tokens and records with batch 1 (images finishing at different steps), greedy
+  equality with AR, and the exact enumeration at δ = 0;
+* bad input: batch size < 1, a Jacobi method, a model that cannot batch.
 """
 
 import itertools
@@ -16,7 +19,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_trees import enumerate_outcomes, exact_joint, tiny
+from test_trees import TREES, enumerate_outcomes, exact_joint, tiny
 
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
@@ -26,7 +29,7 @@ from lantern.acceptance import AcceptanceRule
 from lantern.batched import batched_decode
 from lantern.decoding import DecodeConfig, decode
 from lantern.drafter import Drafter
-from lantern.trees import TreeSpec
+from lantern.trees import STATIC_TREES, TreeSpec
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +136,55 @@ def test_a_draining_batch_drops_its_empty_slots(model, drafter, monkeypatch):
     assert kept and all(k % 2 == 0 and k <= 4 for k in kept)
 
 
+# --------------------------------------------------------------------------- draft trees
+BATCH_TREES = {
+    "dynamic": TreeSpec("dynamic", total_tokens=10, depth=3, top_k=3),
+    "static": TreeSpec("static", STATIC_TREES["mc_sim_7b_63"], name="mc_sim_7b_63"),
+}
+TREE_RULES = [
+    ("sd", {}),
+    ("lantern", dict(k=8, delta=0.2)),
+    ("lantern-jsd", dict(k=8, delta=0.1)),
+    ("lantern++", dict(k=8, lam=2.0)),
+]
+
+
+@pytest.mark.parametrize("convention", ["exact", "official"])
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_float64_batched_trees_equal_batch_one(model, drafter, table, kind, convention):
+    """6 images through 4 slots with static and dynamic trees: tokens, steps (accepted lengths,
+    kinds, drafter forwards) and every draft-tree node record equal one-image tree decoding, for
+    every rule, greedy and sampled, with CFG, temperature, top-k / top-p. Images finish at
+    different batch steps and freed slots take new images (continuous batching)."""
+    labels = [0, 3, 5, 7, 1, 9]
+    finish_at, accepted = set(), 0
+    for (method, kw), s in itertools.product(TREE_RULES, SAMPLINGS):
+        cfg = DecodeConfig.of(method, tree=BATCH_TREES[kind], convention=convention, **kw)
+        one = decode(model, labels, cfg, s, drafter, table, seed=7, first_index=2)
+        many = decode(model, labels, cfg, s, drafter, table, seed=7, first_index=2, batch_size=4)
+        assert torch.equal(one.tokens, many.tokens), (method, s)
+        _same_records(one, many)
+        steps = many.steps
+        assert steps["active"].max() == 4 and set(steps["drafted"][steps["drafted"] > 0]) <= set(
+            range(1, BATCH_TREES[kind].nodes)
+        )
+        last = {i: steps["batch_step"][steps["image"] == i].max() for i in np.unique(steps["image"])}
+        finish_at.add(len(set(last.values())))
+        accepted += int(steps["accepted"].sum())
+    assert max(finish_at) > 1 and accepted > 0  # images left at different steps; trees accepted drafts
+
+
+@pytest.mark.parametrize("convention", ["exact", "official"])
+def test_greedy_batched_trees_equal_greedy_ar(model, drafter, table, convention):
+    labels = [2, 6, 8, 0, 3]
+    for kind, guidance, rule in itertools.product(BATCH_TREES, (1.0, 3.0), ("sd", "lantern")):
+        s = SamplingConfig(guidance=guidance, temperature=0.0)
+        cfg = DecodeConfig.of(rule, k=8, delta=0.0, convention=convention, tree=BATCH_TREES[kind])
+        out = decode(model, labels, cfg, s, drafter, table, seed=0, batch_size=3)
+        ar = torch.cat([sample_tokens(model, model.make_prompt([c], guided=s.guided), s) for c in labels])
+        assert torch.equal(out.tokens, ar), (kind, guidance, rule)
+
+
 # --------------------------------------------------------------------------- exact enumeration
 ENUMERATED = [  # (sampling, rule, image): image 0 starts with the batch, image 2 takes a freed slot later
     (SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), 2),
@@ -157,6 +209,44 @@ def test_exact_batched_decoding_at_delta_zero_is_ar_sampling(sampling, rule, ima
 
     def run(draws):
         out = batched_decode(m, [1, 2, 1], sampling, rule, d, nb, gamma=2, batch_size=2, seed=9, draws={image: draws})
+        mine = out.steps["image"] == image
+        seen["accepted"] += int(out.steps["accepted"][mine].sum())
+        seen["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"])[out.drafts["image"] == image].sum())
+        seen["late"] += int(out.steps["batch_step"][mine].min() > 1)
+        return tuple(out.tokens[image].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    assert set(got) <= set(want) and runs > 10
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    assert seen["accepted"] > 0 and seen["rejected"] > 0 and (seen["late"] > 0) == (image == 2)
+
+
+TREE_ENUMERATED = [  # (tree, sampling, rule, image)
+    ("dynamic", SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), 2),
+    ("dynamic", SamplingConfig(guidance=1.0, temperature=1.0), AcceptanceRule("sd"), 0),
+    ("static", SamplingConfig(guidance=2.0, temperature=1.3, top_p=0.9), AcceptanceRule("lantern", k=2, delta=0.0), 2),
+]
+
+
+@pytest.mark.slow  # ~1-3 min each: every branch is a full batched tree decode of 3 images
+@pytest.mark.parametrize("tree, sampling, rule, image", TREE_ENUMERATED)
+def test_exact_batched_tree_decoding_at_delta_zero_is_ar_sampling(tree, sampling, rule, image):
+    """The enumeration above with draft trees (V = 4, 2 x 2 tokens, the trees of test_trees, 3
+    images in 2 slots): every coin and categorical draw of one image (tree drafting without
+    replacement, sibling trials, residual and bonus tokens) branched with its probability gives
+    exactly the AR joint, for an image of the first batch and one admitted later."""
+    m = tiny()
+    d = Drafter.for_target(m, seed=3).eval()
+    nb = build_neighbourhoods(m.input_embeddings(), 2, "l2", cache=False).indices
+    want = exact_joint(m, 1, sampling)
+    seen = {"accepted": 0, "rejected": 0, "late": 0}
+
+    def run(draws):
+        out = batched_decode(
+            m, [1, 2, 1], sampling, rule, d, nb, batch_size=2, seed=9, draws={image: draws}, tree=TREES[tree]
+        )
         mine = out.steps["image"] == image
         seen["accepted"] += int(out.steps["accepted"][mine].sum())
         seen["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"])[out.drafts["image"] == image].sum())
@@ -210,9 +300,8 @@ def test_bad_batched_calls_raise_usage_errors(model, drafter, table, monkeypatch
     for bad in (0, -3, 2.5, True):
         with pytest.raises(UsageError, match="--batch-size"):
             decode(model, [1, 2], DecodeConfig.of("ar"), s, batch_size=bad)
-    tree = DecodeConfig.of("sd", tree=TreeSpec("dynamic", total_tokens=6, depth=2, top_k=2))
-    with pytest.raises(UsageError, match="draft trees are not batched"):
-        decode(model, [1, 2], tree, s, drafter, batch_size=2)
+    with pytest.raises(UsageError, match="--method sjd decodes one image at a time"):
+        decode(model, [1, 2], DecodeConfig.of("sjd"), s, batch_size=2)
 
     class NoBatch(type(model)):
         can_batch_decode = False
