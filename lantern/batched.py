@@ -9,9 +9,18 @@ image never holds the others; once no condition is left and at most half the slo
 empty slots are dropped from the caches (one copy), so a draining batch does not compute them.
 AR decoding is the same step with γ = 0 and no drafter.
 
+Draft trees (``tree=``: EAGLE-1 static or EAGLE-2 dynamic :class:`lantern.trees.TreeSpec`, both
+conventions) take the same slots: each step every image drafts its own tree, all trees are
+verified in one target forward (padded to the largest node count; node ``t`` of image ``b`` at
+cache slot ``n_b - 1 + t``, image position ``n_b - 1 + depth_t``, seeing its image's committed
+slots and its own ancestors), each image walks its tree and moves its accepted path's keys and
+values behind its committed tokens (:meth:`~ambiguity.models.base.TokenModel.move_slots`, one
+indexed copy for all images). See :func:`_tree_round`.
+
 State per slot (the loop of :func:`lantern.chain.speculative_decode`, with ``n`` and ``d`` per
 image): the target's KV cache (:meth:`ambiguity.models.base.TokenModel.new_slots_cache`,
-preallocated for ``N + γ + 1`` image positions a row and written in place at per-row slots) holds
+preallocated for ``N + γ + 1`` image positions a row (trees: ``N`` + the node count) and written
+in place at per-row slots) holds
 ``x_0..x_{n_b-2}``; the drafter's cache holds its positions ``0..d_b-1``; the target features
 ``h_{-1}..h_{n_b-2}`` sit in a (rows, N + γ + 1, H) buffer. Positions are per row (the 2D
 rotary position of each image's own grid cell), and an attention mask per row shows a token
@@ -26,19 +35,26 @@ draws (the first token, ``γ_b`` draft tokens, ``γ_b`` uniforms, the next token
 batch, slot or admission step. In float64 the tokens of every image equal those of batch 1
 (``tests/test_batched_decoding.py``); in float32 matrix products over several rows round
 differently from one row, which now and then moves a CDF boundary past a uniform and changes an
-image from that token on (see the README for the measured fraction of identical images).
+image from that token on (see the README for the measured fraction of identical images). The
+same holds for draft trees: in float64 tokens and every record (steps, per-node draft rows) equal
+:func:`lantern.tree_decoding.tree_decode`'s; a tree draws its children (static trees, sampling),
+coins and next token from the image's :class:`lantern.trees.GeneratorDraws`.
 
 Vectorised over images: drafting, verification, acceptance (:func:`lantern.chain.accept` with
 per-row lengths), residual sampling and the commits are tensor operations over all slots; the
 per-image Python work is one ``torch.rand`` call per image's generator (each image owns a stream)
 and record keeping. One host transfer per step brings the accepted lengths and the step's
 records to the CPU (plus none for the tokens: they stay on the device until the end).
+Trees are vectorised in their forwards (one drafter forward per tree level for all images, one
+target forward) and in the commit; per-image Python loops remain where one-image tree decoding
+has them: building each tree (its top-k / draws without replacement, the per-level node lists),
+the verification walk (:func:`lantern.tree_decoding.walk_tree`: sibling trials, residuals) and
+the per-node draft records, each with its own small host transfers (several per step, not one).
 
 Timing: a step's seconds per section (target, drafter, acceptance, proximity; wall-clock) are
 split equally among the images active in it, and a prefill's among the images it admitted;
 ``total_s`` of an image is its share of every step's wall time. Step rows carry ``batch_step``
-and ``active`` (:mod:`lantern.records`). Draft trees are not batched (``batch_size > 1`` with a
-tree is refused with a UsageError).
+and ``active`` (:mod:`lantern.records`).
 """
 
 from __future__ import annotations
@@ -85,7 +101,7 @@ _SECTIONS = ("target", "drafter", "acceptance", "proximity")
 def check_batching(model: TokenModel, drafter: Optional[DraftModel]) -> None:
     """Raise UsageError (one line) when ``model`` or ``drafter`` cannot decode with ``--batch-size`` > 1:
     an adapter without per-image cache positions, or a drafter without :meth:`forward_slots`. What a
-    decode configuration cannot batch (trees, Jacobi methods) is refused earlier, before any model
+    decode configuration cannot batch (the Jacobi methods) is refused earlier, before any model
     loads, by :func:`lantern.decoding.check_batch_config`."""
     if not getattr(model, "can_batch_decode", False):
         why = getattr(model, "batch_limit", TokenModel.batch_limit)
@@ -262,10 +278,12 @@ def batched_decode(
     decodes ``conditions[j]`` with generator ``(seed, first_index + j)`` (or image ``indices[j]``
     when given). draws: {image index: :class:`lantern.trees.Draws`} for images whose coins and
     categorical draws come from that object instead of their generator (exact enumeration in the
-    tests; a per-row Python path). Returns a
+    tests; a per-row Python path). tree: a static or dynamic :class:`lantern.trees.TreeSpec` to
+    draft trees instead of chains (gamma unused; :func:`_tree_round`), None for chains. Returns a
     :class:`~lantern.records.Decoded` (tokens (images, N) int64 on the CPU, rows in image order,
-    records as :func:`lantern.chain.speculative_decode` writes them plus ``batch_step`` and
-    ``active``). Raises UsageError when the model or drafter cannot batch (:func:`check_batching`).
+    records as :func:`lantern.chain.speculative_decode` (trees:
+    :func:`lantern.tree_decoding.tree_decode`) writes them plus ``batch_step`` and ``active``).
+    Raises UsageError when the model or drafter cannot batch (:func:`check_batching`).
     """
     check_batching(model, drafter if rule is not None else None)
     conds = list(conditions)
