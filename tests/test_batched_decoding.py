@@ -285,13 +285,15 @@ def test_relaxed_batched_decoding_is_not_ar_sampling():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_float64_batched_equals_batch_one_on_cuda():
-    """The same exactness on a GPU: per-image CUDA generators, in-place cache writes, masks."""
+    """The same exactness on a GPU: per-image CUDA generators, in-place cache writes, masks, the
+    tree path moves of batched draft trees."""
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
     m.gpt.cuda()
     m.device, m.image_token_ids = torch.device("cuda"), m.image_token_ids.cuda()
     d = Drafter.for_target(m, seed=2).eval()
     s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=12)
-    for cfg in (DecodeConfig.of("ar"), DecodeConfig.of("sd", 3)):
+    trees = [DecodeConfig.of("sd", tree=BATCH_TREES[kind]) for kind in ("dynamic", "static")]
+    for cfg in (DecodeConfig.of("ar"), DecodeConfig.of("sd", 3), *trees):
         one = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3)
         many = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3, batch_size=2)
         assert torch.equal(one.tokens, many.tokens)
