@@ -624,13 +624,14 @@ def _dynamic(root_token, f_root, root_q, n, spec, max_depth, device):
         logq = torch.log(q_new.double().clamp_min(1e-300)).masked_fill(q_new <= 0, float("-inf"))
         kk = min(spec.top_k, logq.shape[-1])
         child = logq.topk(kk, dim=-1)
+        child_tok, child_logq = child.indices.tolist(), child.values.tolist()  # one transfer, exact floats
         first = len(c_tok)
         for j, b in enumerate(beam):
             slot[b], feat[b] = L + j, out[:, j : j + 1]
             for t in range(kk):
-                c_tok.append(int(child.indices[j, t]))
+                c_tok.append(child_tok[j][t])
                 c_par.append(b)
-                c_score.append(c_score[b] + float(child.values[j, t]))
+                c_score.append(c_score[b] + child_logq[j][t])
                 c_depth.append(depth + 1)
         pool = list(range(first, len(c_tok)))
         pool.sort(key=lambda c: (-c_score[c], c))
