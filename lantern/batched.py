@@ -613,7 +613,8 @@ def _tree_round(
     one-image decoding appends them, and see its committed positions and their tree ancestors).
     Verification: node t of image b at cache slot ``n_b - 1 + t`` (the root ``x_{n_b-1}`` at slot
     ``n_b - 1``), image position ``n_b - 1 + depth_t``, seeing slots ``0..n_b-2`` and its
-    ancestors; trees are padded to the largest node count (padding sees only itself). An image
+    ancestors; trees are padded to the largest node count (padding sees the committed slots and
+    itself; its outputs are unused and its cache entries never seen). An image
     with one token left verifies its root alone (a plain target step). The walk
     (:func:`lantern.tree_decoding.walk_tree`) runs per image in Python, with its own Draws. Commit:
     tokens, target features and the target's keys/values of the accepted path move behind the
