@@ -187,6 +187,25 @@ def test_greedy_batched_trees_equal_greedy_ar(model, drafter, table, convention)
         assert torch.equal(out.tokens, ar), (kind, guidance, rule)
 
 
+def test_move_slots_copies_each_rows_path_reading_before_writing(model):
+    """The commit of batched trees: row r's entries at src[r] land at dst[r] in every layer, all
+    read before any is written (a path node may sit where an earlier node is moved to); pairs with
+    src == dst and the other slots are unchanged."""
+    cache = model.new_slots_cache(3, False, 8, 4)
+    kv = cache.kv
+    kv.k.normal_(generator=torch.Generator().manual_seed(0))
+    kv.v.copy_(-kv.k)
+    k0, P = kv.k.clone(), cache.prefix
+    src = torch.tensor([[3, 5], [2, 2], [4, 2]])
+    dst = torch.tensor([[1, 3], [2, 2], [2, 4]])  # row 0: slot 3 is read before it is overwritten; row 2 swaps
+    model.move_slots(cache, src, dst)
+    want = k0.clone()
+    for r in range(3):
+        for s_, d_ in zip(src[r].tolist(), dst[r].tolist()):
+            want[:, r, :, P + d_] = k0[:, r, :, P + s_]
+    assert torch.equal(kv.k, want) and torch.equal(kv.v, -want)
+
+
 # --------------------------------------------------------------------------- exact enumeration
 ENUMERATED = [  # (sampling, rule, image): image 0 starts with the batch, image 2 takes a freed slot later
     (SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), 2),
