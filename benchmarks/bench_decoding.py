@@ -126,8 +126,8 @@ def statistics(
 ) -> dict:
     """One configuration over all conditions: the decode's summary, the quality proxies and, with
     ``extractors``, image quality against the real images (:func:`lantern.evaluate.score_images`:
-    FID / KID / precision / recall per extractor). ``batch_size``: images per forward for AR and
-    chains (:mod:`lantern.batched`); trees decode one image at a time."""
+    FID / KID / precision / recall per extractor). ``batch_size``: images per forward for AR,
+    chains and draft trees (:mod:`lantern.batched`)."""
     d = decode(
         model,
         conditions,
@@ -137,7 +137,7 @@ def statistics(
         table if config.speculative and config.rule.relaxed else None,
         seed=0,
         pixels=bool(extractors) and model.can_decode,
-        batch_size=batch_size if config.tree is None or not config.speculative else 1,
+        batch_size=batch_size,
     )
     s = d.summary()
     _, _, images = d.frames()
@@ -313,7 +313,7 @@ def build_parser() -> ArgumentParser:
         "--batch-size",
         type=positive_int,
         default=1,
-        help="images per forward for the statistics of AR and chain rows (trees and the timing stay at "
+        help="images per forward for the statistics of AR, chain and tree rows (the timing stays at "
         "batch 1; default: 1)",
     )
     ap.add_argument("--timing-images", type=positive_int, default=8, help="images per configuration per timing round")

@@ -1,4 +1,4 @@
-"""Throughput of batched decoding: images per second of AR, SD, LANTERN chains and SJD / GSD / SCD at batch sizes B.
+"""Throughput of batched decoding: images per second of AR, SD and LANTERN chains and trees, and SJD / GSD / SCD at batch sizes B.
 
     PYTHONPATH=$PWD python benchmarks/bench_throughput.py --models embedded,embedded-16 \
         --batch-sizes 1,8,32,64 --repeats 3
@@ -9,10 +9,13 @@ cell run in a draining batch, as a real run's last batch does) and records image
 The ``profile`` method times ``ambiguity.profile.profile`` on the same images and batch (AR
 sampling plus its statistics: the profiler's cost per image). Cells run interleaved: every
 repeat visits all cells in a fresh random order (seeded), after one warm-up decode per model and
-method; the table reports the median over repeats and the spread (min, max). ``--methods`` also
-takes ``sjd``, ``gsd``, ``scd`` (batched Jacobi decoding, :func:`lantern.jacobi.batched_jacobi_decode`).
-Draft trees decode one image at a time (not batched), so they are not in this table. The machine may be shared:
-compare ratios measured in one run, not absolute numbers across runs.
+method; the table reports the median over repeats and the spread (min, max). Tree rows:
+``lantern-static`` (EAGLE-1 static tree ``--static-tree``) and ``lantern-dynamic`` /
+``sd-dynamic`` (EAGLE-2 dynamic tree ``--total-tokens``, ``--depth``, ``--tree-top-k``), batched
+like the chains (:mod:`lantern.batched`). ``--methods`` also takes ``sjd``, ``gsd``, ``scd``
+(batched Jacobi decoding with the official windows, no drafter:
+:func:`lantern.jacobi.batched_jacobi_decode`). The machine may be shared: compare ratios
+measured in one run, not absolute numbers across runs.
 
 Writes ``--out``/throughput.parquet (one row per cell and repeat) and throughput.json (medians,
 spreads and the ratios: each method at B against itself at B = 1 and against AR at the same B).
@@ -49,15 +52,23 @@ from ambiguity.profile import profile  # noqa: E402
 from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
 from lantern.decoding import DecodeConfig, decode, neighbour_table  # noqa: E402
 from lantern.drafter import load_drafter  # noqa: E402
+from lantern.trees import STATIC_TREES, TreeSpec  # noqa: E402
 
-METHODS = {
-    "ar": lambda g, k, d: DecodeConfig.of("ar"),
-    "sd": lambda g, k, d: DecodeConfig.of("sd", g),
-    "lantern": lambda g, k, d: DecodeConfig.of("lantern", g, k=k, delta=d),
-    "sjd": lambda g, k, d: DecodeConfig.of("sjd"),  # Jacobi methods: official windows, no drafter
-    "gsd": lambda g, k, d: DecodeConfig.of("gsd"),
-    "scd": lambda g, k, d: DecodeConfig.of("scd"),
-}
+METHODS = ("ar", "sd", "lantern", "lantern-static", "lantern-dynamic", "sd-dynamic")
+JACOBI = ("sjd", "gsd", "scd")  # accepted by --methods, not in the default
+
+
+def config_of(method: str, args, k: int) -> DecodeConfig:
+    """The DecodeConfig of a ``--methods`` entry (``profile`` times like AR's config)."""
+    if method in JACOBI:
+        return DecodeConfig.of(method)
+    static = TreeSpec("static", STATIC_TREES[args.static_tree], name=args.static_tree)
+    dynamic = TreeSpec("dynamic", total_tokens=args.total_tokens, depth=args.depth, top_k=args.tree_top_k)
+    rule = method.split("-")[0]
+    tree = {"static": static, "dynamic": dynamic}.get(method.split("-")[-1]) if "-" in method else None
+    if rule in ("ar", "profile"):
+        return DecodeConfig.of("ar")
+    return DecodeConfig.of(rule, args.gamma, tree=tree, **(dict(k=k, delta=args.delta) if rule == "lantern" else {}))
 
 
 def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -> dict:
@@ -87,7 +98,7 @@ def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="bench_throughput.py", description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="embedded,embedded-16")
-    ap.add_argument("--methods", default="ar,sd,lantern,profile")
+    ap.add_argument("--methods", default="ar,sd,lantern,lantern-static,lantern-dynamic,profile")
     ap.add_argument("--batch-sizes", default="1,8,32,64")
     ap.add_argument(
         "--images", type=positive_int, default=8, help="images per cell at least (a cell takes max(this, 2B))"
@@ -96,6 +107,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gamma", type=positive_int, default=4)
     ap.add_argument("--k", type=positive_int, default=64)
     ap.add_argument("--delta", type=finite_float, default=0.2)
+    ap.add_argument("--static-tree", default="mc_sim_7b_63", choices=[n for n in STATIC_TREES if n != "chain"])
+    ap.add_argument("--total-tokens", type=positive_int, default=59, help="dynamic tree: nodes incl. the root")
+    ap.add_argument("--depth", type=positive_int, default=4, help="dynamic tree: expansion rounds")
+    ap.add_argument("--tree-top-k", type=positive_int, default=10, help="dynamic tree: children per node")
     add_threads_arg(ap, 2)
     add_out_arg(
         ap,
@@ -106,11 +121,11 @@ def main(argv=None) -> int:
     set_threads(args.threads)
     sizes = int_list(args.batch_sizes, "--batch-sizes", 1)
     methods = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in methods if m not in METHODS and m != "profile"]
+    unknown = [m for m in methods if m not in (*METHODS, *JACOBI, "profile")]
     if unknown or not methods:
         raise UsageError(
             f"unknown method {unknown[0] if unknown else '(none)'!r} in --methods; "
-            f"choose from {', '.join([*METHODS, 'profile'])}"
+            f"choose from {', '.join([*METHODS, *JACOBI, 'profile'])}"
         )
     rows, loaded = [], {}
     for name in args.models.split(","):
@@ -118,10 +133,10 @@ def main(argv=None) -> int:
         drafter = load_drafter(model)
         sampling = SamplingConfig(guidance=default_guidance(model.kind), temperature=1.0)
         k = min(args.k, model.vocab_size - 1)
-        table = neighbour_table(model, METHODS["lantern"](args.gamma, k, args.delta))
+        table = neighbour_table(model, config_of("lantern", args, k))
         loaded[name] = (model, drafter, table, sampling, k)
         for m in methods:  # warm-up
-            cell(model, drafter, table, m, METHODS.get(m, METHODS["ar"])(args.gamma, k, args.delta), sampling, 2, 2)
+            cell(model, drafter, table, m, config_of(m, args, k), sampling, 2, 2)
     cells = [(name, m, B) for name in loaded for m in methods for B in sizes]
     rng = random.Random(0)
     for r in range(args.repeats):
@@ -129,9 +144,7 @@ def main(argv=None) -> int:
         for name, m, B in cells:
             model, drafter, table, sampling, k = loaded[name]
             n = max(args.images, 2 * B)
-            res = cell(
-                model, drafter, table, m, METHODS.get(m, METHODS["ar"])(args.gamma, k, args.delta), sampling, B, n
-            )
+            res = cell(model, drafter, table, m, config_of(m, args, k), sampling, B, n)
             rows.append({"model": name, "method": m, "batch_size": B, "repeat": r, **res})
             print(f"r{r} {name:12s} {m:8s} B={B:3d} {res['images_per_s']:7.2f} img/s  τ={res['tau']:.2f}", flush=True)
     df = pd.DataFrame(rows)

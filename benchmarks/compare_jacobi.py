@@ -7,7 +7,7 @@ accepted length, bonus counted), acceptance rate of reached drafts, latency spee
 batch 1 (interleaved rounds, :mod:`lantern.timing`), throughput at batch ``--batch-size`` B
 (images per second of each method decoding B images per target forward, AR at batch B in the
 same interleaved rounds: median and spread over ``--throughput-rounds``, and the per-round
-ratio to AR; draft trees are not batched, so EAGLE-2 has none), the exact per-step distortion (mean
+ratio to AR; EAGLE-2's dynamic tree batches too), the exact per-step distortion (mean
 ``TVD(out, p)`` of one verification: LANTERN / LANTERN++ on the (p, q) pairs of the drafter along
 AR samples, :mod:`lantern.distortion`; GSD on the (p, q) pairs its own decodes judged,
 :func:`lantern.jacobi.gsd_output_distribution`; 0 for the lossless methods) and the acceptance
@@ -354,7 +354,7 @@ def main(argv=None) -> int:
     speed = speedup_table(timing).set_index("config")
     tp = None
     if args.batch_size > 1:
-        batched = {k: v for k, v in cfgs.items() if v.tree is None or v.rule is None}  # trees are not batched
+        batched = cfgs  # every method batches (chains, trees, Jacobi windows)
         tp_timing = interleaved_timing(
             model,
             batched,

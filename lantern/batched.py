@@ -9,9 +9,18 @@ image never holds the others; once no condition is left and at most half the slo
 empty slots are dropped from the caches (one copy), so a draining batch does not compute them.
 AR decoding is the same step with γ = 0 and no drafter.
 
+Draft trees (``tree=``: EAGLE-1 static or EAGLE-2 dynamic :class:`lantern.trees.TreeSpec`, both
+conventions) take the same slots: each step every image drafts its own tree, all trees are
+verified in one target forward (padded to the largest node count; node ``t`` of image ``b`` at
+cache slot ``n_b - 1 + t``, image position ``n_b - 1 + depth_t``, seeing its image's committed
+slots and its own ancestors), each image walks its tree and moves its accepted path's keys and
+values behind its committed tokens (:meth:`~ambiguity.models.base.TokenModel.move_slots`, one
+indexed copy for all images). See :func:`_tree_round`.
+
 State per slot (the loop of :func:`lantern.chain.speculative_decode`, with ``n`` and ``d`` per
 image): the target's KV cache (:meth:`ambiguity.models.base.TokenModel.new_slots_cache`,
-preallocated for ``N + γ + 1`` image positions a row and written in place at per-row slots) holds
+preallocated for ``N + γ + 1`` image positions a row (trees: ``N`` + the node count) and written
+in place at per-row slots) holds
 ``x_0..x_{n_b-2}``; the drafter's cache holds its positions ``0..d_b-1``; the target features
 ``h_{-1}..h_{n_b-2}`` sit in a (rows, N + γ + 1, H) buffer. Positions are per row (the 2D
 rotary position of each image's own grid cell), and an attention mask per row shows a token
@@ -26,19 +35,26 @@ draws (the first token, ``γ_b`` draft tokens, ``γ_b`` uniforms, the next token
 batch, slot or admission step. In float64 the tokens of every image equal those of batch 1
 (``tests/test_batched_decoding.py``); in float32 matrix products over several rows round
 differently from one row, which now and then moves a CDF boundary past a uniform and changes an
-image from that token on (see the README for the measured fraction of identical images).
+image from that token on (see the README for the measured fraction of identical images). The
+same holds for draft trees: in float64 tokens and every record (steps, per-node draft rows) equal
+:func:`lantern.tree_decoding.tree_decode`'s; a tree draws its children (static trees, sampling),
+coins and next token from the image's :class:`lantern.trees.GeneratorDraws`.
 
 Vectorised over images: drafting, verification, acceptance (:func:`lantern.chain.accept` with
 per-row lengths), residual sampling and the commits are tensor operations over all slots; the
 per-image Python work is one ``torch.rand`` call per image's generator (each image owns a stream)
 and record keeping. One host transfer per step brings the accepted lengths and the step's
 records to the CPU (plus none for the tokens: they stay on the device until the end).
+Trees are vectorised in their forwards (one drafter forward per tree level for all images, one
+target forward) and in the commit; per-image Python loops remain where one-image tree decoding
+has them: building each tree (its top-k / draws without replacement, the per-level node lists),
+the verification walk (:func:`lantern.tree_decoding.walk_tree`: sibling trials, residuals) and
+the per-node draft records, each with its own small host transfers (several per step, not one).
 
 Timing: a step's seconds per section (target, drafter, acceptance, proximity; wall-clock) are
 split equally among the images active in it, and a prefill's among the images it admitted;
 ``total_s`` of an image is its share of every step's wall time. Step rows carry ``batch_step``
-and ``active`` (:mod:`lantern.records`). Draft trees are not batched (``batch_size > 1`` with a
-tree is refused with a UsageError).
+and ``active`` (:mod:`lantern.records`).
 """
 
 from __future__ import annotations
@@ -59,8 +75,10 @@ from ambiguity.stats import entropy, top1_prob
 from lantern.acceptance import AcceptanceRule, judge
 from lantern.chain import accept
 from lantern.drafter import DraftModel
-from lantern.records import DRAFT_COLUMNS, NEXT_KINDS, STEP_COLUMNS, Decoded
+from lantern.records import DRAFT_COLUMNS, NEXT_KINDS, STEP_COLUMNS, Decoded, _tree_rows
 from lantern.steps import Timer, elapsed_since, target_distribution
+from lantern.tree_decoding import tree_draft_columns, walk_tree
+from lantern.trees import Draws, GeneratorDraws, TreeSpec, tree_steps
 
 __all__ = ["batched_decode", "check_batching"]
 
@@ -83,7 +101,7 @@ _SECTIONS = ("target", "drafter", "acceptance", "proximity")
 def check_batching(model: TokenModel, drafter: Optional[DraftModel]) -> None:
     """Raise UsageError (one line) when ``model`` or ``drafter`` cannot decode with ``--batch-size`` > 1:
     an adapter without per-image cache positions, or a drafter without :meth:`forward_slots`. What a
-    decode configuration cannot batch (draft trees) is refused earlier, before any model
+    decode configuration cannot batch is refused earlier, before any model
     loads, by :func:`lantern.decoding.check_batch_config`."""
     if not getattr(model, "can_batch_decode", False):
         why = getattr(model, "batch_limit", TokenModel.batch_limit)
@@ -112,6 +130,11 @@ class _Streams:
         """Only these slots remain, renumbered 0.. in this order (a compacted batch)."""
         self.gens = [self.gens[s] for s in slots]
         self.scripted = [self.scripted[s] for s in slots]
+
+    def draws_of(self, slot: int) -> Draws:
+        """The slot's :class:`lantern.trees.Draws` (tree drafting and walking): the scripted one, or its
+        image's generator (one float64 uniform per coin or categorical draw, as one-image decoding)."""
+        return self.scripted[slot] if self.scripted[slot] is not None else GeneratorDraws(self.gens[slot], self.device)
 
     def free(self, slot: int) -> None:
         self.gens[slot], self.scripted[slot] = self.idle, None
@@ -155,7 +178,20 @@ class _Records:
         self.steps: list[dict] = []
         self.drafts: list[dict] = []
 
-    def add(self, images, step_no, n, g, a, kind, token, seconds: dict, batch_step: int, draft_cols: Optional[dict]):
+    def add(
+        self,
+        images,
+        step_no,
+        n,
+        g,
+        a,
+        kind,
+        token,
+        seconds: dict,
+        batch_step: int,
+        draft_cols: Optional[dict],
+        forwards=None,
+    ):
         k = len(images)
         row = dict(
             image=images,
@@ -166,7 +202,7 @@ class _Records:
             emitted=a + 1,
             next_kind=np.asarray(NEXT_KINDS, dtype=object)[kind],
             next_token=token,
-            drafter_forwards=g,
+            drafter_forwards=g if forwards is None else forwards,
             batch_step=np.full(k, batch_step),
             active=np.full(k, k),
         )
@@ -184,7 +220,7 @@ class _Records:
         if not self.drafts:
             return steps, {c: np.array([]) for c in DRAFT_COLUMNS}
         drafts = {c: np.concatenate([d[c] for d in self.drafts]) for c in DRAFT_COLUMNS}
-        order = np.lexsort((drafts["draft_index"], drafts["step"], drafts["image"]))
+        order = np.lexsort((drafts["node"], drafts["step"], drafts["image"]))  # a chain's node = draft_index + 1
         return steps, {c: v[order] for c, v in drafts.items()}
 
 
@@ -232,6 +268,7 @@ def batched_decode(
     progress: bool = False,
     indices: Optional[Sequence[int]] = None,
     draws: Optional[dict] = None,
+    tree: Optional[TreeSpec] = None,
 ) -> Decoded:
     """Decode one image per condition with up to ``batch_size`` images per forward (module docstring).
 
@@ -241,16 +278,19 @@ def batched_decode(
     decodes ``conditions[j]`` with generator ``(seed, first_index + j)`` (or image ``indices[j]``
     when given). draws: {image index: :class:`lantern.trees.Draws`} for images whose coins and
     categorical draws come from that object instead of their generator (exact enumeration in the
-    tests; a per-row Python path). Returns a
+    tests; a per-row Python path). tree: a static or dynamic :class:`lantern.trees.TreeSpec` to
+    draft trees instead of chains (gamma unused; :func:`_tree_round`), None for chains. Returns a
     :class:`~lantern.records.Decoded` (tokens (images, N) int64 on the CPU, rows in image order,
-    records as :func:`lantern.chain.speculative_decode` writes them plus ``batch_step`` and
-    ``active``). Raises UsageError when the model or drafter cannot batch (:func:`check_batching`).
+    records as :func:`lantern.chain.speculative_decode` (trees:
+    :func:`lantern.tree_decoding.tree_decode`) writes them plus ``batch_step`` and ``active``).
+    Raises UsageError when the model or drafter cannot batch (:func:`check_batching`).
     """
     check_batching(model, drafter if rule is not None else None)
     conds = list(conditions)
     index = np.arange(first_index, first_index + len(conds)) if indices is None else np.asarray(indices, dtype=np.int64)
     N = int(num_tokens or model.num_tokens)
-    G = int(gamma) if rule is not None else 0
+    spec = tree if rule is not None and tree is not None and tree.kind != "chain" else None
+    G = int(gamma) if rule is not None and spec is None else 0
     guided, greedy = sampling.guided, sampling.greedy
     convention = rule.convention if rule is not None else "exact"
     judge_rule = rule if rule is not None else AcceptanceRule("sd")
@@ -258,9 +298,12 @@ def batched_decode(
     dev = model.device
     B = max(1, min(int(batch_size), len(conds)))
     R = B * (1 + guided)
-    W = N + G + 1  # positions a row may write: the image plus the padding of one chain
-    cache = model.new_slots_cache(B, guided, N, G + 1)
+    spare = spec.nodes if spec is not None else G + 1  # a verified chain or tree beyond the image
+    W = N + spare  # positions a row may write: the image plus the padding of one chain or tree
+    cache = model.new_slots_cache(B, guided, N, spare)
     dcache = drafter.new_cache(R, G + 1) if G else None
+    if spec is not None:  # the tree's drafter nodes after the committed positions, plus one level of padding
+        dcache = drafter.new_cache(R, 2 * spec.drafter_nodes + 1)
     timer = Timer(dev)
     streams = _Streams(B, dev, draws)
     image_of = np.full(B, -1)
@@ -315,82 +358,112 @@ def batched_decode(
         batch_step += 1
         t0, before = time.perf_counter(), timer.snapshot()
         active = image_of >= 0
-        g = np.where(active, np.minimum(G, N - 1 - n), 0)
-        gmax = int(g.max())
-        n_t = torch.as_tensor(n, device=dev)
-        g_t = torch.as_tensor(g, device=dev)
-        drafts = tokens.new_zeros(B, gmax)
-        q = None
-        if gmax:
-            with timer("drafter"):
-                drafts, q = _draft(
-                    model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided, convention, N
-                )
-            d = np.where(g > 0, n, d)
-        with timer("target"):
-            T = gmax + 1
-            slots = (n_t - 1)[:, None] + ar[:T]  # x_{n-1} and the drafts, at their own image positions
-            vin = torch.cat([tokens.gather(1, slots[:, :1]), drafts], 1)
-            S = int(n.max()) - 1 + T
-            visible = ar[None, None, :S] <= slots[:, :, None]
-            out = model.extend_slots(
+        if spec is not None:
+            a_h, g, kind_h, next_h, fwd, cols, d = _tree_round(
+                model,
+                drafter,
                 cache,
-                expand_rows(vin, guided),
-                expand_rows(slots, guided),
-                expand_rows(slots.clamp(max=N - 1), guided),
-                expand_rows(visible, guided),
-            )
-        with timer("acceptance"):
-            p = target_distribution(out.logits, sampling, guided, convention)  # (B, T, V)
-            u = None
-            if gmax and not greedy:
-                prob = (
-                    judge(
-                        p[:, :gmax], q, drafts, torch.zeros_like(drafts, dtype=p.dtype), table, judge_rule, False
-                    ).accept_prob
-                    if any(x is not None for x in streams.scripted)
-                    else None
-                )
-                u = streams.uniforms(g, p.dtype, prob)
-            res = accept(
-                p,
-                q,
-                drafts,
-                judge_rule,
+                dcache,
+                tokens,
+                feats,
+                n,
+                d,
+                active,
+                streams,
+                sampling,
+                rule,
                 table,
-                greedy,
-                None,
-                validate=False,
-                timer=timer,
-                lengths=g_t,
-                u=u,
-                choose=lambda probs, rows=range(B): streams.categorical(probs, rows),
+                spec,
+                N,
+                timer,
+                index[image_of],
+                step_of + 1,
             )
-            a = res.accepted
-            keep = ar[None, :T] <= a[:, None]  # committed: the accepted drafts and the next token
-            cand = torch.cat([drafts, res.next_token[:, None]], 1)
-            cand = cand.scatter(1, a[:, None], res.next_token[:, None])
-            at = n_t[:, None] + ar[:T]
-            tokens.scatter_(1, at, torch.where(keep, cand, tokens.gather(1, at)))
-            at_r, keep_r = expand_rows(at, guided)[..., None].expand(-1, -1, H), expand_rows(keep, guided)[..., None]
-            feats.scatter_(1, at_r, torch.where(keep_r, out.hidden, feats.gather(1, at_r)))  # h_{n-1}..h_{n+a-1}
-        host = _to_host(res, p, q, drafts, gmax, greedy)  # the step's one host transfer
-        a_h = host["a"]
-        live = np.flatnonzero(active)
-        step_of[live] += 1
-        imgs = image_of[live]
-        cols = (
-            _chain_draft_columns(
-                {c: host[c][live] for c in host if c not in ("a", "kind", "next")},
-                index[imgs],
-                step_of[live],
-                n[live],
-                g[live],
-                a_h[live],
+            live = np.flatnonzero(active)
+            step_of[live] += 1
+            imgs = image_of[live]
+        else:
+            fwd = None
+            g = np.where(active, np.minimum(G, N - 1 - n), 0)
+            gmax = int(g.max())
+            n_t = torch.as_tensor(n, device=dev)
+            g_t = torch.as_tensor(g, device=dev)
+            drafts = tokens.new_zeros(B, gmax)
+            q = None
+            if gmax:
+                with timer("drafter"):
+                    drafts, q = _draft(
+                        model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided, convention, N
+                    )
+                d = np.where(g > 0, n, d)
+            with timer("target"):
+                T = gmax + 1
+                slots = (n_t - 1)[:, None] + ar[:T]  # x_{n-1} and the drafts, at their own image positions
+                vin = torch.cat([tokens.gather(1, slots[:, :1]), drafts], 1)
+                S = int(n.max()) - 1 + T
+                visible = ar[None, None, :S] <= slots[:, :, None]
+                out = model.extend_slots(
+                    cache,
+                    expand_rows(vin, guided),
+                    expand_rows(slots, guided),
+                    expand_rows(slots.clamp(max=N - 1), guided),
+                    expand_rows(visible, guided),
+                )
+            with timer("acceptance"):
+                p = target_distribution(out.logits, sampling, guided, convention)  # (B, T, V)
+                u = None
+                if gmax and not greedy:
+                    prob = (
+                        judge(
+                            p[:, :gmax], q, drafts, torch.zeros_like(drafts, dtype=p.dtype), table, judge_rule, False
+                        ).accept_prob
+                        if any(x is not None for x in streams.scripted)
+                        else None
+                    )
+                    u = streams.uniforms(g, p.dtype, prob)
+                res = accept(
+                    p,
+                    q,
+                    drafts,
+                    judge_rule,
+                    table,
+                    greedy,
+                    None,
+                    validate=False,
+                    timer=timer,
+                    lengths=g_t,
+                    u=u,
+                    choose=lambda probs, rows=range(B): streams.categorical(probs, rows),
+                )
+                a = res.accepted
+                keep = ar[None, :T] <= a[:, None]  # committed: the accepted drafts and the next token
+                cand = torch.cat([drafts, res.next_token[:, None]], 1)
+                cand = cand.scatter(1, a[:, None], res.next_token[:, None])
+                at = n_t[:, None] + ar[:T]
+                tokens.scatter_(1, at, torch.where(keep, cand, tokens.gather(1, at)))
+                at_r, keep_r = (
+                    expand_rows(at, guided)[..., None].expand(-1, -1, H),
+                    expand_rows(keep, guided)[..., None],
+                )
+                feats.scatter_(1, at_r, torch.where(keep_r, out.hidden, feats.gather(1, at_r)))  # h_{n-1}..h_{n+a-1}
+            host = _to_host(res, p, q, drafts, gmax, greedy)  # the step's one host transfer
+            a_h = host["a"]
+            live = np.flatnonzero(active)
+            step_of[live] += 1
+            imgs = image_of[live]
+            cols = (
+                _chain_draft_columns(
+                    {c: host[c][live] for c in host if c not in ("a", "kind", "next")},
+                    index[imgs],
+                    step_of[live],
+                    n[live],
+                    g[live],
+                    a_h[live],
+                )
+                if gmax
+                else None
             )
-            if gmax
-            else None
-        )
+            kind_h, next_h = host["kind"], host["next"]
         secs = elapsed_since(timer, before)
         n_before = n.copy()
         n = np.where(active, n + a_h + 1, n)
@@ -405,11 +478,12 @@ def batched_decode(
             n_before[live],
             g[live],
             a_h[live],
-            host["kind"][live],
-            host["next"][live],
+            kind_h[live],
+            next_h[live],
             secs,
             batch_step,
             cols,
+            None if fwd is None else fwd[live],
         )
         for s in _SECTIONS:
             per_image[s][imgs] += secs.get(s, 0.0) / len(live)
@@ -449,7 +523,8 @@ def batched_decode(
         **{f"{s}_s": per_image[s] for s in _SECTIONS},
         "total_s": per_image["total"],
     }
-    return Decoded(out_tokens.cpu(), steps, drafts_tab, images, rule.method if rule is not None else "ar", G)
+    depth = spec.max_depth if spec is not None else G
+    return Decoded(out_tokens.cpu(), steps, drafts_tab, images, rule.method if rule is not None else "ar", depth)
 
 
 def _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided, convention, N):
@@ -458,24 +533,10 @@ def _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, gu
     The first forward covers each row's pending positions ``d_b..n_b-1`` (padded to the longest;
     each row's last real output drafts ``x̂_{n_b}``); row b draws only its first ``g_b`` drafts
     from its stream. Returns drafts (B, max g) int64 and q (B, max g, V)."""
-    dev, B, H = tokens.device, tokens.shape[0], feats.shape[-1]
+    dev, B = tokens.device, tokens.shape[0]
     gmax = int(g.max())
-    pend = np.where(g > 0, n - d, 1)
-    Tp = int(pend.max())
-    d_t = torch.as_tensor(d, device=dev)
-    ar = torch.arange(max(Tp, gmax) + int(n.max()) + 1, device=dev)
-    slots = d_t[:, None] + ar[:Tp]
-    pos = slots.clamp(max=N - 1)
-    toks = tokens.gather(1, pos)
-    pos_r = expand_rows(pos, guided)
-    fin = feats.gather(1, pos_r[..., None].expand(-1, -1, H))
-    S = int(d.max()) + Tp
-    visible = ar[None, None, :S] <= slots[:, :, None]
-    f = drafter.forward_slots(
-        model, expand_rows(toks, guided), fin, dcache, expand_rows(slots, guided), pos_r, expand_rows(visible, guided)
-    )
-    last = expand_rows(torch.as_tensor(pend - 1, device=dev), guided)
-    f = f.gather(1, last[:, None, None].expand(-1, 1, H))  # (rows, 1, H): each row's last pending output
+    f = _pending(model, drafter, dcache, tokens, feats, n, d, g > 0, guided, N)
+    ar = torch.arange(gmax + int(n.max()) + 1, device=dev)
     n_t = torch.as_tensor(n, device=dev)
     xs, qs = [], []
     for j in range(gmax):
@@ -496,6 +557,190 @@ def _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, gu
                 expand_rows(vis, guided),
             )
     return torch.stack(xs, 1), torch.stack(qs, 1)
+
+
+def _pending(model, drafter, dcache, tokens, feats, n, d, drafting, guided: bool, N: int) -> torch.Tensor:
+    """The drafter over every drafting slot's pending positions ``d_b..n_b-1`` with true target
+    features (EAGLE's re-run on accepted tokens; padded to the longest; a slot that does not draft
+    runs one throw-away position at ``d_b``). Returns (rows, 1, H): each row's last pending output,
+    the feature that drafts ``x̂_{n_b}`` (the root of a draft tree)."""
+    dev, H = tokens.device, feats.shape[-1]
+    pend = np.where(drafting, n - d, 1)
+    Tp = int(pend.max())
+    d_t = torch.as_tensor(d, device=dev)
+    ar = torch.arange(Tp + int(d.max()) + 1, device=dev)
+    slots = d_t[:, None] + ar[:Tp]
+    pos = slots.clamp(max=N - 1)
+    toks = tokens.gather(1, pos)
+    pos_r = expand_rows(pos, guided)
+    fin = feats.gather(1, pos_r[..., None].expand(-1, -1, H))
+    S = int(d.max()) + Tp
+    visible = ar[None, None, :S] <= slots[:, :, None]
+    f = drafter.forward_slots(
+        model, expand_rows(toks, guided), fin, dcache, expand_rows(slots, guided), pos_r, expand_rows(visible, guided)
+    )
+    last = expand_rows(torch.as_tensor(pend - 1, device=dev), guided)
+    return f.gather(1, last[:, None, None].expand(-1, 1, H))
+
+
+def _tree_round(
+    model,
+    drafter,
+    cache,
+    dcache,
+    tokens,
+    feats,
+    n,
+    d,
+    active,
+    streams,
+    sampling,
+    rule,
+    table,
+    spec,
+    N,
+    timer,
+    images,
+    steps,
+):
+    """One batch step of draft trees: every active slot drafts its own tree, one target forward
+    verifies all trees, each image walks its tree and commits its accepted path.
+
+    Drafting: one drafter forward over the pending positions (:func:`_pending`) gives each root's
+    feature; then every image's tree drafter (:func:`lantern.trees.tree_steps`, a generator) asks
+    for its next level of nodes, and the levels of all images run in one ``forward_slots`` (padded
+    to the widest; an image's nodes sit at its own drafter slots ``n_b, n_b + 1, ..`` in the order
+    one-image decoding appends them, and see its committed positions and their tree ancestors).
+    Verification: node t of image b at cache slot ``n_b - 1 + t`` (the root ``x_{n_b-1}`` at slot
+    ``n_b - 1``), image position ``n_b - 1 + depth_t``, seeing slots ``0..n_b-2`` and its
+    ancestors; trees are padded to the largest node count (padding sees the committed slots and
+    itself; its outputs are unused and its cache entries never seen). An image
+    with one token left verifies its root alone (a plain target step). The walk
+    (:func:`lantern.tree_decoding.walk_tree`) runs per image in Python, with its own Draws. Commit:
+    tokens, target features and the target's keys/values of the accepted path move behind the
+    committed tokens (:meth:`~ambiguity.models.base.TokenModel.move_slots`), vectorised over
+    images; the drafter's tree entries are simply left behind (recomputed from true features
+    next round, as :func:`lantern.tree_decoding.tree_decode` rolls its drafter cache back).
+
+    Returns accepted (B,), drafted (B,), kind (B,) index into NEXT_KINDS, next token (B,),
+    drafter forwards (B,), the draft columns of the step (None when no image drafted) and the new
+    drafter positions d (B,). images / steps: the image index and step number of each slot.
+    """
+    dev, B, H = tokens.device, tokens.shape[0], feats.shape[-1]
+    guided, greedy, conv = sampling.guided, sampling.greedy, rule.convention
+    R = B * (1 + guided)
+    rows = [[b, b + B] if guided else [b] for b in range(B)]
+    room = np.where(active, N - 1 - n, 0)
+    drafting = active & (room > 0)
+    draws = [streams.draws_of(b) if active[b] else None for b in range(B)]
+    trees: list = [None] * B
+    roots = tokens.gather(1, torch.as_tensor(n - 1, device=dev)[:, None])[:, 0]
+    if drafting.any():
+        with timer("drafter"):
+            f_root = _pending(model, drafter, dcache, tokens, feats, n, d, drafting, guided, N)  # (R, 1, H)
+            root_q = target_distribution(drafter.logits(model, f_root)[:, -1], sampling, guided, conv)  # (B, V)
+            root_tok = roots.tolist()
+            gens, asks = {}, {}
+            for b in np.flatnonzero(drafting):
+                gens[b] = tree_steps(
+                    spec, root_tok[b], f_root[rows[b]], root_q[b], int(n[b]), int(room[b]), greedy, draws[b], dev
+                )
+                try:
+                    asks[b] = next(gens[b])
+                except StopIteration as done:
+                    trees[b] = done.value
+            used = np.zeros(B, dtype=np.int64)  # drafter slots the tree nodes took after n_b
+            while asks:
+                F = max(len(a.tokens) for a in asks.values())
+                L = n + used
+                S = int(L.max()) + F
+                toks = np.zeros((B, F), dtype=np.int64)
+                pos = np.repeat((n - 1)[:, None], F, 1)
+                slots = L[:, None] + np.arange(F)[None]
+                vis = np.zeros((B, F, S), dtype=bool)
+                vis[np.arange(B)[:, None], np.arange(F)[None], slots] = True  # padding sees itself
+                pf = f_root.new_zeros(R, F, H)
+                for b, a in asks.items():
+                    k = len(a.tokens)
+                    toks[b, :k] = a.tokens
+                    pos[b] += a.depth
+                    vis[b, :k, : L[b] + k] = a.visible(int(L[b])).numpy()
+                    pf[rows[b], :k] = a.parent_f
+                at = lambda x: expand_rows(torch.as_tensor(x, device=dev), guided)  # noqa: E731 - host -> rows
+                out = drafter.forward_slots(model, at(toks), pf, dcache, at(slots), at(np.minimum(pos, N - 1)), at(vis))
+                q = target_distribution(drafter.logits(model, out), sampling, guided, conv)  # (B, F, V)
+                for b, a in list(asks.items()):
+                    k = len(a.tokens)
+                    try:
+                        asks[b] = gens[b].send((out[rows[b], :k], q[b, :k], int(L[b])))
+                    except StopIteration as done:
+                        trees[b] = done.value
+                        del asks[b]
+                    used[b] += k
+    sizes = np.array([len(t) if t is not None else 1 for t in trees])
+    T = int(sizes.max())
+    with timer("target"):
+        node_tok = np.zeros((B, T), dtype=np.int64)
+        depth = np.zeros((B, T), dtype=np.int64)
+        S = int(n.max()) - 1 + T
+        slots = (n - 1)[:, None] + np.arange(T)[None]
+        vis = np.arange(S)[None, None, :] < (n - 1)[:, None, None]  # committed x_0..x_{n_b-2}
+        vis = np.broadcast_to(vis, (B, T, S)).copy()
+        vis[np.arange(B)[:, None], np.arange(T)[None], slots] = True  # every node sees itself
+        for b, t in enumerate(trees):
+            if t is not None:
+                k = len(t)
+                node_tok[b, 1:k] = t.tokens[1:].tolist()
+                depth[b, :k] = t.depths
+                vis[b, :k, n[b] - 1 : n[b] - 1 + k] = t.ancestors().numpy()
+        vin = torch.as_tensor(node_tok, device=dev)
+        vin[:, 0] = roots
+        at = lambda x: expand_rows(torch.as_tensor(x, device=dev), guided)  # noqa: E731 - host -> rows
+        pos = np.minimum((n - 1)[:, None] + depth, N - 1)
+        out = model.extend_slots(cache, expand_rows(vin, guided), at(slots), at(pos), at(vis))
+    with timer("acceptance"):
+        p = target_distribution(out.logits, sampling, guided, conv)  # (B, T, V)
+        path = np.zeros((B, T), dtype=np.int64)
+        m = np.zeros(B, dtype=np.int64)
+        kind = np.zeros(B, dtype=np.int64)
+        nxt = np.zeros(B, dtype=np.int64)
+        cols = []
+        for b in np.flatnonzero(active):
+            if trees[b] is None:  # one token left: a plain target step
+                nxt[b] = int(p[b, 0].argmax()) if greedy else draws[b].categorical(p[b, 0])
+                continue
+            k = len(trees[b])
+            outcome = walk_tree(trees[b], p[b, :k], rule, table, greedy, draws[b], timer)
+            m[b] = len(outcome.path) - 1
+            path[b, : m[b] + 1] = outcome.path
+            kind[b], nxt[b] = NEXT_KINDS.index(outcome.kind), outcome.token
+            c = tree_draft_columns(trees[b], p[b, :k], outcome, int(n[b]))
+            c["image"], c["step"] = np.full(k - 1, images[b]), np.full(k - 1, steps[b])
+            cols.append(c)
+        M = int(m.max()) + 1
+        keep = torch.as_tensor(np.arange(M)[None] <= m[:, None], device=dev)  # root, accepted nodes, next token
+        path_t = torch.as_tensor(path[:, :M], device=dev)
+        n_t = torch.as_tensor(n, device=dev)
+        dest = n_t[:, None] + torch.arange(M, device=dev)
+        cand = torch.cat([vin.gather(1, path_t[:, 1:]), vin.new_zeros(B, 1)], 1)
+        cand.scatter_(1, torch.as_tensor(m, device=dev)[:, None], torch.as_tensor(nxt, device=dev)[:, None])
+        tokens.scatter_(1, dest, torch.where(keep, cand, tokens.gather(1, dest)))
+        dest_r = expand_rows(dest, guided)[..., None].expand(-1, -1, H)
+        hid = out.hidden.gather(1, expand_rows(path_t, guided)[..., None].expand(-1, -1, H))  # h_{n-1}..h_{n+m-1}
+        feats.scatter_(1, dest_r, torch.where(expand_rows(keep, guided)[..., None], hid, feats.gather(1, dest_r)))
+        if M > 1:  # the accepted nodes' keys/values move behind the committed tokens (slots n_b ..)
+            moved = keep[:, 1:]
+            dst = n_t[:, None] - 1 + torch.arange(1, M, device=dev)
+            src = torch.where(moved, n_t[:, None] - 1 + path_t[:, 1:], dst)
+            model.move_slots(cache, expand_rows(src, guided), expand_rows(dst, guided))
+    drafted = np.array([len(t) - 1 if t is not None else 0 for t in trees])
+    forwards = np.array([t.forwards if t is not None else 0 for t in trees])
+    draft_cols = None
+    if cols:
+        draft_cols = {c: np.concatenate([x[c] for x in cols]) for c in cols[0]}
+        draft_cols = _tree_rows(draft_cols)
+        draft_cols["out_of_support"] = draft_cols["committed"] & (draft_cols["p_draft"] == 0)
+    return m, drafted, kind, nxt, forwards, draft_cols, np.where(drafting, n, d)
 
 
 def _to_host(res, p, q, drafts, gmax: int, greedy: bool) -> dict:

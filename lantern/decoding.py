@@ -248,16 +248,12 @@ def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
 
 
 def check_batch_config(config: DecodeConfig, batch_size: int) -> None:
-    """Refuse, before any model loads, a ``batch_size`` > 1 that ``config`` cannot decode: draft
-    trees are not batched (AR, chains and the Jacobi methods SJD / GSD / SCD are). Raises
-    UsageError (one line)."""
-    if batch_size <= 1:
-        return
-    if config.rule is not None and config.tree is not None:
-        raise UsageError(
-            "--batch-size > 1 decodes chains, AR and Jacobi windows only (draft trees are not batched yet); "
-            "use --tree chain or --batch-size 1"
-        )
+    """Refuse, before any model loads, a ``batch_size`` > 1 that ``config`` cannot decode. Every
+    method batches today (AR, chains, static and dynamic draft trees, the Jacobi methods SJD /
+    GSD / SCD), so this only checks ``batch_size`` >= 1; it stays the one place a future
+    configuration that cannot batch is refused. Raises UsageError (one line)."""
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
 
 
 def decode(
@@ -279,9 +275,9 @@ def decode(
 
     batch_size: 1 decodes one image after another (the loops of :mod:`lantern.chain` and
     :mod:`lantern.tree_decoding`); B > 1 keeps up to B images in flight, one target forward per
-    step for all of them (:func:`lantern.batched.batched_decode`: AR and chains;
-    :func:`lantern.jacobi.batched_jacobi_decode`: SJD / GSD / SCD; trees are refused with a
-    UsageError). The random streams are the same either way: in float64 the tokens equal
+    step for all of them (:func:`lantern.batched.batched_decode`: AR, chains, static and dynamic
+    draft trees; :func:`lantern.jacobi.batched_jacobi_decode`: SJD / GSD / SCD). The random
+    streams are the same either way: in float64 the tokens equal
     batch 1's for every image; in float32 batched matrix products round differently and an image
     occasionally diverges from batch 1 at some position (both are exact samples of the method).
 
@@ -313,10 +309,11 @@ def decode(
         check_batch_config(config, batch_size)
         check_batching(model, drafter if rule is not None else None)
         N = int(num_tokens or model.num_tokens)
+        tree = config.tree if rule is not None else None
         check_batch(
             model,
             min(batch_size, len(conditions)),
-            N + config.draft_depth + 1 + PREFIX_ROOM,
+            N + (tree.nodes if tree is not None else config.draft_depth + 1) + PREFIX_ROOM,
             "--batch-size",
             1 + sampling.guided,
         )
@@ -339,6 +336,7 @@ def decode(
                 num_tokens,
                 progress,
                 indices,
+                tree=tree,
             )
         if pixels:
             h, w = model.grid

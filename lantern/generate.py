@@ -242,7 +242,8 @@ def build_parser() -> ArgumentParser:
         type=positive_int,
         default=1,
         metavar="B",
-        help="images decoded together, one target forward per step for all (AR, chains and sjd/gsd/scd; "
+        help="images decoded together, one target forward per step for all (AR, chains, draft trees and "
+        "sjd/gsd/scd; "
         "default: 1). "
         "Same random streams: tokens equal batch 1's exactly with --dtype float64, almost always "
         "in float32",

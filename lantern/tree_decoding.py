@@ -38,7 +38,7 @@ from lantern.records import Decoded, StepLog
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
 from lantern.trees import Draws, GeneratorDraws, Tree, TreeSpec, draft_tree
 
-__all__ = ["TreeOutcome", "walk_tree", "walk_official_greedy", "tree_decode"]
+__all__ = ["TreeOutcome", "walk_tree", "walk_official_greedy", "tree_draft_columns", "tree_decode"]
 
 _TRIAL = ("node", "sibling", "p_tilde", "j_star", "spent", "q_draft", "accept_prob", "u", "accepted")
 
@@ -164,7 +164,7 @@ def _trial(node, sibling, p_tilde, j_star, spent, q_draft, accept_prob, u, accep
     )
 
 
-def _draft_columns(tree: Tree, p: torch.Tensor, outcome: TreeOutcome, position: int) -> dict:
+def tree_draft_columns(tree: Tree, p: torch.Tensor, outcome: TreeOutcome, position: int) -> dict:
     """Per-node draft columns of one tree (nodes 1..T-1; see :data:`lantern.records.DRAFT_COLUMNS`)."""
     T = len(tree)
     nodes = np.arange(1, T)
@@ -309,7 +309,7 @@ def tree_decode(
             outcome.kind,
             outcome.token,
             elapsed_since(timer, before),
-            _draft_columns(tree, p, outcome, n),
+            tree_draft_columns(tree, p, outcome, n),
             drafter_forwards=tree.forwards,
         )
         n += m + 1

@@ -26,7 +26,9 @@ decoding), so that tests can enumerate all outcomes of the real code exactly.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Optional, Protocol
 
@@ -37,7 +39,17 @@ from ambiguity.models.base import TokenModel
 from ambiguity.sampling import expand_rows, invert
 from lantern.drafter import DraftModel
 
-__all__ = ["STATIC_TREES", "TreeSpec", "Tree", "Draws", "GeneratorDraws", "draft_tree", "parse_tree"]
+__all__ = [
+    "STATIC_TREES",
+    "TreeSpec",
+    "Tree",
+    "Draws",
+    "GeneratorDraws",
+    "Expansion",
+    "draft_tree",
+    "tree_steps",
+    "parse_tree",
+]
 
 # The official trees (jadohu/LANTERN models/drafters/choices.py, from EAGLE/Medusa): child-rank paths.
 STATIC_TREES: dict[str, tuple[tuple[int, ...], ...]] = {
@@ -433,6 +445,23 @@ def _cache_length(dcache) -> int:
     return int(length) if length is not None else int(dcache.get_seq_length())
 
 
+@dataclass
+class Expansion:
+    """One drafter forward a tree drafter asks for (:func:`static_tree_steps`, :func:`dynamic_tree_steps`).
+
+    tokens: F code indices of the nodes to run; parent_f: (rows, F, H) their parents' features;
+    depth: their tree depth (image position ``n - 1 + depth``); visible: ``visible(L)`` -> (F, L + F)
+    bool, which drafter cache entries each node sees when the cache holds ``L`` entries before
+    them (the committed positions ``0..n-1`` and the tree nodes already run) and the F nodes are
+    appended at ``L..L+F-1``. The driver answers with ``(out (rows, F, H), q (F, V), L)``.
+    """
+
+    tokens: list[int]
+    parent_f: torch.Tensor
+    depth: int
+    visible: Callable[[int], torch.Tensor]
+
+
 def draft_tree(
     drafter: DraftModel,
     model: TokenModel,
@@ -455,21 +484,47 @@ def draft_tree(
     (rows, F, V) -> distributions (F, V) (guidance, temperature, filters); greedy: children are
     top ranks (else static children are drawn from q without replacement through ``draws``).
     The drafter cache holds the committed positions afterwards plus the tree's nodes; roll it
-    back to ``n`` after verification. Returns the :class:`Tree`.
+    back to ``n`` after verification. Returns the :class:`Tree`. The tree logic lives in
+    :func:`tree_steps` (shared with batched decoding, :mod:`lantern.batched`); this drives it
+    with one drafter forward per :class:`Expansion`.
     """
     n = start + tokens.shape[1]
     f_root = _root_features(drafter, model, dcache, tokens, features, start)  # (rows, 1, H)
     root_q = q_of(drafter.logits(model, f_root))[0]
+    steps = tree_steps(spec, int(tokens[0, -1]), f_root, root_q, n, max_depth, greedy, draws, model.device)
+    try:
+        ask = next(steps)
+        while True:
+            L = _cache_length(dcache)
+            pos = torch.full((len(ask.tokens),), n - 1 + ask.depth, dtype=torch.long)
+            node_tokens = torch.tensor(ask.tokens, device=model.device)
+            out = _expand(drafter, model, dcache, node_tokens, ask.parent_f, pos, ask.visible(L), guided)
+            ask = steps.send((out, q_of(drafter.logits(model, out)), L))
+    except StopIteration as done:
+        return done.value
+
+
+def tree_steps(
+    spec: TreeSpec,
+    root_token: int,
+    f_root: torch.Tensor,
+    root_q: torch.Tensor,
+    n: int,
+    max_depth: int,
+    greedy: bool,
+    draws: Optional[Draws],
+    device,
+) -> Generator[Expansion, tuple, Tree]:
+    """The tree drafter of one image as a generator: it yields an :class:`Expansion` per drafter
+    forward it needs and returns the :class:`Tree`. root_token: ``x_{n-1}``; f_root (rows, 1, H):
+    the drafter's feature at the root (from true target features); root_q (V,): the drafter's
+    distribution after the root; the drafter cache holds ``0..n-1`` before the first expansion."""
     if spec.kind == "dynamic":
-        return _dynamic(drafter, model, dcache, tokens[0, -1], f_root, root_q, n, spec, max_depth, q_of, guided)
-    return _static(
-        drafter, model, dcache, tokens[0, -1], f_root, root_q, n, spec, max_depth, q_of, greedy, draws, guided
-    )
+        return (yield from _dynamic(root_token, f_root, root_q, n, spec, max_depth, device))
+    return (yield from _static(root_token, f_root, root_q, n, spec, max_depth, greedy, draws, device))
 
 
-def _static(
-    drafter, model, dcache, root_token, f_root, root_q, n, spec, max_depth, q_of, greedy, draws, guided
-) -> Tree:
+def _static(root_token, f_root, root_q, n, spec, max_depth, greedy, draws, device):
     paths = [p for p in spec.paths if len(p) <= max_depth]
     kids: dict[tuple, int] = {}
     for p in paths:  # children per parent path (ranks 0 .. m-1)
@@ -503,26 +558,17 @@ def _static(
             idx = [node_of[p] for p in expand]
             tree = Tree(torch.tensor(tokens), parents, depths)
             anc = [tree.path_to(i) for i in idx]
-            L = _cache_length(dcache)
-            vis = _visibility(L, n, slots, anc)
-            parent_f = torch.cat([feats[parents[i]] for i in idx], 1)
-            pos = torch.full((len(idx),), n - 1 + depth, dtype=torch.long)
-            out = _expand(
-                drafter,
-                model,
-                dcache,
-                torch.tensor([tokens[i] for i in idx], device=model.device),
-                parent_f,
-                pos,
-                vis,
-                guided,
+            out, q_new, L = yield Expansion(
+                [tokens[i] for i in idx],
+                torch.cat([feats[parents[i]] for i in idx], 1),
+                depth,
+                lambda L: _visibility(L, n, list(slots), anc),  # noqa: B023 - called before the loop moves on
             )
-            q_new = q_of(drafter.logits(model, out))
             forwards += 1
             for j, i in enumerate(idx):
                 feats[i], qs[i], slots[i] = out[:, j : j + 1], q_new[j], L + j
         frontier = new
-    tree = _finish(tokens, parents, depths, qs, model, sampled=not greedy, forwards=forwards)
+    tree = _finish(tokens, parents, depths, qs, device, sampled=not greedy, forwards=forwards)
     tree.static = True
     return tree
 
@@ -540,7 +586,19 @@ def _choose(q: torch.Tensor, m: int, greedy: bool, draws: Optional[Draws]) -> li
     return out
 
 
-def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_depth, q_of, guided) -> Tree:
+def _beam_visibility(n: int, anc: list[list[int]], slot: dict, L: int) -> torch.Tensor:
+    """(F, L + F) bool for a beam: committed positions 0..n-1, the slots of each node's candidate
+    ancestors (``anc[i]``: the node, then its parent candidates) and the node itself."""
+    vis = torch.zeros(len(anc), L + len(anc), dtype=torch.bool)
+    vis[:, :n] = True
+    for i, chain in enumerate(anc):
+        for c in chain[1:]:
+            vis[i, slot[c]] = True
+        vis[i, L + i] = True
+    return vis
+
+
+def _dynamic(root_token, f_root, root_q, n, spec, max_depth, device):
     k = min(spec.top_k, root_q.shape[-1])
     logq = torch.log(root_q.double().clamp_min(1e-300)).masked_fill(root_q <= 0, float("-inf"))
     top = logq.topk(k)
@@ -552,7 +610,6 @@ def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_de
     rounds = min(spec.depth, max_depth - 1)
     for r in range(rounds):
         depth = r + 1
-        L = _cache_length(dcache)
         anc = []
         for b in beam:
             chain, c = [], b
@@ -560,35 +617,21 @@ def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_de
                 chain.append(c)
                 c = c_par[c]
             anc.append(chain)
-        vis = torch.zeros(len(beam), L + len(beam), dtype=torch.bool)
-        vis[:, :n] = True
-        for i, chain in enumerate(anc):
-            for c in chain[1:]:
-                vis[i, slot[c]] = True
-            vis[i, L + i] = True
+
         parent_f = torch.cat([feat[c_par[b]] if c_par[b] >= 0 else f_root for b in beam], 1)
-        pos = torch.full((len(beam),), n - 1 + depth, dtype=torch.long)
-        out = _expand(
-            drafter,
-            model,
-            dcache,
-            torch.tensor([c_tok[b] for b in beam], device=model.device),
-            parent_f,
-            pos,
-            vis,
-            guided,
-        )
-        q_new = q_of(drafter.logits(model, out))  # (F, V)
+        visible = partial(_beam_visibility, n, anc, dict(slot))
+        out, q_new, L = yield Expansion([c_tok[b] for b in beam], parent_f, depth, visible)
         logq = torch.log(q_new.double().clamp_min(1e-300)).masked_fill(q_new <= 0, float("-inf"))
         kk = min(spec.top_k, logq.shape[-1])
         child = logq.topk(kk, dim=-1)
+        child_tok, child_logq = child.indices.tolist(), child.values.tolist()  # one transfer, exact floats
         first = len(c_tok)
         for j, b in enumerate(beam):
             slot[b], feat[b] = L + j, out[:, j : j + 1]
             for t in range(kk):
-                c_tok.append(int(child.indices[j, t]))
+                c_tok.append(child_tok[j][t])
                 c_par.append(b)
-                c_score.append(c_score[b] + float(child.values[j, t]))
+                c_score.append(c_score[b] + child_logq[j][t])
                 c_depth.append(depth + 1)
         pool = list(range(first, len(c_tok)))
         pool.sort(key=lambda c: (-c_score[c], c))
@@ -599,17 +642,17 @@ def _dynamic(drafter, model, dcache, root_token, f_root, root_q, n, spec, max_de
     tokens = [int(root_token)] + [c_tok[c] for c in keep]
     parents = [-1] + [index[c_par[c]] if c_par[c] >= 0 else 0 for c in keep]
     depths = [0] + [c_depth[c] for c in keep]
-    return _finish(tokens, parents, depths, [None] * len(tokens), model, sampled=False, forwards=1 + max(rounds, 0))
+    return _finish(tokens, parents, depths, [None] * len(tokens), device, sampled=False, forwards=1 + max(rounds, 0))
 
 
 def _finish(
-    tokens: list[int], parents: list[int], depths: list[int], qs, model: TokenModel, sampled: bool, forwards: int = 1
+    tokens: list[int], parents: list[int], depths: list[int], qs, device, sampled: bool, forwards: int = 1
 ) -> Tree:
     children: list[list[int]] = [[] for _ in tokens]
     for t in range(1, len(tokens)):
         children[parents[t]].append(t)
     return Tree(
-        torch.tensor(tokens, dtype=torch.long, device=model.device),
+        torch.tensor(tokens, dtype=torch.long, device=device),
         parents,
         depths,
         children,

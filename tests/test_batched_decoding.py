@@ -8,7 +8,10 @@
   image branched with its probability while the other images of the batch draw from their own
   streams; with δ = 0 the image's joint distribution equals AR sampling exactly (1e-12),
   for an image that starts with the batch and for one admitted later into a freed slot;
-* bad input: batch size < 1, draft trees, a model that cannot batch.
+* draft trees (EAGLE-1 static, EAGLE-2 dynamic), both conventions, every rule: the same float64
+  equality of tokens and records with batch 1 (images finishing at different steps), greedy
+  equality with AR, and the exact enumeration at δ = 0;
+* bad input: batch size < 1, a Jacobi method, a model that cannot batch.
 """
 
 import itertools
@@ -16,7 +19,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from test_trees import enumerate_outcomes, exact_joint, tiny
+from test_trees import TREES, enumerate_outcomes, exact_joint, tiny
 
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
@@ -26,7 +29,7 @@ from lantern.acceptance import AcceptanceRule
 from lantern.batched import batched_decode
 from lantern.decoding import DecodeConfig, decode
 from lantern.drafter import Drafter
-from lantern.trees import TreeSpec
+from lantern.trees import STATIC_TREES, TreeSpec
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +136,76 @@ def test_a_draining_batch_drops_its_empty_slots(model, drafter, monkeypatch):
     assert kept and all(k % 2 == 0 and k <= 4 for k in kept)
 
 
+# --------------------------------------------------------------------------- draft trees
+BATCH_TREES = {
+    "dynamic": TreeSpec("dynamic", total_tokens=10, depth=3, top_k=3),
+    "static": TreeSpec("static", STATIC_TREES["mc_sim_7b_63"], name="mc_sim_7b_63"),
+}
+TREE_RULES = [
+    ("sd", {}),
+    ("lantern", dict(k=8, delta=0.2)),
+    ("lantern-jsd", dict(k=8, delta=0.1)),
+    ("lantern++", dict(k=8, lam=2.0)),
+]
+
+
+@pytest.mark.parametrize("convention", ["exact", "official"])
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_float64_batched_trees_equal_batch_one(model, drafter, table, kind, convention):
+    """6 images through 4 slots with static and dynamic trees: tokens, steps (accepted lengths,
+    kinds, drafter forwards) and every draft-tree node record equal one-image tree decoding, for
+    every rule (each with two of the samplings: greedy and sampled, CFG, temperature, top-k /
+    top-p). Images finish at
+    different batch steps and freed slots take new images (continuous batching)."""
+    labels = [0, 3, 5, 7, 1, 9]
+    finish_at, accepted = set(), 0
+    pairs = [(r, SAMPLINGS[(i + j) % len(SAMPLINGS)]) for i, r in enumerate(TREE_RULES) for j in (0, 1)]
+    for (method, kw), s in pairs:  # every rule twice, every sampling twice
+        cfg = DecodeConfig.of(method, tree=BATCH_TREES[kind], convention=convention, **kw)
+        one = decode(model, labels, cfg, s, drafter, table, seed=7, first_index=2)
+        many = decode(model, labels, cfg, s, drafter, table, seed=7, first_index=2, batch_size=4)
+        assert torch.equal(one.tokens, many.tokens), (method, s)
+        _same_records(one, many)
+        steps = many.steps
+        assert steps["active"].max() == 4 and set(steps["drafted"][steps["drafted"] > 0]) <= set(
+            range(1, BATCH_TREES[kind].nodes)
+        )
+        last = {i: steps["batch_step"][steps["image"] == i].max() for i in np.unique(steps["image"])}
+        finish_at.add(len(set(last.values())))
+        accepted += int(steps["accepted"].sum())
+    assert max(finish_at) > 1 and accepted > 0  # images left at different steps; trees accepted drafts
+
+
+@pytest.mark.parametrize("convention", ["exact", "official"])
+def test_greedy_batched_trees_equal_greedy_ar(model, drafter, table, convention):
+    labels = [2, 6, 8, 0, 3]
+    for kind, guidance, rule in itertools.product(BATCH_TREES, (1.0, 3.0), ("sd", "lantern")):
+        s = SamplingConfig(guidance=guidance, temperature=0.0)
+        cfg = DecodeConfig.of(rule, k=8, delta=0.0, convention=convention, tree=BATCH_TREES[kind])
+        out = decode(model, labels, cfg, s, drafter, table, seed=0, batch_size=3)
+        ar = torch.cat([sample_tokens(model, model.make_prompt([c], guided=s.guided), s) for c in labels])
+        assert torch.equal(out.tokens, ar), (kind, guidance, rule)
+
+
+def test_move_slots_copies_each_rows_path_reading_before_writing(model):
+    """The commit of batched trees: row r's entries at src[r] land at dst[r] in every layer, all
+    read before any is written (a path node may sit where an earlier node is moved to); pairs with
+    src == dst and the other slots are unchanged."""
+    cache = model.new_slots_cache(3, False, 8, 4)
+    kv = cache.kv
+    kv.k.normal_(generator=torch.Generator().manual_seed(0))
+    kv.v.copy_(-kv.k)
+    k0, P = kv.k.clone(), cache.prefix
+    src = torch.tensor([[3, 5], [2, 2], [4, 2]])
+    dst = torch.tensor([[1, 3], [2, 2], [2, 4]])  # row 0: slot 3 is read before it is overwritten; row 2 swaps
+    model.move_slots(cache, src, dst)
+    want = k0.clone()
+    for r in range(3):
+        for s_, d_ in zip(src[r].tolist(), dst[r].tolist()):
+            want[:, r, :, P + d_] = k0[:, r, :, P + s_]
+    assert torch.equal(kv.k, want) and torch.equal(kv.v, -want)
+
+
 # --------------------------------------------------------------------------- exact enumeration
 ENUMERATED = [  # (sampling, rule, image): image 0 starts with the batch, image 2 takes a freed slot later
     (SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), 2),
@@ -171,6 +244,45 @@ def test_exact_batched_decoding_at_delta_zero_is_ar_sampling(sampling, rule, ima
     assert seen["accepted"] > 0 and seen["rejected"] > 0 and (seen["late"] > 0) == (image == 2)
 
 
+TREE_ENUMERATED = [  # (tree, sampling, rule, image)
+    ("dynamic", SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), 2),
+    ("dynamic", SamplingConfig(guidance=1.0, temperature=1.0), AcceptanceRule("sd"), 0),
+    ("static", SamplingConfig(guidance=2.0, temperature=1.0, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), 2),
+    ("static", SamplingConfig(guidance=1.0, temperature=1.3, top_p=0.9), AcceptanceRule("sd"), 0),
+]
+
+
+@pytest.mark.slow  # ~1-3 min each: every branch is a full batched tree decode of 3 images
+@pytest.mark.parametrize("tree, sampling, rule, image", TREE_ENUMERATED)
+def test_exact_batched_tree_decoding_at_delta_zero_is_ar_sampling(tree, sampling, rule, image):
+    """The enumeration above with draft trees (V = 4, 2 x 2 tokens, the trees of test_trees, 3
+    images in 2 slots): every coin and categorical draw of one image (tree drafting without
+    replacement, sibling trials, residual and bonus tokens) branched with its probability gives
+    exactly the AR joint, for an image of the first batch and one admitted later."""
+    m = tiny()
+    d = Drafter.for_target(m, seed=3).eval()
+    nb = build_neighbourhoods(m.input_embeddings(), 2, "l2", cache=False).indices
+    want = exact_joint(m, 1, sampling)
+    seen = {"accepted": 0, "rejected": 0, "late": 0}
+
+    def run(draws):
+        out = batched_decode(
+            m, [1, 2, 1], sampling, rule, d, nb, batch_size=2, seed=9, draws={image: draws}, tree=TREES[tree]
+        )
+        mine = out.steps["image"] == image
+        seen["accepted"] += int(out.steps["accepted"][mine].sum())
+        seen["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"])[out.drafts["image"] == image].sum())
+        seen["late"] += int(out.steps["batch_step"][mine].min() > 1)
+        return tuple(out.tokens[image].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    assert set(got) <= set(want) and runs > 10
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    assert seen["accepted"] > 0 and seen["rejected"] > 0 and (seen["late"] > 0) == (image == 2)
+
+
 @pytest.mark.slow
 def test_relaxed_batched_decoding_is_not_ar_sampling():
     """Power check: the same enumeration with δ = 0.4 moves the joint away from AR."""
@@ -192,13 +304,15 @@ def test_relaxed_batched_decoding_is_not_ar_sampling():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_float64_batched_equals_batch_one_on_cuda():
-    """The same exactness on a GPU: per-image CUDA generators, in-place cache writes, masks."""
+    """The same exactness on a GPU: per-image CUDA generators, in-place cache writes, masks, the
+    tree path moves of batched draft trees."""
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
     m.gpt.cuda()
     m.device, m.image_token_ids = torch.device("cuda"), m.image_token_ids.cuda()
     d = Drafter.for_target(m, seed=2).eval()
     s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=12)
-    for cfg in (DecodeConfig.of("ar"), DecodeConfig.of("sd", 3)):
+    trees = [DecodeConfig.of("sd", tree=BATCH_TREES[kind]) for kind in ("dynamic", "static")]
+    for cfg in (DecodeConfig.of("ar"), DecodeConfig.of("sd", 3), *trees):
         one = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3)
         many = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3, batch_size=2)
         assert torch.equal(one.tokens, many.tokens)
@@ -210,9 +324,6 @@ def test_bad_batched_calls_raise_usage_errors(model, drafter, table, monkeypatch
     for bad in (0, -3, 2.5, True):
         with pytest.raises(UsageError, match="--batch-size"):
             decode(model, [1, 2], DecodeConfig.of("ar"), s, batch_size=bad)
-    tree = DecodeConfig.of("sd", tree=TreeSpec("dynamic", total_tokens=6, depth=2, top_k=2))
-    with pytest.raises(UsageError, match="draft trees are not batched"):
-        decode(model, [1, 2], tree, s, drafter, batch_size=2)
 
     class NoBatch(type(model)):
         can_batch_decode = False

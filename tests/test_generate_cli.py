@@ -151,6 +151,20 @@ def test_greedy_lantern_delta_zero_equals_ar_and_replay(tiny, tmp_path, capsys):
     assert (tmp_path / "replay" / "replay.png").is_file()
 
 
+def test_batched_trees_equal_batch_one_on_the_command_line(tiny, tmp_path):
+    """--batch-size with --tree: a static and a dynamic tree in float64 give batch 1's codes (3
+    images through 2 slots, CFG, sampling)."""
+    common = ["--num-images", "3", "--cfg", "2", "--dtype", "float64", "--method", "lantern", "--delta", "0.3"]
+    for tree in (["--tree", "mc_sim_7b_63"], ["--tree", "dynamic", "--total-tokens", "8", "--depth", "2"]):
+        one, two = tmp_path / f"{tree[1]}-1", tmp_path / f"{tree[1]}-2"
+        assert main(_args(tiny, one, *common, *tree)) == 0
+        assert main(_args(tiny, two, *common, *tree, "--batch-size", "2")) == 0
+        a, b = (pd.read_parquet(r / "images.parquet") for r in (one, two))
+        assert [list(c) for c in a["codes"]] == [list(c) for c in b["codes"]], tree
+        steps = pd.read_parquet(two / "steps.parquet")
+        assert steps["active"].max() == 2 and steps["drafted"].max() > 1
+
+
 def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, capsys):
     assert main(_args(tiny, tmp_path / "ar", "--method", "ar", "--num-images", "2")) == 0
     assert main(_args(tiny, tmp_path / "sd", "--method", "sd", "--num-images", "3", "--temperature", "0")) == 0

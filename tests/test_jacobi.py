@@ -465,10 +465,10 @@ def test_batched_jacobi_config_checks():
     from lantern.decoding import check_batch_config
     from lantern.trees import TreeSpec
 
-    for method in ("sjd", "gsd", "scd"):
-        check_batch_config(DecodeConfig.of(method), 8)  # allowed now
-    with pytest.raises(UsageError, match="draft trees are not batched"):
-        check_batch_config(DecodeConfig.of("sd", tree=TreeSpec("dynamic", total_tokens=6, depth=2, top_k=2)), 2)
+    for cfg in (*map(DecodeConfig.of, ("sjd", "gsd", "scd")), DecodeConfig.of("sd", tree=TreeSpec("dynamic", 6, 2, 2))):
+        check_batch_config(cfg, 8)  # every method batches
+    with pytest.raises(UsageError, match="--batch-size must be >= 1"):
+        check_batch_config(DecodeConfig.of("sjd"), 0)
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
 
     class NoBatch(type(m)):

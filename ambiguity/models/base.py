@@ -277,6 +277,13 @@ class TokenModel(abc.ABC):
         """Keep only the cache rows ``rows`` (int64, in this order): a draining batch drops its empty slots."""
         raise NotImplementedError(f"{self.name} cannot decode several images per forward")
 
+    def move_slots(self, cache: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Batched draft trees: copy each row's keys/values at image slots ``src`` (rows, m) int64 to
+        ``dst`` (rows, m) (all read before any is written; the accepted path of a verified tree moved
+        behind its image's committed tokens, as :meth:`keep_path` does for one image). A pair with
+        ``src == dst`` leaves that slot as it is. Raises NotImplementedError when the adapter cannot batch."""
+        raise NotImplementedError(f"{self.name} cannot decode several images per forward")
+
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
         """Logits and hidden states (rows, N, .) for known sequences tokens (rows, N).
 

@@ -239,6 +239,13 @@ class KVCache:
         self.v[:, :, :, start : start + m] = self.v[:, :, :, idx].clone()
         self.length = start + m
 
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Per row, copy the entries at cache positions ``src`` (rows, m) int64 to ``dst`` (rows, m),
+        every layer (all read first, then written; batched draft trees keep their accepted paths)."""
+        at = torch.arange(src.shape[0], device=src.device)[:, None]
+        self.k[:, at, :, dst] = self.k[:, at, :, src].clone()
+        self.v[:, at, :, dst] = self.v[:, at, :, src].clone()
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given batch rows (e.g. to drop finished images)."""
         self.k, self.v, self.key_mask = self.k[:, rows], self.v[:, rows], self.key_mask[rows]

@@ -233,6 +233,9 @@ class LlamaGenModel(TokenModel):
     def select_slots(self, cache: GPTCache, rows: torch.Tensor) -> None:
         cache.kv.select_rows(rows.to(self.device))
 
+    def move_slots(self, cache: GPTCache, src: torch.Tensor, dst: torch.Tensor) -> None:
+        cache.kv.move(cache.prefix + src.to(self.device), cache.prefix + dst.to(self.device))
+
     def extend_slots(
         self, cache: GPTCache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
     ) -> Step:

@@ -76,7 +76,7 @@ def build_parser() -> ArgumentParser:
         type=positive_int,
         default=defaults.batch_size,
         metavar="B",
-        help="images per forward for statistics, samples and quality (AR and chains; default 1: every "
+        help="images per forward for statistics, samples and quality (AR, chains, draft trees; default 1: every "
         "image is also timed); with B > 1 latency is timed at batch 1 on --timing-images rounds",
     )
     sizes = p.add_argument_group("sizes (defaults: full run; --quick lowers them)")

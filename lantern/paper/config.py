@@ -40,8 +40,8 @@ class PaperConfig:
     temperature with a random-initialised drafter (Fig. 2b); profile_images: images per model
     for Fig. 2c; interchange_images: images for Fig. 3; pairs_images: AR images whose (p, q)
     pairs measure the distortion; show: images per cell in the Fig. 4 grid. batch_size: images
-    per forward for a session's untimed rounds (:mod:`lantern.batched`; AR and chains, trees stay
-    at batch 1); with batch_size > 1 only the first ``timing_images`` rounds are timed (batch 1,
+    per forward for a session's untimed rounds (:mod:`lantern.batched`: AR, chains and draft
+    trees); with batch_size > 1 only the first ``timing_images`` rounds are timed (batch 1,
     interleaved) and the speed-ups come from them; with 1 every round is timed (the samples are
     the timed decodes).
     ks, deltas: the paper's grid (k on the paper's codebook; mapped); paper_k, paper_delta: its

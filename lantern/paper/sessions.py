@@ -10,8 +10,8 @@ committed draft counts, image rows, tokens), so an interrupted session resumes a
 round, and under torchrun the rounds are split across ranks (``r % world == rank``).
 
 With ``--batch-size B > 1`` only the first ``--timing-images`` rounds are timed that way; the
-other rounds are decoded per method in batches of B images (:mod:`lantern.batched`; trees at
-batch 1) and stored as the same round parts without timing rows: statistics, samples and quality
+other rounds are decoded per method in batches of B images (:mod:`lantern.batched`, draft trees
+included) and stored as the same round parts without timing rows: statistics, samples and quality
 use every round, speed-ups the timed ones.
 """
 
@@ -195,7 +195,6 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
             rs = [r for r in chunk if m.rounds is None or r < m.rounds]
             if not rs:
                 continue
-            batch = B if m.config.tree is None or not m.config.speculative else 1
             d = decode(
                 model,
                 [conditions[r] for r in rs],
@@ -205,7 +204,7 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
                 tables.get(m.name),
                 seed=ctx.config.seed,
                 indices=rs,
-                batch_size=batch,
+                batch_size=B,
                 progress=ctx.progress,
             )
             for r, one in zip(rs, d.split()):
