@@ -1,4 +1,4 @@
-"""Throughput of batched decoding: images per second of AR, SD and LANTERN chains and trees, and SJD / GSD / SCD at batch sizes B.
+"""Throughput of batched decoding: images per second of AR, SD, LANTERN (chains, trees) and SJD / GSD / SCD at batch B.
 
     PYTHONPATH=$PWD python benchmarks/bench_throughput.py --models embedded,embedded-16 \
         --batch-sizes 1,8,32,64 --repeats 3
