@@ -74,10 +74,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--batch-size",
         type=positive_int,
-        default=defaults.batch_size,
+        default=None,
         metavar="B",
-        help="images per forward for statistics, samples and quality (AR, chains, draft trees; default 1: every "
-        "image is also timed); with B > 1 latency is timed at batch 1 on --timing-images rounds",
+        help=f"images per forward for statistics, samples and quality (every method batches; default "
+        f"{defaults.batch_size}, with --quick 1); with B > 1 latency is timed at batch 1, interleaved, on the first "
+        f"--timing-images rounds; with 1 every image is also timed",
     )
     sizes = p.add_argument_group("sizes (defaults: full run; --quick lowers them)")
     for name in SIZES:
@@ -112,6 +113,8 @@ def config_from_args(args) -> PaperConfig:
     models = tuple(parse_models(args.models))
     values = dict(QUICK) if args.quick else {}
     values.update({n: getattr(args, n) for n in SIZES if getattr(args, n) is not None})
+    if args.batch_size is not None:
+        values["batch_size"] = args.batch_size
     if args.ks:
         values["ks"] = tuple(int_list(args.ks, "--ks", 1))
     if args.deltas:
@@ -140,7 +143,6 @@ def config_from_args(args) -> PaperConfig:
         reference=args.reference,
         captions=args.captions,
         data=args.data,
-        batch_size=args.batch_size,
         **values,
     )
 

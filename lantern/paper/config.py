@@ -40,8 +40,8 @@ class PaperConfig:
     temperature with a random-initialised drafter (Fig. 2b); profile_images: images per model
     for Fig. 2c; interchange_images: images for Fig. 3; pairs_images: AR images whose (p, q)
     pairs measure the distortion; show: images per cell in the Fig. 4 grid. batch_size: images
-    per forward for a session's untimed rounds (:mod:`lantern.batched`: AR, chains and draft
-    trees); with batch_size > 1 only the first ``timing_images`` rounds are timed (batch 1,
+    per forward for a session's untimed rounds (:mod:`lantern.batched`: every method; default 32,
+    1 in quick mode); with batch_size > 1 only the first ``timing_images`` rounds are timed (batch 1,
     interleaved) and the speed-ups come from them; with 1 every round is timed (the samples are
     the timed decodes).
     ks, deltas: the paper's grid (k on the paper's codebook; mapped); paper_k, paper_delta: its
@@ -69,7 +69,7 @@ class PaperConfig:
     interchange_images: int = 64
     pairs_images: int = 32
     show: int = 3
-    batch_size: int = 1
+    batch_size: int = 32
     timing_images: int = 50
     ks: tuple[int, ...] = (100, 300, 1000)
     deltas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4)
@@ -113,6 +113,7 @@ class PaperConfig:
 
 QUICK = dict(
     quick=True,
+    batch_size=1,  # a few images: each one timed
     main_images=6,
     greedy_images=4,
     grid_images=4,
