@@ -15,7 +15,8 @@ rate by the target's top-1 probability (:func:`lantern.replay.ambiguity_bins`, w
 per bin and Wilson intervals, :func:`lantern.quality.metrics.wilson_interval`) and, for image
 models, FID / KID / precision / recall of the ``--num-images`` images against ``--reference``
 with the ``fmnist`` extractor (:func:`lantern.evaluate.score_images`: jackknife intervals). The
-statistics use ``--num-images`` images, the latency timing the first ``--timing-images`` of them,
+statistics use ``--num-images`` images (decoded ``--batch-size`` at a time: the same samples as
+one at a time, :mod:`lantern.batched`), the latency timing the first ``--timing-images`` of them,
 the throughput ``--throughput-images`` images (default 2 B) per round. Every method keeps its
 colour of :data:`ambiguity.plots.METHOD_COLORS` in every panel and figure. Writes
 ``benchmarks/results/compare_jacobi_<model>.{csv,md}``, ``compare_jacobi_<model>_ambiguity.csv``,
@@ -373,7 +374,16 @@ def main(argv=None) -> int:
     ar_tokens = None
     edges = np.linspace(0, 1, 11)
     for name, c in cfgs.items():
-        d = decode(model, conditions, c, sampling, drafter if c.speculative else None, seed=args.seed, pixels=quality)
+        d = decode(  # statistics and quality in batches: each image's tokens come from its own stream
+            model,
+            conditions,
+            c,
+            sampling,
+            drafter if c.speculative else None,
+            seed=args.seed,
+            pixels=quality,
+            batch_size=args.batch_size,
+        )
         if name == "ar":
             ar_tokens = d.tokens
         s = d.summary()
