@@ -157,7 +157,8 @@ def plot_replay(
     it as a lower bound on the uncertainty) and, below, the reached drafts per bin;
     bins with fewer than ``min_drafts`` drafts are left out. When ``quality`` (image_quality rows
     with a ``method`` column) is given, PSNR against the reference vs per-image acceptance rate.
-    One legend below the panels. PNG + PDF."""
+    Each run in its method's colour (:func:`ambiguity.plots.series_colors`); the panels are drawn by
+    :func:`ambiguity.plots.binned_rates` with :func:`with_wilson`. One legend below the panels. PNG + PDF."""
     import matplotlib.ticker as mticker
 
     cols = [c for c in AMBIGUITY_COLUMNS if c in set(bins["by"])]
