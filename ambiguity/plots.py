@@ -38,6 +38,8 @@ __all__ = [
     "color_for",
     "METHOD_COLORS",
     "method_color",
+    "series_colors",
+    "binned_rates",
 ]
 
 # Paper-ready defaults: small fonts at 1:1 size for a single column (~3.3 in), TrueType fonts in PDFs.
@@ -118,6 +120,78 @@ def method_color(method: str) -> str:
     ``"lantern"``, ``"lantern-jsd"``, ``"lantern++"``, ``"sjd"``, ``"gsd"``, ``"scd"``, ``"profile"``);
     an unknown name gets a grey (``"#bbbbbb"``)."""
     return METHOD_COLORS.get(method, "#bbbbbb")
+
+
+def series_colors(labels: Sequence[str]) -> dict[str, str]:
+    """One colour per series label, for runs labelled by method and settings (e.g. ``"sd"``,
+    ``"lantern k=64 δ=0.2"``): the :func:`method_color` of the method the label starts with (its
+    first word) when no other label starts with the same method; otherwise (two LANTERN runs with
+    different k, or an unknown method) the house cycle colours not taken, in label order."""
+    labels = list(dict.fromkeys(labels))
+    first = [str(lab).split(" ", 1)[0] for lab in labels]
+    out = {lab: METHOD_COLORS[m] for lab, m in zip(labels, first) if m in METHOD_COLORS and first.count(m) == 1}
+    spare = [c for c in _CYCLE if c not in out.values()] or _CYCLE
+    for i, lab in enumerate(lab for lab in labels if lab not in out):
+        out[lab] = spare[i % len(spare)]
+    return out
+
+
+def binned_rates(
+    ax,
+    bins,
+    counts_ax=None,
+    order: Optional[Sequence[str]] = None,
+    colors: Optional[Mapping[str, str]] = None,
+    min_count: int = 0,
+    dodge: float = 0.12,
+    series: str = "method",
+    x: str = "mid",
+    rate: str = "acceptance_rate",
+    low: str = "ci_low",
+    high: str = "ci_high",
+    count: str = "drafts",
+) -> dict:
+    """A rate per bin with its interval, one series per method: points with asymmetric error bars
+    ``[low, high]``, joined within a series, and optionally the count of each bin on ``counts_ax``.
+
+    Args:
+        ax: the Axes of the rates (its y range is set to [0, 1.02]: rates are probabilities).
+        bins: tidy DataFrame, one row per (series, bin): columns ``series`` (the label, e.g. the
+            method), ``x`` (bin centre), ``rate`` (the bin's rate, e.g. the acceptance rate of its
+            reached drafts), ``low`` / ``high`` (its interval, ``low <= rate <= high``; NaN for an
+            empty bin), ``count`` (the bin's trials, e.g. its reached drafts).
+        counts_ax: an Axes (typically below ``ax``, sharing its x range) for the counts per bin,
+            drawn as joined points in the series' colours; None draws no counts.
+        order: the series to draw, in this order (default: every series in order of first appearance).
+        colors: label -> colour (default :func:`method_color` of the label).
+        min_count: bins with fewer than ``min_count`` trials are left out (and their counts too).
+        dodge: shift between neighbouring series as a fraction of the bin width (the smallest gap
+            between bin centres; 0.1 with a single bin), so that bars in one bin do not overlap.
+    Returns {label: :class:`matplotlib.container.ErrorbarContainer`}, each carrying its label for a
+    legend (drawn even when none of the series' bins is left, so the legend names every series).
+    Raises ValueError naming the columns ``bins`` lacks.
+    """
+    missing = [c for c in (series, x, rate, low, high, count) if c not in bins.columns]
+    if missing:
+        raise ValueError(f"bins lacks the column(s) {', '.join(missing)}")
+    labels = list(dict.fromkeys(bins[series])) if order is None else list(order)
+    centres = np.unique(bins[x].to_numpy(dtype=float))
+    centres = centres[np.isfinite(centres)]
+    width = float(np.diff(centres).min()) if len(centres) > 1 else 0.1
+    drawn = {}
+    for j, lab in enumerate(labels):
+        b = bins[(bins[series] == lab) & (bins[count] >= min_count)].sort_values(x)
+        xs = b[x].to_numpy(dtype=float) + (j - (len(labels) - 1) / 2) * dodge * width
+        r = b[rate].to_numpy(dtype=float)
+        err = np.vstack([r - b[low].to_numpy(dtype=float), b[high].to_numpy(dtype=float) - r]) if len(b) else None
+        color = colors[lab] if colors is not None else method_color(lab)
+        drawn[lab] = ax.errorbar(
+            xs, r, yerr=err, marker="o", ms=2.5, capsize=1.5, lw=0.9, elinewidth=0.6, label=lab, color=color
+        )
+        if counts_ax is not None:
+            counts_ax.plot(xs, b[count].to_numpy(), marker="o", ms=2, lw=0.8, color=color)
+    ax.set_ylim(0, 1.02)
+    return drawn
 
 
 @contextlib.contextmanager

@@ -12,7 +12,8 @@ ratio to AR; EAGLE-2's dynamic tree batches too), the exact per-step distortion 
 AR samples, :mod:`lantern.distortion`; GSD on the (p, q) pairs its own decodes judged,
 :func:`lantern.jacobi.gsd_output_distribution`; 0 for the lossless methods) and the acceptance
 rate by the target's top-1 probability (:func:`lantern.replay.ambiguity_bins`, with reached drafts
-per bin and Wilson intervals, :func:`lantern.quality.metrics.wilson_interval`) and, for image
+per bin and Wilson intervals, :func:`lantern.replay.with_wilson`; drawn by
+:func:`ambiguity.plots.binned_rates`) and, for image
 models, FID / KID / precision / recall of the ``--num-images`` images against ``--reference``
 with the ``fmnist`` extractor (:func:`lantern.evaluate.score_images`: jackknife intervals). The
 statistics use ``--num-images`` images (decoded ``--batch-size`` at a time: the same samples as
@@ -27,6 +28,7 @@ Wall-clock numbers depend on the machine (and its load); the ratios are what to 
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -51,23 +53,13 @@ from lantern.divergences import tvd  # noqa: E402
 from lantern.drafter import load_drafter  # noqa: E402
 from lantern.evaluate import flat_scores, score_images  # noqa: E402
 from lantern.jacobi import gsd_output_distribution, jacobi_decode  # noqa: E402
-from lantern.quality.metrics import wilson_interval  # noqa: E402
 from lantern.quality.scoring import Protocol  # noqa: E402
-from lantern.replay import ambiguity_bins  # noqa: E402
+from lantern.replay import ambiguity_bins, with_wilson  # noqa: E402
 from lantern.timing import interleaved_timing, speedup_table  # noqa: E402
 from lantern.trees import TreeSpec  # noqa: E402
 
 RULE = AcceptanceRule()
 QUALITY = ("fid", "kid", "precision", "recall")
-
-
-def with_wilson(bins: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
-    """``bins`` (:func:`lantern.replay.ambiguity_bins` rows: acceptance_rate, drafts) with the
-    Wilson ``level`` interval of each bin's acceptance rate as ``ci_low`` / ``ci_high``
-    (probabilities; NaN for an empty bin). Treats the reached drafts of a bin as independent
-    0/1 outcomes, which drafts of one image are not: read it as a lower bound on the uncertainty."""
-    ci = [wilson_interval(r, int(n), level) for r, n in zip(bins["acceptance_rate"], bins["drafts"])]
-    return bins.assign(ci_low=[c[0] for c in ci], ci_high=[c[1] for c in ci])
 
 
 def bins_table(bins: pd.DataFrame) -> pd.DataFrame:
@@ -155,7 +147,8 @@ def plot_comparison(
 ) -> list:
     """Speed per method (tokens per target forward, latency speed-up at batch 1 and, when the table
     has ``throughput_vs_ar``, throughput against AR at ``batch_size`` with its spread over rounds);
-    acceptance rate by the target's top-1 probability with Wilson intervals
+    acceptance rate by the target's top-1 probability with its Wilson intervals (``bins``: ``ci_low`` /
+    ``ci_high`` of :func:`lantern.replay.with_wilson`, drawn by :func:`ambiguity.plots.binned_rates`)
     and the reached drafts per bin below; for image models FID and precision / recall with their
     jackknife intervals. Bins with fewer than ``min_drafts`` reached drafts are left out. Each
     method has its :func:`ambiguity.plots.method_color` in every panel. PNG + PDF."""
@@ -202,25 +195,7 @@ def plot_comparison(
         ax.set_title("speed", fontsize=8)
         acc, cnt = fig.add_subplot(gs[0, 1]), fig.add_subplot(gs[1, 1])
         named = [m for m in methods if m in set(bins["method"])]
-        for j, m in enumerate(named):
-            b = bins[(bins["method"] == m) & (bins["drafts"] >= min_drafts)]
-            dodge = (j - (len(named) - 1) / 2) * 0.011
-            err = np.vstack([b["acceptance_rate"] - b["ci_low"], b["ci_high"] - b["acceptance_rate"]])
-            color = plots.method_color(m)
-            acc.errorbar(
-                b["mid"] + dodge,
-                b["acceptance_rate"],
-                yerr=err,
-                marker="o",
-                ms=2.5,
-                capsize=1.5,
-                lw=0.9,
-                elinewidth=0.6,
-                label=m,
-                color=color,
-            )
-            cnt.plot(b["mid"] + dodge, b["drafts"], marker="o", ms=2, lw=0.8, color=color)
-        acc.set_ylim(0, 1.02)
+        plots.binned_rates(acc, bins, cnt, named, min_count=min_drafts)
         acc.set_xlim(0, 1)
         acc.set_ylabel("acceptance rate of reached drafts")
         acc.set_title(f"acceptance vs ambiguity ({100 * level:g} % Wilson)", fontsize=8)
@@ -276,7 +251,7 @@ def plot_comparison(
             pr.set_ylim(0, 1.05)
             pr.set_ylabel("precision / recall")
             pr.legend(frameon=False, fontsize=5.5, ncol=2, loc="lower left")
-        fig.suptitle(title, fontsize=8)
+        fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() / 0.06)), fontsize=8)  # ~0.06 in a character
         return plots.save_figure(fig, path)
 
 

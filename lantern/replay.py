@@ -67,6 +67,7 @@ __all__ = [
     "run_label",
     "ambiguity_bins",
     "acceptance_by_ambiguity",
+    "with_wilson",
     "read_images",
     "image_quality",
     "reference_notes",
@@ -135,6 +136,18 @@ def acceptance_by_ambiguity(runs: Mapping[str, object], by: Sequence[str] = ("p_
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def with_wilson(bins: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """``bins`` (:func:`ambiguity_bins` rows: acceptance_rate, drafts) with the Wilson ``level``
+    interval (:func:`lantern.quality.metrics.wilson_interval`) of each bin's acceptance rate as
+    ``ci_low`` / ``ci_high`` (probabilities; NaN for an empty bin). Treats the reached drafts of a
+    bin as independent 0/1 outcomes, which drafts of one image are not: read it as a lower bound
+    on the uncertainty."""
+    from lantern.quality.metrics import wilson_interval
+
+    ci = [wilson_interval(r, int(n), level) for r, n in zip(bins["acceptance_rate"], bins["drafts"])]
+    return bins.assign(ci_low=[c[0] for c in ci], ci_high=[c[1] for c in ci])
+
+
 def plot_replay(
     bins, quality=None, path: str | Path = "figures/lantern_replay", min_drafts: int = 20, level: float = 0.95
 ) -> list[Path]:
@@ -144,48 +157,25 @@ def plot_replay(
     it as a lower bound on the uncertainty) and, below, the reached drafts per bin;
     bins with fewer than ``min_drafts`` drafts are left out. When ``quality`` (image_quality rows
     with a ``method`` column) is given, PSNR against the reference vs per-image acceptance rate.
-    One legend below the panels. PNG + PDF."""
+    Each run in its method's colour (:func:`ambiguity.plots.series_colors`); the panels are drawn by
+    :func:`ambiguity.plots.binned_rates` with :func:`with_wilson`. One legend below the panels. PNG + PDF."""
     import matplotlib.ticker as mticker
-
-    from lantern.quality.metrics import wilson_interval
 
     cols = [c for c in AMBIGUITY_COLUMNS if c in set(bins["by"])]
     n = len(cols) + (quality is not None and len(quality) > 0)
     methods = list(dict.fromkeys(bins["method"]))
+    colors = plots.series_colors(methods + ([] if quality is None else list(quality["method"])))
     with plots.style():
         fig, axes = plots.new_figure(
             2, n, width=2.6 * n, height=3.6, squeeze=False, gridspec_kw={"height_ratios": [2.2, 1]}
         )
         for c, col in enumerate(cols):
             ax, cnt = axes[0, c], axes[1, c]
-            los = np.unique(bins.loc[bins["by"] == col, "lo"])
-            width = float(np.diff(los).min()) if len(los) > 1 else 0.1
-            for j, m in enumerate(methods):
-                b = bins[(bins["by"] == col) & (bins["method"] == m) & (bins["drafts"] >= min_drafts)]
-                ci = np.array([wilson_interval(r, int(k), level) for r, k in zip(b["acceptance_rate"], b["drafts"])])
-                err = (
-                    None
-                    if not len(b)
-                    else np.vstack([b["acceptance_rate"] - ci[:, 0], ci[:, 1] - b["acceptance_rate"]])
-                )
-                dodge = (j - (len(methods) - 1) / 2) * 0.12 * width  # side by side within a bin
-                color = plots.color_for(m, j)
-                ax.errorbar(
-                    b["mid"] + dodge,
-                    b["acceptance_rate"],
-                    yerr=err,
-                    marker="o",
-                    ms=2.5,
-                    capsize=1.5,
-                    lw=1.0,
-                    elinewidth=0.6,
-                    label=m,
-                    color=color,
-                )
-                cnt.plot(b["mid"] + dodge, b["drafts"], marker="o", ms=2, lw=0.8, color=color)
+            plots.binned_rates(
+                ax, with_wilson(bins[bins["by"] == col], level), cnt, methods, colors, min_count=min_drafts
+            )
             ax.set_ylabel("acceptance rate")
             ax.set_title(f"acceptance vs {AMBIGUITY_COLUMNS[col]}", fontsize=7)
-            ax.set_ylim(0, 1.02)
             cnt.set_ylim(bottom=0)
             cnt.yaxis.set_major_locator(mticker.MaxNLocator(3, integer=True))
             cnt.set_ylabel("reached drafts\nper bin")
@@ -197,9 +187,9 @@ def plot_replay(
                 cnt.set_xlim(*ax.get_xlim())
         if n > len(cols):
             ax = axes[0, -1]
-            for j, m in enumerate(dict.fromkeys(quality["method"])):
+            for m in dict.fromkeys(quality["method"]):
                 q = quality[(quality["method"] == m) & np.isfinite(quality["psnr"])]
-                ax.scatter(q["acceptance_rate"], q["psnr"], s=6, color=plots.color_for(m, j), alpha=0.7)
+                ax.scatter(q["acceptance_rate"], q["psnr"], s=6, color=colors[m], alpha=0.7)
             ax.set_xlabel("acceptance rate of the image")
             ax.set_ylabel("PSNR vs reference (dB)")
             ax.set_title("per image: PSNR vs acceptance", fontsize=7)

@@ -1,4 +1,5 @@
-"""benchmarks/compare_jacobi.py's pure helpers: Wilson intervals per ambiguity bin and the bin table."""
+"""benchmarks/compare_jacobi.py's pure helpers: the bin table (with lantern.replay.with_wilson's Wilson
+intervals per ambiguity bin), the throughput table and the method colours of its figure."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _module():
 
 def test_with_wilson_hand_computed_and_bin_table():
     cj = _module()
-    from lantern.replay import ambiguity_bins
+    from lantern.replay import ambiguity_bins, with_wilson
 
     # 100 reached drafts at top-1 0.55 (50 committed), 4 at 0.95 (all committed), 1 unreached at 0.05
     drafts = pd.DataFrame(
@@ -33,7 +34,7 @@ def test_with_wilson_hand_computed_and_bin_table():
             "p_draft": 0.0,
         }
     )
-    b = cj.with_wilson(ambiguity_bins(drafts, "p_top1", np.linspace(0, 1, 11))).assign(method="sjd")
+    b = with_wilson(ambiguity_bins(drafts, "p_top1", np.linspace(0, 1, 11))).assign(method="sjd")
     # Wilson 95 %, p̂ = 0.5, n = 100: centre 0.5, half = z / (1 + z²/n) · sqrt(p̂(1-p̂)/n + z²/(4n²))
     z = 1.959963984540054
     half = z / (1 + z * z / 100) * np.sqrt(0.25 / 100 + z * z / 40000)
