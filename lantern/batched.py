@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -252,6 +253,64 @@ def _chain_draft_columns(host: dict, images, step_no, n, g, a) -> Optional[dict]
     return cols
 
 
+@dataclass
+class _Batch:
+    """The state a batched decode's step functions share: models, caches, buffers, configuration.
+
+    model: the target model; drafter: None for AR decoding; cache: the target's slot cache
+    (:meth:`~ambiguity.models.base.TokenModel.new_slots_cache`); dcache: the drafter's (None
+    without a drafter); tokens (B, W) int64 on the device: ``tokens[b, i] = x_i`` of slot b's
+    image (committed for ``i < n_b``); feats (R, W, H) in the model's dtype: ``feats[:, i] =
+    h_{i-1}`` (None until the first prefill); rule: the acceptance rule (None for AR decoding);
+    table: the (V, K) int64 neighbour table (None when the rule uses none); spec: the draft-tree
+    shape (None for chains and AR decoding); N: image tokens per image. Rows ``R = B (1 + guided)``
+    are ``[conditional slots, unconditional slots]``. The per-slot positions ``n`` (committed
+    tokens) and ``d`` (drafter positions), (B,) int64 numpy arrays, are passed alongside.
+    """
+
+    model: TokenModel
+    drafter: Optional[DraftModel]
+    cache: object
+    dcache: object
+    tokens: torch.Tensor
+    feats: Optional[torch.Tensor]
+    sampling: SamplingConfig
+    rule: Optional[AcceptanceRule]
+    table: Optional[torch.Tensor]
+    spec: Optional[TreeSpec]
+    N: int
+    timer: Timer
+    streams: _Streams
+
+    @property
+    def B(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def H(self) -> int:
+        return self.feats.shape[-1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def guided(self) -> bool:
+        return self.sampling.guided
+
+    @property
+    def convention(self) -> str:
+        return self.rule.convention if self.rule is not None else "exact"
+
+    def on_rows(self, x) -> torch.Tensor:
+        """A per-slot host array (B, ...) as a tensor on the device, one row per model row (R, ...)."""
+        return expand_rows(torch.as_tensor(x, device=self.device), self.guided)
+
+    def target(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits (R, ..., V) -> the sampling distribution (B, ..., V) (guidance, temperature, top-k/top-p)."""
+        return target_distribution(logits, self.sampling, self.guided, self.convention)
+
+
 @torch.no_grad()
 def batched_decode(
     model: TokenModel,
@@ -306,11 +365,11 @@ def batched_decode(
         dcache = drafter.new_cache(R, 2 * spec.drafter_nodes + 1)
     timer = Timer(dev)
     streams = _Streams(B, dev, draws)
+    tokens = torch.zeros(B, W, dtype=torch.long, device=dev)  # tokens[b, i] = x_i of slot b's image
+    st = _Batch(model, drafter, cache, dcache, tokens, None, sampling, rule, table, spec, N, timer, streams)
     image_of = np.full(B, -1)
     n, d = np.ones(B, dtype=np.int64), np.zeros(B, dtype=np.int64)  # committed tokens, drafter positions
     step_of = np.zeros(B, dtype=np.int64)
-    tokens = torch.zeros(B, W, dtype=torch.long, device=dev)
-    feats: Optional[torch.Tensor] = None  # (R, W, H): feats[:, i] = h_{i-1}
     out_tokens = torch.zeros(len(conds), N, dtype=torch.long, device=dev)
     per_image = {s: np.zeros(len(conds)) for s in _SECTIONS + ("total",)}
     counts = {c: np.zeros(len(conds), dtype=np.int64) for c in ("steps", "drafted", "accepted")}
@@ -321,7 +380,6 @@ def batched_decode(
     rows_of = lambda slots: torch.cat([slots, slots + B]) if guided else slots  # noqa: E731 - slot -> its rows
 
     def admit(free: list[int]) -> None:
-        nonlocal feats
         take = [(s, j) for s, j in zip(free, queue)]
         waiting[0] -= len(take)
         if not take:
@@ -338,10 +396,10 @@ def batched_decode(
         with timer("acceptance"):
             p0 = target_distribution(first.logits[:, -1], sampling, guided, convention)
             x0 = p0.argmax(-1) if greedy else streams.categorical(p0, [s for s, _ in take])
-        if feats is None:
-            feats = first.hidden.new_zeros(R, W, first.hidden.shape[-1])
-        tokens[slots, 0] = x0
-        feats[rows, 0] = first.hidden[:, -1]
+        if st.feats is None:
+            st.feats = first.hidden.new_zeros(R, W, first.hidden.shape[-1])  # (R, W, H): feats[:, i] = h_{i-1}
+        st.tokens[slots, 0] = x0
+        st.feats[rows, 0] = first.hidden[:, -1]
         idx = [s for s, _ in take]
         n[idx], d[idx], step_of[idx] = 1, 0, 0
         share = elapsed_since(timer, before)
@@ -352,33 +410,14 @@ def batched_decode(
 
     admit(list(range(B)))
     batch_step = 0
-    H = feats.shape[-1]
+    H = st.H
     ar = torch.arange(W, device=dev)
     while (image_of >= 0).any():
         batch_step += 1
         t0, before = time.perf_counter(), timer.snapshot()
         active = image_of >= 0
         if spec is not None:
-            a_h, g, kind_h, next_h, fwd, cols, d = _tree_round(
-                model,
-                drafter,
-                cache,
-                dcache,
-                tokens,
-                feats,
-                n,
-                d,
-                active,
-                streams,
-                sampling,
-                rule,
-                table,
-                spec,
-                N,
-                timer,
-                index[image_of],
-                step_of + 1,
-            )
+            a_h, g, kind_h, next_h, fwd, cols, d = _tree_round(st, n, d, active, index[image_of], step_of + 1)
             live = np.flatnonzero(active)
             step_of[live] += 1
             imgs = image_of[live]
@@ -388,18 +427,16 @@ def batched_decode(
             gmax = int(g.max())
             n_t = torch.as_tensor(n, device=dev)
             g_t = torch.as_tensor(g, device=dev)
-            drafts = tokens.new_zeros(B, gmax)
+            drafts = st.tokens.new_zeros(B, gmax)
             q = None
             if gmax:
                 with timer("drafter"):
-                    drafts, q = _draft(
-                        model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided, convention, N
-                    )
+                    drafts, q = _draft(st, n, d, g)
                 d = np.where(g > 0, n, d)
             with timer("target"):
                 T = gmax + 1
                 slots = (n_t - 1)[:, None] + ar[:T]  # x_{n-1} and the drafts, at their own image positions
-                vin = torch.cat([tokens.gather(1, slots[:, :1]), drafts], 1)
+                vin = torch.cat([st.tokens.gather(1, slots[:, :1]), drafts], 1)
                 S = int(n.max()) - 1 + T
                 visible = ar[None, None, :S] <= slots[:, :, None]
                 out = model.extend_slots(
@@ -440,12 +477,13 @@ def batched_decode(
                 cand = torch.cat([drafts, res.next_token[:, None]], 1)
                 cand = cand.scatter(1, a[:, None], res.next_token[:, None])
                 at = n_t[:, None] + ar[:T]
-                tokens.scatter_(1, at, torch.where(keep, cand, tokens.gather(1, at)))
+                st.tokens.scatter_(1, at, torch.where(keep, cand, st.tokens.gather(1, at)))
                 at_r, keep_r = (
                     expand_rows(at, guided)[..., None].expand(-1, -1, H),
                     expand_rows(keep, guided)[..., None],
                 )
-                feats.scatter_(1, at_r, torch.where(keep_r, out.hidden, feats.gather(1, at_r)))  # h_{n-1}..h_{n+a-1}
+                hid = torch.where(keep_r, out.hidden, st.feats.gather(1, at_r))  # h_{n-1}..h_{n+a-1}
+                st.feats.scatter_(1, at_r, hid)
             host = _to_host(res, p, q, drafts, gmax, greedy)  # the step's one host transfer
             a_h = host["a"]
             live = np.flatnonzero(active)
@@ -470,7 +508,7 @@ def batched_decode(
         finished = live[n[live] >= N]
         if len(finished):
             fin = torch.as_tensor(finished, device=dev)
-            out_tokens[torch.as_tensor(image_of[finished], device=dev)] = tokens[fin, :N]
+            out_tokens[torch.as_tensor(image_of[finished], device=dev)] = st.tokens[fin, :N]
         wall = time.perf_counter() - t0
         records.add(
             index[imgs],
@@ -505,7 +543,7 @@ def batched_decode(
             model.select_slots(cache, rows)
             if dcache is not None:
                 drafter.select_slots(dcache, rows)
-            tokens, feats = tokens[keep], feats[rows]
+            st.tokens, st.feats = st.tokens[keep], st.feats[rows]
             n, d, image_of, step_of = n[live], d[live], image_of[live], step_of[live]
             streams.keep(live)
             B = len(live)
@@ -527,220 +565,246 @@ def batched_decode(
     return Decoded(out_tokens.cpu(), steps, drafts_tab, images, rule.method if rule is not None else "ar", depth)
 
 
-def _draft(model, drafter, dcache, tokens, feats, n, d, g, streams, sampling, guided, convention, N):
+def _draft(st: _Batch, n, d, g) -> tuple[torch.Tensor, torch.Tensor]:
     """Draft a chain for every slot in ``max(g)`` drafter steps (:func:`lantern.chain.draft`, per row).
 
     The first forward covers each row's pending positions ``d_b..n_b-1`` (padded to the longest;
     each row's last real output drafts ``x̂_{n_b}``); row b draws only its first ``g_b`` drafts
     from its stream. Returns drafts (B, max g) int64 and q (B, max g, V)."""
-    dev, B = tokens.device, tokens.shape[0]
+    dev, B, guided = st.device, st.B, st.guided
     gmax = int(g.max())
-    f = _pending(model, drafter, dcache, tokens, feats, n, d, g > 0, guided, N)
+    f = _pending(st, n, d, g > 0)
     ar = torch.arange(gmax + int(n.max()) + 1, device=dev)
     n_t = torch.as_tensor(n, device=dev)
     xs, qs = [], []
     for j in range(gmax):
-        q = target_distribution(drafter.logits(model, f)[:, -1], sampling, guided, convention)  # (B, V)
-        x = q.argmax(-1) if sampling.greedy else streams.categorical(q, range(B), g > j)
+        q = st.target(st.drafter.logits(st.model, f)[:, -1])  # (B, V)
+        x = q.argmax(-1) if st.sampling.greedy else st.streams.categorical(q, range(B), g > j)
         xs.append(x)
         qs.append(q)
         if j + 1 < gmax:
             at = (n_t + j)[:, None]
             vis = ar[None, None, : int(n.max()) + j + 1] <= at[:, :, None]
-            f = drafter.forward_slots(
-                model,
+            f = st.drafter.forward_slots(
+                st.model,
                 expand_rows(x, guided)[:, None],
                 f,
-                dcache,
+                st.dcache,
                 expand_rows(at, guided),
-                expand_rows(at.clamp(max=N - 1), guided),
+                expand_rows(at.clamp(max=st.N - 1), guided),
                 expand_rows(vis, guided),
             )
     return torch.stack(xs, 1), torch.stack(qs, 1)
 
 
-def _pending(model, drafter, dcache, tokens, feats, n, d, drafting, guided: bool, N: int) -> torch.Tensor:
+def _pending(st: _Batch, n, d, drafting) -> torch.Tensor:
     """The drafter over every drafting slot's pending positions ``d_b..n_b-1`` with true target
     features (EAGLE's re-run on accepted tokens; padded to the longest; a slot that does not draft
     runs one throw-away position at ``d_b``). Returns (rows, 1, H): each row's last pending output,
     the feature that drafts ``x̂_{n_b}`` (the root of a draft tree)."""
-    dev, H = tokens.device, feats.shape[-1]
+    dev, H, guided = st.device, st.H, st.guided
     pend = np.where(drafting, n - d, 1)
     Tp = int(pend.max())
     d_t = torch.as_tensor(d, device=dev)
     ar = torch.arange(Tp + int(d.max()) + 1, device=dev)
     slots = d_t[:, None] + ar[:Tp]
-    pos = slots.clamp(max=N - 1)
-    toks = tokens.gather(1, pos)
+    pos = slots.clamp(max=st.N - 1)
+    toks = st.tokens.gather(1, pos)
     pos_r = expand_rows(pos, guided)
-    fin = feats.gather(1, pos_r[..., None].expand(-1, -1, H))
+    fin = st.feats.gather(1, pos_r[..., None].expand(-1, -1, H))
     S = int(d.max()) + Tp
     visible = ar[None, None, :S] <= slots[:, :, None]
-    f = drafter.forward_slots(
-        model, expand_rows(toks, guided), fin, dcache, expand_rows(slots, guided), pos_r, expand_rows(visible, guided)
+    f = st.drafter.forward_slots(
+        st.model,
+        expand_rows(toks, guided),
+        fin,
+        st.dcache,
+        expand_rows(slots, guided),
+        pos_r,
+        expand_rows(visible, guided),
     )
     last = expand_rows(torch.as_tensor(pend - 1, device=dev), guided)
     return f.gather(1, last[:, None, None].expand(-1, 1, H))
 
 
-def _tree_round(
-    model,
-    drafter,
-    cache,
-    dcache,
-    tokens,
-    feats,
-    n,
-    d,
-    active,
-    streams,
-    sampling,
-    rule,
-    table,
-    spec,
-    N,
-    timer,
-    images,
-    steps,
-):
-    """One batch step of draft trees: every active slot drafts its own tree, one target forward
-    verifies all trees, each image walks its tree and commits its accepted path.
+def _tree_round(st: _Batch, n, d, active, images, steps):
+    """One batch step of draft trees: every active slot drafts its own tree (:func:`_draft_trees`),
+    one target forward verifies all trees (:func:`_verify_trees`), each image walks its tree
+    (:func:`_walk_trees`) and commits its accepted path (:func:`_commit_paths`).
 
-    Drafting: one drafter forward over the pending positions (:func:`_pending`) gives each root's
-    feature; then every image's tree drafter (:func:`lantern.trees.tree_steps`, a generator) asks
-    for its next level of nodes, and the levels of all images run in one ``forward_slots`` (padded
-    to the widest; an image's nodes sit at its own drafter slots ``n_b, n_b + 1, ..`` in the order
-    one-image decoding appends them, and see its committed positions and their tree ancestors).
-    Verification: node t of image b at cache slot ``n_b - 1 + t`` (the root ``x_{n_b-1}`` at slot
-    ``n_b - 1``), image position ``n_b - 1 + depth_t``, seeing slots ``0..n_b-2`` and its
-    ancestors; trees are padded to the largest node count (padding sees the committed slots and
-    itself; its outputs are unused and its cache entries never seen). An image
-    with one token left verifies its root alone (a plain target step). The walk
-    (:func:`lantern.tree_decoding.walk_tree`) runs per image in Python, with its own Draws. Commit:
-    tokens, target features and the target's keys/values of the accepted path move behind the
-    committed tokens (:meth:`~ambiguity.models.base.TokenModel.move_slots`), vectorised over
-    images; the drafter's tree entries are simply left behind (recomputed from true features
-    next round, as :func:`lantern.tree_decoding.tree_decode` rolls its drafter cache back).
-
-    Returns accepted (B,), drafted (B,), kind (B,) index into NEXT_KINDS, next token (B,),
-    drafter forwards (B,), the draft columns of the step (None when no image drafted) and the new
-    drafter positions d (B,). images / steps: the image index and step number of each slot.
+    n, d: (B,) int64 committed tokens and drafter positions per slot; active: (B,) bool;
+    images / steps: the image index and step number of each slot. Returns accepted (B,), drafted
+    (B,), kind (B,) index into NEXT_KINDS, next token (B,), drafter forwards (B,), the draft columns
+    of the step (None when no image drafted) and the new drafter positions d (B,).
     """
-    dev, B, H = tokens.device, tokens.shape[0], feats.shape[-1]
-    guided, greedy, conv = sampling.guided, sampling.greedy, rule.convention
-    R = B * (1 + guided)
-    rows = [[b, b + B] if guided else [b] for b in range(B)]
-    room = np.where(active, N - 1 - n, 0)
-    drafting = active & (room > 0)
-    draws = [streams.draws_of(b) if active[b] else None for b in range(B)]
-    trees: list = [None] * B
-    roots = tokens.gather(1, torch.as_tensor(n - 1, device=dev)[:, None])[:, 0]
+    drafting = active & (n < st.N - 1)  # an image with one token left verifies its root alone
+    draws = [st.streams.draws_of(b) if active[b] else None for b in range(st.B)]
+    trees: list = [None] * st.B
     if drafting.any():
-        with timer("drafter"):
-            f_root = _pending(model, drafter, dcache, tokens, feats, n, d, drafting, guided, N)  # (R, 1, H)
-            root_q = target_distribution(drafter.logits(model, f_root)[:, -1], sampling, guided, conv)  # (B, V)
-            root_tok = roots.tolist()
-            gens, asks = {}, {}
-            for b in np.flatnonzero(drafting):
-                gens[b] = tree_steps(
-                    spec, root_tok[b], f_root[rows[b]], root_q[b], int(n[b]), int(room[b]), greedy, draws[b], dev
-                )
-                try:
-                    asks[b] = next(gens[b])
-                except StopIteration as done:
-                    trees[b] = done.value
-            used = np.zeros(B, dtype=np.int64)  # drafter slots the tree nodes took after n_b
-            while asks:
-                F = max(len(a.tokens) for a in asks.values())
-                L = n + used
-                S = int(L.max()) + F
-                toks = np.zeros((B, F), dtype=np.int64)
-                pos = np.repeat((n - 1)[:, None], F, 1)
-                slots = L[:, None] + np.arange(F)[None]
-                vis = np.zeros((B, F, S), dtype=bool)
-                vis[np.arange(B)[:, None], np.arange(F)[None], slots] = True  # padding sees itself
-                pf = f_root.new_zeros(R, F, H)
-                for b, a in asks.items():
-                    k = len(a.tokens)
-                    toks[b, :k] = a.tokens
-                    pos[b] += a.depth
-                    vis[b, :k, : L[b] + k] = a.visible(int(L[b])).numpy()
-                    pf[rows[b], :k] = a.parent_f
-                at = lambda x: expand_rows(torch.as_tensor(x, device=dev), guided)  # noqa: E731 - host -> rows
-                out = drafter.forward_slots(model, at(toks), pf, dcache, at(slots), at(np.minimum(pos, N - 1)), at(vis))
-                q = target_distribution(drafter.logits(model, out), sampling, guided, conv)  # (B, F, V)
-                for b, a in list(asks.items()):
-                    k = len(a.tokens)
-                    try:
-                        asks[b] = gens[b].send((out[rows[b], :k], q[b, :k], int(L[b])))
-                    except StopIteration as done:
-                        trees[b] = done.value
-                        del asks[b]
-                    used[b] += k
-    sizes = np.array([len(t) if t is not None else 1 for t in trees])
-    T = int(sizes.max())
-    with timer("target"):
-        node_tok = np.zeros((B, T), dtype=np.int64)
-        depth = np.zeros((B, T), dtype=np.int64)
-        S = int(n.max()) - 1 + T
-        slots = (n - 1)[:, None] + np.arange(T)[None]
-        vis = np.arange(S)[None, None, :] < (n - 1)[:, None, None]  # committed x_0..x_{n_b-2}
-        vis = np.broadcast_to(vis, (B, T, S)).copy()
-        vis[np.arange(B)[:, None], np.arange(T)[None], slots] = True  # every node sees itself
-        for b, t in enumerate(trees):
-            if t is not None:
-                k = len(t)
-                node_tok[b, 1:k] = t.tokens[1:].tolist()
-                depth[b, :k] = t.depths
-                vis[b, :k, n[b] - 1 : n[b] - 1 + k] = t.ancestors().numpy()
-        vin = torch.as_tensor(node_tok, device=dev)
-        vin[:, 0] = roots
-        at = lambda x: expand_rows(torch.as_tensor(x, device=dev), guided)  # noqa: E731 - host -> rows
-        pos = np.minimum((n - 1)[:, None] + depth, N - 1)
-        out = model.extend_slots(cache, expand_rows(vin, guided), at(slots), at(pos), at(vis))
-    with timer("acceptance"):
-        p = target_distribution(out.logits, sampling, guided, conv)  # (B, T, V)
-        path = np.zeros((B, T), dtype=np.int64)
-        m = np.zeros(B, dtype=np.int64)
-        kind = np.zeros(B, dtype=np.int64)
-        nxt = np.zeros(B, dtype=np.int64)
-        cols = []
-        for b in np.flatnonzero(active):
-            if trees[b] is None:  # one token left: a plain target step
-                nxt[b] = int(p[b, 0].argmax()) if greedy else draws[b].categorical(p[b, 0])
-                continue
-            k = len(trees[b])
-            outcome = walk_tree(trees[b], p[b, :k], rule, table, greedy, draws[b], timer)
-            m[b] = len(outcome.path) - 1
-            path[b, : m[b] + 1] = outcome.path
-            kind[b], nxt[b] = NEXT_KINDS.index(outcome.kind), outcome.token
-            c = tree_draft_columns(trees[b], p[b, :k], outcome, int(n[b]))
-            c["image"], c["step"] = np.full(k - 1, images[b]), np.full(k - 1, steps[b])
-            cols.append(c)
-        M = int(m.max()) + 1
-        keep = torch.as_tensor(np.arange(M)[None] <= m[:, None], device=dev)  # root, accepted nodes, next token
-        path_t = torch.as_tensor(path[:, :M], device=dev)
-        n_t = torch.as_tensor(n, device=dev)
-        dest = n_t[:, None] + torch.arange(M, device=dev)
-        cand = torch.cat([vin.gather(1, path_t[:, 1:]), vin.new_zeros(B, 1)], 1)
-        cand.scatter_(1, torch.as_tensor(m, device=dev)[:, None], torch.as_tensor(nxt, device=dev)[:, None])
-        tokens.scatter_(1, dest, torch.where(keep, cand, tokens.gather(1, dest)))
-        dest_r = expand_rows(dest, guided)[..., None].expand(-1, -1, H)
-        hid = out.hidden.gather(1, expand_rows(path_t, guided)[..., None].expand(-1, -1, H))  # h_{n-1}..h_{n+m-1}
-        feats.scatter_(1, dest_r, torch.where(expand_rows(keep, guided)[..., None], hid, feats.gather(1, dest_r)))
-        if M > 1:  # the accepted nodes' keys/values move behind the committed tokens (slots n_b ..)
-            moved = keep[:, 1:]
-            dst = n_t[:, None] - 1 + torch.arange(1, M, device=dev)
-            src = torch.where(moved, n_t[:, None] - 1 + path_t[:, 1:], dst)
-            model.move_slots(cache, expand_rows(src, guided), expand_rows(dst, guided))
+        with st.timer("drafter"):
+            trees = _draft_trees(st, n, d, drafting, draws)
+    with st.timer("target"):
+        vin, out = _verify_trees(st, n, trees)
+    with st.timer("acceptance"):
+        m, path, kind, nxt, draft_cols = _walk_trees(st, n, active, trees, draws, out.logits, images, steps)
+        _commit_paths(st, n, m, path, nxt, vin, out.hidden)
     drafted = np.array([len(t) - 1 if t is not None else 0 for t in trees])
     forwards = np.array([t.forwards if t is not None else 0 for t in trees])
-    draft_cols = None
-    if cols:
-        draft_cols = {c: np.concatenate([x[c] for x in cols]) for c in cols[0]}
-        draft_cols = _tree_rows(draft_cols)
-        draft_cols["out_of_support"] = draft_cols["committed"] & (draft_cols["p_draft"] == 0)
     return m, drafted, kind, nxt, forwards, draft_cols, np.where(drafting, n, d)
+
+
+def _draft_trees(st: _Batch, n, d, drafting, draws) -> list:
+    """Every drafting slot's draft tree; returns a list of B :class:`lantern.trees.Tree` (None where
+    a slot does not draft). draws: the B slots' :class:`lantern.trees.Draws` (None for empty slots).
+
+    One drafter forward over the pending positions (:func:`_pending`) gives each root's feature;
+    then every image's tree drafter (:func:`lantern.trees.tree_steps`, a generator) asks for its
+    next level of nodes, and the levels of all images run in one ``forward_slots`` (padded to the
+    widest; an image's nodes sit at its own drafter slots ``n_b, n_b + 1, ..`` in the order
+    one-image decoding appends them, and see its committed positions and their tree ancestors).
+    The drafter's tree entries are simply left behind (recomputed from true features next round,
+    as :func:`lantern.tree_decoding.tree_decode` rolls its drafter cache back)."""
+    dev, B, H, guided = st.device, st.B, st.H, st.guided
+    rows = [[b, b + B] if guided else [b] for b in range(B)]
+    trees: list = [None] * B
+    f_root = _pending(st, n, d, drafting)  # (R, 1, H)
+    root_q = st.target(st.drafter.logits(st.model, f_root)[:, -1])  # (B, V)
+    root_tok = st.tokens.gather(1, torch.as_tensor(n - 1, device=dev)[:, None])[:, 0].tolist()
+    gens, asks = {}, {}
+    for b in np.flatnonzero(drafting):
+        room = st.N - 1 - int(n[b])
+        gens[b] = tree_steps(
+            st.spec, root_tok[b], f_root[rows[b]], root_q[b], int(n[b]), room, st.sampling.greedy, draws[b], dev
+        )
+        try:
+            asks[b] = next(gens[b])
+        except StopIteration as done:
+            trees[b] = done.value
+    used = np.zeros(B, dtype=np.int64)  # drafter slots the tree nodes took after n_b
+    while asks:
+        F = max(len(a.tokens) for a in asks.values())
+        L = n + used
+        S = int(L.max()) + F
+        toks = np.zeros((B, F), dtype=np.int64)
+        pos = np.repeat((n - 1)[:, None], F, 1)
+        slots = L[:, None] + np.arange(F)[None]
+        vis = np.zeros((B, F, S), dtype=bool)
+        vis[np.arange(B)[:, None], np.arange(F)[None], slots] = True  # padding sees itself
+        pf = f_root.new_zeros(len(f_root), F, H)
+        for b, a in asks.items():
+            k = len(a.tokens)
+            toks[b, :k] = a.tokens
+            pos[b] += a.depth
+            vis[b, :k, : L[b] + k] = a.visible(int(L[b])).numpy()
+            pf[rows[b], :k] = a.parent_f
+        pos = np.minimum(pos, st.N - 1)
+        out = st.drafter.forward_slots(
+            st.model, st.on_rows(toks), pf, st.dcache, st.on_rows(slots), st.on_rows(pos), st.on_rows(vis)
+        )
+        q = st.target(st.drafter.logits(st.model, out))  # (B, F, V)
+        for b, a in list(asks.items()):
+            k = len(a.tokens)
+            try:
+                asks[b] = gens[b].send((out[rows[b], :k], q[b, :k], int(L[b])))
+            except StopIteration as done:
+                trees[b] = done.value
+                del asks[b]
+            used[b] += k
+    return trees
+
+
+def _verify_trees(st: _Batch, n, trees: list):
+    """One target forward over every slot's tree; returns the node tokens (B, T) int64 on the
+    device (node 0: the root ``x_{n_b-1}``) and the :class:`~ambiguity.models.base.Step` (R, T, .).
+
+    Node t of image b sits at cache slot ``n_b - 1 + t`` (the root at slot ``n_b - 1``), image
+    position ``n_b - 1 + depth_t``, and sees slots ``0..n_b-2`` and its ancestors; trees are padded
+    to the largest node count T (padding sees the committed slots and itself; its outputs are unused
+    and its cache entries never seen). A slot without a tree (one token left, or empty) verifies
+    its root alone (a plain target step)."""
+    dev, B = st.device, st.B
+    T = max(len(t) if t is not None else 1 for t in trees)
+    node_tok = np.zeros((B, T), dtype=np.int64)
+    depth = np.zeros((B, T), dtype=np.int64)
+    S = int(n.max()) - 1 + T
+    slots = (n - 1)[:, None] + np.arange(T)[None]
+    vis = np.arange(S)[None, None, :] < (n - 1)[:, None, None]  # committed x_0..x_{n_b-2}
+    vis = np.broadcast_to(vis, (B, T, S)).copy()
+    vis[np.arange(B)[:, None], np.arange(T)[None], slots] = True  # every node sees itself
+    for b, t in enumerate(trees):
+        if t is not None:
+            k = len(t)
+            node_tok[b, 1:k] = t.tokens[1:].tolist()
+            depth[b, :k] = t.depths
+            vis[b, :k, n[b] - 1 : n[b] - 1 + k] = t.ancestors().numpy()
+    vin = torch.as_tensor(node_tok, device=dev)
+    vin[:, 0] = st.tokens.gather(1, torch.as_tensor(n - 1, device=dev)[:, None])[:, 0]
+    pos = np.minimum((n - 1)[:, None] + depth, st.N - 1)
+    rows = expand_rows(vin, st.guided)
+    out = st.model.extend_slots(st.cache, rows, st.on_rows(slots), st.on_rows(pos), st.on_rows(vis))
+    return vin, out
+
+
+def _walk_trees(st: _Batch, n, active, trees: list, draws, logits: torch.Tensor, images, steps):
+    """Every active image's acceptance walk over its tree (:func:`lantern.tree_decoding.walk_tree`,
+    per image in Python, with its own Draws; a slot without a tree draws its next token from the
+    target at its root) and the step's per-node draft records.
+
+    logits: (R, T, V) float32 of :func:`_verify_trees`. Returns accepted m (B,) int64, path (B, T)
+    int64 (node indices of the root and the accepted nodes, ``path[b, :m_b + 1]``), kind (B,)
+    index into NEXT_KINDS, next token (B,) int64 and the draft columns (None when no image drafted).
+    """
+    B, greedy = st.B, st.sampling.greedy
+    p = st.target(logits)  # (B, T, V)
+    path = np.zeros((B, p.shape[1]), dtype=np.int64)
+    m = np.zeros(B, dtype=np.int64)
+    kind = np.zeros(B, dtype=np.int64)
+    nxt = np.zeros(B, dtype=np.int64)
+    cols = []
+    for b in np.flatnonzero(active):
+        if trees[b] is None:  # one token left: a plain target step
+            nxt[b] = int(p[b, 0].argmax()) if greedy else draws[b].categorical(p[b, 0])
+            continue
+        k = len(trees[b])
+        outcome = walk_tree(trees[b], p[b, :k], st.rule, st.table, greedy, draws[b], st.timer)
+        m[b] = len(outcome.path) - 1
+        path[b, : m[b] + 1] = outcome.path
+        kind[b], nxt[b] = NEXT_KINDS.index(outcome.kind), outcome.token
+        c = tree_draft_columns(trees[b], p[b, :k], outcome, int(n[b]))
+        c["image"], c["step"] = np.full(k - 1, images[b]), np.full(k - 1, steps[b])
+        cols.append(c)
+    if not cols:
+        return m, path, kind, nxt, None
+    draft_cols = _tree_rows({c: np.concatenate([x[c] for x in cols]) for c in cols[0]})
+    draft_cols["out_of_support"] = draft_cols["committed"] & (draft_cols["p_draft"] == 0)
+    return m, path, kind, nxt, draft_cols
+
+
+def _commit_paths(st: _Batch, n, m, path, nxt, vin: torch.Tensor, hidden: torch.Tensor) -> None:
+    """Commit every image's accepted path and next token, vectorised over images: tokens, target
+    features and the target's keys/values of the accepted path move behind the committed tokens
+    (:meth:`~ambiguity.models.base.TokenModel.move_slots`, one indexed copy for all images).
+
+    m, path, nxt: of :func:`_walk_trees`; vin (B, T) int64 node tokens and hidden (R, T, H) of
+    :func:`_verify_trees`. Writes ``x_{n_b}..x_{n_b+m_b}`` into st.tokens and
+    ``h_{n_b-1}..h_{n_b+m_b-1}`` into st.feats (slots ``n_b..n_b+m_b``)."""
+    dev, B, H, guided = st.device, st.B, st.H, st.guided
+    M = int(m.max()) + 1
+    keep = torch.as_tensor(np.arange(M)[None] <= m[:, None], device=dev)  # root, accepted nodes, next token
+    path_t = torch.as_tensor(path[:, :M], device=dev)
+    n_t = torch.as_tensor(n, device=dev)
+    dest = n_t[:, None] + torch.arange(M, device=dev)
+    cand = torch.cat([vin.gather(1, path_t[:, 1:]), vin.new_zeros(B, 1)], 1)
+    cand.scatter_(1, torch.as_tensor(m, device=dev)[:, None], torch.as_tensor(nxt, device=dev)[:, None])
+    st.tokens.scatter_(1, dest, torch.where(keep, cand, st.tokens.gather(1, dest)))
+    dest_r = expand_rows(dest, guided)[..., None].expand(-1, -1, H)
+    hid = hidden.gather(1, expand_rows(path_t, guided)[..., None].expand(-1, -1, H))  # h_{n-1}..h_{n+m-1}
+    st.feats.scatter_(1, dest_r, torch.where(expand_rows(keep, guided)[..., None], hid, st.feats.gather(1, dest_r)))
+    if M > 1:  # the accepted nodes' keys/values move behind the committed tokens (slots n_b ..)
+        moved = keep[:, 1:]
+        dst = n_t[:, None] - 1 + torch.arange(1, M, device=dev)
+        src = torch.where(moved, n_t[:, None] - 1 + path_t[:, 1:], dst)
+        st.model.move_slots(st.cache, expand_rows(src, guided), expand_rows(dst, guided))
 
 
 def _to_host(res, p, q, drafts, gmax: int, greedy: bool) -> dict:
