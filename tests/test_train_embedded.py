@@ -488,6 +488,10 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
     assert "cannot create the directory of --snapshot" in capsys.readouterr().err
     assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(snap), "--init-from", str(snap)]) == 2
     assert "drop --init-from" in capsys.readouterr().err
+    (b / "run").mkdir()
+    (b / "stage" / VQ16_FILE).write_bytes((a / "stage" / VQ16_FILE).read_bytes())  # the same VQ file (hash)
+    for f in ("tokens_train.pt", "tokens_test.pt"):  # so its token caches carry over to the new run dir
+        (b / "run" / f).write_bytes((a / "run" / f).read_bytes())
     shipped, meta = load_tensors(a / "stage" / GPT16_FILE)
     snapped, snap_meta = load_tensors(snap)
     assert meta["epochs"] == snap_meta["epochs"] == 1.0
@@ -500,6 +504,7 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
         )
         == 0
     )
+    assert "tokenize" not in capsys.readouterr().out
     curve = json.loads((b / "run" / CURVE_FILE).read_text())
     assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(2.0, 5)]
     assert curve["init_from"]["epochs"] == 1.0
