@@ -32,13 +32,17 @@ __all__ = [
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically."""
+    """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically.
+
+    The file gets the mode a plain ``open()`` would give it (0666 less the umask, e.g. 0644):
+    ``mkstemp`` creates 0600, and some writers (safetensors' ``save_file``) replace the
+    temporary file with a new 0600 one, so the mode is set after the writer is done."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; results should get the usual mode
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -46,6 +46,7 @@ from ambiguity.cli import (
     ArgumentParser,
     add_device_args,
     add_out_arg,
+    add_progress_arg,
     check_out_dir,
     check_out_file,
     cli_main,
@@ -220,7 +221,7 @@ def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out
         weights,
         out / "quality",
         device=resolve_device(args.device),
-        progress=False,
+        progress=not getattr(args, "no_progress", True),
         paired_with=base,
     )
     print(
@@ -274,6 +275,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument(
         "--bootstrap", type=nonneg_int, default=100, help="jackknife groups of --quality's intervals (default: 100)"
     )
+    add_progress_arg(ap)  # bars of --quality's feature extraction
     args = ap.parse_args(argv)
     if args.bins > 1000:
         raise UsageError(f"--bins must be at most 1000 (bins of the ambiguity axes), got {args.bins}")

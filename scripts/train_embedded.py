@@ -49,9 +49,9 @@ from ambiguity.data.fashion_mnist import find_dir, load_split
 from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.base import resolve_device
-from ambiguity.models.checkpoints import save_module
+from ambiguity.models.checkpoints import load_module, save_module
 from ambiguity.models.embedded import VARIANTS, VQ_SKIP, WEIGHTS_DIR, load_gpt, load_vq
-from ambiguity.models.gpt import GPT
+from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.train import (
     CURVE_FILE,
     EpochStopConfig,
@@ -92,7 +92,13 @@ def parse_args(argv=None):
         "embedded-16-long (embedded-16 by epochs with early stop, into a staging directory)",
     )
     e = p.add_argument_group("embedded-16-long only")
-    e.add_argument("--epochs", type=finite_float, default=None, help="most passes over the training set (default 6)")
+    e.add_argument(
+        "--epochs",
+        type=finite_float,
+        default=None,
+        help="most passes over the training set in this run (default 6); with --init-from they come on top "
+        "of the epochs the init has seen",
+    )
     e.add_argument(
         "--min-gain",
         type=finite_float,
@@ -125,8 +131,8 @@ def parse_args(argv=None):
         "--snapshot",
         default=None,
         metavar="PATH",
-        help="write the model of the run's latest checkpoint to PATH (fp16, its epochs recorded) and exit; "
-        "a later run continues from it with --init-from PATH",
+        help="write the model of the run's latest checkpoint to PATH (fp16, its epochs recorded; parent "
+        "directories are created) and exit; a later run continues from it with --init-from PATH",
     )
     p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
     p.add_argument("--seed", type=seed_int, default=0)
@@ -250,7 +256,8 @@ def long_settings(args) -> tuple[float, EpochStopConfig, int]:
     ]
     if args.recipe != LONG:
         if given:
-            raise UsageError(f"{', '.join(given)} only apply to --recipe {LONG}")
+            verb = "applies" if len(given) == 1 else "apply"
+            raise UsageError(f"{', '.join(given)} only {verb} to --recipe {LONG}")
         return 0.0, None, 0
     epochs = 6.0 if args.epochs is None else args.epochs
     if epochs <= 0:
@@ -262,40 +269,57 @@ def long_settings(args) -> tuple[float, EpochStopConfig, int]:
         raise UsageError(f"--min-epochs must be >= 0, got {stop.min_epochs}")
     if args.init_epochs is not None and (args.init_from is None or args.init_epochs < 0):
         raise UsageError("--init-epochs needs --init-from and a value >= 0")
+    if args.snapshot is not None and args.init_from is not None:
+        raise UsageError("--snapshot only writes the run's latest model; drop --init-from (pass it to the next run)")
     return epochs, stop, args.eval_images or 1000
 
 
 def warm_start(args, gpt_cfg) -> tuple[str, dict, float] | None:
     """(file hash, state dict, epochs seen) of ``--init-from``, or None without it. Raises
-    UsageError for a file of another architecture or one whose epochs are unknown."""
+    UsageError for a missing or unreadable file, a file of another architecture or one whose
+    epochs are unknown (called before any tokenizing, so a typo costs seconds)."""
     if args.init_from is None:
         return None
-    model, meta = load_gpt(args.init_from)
+    path = Path(args.init_from).expanduser()
+    if not path.is_file():
+        raise UsageError(f"--init-from {args.init_from} does not exist; pass a GPT weights file")
+    model, meta = load_module(path, GPT, GPTConfig, fix="pass a GPT weights file to --init-from")
     if asdict(model.config) != asdict(gpt_cfg):
         raise UsageError(f"--init-from {args.init_from} is not an {LONG} GPT (its config differs); pass its weights")
     epochs = args.init_epochs if args.init_epochs is not None else meta.get("epochs")
     if epochs is None:
         raise UsageError(f"--init-from {args.init_from} does not record its epochs; pass --init-epochs")
-    return file_sha(Path(args.init_from)), model.state_dict(), float(epochs)
+    return file_sha(path), model.state_dict(), float(epochs)
 
 
 def snapshot(args, recipe, run: Path) -> int:
     """``--snapshot PATH``: the model of ``run``'s latest GPT checkpoint -> PATH (fp16, with
-    ``epochs`` in its metadata). Raises UsageError when the run has no checkpoint."""
+    ``epochs`` in its metadata; PATH's directory is created). Raises UsageError when the run has
+    no checkpoint or PATH's directory cannot be written."""
     ck = load_checkpoint(run / "gpt_ckpt.pt")
     if ck is None:
         raise UsageError(f"{run / 'gpt_ckpt.pt'} not found; train first (same --run-dir)")
+    path = Path(args.snapshot).expanduser()
+    if path.is_dir():
+        raise UsageError(f"--snapshot {path} is a directory; pass a file path (e.g. {path / 'gpt.safetensors'})")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot create the directory of --snapshot {path} ({exc.strerror or exc}); pass another PATH"
+        ) from None
     gpt_cfg, rec = recipe[2], ck["recipe"]
     model = GPT(gpt_cfg)
     model.load_state_dict(ck["model"])
     step = ck["state"]["step"]
     epochs = rec.get("init_epochs", 0.0) + step * rec["train"]["batch_size"] / rec["n_sequences"]
-    save_module(model, gpt_cfg, args.snapshot, seed=args.seed, stage="gpt", variant=args.recipe, epochs=epochs)
-    print(f"wrote {args.snapshot}: step {step}, {epochs:.3f} epochs")
+    save_module(model, gpt_cfg, path, seed=args.seed, stage="gpt", variant=args.recipe, epochs=epochs)
+    print(f"wrote {path}: step {step}, {epochs:.3f} epochs")
     return 0
 
 
-def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
+def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool, init=None) -> dict:
+    """The GPT stage; ``init``: :func:`warm_start`'s result (checked before any work by ``main``)."""
 
     _, _, gpt_cfg, gpt_train = recipe[:4]
     VQ_FILE, GPT_FILE, _, size = VARIANTS[VARIANT_OF.get(args.recipe, args.recipe)]
@@ -321,7 +345,7 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
     test_tokens, t_test = cached_tokens(vq, test, run / "tokens_test.pt", vq_sha, progress, "tokenize test")
     print(f"tokens: train {tuple(tokens.shape)}, test {tuple(test_tokens.shape)}", flush=True)
     del images, test  # ~1.1 GB of 64 x 64 float images not needed while the GPT trains
-    evaluate, stop, long_info, init = None, None, {}, None
+    evaluate, stop, long_info = None, None, {}
     if args.recipe == LONG:
         epochs, stop, k = long_settings(args)
         gpt_train = replace(gpt_train, steps=steps_for_epochs(epochs, tokens.shape[0], gpt_train.batch_size))
@@ -331,11 +355,11 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool) ->
         def evaluate(model):
             return gpt_nll(model, sub_tokens, sub_labels, progress=False)["nll_bits_per_token"]
 
-        init = warm_start(args, gpt_cfg)
         long_info = {
             "init_from": None if init is None else {"file": str(args.init_from), "sha": init[0], "epochs": init[2]},
             "recipe": args.recipe,
-            "max_epochs": epochs,
+            "max_epochs": epochs,  # this run's; with --init-from they come on top of its epochs
+            "max_total_epochs": epochs + (0.0 if init is None else init[2]),
             "eval_images": int(sub.numel()),
             "eval_subset_seed": EVAL_SUBSET_SEED,
             "seed": args.seed,
@@ -466,6 +490,7 @@ def main(argv=None) -> int:
     recipe = RECIPES[args.recipe](args.quick)
     if args.snapshot:
         return snapshot(args, recipe, run)
+    init = warm_start(args, recipe[2]) if args.recipe == LONG and args.stage != "vq" else None
     progress = not args.no_progress
     metrics = read_json(out / METRICS_FILE)
     metrics.update(
@@ -484,7 +509,7 @@ def main(argv=None) -> int:
             metrics.pop("gpt", None)  # a new VQ invalidates the old GPT's numbers
         write_json(metrics, out / METRICS_FILE)
     if args.stage in ("gpt", "all"):
-        metrics["gpt"] = run_gpt(args, recipe, data, out, run, device, progress)
+        metrics["gpt"] = run_gpt(args, recipe, data, out, run, device, progress, init)
         metrics["token_budget"] = metrics["gpt"]["token_budget"]
     metrics["files"] = {f: (out / f).stat().st_size for f in (VQ_FILE, GPT_FILE) if (out / f).is_file()}
     metrics["total_size_bytes"] = sum(metrics["files"].values())

@@ -439,7 +439,7 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     assert fig(["--run-dir", str(tmp_path)]) == 2 and "not found" in capsys.readouterr().err
     # The flags belong to the long recipe; the shipped directory is refused as its --out.
     assert main(["--quick", "--epochs", "2", "--data", str(fake_data), "--run-dir", str(run)]) == 2
-    assert "only apply to --recipe embedded-16-long" in capsys.readouterr().err
+    assert "only applies to --recipe embedded-16-long" in capsys.readouterr().err
     assert (
         main(
             [
@@ -479,9 +479,19 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
         save_module(VQModel(vq_cfg), vq_cfg, tmp_path / name / "stage" / VQ16_FILE, skip=VQ_SKIP)
     a, b = tmp_path / "a", tmp_path / "b"
     assert main(common + ["--epochs", "1", "--out", str(a / "stage"), "--run-dir", str(a / "run")]) == 0
-    snap = tmp_path / "snap.safetensors"
+    snap = tmp_path / "new" / "dir" / "snap.safetensors"  # its directory is created
     assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(snap)]) == 0
     assert "step 5, 1.000 epochs" in capsys.readouterr().out
+    assert (snap.stat().st_mode & 0o777) == 0o666 & ~_umask()
+    (tmp_path / "file").write_text("")
+    assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(tmp_path / "file" / "s.safetensors")]) == 2
+    assert "cannot create the directory of --snapshot" in capsys.readouterr().err
+    assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(snap), "--init-from", str(snap)]) == 2
+    assert "drop --init-from" in capsys.readouterr().err
+    (b / "run").mkdir()
+    (b / "stage" / VQ16_FILE).write_bytes((a / "stage" / VQ16_FILE).read_bytes())  # the same VQ file (hash)
+    for f in ("tokens_train.pt", "tokens_test.pt"):  # so its token caches carry over to the new run dir
+        (b / "run" / f).write_bytes((a / "run" / f).read_bytes())
     shipped, meta = load_tensors(a / "stage" / GPT16_FILE)
     snapped, snap_meta = load_tensors(snap)
     assert meta["epochs"] == snap_meta["epochs"] == 1.0
@@ -494,9 +504,11 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
         )
         == 0
     )
+    assert "tokenize" not in capsys.readouterr().out
     curve = json.loads((b / "run" / CURVE_FILE).read_text())
     assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(2.0, 5)]
     assert curve["init_from"]["epochs"] == 1.0
+    assert (curve["max_epochs"], curve["max_total_epochs"]) == (1.0, 2.0)  # this run's, and with the init's
     m = json.loads((b / "stage" / METRICS16_FILE).read_text())["gpt"]
     assert (m["epochs"], m["epochs_this_run"], m["init_epochs"]) == (2.0, 1.0, 1.0)
     # With no steps to take, the warm-started model is the snapshot itself (fp16 -> fp32 exactly).
@@ -515,6 +527,47 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
     assert "--init-epochs needs --init-from" in capsys.readouterr().err
     assert main(common + ["--run-dir", str(tmp_path / "none"), "--snapshot", str(snap)]) == 2
     assert "train first" in capsys.readouterr().err
+
+
+def test_init_from_is_checked_before_any_tokenizing(fake_data, tmp_path, capsys, monkeypatch):
+    """A wrong --init-from fails in seconds, before the VQ, the data or the token caches are touched."""
+    from ambiguity.models.checkpoints import save_module
+    from ambiguity.models.gpt import GPT
+    from ambiguity.train import embedded16_long_recipe
+
+    script = load_script()
+    for name in ("cached_tokens", "load_split", "load_vq", "run_vq"):
+        monkeypatch.setattr(script, name, lambda *a, **k: pytest.fail("work before --init-from was checked"))
+    common = ["--quick", "--recipe", "embedded-16-long", "--data", str(fake_data), "--no-progress"]
+    common += ["--run-dir", str(tmp_path / "run"), "--device", "cpu", "--init-from"]
+    assert script.main(common + [str(tmp_path / "typo.safetensors")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --init-from {tmp_path / 'typo.safetensors'} does not exist; pass a GPT weights file"
+    other = GPTConfig(dim=32, n_layer=1, n_head=2, multiple_of=32, num_classes=10, vocab_size=16, block_size=16)
+    save_module(GPT(other), other, tmp_path / "other.safetensors", epochs=1.0)
+    assert script.main(common + [str(tmp_path / "other.safetensors")]) == 2
+    assert "its config differs" in capsys.readouterr().err
+    gpt_cfg = embedded16_long_recipe(quick=True)[2]
+    save_module(GPT(gpt_cfg), gpt_cfg, tmp_path / "noepochs.safetensors")
+    assert script.main(common + [str(tmp_path / "noepochs.safetensors")]) == 2
+    assert "pass --init-epochs" in capsys.readouterr().err
+
+
+def test_long_recipe_flags_named_with_the_right_verb(fake_data, tmp_path, capsys):
+    main = load_script().main
+    base = ["--quick", "--data", str(fake_data), "--run-dir", str(tmp_path / "run")]
+    assert main(base + ["--epochs", "2"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --epochs only applies to --recipe embedded-16-long"
+    assert main(base + ["--epochs", "2", "--min-epochs", "1"]) == 2
+    assert "--epochs, --min-epochs only apply to --recipe" in capsys.readouterr().err
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_token_cache_resumes_after_its_last_chunk(tmp_path, capsys):

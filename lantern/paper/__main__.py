@@ -42,6 +42,16 @@ SIZES = (
 )
 
 
+def _size_help(name: str, default: int) -> str:
+    if name == "timing_images":
+        return (
+            f"rounds timed (batch 1, interleaved) when --batch-size > 1 (default {default}; "
+            "at --batch-size 1, the --quick default, every round is timed)"
+        )
+    quick = QUICK.get(name)
+    return f"default {default}" + (f" ({quick} with --quick)" if quick is not None else "")
+
+
 def build_parser() -> ArgumentParser:
     defaults = PaperConfig()
     p = ArgumentParser(
@@ -86,7 +96,7 @@ def build_parser() -> ArgumentParser:
             "--" + name.replace("_", "-"),
             type=positive_int,
             default=None,
-            help=f"default {getattr(defaults, name)} ({QUICK.get(name)} with --quick)",
+            help=_size_help(name, getattr(defaults, name)),
         )
     grid = p.add_argument_group("the paper's grid (k on its 16384-code codebook, mapped to the model's)")
     grid.add_argument("--ks", default=None, help="default 100,300,1000")

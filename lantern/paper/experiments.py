@@ -11,7 +11,7 @@ warm-up (:mod:`lantern.timing`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 import matplotlib.ticker as mticker
@@ -30,7 +30,17 @@ from lantern.drafter import accuracy_table_path, shipped_drafter_path
 from lantern.paper import published as P
 from lantern.paper.context import Context
 from lantern.paper.report import Item
-from lantern.paper.sessions import Method, Session, SessionData, pixels, quality, run_session, sampling_for
+from lantern.paper.sessions import (
+    Method,
+    Session,
+    SessionData,
+    batch_note,
+    pixels,
+    quality,
+    run_session,
+    sampling_for,
+    session_batch_size,
+)
 from lantern.quality.scoring import Protocol
 from lantern.timing import speedup_curve
 from lantern.trees import TreeSpec
@@ -210,6 +220,21 @@ def _quick(ctx: Context, notes: list) -> list:
     return ([q] if q else []) + notes
 
 
+def _timing_note(ctx: Context, sessions: Sequence[tuple[float, int]]) -> list[str]:
+    """With ``--batch-size`` > 1: which rounds the speed-ups come from and how the rest were
+    decoded, per (temperature, rounds) of the primary model's sessions; [] at batch 1 (every round
+    is timed)."""
+    c = ctx.config
+    if int(c.batch_size) == 1:
+        return []
+    B = session_batch_size(ctx, ctx.primary)[0]
+    return [
+        f"temperature {t:g}: speed-ups from the first {min(c.timing_images, n)} rounds, timed at batch 1, "
+        f"interleaved; statistics and quality over {n} images at batch {B}."
+        for t, n in sessions
+    ]
+
+
 def _k_note(ctx: Context) -> str:
     V = ctx.model(ctx.primary).vocab_size
     if V == P.PAPER_CODEBOOK:
@@ -267,7 +292,8 @@ def fig2a(ctx: Context) -> Item:
             "values are not published as numbers.",
             "On this toolkit's embedded pair the gap does not appear: 64-token Fashion-MNIST images are "
             "more predictable than natural images (see Fig. 2c).",
-        ],
+        ]
+        + batch_note(ctx, ctx.config.models),
     )
     return Item(
         "fig2a",
@@ -644,11 +670,12 @@ def _plot_quality_speed(df: pd.DataFrame, ctx: Context):
 def table2(ctx: Context) -> Item:
     """AR, EAGLE-2 and LANTERN at the paper's setting, temperature 0 and 1: τ, speed-up, quality;
     and the precision/recall grid over k and δ (review discussion)."""
-    frames = []
+    frames, timed = [], []
     for t in (0.0, 1.0):
         data = main_session(ctx, t)
         if data is None:
             continue
+        timed.append((t, data.session.rounds))
         frames.append(
             _method_rows(
                 ctx,
@@ -706,6 +733,8 @@ def table2(ctx: Context) -> Item:
             "ar_ms_per_forward is AR's milliseconds per target forward; "
             "a 'flag' column appears where the speed-up exceeds the tokens per target forward (a slow "
             "baseline loop).",
+            *_timing_note(ctx, timed),
+            *batch_note(ctx, [ctx.primary]),
             "τ counts the bonus token; the paper writes τ for the temperature, here 'temperature'.",
             f"Published speed-ups are LlamaGen-XL Stage I on a GPU ({P.SOURCES['table2']}); {P.SOURCES['abstract']}.",
             "CLIP score and HPS v2 need captions: not available for a class-conditional model "
@@ -806,7 +835,7 @@ def f1(ctx: Context) -> Item:
     data = main_session(ctx, 1.0)
     df, figs = pd.DataFrame(), []
     if data is not None:
-        n = data.session.rounds
+        n = data.session.rounds if int(ctx.config.batch_size) == 1 else min(data.session.rounds, _timed_rounds(data))
         ns = sorted({x for x in (*range(1, 11), 20, 50, 100, 200, 500, 1000, 2000, 5000) if x <= n} | {n})
         lantern = _lantern_name(ctx, ctx.config.paper_k, ctx.config.paper_delta)
         curves = {
@@ -840,12 +869,18 @@ def f1(ctx: Context) -> Item:
             "Speed-up (ratio of total latencies) on the first n images, n = 1 ... 10 then 20, 50, ... "
             "(each decoded once by AR, EAGLE-2 and LANTERN, interleaved in a random order per image after "
             f"a warm-up); band: 95 % bootstrap over those images, drawn from n = {F1_MIN_BAND} on.",
+            *(_timing_note(ctx, [(1.0, data.session.rounds)]) if data is not None else []),
             P.SOURCES["f1"] + ".",
         ],
     )
     return Item(
         "f1", "App. F.1: measured speed-up vs number of images", {"ours": df}, figs, _settings(ctx, data), notes
     )
+
+
+def _timed_rounds(data: SessionData) -> int:
+    """How many rounds of ``data`` were timed (the first ``--timing-images`` with --batch-size > 1)."""
+    return int(data.timing["round"].nunique()) if len(data.timing) else 0
 
 
 def f2(ctx: Context) -> Item:
