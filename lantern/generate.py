@@ -173,7 +173,8 @@ def add_jacobi_args(p) -> None:
         "--window",
         type=int,
         default=None,
-        help="sjd/gsd/scd: tokens per Jacobi forward L >= 1 (official 16 for sjd, gsd; 32 for scd)",
+        help="sjd/gsd/scd: tokens per Jacobi forward, 1 <= L <= tokens per image "
+        "(official 16 for sjd, gsd; 32 for scd)",
     )
     p.add_argument(
         "--jacobi-init",
@@ -474,6 +475,20 @@ def _grid(class_names, out: Path, images) -> None:
     plots.save_figure(fig, out / "grid")
 
 
+def histogram_text(hist: list[int], limit: int = 17) -> str:
+    """``accept_histogram`` for a terminal, ``(0..J): [n_0, ..., n_J]``: whole when it has at most
+    ``limit`` entries; else cut after its last non-zero count, and the counts from ``limit - 1``
+    on summed in one tail entry (a Jacobi window of L has L entries, most of them 0)."""
+    hist = [int(n) for n in hist]
+    if len(hist) > limit:
+        hist = hist[: max((j for j, n in enumerate(hist) if n), default=0) + 1]
+    last = len(hist) - 1
+    if len(hist) <= limit:
+        return f"(0..{last}): {hist}"
+    head = ", ".join(map(str, hist[: limit - 1]))
+    return f"(0..{last}): [{head}, {sum(hist[limit - 1 :])} at {limit - 1}..{last}]"
+
+
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for a UsageError."""
@@ -522,9 +537,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     summary = result[3]
     print(summary_table([summary]))
-    hist = summary["accept_histogram"]
     print(
-        f"accepted drafts per step (0..{len(hist) - 1}): {hist}; cfg {sampling.guidance}, temperature "
+        f"accepted drafts per step {histogram_text(summary['accept_histogram'])}; cfg {sampling.guidance}, temperature "
         f"{sampling.temperature}; {summary['images_computed']} images computed, {summary['images_resumed']} resumed"
     )
     print(f"wrote {out}/(images/, grid.png, steps.parquet, drafts.parquet, images.parquet, summary.json)")
