@@ -1,4 +1,4 @@
-"""``python -m lantern.generate``: images by AR, speculative or LANTERN decoding, with records.
+"""``python -m lantern.generate``: images by AR, speculative, LANTERN or Jacobi decoding, with records.
 
 Example::
 
@@ -233,7 +233,8 @@ def build_parser() -> ArgumentParser:
     """The argument parser of ``python -m lantern.generate`` (one-line errors, exit 2)."""
     p = ArgumentParser(
         prog=COMMAND,
-        description="Generate images with AR, speculative (sd) or LANTERN decoding and record every draft token.",
+        description="Generate images with AR, speculative (sd), LANTERN (lantern, lantern++, lantern-jsd) or "
+        "Jacobi (sjd, gsd, scd: no drafter) decoding and record every draft token.",
     )
     add_model_args(p)
     add_decoding_args(p)
