@@ -19,11 +19,13 @@ hold each image's records, checked on resume), ``--num-images`` can be raised la
 and LANTERN runs with the same seed are comparable image by image (:mod:`lantern.replay`).
 A rerun with other settings into the same ``--out`` is refused unless ``--overwrite``. Bad
 parameters (δ < 0, λ < 1, k >= the vocabulary size, γ < 1, a drafter built for another model,
-an unknown method) end with one line on stderr and exit status 2.
+an unknown method, a flag the method does not read: :data:`FLAG_METHODS`) end with one line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 from typing import Optional
@@ -60,7 +62,7 @@ from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS
 from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import CONVENTIONS, AcceptanceRule
+from lantern.acceptance import CONVENTIONS, RULES, AcceptanceRule
 from lantern.batched import check_batching
 from lantern.decoding import (
     DEFAULT_METRIC,
@@ -72,7 +74,7 @@ from lantern.decoding import (
     neighbour_table,
 )
 from lantern.drafter import DraftModel, load_drafter
-from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
+from lantern.jacobi import COUPLINGS, INITS, JACOBI_METHODS, JacobiConfig, check_jacobi
 from lantern.records import Decoded, summarize, summary_table
 from lantern.trees import STATIC_TREES, TreeSpec, parse_tree
 
@@ -202,6 +204,35 @@ def add_jacobi_args(p) -> None:
         help="scd: gumbel or maximal coupling of successive drafts (maximal-official: the official "
         "bookkeeping, not lossless) (default: gumbel)",
     )
+
+
+# the decoding options each method reads (dest -> methods); one given for another method is refused
+FLAG_METHODS = {
+    **dict.fromkeys(("gamma", "tree", "total_tokens", "depth", "tree_top_k"), RULES),
+    **dict.fromkeys(("k", "delta", "lam", "metric", "matrix", "convention"), RULES),
+    **dict.fromkeys(("window", "jacobi_init"), JACOBI_METHODS),
+    **dict.fromkeys(("gsd_group", "gsd_prob_gap", "gsd_distance"), ("gsd",)),
+    "scd_coupling": ("scd",),
+}
+
+
+def given_options(parser: ArgumentParser, argv: Optional[list[str]]) -> set[str]:
+    """The dests of the options on the command line ``argv`` (None: ``sys.argv[1:]``), given at
+    their default value or not: a second parse of ``argv`` with every default suppressed.
+    ``parser`` is changed (use a fresh one)."""
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def check_flags_apply(method: str, given: set[str]) -> None:
+    """Raise UsageError for a decoding option in ``given`` (dests) that ``method`` ignores
+    (:data:`FLAG_METHODS`): tree, γ and acceptance-rule flags with ``ar`` or a Jacobi method,
+    Jacobi knobs with the others."""
+    for dest, methods in FLAG_METHODS.items():
+        if dest in given and method not in methods:
+            flag = "--" + dest.replace("_", "-")
+            raise UsageError(f"{flag} does not apply to --method {method}, only to {', '.join(methods)}; drop it")
 
 
 def decode_config_from_args(args) -> DecodeConfig:
@@ -495,6 +526,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for a UsageError."""
     args = build_parser().parse_args(argv)
     # cheap checks first: nothing is loaded or written before the settings are known to be valid
+    check_flags_apply(args.method, given_options(build_parser(), argv))
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)
