@@ -106,6 +106,7 @@ BASE = {
     "benchmarks/bench_neighbourhood.py": ["--out", "{tmp}/out/nb.json"],
     "benchmarks/bench_scaleout.py": ["--out", "{tmp}/out/scale.json"],
     "benchmarks/probe_distortion.py": ["--out", "{tmp}/out/dist.json"],
+    "benchmarks/bench_throughput.py": ["--out", "{tmp}/out", "--repeats", "1", "--images", "1"],
 }
 
 
@@ -1310,6 +1311,15 @@ CASES: list[Case] = [
     C("tt-drafter-tokens-below-file", TT, ["--drafter-tokens", "{tmp}/file/r"], below_file, "below the file"),
     C("tt-out-below-file", TT, ["--out", "{tmp}/file/w"], below_file, "below the file"),
     # ---------------------------------------------------------------- benchmarks
+    C("bt-methods-bogus", "benchmarks/bench_throughput.py", ["--methods", "medusa"], expect="--methods"),
+    C("bt-batch-sizes-zero", "benchmarks/bench_throughput.py", ["--batch-sizes", "0"], expect="--batch-sizes"),
+    C("bt-device-bogus", "benchmarks/bench_throughput.py", ["--device", "bogus"], expect="--device"),
+    C(
+        "bt-lantern-text-twin",
+        "benchmarks/bench_throughput.py",
+        ["--models", "text-twin", "--methods", "ar,lantern", "--batch-sizes", "1"],
+        expect="codebook",
+    ),
     C("ba-k-zero", BA, ["--k", "0"], expect="--k"),
     C("ba-k-too-large", BA, ["--k", "20000"], expect="--k"),
     C("ba-gamma-zero", BA, ["--gamma", "0"], expect="--gamma"),
