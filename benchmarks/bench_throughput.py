@@ -1,7 +1,6 @@
 """Throughput of batched decoding: images per second of AR, SD, LANTERN (chains, trees) and SJD / GSD / SCD at batch B.
 
-    PYTHONPATH=$PWD python benchmarks/bench_throughput.py --models embedded,embedded-16 \
-        --batch-sizes 1,8,32,64 --repeats 3
+    python benchmarks/bench_throughput.py --models embedded,embedded-16 --batch-sizes 1,8,32,64 --repeats 3
 
 Every (model, method, B) cell decodes ``max(--images, 2 B)`` images with
 :func:`lantern.decoding.decode` ``(batch_size=B)`` (continuous batching, so the last images of a
@@ -14,8 +13,11 @@ method; the table reports the median over repeats and the spread (min, max). Tre
 ``sd-dynamic`` (EAGLE-2 dynamic tree ``--total-tokens``, ``--depth``, ``--tree-top-k``), batched
 like the chains (:mod:`lantern.batched`). ``--methods`` also takes ``sjd``, ``gsd``, ``scd``
 (batched Jacobi decoding with the official windows, no drafter:
-:func:`lantern.jacobi.batched_jacobi_decode`). The machine may be shared: compare ratios
-measured in one run, not absolute numbers across runs.
+:func:`lantern.jacobi.batched_jacobi_decode`). A model's drafter loads only for the drafting
+methods, its LANTERN neighbour table (which needs a VQ codebook) only for the ``lantern`` ones, so
+``--models text-twin --methods ar,sd`` runs. ``--device`` / ``--dtype`` as every model command
+(default: auto). The machine may be shared: compare ratios measured in one run, not absolute
+numbers across runs.
 
 Writes ``--out``/throughput.parquet (one row per cell and repeat) and throughput.json (medians,
 spreads and the ratios: each method at B against itself at B = 1 and against AR at the same B).
@@ -38,9 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 from ambiguity.cli import (  # noqa: E402
     ArgumentParser,
+    add_device_args,
     add_out_arg,
     add_threads_arg,
     cli_main,
+    device_from_args,
     finite_float,
     int_list,
     positive_int,
@@ -111,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--total-tokens", type=positive_int, default=59, help="dynamic tree: nodes incl. the root")
     ap.add_argument("--depth", type=positive_int, default=4, help="dynamic tree: expansion rounds")
     ap.add_argument("--tree-top-k", type=positive_int, default=10, help="dynamic tree: children per node")
+    add_device_args(ap, what="the models and drafters")
     add_threads_arg(ap, 2)
     add_out_arg(
         ap,
@@ -127,16 +132,19 @@ def main(argv=None) -> int:
             f"unknown method {unknown[0] if unknown else '(none)'!r} in --methods; "
             f"choose from {', '.join([*METHODS, *JACOBI, 'profile'])}"
         )
+    device, dtype = device_from_args(args)
     rows, loaded = [], {}
     for name in args.models.split(","):
-        model = load_model(name, device="cpu")
-        drafter = load_drafter(model)
-        sampling = SamplingConfig(guidance=default_guidance(model.kind), temperature=1.0)
+        model = load_model(name, device=device, dtype=dtype)
         k = min(args.k, model.vocab_size - 1)
-        table = neighbour_table(model, config_of("lantern", args, k))
+        configs = [config_of(m, args, k) for m in methods]
+        drafter = load_drafter(model) if any(c.speculative for c in configs) else None  # not for ar / Jacobi
+        sampling = SamplingConfig(guidance=default_guidance(model.kind), temperature=1.0)
+        relaxed = any(c.rule is not None and c.rule.relaxed for c in configs)  # the lantern rows
+        table = neighbour_table(model, config_of("lantern", args, k)) if relaxed else None
         loaded[name] = (model, drafter, table, sampling, k)
-        for m in methods:  # warm-up
-            cell(model, drafter, table, m, config_of(m, args, k), sampling, 2, 2)
+        for m in methods:  # warm-up (batch 1 when that is all that is asked: text-twin cannot batch)
+            cell(model, drafter, table, m, config_of(m, args, k), sampling, min(2, *sizes), 2)
     cells = [(name, m, B) for name in loaded for m in methods for B in sizes]
     rng = random.Random(0)
     for r in range(args.repeats):
@@ -169,7 +177,9 @@ def main(argv=None) -> int:
         "settings": vars(args),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "note": "measured on a shared 2-core CPU; compare ratios within this run",
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "note": "the machine may be shared; compare ratios within this run",
         "cells": table.to_dict(orient="records"),
     }
     (out / "throughput.json").write_text(json.dumps(summary, indent=1, default=float))

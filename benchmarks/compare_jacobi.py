@@ -1,6 +1,6 @@
 """AR, SD, EAGLE-2, LANTERN, LANTERN++, SJD, GSD and SCD on the same images: one table, one figure.
 
-    PYTHONPATH=$PWD python benchmarks/compare_jacobi.py --model embedded --num-images 32 --timing-images 4 --rounds 1
+    python benchmarks/compare_jacobi.py --model embedded --num-images 32 --timing-images 4 --rounds 1
 
 Per method, on the same conditions and per-image seeds: tokens per target forward, τ (mean
 accepted length, bonus counted), acceptance rate of reached drafts, latency speed-up over AR at

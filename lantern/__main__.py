@@ -5,7 +5,10 @@ from __future__ import annotations
 from ambiguity.cli import run_subcommand
 
 COMMANDS = {
-    "generate": ("lantern.generate", "images by AR, speculative or LANTERN decoding, with per-draft records"),
+    "generate": (
+        "lantern.generate",
+        "images by AR, speculative (sd, LANTERN) or Jacobi (sjd, gsd, scd) decoding, with per-draft records",
+    ),
     "replay": ("lantern.replay", "acceptance vs ambiguity, and image quality against a reference run"),
     "evaluate": ("lantern.evaluate", "FID, KID, precision/recall, density/coverage, CLIP score, HPS v2.1 of runs"),
     "train_drafter": ("lantern.train_drafter", "train an EAGLE drafter and measure its test accuracy per epoch"),

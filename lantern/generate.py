@@ -1,4 +1,4 @@
-"""``python -m lantern.generate``: images by AR, speculative or LANTERN decoding, with records.
+"""``python -m lantern.generate``: images by AR, speculative, LANTERN or Jacobi decoding, with records.
 
 Example::
 
@@ -19,11 +19,13 @@ hold each image's records, checked on resume), ``--num-images`` can be raised la
 and LANTERN runs with the same seed are comparable image by image (:mod:`lantern.replay`).
 A rerun with other settings into the same ``--out`` is refused unless ``--overwrite``. Bad
 parameters (δ < 0, λ < 1, k >= the vocabulary size, γ < 1, a drafter built for another model,
-an unknown method) end with one line on stderr and exit status 2.
+an unknown method, a flag the method does not read: :data:`FLAG_METHODS`) end with one line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 from typing import Optional
@@ -60,7 +62,7 @@ from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS
 from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import CONVENTIONS, AcceptanceRule
+from lantern.acceptance import CONVENTIONS, RULES, AcceptanceRule
 from lantern.batched import check_batching
 from lantern.decoding import (
     DEFAULT_METRIC,
@@ -72,7 +74,7 @@ from lantern.decoding import (
     neighbour_table,
 )
 from lantern.drafter import DraftModel, load_drafter
-from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
+from lantern.jacobi import COUPLINGS, INITS, JACOBI_METHODS, JacobiConfig, check_jacobi
 from lantern.records import Decoded, summarize, summary_table
 from lantern.trees import STATIC_TREES, TreeSpec, parse_tree
 
@@ -173,7 +175,8 @@ def add_jacobi_args(p) -> None:
         "--window",
         type=int,
         default=None,
-        help="sjd/gsd/scd: tokens per Jacobi forward L >= 1 (official 16 for sjd, gsd; 32 for scd)",
+        help="sjd/gsd/scd: tokens per Jacobi forward, 1 <= L <= tokens per image "
+        "(official 16 for sjd, gsd; 32 for scd)",
     )
     p.add_argument(
         "--jacobi-init",
@@ -201,6 +204,35 @@ def add_jacobi_args(p) -> None:
         help="scd: gumbel or maximal coupling of successive drafts (maximal-official: the official "
         "bookkeeping, not lossless) (default: gumbel)",
     )
+
+
+# the decoding options each method reads (dest -> methods); one given for another method is refused
+FLAG_METHODS = {
+    **dict.fromkeys(("gamma", "tree", "total_tokens", "depth", "tree_top_k"), RULES),
+    **dict.fromkeys(("k", "delta", "lam", "metric", "matrix", "convention"), RULES),
+    **dict.fromkeys(("window", "jacobi_init"), JACOBI_METHODS),
+    **dict.fromkeys(("gsd_group", "gsd_prob_gap", "gsd_distance"), ("gsd",)),
+    "scd_coupling": ("scd",),
+}
+
+
+def given_options(parser: ArgumentParser, argv: Optional[list[str]]) -> set[str]:
+    """The dests of the options on the command line ``argv`` (None: ``sys.argv[1:]``), given at
+    their default value or not: a second parse of ``argv`` with every default suppressed.
+    ``parser`` is changed (use a fresh one)."""
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def check_flags_apply(method: str, given: set[str]) -> None:
+    """Raise UsageError for a decoding option in ``given`` (dests) that ``method`` ignores
+    (:data:`FLAG_METHODS`): tree, γ and acceptance-rule flags with ``ar`` or a Jacobi method,
+    Jacobi knobs with the others."""
+    for dest, methods in FLAG_METHODS.items():
+        if dest in given and method not in methods:
+            flag = "--" + dest.replace("_", "-")
+            raise UsageError(f"{flag} does not apply to --method {method}, only to {', '.join(methods)}; drop it")
 
 
 def decode_config_from_args(args) -> DecodeConfig:
@@ -232,7 +264,8 @@ def build_parser() -> ArgumentParser:
     """The argument parser of ``python -m lantern.generate`` (one-line errors, exit 2)."""
     p = ArgumentParser(
         prog=COMMAND,
-        description="Generate images with AR, speculative (sd) or LANTERN decoding and record every draft token.",
+        description="Generate images with AR, speculative (sd), LANTERN (lantern, lantern++, lantern-jsd) or "
+        "Jacobi (sjd, gsd, scd: no drafter) decoding and record every draft token.",
     )
     add_model_args(p)
     add_decoding_args(p)
@@ -474,11 +507,26 @@ def _grid(class_names, out: Path, images) -> None:
     plots.save_figure(fig, out / "grid")
 
 
+def histogram_text(hist: list[int], limit: int = 17) -> str:
+    """``accept_histogram`` for a terminal, ``(0..J): [n_0, ..., n_J]``: whole when it has at most
+    ``limit`` entries; else cut after its last non-zero count, and the counts from ``limit - 1``
+    on summed in one tail entry (a Jacobi window of L has L entries, most of them 0)."""
+    hist = [int(n) for n in hist]
+    if len(hist) > limit:
+        hist = hist[: max((j for j, n in enumerate(hist) if n), default=0) + 1]
+    last = len(hist) - 1
+    if len(hist) <= limit:
+        return f"(0..{last}): {hist}"
+    head = ", ".join(map(str, hist[: limit - 1]))
+    return f"(0..{last}): [{head}, {sum(hist[limit - 1 :])} at {limit - 1}..{last}]"
+
+
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for a UsageError."""
     args = build_parser().parse_args(argv)
     # cheap checks first: nothing is loaded or written before the settings are known to be valid
+    check_flags_apply(args.method, given_options(build_parser(), argv))
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)
@@ -522,9 +570,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     summary = result[3]
     print(summary_table([summary]))
-    hist = summary["accept_histogram"]
     print(
-        f"accepted drafts per step (0..{len(hist) - 1}): {hist}; cfg {sampling.guidance}, temperature "
+        f"accepted drafts per step {histogram_text(summary['accept_histogram'])}; cfg {sampling.guidance}, temperature "
         f"{sampling.temperature}; {summary['images_computed']} images computed, {summary['images_resumed']} resumed"
     )
     print(f"wrote {out}/(images/, grid.png, steps.parquet, drafts.parquet, images.parquet, summary.json)")

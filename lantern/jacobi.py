@@ -157,8 +157,14 @@ class JacobiConfig:
 
 
 def check_jacobi(config: JacobiConfig, model: TokenModel) -> None:
-    """Raise UsageError when ``model`` cannot run ``config``: a GSD group larger than the
-    vocabulary, ``--gsd-distance`` without input embeddings, ``repeat-horizon`` without a 2-D grid."""
+    """Raise UsageError when ``model`` cannot run ``config``: a window longer than the tokens per
+    image (``model.num_tokens``: the decoder shrinks the window to the tokens left, so a longer one
+    means nothing), a GSD group larger than the vocabulary,
+    ``--gsd-distance`` without input embeddings, ``repeat-horizon`` without a 2-D grid."""
+    if config.window > model.num_tokens:
+        raise UsageError(
+            f"--window must be <= {model.num_tokens}, the tokens per image of {model.name}; got {config.window}"
+        )
     V = model.vocab_size
     if config.method == "gsd" and config.group > V:
         raise UsageError(

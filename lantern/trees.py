@@ -309,6 +309,8 @@ def parse_tree(text: str, total_tokens: int = 59, depth: int = 4, top_k: int = 1
             raise UsageError(
                 f"--tree {path} is not readable JSON; write a list of paths like [[0], [1], [0, 0]]"
             ) from None
+    if (path.suffix == ".json" or "/" in text or "\\" in text) and not path.exists():
+        raise UsageError(f"--tree {text} does not exist; give a .json file of paths like [[0], [1], [0, 0]]")
     static = ", ".join(n for n in STATIC_TREES if n != "chain")
     raise UsageError(f"unknown --tree {text!r}; use chain, dynamic, one of {static} or a .json file of paths")
 

@@ -106,6 +106,7 @@ BASE = {
     "benchmarks/bench_neighbourhood.py": ["--out", "{tmp}/out/nb.json"],
     "benchmarks/bench_scaleout.py": ["--out", "{tmp}/out/scale.json"],
     "benchmarks/probe_distortion.py": ["--out", "{tmp}/out/dist.json"],
+    "benchmarks/bench_throughput.py": ["--out", "{tmp}/out", "--repeats", "1", "--images", "1"],
 }
 
 
@@ -816,9 +817,12 @@ CASES: list[Case] = [
     C("gen-delta-nan", G, ["--delta", "nan"], expect="--delta"),
     C("gen-lam-below-one", G, ["--method", "lantern++", "--lam", "0.5"], expect="--lam"),
     C("gen-tree-bogus", G, ["--tree", "bushy"], expect="--tree"),
+    C("gen-tree-with-sjd", G, ["--method", "sjd", "--tree", "dynamic"], expect="--tree does not apply to --method sjd"),
+    C("gen-window-with-ar", G, ["--method", "ar", "--window", "4"], expect="--window does not apply to --method ar"),
     C("gen-tree-json-garbage", G, ["--tree", "{tmp}/t.json"], files(t__json="[[0], [0, 1"), "t.json"),
     C("gen-tree-json-bad-paths", G, ["--tree", "{tmp}/t.json"], files(t__json='[[0], [3, -1], "x"]'), "t.json"),
-    C("gen-tree-json-missing", G, ["--tree", "{tmp}/none.json"], expect="none.json"),
+    C("gen-tree-json-missing", G, ["--tree", "{tmp}/none.json"], expect="none.json does not exist"),
+    C("gen-tree-path-missing", G, ["--tree", "{tmp}/trees/t"], expect="trees/t does not exist"),
     C("gen-tree-json-empty-list", G, ["--tree", "{tmp}/t.json"], files(t__json="[]"), "t.json"),
     C("gen-total-tokens-zero", G, ["--tree", "dynamic", "--total-tokens", "0"], expect="--total-tokens"),
     C("gen-depth-huge", G, ["--tree", "dynamic", "--depth", "1000000", "--num-images", "1"], expect="--depth"),
@@ -1307,6 +1311,15 @@ CASES: list[Case] = [
     C("tt-drafter-tokens-below-file", TT, ["--drafter-tokens", "{tmp}/file/r"], below_file, "below the file"),
     C("tt-out-below-file", TT, ["--out", "{tmp}/file/w"], below_file, "below the file"),
     # ---------------------------------------------------------------- benchmarks
+    C("bt-methods-bogus", "benchmarks/bench_throughput.py", ["--methods", "medusa"], expect="--methods"),
+    C("bt-batch-sizes-zero", "benchmarks/bench_throughput.py", ["--batch-sizes", "0"], expect="--batch-sizes"),
+    C("bt-device-bogus", "benchmarks/bench_throughput.py", ["--device", "bogus"], expect="--device"),
+    C(
+        "bt-lantern-text-twin",
+        "benchmarks/bench_throughput.py",
+        ["--models", "text-twin", "--methods", "ar,lantern", "--batch-sizes", "1"],
+        expect="codebook",
+    ),
     C("ba-k-zero", BA, ["--k", "0"], expect="--k"),
     C("ba-k-too-large", BA, ["--k", "20000"], expect="--k"),
     C("ba-gamma-zero", BA, ["--gamma", "0"], expect="--gamma"),

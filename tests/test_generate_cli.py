@@ -13,6 +13,7 @@ from ambiguity.models.embedded import load_embedded
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.seeding import image_seed
+from lantern.acceptance import RULES
 from lantern.drafter import Drafter
 from lantern.generate import main
 from lantern.replay import main as replay_main
@@ -65,6 +66,9 @@ def nb_cache(tmp_path, monkeypatch):
 
 
 def _args(tiny, out, *extra):
+    """The command line of a run of the tiny model; --k 8 --gamma 3 for the methods that read them."""
+    method = extra[extra.index("--method") + 1] if "--method" in extra else "lantern"
+    drafting = ["--k", "8", "--gamma", "3"] if method in RULES else []
     return [
         "--weights",
         str(tiny / "weights"),
@@ -73,10 +77,7 @@ def _args(tiny, out, *extra):
         "--out",
         str(out),
         "--no-progress",
-        "--k",
-        "8",
-        "--gamma",
-        "3",
+        *drafting,
         *extra,
     ]
 
@@ -186,6 +187,12 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
         (["--method", "sd", "--gamma", "0"], "argument --gamma: must be >= 1, got 0"),
         (["--method", "medusa"], "invalid choice: 'medusa'"),
         (["--method", "sd", "--drafter", "OTHER"], "drafter was trained for embedded with other weights"),
+        # a flag the method ignores, even at its default value (--gamma 4)
+        (["--method", "sjd", "--tree", "dynamic"], "error: --tree does not apply to --method sjd, only to sd, lantern"),
+        (["--method", "ar", "--gamma", "4"], "error: --gamma does not apply to --method ar, only to sd, lantern"),
+        (["--method", "ar", "--window", "4"], "error: --window does not apply to --method ar, only to sjd, gsd, scd"),
+        (["--method", "sjd", "--gsd-group", "3"], "error: --gsd-group does not apply to --method sjd, only to gsd;"),
+        (["--method", "lantern", "--scd-coupling", "gumbel"], "error: --scd-coupling does not apply to --method lan"),
     ],
 )
 def test_bad_parameters_exit_2_with_one_line(tiny, tmp_path, capsys, extra, message):

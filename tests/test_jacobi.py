@@ -283,6 +283,9 @@ def test_bad_knobs_raise_usage_errors(kwargs, match):
 
 def test_methods_a_model_cannot_run():
     m = tiny(vocab=8, block=16)
+    check_jacobi(JacobiConfig("sjd", window=16), m)  # a window of the whole image (4 x 4 tokens)
+    with pytest.raises(UsageError, match="--window must be <= 16, the tokens per image of tiny; got 17"):
+        check_jacobi(JacobiConfig("sjd", window=17), m)
     with pytest.raises(UsageError, match="--gsd-group 9 exceeds the vocabulary size 8"):
         check_jacobi(JacobiConfig("gsd", group=9), m)
 
@@ -301,10 +304,23 @@ def test_generate_cli_rejects_bad_jacobi_knobs(tmp_path, capsys):
     for argv, match in (
         (["--method", "sjd", "--window", "0"], "--window"),
         (["--method", "gsd", "--gsd-group", "5000"], "--gsd-group 5000 exceeds the vocabulary"),
+        (["--method", "sjd", "--window", "100000"], "--window must be <= 64, the tokens per image of embedded"),
     ):
         assert main(argv + ["--num-images", "1", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and match in err[0], err
+
+
+def test_histogram_text_stays_short():
+    """The accepted-drafts histogram generate prints: whole up to 17 entries, else cut after the
+    last non-zero count with the counts from 16 on summed."""
+    from lantern.generate import histogram_text
+
+    assert histogram_text([1, 2, 0, 0, 0]) == "(0..4): [1, 2, 0, 0, 0]"  # a chain of γ = 4: every entry
+    assert histogram_text([3, 1] + [0] * 99_999) == "(0..1): [3, 1]"
+    assert (
+        histogram_text(list(range(20)) + [0] * 30) == "(0..19): [" + ", ".join(map(str, range(16))) + ", 70 at 16..19]"
+    )
 
 
 def test_gumbel_coupling_samples_p_and_repeats_at_a_position():

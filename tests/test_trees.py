@@ -67,8 +67,11 @@ def test_static_tree_shapes_and_validation(tmp_path):
     f = tmp_path / "t.json"
     f.write_text("[[0], [1], [0, 0]]")
     assert parse_tree(str(f)).paths == ((0,), (1,), (0, 0))
-    with pytest.raises(UsageError, match="unknown --tree"):
+    with pytest.raises(UsageError, match="unknown --tree 'bushy'; use chain, dynamic, one of mc_sim_7b_63"):
         parse_tree("bushy")
+    for missing in (str(tmp_path / "none.json"), str(tmp_path / "none"), "none.json"):
+        with pytest.raises(UsageError, match=f"^--tree {missing} does not exist; give a .json file"):
+            parse_tree(missing)
     m = tiny()
     with pytest.raises(UsageError, match="drafts 5 deep but an image of tiny has 4 tokens"):
         decode(
