@@ -29,3 +29,14 @@ REFERENCE = Path(os.environ.get("AMBIGUITY_REFERENCE", Path(__file__).resolve().
 def reference_dir() -> Path:
     assert REFERENCE.is_dir(), f"reference fixtures missing at {REFERENCE}"
     return REFERENCE
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Close every pyplot figure a test leaves open, so later tests (and the notebook test,
+    whose cells draw on ``plt.gca()``) start from a clean pyplot state."""
+    yield
+    import sys
+
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")

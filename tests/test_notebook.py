@@ -60,6 +60,7 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
 
     monkeypatch.setenv("AMBIGUITY_NEIGHBOURHOOD_CACHE", str(tmp_path / "nb"))
     monkeypatch.chdir(tmp_path)
+    plt.close("all")  # a fresh kernel has no figures: its cells draw on plt.gca()
     ns: dict = {}
     for i, src in enumerate(_cells(ROOT / "notebooks" / "quickstart.ipynb")):
         exec(compile(src, f"quickstart.ipynb[cell {i}]", "exec"), ns)
