@@ -330,10 +330,9 @@ def main(argv=None) -> int:
     speed = speedup_table(timing).set_index("config")
     tp = None
     if args.batch_size > 1:
-        batched = cfgs  # every method batches (chains, trees, Jacobi windows)
-        tp_timing = interleaved_timing(
+        tp_timing = interleaved_timing(  # every method batches (chains, trees, Jacobi windows)
             model,
-            batched,
+            cfgs,
             sampling,
             pool[:n_tp],
             [(0, n_tp)] * args.throughput_rounds,

@@ -707,7 +707,7 @@ def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> d
     g = p.shape[0]
     nan = float("nan")
     pad = lambda key, fill: [c[key] for c in cols] + [fill] * (g - len(cols))  # noqa: E731
-    qs = [window.q[j] if window.q[j] is not None else None for j in range(g)]
+    qs = window.q[:g]  # None: a point mass (an initialised draft)
     q_top1 = torch.tensor([float(q.max()) if q is not None else 1.0 for q in qs], dtype=torch.float64)
     toks = torch.tensor(window.tokens[:g], dtype=torch.long)
     q_draft = torch.tensor(
