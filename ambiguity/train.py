@@ -121,10 +121,17 @@ class EpochStopConfig:
     the previous evaluation, provided at least ``min_epochs`` epochs were trained (issue 23:
     0.02 bits/token per epoch after at least the ``embedded`` model's 1.9 epochs). The
     learning-rate schedule still spans the whole step budget (an early stop leaves it mid-decay).
+
+    ``evals_per_epoch`` > 1 measures the test NLL that many times per pass (a finer curve); the
+    rule then compares the last evaluation with the one a full epoch before it (the first one
+    when none is that old), so the gain is still per epoch. ``eval_at_start`` adds a row before
+    the first step (the init's NLL: with a warm restart, the starting point of the curve).
     """
 
     min_gain_bits: float = 0.02
     min_epochs: float = 1.9
+    evals_per_epoch: int = 1
+    eval_at_start: bool = False
 
 
 def steps_for_epochs(epochs: float, n: int, batch_size: int) -> int:
@@ -132,20 +139,25 @@ def steps_for_epochs(epochs: float, n: int, batch_size: int) -> int:
     return math.ceil(epochs * n / batch_size - 1e-9)
 
 
-def epoch_ends(step: int, batch_size: int, n: int) -> bool:
+def epoch_ends(step: int, batch_size: int, n: int, per_epoch: int = 1) -> bool:
     """Whether 1-based ``step`` (its batch: sequences ``(step-1)*batch_size .. step*batch_size - 1``
-    of the stream of :func:`batch_indices`) completes a pass over the ``n`` sequences."""
-    return (step * batch_size) // n > ((step - 1) * batch_size) // n
+    of the stream of :func:`batch_indices`) completes a pass over the ``n`` sequences, or with
+    ``per_epoch`` > 1 one of the ``per_epoch`` equal parts of a pass."""
+    return (step * batch_size * per_epoch) // n > ((step - 1) * batch_size * per_epoch) // n
 
 
 def stop_reason(curve: list[dict], stop: EpochStopConfig) -> Optional[str]:
     """Why training should stop after the last row of ``curve`` (rows with ``epoch`` and
     ``test_nll_bits``), or None to go on: the test NLL improved by less than
-    ``stop.min_gain_bits`` bits/token per epoch since the previous row, at ``epoch`` >=
-    ``stop.min_epochs``. A rise counts as a negative gain."""
+    ``stop.min_gain_bits`` bits/token per epoch since the row a full epoch before the last one
+    (the latest row at least 1 epoch older; the first row when none is; with one evaluation per
+    epoch, the previous row), at ``epoch`` >= ``stop.min_epochs``. A rise counts as a negative
+    gain."""
     if len(curve) < 2 or curve[-1]["epoch"] < stop.min_epochs - 1e-9:
         return None
-    a, b = curve[-2], curve[-1]
+    b = curve[-1]
+    older = [r for r in curve[:-1] if r["epoch"] <= b["epoch"] - 1.0 + 1e-9]
+    a = older[-1] if older else curve[0]
     gain = (a["test_nll_bits"] - b["test_nll_bits"]) / (b["epoch"] - a["epoch"])
     if gain < stop.min_gain_bits:
         return (
@@ -600,6 +612,7 @@ def train_gpt(
 
     state.setdefault("curve", [])
     n = tokens.shape[0]
+    per_epoch = stop.evals_per_epoch if stop is not None else 1
 
     def record_eval(step: int, seconds: float) -> None:
         t_eval = time.perf_counter()
@@ -607,7 +620,7 @@ def train_gpt(
         model.train()
         since = state["curve"][-1]["step"] if state["curve"] else 0
         losses = [h["loss"] for h in state["history"] if h["step"] > since]
-        mean = sum(losses) / len(losses) if losses else float("nan")
+        mean = sum(losses) / len(losses) if losses else None  # None: the row before the first step
         eval_s = time.perf_counter() - t_eval
         state["curve"].append(
             {
@@ -615,7 +628,7 @@ def train_gpt(
                 "step": step,
                 "test_nll_bits": nll,
                 "train_loss_nats": mean,
-                "train_loss_bits": mean / math.log(2),
+                "train_loss_bits": None if mean is None else mean / math.log(2),
                 "lr": lr_at(step - 1, train.lr, train.warmup, train.steps, train.min_lr_ratio),
                 "seconds": seconds + eval_s,
                 "eval_seconds": eval_s,
@@ -637,10 +650,13 @@ def train_gpt(
         )
         log(
             f"epoch {state['curve'][-1]['epoch']:.2f} (step {step}): test NLL {nll:.4f} bits/token, "
-            f"train loss {mean / math.log(2):.4f} bits/token, eval {eval_s:.0f} s"
+            + ("" if mean is None else f"train loss {mean / math.log(2):.4f} bits/token, ")
+            + f"eval {eval_s:.0f} s"
             + (f"; stopping: {state['stop_reason']}" if state.get("stop_reason") else "")
         )
 
+    if stop is not None and stop.eval_at_start and state["step"] == 0 and not state["curve"]:
+        record_eval(0, 0.0)
     model.train()
     bar = tqdm(total=train.steps, initial=state["step"], desc="GPT", disable=not progress, mininterval=5)
     t0 = t_log = time.perf_counter()
@@ -660,7 +676,7 @@ def train_gpt(
         state["history"].append({"step": step, "loss": loss.item()})
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-        evaluated = evaluate is not None and (epoch_ends(step, train.batch_size, n) or step == train.steps)
+        evaluated = evaluate is not None and (epoch_ends(step, train.batch_size, n, per_epoch) or step == train.steps)
         if evaluated:
             record_eval(step, state["time_s"] + time.perf_counter() - t0)
         if step % train.ckpt_every == 0 or step == train.steps or evaluated:

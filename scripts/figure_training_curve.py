@@ -76,14 +76,15 @@ def plot_curve(curve: dict, path: Path, references: dict[str, tuple[float, float
             color=plots.color_for("target"),
             label=f"test NLL ({curve.get('eval_images', '?')} test images)",
         )
+        trained = [r for r in rows if r.get("train_loss_bits") is not None]  # not the row before step 1
         ax.plot(
-            ep,
-            [r["train_loss_bits"] for r in rows],
+            [r["epoch"] for r in trained],
+            [r["train_loss_bits"] for r in trained],
             marker="s",
             markersize=3,
             linestyle="--",
             color=plots.color_for("", 1),
-            label="train loss (mean over the epoch)",
+            label="train loss (mean since the previous evaluation)",
         )
         for i, (name, (e, nll)) in enumerate((references or {}).items()):
             ax.scatter(

@@ -115,6 +115,13 @@ def parse_args(argv=None):
         help="test images (a fixed seeded subset) for the per-epoch NLL (default 1000)",
     )
     e.add_argument(
+        "--evals-per-epoch",
+        type=positive_int,
+        default=None,
+        help="test evaluations per pass over the training set (default 4; one more before the first step); "
+        "the stop rule compares the last with the one an epoch earlier",
+    )
+    e.add_argument(
         "--init-from",
         default=None,
         help="continue from these GPT weights (a warm restart, e.g. ambiguity/weights/fashion16_gpt.safetensors "
@@ -248,6 +255,7 @@ def long_settings(args) -> tuple[float, EpochStopConfig, int]:
             ("--min-gain", args.min_gain),
             ("--min-epochs", args.min_epochs),
             ("--eval-images", args.eval_images),
+            ("--evals-per-epoch", args.evals_per_epoch),
             ("--init-from", args.init_from),
             ("--init-epochs", args.init_epochs),
             ("--snapshot", args.snapshot),
@@ -263,7 +271,9 @@ def long_settings(args) -> tuple[float, EpochStopConfig, int]:
     if epochs <= 0:
         raise UsageError(f"--epochs must be > 0, got {epochs}")
     stop = EpochStopConfig(
-        **{k: v for k, v in (("min_gain_bits", args.min_gain), ("min_epochs", args.min_epochs)) if v is not None}
+        **{k: v for k, v in (("min_gain_bits", args.min_gain), ("min_epochs", args.min_epochs)) if v is not None},
+        evals_per_epoch=args.evals_per_epoch or 4,
+        eval_at_start=True,
     )
     if stop.min_epochs < 0:
         raise UsageError(f"--min-epochs must be >= 0, got {stop.min_epochs}")

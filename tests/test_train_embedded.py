@@ -235,6 +235,9 @@ def test_reinit_dead_codes_restarts_only_stale_codes():
 def test_epoch_boundaries_and_step_budget():
     # 10 sequences, batches of 4: steps 1-3 cover sequences 0-11, so step 3 ends epoch 1, step 5 epoch 2.
     assert [s for s in range(1, 11) if epoch_ends(s, 4, 10)] == [3, 5, 8, 10]
+    # quarters of a pass over 10 sequences end at 2.5, 5, 7.5, 10, 12.5, ... sequences: every step of 4 ends one
+    assert [s for s in range(1, 6) if epoch_ends(s, 4, 10, per_epoch=4)] == [1, 2, 3, 4, 5]
+    assert [s for s in range(1, 9) if epoch_ends(s, 2, 16, per_epoch=4)] == [2, 4, 6, 8]
     assert steps_for_epochs(2, 10, 4) == 5 and steps_for_epochs(6, 60000, 32) == 11250
     assert steps_for_epochs(1.9, 60000, 32) == 3563  # 3562.5 rounded up
 
@@ -251,6 +254,15 @@ def test_stop_reason_hand_values():
     half = [{"epoch": 2.0, "test_nll_bits": 4.0}, {"epoch": 2.5, "test_nll_bits": 3.995}]  # 0.01 per epoch
     assert stop_reason(half, rule) is not None
     assert stop_reason([{"epoch": 2.0, "test_nll_bits": 4.0}, {"epoch": 3.0, "test_nll_bits": 4.1}], rule) is not None
+    # Several evaluations per epoch: the gain is measured over the last full epoch, not the last quarter.
+    quarters = [{"epoch": 0.5 + i / 4, "test_nll_bits": 5.0 - 0.1 * i} for i in range(6)]  # 0.4 bits/epoch
+    quarters.append({"epoch": 2.25, "test_nll_bits": quarters[-1]["test_nll_bits"] - 0.001})  # a flat last quarter
+    assert stop_reason(quarters, rule) is None  # 1.25 -> 2.25 gained 0.201 bits
+    late = [{"epoch": 0.48, "test_nll_bits": 5.0}, {"epoch": 1.23, "test_nll_bits": 4.5}]
+    late.append({"epoch": 1.98, "test_nll_bits": 4.495})  # 0.98 is not there: compare with 0.48 -> 0.337/epoch
+    assert stop_reason(late, rule) is None
+    late[-1]["test_nll_bits"] = 4.99  # 0.01 bits over 1.5 epochs
+    assert "from epoch 0.48 to 1.98" in stop_reason(late, rule)
 
 
 def test_gpt_epoch_curve_resumes_exactly(tmp_path, monkeypatch):
@@ -408,6 +420,8 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
         "2",
         "--eval-images",
         "8",
+        "--evals-per-epoch",
+        "1",
         "--data",
         str(fake_data),
         "--out",
@@ -423,11 +437,14 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     assert "GPT stopped" in text and "test NLL after epoch 2.00" in text
     curve = json.loads((run / CURVE_FILE).read_text())
     assert curve["eval_images"] == 8 and curve["max_epochs"] == 2.0 and curve["train_sequences"] == 40
-    assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(1.0, 5), (2.0, 10)]  # 40 sequences, batches of 8
+    # 40 sequences, batches of 8; the row at step 0 is the init's NLL (no train loss yet)
+    assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(0.0, 0), (1.0, 5), (2.0, 10)]
+    assert curve["rows"][0]["train_loss_bits"] is None and curve["rows"][0]["lr"] == 0.0
     assert curve["stop_reason"] == "step budget reached (10 steps)"  # the gain after epoch 2 was large enough
     m = json.loads((out / METRICS16_FILE).read_text())["gpt"]
     assert m["steps"] == 10 and m["stop_reason"] == "step budget reached (10 steps)" and m["eval_images"] == 8
-    assert m["stop"] == {"min_gain_bits": 0.02, "min_epochs": 1.9} and m["test"]["tokens"] == 20 * 256
+    assert m["stop"] == {"min_gain_bits": 0.02, "min_epochs": 1.9, "evals_per_epoch": 1, "eval_at_start": True}
+    assert m["test"]["tokens"] == 20 * 256
     assert (out / GPT16_FILE).is_file()
     # The curve figure renders from the run dir (also from a partial curve: one row).
     fig = load_script(SCRIPT.with_name("figure_training_curve.py")).main
@@ -506,7 +523,9 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
     )
     assert "tokenize" not in capsys.readouterr().out
     curve = json.loads((b / "run" / CURVE_FILE).read_text())
-    assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(2.0, 5)]
+    # the warm start's own NLL at 1.0 epochs, then 4 evaluations per epoch (40 sequences, batches of 8:
+    # the quarter boundaries at 10, 20, 30, 40 sequences fall in steps 2, 3, 4, 5)
+    assert [(r["epoch"], r["step"]) for r in curve["rows"]] == [(1.0, 0), (1.4, 2), (1.6, 3), (1.8, 4), (2.0, 5)]
     assert curve["init_from"]["epochs"] == 1.0
     assert (curve["max_epochs"], curve["max_total_epochs"]) == (1.0, 2.0)  # this run's, and with the init's
     m = json.loads((b / "stage" / METRICS16_FILE).read_text())["gpt"]
