@@ -50,6 +50,15 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def _umask() -> int:
+    """The process's file-creation mask, read without changing it where Linux reports it
+    (``/proc/self/status``); elsewhere by setting and restoring it (not thread-safe there)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -963,6 +963,7 @@ def distortion(ctx: Context) -> Item:
             ax.axhline(float(df.iloc[0]["mean"]), color="0.3", ls="--", lw=0.8, label="TVD(q, p)")
             ax.set_xlabel("δ (TVD bound per draft)")
             ax.set_ylabel("mean TVD(output, p)")
+            ax.set_title(f"{ctx.primary}, temperature 1: one LANTERN step's output vs p ({n} images)", fontsize=7)
             ax.legend(fontsize=6)
         figs.append(_savefig(ctx, fig, "distortion", "distortion"))
     notes = _quick(
