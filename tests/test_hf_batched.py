@@ -13,6 +13,7 @@ LMs): tiny random-weight models in float64, no download.
 """
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hf_tiny import tiny_emu3, tiny_janus, tiny_llama
@@ -198,3 +199,24 @@ def test_batched_trees_on_end_of_row_layouts_are_refused(models):
         for bs in (1, 2):
             with pytest.raises(UsageError, match=r"inserts end-of-row tokens, .*use chain drafting \(--tree chain\)$"):
                 decode(m, conds[:2], TREES[1], SAMPLING, drafter, seed=0, batch_size=bs)
+
+
+def test_generate_batch_size_on_a_transformers_adapter(tmp_path, monkeypatch):
+    """``lantern.generate --model janus-pro-1b --batch-size 2 --dtype float64`` (the tiny Janus in the
+    local HF cache, 3 captions, CFG) writes batch 1's codes."""
+    from hf_tiny import save, save_to_hf_cache, use_hf_cache
+
+    from ambiguity.models.janus import JANUS_PRO_1B_REPO
+    from lantern.generate import main
+
+    model, tok = tiny_janus()
+    save_to_hf_cache(tmp_path / "hub", JANUS_PRO_1B_REPO, save(model, tok, tmp_path / "janus"))
+    use_hf_cache(monkeypatch, tmp_path / "hub")
+    (tmp_path / "caps.txt").write_text("\n".join(CAPTIONS[2:]) + "\n")
+    common = ["--model", "janus-pro-1b", "--method", "ar", "--captions", str(tmp_path / "caps.txt")]
+    common += ["--num-images", "3", "--cfg", "2", "--dtype", "float64", "--device", "cpu"]
+    for b in ("1", "2"):
+        assert main([*common, "--batch-size", b, "--out", str(tmp_path / f"b{b}")]) == 0
+    a, b = (pd.read_parquet(tmp_path / r / "images.parquet") for r in ("b1", "b2"))
+    assert [list(c) for c in a["codes"]] == [list(c) for c in b["codes"]]
+    assert pd.read_parquet(tmp_path / "b2" / "steps.parquet")["active"].max() == 2
