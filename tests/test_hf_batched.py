@@ -220,3 +220,41 @@ def test_generate_batch_size_on_a_transformers_adapter(tmp_path, monkeypatch):
     a, b = (pd.read_parquet(tmp_path / r / "images.parquet") for r in ("b1", "b2"))
     assert [list(c) for c in a["codes"]] == [list(c) for c in b["codes"]]
     assert pd.read_parquet(tmp_path / "b2" / "steps.parquet")["active"].max() == 2
+
+
+def test_sliding_window_text_lm_refuses_batching(tmp_path, capsys):
+    """A decoder with sliding-window layers (a tiny Mistral) cannot use the slots cache:
+    ``lantern.generate --batch-size 2`` ends with one line naming why and exits 2; batch 1 runs."""
+    from hf_tiny import char_tokenizer, save
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from lantern.generate import main
+
+    tok = char_tokenizer([], bos="<s>", eos="</s>", pad="<pad>", prepend_bos=True)
+    torch.manual_seed(0)
+    cfg = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=256,
+        sliding_window=4,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    src = save(MistralForCausalLM(cfg).eval(), tok, tmp_path / "mistral")
+    assert not HFCausalLM(MistralForCausalLM(cfg).eval(), tok).can_batch_decode
+    (tmp_path / "prompts.txt").write_text("ab\nhello\n")
+    common = ["--model", f"hf:{src}", "--method", "ar", "--captions", str(tmp_path / "prompts.txt")]
+    common += ["--num-images", "2", "--cfg", "1", "--device", "cpu"]
+    capsys.readouterr()
+    assert main([*common, "--batch-size", "2", "--out", str(tmp_path / "b2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # transformers' weight-loading bars, then the error
+    assert err[-1] == (
+        f"error: hf:{src} cannot decode several images per forward (its decoder has DynamicSlidingWindowLayer "
+        f"cache layers, which the per-image slots cache does not model); use --batch-size 1"
+    )
+    assert main([*common, "--batch-size", "1", "--out", str(tmp_path / "b1")]) == 0

@@ -462,7 +462,22 @@ class HFTokenModel(TokenModel):
         cache.tokens = n
 
     # ------------------------------------------------------- batched decoding (many images in flight)
-    can_batch_decode = True  # per-row prefix (left-padded), position ids and a 4D mask: any prompt lengths
+    @property
+    def batch_limit(self) -> str:
+        """Why this adapter cannot decode several images per forward, '' when it can: every layer of
+        its decoder must keep a full-attention cache (a ``transformers`` ``DynamicLayer``); sliding-window,
+        chunked or recurrent layers (Mistral, Gemma 2 ...) are not modelled by the slots cache."""
+        kinds = {type(layer).__name__ for layer in new_dynamic_cache(getattr(self.decoder, "config", None)).layers}
+        other = sorted(kinds - {"DynamicLayer"})
+        if not other:
+            return ""
+        return f"its decoder has {', '.join(other)} cache layers, which the per-image slots cache does not model"
+
+    @property
+    def can_batch_decode(self) -> bool:
+        """True when :attr:`batch_limit` is empty: per-row prompts of any length (left-padded), per-row
+        position ids and a 4D attention mask over full-attention layers."""
+        return not self.batch_limit
 
     def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> HFSlotsCache:
         """An :class:`HFSlotsCache` for ``slots`` images (``2 * slots`` rows with guidance), each
@@ -678,14 +693,17 @@ class HFDraftLayer(DraftLayer):
     ) -> torch.Tensor:
         """Batched decoding (see :meth:`DraftLayer.forward_slots`): x (rows, T, H) written at the
         drafter cache slots (rows, T) int64 of a :class:`SlotKV` kept on ``cache`` (made by the first
-        call, widened as slots grow), position ids ``positions`` (rows, T) (image positions, as
-        :meth:`forward` counts them), attending to the slots ``visible`` (rows, T, S) allows."""
+        call, widened as slots grow; every slot must be < S), position ids ``positions`` (rows, T)
+        (image positions, as :meth:`forward` counts them), attending to the slots ``visible``
+        (rows, T, S) allows."""
         slots, positions, visible = (t.to(x.device) for t in (slots, positions, visible))
         kv = getattr(cache, "slots", None)
         if kv is None:
             kv = cache.slots = SlotKV(x.shape[0], 0)
-        kv.grow(max(int(slots.max()) + 1, visible.shape[-1]))
-        kv.write, kv.span = slots, visible.shape[-1]
+        S = visible.shape[-1]  # every slot written is < S (the callers' windows)
+        if S > kv.capacity:
+            kv.grow(max(S, 2 * kv.capacity))  # geometric: a decode reallocates O(log N) times
+        kv.write, kv.span = slots, S
         return self._call(x, kv, additive_mask(visible.bool()[:, None], x.dtype), positions)
 
     def select_slots(self, cache, rows: torch.Tensor) -> None:
