@@ -269,7 +269,7 @@ class Drafter(nn.Module):
 
     def select_slots(self, cache: Any, rows: torch.Tensor) -> None:
         """Keep only the rows ``rows`` (int64) of a batched decode's drafter cache (a draining batch)."""
-        cache.select_rows(rows.to(self.device))
+        self.layer.select_slots(cache, rows.to(self.device))
 
     def forward_slots(
         self,

@@ -133,6 +133,11 @@ class DraftLayer(nn.Module, abc.ABC):
         allows -> (rows, T, H). Raises NotImplementedError when the layer cannot batch."""
         raise NotImplementedError(f"{type(self).__name__} cannot decode several images per forward")
 
+    def select_slots(self, cache: Any, rows: torch.Tensor) -> None:
+        """Keep only the rows ``rows`` (int64, in this order) of a batched decode's cache (a draining
+        batch). The default calls ``cache.select_rows(rows)``."""
+        cache.select_rows(rows)
+
 
 class TokenModel(abc.ABC):
     """A target model behind the toolkit's protocol (see the module docstring).

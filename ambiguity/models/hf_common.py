@@ -14,9 +14,14 @@ lives here so the Chameleon/Anole adapter can use it too:
   embed its prefix and its image tokens; adapters that insert layout tokens between image tokens
   (Emu3's end-of-row) override :meth:`HFTokenModel.expand` and
   :meth:`HFTokenModel.cache_positions`.
+* :class:`SlotKV` / :class:`HFSlotsCache` - batched decoding (many images in flight): keys and
+  values preallocated per row and written in place at per-row cache indices, a 4D additive
+  attention mask built from each row's ``visible`` slots, per-row position ids
+  (:meth:`HFTokenModel.new_slots_cache`, ``prefill_slots``, ``extend_slots``, ``select_slots``,
+  ``move_slots``).
 * :class:`HFDraftLayer` - one freshly initialised decoder layer of the target's architecture
   (built from its config) wrapped to the :class:`~ambiguity.models.base.DraftLayer` interface,
-  with its own ``DynamicCache`` and rotary positions.
+  with its own ``DynamicCache`` and rotary positions (and a :class:`SlotKV` for batched decoding).
 * :func:`load_pretrained` / :func:`load_tokenizer` - offline loading from ``--weights`` or the
   local Hugging Face cache (:mod:`ambiguity.models.hub`); absent weights raise
   :class:`~ambiguity.errors.WeightsNotFoundError` naming the repo id to download.
@@ -47,6 +52,8 @@ __all__ = [
     "HFCache",
     "HFTokenModel",
     "HFDraftLayer",
+    "HFSlotsCache",
+    "SlotKV",
     "cache_kwarg",
     "new_dynamic_cache",
     "run_decoder",
@@ -138,6 +145,120 @@ class HFCache:
         self.mask = self.mask[:, :length]
 
 
+class SlotKV:
+    """Preallocated keys and values of every decoder layer, written in place at per-row indices.
+
+    It duck-types the part of ``transformers.Cache`` that decoder layers call (transformers 5.x:
+    ``cache.update(key_states, value_states, layer_idx, ...)`` and ``get_seq_length()``), so one
+    decoder call can write each row's new keys/values at its own cache indices: before the call
+    set ``write`` (rows, T) int64 (the cache index of every input) and ``span`` (the entries the
+    call attends to, ``0..span-1``); ``update`` scatters the (rows, heads, T, head_dim) states
+    there and returns views of the first ``span`` entries. The 4D attention mask the caller
+    passes decides what each input sees (stale entries are simply never visible).
+
+    Attributes: ``keys`` / ``values``: one (rows, kv heads, capacity, head_dim) tensor per layer,
+    allocated by the first write (:meth:`put` or ``update``); ``capacity``: entries per row.
+    """
+
+    def __init__(self, rows: int, capacity: int):
+        self.rows, self.capacity = int(rows), int(capacity)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.write: Optional[torch.Tensor] = None
+        self.span = 0
+
+    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        shape = lambda x: (self.rows, x.shape[1], self.capacity, x.shape[3])  # noqa: E731
+        self.keys.append(key_states.new_zeros(shape(key_states)))
+        self.values.append(value_states.new_zeros(shape(value_states)))
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Write (rows, heads, T, head_dim) states at ``write`` (rows, T); return the first ``span`` entries."""
+        if layer_idx == len(self.keys):
+            self._allocate(key_states, value_states)
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        at = self.write.to(k.device)[:, None, :, None]
+        k.scatter_(2, at.expand(-1, k.shape[1], -1, k.shape[3]), key_states.to(k.dtype))
+        v.scatter_(2, at.expand(-1, v.shape[1], -1, v.shape[3]), value_states.to(v.dtype))
+        return k[:, :, : self.span], v[:, :, : self.span]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.span
+
+    def put(self, layer: int, rows: torch.Tensor, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Copy (len(rows), heads, L, head_dim) states into rows ``rows`` at entries ``start..start+L-1``
+        (a prefilled prompt); layers are allocated in order by their first copy."""
+        if layer == len(self.keys):
+            self._allocate(keys, values)
+        L = keys.shape[2]
+        self.keys[layer][rows, :, start : start + L] = keys.to(self.keys[layer].dtype)
+        self.values[layer][rows, :, start : start + L] = values.to(self.values[layer].dtype)
+
+    def grow(self, capacity: int, left: int = 0) -> None:
+        """At least ``capacity`` entries per row; ``left`` new entries go before the old ones (a longer prefix)."""
+        capacity = max(int(capacity), self.capacity + left)
+        if capacity == self.capacity:
+            return
+        for buf in (self.keys, self.values):
+            for i, x in enumerate(buf):
+                new = x.new_zeros(x.shape[0], x.shape[1], capacity, x.shape[3])
+                new[:, :, left : left + x.shape[2]] = x
+                buf[i] = new
+        self.capacity = capacity
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the rows ``rows`` (int64, in this order)."""
+        self.keys = [x[rows.to(x.device)] for x in self.keys]
+        self.values = [x[rows.to(x.device)] for x in self.values]
+        self.rows = int(rows.numel())
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Per row, copy the entries ``src`` (rows, m) int64 to ``dst`` (rows, m) in every layer, all
+        read before any is written."""
+        for buf in (self.keys, self.values):
+            for x in buf:
+                s, d = (i.to(x.device)[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]) for i in (src, dst))
+                x.scatter_(2, d, x.gather(2, s))
+
+
+class HFSlotsCache:
+    """The cache of a batched decode over a transformers decoder (:meth:`HFTokenModel.new_slots_cache`).
+
+    Every row holds a prefix region of ``prefix`` entries (its prompt right-aligned: prompts of
+    other lengths are left-padded, the padding hidden by ``key_mask``), then its image region:
+    image slot ``s`` at entry ``prefix + cache_positions(s)`` and, in layouts with end-of-row tokens,
+    the separator after a completed row at the next entry (the layout of one-image decoding). The
+    prefix region widens (left padding added to every row) when a longer prompt is admitted.
+
+    Attributes: ``kv`` (:class:`SlotKV`, one scratch entry at the end for unused separator inputs);
+    ``prefix`` (int); ``key_mask`` (rows, prefix) bool, the real prompt tokens; ``start`` (rows,)
+    int64, each row's prompt length (the position id of its first image token, as one-image
+    decoding counts: left padding does not count); ``num_tokens`` (N, tokens per image);
+    ``width`` (image slots per row: N plus the spare slots of a padded chain or tree).
+    """
+
+    def __init__(self, rows: int, num_tokens: int, width: int, entries: int, device: torch.device):
+        self.kv = SlotKV(rows, entries + 1)
+        self.prefix = 0
+        self.key_mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)
+        self.start = torch.zeros(rows, dtype=torch.long, device=device)
+        self.num_tokens, self.width = int(num_tokens), int(width)
+
+    @property
+    def scratch(self) -> int:
+        """The entry that unused separator inputs write to (never visible)."""
+        return self.kv.capacity - 1
+
+    def widen(self, prefix: int) -> None:
+        """Make the prefix region ``prefix`` entries wide (left padding for every row); no-op when it is."""
+        extra = int(prefix) - self.prefix
+        if extra > 0:
+            self.kv.grow(self.kv.capacity + extra, left=extra)
+            pad = torch.zeros(self.key_mask.shape[0], extra, dtype=torch.bool, device=self.key_mask.device)
+            self.key_mask = torch.cat([pad, self.key_mask], 1)
+            self.prefix = int(prefix)
+
+
 def position_ids(mask: torch.Tensor, past: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Position ids (rows, T) int64 for new positions with mask (rows, T) after ``past`` (rows, L).
 
@@ -220,6 +341,12 @@ class HFTokenModel(TokenModel):
     followed by an end-of-row token. Image tokens enter the decoder through :meth:`expand`, which
     inserts those separators (and :meth:`cache_positions` counts them). Used by the Chameleon
     (Anole, Lumina-mGPT), Janus, Emu3 and Hugging Face text adapters.
+
+    Batched decoding (:mod:`lantern.batched`, :func:`lantern.jacobi.batched_jacobi_decode`) runs on
+    an :class:`HFSlotsCache`: per-row prompts of any length (left-padded in one prefix region),
+    per-row position ids and a 4D additive attention mask; in float64 every image's tokens equal
+    one-image decoding's (``tests/test_hf_batched.py``). Draft trees stay refused for layouts with
+    end-of-row tokens (batched as in :meth:`extend_tree`).
     """
 
     decoder: nn.Module
@@ -334,6 +461,139 @@ class HFTokenModel(TokenModel):
         cache.crop(cache.prefix + self.cache_positions(n))
         cache.tokens = n
 
+    # ------------------------------------------------------- batched decoding (many images in flight)
+    @property
+    def batch_limit(self) -> str:
+        """Why this adapter cannot decode several images per forward, '' when it can: every layer of
+        its decoder must keep a full-attention cache (a ``transformers`` ``DynamicLayer``); sliding-window,
+        chunked or recurrent layers (Mistral, Gemma 2 ...) are not modelled by the slots cache."""
+        kinds = {type(layer).__name__ for layer in new_dynamic_cache(getattr(self.decoder, "config", None)).layers}
+        other = sorted(kinds - {"DynamicLayer"})
+        if not other:
+            return ""
+        return f"its decoder has {', '.join(other)} cache layers, which the per-image slots cache does not model"
+
+    @property
+    def can_batch_decode(self) -> bool:
+        """True when :attr:`batch_limit` is empty: per-row prompts of any length (left-padded), per-row
+        position ids and a 4D attention mask over full-attention layers."""
+        return not self.batch_limit
+
+    def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> HFSlotsCache:
+        """An :class:`HFSlotsCache` for ``slots`` images (``2 * slots`` rows with guidance), each
+        with ``num_tokens + spare`` image slots; keys and values are allocated by the first
+        :meth:`prefill_slots` (their shapes come from the decoder) and updated in place."""
+        width = int(num_tokens) + int(spare)
+        return HFSlotsCache(slots * (1 + bool(guided)), num_tokens, width, self.cache_positions(width), self.device)
+
+    @torch.no_grad()
+    def prefill_slots(self, cache: HFSlotsCache, rows: torch.Tensor, prompt: Prompt) -> Step:
+        """Run ``prompt``'s (left-padded) prefix as :meth:`prefill` does and copy its keys/values into
+        cache rows ``rows`` (prompt.rows,) int64, right-aligned in the prefix region (widened when
+        this prompt is longer). Returns the Step (prompt.rows, 1, .) of the first image token.
+        Raises UsageError when the prompt plus one image exceed the model's positions."""
+        own = self.new_cache(prompt, cache.num_tokens)
+        step = self.prefill(prompt, own)
+        P = own.prefix
+        cache.widen(P)
+        rows = rows.to(self.device)
+        at = cache.prefix - P
+        for i, layer in enumerate(own.kv.layers):
+            cache.kv.put(i, rows, at, layer.keys, layer.values)
+        cache.key_mask[rows] = False
+        cache.key_mask[rows, at:] = own.mask.bool()
+        cache.start[rows] = own.mask.sum(1)
+        return step
+
+    def select_slots(self, cache: HFSlotsCache, rows: torch.Tensor) -> None:
+        """Keep only the cache rows ``rows`` (int64, in this order)."""
+        rows = rows.to(self.device)
+        cache.kv.select_rows(rows)
+        cache.key_mask, cache.start = cache.key_mask[rows], cache.start[rows]
+
+    def move_slots(self, cache: HFSlotsCache, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy each row's keys/values at image slots ``src`` (rows, m) to ``dst`` (rows, m) (see TokenModel)."""
+        at = lambda x: cache.prefix + self.cache_positions(x.to(self.device))  # noqa: E731 - slot -> entry
+        cache.kv.move(at(src), at(dst))
+
+    def _entries(self, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The image entries covering slots ``0..S-1``: (slot of each entry (E,) int64, whether it is an
+        end-of-row separator (E,) bool), E = ``cache_positions(S)``."""
+        s = torch.arange(S, device=self.device)
+        c = self.cache_positions(s)
+        slot = torch.empty(self.cache_positions(S), dtype=torch.long, device=self.device)
+        sep = torch.zeros_like(slot, dtype=torch.bool)
+        slot[c] = s
+        if self.eol_id is not None:
+            ends = s[(s + 1) % self.grid[1] == 0]
+            slot[c[ends] + 1], sep[c[ends] + 1] = ends, True
+        return slot, sep
+
+    @torch.no_grad()
+    def extend_slots(
+        self,
+        cache: HFSlotsCache,
+        tokens: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> Step:
+        """Every row appends T tokens at its own image slots, in one decoder call (see
+        :meth:`TokenModel.extend_slots`): keys/values written in place at entry ``prefix +
+        cache_positions(slot)``, position ids ``start + cache_positions(position)`` per row (one-image
+        decoding's positions), a 4D additive mask = the row's real prompt tokens + the entries of its
+        ``visible`` slots. With end-of-row tokens (Emu3, Lumina-mGPT) a token at the end of a grid row
+        brings its separator as an extra input (rows padded to the most separators; padding writes the
+        scratch entry) and the separator's output is the token's; the separator after slot ``s`` is
+        visible with ``s`` to later tokens. Returns Step (rows, T, .). Raises UsageError for draft-tree
+        positions (``positions`` other than the slots) in a layout with end-of-row tokens."""
+        dev = self.device
+        tokens, slots, positions, visible = (x.to(dev) for x in (tokens, slots, positions, visible.bool()))
+        R, T = tokens.shape
+        P, S = cache.prefix, visible.shape[-1]
+        entry_slot, entry_sep = self._entries(S)
+        # a token sees the visible slots' entries, but not the separator after its own slot (it comes later)
+        own_sep = entry_sep[None, None] & (entry_slot[None, None] == slots[:, :, None])
+        seen = visible[:, :, entry_slot] & ~own_sep  # (R, T, E)
+        embeds = self.embed(tokens)
+        write = P + self.cache_positions(slots)
+        pos = cache.start[:, None] + self.cache_positions(positions)
+        src = valid = None
+        if self.eol_id is not None:
+            if bool((positions != slots.clamp(max=cache.num_tokens - 1)).any()):
+                raise UsageError(
+                    f"{self.name} inserts end-of-row tokens, which draft trees do not model yet; "
+                    f"use chain drafting (--tree chain)"
+                )
+            need = ((positions + 1) % self.grid[1] == 0) & (positions == slots)
+            k = need.sum(1)
+            K = int(k.max())
+            if K:
+                src = torch.sort((~need).to(torch.int8), dim=1, stable=True).indices[:, :K]  # tokens with a separator
+                valid = torch.arange(K, device=dev)[None] < k[:, None]
+                ids = torch.full((R, K), int(self.eol_id), dtype=torch.long, device=dev)
+                embeds = torch.cat([embeds, self.text_embeddings(ids).to(embeds.dtype)], 1)
+                write = torch.cat([write, torch.where(valid, write.gather(1, src) + 1, cache.scratch)], 1)
+                pos = torch.cat([pos, pos.gather(1, src) + 1], 1)
+                seen = torch.cat([seen, visible.gather(1, src[..., None].expand(-1, -1, S))[:, :, entry_slot]], 1)
+        Tq = embeds.shape[1]
+        allowed = torch.cat([cache.key_mask[:, None, :].expand(R, Tq, P), seen], 2)
+        cache.kv.write, cache.kv.span = write, P + seen.shape[-1]
+        kwargs: dict[str, Any] = dict(
+            inputs_embeds=embeds,
+            attention_mask=additive_mask(allowed[:, None], embeds.dtype),
+            position_ids=pos,
+            use_cache=True,
+        )
+        kwargs[cache_kwarg(self.decoder.forward)] = cache.kv
+        h = self.decoder(**kwargs).last_hidden_state
+        if src is not None:  # a row-ending token's next-token distribution comes from its separator
+            out = h[:, :T].clone()
+            r = torch.arange(R, device=dev)[:, None].expand_as(src)
+            out[r[valid], src[valid]] = h[:, T:][valid]
+            h = out
+        return Step(self.head(h), h)
+
     def cache_tokens(self, cache: HFCache) -> int:
         """Image tokens held after the prompt (layout tokens not counted)."""
         return cache.tokens
@@ -416,6 +676,41 @@ class HFDraftLayer(DraftLayer):
         """Keep the first ``n`` positions of the layer's cache."""
         crop_dynamic_cache(cache, n)
 
+    def _call(self, x: torch.Tensor, cache, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The layer on x (rows, T, H) with the additive mask (rows, 1, T, keys) and position ids (rows, T)."""
+        kwargs: dict[str, Any] = dict(attention_mask=mask, position_ids=pos, use_cache=cache is not None)
+        kwargs[self._cache_kw] = cache
+        rotary = self._rotary[0]
+        if rotary is not None and self._takes_pe:
+            if next(rotary.buffers()).device != x.device:
+                rotary.to(x.device)
+            kwargs["position_embeddings"] = rotary(x, pos)
+        out = self.layer(x, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    def forward_slots(
+        self, x: torch.Tensor, cache, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+    ) -> torch.Tensor:
+        """Batched decoding (see :meth:`DraftLayer.forward_slots`): x (rows, T, H) written at the
+        drafter cache slots (rows, T) int64 of a :class:`SlotKV` kept on ``cache`` (made by the first
+        call, widened as slots grow; every slot must be < S), position ids ``positions`` (rows, T)
+        (image positions, as :meth:`forward` counts them), attending to the slots ``visible``
+        (rows, T, S) allows."""
+        slots, positions, visible = (t.to(x.device) for t in (slots, positions, visible))
+        kv = getattr(cache, "slots", None)
+        if kv is None:
+            kv = cache.slots = SlotKV(x.shape[0], 0)
+        S = visible.shape[-1]  # every slot written is < S (the callers' windows)
+        if S > kv.capacity:
+            kv.grow(max(S, 2 * kv.capacity))  # geometric: a decode reallocates O(log N) times
+        kv.write, kv.span = slots, S
+        return self._call(x, kv, additive_mask(visible.bool()[:, None], x.dtype), positions)
+
+    def select_slots(self, cache, rows: torch.Tensor) -> None:
+        """Keep only the rows ``rows`` of a batched decode's drafter cache (a draining batch)."""
+        if getattr(cache, "slots", None) is not None:
+            cache.slots.select_rows(rows)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -438,16 +733,7 @@ class HFDraftLayer(DraftLayer):
             attend = torch.arange(past + T, device=x.device)[None, :] <= q
         mask = additive_mask(attend.to(x.device).bool(), x.dtype)[None, None].expand(rows, 1, T, past + T)
         pos_t = torch.arange(T, device=x.device) + start if positions is None else positions.to(x.device)
-        pos = pos_t[None].expand(rows, T)
-        kwargs: dict[str, Any] = dict(attention_mask=mask, position_ids=pos, use_cache=cache is not None)
-        kwargs[self._cache_kw] = cache
-        rotary = self._rotary[0]
-        if rotary is not None and self._takes_pe:
-            if next(rotary.buffers()).device != x.device:
-                rotary.to(x.device)
-            kwargs["position_embeddings"] = rotary(x, pos)
-        out = self.layer(x, **kwargs)
-        return out[0] if isinstance(out, tuple) else out
+        return self._call(x, cache, mask, pos_t[None].expand(rows, T))
 
 
 def make_draft_layer(decoder: nn.Module, config, device, dtype) -> HFDraftLayer:
