@@ -26,9 +26,10 @@ from ambiguity.generation import sample_tokens
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import AcceptanceRule
-from lantern.batched import batched_decode
+from lantern.batched import _Trees, _walk_trees, batched_decode
 from lantern.decoding import DecodeConfig, decode
 from lantern.drafter import Drafter
+from lantern.steps import Timer
 from lantern.trees import STATIC_TREES, TreeSpec
 
 
@@ -185,6 +186,60 @@ def test_greedy_batched_trees_equal_greedy_ar(model, drafter, table, convention)
         out = decode(model, labels, cfg, s, drafter, table, seed=0, batch_size=3)
         ar = torch.cat([sample_tokens(model, model.make_prompt([c], guided=s.guided), s) for c in labels])
         assert torch.equal(out.tokens, ar), (kind, guidance, rule)
+
+
+class _FixedUniforms:
+    """Stands in for the batched decoder's streams: slot b's uniforms come from ``seqs[b]`` in order,
+    one for every round the slot walks; ``used[b]`` counts them."""
+
+    def __init__(self, seqs):
+        self.seqs, self.used, self.scripted = seqs, [0] * len(seqs), [None] * len(seqs)
+
+    def each(self, mask):
+        out = []
+        for b, on in enumerate(mask):
+            out.append(self.seqs[b][self.used[b]] if on else 0.5)
+            self.used[b] += bool(on)
+        return torch.tensor(out, dtype=torch.float64)
+
+
+def test_batched_walk_of_two_hand_made_trees():
+    """The vectorised walk (lantern.batched._walk_trees) on two deterministic trees (SD, V = 3)
+    with fixed uniforms, all by hand. Image 0: root -> A (token 0), B (token 1); A -> C. The root
+    has p = (.5, .3, .2): A is accepted with probability .5 and u = .7 rejects it; the residual
+    (0, .6, .4) accepts B with u = .1; B is a leaf, so the bonus token is drawn from p at B
+    (.2, .2, .6) with u = .5 -> token 2. Image 1: a chain root -> 1 -> 2 -> 0: u = .2 < .9
+    accepts the first draft, u = .3 < .75 the second, u = .5 >= .4 rejects the third, and the
+    residual (0, 1, 0) gives token 1 (u = .9). Image 0 walks 3 rounds, image 1 four, each
+    drawing one uniform per round."""
+    tokens = torch.tensor([[2, 0, 1, 2], [1, 1, 2, 0]])
+    parent = torch.tensor([[0, 0, 0, 1], [0, 0, 1, 2]])
+    depth = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]])
+    rank = torch.tensor([[0, 0, 1, 0], [0, 0, 0, 0]])
+    exists = torch.ones(2, 4, dtype=torch.bool)
+    trees = _Trees(tokens, parent, depth, exists, rank, None, False, False, torch.tensor([3, 4]), 3)
+    p = torch.tensor(
+        [
+            [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.2, 0.6], [1.0, 0.0, 0.0]],
+            [[0.1, 0.9, 0.0], [0.0, 0.25, 0.75], [0.4, 0.6, 0.0], [1.0, 0.0, 0.0]],
+        ],
+        dtype=torch.float64,
+    )
+    streams = _FixedUniforms([[0.7, 0.1, 0.5], [0.2, 0.3, 0.5, 0.9]])
+    st = type("St", (), {})()
+    st.sampling, st.convention, st.device = SamplingConfig(temperature=1.0), "exact", torch.device("cpu")
+    st.rule, st.table, st.streams, st.timer = AcceptanceRule("sd"), None, streams, Timer("cpu")
+    active = np.array([True, True])
+    out = _walk_trees(st, trees, p, trees.ancestors(), active, active)
+    assert out["m"].tolist() == [1, 2] and out["next"].tolist() == [2, 1]
+    assert out["kind"].tolist() == [1, 2]  # NEXT_KINDS: bonus after a leaf, residual after a rejection
+    assert out["path"][0, :2].tolist() == [0, 2] and out["path"][1, :3].tolist() == [0, 1, 2]
+    assert streams.used == [3, 4]
+    assert out["reached"].tolist() == [[False, True, True, False], [False, True, True, True]]
+    assert out["accepted"].tolist() == [[False, False, True, False], [False, True, True, False]]
+    np.testing.assert_allclose(out["accept_prob"][0, 1:3], [0.5, 0.6])
+    np.testing.assert_allclose(out["accept_prob"][1, 1:], [0.9, 0.75, 0.4])
+    np.testing.assert_allclose(out["u"][1, 1:], [0.2, 0.3, 0.5])
 
 
 def test_move_slots_copies_each_rows_path_reading_before_writing(model):
