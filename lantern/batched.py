@@ -11,7 +11,7 @@ AR decoding is the same step with γ = 0 and no drafter.
 
 Draft trees (``tree=``: EAGLE-1 static or EAGLE-2 dynamic :class:`lantern.trees.TreeSpec`, both
 conventions) take the same slots: each step every image drafts its own tree, all trees are
-verified in one target forward (padded to the largest node count; node ``t`` of image ``b`` at
+verified in one target forward (padded to the widest tree; column ``t`` of image ``b`` at
 cache slot ``n_b - 1 + t``, image position ``n_b - 1 + depth_t``, seeing its image's committed
 slots and its own ancestors), each image walks its tree and moves its accepted path's keys and
 values behind its committed tokens (:meth:`~ambiguity.models.base.TokenModel.move_slots`, one
@@ -38,18 +38,24 @@ differently from one row, which now and then moves a CDF boundary past a uniform
 image from that token on (see the README for the measured fraction of identical images). The
 same holds for draft trees: in float64 tokens and every record (steps, per-node draft rows) equal
 :func:`lantern.tree_decoding.tree_decode`'s; a tree draws its children (static trees, sampling),
-coins and next token from the image's :class:`lantern.trees.GeneratorDraws`.
+coins and next token from the image's stream, one float64 uniform each in one-image decoding's
+order (the numbers its :class:`lantern.trees.GeneratorDraws` draws).
 
 Vectorised over images: drafting, verification, acceptance (:func:`lantern.chain.accept` with
 per-row lengths), residual sampling and the commits are tensor operations over all slots; the
 per-image Python work is one ``torch.rand`` call per image's generator (each image owns a stream)
 and record keeping. One host transfer per step brings the accepted lengths and the step's
 records to the CPU (plus none for the tokens: they stay on the device until the end).
-Trees are vectorised in their forwards (one drafter forward per tree level for all images, one
-target forward) and in the commit; per-image Python loops remain where one-image tree decoding
-has them: building each tree (its top-k / draws without replacement, the per-level node lists),
-the verification walk (:func:`lantern.tree_decoding.walk_tree`: sibling trials, residuals) and
-the per-node draft records, each with its own small host transfers (several per step, not one).
+Trees are vectorised the same way (:func:`_tree_round`): all images' trees are (B, T) tensors
+(:class:`_Trees`) built level by level for all images at once (EAGLE-2 beams and reranking as
+batched top-k and stable sorts; EAGLE-1 shapes as node tables), one drafter forward per level, one
+target forward, a walk in which every image judges one child per round (tensor ops over images:
+proximity sets, coins, residuals, the next token), the per-node records as tensors, and one
+indexed copy for the commits. The per-image Python work left is drawing from each image's own
+stream (one uniform per walking image per round; a static tree's children level by level) and
+scripted Draws in tests. Host reads per tree step: which images still walk, once per walk round
+(an image draws from its stream only while it walks), how many children each parent gets, once
+per static-tree level when sampling, and one transfer of the step's outcomes and records.
 
 Timing: a step's seconds per section (target, drafter, acceptance, proximity; wall-clock) are
 split equally among the images active in it, and a prefill's among the images it admitted;
@@ -1036,10 +1042,7 @@ def _walk_trees(st: _Batch, trees: _Trees, p: torch.Tensor, anc: torch.Tensor, a
     left = trees.q[:, 0].double() if sampled else None
     path = rows.new_zeros(B, trees.depth_max + 1)
     m, nxt, kind = rows.new_zeros(B), rows.new_zeros(B), rows.new_zeros(B)
-    rec = {c: torch.full((B, T), float("nan"), dtype=torch.float64, device=dev) for c in _TRIALS}
-    rec["j_star"] = rows.new_zeros(B, T)
-    rec["accepted"] = torch.zeros(B, T, dtype=torch.bool, device=dev)
-    rec["reached"] = torch.zeros(B, T, dtype=torch.bool, device=dev)
+    trials, judged = [], []  # per round: (B, 8) trial values and (B,) the column each image judged
     scripted = [b for b, d in enumerate(st.streams.scripted) if d is not None]
     below_one = float(np.nextafter(1.0, 0.0))
     one = torch.ones(B, dtype=torch.float64, device=dev)
@@ -1074,18 +1077,9 @@ def _walk_trees(st: _Batch, trees: _Trees, p: torch.Tensor, anc: torch.Tensor, a
                         u_rec[b] = getattr(d, "last_u", float("nan"))
             ok = has & (u < prob)
         bad = has & ~ok
-        for name, val in (
-            ("p_tilde", prox[1].double()),
-            ("spent", prox[3].double()),
-            ("q_draft", qx),
-            ("accept_prob", prob),
-            ("u", u_rec),
-            ("j_star", prox[2]),
-            ("accepted", ok),
-            ("reached", has),
-        ):
-            now = rec[name].gather(1, cc[:, None])[:, 0]
-            rec[name].scatter_(1, cc[:, None], torch.where(has, val.to(now.dtype), now)[:, None])
+        trial = (prox[1].double(), prox[3].double(), qx, prob, u_rec, prox[2].double(), ok.double(), has.double())
+        trials.append(torch.stack(trial, 1))
+        judged.append(torch.where(has, c, T))  # the column judged this round (T: none)
         if not greedy:
             target = torch.where(bad[:, None], residual(target, q_cond, x, table, rule, validate=False), target)
             if left is not None:
@@ -1110,6 +1104,13 @@ def _walk_trees(st: _Batch, trees: _Trees, p: torch.Tensor, anc: torch.Tensor, a
         walking = walking & ~done
         walking_h = walking.cpu().numpy()  # the round's host read: who walks on (and draws)
     kind = torch.where(torch.as_tensor(drafting, device=dev), kind, 0)  # one token left: a target step
+    nan = float("nan")
+    book = torch.tensor([nan] * len(_TRIALS) + [0.0, 0.0, 0.0], dtype=torch.float64, device=dev)
+    book = book.expand(B, T + 1, -1).clone()  # (B, T + 1, 8); column T takes the rounds without a trial
+    if trials:
+        book.scatter_(1, torch.stack(judged, 1)[..., None].expand(-1, -1, 8), torch.stack(trials, 1))
+    rec = {c: book[:, :T, i] for i, c in enumerate(_TRIALS)}
+    rec.update(j_star=book[:, :T, 5].long(), accepted=book[:, :T, 6] > 0, reached=book[:, :T, 7] > 0)
     return dict(m=m, path=path, next=nxt, kind=kind, **rec)
 
 
@@ -1180,27 +1181,22 @@ def _tree_host(trees: _Trees, p: torch.Tensor, walk: dict) -> dict:
     top probability there, NaN for dynamic trees) as :func:`lantern.tree_decoding.tree_draft_columns`
     computes them."""
     B, T, V = p.shape
-    nodes = trees.nodes
-    p_par = p.gather(1, trees.parent[..., None].expand(-1, -1, V))
+    nodes, parent = trees.nodes, trees.parent
     number = trees.exists.long().cumsum(1) - 1
     committed = torch.zeros(B, T, dtype=torch.bool, device=p.device)
     steps = torch.arange(walk["path"].shape[1], device=p.device)
     committed.scatter_(1, walk["path"], (steps > 0) & (steps <= walk["m"][:, None]))
-    q_top1 = (
-        trees.q.gather(1, trees.parent[..., None].expand(-1, -1, V)).amax(-1)
-        if trees.q is not None
-        else torch.full((B, T), float("nan"), device=p.device)
-    )
+    nan = torch.full((B, T), float("nan"), device=p.device)
     cols = dict(
         token=trees.tokens,
-        p_draft=p_par.gather(-1, trees.tokens[..., None])[..., 0],
+        p_draft=p.reshape(B, T * V).gather(1, parent * V + trees.tokens),  # p at the parent, of the draft
         **{c: walk[c] for c in (*_TRIALS, "j_star", "accepted", "reached")},
         committed=committed & nodes,
-        p_top1=p_par.amax(-1),
-        p_entropy=-(torch.xlogy(p_par, p_par)).sum(-1),
-        q_top1=q_top1,
+        p_top1=p.amax(-1).gather(1, parent),
+        p_entropy=-(torch.xlogy(p, p)).sum(-1).gather(1, parent),
+        q_top1=trees.q.amax(-1).gather(1, parent) if trees.q is not None else nan,
         node=number,
-        parent=number.gather(1, trees.parent),
+        parent=number.gather(1, parent),
         depth=trees.depth,
         sibling=trees.rank,
         draft=nodes,
