@@ -143,7 +143,7 @@ class _Streams:
         draws of :class:`lantern.trees.GeneratorDraws` give (a CPU generator draws the same
         numbers k at once; other devices draw them one by one)."""
         g = self.gens[slot]
-        if self.device.type == "cpu" or k == 0:
+        if torch.device(self.device).type == "cpu" or k == 0:
             return torch.rand(k, generator=g, device=self.device, dtype=torch.float64)
         return torch.stack([torch.rand((), generator=g, device=self.device, dtype=torch.float64) for _ in range(k)])
 
@@ -658,7 +658,7 @@ class _Trees:
     int64 column of each node's parent (the root and padding: their own column); depth (B, T)
     int64 (0 at the root and padding); exists (B, T) bool: the row's nodes (the root always; the
     drafts of a drafting slot), the rest is padding; rank (B, T) int64: a node's place among its
-    parent's children (their trial order); q: (B, T, V) float32 the drafter's distribution of
+    parent's children (their trial order); q: (B, T, V) float (the drafter's dtype) the drafter's distribution of
     each expanded node's children (static trees), None for dynamic trees (their drafts are the
     drafter's top ranks and count as deterministic); sampled: static children drawn from q
     (temperature > 0); static: a static shape (the official greedy walk orders its paths
