@@ -26,10 +26,12 @@ from ambiguity.generation import sample_tokens
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import AcceptanceRule
-from lantern.batched import batched_decode
+from lantern.batched import _Trees, _walk_trees, batched_decode
 from lantern.decoding import DecodeConfig, decode
 from lantern.drafter import Drafter
-from lantern.trees import STATIC_TREES, TreeSpec
+from lantern.steps import Timer
+from lantern.tree_decoding import walk_official_greedy
+from lantern.trees import STATIC_TREES, Tree, TreeSpec
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +187,102 @@ def test_greedy_batched_trees_equal_greedy_ar(model, drafter, table, convention)
         out = decode(model, labels, cfg, s, drafter, table, seed=0, batch_size=3)
         ar = torch.cat([sample_tokens(model, model.make_prompt([c], guided=s.guided), s) for c in labels])
         assert torch.equal(out.tokens, ar), (kind, guidance, rule)
+
+
+class _FixedUniforms:
+    """Stands in for the batched decoder's streams: slot b's uniforms come from ``seqs[b]`` in order,
+    one for every round the slot walks; ``used[b]`` counts them."""
+
+    def __init__(self, seqs):
+        self.seqs, self.used, self.scripted = seqs, [0] * len(seqs), [None] * len(seqs)
+
+    def each(self, mask):
+        out = []
+        for b, on in enumerate(mask):
+            out.append(self.seqs[b][self.used[b]] if on else 0.5)
+            self.used[b] += bool(on)
+        return torch.tensor(out, dtype=torch.float64)
+
+
+def test_batched_walk_of_two_hand_made_trees():
+    """The vectorised walk (lantern.batched._walk_trees) on two deterministic trees (SD, V = 3)
+    with fixed uniforms, all by hand. Image 0: root -> A (token 0), B (token 1); A -> C. The root
+    has p = (.5, .3, .2): A is accepted with probability .5 and u = .7 rejects it; the residual
+    (0, .6, .4) accepts B with u = .1; B is a leaf, so the bonus token is drawn from p at B
+    (.2, .2, .6) with u = .5 -> token 2. Image 1: a chain root -> 1 -> 2 -> 0: u = .2 < .9
+    accepts the first draft, u = .3 < .75 the second, u = .5 >= .4 rejects the third, and the
+    residual (0, 1, 0) gives token 1 (u = .9). Image 0 walks 3 rounds, image 1 four, each
+    drawing one uniform per round."""
+    tokens = torch.tensor([[2, 0, 1, 2], [1, 1, 2, 0]])
+    parent = torch.tensor([[0, 0, 0, 1], [0, 0, 1, 2]])
+    depth = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]])
+    rank = torch.tensor([[0, 0, 1, 0], [0, 0, 0, 0]])
+    exists = torch.ones(2, 4, dtype=torch.bool)
+    trees = _Trees(tokens, parent, depth, exists, rank, None, False, False, torch.tensor([3, 4]), 3)
+    p = torch.tensor(
+        [
+            [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.2, 0.6], [1.0, 0.0, 0.0]],
+            [[0.1, 0.9, 0.0], [0.0, 0.25, 0.75], [0.4, 0.6, 0.0], [1.0, 0.0, 0.0]],
+        ],
+        dtype=torch.float64,
+    )
+    streams = _FixedUniforms([[0.7, 0.1, 0.5], [0.2, 0.3, 0.5, 0.9]])
+    st = type("St", (), {})()
+    st.sampling, st.convention, st.device = SamplingConfig(temperature=1.0), "exact", torch.device("cpu")
+    st.rule, st.table, st.streams, st.timer = AcceptanceRule("sd"), None, streams, Timer("cpu")
+    active = np.array([True, True])
+    out = _walk_trees(st, trees, p, trees.ancestors(), active, active)
+    assert out["m"].tolist() == [1, 2] and out["next"].tolist() == [2, 1]
+    assert out["kind"].tolist() == [1, 2]  # NEXT_KINDS: bonus after a leaf, residual after a rejection
+    assert out["path"][0, :2].tolist() == [0, 2] and out["path"][1, :3].tolist() == [0, 1, 2]
+    assert streams.used == [3, 4]
+    assert out["reached"].tolist() == [[False, True, True, False], [False, True, True, True]]
+    assert out["accepted"].tolist() == [[False, False, True, False], [False, True, True, False]]
+    np.testing.assert_allclose(out["accept_prob"][0, 1:3], [0.5, 0.6])
+    np.testing.assert_allclose(out["accept_prob"][1, 1:], [0.9, 0.75, 0.4])
+    np.testing.assert_allclose(out["u"][1, 1:], [0.2, 0.3, 0.5])
+
+
+def test_batched_official_greedy_walk_orders_leaves_like_the_official_code():
+    """The vectorised official greedy walk on two hand-made trees (V = 4): root -> a (token 0),
+    b (token 1); a -> c (token 2); LANTERN k = 1, δ = 0.2, neighbours 0: 2, 1: 3, 2: 3, 3: 2.
+    Image 0: at the root p = (.3, .3, .25, .15): a passes (p̃ = .3, no lower index, ties allowed)
+    and b passes (p̃ = .3 + .15 = .45 > p(0)); c fails at a (p̃ = .1 + .1 < .7). Both leaves keep
+    one passing node: a static tree lists leaf paths lexicographically ([0, a, c] before
+    [0, b]) and keeps a (a has a child: "residual", next token argmax p(a) = 0); a dynamic tree
+    lists leaves by node index (b before c) and keeps b (a leaf: "bonus", argmax p(b) = 3).
+    Image 1: nothing passes at the root (p = (.1, .1, .1, .7)): no draft, token 3. Each row equals
+    lantern.tree_decoding.walk_official_greedy on the same one-image tree."""
+    tokens = torch.tensor([[1, 0, 1, 2], [3, 0, 1, 2]])
+    parent = torch.tensor([[0, 0, 0, 1]] * 2)
+    depth = torch.tensor([[0, 1, 1, 2]] * 2)
+    rank = torch.tensor([[0, 0, 1, 0]] * 2)
+    p = torch.tensor(
+        [
+            [[0.3, 0.3, 0.25, 0.15], [0.7, 0.1, 0.1, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25] * 4],
+            [[0.1, 0.1, 0.1, 0.7], [0.7, 0.1, 0.1, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25] * 4],
+        ],
+        dtype=torch.float64,
+    )
+    table = torch.tensor([[2], [3], [3], [2]])
+    rule = AcceptanceRule("lantern", k=1, delta=0.2, convention="official")
+    st = type("St", (), {})()
+    st.sampling, st.convention, st.device = SamplingConfig(temperature=0.0), "official", torch.device("cpu")
+    st.rule, st.table, st.streams, st.timer = rule, table, None, Timer("cpu")
+    active = np.array([True, True])
+    want = {True: ([1, 0], [[0, 1], [0]], [0, 3], [2, 2]), False: ([1, 0], [[0, 2], [0]], [3, 3], [1, 2])}
+    for static, (m, paths, nxt, kind) in want.items():
+        exists = torch.ones(2, 4, dtype=torch.bool)
+        trees = _Trees(tokens, parent, depth, exists, rank, None, False, static, torch.tensor([2, 2]), 2)
+        out = _walk_trees(st, trees, p, trees.ancestors(), active, active)
+        assert out["m"].tolist() == m and out["next"].tolist() == nxt and out["kind"].tolist() == kind, static
+        for b in range(2):
+            assert out["path"][b, : m[b] + 1].tolist() == paths[b], (static, b)
+            one = Tree(tokens[b], [-1, 0, 0, 1], [0, 1, 1, 2], [[1, 2], [3], [], []], [None] * 4, static=static)
+            ref = walk_official_greedy(one, p[b], rule, table)
+            assert ref.path == paths[b] and ref.token == nxt[b], (static, b)
+            assert sorted(t["node"] for t in ref.trials) == np.flatnonzero(out["reached"][b].numpy()).tolist()
+    assert out["reached"].tolist() == [[False, True, True, False], [False, True, True, False]]  # dynamic
 
 
 def test_move_slots_copies_each_rows_path_reading_before_writing(model):
