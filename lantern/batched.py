@@ -77,6 +77,7 @@ from lantern.slots import (
     pending_features,
     prefill_admitted,
     release,
+    verify_chains,
 )
 from lantern.steps import Timer, elapsed_since, target_distribution
 from lantern.trees import TreeSpec
@@ -296,17 +297,8 @@ def batched_decode(
                 d = np.where(g > 0, n, d)
             with timer("target"):
                 T = gmax + 1
-                slots = (n_t - 1)[:, None] + ar[:T]  # x_{n-1} and the drafts, at their own image positions
-                vin = torch.cat([st.tokens.gather(1, slots[:, :1]), drafts], 1)
-                S = int(n.max()) - 1 + T
-                visible = ar[None, None, :S] <= slots[:, :, None]
-                out = model.extend_slots(
-                    cache,
-                    expand_rows(vin, guided),
-                    expand_rows(slots, guided),
-                    expand_rows(slots.clamp(max=N - 1), guided),
-                    expand_rows(visible, guided),
-                )
+                vin = torch.cat([st.tokens.gather(1, (n_t - 1)[:, None]), drafts], 1)  # x_{n-1} and the drafts
+                out = verify_chains(model, cache, vin, n, N, guided)
             with timer("acceptance"):
                 p = target_distribution(out.logits, sampling, guided, convention)  # (B, T, V)
                 u = None

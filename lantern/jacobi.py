@@ -77,7 +77,17 @@ from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.seeding import image_generator, image_seed
 from ambiguity.stats import entropy, top1_prob
 from lantern.records import Decoded, StepLog
-from lantern.slots import admit, busy, check_batching, drain, image_indices, new_slots, prefill_admitted, release
+from lantern.slots import (
+    admit,
+    busy,
+    check_batching,
+    drain,
+    image_indices,
+    new_slots,
+    prefill_admitted,
+    release,
+    verify_chains,
+)
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
 from lantern.trees import Draws, GeneratorDraws
 
@@ -658,16 +668,7 @@ def batched_jacobi_decode(
                 vin[b, : len(x)] = torch.tensor(x)
                 n[b] = imgs[slot[b]].n
         with timer("target"):
-            ar = torch.arange(int(n.max()) + T, device=dev)
-            at = (n.to(dev) - 1)[:, None] + ar[:T]  # x_{n-1} and the drafts, at their own image positions
-            visible = ar[None, None, : int(n.max()) - 1 + T] <= at[:, :, None]
-            out = model.extend_slots(
-                cache,
-                expand_rows(vin.to(dev), guided),
-                expand_rows(at, guided),
-                expand_rows(at.clamp(max=N - 1), guided),
-                expand_rows(visible, guided),
-            )
+            out = verify_chains(model, cache, vin.to(dev), n.numpy(), N, guided)  # x_{n-1} and the drafts
         with timer("acceptance"):
             p = target_distribution(out.logits, sampling, guided)  # (B, T, V)
             for b in live:

@@ -7,7 +7,8 @@ first ``B`` conditions are admitted into the slots (:func:`admit`, prefilled by
 :func:`prefill_admitted`); a finished image leaves its slot (:func:`release`) and the next
 condition is admitted into it, so one slow image never holds the others; once no condition is
 left and at most half the slots are busy, the empty slots are dropped from the caches
-(:func:`drain`: one copy), so a draining batch does not compute them. Both batched decoders use
+(:func:`drain`: one copy), so a draining batch does not compute them. :func:`verify_chains` is
+the target forward over every slot's last token and chain (drafts or a Jacobi window). Both batched decoders use
 it: AR / chains / draft trees (:func:`lantern.batched.batched_decode`) and the Jacobi methods
 (:func:`lantern.jacobi.batched_jacobi_decode`).
 
@@ -50,6 +51,7 @@ __all__ = [
     "prefill_admitted",
     "release",
     "slot_rows",
+    "verify_chains",
 ]
 
 
@@ -158,6 +160,27 @@ def drain(sl: Slots, caches: Sequence[tuple[object, object]]) -> Optional[tuple[
         owner.select_slots(cache, rows)
     sl.image_of = sl.image_of[live]
     return live, rows
+
+
+def verify_chains(model: TokenModel, cache, tokens: torch.Tensor, n, N: int, guided: bool):
+    """One target forward over every slot's chain: ``tokens`` (B, T) int64 on the device, row b
+    ``[x_{n_b-1}, d_{n_b} .. d_{n_b+T-2}]`` (the last committed token and the drafts or Jacobi
+    window, padded to the longest), at cache slots and image positions ``n_b - 1 .. n_b + T - 2``
+    (positions clamped to ``N - 1``: padding past the image's end), each token seeing its image's
+    committed slots ``0..n_b-2`` and the chain's tokens up to itself; the padding and the slots past
+    an image's length are never seen by a real token. n: (B,) int64 host array of committed tokens
+    per slot. Returns the :class:`~ambiguity.models.base.Step` (R, T, .)."""
+    T = tokens.shape[1]
+    ar = torch.arange(int(n.max()) - 1 + T, device=tokens.device)
+    at = torch.as_tensor(n - 1, device=tokens.device)[:, None] + ar[:T]
+    visible = ar[None, None, :] <= at[:, :, None]
+    return model.extend_slots(
+        cache,
+        expand_rows(tokens, guided),
+        expand_rows(at, guided),
+        expand_rows(at.clamp(max=N - 1), guided),
+        expand_rows(visible, guided),
+    )
 
 
 # --------------------------------------------------------------------------- what chains and trees share
