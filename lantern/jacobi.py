@@ -49,8 +49,8 @@ drafts are argmaxes: greedy SJD/SCD is greedy AR token for token.
 :func:`jacobi_decode`: one condition at a time (two rows with CFG), like :mod:`lantern.chain`.
 :func:`batched_jacobi_decode` (``decode(..., batch_size=B)``): up to B images per target forward,
 each at its own position with its own window, committing its own accepted prefix (ragged
-commits in per-image cache slots, with the masks and continuous batching of
-:mod:`lantern.batched`). Both run the same per-image steps (:class:`_Image`). Randomness: image
+commits in per-image cache slots, with the masks of :mod:`lantern.batched` and the slot scheduler
+of :mod:`lantern.slots`). Both run the same per-image steps (:class:`_Image`). Randomness: image
 ``i`` draws from its generator ``(seed, i)`` (:mod:`ambiguity.seeding`) through
 :class:`lantern.trees.Draws`, the same numbers in the same order at any batch size; in float64
 batched tokens and records equal batch 1's.
@@ -70,15 +70,24 @@ from typing import Optional
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt, TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.seeding import image_generator, image_seed
 from ambiguity.stats import entropy, top1_prob
-from lantern.batched import check_batching
 from lantern.records import Decoded, StepLog
+from lantern.slots import (
+    admit,
+    busy,
+    check_batching,
+    drain,
+    image_indices,
+    new_slots,
+    prefill_admitted,
+    release,
+    verify_chains,
+)
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
 from lantern.trees import Draws, GeneratorDraws
 
@@ -585,7 +594,8 @@ def batched_jacobi_decode(
     :func:`ambiguity.seeding.image_generator` ``(seed, i)`` (or ``draws[i]``, a
     :class:`lantern.trees.Draws`, for exact enumeration), so an image's random numbers do not
     depend on the batch, its slot or when it was admitted. A finished image's slot takes the next
-    condition (continuous batching); a draining batch drops its empty slots (one cache copy).
+    condition (continuous batching: the slot scheduler of :mod:`lantern.slots`, shared with
+    :func:`lantern.batched.batched_decode`); a draining batch drops its empty slots (one cache copy).
 
     In float64 the tokens and the non-timing records equal :func:`jacobi_decode`'s for every image
     (``tests/test_jacobi.py``); in float32 batched products round differently and an image now
@@ -597,21 +607,16 @@ def batched_jacobi_decode(
     check_batching(model, None)
     check_jacobi(config, model)
     conds = list(conditions)
-    index = np.arange(first_index, first_index + len(conds)) if indices is None else np.asarray(indices, dtype=np.int64)
+    index = image_indices(len(conds), first_index, indices)
     N, L, dev, guided = int(num_tokens or model.num_tokens), int(config.window), model.device, sampling.guided
-    B = max(1, min(int(batch_size), len(conds)))
-    cache = model.new_slots_cache(B, guided, N, L)  # room for a window of L padded past the image's end
+    sl = new_slots(len(conds), batch_size, guided, config.method, progress)
+    cache = model.new_slots_cache(sl.B, guided, N, L)  # room for a window of L padded past the image's end
     scripted = dict(draws or {})
     timer = Timer(dev)
-    slot: list[Optional[int]] = [None] * B  # condition j in each slot
-    imgs: dict[int, _Image] = {}
+    imgs: dict[int, _Image] = {}  # the image of condition j, while it decodes
     secs = {j: {} for j in range(len(conds))}
     total = np.zeros(len(conds))
     parts: list[Optional[Decoded]] = [None] * len(conds)
-    queue = iter(range(len(conds)))
-    waiting = [len(conds)]
-    bar = tqdm(total=len(conds), desc=config.method, disable=not progress, unit="img")
-    rows_of = lambda slots: torch.cat([slots, slots + B]) if guided else slots  # noqa: E731 - slot -> its rows
 
     def share(j: int, seconds: dict, k: int) -> dict:
         mine = {s: v / k for s, v in seconds.items()}
@@ -619,25 +624,19 @@ def batched_jacobi_decode(
             secs[j][s] = secs[j].get(s, 0.0) + v
         return mine
 
-    def admit(free: list[int]) -> None:
-        take = [(s, j) for s, j in zip(free, queue)]
-        waiting[0] -= len(take)
+    def fill(free) -> None:
+        """Admit the next conditions into the free slots: prefill, then each image's first step."""
+        take = admit(sl, free)
         if not take:
             return
         t0, before = time.perf_counter(), timer.snapshot()
-        with timer("target"):
-            first = model.prefill_slots(
-                cache,
-                rows_of(torch.tensor([s for s, _ in take], device=dev)),
-                model.make_prompt([conds[j] for _, j in take], guided=guided),
-            )
+        first = prefill_admitted(model, cache, sl, take, conds, timer)[0]
         with timer("acceptance"):
             p0 = target_distribution(first.logits[:, -1], sampling, guided)  # (k, V)
-            for r, (s, j) in enumerate(take):
+            for r, (_, j) in enumerate(take):
                 i = int(index[j])
                 imgs[j] = _image(model, sampling, config, N, image_generator(seed, i, dev), i, scripted.get(i))
                 imgs[j].start(p0[r])
-                slot[s] = j
         for _, j in take:
             share(j, elapsed_since(timer, before), len(take))
             total[j] += (time.perf_counter() - t0) / len(take)
@@ -648,18 +647,18 @@ def batched_jacobi_decode(
     def finish(slots: list[int]) -> None:
         """Record the finished images of ``slots``, free the slots and admit the next conditions."""
         for b in slots:
-            j = slot[b]
+            j = int(sl.image_of[b])
             parts[j] = imgs.pop(j).result(conds[j], image_seed(seed, int(index[j])), secs[j], total[j])
-            slot[b] = None
-        bar.update(len(slots))
-        admit(slots)
+        release(sl, slots)
+        fill(slots)
 
-    admit(list(range(B)))
+    fill(range(sl.B))
     batch_step = 0
-    while any(j is not None for j in slot):
+    while len(busy(sl)):
         batch_step += 1
         t0, before = time.perf_counter(), timer.snapshot()
-        live = [b for b in range(B) if slot[b] is not None]
+        B, live = sl.B, busy(sl).tolist()
+        slot = sl.image_of.tolist()  # condition j in each slot (-1: empty)
         with timer("acceptance"):
             fed = {b: imgs[slot[b]].prepare() for b in live}
             T = max(len(x) for x in fed.values())
@@ -669,16 +668,7 @@ def batched_jacobi_decode(
                 vin[b, : len(x)] = torch.tensor(x)
                 n[b] = imgs[slot[b]].n
         with timer("target"):
-            ar = torch.arange(int(n.max()) + T, device=dev)
-            at = (n.to(dev) - 1)[:, None] + ar[:T]  # x_{n-1} and the drafts, at their own image positions
-            visible = ar[None, None, : int(n.max()) - 1 + T] <= at[:, :, None]
-            out = model.extend_slots(
-                cache,
-                expand_rows(vin.to(dev), guided),
-                expand_rows(at, guided),
-                expand_rows(at.clamp(max=N - 1), guided),
-                expand_rows(visible, guided),
-            )
+            out = verify_chains(model, cache, vin.to(dev), n.numpy(), N, guided)  # x_{n-1} and the drafts
         with timer("acceptance"):
             p = target_distribution(out.logits, sampling, guided)  # (B, T, V)
             for b in live:
@@ -693,11 +683,8 @@ def batched_jacobi_decode(
                 finished.append(b)
         if finished:
             finish(finished)
-        busy = [b for b in range(B) if slot[b] is not None]
-        if not waiting[0] and 0 < len(busy) <= B // 2:  # a draining batch: drop the empty slots (one copy)
-            model.select_slots(cache, rows_of(torch.tensor(busy, device=dev)))
-            slot, B = [slot[b] for b in busy], len(busy)
-    bar.close()
+        drain(sl, [(model, cache)])  # a draining batch drops its empty slots (one copy)
+    sl.bar.close()
     return Decoded.concat(parts)
 
 

@@ -1,4 +1,4 @@
-"""Batched decoding (lantern.batched, lantern.decoding.decode(batch_size=B)) on tiny random models.
+"""Batched decoding (lantern.batched, lantern.batched_trees, lantern.slots; decode(batch_size=B)) on tiny random models.
 
 * in float64 the batched tokens and records equal batch 1's for every image, method, convention,
   greedy and sampling, CFG, temperature, top-k / top-p, with more images than slots (images
@@ -26,7 +26,8 @@ from ambiguity.generation import sample_tokens
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import AcceptanceRule
-from lantern.batched import _Trees, _walk_trees, batched_decode
+from lantern.batched import batched_decode
+from lantern.batched_trees import _Trees, _walk_trees
 from lantern.decoding import DecodeConfig, decode
 from lantern.drafter import Drafter
 from lantern.steps import Timer
@@ -205,7 +206,7 @@ class _FixedUniforms:
 
 
 def test_batched_walk_of_two_hand_made_trees():
-    """The vectorised walk (lantern.batched._walk_trees) on two deterministic trees (SD, V = 3)
+    """The vectorised walk (lantern.batched_trees._walk_trees) on two deterministic trees (SD, V = 3)
     with fixed uniforms, all by hand. Image 0: root -> A (token 0), B (token 1); A -> C. The root
     has p = (.5, .3, .2): A is accepted with probability .5 and u = .7 rejects it; the residual
     (0, .6, .4) accepts B with u = .1; B is a leaf, so the bonus token is drawn from p at B
