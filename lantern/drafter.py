@@ -267,6 +267,11 @@ class Drafter(nn.Module):
         x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
         return self.layer(self.fc(x), cache, start, positions, attend)
 
+    def compile_forwards(self) -> None:
+        """Run the drafter layer's cached forwards through ``torch.compile`` from now on (``--compile``;
+        idempotent; ``fc`` stays eager). Raises UsageError when the layer cannot be compiled."""
+        self.layer.compile_forwards()
+
     def select_slots(self, cache: Any, rows: torch.Tensor) -> None:
         """Keep only the rows ``rows`` (int64) of a batched decode's drafter cache (a draining batch)."""
         self.layer.select_slots(cache, rows.to(self.device))

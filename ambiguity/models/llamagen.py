@@ -60,13 +60,23 @@ class GPTDraftLayer(DraftLayer):
     def rollback(self, cache: KVCache, n: int) -> None:
         cache.crop(n)
 
+    compiled = None  # torch.compile(block.forward) once compile_forwards() ran (a function, not a submodule)
+
+    def compile_forwards(self) -> None:
+        """Run the block through ``torch.compile`` from now on (idempotent), with static-width masks."""
+        if self.compiled is None:
+            self.compiled = torch.compile(self.block.forward)
+
     def forward_slots(
         self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
     ) -> torch.Tensor:
         off = (
             self.config.cls_token_num
         )  # the drafter's cache holds image positions only; its rope keeps the prefix rows
-        return self.block(x, self.rope[off + positions], 0, cache, visible[:, None], slots)
+        rope = self.rope[off + positions]
+        if self.compiled is not None:
+            return self.compiled(x, rope, 0, cache, full_width(visible[:, None], cache.max_len), slots)
+        return self.block(x, rope, 0, cache, visible[:, None], slots)
 
     def forward(
         self,
@@ -87,8 +97,14 @@ class GPTDraftLayer(DraftLayer):
         at = cache.length if positions is not None else start  # tree nodes are appended after the cache
         if at != cache.length:
             cache.crop(at)
-        mask = GPT.attention_mask(T, at, cache, attend)
-        out = self.block(x, rope, 0, cache, mask)
+        if self.compiled is not None:
+            if at + T > cache.max_len:
+                raise ValueError(f"KV cache holds {cache.max_len} positions; cannot write {at}..{at + T}")
+            slots, mask = append_slots(x.shape[0], T, at, cache, attend)
+            out = self.compiled(x, rope, 0, cache, mask, slots)
+        else:
+            mask = GPT.attention_mask(T, at, cache, attend)
+            out = self.block(x, rope, 0, cache, mask)
         cache.length = at + T
         return out
 
@@ -196,15 +212,51 @@ class LlamaGenModel(TokenModel):
         return Step(self.gpt.head(h), h)
 
     def extend(self, cache: GPTCache, tokens: torch.Tensor) -> Step:
-        h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv)
+        if self.compiled is not None:
+            h = self._append(cache.kv, self.gpt.embed_tokens(tokens))
+        else:
+            h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv)
         return Step(self.gpt.head(h), h)
 
     def extend_tree(self, cache: GPTCache, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> Step:
         L = cache.kv.length
         positions = L + depths.to(torch.long).cpu()  # prefix offset + image position of each node
         attend = torch.cat([torch.ones(len(depths), L, dtype=torch.bool), ancestors.cpu().bool()], 1)
-        h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv, L, positions, attend)
+        if self.compiled is not None:
+            h = self._append(cache.kv, self.gpt.embed_tokens(tokens), positions, attend)
+        else:
+            h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv, L, positions, attend)
         return Step(self.gpt.head(h), h)
+
+    # ------------------------------------------------------- compiled forwards
+    compiled = None  # torch.compile(gpt.forward_rows) once compile_forwards() ran
+
+    def compile_forwards(self) -> None:
+        """Run the target's cached forwards through ``torch.compile`` from now on (idempotent).
+
+        Every cached call (``extend``, ``extend_tree``, ``extend_slots``; the prefill stays eager)
+        then goes through one compiled :meth:`GPT.forward_rows` that writes the static KV cache in
+        place (:func:`~ambiguity.models.gpt.slot_index`) and attends over the whole cache with a
+        mask padded to its length, so the shapes do not change from step to step (a few
+        recompiles: batch rows, tokens per forward). Compilation happens on the first calls.
+        """
+        if self.compiled is None:
+            self.compiled = torch.compile(self.gpt.forward_rows)
+
+    def _append(
+        self, kv: KVCache, h: torch.Tensor, positions: Optional[torch.Tensor] = None, attend=None
+    ) -> torch.Tensor:
+        """The compiled form of ``gpt.forward(h, kv, kv.length, positions, attend)``: same result."""
+        R, T, _ = h.shape
+        L = kv.length
+        if L + T > kv.max_len:
+            raise ValueError(f"KV cache holds {kv.max_len} positions; cannot write {L}..{L + T}")
+        slots, mask = append_slots(R, T, L, kv, attend)
+        rows = slots if positions is None else positions.to(slots.device)[None].expand(R, T)
+        self.gpt.rope_at(int(rows.max()), 1)  # extends a 1D table / checks the 2D grid
+        out = self.compiled(h, kv, slots, rows, mask)
+        kv.length = L + T
+        return out
 
     def keep_path(self, cache: GPTCache, n: int, nodes: torch.Tensor) -> None:
         base = cache.prefix + n
@@ -242,7 +294,10 @@ class LlamaGenModel(TokenModel):
         P, (R, T) = cache.prefix, tokens.shape
         prefix = cache.kv.key_mask[:, None, :P].expand(R, T, P)  # padded caption tokens stay hidden
         mask = torch.cat([prefix, visible], -1)[:, None]
-        h = self.gpt.forward_rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, mask)
+        if self.compiled is not None:
+            mask = full_width(mask, cache.kv.max_len)
+        rows = self.gpt.forward_rows if self.compiled is None else self.compiled
+        h = rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, mask)
         return Step(self.gpt.head(h), h)
 
     def cache_tokens(self, cache: GPTCache) -> int:
@@ -315,6 +370,24 @@ class LlamaGenModel(TokenModel):
         if self.vq is not None:
             d["tokenizer_parameters"] = sum(p.numel() for p in self.vq.parameters())
         return d
+
+
+def full_width(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """mask (..., S) bool padded with False to (..., length): the static attention width of a
+    compiled forward (the cache positions ``S..length-1`` are never seen)."""
+    return torch.nn.functional.pad(mask, (0, length - mask.shape[-1]), value=False)
+
+
+def append_slots(R: int, T: int, start: int, cache: KVCache, attend=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots and full-width mask of ``T`` tokens appended at ``start`` in every row (batch-1 decoding
+    through the compiled rows forward): slots (R, T) int64 ``start..start+T-1``, mask (R, 1, T,
+    cache.max_len) bool as :meth:`GPT.attention_mask` (default causal) padded with False."""
+    dev = cache.k.device
+    q = start + torch.arange(T, device=dev)
+    if attend is None:
+        attend = torch.arange(start + T, device=dev)[None] <= q[:, None]
+    mask = GPT.attention_mask(T, start, cache, attend).expand(R, 1, T, start + T)
+    return q[None].expand(R, T), full_width(mask, cache.max_len)
 
 
 def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
