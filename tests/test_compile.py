@@ -12,7 +12,6 @@ import pytest
 import torch
 from test_trees import tiny
 
-from ambiguity.errors import UsageError
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
@@ -90,10 +89,21 @@ def test_slot_write_is_in_place_in_the_compiled_graph():
     assert not re.search(r"(?<!_to)_copy__|\bcopy_\(", "\n".join(code))
 
 
-def test_compile_refused_for_an_adapter_that_cannot():
-    class Stub:  # the base TokenModel's default, as a transformers adapter inherits it
-        name = "janus-pro-1b"
-        compile_forwards = __import__("ambiguity.models.base", fromlist=["TokenModel"]).TokenModel.compile_forwards
+def test_generate_compile_on_a_transformers_adapter_is_one_line(tmp_path, capsys):
+    """``lantern.generate --model hf:<tiny llama> --compile`` ends with one line and exit 2, nothing written."""
+    from hf_tiny import save, tiny_llama
 
-    with pytest.raises(UsageError, match="--compile works for the LlamaGen"):
-        compile_forwards(Stub())
+    from lantern.generate import main
+
+    src = save(*tiny_llama(), tmp_path / "llama")
+    (tmp_path / "prompts.txt").write_text("ab\n")
+    argv = ["--model", f"hf:{src}", "--method", "ar", "--captions", str(tmp_path / "prompts.txt"), "--num-images", "1"]
+    argv += ["--cfg", "1", "--device", "cpu", "--compile", "--out", str(tmp_path / "run")]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # transformers' weight-loading bars, then the error
+    assert err[-1] == (
+        f"error: --compile works for the LlamaGen-architecture models (embedded, embedded-16, llamagen-*); "
+        f"hf:{src} runs eager only, drop --compile"
+    )
+    assert not (tmp_path / "run").exists()
