@@ -13,6 +13,7 @@ import torch
 from test_trees import tiny
 
 from ambiguity.models.gpt import GPT, GPTConfig
+from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, compile_forwards, decode
@@ -72,6 +73,8 @@ def test_slot_write_is_in_place_in_the_compiled_graph():
     torch.manual_seed(0)
     config = GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=32, block_size=16, num_classes=10, multiple_of=16)
     gpt = GPT(config).double().eval()  # two layers: one layer's write alone was already reinplaced
+    model = LlamaGenModel(gpt, name="tiny")
+    model.compile_forwards()  # what --compile runs (dynamic shapes)
     R, T = 2, 3
     eager, comp = gpt.new_cache(R, 20), gpt.new_cache(R, 20)
     slots = torch.tensor([[4, 5, 6], [9, 10, 11]])
@@ -79,7 +82,7 @@ def test_slot_write_is_in_place_in_the_compiled_graph():
     h = torch.randn(R, T, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = gpt.forward_rows(h, eager, slots, slots, mask)
-        got, code = run_and_get_code(torch.compile(gpt.forward_rows, dynamic=False), h, comp, slots, slots, mask)
+        got, code = run_and_get_code(model.compiled, h, comp, slots, slots.clone(), mask)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # float32 RMSNorm/rotary, fused differently
     torch.testing.assert_close(comp.k, eager.k, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(comp.v, eager.v, rtol=1e-5, atol=1e-6)

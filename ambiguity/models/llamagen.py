@@ -60,12 +60,20 @@ class GPTDraftLayer(DraftLayer):
     def rollback(self, cache: KVCache, n: int) -> None:
         cache.crop(n)
 
-    compiled = None  # torch.compile(block.forward) once compile_forwards() ran (a function, not a submodule)
+    compiled = None  # torch.compile(self.forward_rows) once compile_forwards() ran (a function, not a submodule)
 
     def compile_forwards(self) -> None:
-        """Run the block through ``torch.compile`` from now on (idempotent), with static-width masks."""
+        """Run the cached forwards through a compiled :meth:`forward_rows` from now on (idempotent), with
+        masks padded to the whole cache (as :meth:`LlamaGenModel.compile_forwards`)."""
         if self.compiled is None:
-            self.compiled = torch.compile(self.block.forward)
+            self.compiled = torch.compile(self.forward_rows, dynamic=True)
+
+    def forward_rows(
+        self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, rope_rows: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """x (R, T, H) written at cache slots (R, T) int64, rotary table rows rope_rows (R, T) int64,
+        attending as mask (R, 1, T, span) bool allows -> (R, T, H) (the unit ``--compile`` compiles)."""
+        return self.block(x, self.rope[rope_rows], 0, cache, mask, slots)
 
     def forward_slots(
         self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
@@ -73,10 +81,9 @@ class GPTDraftLayer(DraftLayer):
         off = (
             self.config.cls_token_num
         )  # the drafter's cache holds image positions only; its rope keeps the prefix rows
-        rope = self.rope[off + positions]
         if self.compiled is not None:
-            return self.compiled(x, rope, 0, cache, full_width(visible[:, None], cache.max_len), slots)
-        return self.block(x, rope, 0, cache, visible[:, None], slots)
+            return self.compiled(x, cache, slots, off + positions, full_width(visible[:, None], cache.max_len))
+        return self.block(x, self.rope[off + positions], 0, cache, visible[:, None], slots)
 
     def forward(
         self,
@@ -91,7 +98,8 @@ class GPTDraftLayer(DraftLayer):
         pos = torch.arange(start, start + T) if positions is None else positions.cpu()
         if off + int(pos.max()) + 1 > self.rope.shape[0]:
             self.rope = rope_table(self.config, off + int(pos.max()) + 1).to(self.rope.device)
-        rope = self.rope[(off + pos).to(self.rope.device)]
+        rows = (off + pos).to(self.rope.device)
+        rope = self.rope[rows]
         if cache is None:
             return self.block(x, rope, 0, None, None)
         at = cache.length if positions is not None else start  # tree nodes are appended after the cache
@@ -101,7 +109,7 @@ class GPTDraftLayer(DraftLayer):
             if at + T > cache.max_len:
                 raise ValueError(f"KV cache holds {cache.max_len} positions; cannot write {at}..{at + T}")
             slots, mask = append_slots(x.shape[0], T, at, cache, attend)
-            out = self.compiled(x, rope, 0, cache, mask, slots)
+            out = self.compiled(x, cache, slots, rows[None].repeat(x.shape[0], 1), mask)
         else:
             mask = GPT.attention_mask(T, at, cache, attend)
             out = self.block(x, rope, 0, cache, mask)
@@ -237,11 +245,12 @@ class LlamaGenModel(TokenModel):
         Every cached call (``extend``, ``extend_tree``, ``extend_slots``; the prefill stays eager)
         then goes through one compiled :meth:`GPT.forward_rows` that writes the static KV cache in
         place (:func:`~ambiguity.models.gpt.slot_index`) and attends over the whole cache with a
-        mask padded to its length, so the shapes do not change from step to step (a few
-        recompiles: batch rows, tokens per forward). Compilation happens on the first calls.
+        mask padded to its length, so no shape changes from step to step; rows and tokens per
+        forward are symbolic (``dynamic=True``: one graph for every batch size and draft length,
+        another for one token per forward). Compilation happens on the first calls.
         """
         if self.compiled is None:
-            self.compiled = torch.compile(self.gpt.forward_rows)
+            self.compiled = torch.compile(self.gpt.forward_rows, dynamic=True)
 
     def _append(
         self, kv: KVCache, h: torch.Tensor, positions: Optional[torch.Tensor] = None, attend=None
@@ -252,7 +261,8 @@ class LlamaGenModel(TokenModel):
         if L + T > kv.max_len:
             raise ValueError(f"KV cache holds {kv.max_len} positions; cannot write {L}..{L + T}")
         slots, mask = append_slots(R, T, L, kv, attend)
-        rows = slots if positions is None else positions.to(slots.device)[None].expand(R, T)
+        # rotary rows: a tensor of their own even when they equal the slots (aliased inputs are another graph)
+        rows = slots.clone() if positions is None else positions.to(slots.device)[None].repeat(R, 1)
         self.gpt.rope_at(int(rows.max()), 1)  # extends a 1D table / checks the 2D grid
         out = self.compiled(h, kv, slots, rows, mask)
         kv.length = L + T
@@ -387,7 +397,7 @@ def append_slots(R: int, T: int, start: int, cache: KVCache, attend=None) -> tup
     if attend is None:
         attend = torch.arange(start + T, device=dev)[None] <= q[:, None]
     mask = GPT.attention_mask(T, start, cache, attend).expand(R, 1, T, start + T)
-    return q[None].expand(R, T), full_width(mask, cache.max_len)
+    return q[None].repeat(R, 1), full_width(mask, cache.max_len)  # materialised: the batched path's strides
 
 
 def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
