@@ -255,7 +255,8 @@ class LlamaGenModel(TokenModel):
     def _append(
         self, kv: KVCache, h: torch.Tensor, positions: Optional[torch.Tensor] = None, attend=None
     ) -> torch.Tensor:
-        """The compiled form of ``gpt.forward(h, kv, kv.length, positions, attend)``: same result."""
+        """``gpt.forward(h, kv, kv.length, positions, attend)`` through the compiled rows forward (same
+        computation; full-width mask, in-place writes)."""
         R, T, _ = h.shape
         L = kv.length
         if L + T > kv.max_len:
