@@ -262,8 +262,8 @@ def compile_forwards(model: TokenModel, drafter: Optional[DraftModel] = None) ->
     ``torch.compile`` (inductor) from now on; idempotent, compilation happens on the first calls.
 
     The LlamaGen-architecture adapters write their static KV cache in place inside the compiled
-    graph and attend over the whole cache with a padded mask (static shapes; see
-    :meth:`ambiguity.models.llamagen.LlamaGenModel.compile_forwards`). Tokens equal eager
+    graph, with batch rows, tokens per forward and attended span as symbolic sizes (no recompile
+    from step to step; see :meth:`ambiguity.models.llamagen.LlamaGenModel.compile_forwards`). Tokens equal eager
     decoding's in float64; in float32 the fused kernels round differently and an image
     occasionally diverges from some token on. Raises UsageError (one line) for an adapter or
     drafter whose forward cannot be compiled (the transformers adapters).

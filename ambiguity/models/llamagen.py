@@ -63,8 +63,8 @@ class GPTDraftLayer(DraftLayer):
     compiled = None  # torch.compile(self.forward_rows) once compile_forwards() ran (a function, not a submodule)
 
     def compile_forwards(self) -> None:
-        """Run the cached forwards through a compiled :meth:`forward_rows` from now on (idempotent), with
-        masks padded to the whole cache (as :meth:`LlamaGenModel.compile_forwards`)."""
+        """Run the cached forwards through a compiled :meth:`forward_rows` from now on (idempotent; as
+        :meth:`LlamaGenModel.compile_forwards`)."""
         if self.compiled is None:
             self.compiled = torch.compile(self.forward_rows, dynamic=True)
 
@@ -82,7 +82,7 @@ class GPTDraftLayer(DraftLayer):
             self.config.cls_token_num
         )  # the drafter's cache holds image positions only; its rope keeps the prefix rows
         if self.compiled is not None:
-            return self.compiled(x, cache, slots, off + positions, full_width(visible[:, None], cache.max_len))
+            return self.compiled(x, cache, slots, off + positions, visible[:, None])
         return self.block(x, self.rope[off + positions], 0, cache, visible[:, None], slots)
 
     def forward(
@@ -244,10 +244,11 @@ class LlamaGenModel(TokenModel):
 
         Every cached call (``extend``, ``extend_tree``, ``extend_slots``; the prefill stays eager)
         then goes through one compiled :meth:`GPT.forward_rows` that writes the static KV cache in
-        place (:func:`~ambiguity.models.gpt.slot_index`) and attends over the whole cache with a
-        mask padded to its length, so no shape changes from step to step; rows and tokens per
-        forward are symbolic (``dynamic=True``: one graph for every batch size and draft length,
-        another for one token per forward). Compilation happens on the first calls.
+        place (:func:`~ambiguity.models.gpt.slot_index`; the buffer keeps its shape). Rows, tokens
+        per forward and the attended span are symbolic sizes (``dynamic=True``): one graph for every
+        batch size, draft length and position, another for one token per forward (padding the mask
+        to the whole cache, for static shapes, made the forward slower on the CPU). Compilation
+        happens on the first calls.
         """
         if self.compiled is None:
             self.compiled = torch.compile(self.gpt.forward_rows, dynamic=True)
@@ -256,7 +257,7 @@ class LlamaGenModel(TokenModel):
         self, kv: KVCache, h: torch.Tensor, positions: Optional[torch.Tensor] = None, attend=None
     ) -> torch.Tensor:
         """``gpt.forward(h, kv, kv.length, positions, attend)`` through the compiled rows forward (same
-        computation; full-width mask, in-place writes)."""
+        computation, with an explicit mask and in-place slot writes)."""
         R, T, _ = h.shape
         L = kv.length
         if L + T > kv.max_len:
@@ -305,8 +306,6 @@ class LlamaGenModel(TokenModel):
         P, (R, T) = cache.prefix, tokens.shape
         prefix = cache.kv.key_mask[:, None, :P].expand(R, T, P)  # padded caption tokens stay hidden
         mask = torch.cat([prefix, visible], -1)[:, None]
-        if self.compiled is not None:
-            mask = full_width(mask, cache.kv.max_len)
         rows = self.gpt.forward_rows if self.compiled is None else self.compiled
         h = rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, mask)
         return Step(self.gpt.head(h), h)
@@ -383,22 +382,17 @@ class LlamaGenModel(TokenModel):
         return d
 
 
-def full_width(mask: torch.Tensor, length: int) -> torch.Tensor:
-    """mask (..., S) bool padded with False to (..., length): the static attention width of a
-    compiled forward (the cache positions ``S..length-1`` are never seen)."""
-    return torch.nn.functional.pad(mask, (0, length - mask.shape[-1]), value=False)
-
-
 def append_slots(R: int, T: int, start: int, cache: KVCache, attend=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots and full-width mask of ``T`` tokens appended at ``start`` in every row (batch-1 decoding
-    through the compiled rows forward): slots (R, T) int64 ``start..start+T-1``, mask (R, 1, T,
-    cache.max_len) bool as :meth:`GPT.attention_mask` (default causal) padded with False."""
+    """Slots and mask of ``T`` tokens appended at ``start`` in every row (batch-1 decoding through the
+    compiled rows forward): slots (R, T) int64 ``start..start+T-1`` and mask (R, 1, T, start + T)
+    bool as :meth:`GPT.attention_mask` (default causal), both materialised (the batched path's
+    strides: one graph for both)."""
     dev = cache.k.device
     q = start + torch.arange(T, device=dev)
     if attend is None:
         attend = torch.arange(start + T, device=dev)[None] <= q[:, None]
-    mask = GPT.attention_mask(T, start, cache, attend).expand(R, 1, T, start + T)
-    return q[None].repeat(R, 1), full_width(mask, cache.max_len)  # materialised: the batched path's strides
+    mask = GPT.attention_mask(T, start, cache, attend).expand(R, 1, T, start + T).contiguous()
+    return q[None].repeat(R, 1), mask
 
 
 def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
