@@ -87,7 +87,9 @@ class DraftModel(Protocol):
     (rows, T, H), cache, start, positions=None, attend=None)`` -> predicted features (rows, T, H)
     for positions ``start .. start + T - 1`` (or, for draft-tree nodes, at ``positions`` with the
     visibility ``attend``, appended after the cache); ``logits(model, features (..., H))`` -> float32 (..., V) through
-    the target's frozen head. :class:`Drafter` (EAGLE) implements it.
+    the target's frozen head. :class:`Drafter` (EAGLE) implements it. Optional:
+    ``compile_forwards()`` (``--compile``; :func:`lantern.decoding.compile_forwards` refuses a
+    drafter without it).
     """
 
     target: dict
