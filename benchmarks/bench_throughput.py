@@ -1,6 +1,7 @@
 """Throughput of batched decoding: images per second of AR, SD, LANTERN (chains, trees) and SJD / GSD / SCD at batch B.
 
     python benchmarks/bench_throughput.py --models embedded,embedded-16 --batch-sizes 1,8,32,64 --repeats 3
+    python benchmarks/bench_throughput.py --models embedded --methods ar,lantern --batch-sizes 1,8,32 --compile
 
 Every (model, method, B) cell decodes ``max(--images, 2 B)`` images with
 :func:`lantern.decoding.decode` ``(batch_size=B)`` (continuous batching, so the last images of a
@@ -18,6 +19,13 @@ methods, its LANTERN neighbour table (which needs a VQ codebook) only for the ``
 ``--models text-twin --methods ar,sd`` runs. ``--device`` / ``--dtype`` as every model command
 (default: auto). The machine may be shared: compare ratios measured in one run, not absolute
 numbers across runs.
+
+``--compile`` adds a compiled copy of every model and drafter (:func:`lantern.decoding.compile_forwards`)
+and times it interleaved with the eager one (column ``compiled``); its warm-up (batch 1 and 2, which
+compiles every shape the timed cells meet) is reported as ``compile_s`` (the compiled warm-up's
+seconds minus the eager one's), the share of images whose tokens equal the eager decode of the same
+cell as ``same_tokens``, the target's seconds per image as ``target_s``, and ``vs_eager`` /
+``target_vs_eager`` divide the compiled cell's images/s (target seconds) by the eager cell's.
 
 Writes ``--out``/throughput.parquet (one row per cell and repeat) and throughput.json (medians,
 spreads and the ratios: each method at B against itself at B = 1 and against AR at the same B).
@@ -54,7 +62,7 @@ from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.models.registry import load_model  # noqa: E402
 from ambiguity.profile import profile  # noqa: E402
 from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
-from lantern.decoding import DecodeConfig, decode, neighbour_table  # noqa: E402
+from lantern.decoding import DecodeConfig, compile_forwards, decode, neighbour_table  # noqa: E402
 from lantern.drafter import load_drafter  # noqa: E402
 from lantern.trees import STATIC_TREES, TreeSpec  # noqa: E402
 
@@ -76,9 +84,11 @@ def config_of(method: str, args, k: int) -> DecodeConfig:
 
 
 def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -> dict:
-    """Decode (or profile) ``n`` images at batch ``B`` once: images/s and τ (bonus counted)."""
+    """Decode (or profile) ``n`` images at batch ``B`` once: images/s, τ (bonus counted), the target's
+    seconds per image and the tokens (None for ``profile``)."""
     conditions = model.default_conditions(n)
     t0 = time.perf_counter()
+    tokens, target_s = None, float("nan")
     if method == "profile":
         profile(model, conditions, sampling, batch_size=B, progress=False)
         tau = 1.0
@@ -93,9 +103,10 @@ def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -
             seed=0,
             batch_size=B,
         )
-        tau = out.summary()["tau"]
+        summary = out.summary()
+        tau, target_s, tokens = summary["tau"], summary["target_s_per_image"], out.tokens
     seconds = time.perf_counter() - t0
-    return {"images": n, "seconds": seconds, "images_per_s": n / seconds, "tau": tau}
+    return {"images": n, "seconds": seconds, "images_per_s": n / seconds, "tau": tau, "target_s": target_s}, tokens
 
 
 @cli_main
@@ -115,6 +126,11 @@ def main(argv=None) -> int:
     ap.add_argument("--total-tokens", type=positive_int, default=59, help="dynamic tree: nodes incl. the root")
     ap.add_argument("--depth", type=positive_int, default=4, help="dynamic tree: expansion rounds")
     ap.add_argument("--tree-top-k", type=positive_int, default=10, help="dynamic tree: children per node")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time a torch.compile-d copy of every model and drafter, interleaved with the eager one",
+    )
     add_device_args(ap, what="the models and drafters")
     add_threads_arg(ap, 2)
     add_out_arg(
@@ -133,45 +149,86 @@ def main(argv=None) -> int:
             f"choose from {', '.join([*METHODS, *JACOBI, 'profile'])}"
         )
     device, dtype = device_from_args(args)
-    rows, loaded = [], {}
+    variants = (False, True) if args.compile else (False,)
+    rows, loaded, warm = [], {}, {}
     for name in args.models.split(","):
-        model = load_model(name, device=device, dtype=dtype)
-        k = min(args.k, model.vocab_size - 1)
-        configs = [config_of(m, args, k) for m in methods]
-        drafter = load_drafter(model) if any(c.speculative for c in configs) else None  # not for ar / Jacobi
-        sampling = SamplingConfig(guidance=default_guidance(model.kind), temperature=1.0)
-        relaxed = any(c.rule is not None and c.rule.relaxed for c in configs)  # the lantern rows
-        table = neighbour_table(model, config_of("lantern", args, k)) if relaxed else None
-        loaded[name] = (model, drafter, table, sampling, k)
-        for m in methods:  # warm-up (batch 1 when that is all that is asked: text-twin cannot batch)
-            cell(model, drafter, table, m, config_of(m, args, k), sampling, min(2, *sizes), 2)
-    cells = [(name, m, B) for name in loaded for m in methods for B in sizes]
+        for compiled in variants:
+            model = load_model(name, device=device, dtype=dtype)
+            k = min(args.k, model.vocab_size - 1)
+            configs = [config_of(m, args, k) for m in methods]
+            drafter = load_drafter(model) if any(c.speculative for c in configs) else None  # not for ar / Jacobi
+            if compiled:
+                compile_forwards(model, drafter)  # one line, exit 2, for a model that cannot be compiled
+            sampling = SamplingConfig(guidance=default_guidance(model.kind), temperature=1.0)
+            relaxed = any(c.rule is not None and c.rule.relaxed for c in configs)  # the lantern rows
+            table = neighbour_table(model, config_of("lantern", args, k)) if relaxed else None
+            loaded[name, compiled] = (model, drafter, table, sampling, k)
+            for m in methods:  # warm-up (batch 1 when that is all that is asked: text-twin cannot batch)
+                t0 = time.perf_counter()
+                for B in sorted({1, min(2, *sizes)} if args.compile else {min(2, *sizes)}):
+                    cell(model, drafter, table, m, config_of(m, args, k), sampling, B, 2)
+                warm[name, m, compiled] = time.perf_counter() - t0
+    cells = [(name, m, B, c) for name, c in loaded for m in methods for B in sizes]
     rng = random.Random(0)
+    eager_tokens = {}
     for r in range(args.repeats):
         rng.shuffle(cells)
-        for name, m, B in cells:
-            model, drafter, table, sampling, k = loaded[name]
+        for name, m, B, compiled in sorted(cells, key=lambda c: c[3]) if r == 0 else cells:  # eager first once
+            model, drafter, table, sampling, k = loaded[name, compiled]
             n = max(args.images, 2 * B)
-            res = cell(model, drafter, table, m, config_of(m, args, k), sampling, B, n)
-            rows.append({"model": name, "method": m, "batch_size": B, "repeat": r, **res})
-            print(f"r{r} {name:12s} {m:8s} B={B:3d} {res['images_per_s']:7.2f} img/s  τ={res['tau']:.2f}", flush=True)
+            res, tokens = cell(model, drafter, table, m, config_of(m, args, k), sampling, B, n)
+            if tokens is not None and not compiled:
+                eager_tokens[name, m, B] = tokens
+            same = float("nan")
+            if tokens is not None and compiled:
+                same = float((tokens == eager_tokens[name, m, B]).all(1).float().mean())
+            row = {"model": name, "method": m, "batch_size": B, "compiled": compiled, "repeat": r}
+            rows.append({**row, **res, "same_tokens": same})
+            print(
+                f"r{r} {name:12s} {m:8s} B={B:3d}{' compiled' if compiled else ''} {res['images_per_s']:7.2f} img/s  "
+                f"τ={res['tau']:.2f}",
+                flush=True,
+            )
     df = pd.DataFrame(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "throughput.parquet")
-    g = df.groupby(["model", "method", "batch_size"])["images_per_s"]
+    keys = ["model", "method", "batch_size", "compiled"]
+    g = df.groupby(keys)["images_per_s"]
     table = pd.DataFrame(
         {
             "median": g.median(),
             "min": g.min(),
             "max": g.max(),
-            "tau": df.groupby(["model", "method", "batch_size"])["tau"].median(),
+            "tau": df.groupby(keys)["tau"].median(),
+            "target_s": df.groupby(keys)["target_s"].median(),
         }
     ).reset_index()
-    base = table[table["batch_size"] == 1].set_index(["model", "method"])["median"]
-    ar = table[table["method"] == "ar"].set_index(["model", "batch_size"])["median"]
-    table["vs_batch_1"] = [row.median / base.get((row.model, row.method), np.nan) for row in table.itertuples()]
-    table["vs_ar_same_batch"] = [row.median / ar.get((row.model, row.batch_size), np.nan) for row in table.itertuples()]
+    base = table[table["batch_size"] == 1].set_index(["model", "method", "compiled"])["median"]
+    ar = table[table["method"] == "ar"].set_index(["model", "batch_size", "compiled"])["median"]
+    table["vs_batch_1"] = [
+        row.median / base.get((row.model, row.method, row.compiled), np.nan) for row in table.itertuples()
+    ]
+    table["vs_ar_same_batch"] = [
+        row.median / ar.get((row.model, row.batch_size, row.compiled), np.nan) for row in table.itertuples()
+    ]
+    if args.compile:
+        eager = table[~table["compiled"]].set_index(["model", "method", "batch_size"])
+        at = [(row.model, row.method, row.batch_size) for row in table.itertuples()]
+        table["vs_eager"] = [row.median / eager["median"].get(a, np.nan) for row, a in zip(table.itertuples(), at)]
+        table["target_vs_eager"] = [
+            row.target_s / eager["target_s"].get(a, np.nan) for row, a in zip(table.itertuples(), at)
+        ]
+        table["same_tokens"] = [
+            df[(df.model == a[0]) & (df.method == a[1]) & (df.batch_size == a[2]) & (df.compiled == row.compiled)][
+                "same_tokens"
+            ].mean()
+            for row, a in zip(table.itertuples(), at)
+        ]
+        table["compile_s"] = [
+            warm[row.model, row.method, True] - warm[row.model, row.method, False] if row.compiled else np.nan
+            for row in table.itertuples()
+        ]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     summary = {
         "settings": vars(args),

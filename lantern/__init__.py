@@ -35,6 +35,7 @@ _API = {
     "DecodeConfig": "lantern.decoding",
     "METHODS": "lantern.decoding",
     "decode": "lantern.decoding",
+    "compile_forwards": "lantern.decoding",
     "speculative_decode": "lantern.decoding",
     "autoregressive_decode": "lantern.decoding",
     "neighbour_table": "lantern.decoding",

@@ -59,6 +59,7 @@ __all__ = [
     "check_batch_config",
     "check_batch_size",
     "decode",
+    "compile_forwards",
     # the loops' pieces, re-exported for one import path
     "Timer",
     "Acceptance",
@@ -256,6 +257,24 @@ def check_batch_config(config: DecodeConfig, batch_size: int) -> None:
         raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
 
 
+def compile_forwards(model: TokenModel, drafter: Optional[DraftModel] = None) -> None:
+    """``--compile``: run the target's cached forwards, and the drafter layer's, through
+    ``torch.compile`` (inductor) from now on; idempotent, compilation happens on the first calls.
+
+    The LlamaGen-architecture adapters write their static KV cache in place inside the compiled
+    graph, with batch rows, tokens per forward and attended span as symbolic sizes (no recompile
+    from step to step; see :meth:`ambiguity.models.llamagen.LlamaGenModel.compile_forwards`). Tokens equal eager
+    decoding's in float64; in float32 the fused kernels round differently and an image
+    occasionally diverges from some token on. Raises UsageError (one line) for an adapter or
+    drafter whose forward cannot be compiled (the transformers adapters).
+    """
+    model.compile_forwards()
+    if drafter is not None:
+        if not hasattr(drafter, "compile_forwards"):
+            raise UsageError(f"--compile: the drafter {type(drafter).__name__} cannot be compiled; drop --compile")
+        drafter.compile_forwards()
+
+
 def decode(
     model: TokenModel,
     conditions: Sequence,
@@ -270,6 +289,7 @@ def decode(
     first_index: int = 0,
     batch_size: int = 1,
     indices: Optional[Sequence[int]] = None,
+    compile: bool = False,
 ) -> Decoded:
     """Decode one image per condition; image ``i`` draws from its own stream.
 
@@ -290,12 +310,16 @@ def decode(
     the same random stream for every method (an AR image and a LANTERN image of one index are
     comparable) and for every batching or sharding of the run; indices: the image index of each
     condition when they are not ``first_index, first_index + 1, ...`` (a resumed or sharded run).
-    Returns the concatenated
+    compile: run the target's (and the drafter's) cached forwards through ``torch.compile``
+    (:func:`compile_forwards`; the model stays compiled after the call). Returns the concatenated
     :class:`~lantern.records.Decoded`. Raises UsageError for a missing or mismatched drafter, a
-    batch size below 1, a batch that does not fit in memory or a model that cannot batch.
+    batch size below 1, a batch that does not fit in memory, a model that cannot batch or (with
+    ``compile``) a model or drafter whose forward cannot be compiled.
     """
     rule = config.rule
     check_batch_size(batch_size)
+    if compile:
+        compile_forwards(model, drafter if rule is not None else None)
     check_depth(config, model, num_tokens)
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)

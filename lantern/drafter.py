@@ -87,7 +87,9 @@ class DraftModel(Protocol):
     (rows, T, H), cache, start, positions=None, attend=None)`` -> predicted features (rows, T, H)
     for positions ``start .. start + T - 1`` (or, for draft-tree nodes, at ``positions`` with the
     visibility ``attend``, appended after the cache); ``logits(model, features (..., H))`` -> float32 (..., V) through
-    the target's frozen head. :class:`Drafter` (EAGLE) implements it.
+    the target's frozen head. :class:`Drafter` (EAGLE) implements it. Optional:
+    ``compile_forwards()`` (``--compile``; :func:`lantern.decoding.compile_forwards` refuses a
+    drafter without it).
     """
 
     target: dict
@@ -266,6 +268,11 @@ class Drafter(nn.Module):
             emb = model.embed(tokens.to(model.device))
         x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
         return self.layer(self.fc(x), cache, start, positions, attend)
+
+    def compile_forwards(self) -> None:
+        """Run the drafter layer's cached forwards through ``torch.compile`` from now on (``--compile``;
+        idempotent; ``fc`` stays eager). Raises UsageError when the layer cannot be compiled."""
+        self.layer.compile_forwards()
 
     def select_slots(self, cache: Any, rows: torch.Tensor) -> None:
         """Keep only the rows ``rows`` (int64) of a batched decode's drafter cache (a draining batch)."""

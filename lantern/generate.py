@@ -70,6 +70,7 @@ from lantern.decoding import (
     DecodeConfig,
     check_batch_config,
     check_depth,
+    compile_forwards,
     decode,
     neighbour_table,
 )
@@ -280,6 +281,12 @@ def build_parser() -> ArgumentParser:
         "default: 1). "
         "Same random streams: tokens equal batch 1's exactly with --dtype float64, almost always "
         "in float32",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the target's and the drafter's cached forwards (LlamaGen-architecture models; "
+        "compiles on the first images; same tokens with --dtype float64, almost always in float32)",
     )
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/generate/<model>-<method>)")
@@ -554,6 +561,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
+    if args.compile:
+        compile_forwards(model, drafter)
     if args.batch_size > 1:
         check_batching(model, drafter)
         check_run_size(model, args.num_images, args.batch_size, sampling.guided)

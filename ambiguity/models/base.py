@@ -138,6 +138,11 @@ class DraftLayer(nn.Module, abc.ABC):
         batch). The default calls ``cache.select_rows(rows)``."""
         cache.select_rows(rows)
 
+    def compile_forwards(self) -> None:
+        """Run the cached forwards through ``torch.compile`` from now on (``--compile``). Raises
+        UsageError when the layer's forward cannot be compiled (the default)."""
+        raise UsageError(f"--compile: the drafter layer {type(self).__name__} cannot be compiled; drop --compile")
+
 
 class TokenModel(abc.ABC):
     """A target model behind the toolkit's protocol (see the module docstring).
@@ -245,6 +250,16 @@ class TokenModel(abc.ABC):
         tree nodes ``nodes`` (m,) int64 (the accepted path, root first) as image tokens
         ``n .. n+m-1``; every other node is dropped."""
         raise NotImplementedError(f"{self.name} does not verify draft trees; use chain drafting")
+
+    # ------------------------------------------------- compiled forwards
+    def compile_forwards(self) -> None:
+        """Run the cached target forwards through ``torch.compile`` from now on (``--compile``;
+        idempotent). Raises UsageError when the adapter's forward cannot be compiled (the default:
+        only the LlamaGen-architecture models, whose KV cache is a static buffer, can)."""
+        raise UsageError(
+            f"--compile works for the LlamaGen-architecture models (embedded, embedded-16, llamagen-*); "
+            f"{self.name} runs eager only, drop --compile"
+        )
 
     # ------------------------------------------------- batched decoding (many images in flight)
     #: whether :meth:`new_slots_cache`, :meth:`prefill_slots` and :meth:`extend_slots` work, and why not

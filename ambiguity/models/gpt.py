@@ -251,6 +251,24 @@ class KVCache:
         self.k, self.v, self.key_mask = self.k[:, rows], self.v[:, rows], self.key_mask[rows]
 
 
+def slot_index(layer: int, slots: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, ...]:
+    """Index of the cache entries that rows write: (layer, row, head, slot) int64 tensors that
+    broadcast to (R, T, kv_heads), for ``KVCache.k.index_put_`` with values (R, T, kv_heads, head_dim).
+
+    One ``index_put_`` on the whole static buffer (not on the per-layer view ``k[layer]``) is what
+    lets a ``torch.compile``-d forward update the cache in place: a write into a view of a graph
+    input is functionalised into a copy of the whole buffer on every call.
+    """
+    dev = slots.device
+    rows = torch.arange(slots.shape[0], device=dev)[:, None, None]
+    return (
+        torch.full((1, 1, 1), layer, dtype=torch.long, device=dev),
+        rows,
+        torch.arange(kv_heads, device=dev),
+        slots[:, :, None],
+    )
+
+
 class Attention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -281,9 +299,9 @@ class Attention(nn.Module):
         v = v.view(R, T, config.kv_heads, config.head_dim).transpose(1, 2)
         if slots is not None:
             span = mask.shape[-1]
-            at = torch.arange(R, device=slots.device)[:, None]
-            cache.k[layer][at, :, slots] = k.transpose(1, 2)  # (R, T, kv_heads, head_dim) into each row's slots
-            cache.v[layer][at, :, slots] = v.transpose(1, 2)
+            at = slot_index(layer, slots, config.kv_heads)
+            cache.k.index_put_(at, k.transpose(1, 2))  # (R, T, kv_heads, head_dim) into each row's slots
+            cache.v.index_put_(at, v.transpose(1, 2))
             k = cache.k[layer, :, :, :span]
             v = cache.v[layer, :, :, :span]
         elif cache is not None:

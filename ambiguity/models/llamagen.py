@@ -60,12 +60,29 @@ class GPTDraftLayer(DraftLayer):
     def rollback(self, cache: KVCache, n: int) -> None:
         cache.crop(n)
 
+    compiled = None  # torch.compile(self.forward_rows) once compile_forwards() ran (a function, not a submodule)
+
+    def compile_forwards(self) -> None:
+        """Run the cached forwards through a compiled :meth:`forward_rows` from now on (idempotent; as
+        :meth:`LlamaGenModel.compile_forwards`)."""
+        if self.compiled is None:
+            self.compiled = torch.compile(self.forward_rows, dynamic=True)
+
+    def forward_rows(
+        self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, rope_rows: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """x (R, T, H) written at cache slots (R, T) int64, rotary table rows rope_rows (R, T) int64,
+        attending as mask (R, 1, T, span) bool allows -> (R, T, H) (the unit ``--compile`` compiles)."""
+        return self.block(x, self.rope[rope_rows], 0, cache, mask, slots)
+
     def forward_slots(
         self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
     ) -> torch.Tensor:
         off = (
             self.config.cls_token_num
         )  # the drafter's cache holds image positions only; its rope keeps the prefix rows
+        if self.compiled is not None:
+            return self.compiled(x, cache, slots, off + positions, visible[:, None])
         return self.block(x, self.rope[off + positions], 0, cache, visible[:, None], slots)
 
     def forward(
@@ -81,14 +98,21 @@ class GPTDraftLayer(DraftLayer):
         pos = torch.arange(start, start + T) if positions is None else positions.cpu()
         if off + int(pos.max()) + 1 > self.rope.shape[0]:
             self.rope = rope_table(self.config, off + int(pos.max()) + 1).to(self.rope.device)
-        rope = self.rope[(off + pos).to(self.rope.device)]
+        rows = (off + pos).to(self.rope.device)
+        rope = self.rope[rows]
         if cache is None:
             return self.block(x, rope, 0, None, None)
         at = cache.length if positions is not None else start  # tree nodes are appended after the cache
         if at != cache.length:
             cache.crop(at)
-        mask = GPT.attention_mask(T, at, cache, attend)
-        out = self.block(x, rope, 0, cache, mask)
+        if self.compiled is not None:
+            if at + T > cache.max_len:
+                raise ValueError(f"KV cache holds {cache.max_len} positions; cannot write {at}..{at + T}")
+            slots, mask = append_slots(x.shape[0], T, at, cache, attend)
+            out = self.compiled(x, cache, slots, rows[None].repeat(x.shape[0], 1), mask)
+        else:
+            mask = GPT.attention_mask(T, at, cache, attend)
+            out = self.block(x, rope, 0, cache, mask)
         cache.length = at + T
         return out
 
@@ -196,15 +220,55 @@ class LlamaGenModel(TokenModel):
         return Step(self.gpt.head(h), h)
 
     def extend(self, cache: GPTCache, tokens: torch.Tensor) -> Step:
-        h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv)
+        if self.compiled is not None:
+            h = self._append(cache.kv, self.gpt.embed_tokens(tokens))
+        else:
+            h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv)
         return Step(self.gpt.head(h), h)
 
     def extend_tree(self, cache: GPTCache, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> Step:
         L = cache.kv.length
         positions = L + depths.to(torch.long).cpu()  # prefix offset + image position of each node
         attend = torch.cat([torch.ones(len(depths), L, dtype=torch.bool), ancestors.cpu().bool()], 1)
-        h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv, L, positions, attend)
+        if self.compiled is not None:
+            h = self._append(cache.kv, self.gpt.embed_tokens(tokens), positions, attend)
+        else:
+            h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv, L, positions, attend)
         return Step(self.gpt.head(h), h)
+
+    # ------------------------------------------------------- compiled forwards
+    compiled = None  # torch.compile(gpt.forward_rows) once compile_forwards() ran
+
+    def compile_forwards(self) -> None:
+        """Run the target's cached forwards through ``torch.compile`` from now on (idempotent).
+
+        Every cached call (``extend``, ``extend_tree``, ``extend_slots``; the prefill stays eager)
+        then goes through one compiled :meth:`GPT.forward_rows` that writes the static KV cache in
+        place (:func:`~ambiguity.models.gpt.slot_index`; the buffer keeps its shape). Rows, tokens
+        per forward and the attended span are symbolic sizes (``dynamic=True``): one graph for every
+        batch size, draft length and position, another for one token per forward (padding the mask
+        to the whole cache, for static shapes, made the forward slower on the CPU). Compilation
+        happens on the first calls.
+        """
+        if self.compiled is None:
+            self.compiled = torch.compile(self.gpt.forward_rows, dynamic=True)
+
+    def _append(
+        self, kv: KVCache, h: torch.Tensor, positions: Optional[torch.Tensor] = None, attend=None
+    ) -> torch.Tensor:
+        """``gpt.forward(h, kv, kv.length, positions, attend)`` through the compiled rows forward (same
+        computation, with an explicit mask and in-place slot writes)."""
+        R, T, _ = h.shape
+        L = kv.length
+        if L + T > kv.max_len:
+            raise ValueError(f"KV cache holds {kv.max_len} positions; cannot write {L}..{L + T}")
+        slots, mask = append_slots(R, T, L, kv, attend)
+        # rotary rows: a tensor of their own even when they equal the slots (aliased inputs are another graph)
+        rows = slots.clone() if positions is None else positions.to(slots.device)[None].repeat(R, 1)
+        self.gpt.rope_at(int(rows.max()), 1)  # extends a 1D table / checks the 2D grid
+        out = self.compiled(h, kv, slots, rows, mask)
+        kv.length = L + T
+        return out
 
     def keep_path(self, cache: GPTCache, n: int, nodes: torch.Tensor) -> None:
         base = cache.prefix + n
@@ -242,7 +306,8 @@ class LlamaGenModel(TokenModel):
         P, (R, T) = cache.prefix, tokens.shape
         prefix = cache.kv.key_mask[:, None, :P].expand(R, T, P)  # padded caption tokens stay hidden
         mask = torch.cat([prefix, visible], -1)[:, None]
-        h = self.gpt.forward_rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, mask)
+        rows = self.gpt.forward_rows if self.compiled is None else self.compiled
+        h = rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, mask)
         return Step(self.gpt.head(h), h)
 
     def cache_tokens(self, cache: GPTCache) -> int:
@@ -315,6 +380,19 @@ class LlamaGenModel(TokenModel):
         if self.vq is not None:
             d["tokenizer_parameters"] = sum(p.numel() for p in self.vq.parameters())
         return d
+
+
+def append_slots(R: int, T: int, start: int, cache: KVCache, attend=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots and mask of ``T`` tokens appended at ``start`` in every row (batch-1 decoding through the
+    compiled rows forward): slots (R, T) int64 ``start..start+T-1`` and mask (R, 1, T, start + T)
+    bool as :meth:`GPT.attention_mask` (default causal), both materialised (the batched path's
+    strides: one graph for both)."""
+    dev = cache.k.device
+    q = start + torch.arange(T, device=dev)
+    if attend is None:
+        attend = torch.arange(start + T, device=dev)[None] <= q[:, None]
+    mask = GPT.attention_mask(T, start, cache, attend).expand(R, 1, T, start + T).contiguous()
+    return q[None].repeat(R, 1), mask
 
 
 def left_pad(feats: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

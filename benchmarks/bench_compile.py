@@ -1,0 +1,166 @@
+"""Eager vs ``torch.compile``-d target forwards: milliseconds per verification forward at batch B.
+
+    python benchmarks/bench_compile.py --model embedded --batch-sizes 1,8,32 --repeats 40
+    python benchmarks/bench_compile.py --model embedded-16 --device cuda --dtype bfloat16
+
+For every B the forward is the one batched decoding runs once per step
+(:meth:`ambiguity.models.llamagen.LlamaGenModel.extend_slots`: ``B`` images, ``2 B`` rows with
+CFG, ``--gamma`` + 1 tokens per row, every row at its own cache slots), on two copies of the model:
+eager, and compiled with :func:`lantern.decoding.compile_forwards` (in-place KV writes, masks padded
+to the whole cache). ``append`` rows time batch-1 decoding's forward (``extend``, 2 rows with CFG).
+The first compiled call of each shape is timed separately as ``compile_s`` (cold unless inductor's
+on-disk cache already holds the graph; set ``TORCHINDUCTOR_CACHE_DIR`` to a new directory for a cold
+number). Then ``--repeats`` rounds, eager and compiled interleaved, each at a new cache position
+(the span of attended positions grows as in a real decode); reported: median milliseconds per
+forward and the ratio eager / compiled. On CUDA every timing synchronises the device.
+
+Writes ``--out``/compile.parquet (one row per forward timed) and compile.json (the medians).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ambiguity.cli import (  # noqa: E402
+    ArgumentParser,
+    add_device_args,
+    add_out_arg,
+    add_threads_arg,
+    cli_main,
+    device_from_args,
+    int_list,
+    positive_int,
+    set_threads,
+)
+from ambiguity.errors import UsageError  # noqa: E402
+from ambiguity.models.registry import load_model  # noqa: E402
+from lantern.decoding import compile_forwards  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def slots_forward(model, B: int, T: int):
+    """A callable ``f(n)``: one batched verification forward of ``B`` images (CFG rows) whose first of
+    ``T`` tokens sits at image position ``n - 1`` (random tokens; the cache is preallocated once)."""
+    N = model.num_tokens
+    cache = model.new_slots_cache(B, True, N, T)
+    dev, R = model.device, 2 * B
+    ar = torch.arange(N + T, device=dev)
+    gen = torch.Generator().manual_seed(0)
+
+    def f(n: int) -> torch.Tensor:
+        slots = (n - 1 + ar[:T])[None].expand(R, T)
+        tokens = torch.randint(0, model.vocab_size, (R, T), generator=gen).to(dev)
+        visible = ar[None, None, : n - 1 + T] <= slots[:, :, None]
+        return model.extend_slots(cache, tokens, slots, slots.clamp(max=N - 1), visible).logits
+
+    return f
+
+
+def append_forward(model, T: int):
+    """A callable ``f(n)``: batch-1 decoding's verification forward (``extend`` of ``T`` tokens after
+    ``n`` image tokens, 2 rows with CFG)."""
+    prompt = model.make_prompt(model.default_conditions(1), guided=True)
+    cache = model.new_cache(prompt)
+    model.prefill(prompt, cache)
+    gen = torch.Generator().manual_seed(0)
+
+    def f(n: int) -> torch.Tensor:
+        cache.kv.length = cache.prefix + n  # (earlier entries are whatever earlier calls wrote)
+        tokens = torch.randint(0, model.vocab_size, (2, T), generator=gen).to(model.device)
+        return model.extend(cache, tokens).logits
+
+    return f
+
+
+@cli_main
+def main(argv=None) -> int:
+    ap = ArgumentParser(prog="bench_compile.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="embedded", help="a LlamaGen-architecture model (default: embedded)")
+    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--gamma", type=positive_int, default=4, help="draft length: gamma + 1 tokens per forward")
+    ap.add_argument("--repeats", type=positive_int, default=40, help="timed forwards per cell and variant")
+    add_device_args(ap, what="the model")
+    add_threads_arg(ap, 1)
+    add_out_arg(ap, "results directory", default=str(ROOT / "benchmarks" / "results" / "compile"))
+    args = ap.parse_args(argv)
+    set_threads(args.threads)
+    sizes = int_list(args.batch_sizes, "--batch-sizes", 1)
+    device, dtype = device_from_args(args)
+    eager = load_model(args.model, device=device, dtype=dtype)
+    compiled = load_model(args.model, device=device, dtype=dtype)
+    compile_forwards(compiled)  # one line, exit 2, for a model whose forward cannot be compiled
+    T = args.gamma + 1
+    N = eager.num_tokens
+    if N < T + 2:
+        raise UsageError(f"{args.model} has {N} image tokens; use --gamma below {N - 2}")
+    cells = [("append", 1)] + [("slots", B) for B in sizes]
+    rows, summary = [], []
+    with torch.no_grad():
+        for kind, B in cells:
+            make = (lambda m: append_forward(m, T)) if kind == "append" else (lambda m: slots_forward(m, B, T))
+            fe, fc = make(eager), make(compiled)
+            t0 = time.perf_counter()
+            fc(2)
+            _sync(device)
+            compile_s = time.perf_counter() - t0
+            for f in (fe, fc, fe, fc):  # warm-up (a second shape-stable call of each)
+                f(3)
+            times = {"eager": [], "compiled": []}
+            for r in range(args.repeats):
+                n = 1 + r % (N - T)
+                for name, f in (("eager", fe), ("compiled", fc)):
+                    _sync(device)
+                    t = time.perf_counter()
+                    f(n)
+                    _sync(device)
+                    ms = 1000 * (time.perf_counter() - t)
+                    times[name].append(ms)
+                    rows.append({"kind": kind, "batch_size": B, "variant": name, "repeat": r, "position": n, "ms": ms})
+            e, c = statistics.median(times["eager"]), statistics.median(times["compiled"])
+            summary.append(
+                {
+                    "kind": kind,
+                    "batch_size": B,
+                    "eager_ms": e,
+                    "compiled_ms": c,
+                    "speedup": e / c,
+                    "compile_s": compile_s,
+                }
+            )
+            print(
+                f"{kind:6s} B={B:3d}  eager {e:7.2f} ms  compiled {c:7.2f} ms  x{e / c:.2f}  "
+                f"(compile {compile_s:.1f} s)",
+                flush=True,
+            )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(out / "compile.parquet")
+    info = {
+        "settings": vars(args),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "cells": summary,
+    }
+    (out / "compile.json").write_text(json.dumps(info, indent=1))
+    print(f"wrote {out / 'compile.parquet'}, {out / 'compile.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
