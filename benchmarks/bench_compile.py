@@ -6,9 +6,10 @@
 For every B the forward is the one batched decoding runs once per step
 (:meth:`ambiguity.models.llamagen.LlamaGenModel.extend_slots`: ``B`` images, ``2 B`` rows with
 CFG, ``--gamma`` + 1 tokens per row, every row at its own cache slots), on two copies of the model:
-eager, and compiled with :func:`lantern.decoding.compile_forwards` (in-place KV writes, masks padded
-to the whole cache). ``append`` rows time batch-1 decoding's forward (``extend``, 2 rows with CFG).
-The first compiled call of each shape is timed separately as ``compile_s`` (cold unless inductor's
+eager, and compiled with :func:`lantern.decoding.compile_forwards` (in-place KV writes, the natural
+attended span, symbolic sizes). ``append`` rows (printed "batch-1 extend") time batch-1 decoding's
+forward (``extend``, 2 rows with CFG). The first compiled call of each cell is timed separately as
+``compile_s``; with symbolic sizes only the first cell compiles, later cells reuse its graph (cold unless inductor's
 on-disk cache already holds the graph; set ``TORCHINDUCTOR_CACHE_DIR`` to a new directory for a cold
 number). Then ``--repeats`` rounds, eager and compiled interleaved, each at a new cache position
 (the span of attended positions grows as in a real decode); reported: median milliseconds per
@@ -141,9 +142,10 @@ def main(argv=None) -> int:
                     "compile_s": compile_s,
                 }
             )
+            label = "batch-1 extend" if kind == "append" else f"slots B = {B}"
+            first = f"{compile_s:.1f} s" if compile_s >= 0.5 else "reused an earlier graph"
             print(
-                f"{kind:6s} B={B:3d}  eager {e:7.2f} ms  compiled {c:7.2f} ms  x{e / c:.2f}  "
-                f"(compile {compile_s:.1f} s)",
+                f"{label:15s} eager {e:7.2f} ms  compiled {c:7.2f} ms  x{e / c:.2f}  (first call: {first})",
                 flush=True,
             )
     out = Path(args.out)

@@ -263,9 +263,10 @@ def compile_forwards(model: TokenModel, drafter: Optional[DraftModel] = None) ->
 
     The LlamaGen-architecture adapters write their static KV cache in place inside the compiled
     graph, with batch rows, tokens per forward and attended span as symbolic sizes (no recompile
-    from step to step; see :meth:`ambiguity.models.llamagen.LlamaGenModel.compile_forwards`). Tokens equal eager
-    decoding's in float64; in float32 the fused kernels round differently and an image
-    occasionally diverges from some token on. Raises UsageError (one line) for an adapter or
+    from step to step; see :meth:`ambiguity.models.llamagen.LlamaGenModel.compile_forwards`). Not bit-exact, in
+    float64 either: RMSNorm and the rotary product run in float32 and the fused kernels round them
+    differently (probabilities differ by up to ~1e-6), so an image occasionally diverges from some
+    token on. Raises UsageError (one line) for an adapter or
     drafter whose forward cannot be compiled (the transformers adapters).
     """
     model.compile_forwards()

@@ -286,7 +286,7 @@ def build_parser() -> ArgumentParser:
         "--compile",
         action="store_true",
         help="torch.compile the target's and the drafter's cached forwards (LlamaGen-architecture models; "
-        "compiles on the first images; same tokens with --dtype float64, almost always in float32)",
+        "compiles on the first images; not bit-exact: an image's tokens occasionally diverge, in float64 too)",
     )
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/generate/<model>-<method>)")
