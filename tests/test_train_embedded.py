@@ -505,6 +505,20 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
     assert "cannot create the directory of --snapshot" in capsys.readouterr().err
     assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(snap), "--init-from", str(snap)]) == 2
     assert "drop --init-from" in capsys.readouterr().err
+    # --fresh with --snapshot is refused before anything in the run dir is deleted.
+    kept = {f: (a / "run" / f).read_bytes() for f in ("gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", CURVE_FILE)}
+    assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(snap), "--fresh"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --fresh would delete the checkpoint --snapshot writes out; drop --fresh"
+    )
+    assert all((a / "run" / f).read_bytes() == v for f, v in kept.items())
+    # A --quick run snapshotted without --quick: one line naming the fix, not a size-mismatch traceback.
+    full = [x for x in common if x != "--quick"]
+    assert main(full + ["--run-dir", str(a / "run"), "--snapshot", str(tmp_path / "s.safetensors")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {a / 'run'} holds a --quick run (its GPT config differs); add --quick"
+    )
+    assert not (tmp_path / "s.safetensors").exists()
     (b / "run").mkdir()
     (b / "stage" / VQ16_FILE).write_bytes((a / "stage" / VQ16_FILE).read_bytes())  # the same VQ file (hash)
     for f in ("tokens_train.pt", "tokens_test.pt"):  # so its token caches carry over to the new run dir
@@ -606,3 +620,30 @@ def test_token_cache_resumes_after_its_last_chunk(tmp_path, capsys):
     assert torch.equal(resumed, whole) and "t: resuming at image 3/7" in capsys.readouterr().out
     save_checkpoint(tmp_path / "d.pt", vq_sha="other", codes=torch.zeros(7, 256, dtype=torch.int16), time_s=1.0)
     assert torch.equal(script.cached_tokens(vq, images, tmp_path / "d.pt", "sha", False, "t")[0], whole)
+
+
+def test_long_recipe_trains_only_the_gpt_and_quick_trains_its_own_vq(fake_data, tmp_path, capsys):
+    """--recipe embedded-16-long: --stage vq/all refused (its default is gpt); with --quick and no VQ
+    in the staging directory it trains a quick 64-code VQ there instead of copying the shipped one."""
+    from ambiguity.models.embedded import GPT16_FILE, VQ16_FILE
+
+    main = load_script().main
+    out, run = tmp_path / "stage", tmp_path / "run"
+    base = ["--quick", "--recipe", "embedded-16-long", "--data", str(fake_data), "--no-progress", "--device", "cpu"]
+    base += ["--out", str(out), "--run-dir", str(run)]
+    for stage in ("vq", "all"):
+        assert main(base + ["--stage", stage]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"error: --recipe embedded-16-long trains only the GPT on the shipped VQ; drop --stage {stage} "
+            "(--recipe embedded-16 retrains the VQ)"
+        )
+    assert not (run / "vq_ckpt.pt").exists() and not (out / VQ16_FILE).exists()
+    assert main(base + ["--epochs", "1", "--eval-images", "8"]) == 0
+    text = capsys.readouterr().out
+    assert f"--quick: training a quick VQ into {out}" in text and "copied the shipped VQ" not in text
+    from ambiguity.models.embedded import load_vq
+
+    vq, _ = load_vq(out / VQ16_FILE, "cpu")
+    assert vq.config.codebook_size == 64 and (out / GPT16_FILE).is_file()
+    m = json.loads((run / "gpt_done.json").read_text())["metrics"]
+    assert m["steps"] == 5 and m["test"]["tokens"] == 20 * 256
