@@ -647,3 +647,47 @@ def test_long_recipe_trains_only_the_gpt_and_quick_trains_its_own_vq(fake_data, 
     assert vq.config.codebook_size == 64 and (out / GPT16_FILE).is_file()
     m = json.loads((run / "gpt_done.json").read_text())["metrics"]
     assert m["steps"] == 5 and m["test"]["tokens"] == 20 * 256
+
+
+def test_study_script_help_errors_and_ship_refusals(tmp_path):
+    """scripts/embedded16_study.sh: --help/-h/help exit 0; refusals are one `error: ` line, exit 2,
+    with no `== step` header; ship refuses a missing RUN and a run stopped on its step budget
+    (printing the stop reason and epochs first) and copies nothing."""
+    import os
+    import shutil
+    import subprocess
+
+    study = SCRIPT.with_name("embedded16_study.sh")
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+
+    def run(*args, **env):
+        r = subprocess.run(
+            ["bash", str(study), *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=60
+        )
+        return r.returncode, r.stdout, r.stderr
+
+    for h in ("--help", "-h", "help"):
+        rc, out, _ = run(h)
+        assert rc == 0 and out.startswith("Issue 23:") and "FORCE=1" in out
+    steps = "train ship figures drafter compare sweep distortion paper snapshot"
+    for args in (("ship", "all"), ("all", "ship")):
+        assert run(*args)[::2] == (2, f"error: all runs every step; pass it alone or name steps ({steps})\n")
+    rc, out, err = run("foo")
+    assert (rc, out) == (2, "") and err == f"error: unknown step 'foo'; choose from: {steps}, or all alone\n"
+    rc, out, err = run("ship", RUN=str(tmp_path / "none"))
+    assert (rc, out) == (
+        2,
+        "",
+    ) and err == f"error: RUN={tmp_path / 'none'} does not exist; set RUN to the training run dir\n"
+    rc, out, err = run("ship", RUN=str(tmp_path))
+    assert (rc, out) == (2, "") and "has not stopped yet (no gpt_done.json)" in err
+    done = {"metrics": {"epochs": 1.98, "stop_reason": "step budget reached (2813 steps)"}}
+    (tmp_path / "gpt_done.json").write_text(json.dumps(done))
+    rc, out, err = run("ship", RUN=str(tmp_path), FORCE="")
+    assert (rc, out) == (2, f"{tmp_path}: 1.98 epochs; stop: step budget reached (2813 steps)\n")
+    why = "stopped on its step budget, not the stop rule (not converged); train on, or FORCE=1 to ship it"
+    assert err == f"error: {tmp_path} {why}\n"
+    rc, out, err = run("train", OLD_RUN=str(tmp_path / "none"), RUN=str(tmp_path / "new"))
+    assert (rc, out) == (2, "") and err.startswith(f"error: OLD_RUN={tmp_path / 'none'} does not exist")
+    assert not (tmp_path / "new").exists()
