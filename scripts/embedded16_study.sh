@@ -2,14 +2,20 @@
 # Issue 23: the embedded-16 study, from the retrained GPT to the paper on it, one step at a time.
 #
 #   bash scripts/embedded16_study.sh STEP...     # steps in the order below; each resumes or skips when done
-#   bash scripts/embedded16_study.sh all         # every step (many CPU-hours on 2 cores; see README)
+#   bash scripts/embedded16_study.sh all         # every step (many CPU-hours on 2 cores; see README);
+#                                                # `all` stands alone: not combined with other steps
+#   bash scripts/embedded16_study.sh --help      # this text (also -h, help)
 #
 # Steps:
 #   train       the GPT towards convergence (warm restart from the shipped 0.48-epoch weights, 4 test
 #               evaluations per epoch, stop < 0.02 bits/token per epoch after >= 1.9 epochs); resumes
 #   snapshot    the run's latest model -> $RUN/snapshot.safetensors (end of a session; continue with
-#               INIT=$RUN/snapshot.safetensors INIT_EPOCHS= RUN=<new dir> ... train)
-#   ship        the stopped run's weights and metrics -> ambiguity/weights/ (refuses a run still going)
+#               OLD_RUN=$RUN INIT=$RUN/snapshot.safetensors INIT_EPOCHS= RUN=<new dir> ... train).
+#               A snapshot records its epochs, so INIT_EPOCHS must be set empty for it (its default,
+#               0.48, is the shipped weights' count and would override the snapshot's).
+#   ship        the stopped run's weights and metrics -> ambiguity/weights/. Refuses a run dir that does
+#               not exist, a run still going (no gpt_done.json), and a run that stopped on its step budget
+#               rather than the stop rule (it prints the stop reason and epochs first; FORCE=1 ships it)
 #   figures     training curve and samples -> figures/embedded16_{training_curve,samples}.png
 #   drafter     EAGLE-style drafter: self-generated sequences + data tokens, until test top-1 stops rising
 #   compare     ambiguity next to embedded and text-twin (lantern.compare, 256 images)
@@ -18,7 +24,9 @@
 #   paper       python -m lantern.paper --models embedded-16,text-twin at $PAPER_IMAGES images per quality cell
 #
 # Environment: RUN (training run dir, default runs/embedded-16-long), THREADS (default 2),
-# EPOCHS (this run's most epochs, default 1.5), INIT / INIT_EPOCHS (warm start), PAPER_IMAGES (default 500).
+# EPOCHS (this run's most epochs, default 1.5), INIT / INIT_EPOCHS (warm start), PAPER_IMAGES (default 500),
+# OLD_RUN (train: copy its token caches tokens_*.pt into a new RUN first, skipping the tokenizing; they
+# are reused only if they were made with the same VQ file), FORCE=1 (ship: accept a step-budget stop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,9 +36,25 @@ EPOCHS=${EPOCHS:-1.5}
 INIT=${INIT:-ambiguity/weights/fashion16_gpt.safetensors}
 INIT_EPOCHS=${INIT_EPOCHS-0.48}
 PAPER_IMAGES=${PAPER_IMAGES:-500}
+OLD_RUN=${OLD_RUN:-}
+FORCE=${FORCE:-}
 PY=${PYTHON:-python}
 
+die() {
+    echo "error: $*" >&2
+    exit 2
+}
+
 step_train() {
+    if [ -n "$OLD_RUN" ]; then
+        mkdir -p "$RUN"
+        for f in tokens_train.pt tokens_test.pt; do
+            if [ -f "$OLD_RUN/$f" ] && [ ! -f "$RUN/$f" ]; then
+                cp "$OLD_RUN/$f" "$RUN/$f"
+                echo "copied $OLD_RUN/$f to $RUN (no tokenizing)"
+            fi
+        done
+    fi
     local init=(--init-from "$INIT")
     [ -n "$INIT_EPOCHS" ] && init+=(--init-epochs "$INIT_EPOCHS")
     $PY scripts/train_embedded.py --recipe embedded-16-long --stage gpt "${init[@]}" --epochs "$EPOCHS" \
@@ -41,14 +65,23 @@ step_snapshot() {
     $PY scripts/train_embedded.py --recipe embedded-16-long --run-dir "$RUN" --snapshot "$RUN/snapshot.safetensors"
 }
 
-step_ship() {
-    if [ ! -f "$RUN/gpt_done.json" ]; then
-        echo "embedded16_study: $RUN has not stopped yet (no gpt_done.json); run the train step to its end" >&2
-        exit 2
+check_ship() {
+    [ -n "${SHIP_CHECKED:-}" ] && return 0
+    [ -d "$RUN" ] || die "RUN=$RUN does not exist; set RUN to the training run dir"
+    [ -f "$RUN/gpt_done.json" ] || die "$RUN has not stopped yet (no gpt_done.json); run the train step to its end"
+    local info
+    info=$($PY -c "import json, sys; m = json.load(open(sys.argv[1]))['metrics']; print(f\"{m['epochs']:.2f} epochs; stop: {m.get('stop_reason')}\")" "$RUN/gpt_done.json")
+    echo "$RUN: $info"
+    if [[ "$info" == *"step budget reached"* ]] && [ "$FORCE" != 1 ]; then
+        die "$RUN stopped on its step budget, not the stop rule (not converged); train on, or FORCE=1 to ship it"
     fi
+    SHIP_CHECKED=1
+}
+
+step_ship() {
+    check_ship
     cp "$RUN/weights/fashion16_gpt.safetensors" "$RUN/weights/embedded16_metrics.json" ambiguity/weights/
     echo "shipped $RUN/weights/fashion16_gpt.safetensors and embedded16_metrics.json to ambiguity/weights/"
-    $PY -c "import json, sys; m = json.load(open(sys.argv[1]))['metrics']; print(f\"{m['epochs']:.2f} epochs; stop: {m.get('stop_reason')}\")" "$RUN/gpt_done.json"
 }
 
 step_figures() {
@@ -82,14 +115,21 @@ step_paper() {
 }
 
 ALL=(train ship figures drafter compare sweep distortion paper)
-[ $# -eq 0 ] && { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
-[ "$1" = all ] && set -- "${ALL[@]}"
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+[ $# -eq 0 ] && { usage; exit 2; }
+case "$1" in -h | --help | help) usage; exit 0 ;; esac
+if [ "$1" = all ]; then
+    [ $# -eq 1 ] || die "all runs every step; pass it alone or name steps (${ALL[*]} snapshot)"
+    set -- "${ALL[@]}"
+fi
 for s in "$@"; do
-    if ! declare -F "step_$s" >/dev/null; then
-        echo "embedded16_study: unknown step '$s'; choose from: ${ALL[*]} snapshot all" >&2
-        exit 2
-    fi
+    [ "$s" = all ] && die "all runs every step; pass it alone or name steps (${ALL[*]} snapshot)"
+    declare -F "step_$s" >/dev/null || die "unknown step '$s'; choose from: ${ALL[*]} snapshot, or all alone"
 done
+case " $* " in *" train "*) ;; *" ship "*) check_ship ;; esac # before any step runs, unless train comes first
+if [ -n "$OLD_RUN" ] && [ ! -d "$OLD_RUN" ]; then
+    case " $* " in *" train "*) die "OLD_RUN=$OLD_RUN does not exist; set it to the earlier run dir or leave it empty" ;; esac
+fi
 for s in "$@"; do
     echo "== $s ($(date -u +%H:%M:%S) UTC)"
     "step_$s"

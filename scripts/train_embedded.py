@@ -4,7 +4,7 @@
     python scripts/train_embedded.py --stage gpt          # GPT only (uses the shipped VQ file)
     python scripts/train_embedded.py --quick --out /tmp/w # seconds-long smoke run, tiny models
     python scripts/train_embedded.py --recipe embedded-16 # LlamaGen's token geometry (16384 codes, 16x16)
-    python scripts/train_embedded.py --recipe embedded-16-long --stage gpt --epochs 6  # towards convergence
+    python scripts/train_embedded.py --recipe embedded-16-long --epochs 6  # towards convergence
 
 ``embedded-16-long`` (issue 23): the embedded-16 GPT again, on the shipped VQ, for up to
 ``--epochs`` passes (cosine schedule over all of them), its test NLL measured on a fixed subset
@@ -12,6 +12,9 @@ of ``--eval-images`` test images after every epoch (curve in ``<run-dir>/gpt_cur
 stopping once it gains less than ``--min-gain`` bits/token per epoch after ``--min-epochs``.
 Its weights go to a staging directory (default ``<run-dir>/weights``, with a copy of the VQ),
 never over the shipped files; ship by copying ``fashion16_gpt.safetensors`` from there.
+It trains only the GPT (its ``--stage`` is ``gpt``; ``vq``/``all`` are refused); with ``--quick``
+it first trains a quick VQ into the staging directory (the shipped VQ has 16384 codes, the quick
+GPT 64), unless one is there. ``--snapshot`` refuses ``--fresh`` (which would delete the checkpoint).
 
 Writes ``fashion_vq.safetensors``, ``fashion_gpt.safetensors`` (fp16, config in the metadata)
 and ``embedded_metrics.json`` to ``--out`` (``--recipe embedded-16``: ``fashion16_*`` and
@@ -141,7 +144,12 @@ def parse_args(argv=None):
         help="write the model of the run's latest checkpoint to PATH (fp16, its epochs recorded; parent "
         "directories are created) and exit; a later run continues from it with --init-from PATH",
     )
-    p.add_argument("--stage", choices=["vq", "gpt", "all"], default="all")
+    p.add_argument(
+        "--stage",
+        choices=["vq", "gpt", "all"],
+        default=None,
+        help=f"which models to train (default all; gpt, the only one, with --recipe {LONG})",
+    )
     p.add_argument("--seed", type=seed_int, default=0)
     add_device_args(p, dtype=False, threads=0)
     p.add_argument("--quick", action="store_true", help="tiny models, a few steps, a data subset (smoke test)")
@@ -267,6 +275,13 @@ def long_settings(args) -> tuple[float, EpochStopConfig, int]:
             verb = "applies" if len(given) == 1 else "apply"
             raise UsageError(f"{', '.join(given)} only {verb} to --recipe {LONG}")
         return 0.0, None, 0
+    if args.stage in ("vq", "all"):
+        raise UsageError(
+            f"--recipe {LONG} trains only the GPT on the shipped VQ; drop --stage {args.stage} "
+            "(--recipe embedded-16 retrains the VQ)"
+        )
+    if args.snapshot is not None and args.fresh:
+        raise UsageError("--fresh would delete the checkpoint --snapshot writes out; drop --fresh")
     epochs = 6.0 if args.epochs is None else args.epochs
     if epochs <= 0:
         raise UsageError(f"--epochs must be > 0, got {epochs}")
@@ -305,10 +320,19 @@ def warm_start(args, gpt_cfg) -> tuple[str, dict, float] | None:
 def snapshot(args, recipe, run: Path) -> int:
     """``--snapshot PATH``: the model of ``run``'s latest GPT checkpoint -> PATH (fp16, with
     ``epochs`` in its metadata; PATH's directory is created). Raises UsageError when the run has
-    no checkpoint or PATH's directory cannot be written."""
+    no checkpoint, its checkpoint holds another GPT config (e.g. a ``--quick`` run without
+    ``--quick``) or PATH's directory cannot be written."""
     ck = load_checkpoint(run / "gpt_ckpt.pt")
     if ck is None:
         raise UsageError(f"{run / 'gpt_ckpt.pt'} not found; train first (same --run-dir)")
+    gpt_cfg, rec = recipe[2], ck["recipe"]
+    if _with_defaults(rec.get("gpt_config"), gpt_cfg) != asdict(gpt_cfg):
+        other = RECIPES[args.recipe](not args.quick)[2]
+        if _with_defaults(rec.get("gpt_config"), other) == asdict(other):
+            fix = "drop --quick" if args.quick else "add --quick"
+            kind = "full-size" if args.quick else "--quick"
+            raise UsageError(f"{run} holds a {kind} run (its GPT config differs); {fix}")
+        raise UsageError(f"{run} holds no {args.recipe} run (its GPT config differs); pass the --run-dir of one")
     path = Path(args.snapshot).expanduser()
     if path.is_dir():
         raise UsageError(f"--snapshot {path} is a directory; pass a file path (e.g. {path / 'gpt.safetensors'})")
@@ -318,7 +342,6 @@ def snapshot(args, recipe, run: Path) -> int:
         raise UsageError(
             f"cannot create the directory of --snapshot {path} ({exc.strerror or exc}); pass another PATH"
         ) from None
-    gpt_cfg, rec = recipe[2], ck["recipe"]
     model = GPT(gpt_cfg)
     model.load_state_dict(ck["model"])
     step = ck["state"]["step"]
@@ -333,7 +356,7 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool, in
 
     _, _, gpt_cfg, gpt_train = recipe[:4]
     VQ_FILE, GPT_FILE, _, size = VARIANTS[VARIANT_OF.get(args.recipe, args.recipe)]
-    if args.recipe == LONG and not (out / VQ_FILE).is_file() and (WEIGHTS_DIR / VQ_FILE).is_file():
+    if args.recipe == LONG and not args.quick and not (out / VQ_FILE).is_file() and (WEIGHTS_DIR / VQ_FILE).is_file():
         shutil.copyfile(WEIGHTS_DIR / VQ_FILE, out / VQ_FILE)  # the staging directory holds a loadable model
         print(f"copied the shipped VQ {WEIGHTS_DIR / VQ_FILE} to {out}")
     if not (out / VQ_FILE).is_file():
@@ -345,9 +368,9 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool, in
         return done["metrics"]
     vq, _ = load_vq(out / VQ_FILE, device)
     if vq.config.codebook_size != gpt_cfg.vocab_size:
+        fix = "delete it or pass another --out" if args.recipe == LONG else "retrain the VQ with --stage all --fresh"
         raise UsageError(
-            f"{out / VQ_FILE} has {vq.config.codebook_size} codes but the GPT expects "
-            f"{gpt_cfg.vocab_size}; retrain the VQ with --stage all --fresh"
+            f"{out / VQ_FILE} has {vq.config.codebook_size} codes but the GPT expects {gpt_cfg.vocab_size}; {fix}"
         )
     images, labels = load_split("train", data, limit=64 if args.quick else None, size=size)
     test, test_labels = load_split("test", data, limit=32 if args.quick else None, size=size)
@@ -474,6 +497,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     long_settings(args)  # flag errors before any work
+    args.stage = args.stage or ("gpt" if args.recipe == LONG else "all")
     device = resolve_device(args.device)
     data = find_dir(args.data)
     VQ_FILE, GPT_FILE, METRICS_FILE, size = VARIANTS[VARIANT_OF.get(args.recipe, args.recipe)]
@@ -513,7 +537,10 @@ def main(argv=None) -> int:
         + ", 60k train / 10k test",
         torch=torch.__version__,
     )
-    if args.stage in ("vq", "all"):
+    quick_vq = args.recipe == LONG and args.quick and not (out / VQ_FILE).is_file()
+    if quick_vq:
+        print(f"--quick: training a quick VQ into {out} (the shipped one has another codebook size)")
+    if args.stage in ("vq", "all") or quick_vq:
         metrics["vq"] = run_vq(args, recipe, data, out, run, device, progress)
         if args.stage == "vq":
             metrics.pop("gpt", None)  # a new VQ invalidates the old GPT's numbers

@@ -505,6 +505,20 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
     assert "cannot create the directory of --snapshot" in capsys.readouterr().err
     assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(snap), "--init-from", str(snap)]) == 2
     assert "drop --init-from" in capsys.readouterr().err
+    # --fresh with --snapshot is refused before anything in the run dir is deleted.
+    kept = {f: (a / "run" / f).read_bytes() for f in ("gpt_ckpt.pt", "tokens_train.pt", "tokens_test.pt", CURVE_FILE)}
+    assert main(common + ["--run-dir", str(a / "run"), "--snapshot", str(snap), "--fresh"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --fresh would delete the checkpoint --snapshot writes out; drop --fresh"
+    )
+    assert all((a / "run" / f).read_bytes() == v for f, v in kept.items())
+    # A --quick run snapshotted without --quick: one line naming the fix, not a size-mismatch traceback.
+    full = [x for x in common if x != "--quick"]
+    assert main(full + ["--run-dir", str(a / "run"), "--snapshot", str(tmp_path / "s.safetensors")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {a / 'run'} holds a --quick run (its GPT config differs); add --quick"
+    )
+    assert not (tmp_path / "s.safetensors").exists()
     (b / "run").mkdir()
     (b / "stage" / VQ16_FILE).write_bytes((a / "stage" / VQ16_FILE).read_bytes())  # the same VQ file (hash)
     for f in ("tokens_train.pt", "tokens_test.pt"):  # so its token caches carry over to the new run dir
@@ -606,3 +620,74 @@ def test_token_cache_resumes_after_its_last_chunk(tmp_path, capsys):
     assert torch.equal(resumed, whole) and "t: resuming at image 3/7" in capsys.readouterr().out
     save_checkpoint(tmp_path / "d.pt", vq_sha="other", codes=torch.zeros(7, 256, dtype=torch.int16), time_s=1.0)
     assert torch.equal(script.cached_tokens(vq, images, tmp_path / "d.pt", "sha", False, "t")[0], whole)
+
+
+def test_long_recipe_trains_only_the_gpt_and_quick_trains_its_own_vq(fake_data, tmp_path, capsys):
+    """--recipe embedded-16-long: --stage vq/all refused (its default is gpt); with --quick and no VQ
+    in the staging directory it trains a quick 64-code VQ there instead of copying the shipped one."""
+    from ambiguity.models.embedded import GPT16_FILE, VQ16_FILE
+
+    main = load_script().main
+    out, run = tmp_path / "stage", tmp_path / "run"
+    base = ["--quick", "--recipe", "embedded-16-long", "--data", str(fake_data), "--no-progress", "--device", "cpu"]
+    base += ["--out", str(out), "--run-dir", str(run)]
+    for stage in ("vq", "all"):
+        assert main(base + ["--stage", stage]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"error: --recipe embedded-16-long trains only the GPT on the shipped VQ; drop --stage {stage} "
+            "(--recipe embedded-16 retrains the VQ)"
+        )
+    assert not (run / "vq_ckpt.pt").exists() and not (out / VQ16_FILE).exists()
+    assert main(base + ["--epochs", "1", "--eval-images", "8"]) == 0
+    text = capsys.readouterr().out
+    assert f"--quick: training a quick VQ into {out}" in text and "copied the shipped VQ" not in text
+    from ambiguity.models.embedded import load_vq
+
+    vq, _ = load_vq(out / VQ16_FILE, "cpu")
+    assert vq.config.codebook_size == 64 and (out / GPT16_FILE).is_file()
+    m = json.loads((run / "gpt_done.json").read_text())["metrics"]
+    assert m["steps"] == 5 and m["test"]["tokens"] == 20 * 256
+
+
+def test_study_script_help_errors_and_ship_refusals(tmp_path):
+    """scripts/embedded16_study.sh: --help/-h/help exit 0; refusals are one `error: ` line, exit 2,
+    with no `== step` header; ship refuses a missing RUN and a run stopped on its step budget
+    (printing the stop reason and epochs first) and copies nothing."""
+    import os
+    import shutil
+    import subprocess
+
+    study = SCRIPT.with_name("embedded16_study.sh")
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+
+    def run(*args, **env):
+        r = subprocess.run(
+            ["bash", str(study), *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=60
+        )
+        return r.returncode, r.stdout, r.stderr
+
+    for h in ("--help", "-h", "help"):
+        rc, out, _ = run(h)
+        assert rc == 0 and out.startswith("Issue 23:") and "FORCE=1" in out
+    steps = "train ship figures drafter compare sweep distortion paper snapshot"
+    for args in (("ship", "all"), ("all", "ship")):
+        assert run(*args)[::2] == (2, f"error: all runs every step; pass it alone or name steps ({steps})\n")
+    rc, out, err = run("foo")
+    assert (rc, out) == (2, "") and err == f"error: unknown step 'foo'; choose from: {steps}, or all alone\n"
+    rc, out, err = run("ship", RUN=str(tmp_path / "none"))
+    assert (rc, out) == (
+        2,
+        "",
+    ) and err == f"error: RUN={tmp_path / 'none'} does not exist; set RUN to the training run dir\n"
+    rc, out, err = run("ship", RUN=str(tmp_path))
+    assert (rc, out) == (2, "") and "has not stopped yet (no gpt_done.json)" in err
+    done = {"metrics": {"epochs": 1.98, "stop_reason": "step budget reached (2813 steps)"}}
+    (tmp_path / "gpt_done.json").write_text(json.dumps(done))
+    rc, out, err = run("ship", RUN=str(tmp_path), FORCE="")
+    assert (rc, out) == (2, f"{tmp_path}: 1.98 epochs; stop: step budget reached (2813 steps)\n")
+    why = "stopped on its step budget, not the stop rule (not converged); train on, or FORCE=1 to ship it"
+    assert err == f"error: {tmp_path} {why}\n"
+    rc, out, err = run("train", OLD_RUN=str(tmp_path / "none"), RUN=str(tmp_path / "new"))
+    assert (rc, out) == (2, "") and err.startswith(f"error: OLD_RUN={tmp_path / 'none'} does not exist")
+    assert not (tmp_path / "new").exists()
