@@ -106,7 +106,7 @@ def test_generate_compile_on_a_transformers_adapter_is_one_line(tmp_path, capsys
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()  # transformers' weight-loading bars, then the error
     assert err[-1] == (
-        f"error: --compile works for the LlamaGen-architecture models (embedded, embedded-16, llamagen-*); "
+        f"error: --compile works for the LlamaGen-architecture models (embedded, embedded-16, llamagen-*, text-twin); "
         f"hf:{src} runs eager only, drop --compile"
     )
     assert not (tmp_path / "run").exists()
