@@ -19,8 +19,9 @@ hold each image's records, checked on resume), ``--num-images`` can be raised la
 and LANTERN runs with the same seed are comparable image by image (:mod:`lantern.replay`).
 A rerun with other settings into the same ``--out`` is refused unless ``--overwrite``. Bad
 parameters (δ < 0, λ < 1, k >= the vocabulary size, γ < 1, a drafter built for another model,
-an unknown method, a flag the method does not read: :data:`FLAG_METHODS`) end with one line on
-stderr and exit status 2.
+an unknown method, a flag the method or tree does not read: :data:`FLAG_METHODS`,
+:data:`FLAG_TREES`; ``--compile`` for an eager-only model, before its weights load) end with one
+line on stderr and exit status 2. ``summary.json`` also records ``batch_size`` and ``compile``.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ from ambiguity.errors import UsageError
 from ambiguity.io import abspath, atomic_path, write_json, write_table
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
-from ambiguity.models.registry import check_spec_options, get_spec, load_model
+from ambiguity.models.registry import check_compile, check_spec_options, get_spec, load_model
 from ambiguity.neighbourhood import MATRICES, METRICS
 from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import CONVENTIONS, RULES, AcceptanceRule
+from lantern.acceptance import BOUNDS, CONVENTIONS, RULES, AcceptanceRule
 from lantern.batched import check_batching
 from lantern.decoding import (
     DEFAULT_METRIC,
@@ -84,6 +85,7 @@ __all__ = ["build_parser", "main", "run_generate", "decode_config_from_args", "C
 COMMAND = "python -m lantern.generate"
 MERGE = "lantern.generate:merge_run"
 OUTPUTS = ("steps.parquet", "drafts.parquet", "images.parquet", "summary.json", "grid.png", "grid.pdf", "images")
+COMPILE_NOTE = "compiled (--compile): the first images' seconds include the compilation"
 _RULE = AcceptanceRule()  # the rule's defaults are the command's defaults
 
 
@@ -207,14 +209,26 @@ def add_jacobi_args(p) -> None:
     )
 
 
-# the decoding options each method reads (dest -> methods); one given for another method is refused
+# the decoding options each method reads (dest -> methods); one given for another method is refused.
+# The bound flags follow lantern.acceptance.BOUNDS: sd reads no neighbourhood flag, lantern and
+# lantern-jsd read --delta (a TVD or a JSD bound), lantern++ reads --lam.
+RELAXED = tuple(m for m in RULES if BOUNDS[m] is not None)
 FLAG_METHODS = {
-    **dict.fromkeys(("gamma", "tree", "total_tokens", "depth", "tree_top_k"), RULES),
-    **dict.fromkeys(("k", "delta", "lam", "metric", "matrix", "convention"), RULES),
+    **dict.fromkeys(("gamma", "tree", "total_tokens", "depth", "tree_top_k", "convention"), RULES),
+    **dict.fromkeys(("k", "metric", "matrix"), RELAXED),
+    **{p: tuple(m for m in RELAXED if BOUNDS[m].parameter == p) for p in ("delta", "lam")},
     **dict.fromkeys(("window", "jacobi_init"), JACOBI_METHODS),
     **dict.fromkeys(("gsd_group", "gsd_prob_gap", "gsd_distance"), ("gsd",)),
     "scd_coupling": ("scd",),
 }
+# the draft-shape options each --tree reads (dest -> tree kinds): γ sizes a chain only (a tree
+# has its own depth), the EAGLE-2 knobs size a dynamic tree only (a static tree is its paths)
+FLAG_TREES = {"gamma": ("chain",), **dict.fromkeys(("total_tokens", "depth", "tree_top_k"), ("dynamic",))}
+
+
+def tree_kind(tree: str) -> str:
+    """``--tree`` text -> ``"chain"``, ``"dynamic"`` or ``"static"`` (a named or .json tree)."""
+    return tree if tree in ("chain", "dynamic") else "static"
 
 
 def given_options(parser: ArgumentParser, argv: Optional[list[str]]) -> set[str]:
@@ -226,14 +240,27 @@ def given_options(parser: ArgumentParser, argv: Optional[list[str]]) -> set[str]
     return set(vars(parser.parse_args(argv)))
 
 
-def check_flags_apply(method: str, given: set[str]) -> None:
-    """Raise UsageError for a decoding option in ``given`` (dests) that ``method`` ignores
-    (:data:`FLAG_METHODS`): tree, γ and acceptance-rule flags with ``ar`` or a Jacobi method,
-    Jacobi knobs with the others."""
+def check_flags_apply(method: str, given: set[str], tree: str = "chain") -> None:
+    """Raise UsageError for a decoding option in ``given`` (dests) that ``method`` with ``--tree
+    tree`` ignores: by :data:`FLAG_METHODS`, tree, γ and neighbourhood flags with ``ar`` or a
+    Jacobi method, ``--k --delta --lam --metric --matrix`` with ``sd``, ``--delta`` with
+    ``lantern++`` and ``--lam`` with ``lantern``/``lantern-jsd``, Jacobi knobs with the others;
+    by :data:`FLAG_TREES`, ``--gamma`` with a tree and ``--total-tokens --depth --tree-top-k``
+    with a chain or a static tree. The line names the methods or trees the flag is for."""
     for dest, methods in FLAG_METHODS.items():
         if dest in given and method not in methods:
             flag = "--" + dest.replace("_", "-")
-            raise UsageError(f"{flag} does not apply to --method {method}, only to {', '.join(methods)}; drop it")
+            hint = ""
+            if method in RELAXED and dest in ("delta", "lam"):
+                hint = f" ({method} is bounded by --{BOUNDS[method].parameter})"
+            raise UsageError(f"{flag} does not apply to --method {method}, only to {', '.join(methods)}{hint}; drop it")
+    kind = tree_kind(tree)
+    for dest, kinds in FLAG_TREES.items():
+        if dest in given and kind not in kinds:
+            flag = "--" + dest.replace("_", "-")
+            shape = "--tree chain" if kind == "chain" else f"--tree {tree}" + (" (static)" if kind == "static" else "")
+            why = " (a tree sets its own depth)" if dest == "gamma" else ""
+            raise UsageError(f"{flag} does not apply to {shape}{why}, only to --tree {' or '.join(kinds)}; drop it")
 
 
 def decode_config_from_args(args) -> DecodeConfig:
@@ -285,8 +312,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the target's and the drafter's cached forwards (LlamaGen-architecture models; "
-        "compiles on the first images; not bit-exact: an image's tokens occasionally diverge, in float64 too)",
+        help="torch.compile the target's and the drafter's cached forwards (LlamaGen-architecture models: "
+        "embedded, embedded-16, llamagen-*, text-twin; compiles on the first images; not bit-exact: an image's "
+        "tokens occasionally diverge, in float64 too)",
     )
     add_sampling_args(p)
     add_run_args(p, "output directory (default: runs/generate/<model>-<method>)")
@@ -361,6 +389,7 @@ def run_generate(
     *,
     settings: Optional[dict] = None,
     batch_size: int = 1,
+    compiled: bool = False,
     **old,
 ):
     """Decode ``conditions`` (image ``i`` from its own stream seeded by ``(seed, i)``) into a run
@@ -372,7 +401,9 @@ def run_generate(
     merging shard then reads every image's part. settings: the run record (default: the model,
     decoding config, sampling and seed). batch_size: images decoded together
     (:func:`lantern.decoding.decode`); the parts are written after every ``16 * batch_size``
-    images (a batch then drains, so resuming loses at most that many).
+    images (a batch then drains, so resuming loses at most that many). compiled: whether the
+    forwards run through torch.compile (``--compile``; recorded with ``batch_size`` in the summary,
+    whose seconds per image then include the compilation).
     Returns ``(steps, drafts, images, summary)``: the three DataFrames of the images of these
     conditions and the summary dict also written to ``summary.json``; None on a shard that does
     not merge. Raises UsageError as :func:`lantern.decoding.decode`, or for an ``out`` holding a
@@ -402,6 +433,8 @@ def run_generate(
         "sampling": sampling.as_dict(),
         "rule": config.as_dict(),
         "pixels": pixels,
+        "batch_size": batch_size,
+        "compile": bool(compiled),
         "drafter": None
         if drafter is None
         else {"target": drafter.target.get("name"), "training": getattr(drafter, "info", {})},
@@ -467,12 +500,16 @@ def _assemble(run: RunDir, facts: dict, parts: list, computed: int, t0: float):
         "sampling": facts["sampling"],
         "rule": facts["rule"],
         "drafter": facts["drafter"],
+        "batch_size": facts.get("batch_size"),
+        "compile": facts.get("compile"),
         **summarize(steps, drafts, images, facts["gamma"]),
         "images_resumed": len(conditions) - computed,
         "images_computed": computed,
         "notes": run.notes,
         "wall_time_s": round(time.perf_counter() - t0, 3),
     }
+    if facts.get("compile") and computed:
+        summary["notes"] = [*summary["notes"], COMPILE_NOTE]
     write_table(steps, run.path / "steps.parquet")
     write_table(drafts, run.path / "drafts.parquet")
     write_table(images, run.path / "images.parquet")
@@ -533,7 +570,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for a UsageError."""
     args = build_parser().parse_args(argv)
     # cheap checks first: nothing is loaded or written before the settings are known to be valid
-    check_flags_apply(args.method, given_options(build_parser(), argv))
+    check_flags_apply(args.method, given_options(build_parser(), argv), args.tree)
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)
@@ -548,6 +585,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         captions=args.captions,
         tree_top_k=config.tree.top_k if dynamic else None,
     )
+    if args.compile:
+        check_compile(args.model)  # an eager-only adapter, from the registry, before its weights load
     device, dtype = device_from_args(args)
     out = check_out_dir(args.out or default_out("generate", f"{args.model}-{args.method}"))
     settings = _settings(args, config, sampling, device, dtype)
@@ -569,7 +608,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
     options = RunOptions.from_args(args, shard, out)
     result = run_generate(
-        model, conditions, config, sampling, options, drafter, args.seed, settings=settings, batch_size=args.batch_size
+        model,
+        conditions,
+        config,
+        sampling,
+        options,
+        drafter,
+        args.seed,
+        settings=settings,
+        batch_size=args.batch_size,
+        compiled=args.compile,
     )
     if result is None:
         print(
@@ -579,12 +627,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     summary = result[3]
     print(summary_table([summary]))
+    hist = histogram_text(summary["accept_histogram"])
+    accepted = "" if config.method == "ar" else f"accepted drafts per step {hist}; "  # AR drafts nothing
     print(
-        f"accepted drafts per step {histogram_text(summary['accept_histogram'])}; cfg {sampling.guidance}, temperature "
-        f"{sampling.temperature}; {summary['images_computed']} images computed, {summary['images_resumed']} resumed"
+        f"{accepted}cfg {sampling.guidance}, temperature {sampling.temperature}; "
+        f"{summary['images_computed']} images computed, {summary['images_resumed']} resumed"
+        + (f"; batch size {args.batch_size}" if args.batch_size > 1 else "")
     )
-    print(f"wrote {out}/(images/, grid.png, steps.parquet, drafts.parquet, images.parquet, summary.json)")
+    if COMPILE_NOTE in summary["notes"]:
+        print(f"note: {COMPILE_NOTE}")
+    print(f"wrote {out}/({', '.join(written_outputs(model.can_decode))})")
     return 0
+
+
+def written_outputs(pixels: bool) -> list[str]:
+    """The outputs a finished run holds: the PNGs and the grid only for a model that draws pixels."""
+    return (["images/", "grid.png"] if pixels else []) + [
+        "steps.parquet",
+        "drafts.parquet",
+        "images.parquet",
+        "summary.json",
+    ]
 
 
 if __name__ == "__main__":

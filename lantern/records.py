@@ -403,11 +403,20 @@ SUMMARY_SHOWN = (
 )
 
 
+def _shown_value(summary: dict, key: str):
+    """One cell of :func:`summary_table`: ``n/a`` for the acceptance rate of an AR run."""
+    value = summary.get(key, "")
+    if key == "acceptance_rate" and summary.get("method") == "ar":
+        return "n/a"
+    return value
+
+
 def summary_table(summaries: Sequence[dict], extra: Sequence[str] = ()) -> str:
-    """Summaries (dicts from :func:`summarize` / :meth:`Decoded.summary`) as an aligned text table."""
+    """Summaries (dicts from :func:`summarize` / :meth:`Decoded.summary`) as an aligned text table.
+    An AR row shows ``n/a`` for the acceptance rate α (AR drafts nothing; its summary holds NaN)."""
     import pandas as pd
 
     shown = [(k, k) for k in extra] + [kv for kv in SUMMARY_SHOWN]
-    rows = [{label: s.get(key, "") for key, label in shown} for s in summaries]
+    rows = [{label: _shown_value(s, key) for key, label in shown} for s in summaries]
     df = pd.DataFrame(rows)
     return df.to_string(index=False, float_format=lambda x: f"{x:.4g}")

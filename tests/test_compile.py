@@ -104,9 +104,9 @@ def test_generate_compile_on_a_transformers_adapter_is_one_line(tmp_path, capsys
     argv += ["--cfg", "1", "--device", "cpu", "--compile", "--out", str(tmp_path / "run")]
     capsys.readouterr()
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()  # transformers' weight-loading bars, then the error
+    err = capsys.readouterr().err.strip().splitlines()  # refused from the registry, before any weights load
     assert err[-1] == (
-        f"error: --compile works for the LlamaGen-architecture models (embedded, embedded-16, llamagen-*); "
+        f"error: --compile works for the LlamaGen-architecture models (embedded, embedded-16, llamagen-*, text-twin); "
         f"hf:{src} runs eager only, drop --compile"
     )
     assert not (tmp_path / "run").exists()

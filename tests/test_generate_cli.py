@@ -15,7 +15,7 @@ from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.seeding import image_seed
 from lantern.acceptance import RULES
 from lantern.drafter import Drafter
-from lantern.generate import main
+from lantern.generate import RELAXED, main
 from lantern.replay import main as replay_main
 
 
@@ -66,9 +66,10 @@ def nb_cache(tmp_path, monkeypatch):
 
 
 def _args(tiny, out, *extra):
-    """The command line of a run of the tiny model; --k 8 --gamma 3 for the methods that read them."""
+    """The command line of a run of the tiny model; --k 8 and --gamma 3 (a chain) for the methods that read them."""
     method = extra[extra.index("--method") + 1] if "--method" in extra else "lantern"
-    drafting = ["--k", "8", "--gamma", "3"] if method in RULES else []
+    chain = "--tree" not in extra or extra[extra.index("--tree") + 1] == "chain"
+    drafting = (["--k", "8"] if method in RELAXED else []) + (["--gamma", "3"] if method in RULES and chain else [])
     return [
         "--weights",
         str(tiny / "weights"),
@@ -193,6 +194,32 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
         (["--method", "ar", "--window", "4"], "error: --window does not apply to --method ar, only to sjd, gsd, scd"),
         (["--method", "sjd", "--gsd-group", "3"], "error: --gsd-group does not apply to --method sjd, only to gsd;"),
         (["--method", "lantern", "--scd-coupling", "gumbel"], "error: --scd-coupling does not apply to --method lan"),
+        # flags the rule or the draft shape does not read (lantern.acceptance.BOUNDS, the --tree kind)
+        (["--method", "sd", "--delta", "0.3"], "error: --delta does not apply to --method sd, only to lantern, lant"),
+        (["--method", "sd", "--k", "5"], "error: --k does not apply to --method sd, only to lantern, lantern-jsd,"),
+        (["--method", "sd", "--lam", "2"], "error: --lam does not apply to --method sd, only to lantern++; drop it"),
+        (["--method", "sd", "--metric", "cosine"], "error: --metric does not apply to --method sd, only to lantern,"),
+        (["--method", "sd", "--matrix", "codebook"], "error: --matrix does not apply to --method sd, only to lantern,"),
+        (
+            ["--method", "lantern++", "--delta", "0.3"],
+            "error: --delta does not apply to --method lantern++, only to lantern, lantern-jsd "
+            "(lantern++ is bounded by --lam); drop it",
+        ),
+        (["--method", "lantern-jsd", "--lam", "2"], "error: --lam does not apply to --method lantern-jsd, only to lan"),
+        (
+            ["--method", "sd", "--tree", "dynamic", "--gamma", "3"],
+            "error: --gamma does not apply to --tree dynamic (a tree sets its own depth), only to --tree chain;",
+        ),
+        (["--method", "sd", "--tree", "mc_sim_7b_63", "--gamma", "4"], "error: --gamma does not apply to --tree mc_"),
+        (
+            ["--method", "sd", "--tree", "chain", "--total-tokens", "20"],
+            "error: --total-tokens does not apply to --tree chain, only to --tree dynamic; drop it",
+        ),
+        (["--method", "sd", "--depth", "3"], "error: --depth does not apply to --tree chain, only to --tree dynamic;"),
+        (
+            ["--method", "sd", "--tree", "mc_sim_7b_63", "--tree-top-k", "4"],
+            "error: --tree-top-k does not apply to --tree mc_sim_7b_63 (static), only to --tree dynamic; drop it",
+        ),
     ],
 )
 def test_bad_parameters_exit_2_with_one_line(tiny, tmp_path, capsys, extra, message):
@@ -258,3 +285,92 @@ def test_run_generate_takes_run_options_or_the_old_keywords(tiny, tmp_path):
     assert new[3]["images_computed"] == old[3]["images_computed"] == 2
     with pytest.raises(TypeError, match="needs a run directory"):
         run_generate(model, [1], config, sampling, progress=False)
+
+
+def test_flags_each_rule_reads_follow_its_bound():
+    """FLAG_METHODS from lantern.acceptance.BOUNDS: sd reads no neighbourhood flag, δ bounds
+    lantern and lantern-jsd, λ bounds lantern++; --convention and the tree flags go with every rule."""
+    from lantern.generate import FLAG_METHODS
+
+    assert RELAXED == ("lantern", "lantern-jsd", "lantern++")
+    assert FLAG_METHODS["delta"] == ("lantern", "lantern-jsd") and FLAG_METHODS["lam"] == ("lantern++",)
+    assert FLAG_METHODS["k"] == FLAG_METHODS["metric"] == FLAG_METHODS["matrix"] == RELAXED
+    assert FLAG_METHODS["convention"] == FLAG_METHODS["gamma"] == FLAG_METHODS["depth"] == RULES
+
+
+def test_flags_a_run_reads_are_accepted(tiny, tmp_path):
+    """The flags each method and tree reads pass the check (at their default values too)."""
+    from lantern.generate import check_flags_apply
+
+    check_flags_apply("sd", {"gamma", "convention", "drafter"}, "chain")
+    check_flags_apply("lantern", {"k", "delta", "metric", "matrix", "tree"}, "mc_sim_7b_63")
+    check_flags_apply("lantern++", {"lam", "total_tokens", "depth", "tree_top_k", "tree"}, "dynamic")
+    check_flags_apply("lantern-jsd", {"delta", "gamma"}, "chain")
+
+
+def test_compile_on_an_eager_model_is_refused_before_its_weights_load(tmp_path, capsys, monkeypatch):
+    """``--model anole --compile`` (weights absent) ends with the compile line, not the weights
+    error: the registry knows the transformers adapters run eager; nothing is loaded or written."""
+    import lantern.generate as gen
+    from ambiguity.models.registry import available_models, get_spec
+
+    monkeypatch.setattr(gen, "load_model", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
+    out = tmp_path / "run"
+    argv = ["--model", "anole", "--method", "ar", "--compile", "--num-images", "1", "--out", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: --compile works for the LlamaGen-architecture models (embedded, embedded-16, llamagen-*, "
+        "text-twin); anole runs eager only, drop --compile\n"
+    )
+    assert not out.exists()
+    compiling = sorted(n for n in available_models() if get_spec(n).compiles)
+    assert compiling == sorted(
+        ["embedded", "embedded-16", "text-twin"] + [n for n in available_models() if n.startswith("llamagen-")]
+    )
+    assert all(get_spec(n).compiles is False for n in available_models() if n not in compiling)
+    assert get_spec("hf:some/repo").compiles is False
+
+
+def test_summary_records_batch_size_and_compile(tiny, tmp_path, capsys):
+    """summary.json holds ``batch_size`` and ``compile``; a compiled run (run_generate's
+    ``compiled``, as --compile passes it) notes that its first images' seconds include compilation."""
+    from ambiguity.runs import RunOptions
+    from ambiguity.sampling import SamplingConfig
+    from lantern.decoding import DecodeConfig
+    from lantern.generate import COMPILE_NOTE, run_generate
+
+    out = tmp_path / "plain"
+    assert main(_args(tiny, out, "--method", "sd", "--num-images", "2", "--batch-size", "2")) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["batch_size"] == 2 and summary["compile"] is False
+    assert COMPILE_NOTE not in summary["notes"] and "note: compiled" not in printed and "batch size 2" in printed
+
+    model = load_embedded(tiny / "weights")
+    config, sampling = DecodeConfig.of("ar"), SamplingConfig(guidance=2.0)
+    opts = RunOptions(out=tmp_path / "compiled", progress=False)
+    summary = run_generate(model, [1], config, sampling, opts, compiled=True)[3]
+    assert summary["compile"] is True and summary["batch_size"] == 1 and COMPILE_NOTE in summary["notes"]
+    assert json.loads((tmp_path / "compiled" / "summary.json").read_text())["compile"] is True
+    resumed = run_generate(model, [1], config, sampling, opts, compiled=True)[3]  # nothing computed: no note
+    assert resumed["images_resumed"] == 1 and COMPILE_NOTE not in resumed["notes"]
+
+
+def test_ar_summary_shows_no_acceptance(tiny, tmp_path, capsys):
+    """AR drafts nothing: the printed summary has α n/a and no accepted-drafts histogram, the rest stays."""
+    assert main(_args(tiny, tmp_path / "ar", "--method", "ar", "--num-images", "1")) == 0
+    printed = capsys.readouterr().out
+    header, row = printed.splitlines()[:2]
+    assert "α" in header and "n/a" in row.split() and "NaN" not in printed and "nan" not in printed
+    assert "accepted drafts per step" not in printed and "1 images computed, 0 resumed" in printed
+    assert main(_args(tiny, tmp_path / "sd", "--method", "sd", "--num-images", "1")) == 0
+    assert "accepted drafts per step (0..3): [" in capsys.readouterr().out
+
+
+def test_written_outputs_list_only_what_the_model_writes():
+    """The final ``wrote`` line: no images/ or grid.png for a model without pixels (text-twin)."""
+    from lantern.generate import written_outputs
+
+    assert written_outputs(False) == ["steps.parquet", "drafts.parquet", "images.parquet", "summary.json"]
+    assert written_outputs(True)[:2] == ["images/", "grid.png"]

@@ -40,7 +40,19 @@ import torch.nn as nn
 
 from ambiguity.errors import UsageError
 
-__all__ = ["Prompt", "Step", "TokenModel", "DraftLayer", "resolve_device"]
+__all__ = ["Prompt", "Step", "TokenModel", "DraftLayer", "resolve_device", "compile_refusal", "COMPILING_MODELS"]
+
+
+#: the models whose cached forwards ``--compile`` can run through torch.compile (LlamaGen architecture)
+COMPILING_MODELS = "embedded, embedded-16, llamagen-*, text-twin"
+
+
+def compile_refusal(name: str) -> str:
+    """The one-line refusal of ``--compile`` for the model ``name`` (an eager-only adapter)."""
+    return (
+        f"--compile works for the LlamaGen-architecture models ({COMPILING_MODELS}); "
+        f"{name} runs eager only, drop --compile"
+    )
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -256,10 +268,7 @@ class TokenModel(abc.ABC):
         """Run the cached target forwards through ``torch.compile`` from now on (``--compile``;
         idempotent). Raises UsageError when the adapter's forward cannot be compiled (the default:
         only the LlamaGen-architecture models, whose KV cache is a static buffer, can)."""
-        raise UsageError(
-            f"--compile works for the LlamaGen-architecture models (embedded, embedded-16, llamagen-*); "
-            f"{self.name} runs eager only, drop --compile"
-        )
+        raise UsageError(compile_refusal(self.name))
 
     # ------------------------------------------------- batched decoding (many images in flight)
     #: whether :meth:`new_slots_cache`, :meth:`prefill_slots` and :meth:`extend_slots` work, and why not

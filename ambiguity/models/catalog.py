@@ -42,12 +42,42 @@ class ModelSpec:
     classes: Optional[int] = None
     codes_key: tuple[str, ...] = ()
 
+    @property
+    def compiles(self) -> Optional[bool]:
+        """Whether the loaded adapter's forwards can run through ``torch.compile`` (``--compile``),
+        from its loader alone: True for the LlamaGen-architecture loaders (:data:`COMPILING_LOADERS`),
+        False for the transformers adapters (:data:`EAGER_LOADERS`), None when unknown (a loader
+        registered by other code; the loaded model then answers)."""
+        if self.loader in COMPILING_LOADERS:
+            return True
+        if self.loader in EAGER_LOADERS:
+            return False
+        return None
+
     def resolve_loader(self) -> Callable[..., TokenModel]:
         if callable(self.loader):
             return self.loader
         module, func = self.loader.split(":")
         return getattr(importlib.import_module(module), func)
 
+
+# loaders whose models have compilable cached forwards (a static KV cache, written in place) and
+# loaders of transformers adapters, which run eager only (ambiguity.models.base.TokenModel.compile_forwards)
+COMPILING_LOADERS = frozenset(
+    {
+        "ambiguity.models.embedded:load_embedded",
+        "ambiguity.models.llamagen:load_llamagen",
+        "ambiguity.models.text_twin:load_text_twin",
+    }
+)
+EAGER_LOADERS = frozenset(
+    {
+        "ambiguity.models.chameleon:load_chameleon",
+        "ambiguity.models.janus:load_janus",
+        "ambiguity.models.emu3:load_emu3",
+        "ambiguity.models.hf_text:load_hf_causal_lm",
+    }
+)
 
 BUILTIN: list[ModelSpec] = []
 

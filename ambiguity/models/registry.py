@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
-from ambiguity.models.base import TokenModel, resolve_device
+from ambiguity.models.base import TokenModel, compile_refusal, resolve_device
 from ambiguity.models.catalog import BUILTIN, ModelSpec
 from ambiguity.models.checkpoints import check_finite
 
@@ -32,6 +32,7 @@ __all__ = [
     "resolve_dtype",
     "spec_sizes",
     "check_spec_options",
+    "check_compile",
 ]
 
 DEFAULT_MODEL = "embedded"
@@ -161,6 +162,15 @@ def check_spec_options(
         raise UsageError(
             f"--tree-top-k {tree_top_k} exceeds the vocabulary size {V} of {label}; use --tree-top-k {V} or less"
         )
+
+
+def check_compile(name: str) -> None:
+    """Refuse ``--compile`` for the model ``name`` before its weights load when the registry knows
+    its adapter runs eager only (:attr:`ModelSpec.compiles` False: the transformers adapters and
+    ``hf:``); an unknown family is left to the loaded model. Raises UsageError (one line)."""
+    spec = get_spec(name)
+    if spec.compiles is False:
+        raise UsageError(compile_refusal(spec.name if not name.startswith("hf:") else name))
 
 
 def load_model(name: str = DEFAULT_MODEL, weights=None, device="auto", dtype=None) -> TokenModel:
