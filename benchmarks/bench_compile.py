@@ -91,7 +91,7 @@ def append_forward(model, T: int):
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="bench_compile.py", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="embedded", help="a LlamaGen-architecture model (default: embedded)")
-    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--batch-sizes", default="1,8,32", help="comma-separated images per forward (default: %(default)s)")
     ap.add_argument("--gamma", type=positive_int, default=4, help="draft length: gamma + 1 tokens per forward")
     ap.add_argument("--repeats", type=positive_int, default=40, help="timed forwards per cell and variant")
     add_device_args(ap, what="the model")

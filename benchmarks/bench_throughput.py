@@ -112,16 +112,24 @@ def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -
 @cli_main
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="bench_throughput.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="embedded,embedded-16")
-    ap.add_argument("--methods", default="ar,sd,lantern,lantern-static,lantern-dynamic,profile")
-    ap.add_argument("--batch-sizes", default="1,8,32,64")
+    ap.add_argument(
+        "--models", default="embedded,embedded-16", help="comma-separated registry names (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--methods",
+        default="ar,sd,lantern,lantern-static,lantern-dynamic,profile",
+        help="comma-separated, from: " + ", ".join((*METHODS, *JACOBI, "profile")) + " (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--batch-sizes", default="1,8,32,64", help="comma-separated images per forward (default: %(default)s)"
+    )
     ap.add_argument(
         "--images", type=positive_int, default=8, help="images per cell at least (a cell takes max(this, 2B))"
     )
-    ap.add_argument("--repeats", type=positive_int, default=3)
-    ap.add_argument("--gamma", type=positive_int, default=4)
-    ap.add_argument("--k", type=positive_int, default=64)
-    ap.add_argument("--delta", type=finite_float, default=0.2)
+    ap.add_argument("--repeats", type=positive_int, default=3, help="timed repeats per cell, interleaved (default: 3)")
+    ap.add_argument("--gamma", type=positive_int, default=4, help="chain draft length (default: 4)")
+    ap.add_argument("--k", type=positive_int, default=64, help="LANTERN latent neighbourhood size (default: 64)")
+    ap.add_argument("--delta", type=finite_float, default=0.2, help="LANTERN TVD bound (default: 0.2)")
     ap.add_argument("--static-tree", default="mc_sim_7b_63", choices=[n for n in STATIC_TREES if n != "chain"])
     ap.add_argument("--total-tokens", type=positive_int, default=59, help="dynamic tree: nodes incl. the root")
     ap.add_argument("--depth", type=positive_int, default=4, help="dynamic tree: expansion rounds")
