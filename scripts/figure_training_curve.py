@@ -99,7 +99,8 @@ def plot_curve(curve: dict, path: Path, references: dict[str, tuple[float, float
         ax.set_xlabel("epochs")
         ax.set_ylabel("bits / token")
         ax.set_xlim(left=0)
-        status = curve.get("stop_reason") or f"running (budget {curve.get('max_epochs', '?')} epochs)"
+        budget = curve.get("max_total_epochs", curve.get("max_epochs", "?"))  # warm start: init + this run
+        status = curve.get("stop_reason") or f"running (to at most {budget} epochs)"
         if len(status) > 60:
             status = "stopped: gain < " + f"{curve['stop']['min_gain_bits']} bits/token per epoch"
         ax.set_title(f"embedded-16 GPT ({curve.get('recipe', '?')}): {status}", fontsize=7)
