@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ambiguity.models.kv_ops import move_cache_entries
+
 __all__ = ["GPTConfig", "GPT", "KVCache", "GPT_PRESETS", "gpt_config_from_official"]
 
 
@@ -242,9 +244,8 @@ class KVCache:
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Per row, copy the entries at cache positions ``src`` (rows, m) int64 to ``dst`` (rows, m),
         every layer (all read first, then written; batched draft trees keep their accepted paths)."""
-        at = torch.arange(src.shape[0], device=src.device)[:, None]
-        self.k[:, at, :, dst] = self.k[:, at, :, src].clone()
-        self.v[:, at, :, dst] = self.v[:, at, :, src].clone()
+        move_cache_entries(self.k, src, dst)
+        move_cache_entries(self.v, src, dst)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the given batch rows (e.g. to drop finished images)."""

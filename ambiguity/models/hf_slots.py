@@ -19,6 +19,8 @@ from typing import Optional
 
 import torch
 
+from ambiguity.models.kv_ops import move_cache_entries
+
 __all__ = ["SlotKV", "HFSlotsCache"]
 
 
@@ -92,10 +94,8 @@ class SlotKV:
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Per row, copy the entries ``src`` (rows, m) int64 to ``dst`` (rows, m) in every layer, all
         read before any is written."""
-        for buf in (self.keys, self.values):
-            for x in buf:
-                s, d = (i.to(x.device)[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]) for i in (src, dst))
-                x.scatter_(2, d, x.gather(2, s))
+        for x in (*self.keys, *self.values):
+            move_cache_entries(x, src, dst)
 
 
 class HFSlotsCache:
