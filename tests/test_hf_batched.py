@@ -258,3 +258,36 @@ def test_sliding_window_text_lm_refuses_batching(tmp_path, capsys):
         f"cache layers, which the per-image slots cache does not model); use --batch-size 1"
     )
     assert main([*common, "--batch-size", "1", "--out", str(tmp_path / "b1")]) == 0
+
+
+def test_batch_limit_is_decided_once_per_decoder_config(monkeypatch):
+    """``batch_limit`` builds one empty DynamicCache per decoder config (not one per access) and keeps
+    its answer: '' for a full-attention Llama; for a sliding-window Mistral the layer kind named; a
+    decoder given a new config is decided again."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    import ambiguity.models.hf_common as hf
+
+    built = []
+    real = hf.new_dynamic_cache
+    monkeypatch.setattr(hf, "new_dynamic_cache", lambda config=None: built.append(config) or real(config))
+    lm, tok = tiny_llama()
+    llama = HFCausalLM(lm, tok)
+    mistral_cfg = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        sliding_window=4,
+    )
+    mistral = HFCausalLM(MistralForCausalLM(mistral_cfg).eval(), tok)
+    built.clear()
+    assert [llama.batch_limit, llama.batch_limit, llama.can_batch_decode] == ["", "", True]
+    assert built == [llama.decoder.config]
+    why = "its decoder has DynamicSlidingWindowLayer cache layers, which the per-image slots cache does not model"
+    assert [mistral.batch_limit, mistral.batch_limit, mistral.can_batch_decode] == [why, why, False]
+    assert built == [llama.decoder.config, mistral.decoder.config]
+    llama.decoder.config = mistral.decoder.config
+    assert llama.batch_limit == why and len(built) == 3

@@ -57,6 +57,7 @@ __all__ = [
     "HFDraftLayer",
     "cache_kwarg",
     "new_dynamic_cache",
+    "slots_cache_limit",
     "run_decoder",
     "left_pad_ids",
     "position_ids",
@@ -117,6 +118,17 @@ def crop_dynamic_cache(kv, length: int) -> None:
         raise ValueError(f"cannot crop a cache holding {held} positions to {length}")
     if held > length:
         kv.crop(length - held)
+
+
+def slots_cache_limit(config) -> str:
+    """Why a decoder with this config cannot run on the slots cache, '' when it can: the layer kinds of
+    an empty ``DynamicCache`` built from ``config`` (:func:`new_dynamic_cache`) must all be
+    ``DynamicLayer`` (full attention)."""
+    kinds = {type(layer).__name__ for layer in new_dynamic_cache(config).layers}
+    other = sorted(kinds - {"DynamicLayer"})
+    if not other:
+        return ""
+    return f"its decoder has {', '.join(other)} cache layers, which the per-image slots cache does not model"
 
 
 class HFCache:
@@ -353,12 +365,14 @@ class HFTokenModel(TokenModel):
     def batch_limit(self) -> str:
         """Why this adapter cannot decode several images per forward, '' when it can: every layer of
         its decoder must keep a full-attention cache (a ``transformers`` ``DynamicLayer``); sliding-window,
-        chunked or recurrent layers (Mistral, Gemma 2 ...) are not modelled by the slots cache."""
-        kinds = {type(layer).__name__ for layer in new_dynamic_cache(getattr(self.decoder, "config", None)).layers}
-        other = sorted(kinds - {"DynamicLayer"})
-        if not other:
-            return ""
-        return f"its decoder has {', '.join(other)} cache layers, which the per-image slots cache does not model"
+        chunked or recurrent layers (Mistral, Gemma 2 ...) are not modelled by the slots cache.
+
+        Decided once per decoder config (an empty ``DynamicCache`` built from it on the first access)."""
+        config = getattr(self.decoder, "config", None)
+        known = getattr(self, "_batch_limit_of", None)
+        if known is None or known[0] is not config:
+            self._batch_limit_of = (config, slots_cache_limit(config))
+        return self._batch_limit_of[1]
 
     @property
     def can_batch_decode(self) -> bool:
