@@ -19,14 +19,13 @@ hold each image's records, checked on resume), ``--num-images`` can be raised la
 and LANTERN runs with the same seed are comparable image by image (:mod:`lantern.replay`).
 A rerun with other settings into the same ``--out`` is refused unless ``--overwrite``. Bad
 parameters (δ < 0, λ < 1, k >= the vocabulary size, γ < 1, a drafter built for another model,
-an unknown method, a flag the method or tree does not read: :data:`FLAG_METHODS`,
-:data:`FLAG_TREES`; ``--compile`` for an eager-only model, before its weights load) end with one
+an unknown method, a flag the method or tree does not read: :data:`~lantern.cli_flags.FLAG_METHODS`,
+:data:`~lantern.cli_flags.FLAG_TREES`; ``--compile`` for an eager-only model, before its weights load) end with one
 line on stderr and exit status 2. ``summary.json`` also records ``batch_size`` and ``compile``.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 from typing import Optional
@@ -63,8 +62,9 @@ from ambiguity.models.registry import check_compile, check_spec_options, get_spe
 from ambiguity.neighbourhood import MATRICES, METRICS
 from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import BOUNDS, CONVENTIONS, RULES, AcceptanceRule
+from lantern.acceptance import CONVENTIONS, AcceptanceRule
 from lantern.batched import check_batching
+from lantern.cli_flags import check_flags_apply, given_options
 from lantern.decoding import (
     DEFAULT_METRIC,
     METHODS,
@@ -76,7 +76,7 @@ from lantern.decoding import (
     neighbour_table,
 )
 from lantern.drafter import DraftModel, load_drafter
-from lantern.jacobi import COUPLINGS, INITS, JACOBI_METHODS, JacobiConfig, check_jacobi
+from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
 from lantern.records import Decoded, summarize, summary_table
 from lantern.trees import STATIC_TREES, TreeSpec, parse_tree
 
@@ -207,60 +207,6 @@ def add_jacobi_args(p) -> None:
         help="scd: gumbel or maximal coupling of successive drafts (maximal-official: the official "
         "bookkeeping, not lossless) (default: gumbel)",
     )
-
-
-# the decoding options each method reads (dest -> methods); one given for another method is refused.
-# The bound flags follow lantern.acceptance.BOUNDS: sd reads no neighbourhood flag, lantern and
-# lantern-jsd read --delta (a TVD or a JSD bound), lantern++ reads --lam.
-RELAXED = tuple(m for m in RULES if BOUNDS[m] is not None)
-FLAG_METHODS = {
-    **dict.fromkeys(("gamma", "tree", "total_tokens", "depth", "tree_top_k", "convention"), RULES),
-    **dict.fromkeys(("k", "metric", "matrix"), RELAXED),
-    **{p: tuple(m for m in RELAXED if BOUNDS[m].parameter == p) for p in ("delta", "lam")},
-    **dict.fromkeys(("window", "jacobi_init"), JACOBI_METHODS),
-    **dict.fromkeys(("gsd_group", "gsd_prob_gap", "gsd_distance"), ("gsd",)),
-    "scd_coupling": ("scd",),
-}
-# the draft-shape options each --tree reads (dest -> tree kinds): γ sizes a chain only (a tree
-# has its own depth), the EAGLE-2 knobs size a dynamic tree only (a static tree is its paths)
-FLAG_TREES = {"gamma": ("chain",), **dict.fromkeys(("total_tokens", "depth", "tree_top_k"), ("dynamic",))}
-
-
-def tree_kind(tree: str) -> str:
-    """``--tree`` text -> ``"chain"``, ``"dynamic"`` or ``"static"`` (a named or .json tree)."""
-    return tree if tree in ("chain", "dynamic") else "static"
-
-
-def given_options(parser: ArgumentParser, argv: Optional[list[str]]) -> set[str]:
-    """The dests of the options on the command line ``argv`` (None: ``sys.argv[1:]``), given at
-    their default value or not: a second parse of ``argv`` with every default suppressed.
-    ``parser`` is changed (use a fresh one)."""
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(argv)))
-
-
-def check_flags_apply(method: str, given: set[str], tree: str = "chain") -> None:
-    """Raise UsageError for a decoding option in ``given`` (dests) that ``method`` with ``--tree
-    tree`` ignores: by :data:`FLAG_METHODS`, tree, γ and neighbourhood flags with ``ar`` or a
-    Jacobi method, ``--k --delta --lam --metric --matrix`` with ``sd``, ``--delta`` with
-    ``lantern++`` and ``--lam`` with ``lantern``/``lantern-jsd``, Jacobi knobs with the others;
-    by :data:`FLAG_TREES`, ``--gamma`` with a tree and ``--total-tokens --depth --tree-top-k``
-    with a chain or a static tree. The line names the methods or trees the flag is for."""
-    for dest, methods in FLAG_METHODS.items():
-        if dest in given and method not in methods:
-            flag = "--" + dest.replace("_", "-")
-            hint = ""
-            if method in RELAXED and dest in ("delta", "lam"):
-                hint = f" ({method} is bounded by --{BOUNDS[method].parameter})"
-            raise UsageError(f"{flag} does not apply to --method {method}, only to {', '.join(methods)}{hint}; drop it")
-    kind = tree_kind(tree)
-    for dest, kinds in FLAG_TREES.items():
-        if dest in given and kind not in kinds:
-            flag = "--" + dest.replace("_", "-")
-            shape = "--tree chain" if kind == "chain" else f"--tree {tree}" + (" (static)" if kind == "static" else "")
-            why = " (a tree sets its own depth)" if dest == "gamma" else ""
-            raise UsageError(f"{flag} does not apply to {shape}{why}, only to --tree {' or '.join(kinds)}; drop it")
 
 
 def decode_config_from_args(args) -> DecodeConfig:

@@ -14,8 +14,9 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.seeding import image_seed
 from lantern.acceptance import RULES
+from lantern.cli_flags import RELAXED
 from lantern.drafter import Drafter
-from lantern.generate import RELAXED, main
+from lantern.generate import main
 from lantern.replay import main as replay_main
 
 
@@ -290,7 +291,7 @@ def test_run_generate_takes_run_options_or_the_old_keywords(tiny, tmp_path):
 def test_flags_each_rule_reads_follow_its_bound():
     """FLAG_METHODS from lantern.acceptance.BOUNDS: sd reads no neighbourhood flag, δ bounds
     lantern and lantern-jsd, λ bounds lantern++; --convention and the tree flags go with every rule."""
-    from lantern.generate import FLAG_METHODS
+    from lantern.cli_flags import FLAG_METHODS
 
     assert RELAXED == ("lantern", "lantern-jsd", "lantern++")
     assert FLAG_METHODS["delta"] == ("lantern", "lantern-jsd") and FLAG_METHODS["lam"] == ("lantern++",)
@@ -300,7 +301,7 @@ def test_flags_each_rule_reads_follow_its_bound():
 
 def test_flags_a_run_reads_are_accepted(tiny, tmp_path):
     """The flags each method and tree reads pass the check (at their default values too)."""
-    from lantern.generate import check_flags_apply
+    from lantern.cli_flags import check_flags_apply
 
     check_flags_apply("sd", {"gamma", "convention", "drafter"}, "chain")
     check_flags_apply("lantern", {"k", "delta", "metric", "matrix", "tree"}, "mc_sim_7b_63")
