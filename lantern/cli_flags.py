@@ -50,13 +50,15 @@ def given_options(parser: argparse.ArgumentParser, argv: Optional[list[str]]) ->
     return set(vars(parser.parse_args(argv)))
 
 
-def check_flags_apply(method: str, given: set[str], tree: str = "chain") -> None:
+def check_flags_apply(method: str, given: set[str], tree: str = "chain", k: Optional[int] = None) -> None:
     """Raise UsageError for a decoding option in ``given`` (dests) that ``method`` with ``--tree
-    tree`` ignores: by :data:`FLAG_METHODS`, tree, γ and neighbourhood flags with ``ar`` or a
-    Jacobi method, ``--k --delta --lam --metric --matrix`` with ``sd``, ``--delta`` with
+    tree`` and ``--k k`` ignores: by :data:`FLAG_METHODS`, tree, γ and neighbourhood flags with
+    ``ar`` or a Jacobi method, ``--k --delta --lam --metric --matrix`` with ``sd``, ``--delta`` with
     ``lantern++`` and ``--lam`` with ``lantern``/``lantern-jsd``, Jacobi knobs with the others;
-    by :data:`FLAG_TREES`, ``--gamma`` with a tree and ``--total-tokens --depth --tree-top-k``
-    with a chain or a static tree. The line names the methods or trees the flag is for."""
+    ``--metric --matrix`` with ``k == 0`` (no latent neighbourhood: every rule accepts as ``sd``,
+    :attr:`lantern.acceptance.AcceptanceRule.relaxed`); by :data:`FLAG_TREES`, ``--gamma`` with a
+    tree and ``--total-tokens --depth --tree-top-k`` with a chain or a static tree. The line names
+    the methods, ``--k`` or trees the flag is for."""
     for dest, methods in FLAG_METHODS.items():
         if dest in given and method not in methods:
             flag = "--" + dest.replace("_", "-")
@@ -64,6 +66,13 @@ def check_flags_apply(method: str, given: set[str], tree: str = "chain") -> None
             if method in RELAXED and dest in ("delta", "lam"):
                 hint = f" ({method} is bounded by --{BOUNDS[method].parameter})"
             raise UsageError(f"{flag} does not apply to --method {method}, only to {', '.join(methods)}{hint}; drop it")
+    if k == 0:
+        for dest in ("metric", "matrix"):
+            if dest in given:
+                raise UsageError(
+                    f"--{dest} does not apply with --k 0 (no latent neighbourhood: {method} accepts as sd), "
+                    f"only with --k >= 1; drop it"
+                )
     kind = tree_kind(tree)
     for dest, kinds in FLAG_TREES.items():
         if dest in given and kind not in kinds:

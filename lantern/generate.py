@@ -125,7 +125,8 @@ def add_decoding_args(p) -> None:
         "--k",
         type=nonneg_int,
         default=_RULE.k,
-        help=f"latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = plain SD (default: {_RULE.k})",
+        help=f"latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = plain SD (then --metric and "
+        f"--matrix are refused) (default: {_RULE.k})",
     )
     p.add_argument(
         "--delta",
@@ -516,7 +517,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for a UsageError."""
     args = build_parser().parse_args(argv)
     # cheap checks first: nothing is loaded or written before the settings are known to be valid
-    check_flags_apply(args.method, given_options(build_parser(), argv), args.tree)
+    check_flags_apply(args.method, given_options(build_parser(), argv), args.tree, k=args.k)
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)

@@ -208,6 +208,16 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
         ),
         (["--method", "lantern-jsd", "--lam", "2"], "error: --lam does not apply to --method lantern-jsd, only to lan"),
         (
+            ["--method", "lantern", "--k", "0", "--metric", "cosine"],
+            "error: --metric does not apply with --k 0 (no latent neighbourhood: lantern accepts as sd), "
+            "only with --k >= 1; drop it\n",
+        ),
+        (
+            ["--method", "lantern++", "--k", "0", "--matrix", "codebook"],
+            "error: --matrix does not apply with --k 0 (no latent neighbourhood: lantern++ accepts as sd), "
+            "only with --k >= 1; drop it\n",
+        ),
+        (
             ["--method", "sd", "--tree", "dynamic", "--gamma", "3"],
             "error: --gamma does not apply to --tree dynamic (a tree sets its own depth), only to --tree chain;",
         ),
