@@ -17,7 +17,9 @@ One run measures, side by side on the same device (median wall-clock of ``--repe
 * once: the exact k-NN table ``B_1000`` of a 16384 x 8 codebook (FAISS), cached in practice.
 
 LANTERN (Jang et al., ICLR 2025, App.) reports building A 9.1x cheaper than a target forward.
-Prints a table with the ratios and writes ``benchmarks/results/acceptance.json``.
+Prints a table with the ratios and writes ``--out`` (default
+``runs/benchmarks/bench_acceptance/acceptance.json``; the committed results:
+``--out benchmarks/results/acceptance.json``).
 
     python benchmarks/bench_acceptance.py [--device auto] [--gamma 4] [--k 1000] [--delta 0.4]
 """
@@ -52,7 +54,7 @@ from lantern.acceptance import AcceptanceRule, judge, relaxed_mass, residual
 from lantern.decoding import draft
 from lantern.drafter import Drafter
 
-RESULTS = Path(__file__).resolve().parent / "results"
+OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "bench_acceptance"  # untracked
 
 
 def timed(fn, device, repeats: int, warmup: int = 1) -> float:
@@ -81,7 +83,12 @@ def main(argv=None) -> int:
     ap.add_argument("--delta", type=finite_float, default=0.4)
     ap.add_argument("--position", type=nonneg_int, default=128, help="image tokens already in the KV cache")
     ap.add_argument("--repeats", type=positive_int, default=5)
-    add_out_arg(ap, "results JSON", default=str(RESULTS / "acceptance.json"), metavar="FILE")
+    add_out_arg(
+        ap,
+        "results JSON (default: runs/benchmarks/bench_acceptance/acceptance.json)",
+        default=str(OUT / "acceptance.json"),
+        metavar="FILE",
+    )
     args = ap.parse_args(argv)
     check_out_file(args.out)
     rule = AcceptanceRule("lantern", k=args.k, delta=args.delta)

@@ -16,6 +16,8 @@ number). Then ``--repeats`` rounds, eager and compiled interleaved, each at a ne
 forward and the ratio eager / compiled. On CUDA every timing synchronises the device.
 
 Writes ``--out``/compile.parquet (one row per forward timed) and compile.json (the medians).
+``--out`` defaults to the untracked ``runs/benchmarks/bench_compile``; the committed results were
+written with ``--out benchmarks/results/compile`` (``compile_embedded-16`` for embedded-16; README).
 """
 
 from __future__ import annotations
@@ -96,7 +98,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=positive_int, default=40, help="timed forwards per cell and variant")
     add_device_args(ap, what="the model")
     add_threads_arg(ap, 1)
-    add_out_arg(ap, "results directory", default=str(ROOT / "benchmarks" / "results" / "compile"))
+    add_out_arg(
+        ap,
+        "results directory (default: runs/benchmarks/bench_compile)",
+        default=str(ROOT / "runs" / "benchmarks" / "bench_compile"),
+    )
     args = ap.parse_args(argv)
     set_threads(args.threads)
     sizes = int_list(args.batch_sizes, "--batch-sizes", 1)

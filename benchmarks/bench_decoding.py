@@ -23,7 +23,7 @@ length in ``--sd-gammas`` and every dynamic-tree size in ``--sd-tree-sizes``; th
 reported as the tuned SD baseline next to LANTERN.
 
 Every configuration's statistics and every timing round are parts of a run directory
-(``--out``, default ``benchmarks/results/decoding``), so an interrupted sweep resumes.
+(``--out``, default ``runs/benchmarks/bench_decoding``), so an interrupted sweep resumes.
 Writes ``decoding.parquet`` (one row per configuration), ``timing.parquet`` (one row per
 configuration and round), ``summary.json`` and ``figures/lantern_sweep.{png,pdf}``::
 
@@ -336,7 +336,11 @@ def build_parser() -> ArgumentParser:
         help="image quality of every configuration's images (lantern.evaluate extractors; '' for none)",
     )
     add_threads_arg(ap, 2)
-    add_out_arg(ap, "results directory", default=str(ROOT / "benchmarks" / "results" / "decoding"))
+    add_out_arg(
+        ap,
+        "results directory (default: runs/benchmarks/bench_decoding)",
+        default=str(ROOT / "runs" / "benchmarks" / "bench_decoding"),
+    )
     ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
     add_overwrite_arg(ap)
     ap.add_argument(

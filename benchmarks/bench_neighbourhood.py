@@ -19,7 +19,8 @@ of every row), checking both give the same table.
 
 All three must return the same neighbour sets up to ties at the k-th distance (checked against
 float64 distances). Prints a table of seconds and ratios (baseline / ours) and writes JSON to
-``benchmarks/results/bench_neighbourhood.json``. CPU heavy (minutes): run it alone, e.g.
+``--out`` (default ``runs/benchmarks/bench_neighbourhood/bench_neighbourhood.json``; the committed
+results: ``--out benchmarks/results/bench_neighbourhood.json``). CPU heavy (minutes): run it alone, e.g.
 ``nohup python benchmarks/bench_neighbourhood.py > bench.log 2>&1 &``.
 """
 
@@ -144,6 +145,9 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
+OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "bench_neighbourhood"  # untracked
+
+
 @cli_main
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="python benchmarks/bench_neighbourhood.py", description=__doc__.split("\n")[0])
@@ -153,7 +157,10 @@ def main(argv=None) -> int:
     ap.add_argument("--official-bytes", type=finite_float, default=4.5e9, help="memory for one official block (bytes)")
     ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn, drop")
     add_out_arg(
-        ap, "results JSON", default=str(Path(__file__).parent / "results" / "bench_neighbourhood.json"), metavar="FILE"
+        ap,
+        "results JSON (default: runs/benchmarks/bench_neighbourhood/bench_neighbourhood.json)",
+        default=str(OUT / "bench_neighbourhood.json"),
+        metavar="FILE",
     )
     args = ap.parse_args(argv)
     check_out_file(args.out)

@@ -7,7 +7,9 @@ Reports images per second (median and quartiles over the rounds, start-up includ
 clock a user waits) and the per-round ratio N / 1. On a CPU machine both get all cores: the one
 process ``--threads`` (default all) threads, each of the N processes cores / N
 (:mod:`ambiguity.distributed`). Checks that the outputs are identical when both use one thread
-per process (``--same-threads``). Writes ``benchmarks/results/scaleout.json``.
+per process (``--same-threads``). Writes ``--out`` (default
+``runs/benchmarks/bench_scaleout/scaleout_<command>.json``, untracked; the committed results are
+``benchmarks/results/scaleout_<command>.json``: pass that ``--out`` to replace them).
 
     python benchmarks/bench_scaleout.py --command profile --num-images 64 --repeats 3
     python benchmarks/bench_scaleout.py --command generate --num-images 16 --repeats 3
@@ -32,6 +34,7 @@ from ambiguity.cli import ArgumentParser, add_out_arg, check_out_file, cli_main,
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 
+OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "bench_scaleout"  # untracked
 COMMANDS = {
     "profile": lambda n: ["ambiguity.profile", "--num-images", str(n), "--no-figures", "--no-progress"],
     "generate": lambda n: ["lantern.generate", "--num-images", str(n), "--no-progress"],
@@ -71,8 +74,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument(
         "--same-threads", action="store_true", help="one thread per process in both (outputs then identical; checked)"
     )
-    add_out_arg(ap, "results JSON", default="benchmarks/results/scaleout.json", metavar="FILE")
+    add_out_arg(ap, "results JSON (default: runs/benchmarks/bench_scaleout/scaleout_<command>.json)", metavar="FILE")
     args = ap.parse_args(argv)
+    args.out = args.out or str(OUT / f"scaleout_{args.command}.json")
     check_out_file(args.out)
     argv_ = COMMANDS[args.command](args.num_images)
     threads = 1 if args.same_threads else None  # None: the defaults (all cores; cores / N per process)

@@ -29,6 +29,8 @@ cell as ``same_tokens``, the target's seconds per image as ``target_s``, and ``v
 
 Writes ``--out``/throughput.parquet (one row per cell and repeat) and throughput.json (medians,
 spreads and the ratios: each method at B against itself at B = 1 and against AR at the same B).
+``--out`` defaults to the untracked ``runs/benchmarks/bench_throughput``; the committed results
+were written with ``--out benchmarks/results/throughput`` (``_trees``, ``_compile``; README).
 """
 
 from __future__ import annotations
@@ -143,8 +145,8 @@ def main(argv=None) -> int:
     add_threads_arg(ap, 2)
     add_out_arg(
         ap,
-        "results directory (default benchmarks/results/throughput)",
-        default=str(ROOT / "benchmarks" / "results" / "throughput"),
+        "results directory (default runs/benchmarks/bench_throughput)",
+        default=str(ROOT / "runs" / "benchmarks" / "bench_throughput"),
     )
     args = ap.parse_args(argv)
     set_threads(args.threads)

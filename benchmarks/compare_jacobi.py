@@ -20,9 +20,10 @@ statistics use ``--num-images`` images (decoded ``--batch-size`` at a time: the 
 one at a time, :mod:`lantern.batched`), the latency timing the first ``--timing-images`` of them,
 the throughput ``--throughput-images`` images (default 2 B) per round. Every method keeps its
 colour of :data:`ambiguity.plots.METHOD_COLORS` in every panel and figure. Writes
-``benchmarks/results/compare_jacobi_<model>.{csv,md}``, ``compare_jacobi_<model>_ambiguity.csv``,
+``--out``/compare_jacobi_<model>.{csv,md}``, ``compare_jacobi_<model>_ambiguity.csv``,
 ``compare_jacobi_<model>_throughput.csv`` (one row per method and round) and
-``figures/compare_jacobi_<model>.{png,pdf}``.
+``figures/compare_jacobi_<model>.{png,pdf}``. ``--out`` defaults to the untracked
+``runs/benchmarks/compare_jacobi``; the committed tables are ``--out benchmarks/results``.
 Wall-clock numbers depend on the machine (and its load); the ratios are what to read.
 """
 
@@ -40,7 +41,15 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from ambiguity import plots  # noqa: E402
-from ambiguity.cli import ArgumentParser, add_guidance_arg, cli_main, positive_int, seed_int  # noqa: E402
+from ambiguity.cli import (  # noqa: E402
+    ArgumentParser,
+    add_guidance_arg,
+    add_out_arg,
+    check_out_dir,
+    cli_main,
+    positive_int,
+    seed_int,
+)
 from ambiguity.conditions import generation_conditions  # noqa: E402
 from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.models.registry import get_spec, load_model  # noqa: E402
@@ -57,6 +66,8 @@ from lantern.quality.scoring import Protocol  # noqa: E402
 from lantern.replay import ambiguity_bins, with_wilson  # noqa: E402
 from lantern.timing import interleaved_timing, speedup_table  # noqa: E402
 from lantern.trees import TreeSpec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RULE = AcceptanceRule()
 QUALITY = ("fid", "kid", "precision", "recall")
@@ -255,14 +266,14 @@ def plot_comparison(
         return plots.save_figure(fig, path)
 
 
-def replot(model: str, batch_size: int = 8) -> int:
-    """Redraw ``figures/compare_jacobi_<model>`` from ``benchmarks/results/compare_jacobi_<model>.csv``,
+def replot(model: str, batch_size: int = 8, out: Path = Path("benchmarks/results")) -> int:
+    """Redraw ``figures/compare_jacobi_<model>`` from ``out/compare_jacobi_<model>.csv``,
     ``_ambiguity.csv`` and the first line of the ``.md`` (the sample sizes, as the figure's title):
     e.g. after the palette changed, without decoding again. Raises UsageError when the table is missing."""
-    out = Path("benchmarks/results")
+    out = Path(out)
     path = out / f"compare_jacobi_{model}.csv"
     if not path.exists():
-        raise UsageError(f"{path} does not exist; run benchmarks/compare_jacobi.py --model {model} first")
+        raise UsageError(f"{path} does not exist; run benchmarks/compare_jacobi.py --model {model} --out {out} first")
     table = pd.read_csv(path, index_col="method")
     amb = out / f"compare_jacobi_{model}_ambiguity.csv"
     bins = pd.read_csv(amb) if amb.exists() else pd.DataFrame(columns=["method"])
@@ -297,11 +308,18 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--replot",
         action="store_true",
-        help="only redraw figures/compare_jacobi_<model> from its saved benchmarks/results files",
+        help="only redraw figures/compare_jacobi_<model> from its tables saved in --out",
+    )
+    add_out_arg(
+        ap,
+        "results directory of the tables (default: runs/benchmarks/compare_jacobi; the committed ones: "
+        "benchmarks/results)",
+        default=str(ROOT / "runs" / "benchmarks" / "compare_jacobi"),
     )
     args = ap.parse_args(argv)
+    out = check_out_dir(args.out)
     if args.replot:
-        return replot(args.model, args.batch_size)
+        return replot(args.model, args.batch_size, out)
     if args.only:
         unknown = sorted(set(args.only.split(",")) - set(configs()))
         if unknown:
@@ -401,7 +419,6 @@ def main(argv=None) -> int:
                 table.loc[name, "distortion_tvd"] = float(t.mean())
     if "gsd" in cfgs:
         table.loc["gsd", "distortion_tvd"] = gsd_distortion(model, conditions, sampling, cfgs["gsd"].jacobi, args.seed)
-    out = Path("benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / f"compare_jacobi_{args.model}.csv")
     b = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame()

@@ -131,8 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", default=None, help="default 1,8,32 (smoke: 1,4)")
     add_out_arg(
         ap,
-        "results file (default benchmarks/results/gpu_check.json)",
-        default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"),
+        "results file (default runs/benchmarks/gpu_check/gpu_check.json)",
+        default=str(ROOT / "runs" / "benchmarks" / "gpu_check" / "gpu_check.json"),
         metavar="FILE",
     )
     args = ap.parse_args(argv)

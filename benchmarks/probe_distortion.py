@@ -5,13 +5,14 @@ Not a test. Decodes ``--num-images`` images of the embedded model with lossless 
 the first draft position of every verification step (by wrapping :func:`lantern.chain.accept`),
 and then computes, with no sampling, the distribution one LANTERN step emits
 (:func:`lantern.acceptance.output_distribution`, ``exact`` residual) for every k and δ of the
-decoding sweep. It prints the mean / median / max of TVD(out, p) per setting and writes
-``benchmarks/results/distortion.json``.
+decoding sweep. It prints the mean / median / max of TVD(out, p) per setting and writes ``--out``
+(default ``runs/benchmarks/probe_distortion/distortion.json``; the committed results:
+``--out benchmarks/results/distortion.json``).
 
 The δ bound holds per draft (S_j* <= δ), so TVD(out, p) can exceed δ when q is far from p;
 this is what drives the target NLL up in ``bench_decoding.py`` even at δ = 0.05.
 
-    python benchmarks/probe_distortion.py              # ~1 min on 2 CPU cores
+    python benchmarks/probe_distortion.py --out benchmarks/results/distortion.json   # ~1 min on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from lantern.acceptance import AcceptanceRule, output_distribution
 from lantern.divergences import tvd
 from lantern.drafter import load_drafter
 
+OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "probe_distortion"  # untracked
+
 
 @cli_main
 def main(argv=None) -> int:
@@ -50,7 +53,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="8,32,128")
     ap.add_argument("--deltas", default="0.05,0.1,0.2,0.4")
     ap.add_argument("--seed", type=seed_int, default=0)
-    add_out_arg(ap, "results JSON", default=str(Path(__file__).parent / "results" / "distortion.json"), metavar="FILE")
+    add_out_arg(
+        ap,
+        "results JSON (default: runs/benchmarks/probe_distortion/distortion.json)",
+        default=str(OUT / "distortion.json"),
+        metavar="FILE",
+    )
     args = ap.parse_args(argv)
     ks, deltas = int_list(args.ks, "--ks", 1, 1023), float_list(args.deltas, "--deltas", 0.0, 1.0)
     SamplingConfig(guidance=args.cfg)  # one-line error for a bad --cfg before any work
