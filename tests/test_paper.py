@@ -98,7 +98,9 @@ def test_timing_note_names_the_timed_rounds_and_the_batch():
         can_batch_decode = True
 
     ctx = SimpleNamespace(
-        config=SimpleNamespace(batch_size=32, timing_images=50), primary="embedded", model=lambda name: Model()
+        config=SimpleNamespace(batch_size=32, timing_images=50, compile=False),
+        primary="embedded",
+        model=lambda name: Model(),
     )
     assert _timing_note(ctx, [(0.0, 20), (1.0, 5000)]) == [
         "temperature 0: speed-ups from the first 20 rounds, timed at batch 1, interleaved; "
@@ -110,6 +112,28 @@ def test_timing_note_names_the_timed_rounds_and_the_batch():
     assert _timing_note(ctx, [(1.0, 100)])[0].endswith("over 100 images at batch 1.")
     ctx.config.batch_size = 1
     assert _timing_note(ctx, [(1.0, 100)]) == []  # every round timed
+    ctx.config.compile = True
+    assert _timing_note(ctx, [(1.0, 100)]) == [
+        "compiled forwards (--compile): every method's target and drafter forwards ran through torch.compile; "
+        "the compilation happened in the timing warm-up"
+    ]
+
+
+def test_compile_is_recorded_only_when_set_and_compiles_models_and_drafters(tmp_path):
+    from lantern.paper.__main__ import build_parser, config_from_args
+    from lantern.paper.context import Context
+
+    assert "compile" not in PaperConfig().settings()  # runs recorded before --compile still resume
+    config = config_from_args(build_parser().parse_args(["--quick", "--compile", "--models", "embedded"]))
+    assert config.compile and config.settings()["compile"] is True
+    ctx = Context(config=config, run=None)
+    assert ctx.model("embedded").compiled is not None
+    assert ctx.drafter("embedded").layer.compiled is not None
+    assert ctx.drafter("embedded", "random-init").layer.compiled is not None
+    # a transformers adapter runs eager only: refused before any weights load, nothing written
+    line = _one_line_error(_run("--models", "anole,text-twin", "--compile", "--out", tmp_path / "a", check=False))
+    assert "--compile" in line and "anole" in line
+    assert not (tmp_path / "a").exists()
 
 
 @pytest.mark.slow

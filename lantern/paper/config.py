@@ -43,7 +43,9 @@ class PaperConfig:
     per forward for a session's untimed rounds (:mod:`lantern.batched`: every method; default 32,
     1 in quick mode); with batch_size > 1 only the first ``timing_images`` rounds are timed (batch 1,
     interleaved) and the speed-ups come from them; with 1 every round is timed (the samples are
-    the timed decodes).
+    the timed decodes). compile: run the LlamaGen-architecture models' and their drafters' cached
+    forwards through ``torch.compile`` (``--compile``, :func:`lantern.decoding.compile_forwards`;
+    the timing warm-up absorbs the compilation; not bit-exact, see the README).
     ks, deltas: the paper's grid (k on the paper's codebook; mapped); paper_k, paper_delta: its
     main LANTERN setting; f2_delta: App. F.2's δ; jsd_deltas: JSD bounds (nats) for Table 3;
     guidance, top_k (paper's codebook; mapped), top_p: sampling of image models (text models:
@@ -71,6 +73,7 @@ class PaperConfig:
     show: int = 3
     batch_size: int = 32
     timing_images: int = 50
+    compile: bool = False
     ks: tuple[int, ...] = (100, 300, 1000)
     deltas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4)
     paper_k: int = SETTINGS["k"]
@@ -103,8 +106,11 @@ class PaperConfig:
 
     def settings(self) -> dict:
         """The record stored with the run (and compared on resume); the batching fields only when
-        batch_size > 1 (at 1 they change nothing, so runs recorded before them still resume)."""
+        batch_size > 1 and ``compile`` only when set (otherwise they change nothing, so runs recorded
+        before them still resume)."""
         out = dataclasses.asdict(self)
+        if not self.compile:
+            out.pop("compile")
         if self.batch_size == 1:
             out.pop("batch_size")
             out.pop("timing_images")

@@ -13,6 +13,7 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel, resolve_device
 from ambiguity.models.registry import get_spec, load_model, resolve_dtype
 from ambiguity.runs import RunDir
+from lantern.decoding import compile_forwards
 from lantern.drafter import Drafter, load_drafter
 from lantern.paper.config import PaperConfig, map_to_codebook
 
@@ -66,6 +67,8 @@ class Context:
                 device=self.device,
                 dtype=resolve_dtype(self.config.dtype, self.device),
             )
+            if self.config.compile:
+                compile_forwards(self._models[name])
         return self._models[name]
 
     def drafter(self, name: str, which: str = "trained"):
@@ -78,6 +81,8 @@ class Context:
                 self._drafters[key] = Drafter.for_target(model, dtype=model.dtype, seed=self.config.seed).eval()
             else:
                 self._drafters[key] = load_drafter(model, self.config.drafters.get(name))
+            if self.config.compile:
+                compile_forwards(model, self._drafters[key])
         return self._drafters[key]
 
     def k(self, name: str, paper_k: int) -> int:

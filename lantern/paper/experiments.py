@@ -222,17 +222,25 @@ def _quick(ctx: Context, notes: list) -> list:
 
 def _timing_note(ctx: Context, sessions: Sequence[tuple[float, int]]) -> list[str]:
     """With ``--batch-size`` > 1: which rounds the speed-ups come from and how the rest were
-    decoded, per (temperature, rounds) of the primary model's sessions; [] at batch 1 (every round
-    is timed)."""
+    decoded, per (temperature, rounds) of the primary model's sessions (none at batch 1: every round
+    is timed), and with ``--compile`` that the forwards were compiled."""
     c = ctx.config
+    compiled = (
+        [
+            "compiled forwards (--compile): every method's target and drafter forwards ran through torch.compile; "
+            "the compilation happened in the timing warm-up"
+        ]
+        if c.compile
+        else []
+    )
     if int(c.batch_size) == 1:
-        return []
+        return compiled
     B = session_batch_size(ctx, ctx.primary)[0]
     return [
         f"temperature {t:g}: speed-ups from the first {min(c.timing_images, n)} rounds, timed at batch 1, "
         f"interleaved; statistics and quality over {n} images at batch {B}."
         for t, n in sessions
-    ]
+    ] + compiled
 
 
 def _k_note(ctx: Context) -> str:
