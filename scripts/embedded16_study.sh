@@ -90,7 +90,10 @@ step_figures() {
 }
 
 step_drafter() {
-    $PY -m lantern.train_drafter --model embedded-16 --self-generate 10000 --with-data --epochs 20 --patience 2 \
+    # the paper's sampling (CFG 3, top-k 2000) for the self-generated half; 10k data sequences beside them
+    # (all 60k would cost ~5x per epoch on 2 cores)
+    $PY -m lantern.train_drafter --model embedded-16 --self-generate 10000 --cfg 3 --top-k 2000 --gen-batch-size 64 \
+        --with-data --train-size 10000 --epochs 20 --patience 2 \
         --out lantern/weights/embedded-16_drafter.safetensors --figure figures/embedded16_drafter_accuracy.png \
         --no-progress
 }
@@ -111,7 +114,7 @@ step_distortion() {
 
 step_paper() {
     $PY -m lantern.paper --models embedded-16,text-twin --main-images "$PAPER_IMAGES" \
-        --grid-images "$PAPER_IMAGES" --name "embedded16-$PAPER_IMAGES" --no-progress
+        --grid-images "$PAPER_IMAGES" --compile --name "embedded16-$PAPER_IMAGES" --no-progress
 }
 
 ALL=(train ship figures drafter compare sweep distortion paper)

@@ -1,7 +1,7 @@
 """``--compile`` (lantern.decoding.compile_forwards): torch.compile of the target's and the drafter's
 cached forwards on a tiny float64 LlamaGen GPT gives the same tokens and records (probabilities to
 1e-5) as eager decoding, batch 1 (the append path through the compiled rows forward) and batched
-(in-place slot writes), AR, a LANTERN chain and a static SD tree; the compiled graph writes the KV cache in
+(in-place slot writes), AR, a LANTERN chain, a static SD tree and a LANTERN dynamic tree; the compiled graph writes the KV cache in
 place (no copy of the buffer); a model whose forward cannot be compiled is refused with one line.
 """
 
@@ -24,6 +24,8 @@ CONFIGS = [
     DecodeConfig.of("ar"),
     DecodeConfig.of("lantern", 3, k=8, delta=0.2),
     DecodeConfig.of("sd", tree=TreeSpec("static", ((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))),
+    # the EAGLE-2 dynamic tree LANTERN (python -m lantern.paper --compile decodes with it)
+    DecodeConfig.of("lantern", tree=TreeSpec("dynamic", total_tokens=8, depth=3, top_k=3), k=8, delta=0.2),
 ]
 
 
