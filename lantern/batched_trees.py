@@ -41,6 +41,7 @@ from ambiguity.sampling import expand_rows, invert
 from lantern.acceptance import judge_greedy, proximity, residual
 from lantern.records import _tree_rows
 from lantern.slots import BatchState, pending_features
+from lantern.trees import top_log_q
 
 __all__ = ["tree_round"]
 
@@ -148,12 +149,6 @@ def _draft_trees(st: BatchState, n, d, drafting) -> _Trees:
     return _draft_static(st, n, room, root, f_root, root_q)
 
 
-def _log_q(q: torch.Tensor) -> torch.Tensor:
-    """Drafter probabilities (..., V) -> float64 log-probabilities, -inf where q has no mass (as
-    :func:`lantern.trees.tree_steps` scores candidates)."""
-    return torch.log(q.double().clamp_min(1e-300)).masked_fill(q <= 0, float("-inf"))
-
-
 def _sibling_rank(parent: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     """(B, T) int64: how many earlier nodes of the row share each node's parent."""
     T = parent.shape[1]
@@ -177,9 +172,9 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> _Trees:
     rounds = np.where(room > 0, np.minimum(spec.depth, room - 1), 0)
     n_t = torch.as_tensor(n, device=dev)
     ninf = torch.tensor(float("-inf"), dtype=torch.float64, device=dev)
-    top = _log_q(root_q).topk(k)
-    beam_score = torch.where(torch.as_tensor(room > 0, device=dev)[:, None], top.values, ninf)
-    toks, scores = [top.indices], [beam_score]
+    top_values, top_indices = top_log_q(root_q, k)  # as lantern.trees.tree_steps scores candidates
+    beam_score = torch.where(torch.as_tensor(room > 0, device=dev)[:, None], top_values, ninf)
+    toks, scores = [top_indices], [beam_score]
     pars, depths = [torch.full((B, k), -1, device=dev)], [torch.ones(B, k, dtype=torch.long, device=dev)]
     beam = torch.arange(k, device=dev).expand(B, k)  # candidate index of each beam node
     chain = torch.zeros(B, k, 0, dtype=torch.long, device=dev)  # beam column of each node's ancestor per round
@@ -206,9 +201,9 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> _Trees:
             expand_rows(pos, guided),
             expand_rows(vis, guided),
         )
-        child = _log_q(st.target(st.drafter.logits(st.model, out))).topk(k, dim=-1)  # (B, k, k)
-        pool = torch.where(part_t[:, None], (beam_score[..., None] + child.values).reshape(B, k * k), ninf)
-        toks.append(child.indices.reshape(B, k * k))
+        child_values, child_indices = top_log_q(st.target(st.drafter.logits(st.model, out)), k)  # (B, k, k)
+        pool = torch.where(part_t[:, None], (beam_score[..., None] + child_values).reshape(B, k * k), ninf)
+        toks.append(child_indices.reshape(B, k * k))
         scores.append(pool)
         pars.append(beam.repeat_interleave(k, 1))
         depths.append(torch.full((B, k * k), r + 2, device=dev))
