@@ -577,13 +577,14 @@ def _tree_host(trees: _Trees, p: torch.Tensor, walk: dict) -> dict:
     steps = torch.arange(walk["path"].shape[1], device=p.device)
     committed.scatter_(1, walk["path"], (steps > 0) & (steps <= walk["m"][:, None]))
     nan = torch.full((B, T), float("nan"), device=p.device)
+    top1, entropy = _parent_summaries(p, parent, nodes)
     cols = dict(
         token=trees.tokens,
         p_draft=p.reshape(B, T * V).gather(1, parent * V + trees.tokens),  # p at the parent, of the draft
         **{c: walk[c] for c in (*_TRIALS, "j_star", "accepted", "reached")},
         committed=committed & nodes,
-        p_top1=p.amax(-1).gather(1, parent),
-        p_entropy=-(torch.xlogy(p, p)).sum(-1).gather(1, parent),
+        p_top1=top1.gather(1, parent),
+        p_entropy=entropy.gather(1, parent),
         q_top1=trees.q.amax(-1).gather(1, parent) if trees.q is not None else nan,
         node=number,
         parent=number.gather(1, parent),
@@ -597,6 +598,29 @@ def _tree_host(trees: _Trees, p: torch.Tensor, walk: dict) -> dict:
     for i, c in enumerate(_NODE_COLUMNS):
         host[c] = flat[:, 5 + i * T : 5 + (i + 1) * T]
     return host
+
+
+def _parent_summaries(p: torch.Tensor, parent: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-1 probability and the entropy (nats) of the target at every column that is a
+    draft's parent: p (B, T, V), parent (B, T) int64, nodes (B, T) bool -> two (B, T) tensors in
+    p's dtype (NaN at the other columns, which no draft reads).
+
+    On the CPU only the parent columns are reduced (a few per tree); each row's reduction is
+    the same computation as over all columns, so the same floats. On an accelerator every column is
+    reduced (cheap there; choosing the rows would be a host read)."""
+    B, T, V = p.shape
+    if p.device.type != "cpu":
+        return p.amax(-1), -(torch.xlogy(p, p)).sum(-1)
+    flat = torch.arange(B)[:, None] * T + parent  # (B, T) row of p.reshape(B * T, V) at each parent
+    chosen = torch.zeros(B * T, dtype=torch.bool)
+    chosen[flat[nodes]] = True
+    idx = chosen.nonzero()[:, 0]
+    rows = p.reshape(B * T, V)[idx]  # (parents, V)
+    top1 = torch.full((B * T,), float("nan"), dtype=p.dtype)
+    entropy = top1.clone()
+    top1[idx] = rows.amax(-1)
+    entropy[idx] = -(torch.xlogy(rows, rows)).sum(-1)
+    return top1.view(B, T), entropy.view(B, T)
 
 
 def _tree_draft_columns(host: dict, active, n, images, steps) -> Optional[dict]:
