@@ -475,14 +475,17 @@ def _walk_trees(st: BatchState, trees: _Trees, p: torch.Tensor, anc: torch.Tenso
             if left is not None:
                 left = torch.where(bad[:, None], left.scatter(1, x[:, None], 0.0), left)
         done = walking & ~has
-        token = target.argmax(-1) if greedy else invert(target, u)
-        if scripted and not greedy:
-            done_h = done.cpu().numpy()
-            for b in scripted:
-                if done_h[b]:
-                    token[b] = st.streams.scripted[b].categorical(target[b])
-        nxt = torch.where(done, token, nxt)
-        kind = torch.where(done, 1 + rejected.long(), kind)  # NEXT_KINDS: bonus, residual
+        done_h = done.cpu().numpy()  # the round's host read: who stops walking (and draws its next token)
+        if done_h.any():  # the next token of the images that stop, from their current target (rows alone)
+            stop = np.flatnonzero(done_h)
+            at = torch.as_tensor(stop, device=dev)
+            token = target[at].argmax(-1) if greedy else invert(target[at], u[at])
+            if scripted and not greedy:
+                for i, b in enumerate(stop):
+                    if st.streams.scripted[b] is not None:
+                        token[i] = st.streams.scripted[b].categorical(target[b])
+            nxt = nxt.index_put((at,), token)
+            kind = kind.index_put((at,), 1 + rejected[at].long())  # NEXT_KINDS: bonus, residual
         m = m + ok.long()
         path.scatter_(1, m[:, None], torch.where(ok, c, path.gather(1, m[:, None])[:, 0])[:, None])
         cur = torch.where(ok, c, cur)
@@ -492,7 +495,7 @@ def _walk_trees(st: BatchState, trees: _Trees, p: torch.Tensor, anc: torch.Tenso
         if left is not None:
             left = torch.where(ok[:, None], trees.q[rows, cc].double(), left)
         walking = walking & ~done
-        walking_h = walking.cpu().numpy()  # the round's host read: who walks on (and draws)
+        walking_h = walking_h & ~done_h  # who walks on (and draws)
     kind = torch.where(torch.as_tensor(drafting, device=dev), kind, 0)  # one token left: a target step
     nan = float("nan")
     book = torch.tensor([nan] * len(_TRIALS) + [0.0, 0.0, 0.0], dtype=torch.float64, device=dev)
