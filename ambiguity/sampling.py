@@ -135,7 +135,8 @@ def guide(logits: torch.Tensor, scale: float, guided: bool) -> torch.Tensor:
     cond, uncond = split_rows(logits if logits.dtype == torch.float64 else logits.float(), guided)
     if uncond is None:
         return cond
-    return uncond + scale * (cond - uncond)
+    out = cond - uncond  # then in place: the same roundings as uncond + scale * (cond - uncond)
+    return out.mul_(scale).add_(uncond)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0, order: str = "kp") -> torch.Tensor:
@@ -147,9 +148,14 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0, orde
     (the official LANTERN code's ``TopPLogitsWarper`` before ``TopKLogitsWarper``).
     Raises ValueError for another order.
     """
+    return _filter(logits.clone(), top_k, top_p, order)
+
+
+def _filter(logits: torch.Tensor, top_k: int, top_p: float, order: str) -> torch.Tensor:
+    """:func:`filter_logits` without the copy: returns ``logits`` itself when nothing is filtered."""
     if order not in ("kp", "pk"):
         raise ValueError(f"order must be 'kp' or 'pk', got {order!r}")
-    out = logits.clone()
+    out = logits
     for step in order:
         out = _top_k(out, top_k) if step == "k" else _top_p(out, top_p)
     return out
@@ -184,10 +190,10 @@ def distribution(
     :func:`filter_logits`), then softmax. Each row of the result sums to 1.
     """
     x = guide(logits, sampling.guidance, sampling.guided if guided is None else guided)
-    if sampling.temperature > 0:
+    if sampling.temperature > 0 and sampling.temperature != 1.0:  # x / 1 == x exactly
         x = x / sampling.temperature
-    x = filter_logits(x, sampling.top_k, sampling.top_p, order)
-    return torch.softmax(x, dim=-1)
+    # the filters never write into x (masked_fill copies), and softmax returns a new tensor
+    return torch.softmax(_filter(x, sampling.top_k, sampling.top_p, order), dim=-1)
 
 
 def pick(probs: torch.Tensor, greedy: bool, generator: Generators = None) -> torch.Tensor:

@@ -465,6 +465,10 @@ def _residual(
 ) -> torch.Tensor:
     """The residual of the rule's convention (module docstring); shapes as :func:`residual`."""
     point = q is None
+    if rule.convention == "exact" and point:
+        # max(p - 1[x̂], 0) is p with x̂ zeroed: p <= 1 (a distribution), so p(x̂) - 1 clamps to 0,
+        # and p - 0 == p elsewhere; the same floats without the one-hot and two more passes
+        return _normalise(p.scatter(-1, draft.unsqueeze(-1), 0.0), p)
     q = _point_mass(p, draft) if point else q
     if rule.convention == "exact":
         return _normalise((p - q).clamp_min(0.0), p)

@@ -41,6 +41,7 @@ from ambiguity.sampling import expand_rows, invert
 from lantern.acceptance import judge_greedy, proximity, residual
 from lantern.records import _tree_rows
 from lantern.slots import BatchState, pending_features
+from lantern.trees import top_log_q
 
 __all__ = ["tree_round"]
 
@@ -148,12 +149,6 @@ def _draft_trees(st: BatchState, n, d, drafting) -> _Trees:
     return _draft_static(st, n, room, root, f_root, root_q)
 
 
-def _log_q(q: torch.Tensor) -> torch.Tensor:
-    """Drafter probabilities (..., V) -> float64 log-probabilities, -inf where q has no mass (as
-    :func:`lantern.trees.tree_steps` scores candidates)."""
-    return torch.log(q.double().clamp_min(1e-300)).masked_fill(q <= 0, float("-inf"))
-
-
 def _sibling_rank(parent: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     """(B, T) int64: how many earlier nodes of the row share each node's parent."""
     T = parent.shape[1]
@@ -177,9 +172,9 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> _Trees:
     rounds = np.where(room > 0, np.minimum(spec.depth, room - 1), 0)
     n_t = torch.as_tensor(n, device=dev)
     ninf = torch.tensor(float("-inf"), dtype=torch.float64, device=dev)
-    top = _log_q(root_q).topk(k)
-    beam_score = torch.where(torch.as_tensor(room > 0, device=dev)[:, None], top.values, ninf)
-    toks, scores = [top.indices], [beam_score]
+    top_values, top_indices = top_log_q(root_q, k)  # as lantern.trees.tree_steps scores candidates
+    beam_score = torch.where(torch.as_tensor(room > 0, device=dev)[:, None], top_values, ninf)
+    toks, scores = [top_indices], [beam_score]
     pars, depths = [torch.full((B, k), -1, device=dev)], [torch.ones(B, k, dtype=torch.long, device=dev)]
     beam = torch.arange(k, device=dev).expand(B, k)  # candidate index of each beam node
     chain = torch.zeros(B, k, 0, dtype=torch.long, device=dev)  # beam column of each node's ancestor per round
@@ -206,9 +201,9 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> _Trees:
             expand_rows(pos, guided),
             expand_rows(vis, guided),
         )
-        child = _log_q(st.target(st.drafter.logits(st.model, out))).topk(k, dim=-1)  # (B, k, k)
-        pool = torch.where(part_t[:, None], (beam_score[..., None] + child.values).reshape(B, k * k), ninf)
-        toks.append(child.indices.reshape(B, k * k))
+        child_values, child_indices = top_log_q(st.target(st.drafter.logits(st.model, out)), k)  # (B, k, k)
+        pool = torch.where(part_t[:, None], (beam_score[..., None] + child_values).reshape(B, k * k), ninf)
+        toks.append(child_indices.reshape(B, k * k))
         scores.append(pool)
         pars.append(beam.repeat_interleave(k, 1))
         depths.append(torch.full((B, k * k), r + 2, device=dev))
@@ -480,14 +475,17 @@ def _walk_trees(st: BatchState, trees: _Trees, p: torch.Tensor, anc: torch.Tenso
             if left is not None:
                 left = torch.where(bad[:, None], left.scatter(1, x[:, None], 0.0), left)
         done = walking & ~has
-        token = target.argmax(-1) if greedy else invert(target, u)
-        if scripted and not greedy:
-            done_h = done.cpu().numpy()
-            for b in scripted:
-                if done_h[b]:
-                    token[b] = st.streams.scripted[b].categorical(target[b])
-        nxt = torch.where(done, token, nxt)
-        kind = torch.where(done, 1 + rejected.long(), kind)  # NEXT_KINDS: bonus, residual
+        done_h = done.cpu().numpy()  # the round's host read: who stops walking (and draws its next token)
+        if done_h.any():  # the next token of the images that stop, from their current target (rows alone)
+            stop = np.flatnonzero(done_h)
+            at = torch.as_tensor(stop, device=dev)
+            token = target[at].argmax(-1) if greedy else invert(target[at], u[at])
+            if scripted and not greedy:
+                for i, b in enumerate(stop):
+                    if st.streams.scripted[b] is not None:
+                        token[i] = st.streams.scripted[b].categorical(target[b])
+            nxt = nxt.index_put((at,), token)
+            kind = kind.index_put((at,), 1 + rejected[at].long())  # NEXT_KINDS: bonus, residual
         m = m + ok.long()
         path.scatter_(1, m[:, None], torch.where(ok, c, path.gather(1, m[:, None])[:, 0])[:, None])
         cur = torch.where(ok, c, cur)
@@ -497,7 +495,7 @@ def _walk_trees(st: BatchState, trees: _Trees, p: torch.Tensor, anc: torch.Tenso
         if left is not None:
             left = torch.where(ok[:, None], trees.q[rows, cc].double(), left)
         walking = walking & ~done
-        walking_h = walking.cpu().numpy()  # the round's host read: who walks on (and draws)
+        walking_h = walking_h & ~done_h  # who walks on (and draws)
     kind = torch.where(torch.as_tensor(drafting, device=dev), kind, 0)  # one token left: a target step
     nan = float("nan")
     book = torch.tensor([nan] * len(_TRIALS) + [0.0, 0.0, 0.0], dtype=torch.float64, device=dev)
@@ -582,13 +580,14 @@ def _tree_host(trees: _Trees, p: torch.Tensor, walk: dict) -> dict:
     steps = torch.arange(walk["path"].shape[1], device=p.device)
     committed.scatter_(1, walk["path"], (steps > 0) & (steps <= walk["m"][:, None]))
     nan = torch.full((B, T), float("nan"), device=p.device)
+    top1, entropy = _parent_summaries(p, parent, nodes)
     cols = dict(
         token=trees.tokens,
         p_draft=p.reshape(B, T * V).gather(1, parent * V + trees.tokens),  # p at the parent, of the draft
         **{c: walk[c] for c in (*_TRIALS, "j_star", "accepted", "reached")},
         committed=committed & nodes,
-        p_top1=p.amax(-1).gather(1, parent),
-        p_entropy=-(torch.xlogy(p, p)).sum(-1).gather(1, parent),
+        p_top1=top1.gather(1, parent),
+        p_entropy=entropy.gather(1, parent),
         q_top1=trees.q.amax(-1).gather(1, parent) if trees.q is not None else nan,
         node=number,
         parent=number.gather(1, parent),
@@ -602,6 +601,29 @@ def _tree_host(trees: _Trees, p: torch.Tensor, walk: dict) -> dict:
     for i, c in enumerate(_NODE_COLUMNS):
         host[c] = flat[:, 5 + i * T : 5 + (i + 1) * T]
     return host
+
+
+def _parent_summaries(p: torch.Tensor, parent: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-1 probability and the entropy (nats) of the target at every column that is a
+    draft's parent: p (B, T, V), parent (B, T) int64, nodes (B, T) bool -> two (B, T) tensors in
+    p's dtype (NaN at the other columns, which no draft reads).
+
+    On the CPU only the parent columns are reduced (a few per tree); each row's reduction is
+    the same computation as over all columns, so the same floats. On an accelerator every column is
+    reduced (cheap there; choosing the rows would be a host read)."""
+    B, T, V = p.shape
+    if p.device.type != "cpu":
+        return p.amax(-1), -(torch.xlogy(p, p)).sum(-1)
+    flat = torch.arange(B)[:, None] * T + parent  # (B, T) row of p.reshape(B * T, V) at each parent
+    chosen = torch.zeros(B * T, dtype=torch.bool)
+    chosen[flat[nodes]] = True
+    idx = chosen.nonzero()[:, 0]
+    rows = p.reshape(B * T, V)[idx]  # (parents, V)
+    top1 = torch.full((B * T,), float("nan"), dtype=p.dtype)
+    entropy = top1.clone()
+    top1[idx] = rows.amax(-1)
+    entropy[idx] = -(torch.xlogy(rows, rows)).sum(-1)
+    return top1.view(B, T), entropy.view(B, T)
 
 
 def _tree_draft_columns(host: dict, active, n, images, steps) -> Optional[dict]:

@@ -168,10 +168,14 @@ def tree_draft_columns(tree: Tree, p: torch.Tensor, outcome: TreeOutcome, positi
     """Per-node draft columns of one tree (nodes 1..T-1; see :data:`lantern.records.DRAFT_COLUMNS`)."""
     T = len(tree)
     nodes = np.arange(1, T)
-    parents = np.asarray(tree.parents[1:])
+    parents = np.asarray(tree.parents[1:], dtype=np.int64)
     depths = np.asarray(tree.depths[1:])
     tokens = tree.tokens[1:].cpu().numpy()
-    p_par = p[torch.as_tensor(parents, device=p.device)]  # (T-1, V) the target at each node's parent
+    # the target at each node's parent: entropy and top-1 once per distinct parent row (few nodes
+    # are parents), then indexed per node; the same per-row values as on the (T-1, V) gather
+    rows, inv = np.unique(parents, return_inverse=True)
+    inv = torch.as_tensor(inv.reshape(-1), device=p.device)
+    p_rows = p[torch.as_tensor(rows, device=p.device)]  # (distinct parents, V)
     cols = {c: np.full(T - 1, np.nan) for c in ("p_tilde", "spent", "q_draft", "accept_prob", "u")}
     cols["j_star"] = np.zeros(T - 1, dtype=np.int64)
     cols["accepted"] = np.zeros(T - 1, dtype=bool)
@@ -184,15 +188,15 @@ def tree_draft_columns(tree: Tree, p: torch.Tensor, outcome: TreeOutcome, positi
             cols[c][i] = tr[c]
     committed = np.isin(nodes, outcome.path[1:])
     q_top1 = np.asarray([float(tree.q[par].max()) if tree.q[par] is not None else np.nan for par in parents])
-    p_draft = p_par.gather(1, tree.tokens[1:, None].to(p.device))[:, 0].double().cpu().numpy()
-    ent = -(torch.xlogy(p_par, p_par)).sum(-1)
+    p_draft = p[torch.as_tensor(parents, device=p.device), tree.tokens[1:].to(p.device)].double().cpu().numpy()
+    ent = -(torch.xlogy(p_rows, p_rows)).sum(-1)[inv]
     return dict(
         token=tokens,
         p_draft=p_draft,
         **cols,
         reached=reached,
         committed=committed,
-        p_top1=p_par.amax(-1).double().cpu().numpy(),
+        p_top1=p_rows.amax(-1)[inv].double().cpu().numpy(),
         p_entropy=ent.double().cpu().numpy(),
         q_top1=q_top1,
         node=nodes,

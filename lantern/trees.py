@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Optional, Protocol
 
+import numpy as np
 import torch
 
 from ambiguity.errors import FieldError, UsageError
@@ -49,6 +50,8 @@ __all__ = [
     "draft_tree",
     "tree_steps",
     "parse_tree",
+    "log_q",
+    "top_log_q",
 ]
 
 # The official trees (jadohu/LANTERN models/drafters/choices.py, from EAGLE/Medusa): child-rank paths.
@@ -377,10 +380,10 @@ class Tree:
     def ancestors(self) -> torch.Tensor:
         """(T, T) bool: ``[t, s]`` is True when s is t or an ancestor of t."""
         T = len(self.parents)
-        out = torch.eye(T, dtype=torch.bool)
+        out = np.eye(T, dtype=bool)  # row ORs in numpy: a tensor op per node costs more than the OR
         for t in range(1, T):
             out[t] |= out[self.parents[t]]
-        return out
+        return torch.from_numpy(out)
 
     def path_to(self, node: int) -> list[int]:
         """Nodes from the root to ``node`` (inclusive)."""
@@ -434,11 +437,10 @@ def _visibility(dcache_len: int, n: int, slots: list[int], ancestors_of: list[li
     F = len(ancestors_of)
     vis = torch.zeros(F, dcache_len + F, dtype=torch.bool)
     vis[:, :n] = True
-    for i, anc in enumerate(ancestors_of):
-        for a in anc:
-            if slots[a] >= 0:
-                vis[i, slots[a]] = True
-        vis[i, dcache_len + i] = True
+    seen = [(i, slots[a]) for i, anc in enumerate(ancestors_of) for a in anc if slots[a] >= 0]
+    rows = [i for i, _ in seen] + list(range(F))
+    cols = [c for _, c in seen] + list(range(dcache_len, dcache_len + F))
+    vis[torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)] = True  # one write
     return vis
 
 
@@ -591,21 +593,43 @@ def _choose(q: torch.Tensor, m: int, greedy: bool, draws: Optional[Draws]) -> li
 def _beam_visibility(n: int, anc: list[list[int]], slot: dict, L: int) -> torch.Tensor:
     """(F, L + F) bool for a beam: committed positions 0..n-1, the slots of each node's candidate
     ancestors (``anc[i]``: the node, then its parent candidates) and the node itself."""
-    vis = torch.zeros(len(anc), L + len(anc), dtype=torch.bool)
+    F = len(anc)
+    vis = torch.zeros(F, L + F, dtype=torch.bool)
     vis[:, :n] = True
-    for i, chain in enumerate(anc):
-        for c in chain[1:]:
-            vis[i, slot[c]] = True
-        vis[i, L + i] = True
+    rows = [i for i, chain in enumerate(anc) for _ in chain[1:]] + list(range(F))
+    cols = [slot[c] for chain in anc for c in chain[1:]] + list(range(L, L + F))
+    vis[torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)] = True  # one write
     return vis
+
+
+def log_q(q: torch.Tensor) -> torch.Tensor:
+    """Drafter probabilities (..., V) -> float64 log-probabilities, -inf where q has no mass (the
+    cumulative scores of EAGLE-2 candidates)."""
+    return torch.log(q.double().clamp_min(1e-300)).masked_fill(q <= 0, float("-inf"))
+
+
+def top_log_q(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_q(q).topk(k)`` along the last dimension -> (values (..., k) float64, indices (..., k)
+    int64), without the log over the whole vocabulary when it cannot change the ranking.
+
+    For float32 (or narrower) q, float64 ``log`` is strictly increasing on its values (their
+    relative spacing, >= 2**-24, is far above the float64 spacing of their logs), so ``q`` and
+    ``log_q(q)`` compare alike: topk picks the same indices in the same order, ties included, and
+    the k logs are the same numbers. Distinct float64 probabilities can share a float64 log, so
+    float64 q is ranked by its logs as before.
+    """
+    if q.dtype == torch.float64:
+        top = log_q(q).topk(k)
+        return top.values, top.indices
+    top = q.topk(k)
+    return log_q(top.values), top.indices
 
 
 def _dynamic(root_token, f_root, root_q, n, spec, max_depth, device):
     k = min(spec.top_k, root_q.shape[-1])
-    logq = torch.log(root_q.double().clamp_min(1e-300)).masked_fill(root_q <= 0, float("-inf"))
-    top = logq.topk(k)
+    top_values, top_indices = top_log_q(root_q, k)
     # candidates: token, parent candidate (-1: the root), score (cumulative log q), depth, drafter slot
-    c_tok, c_par, c_score, c_depth = top.indices.tolist(), [-1] * k, top.values.tolist(), [1] * k
+    c_tok, c_par, c_score, c_depth = top_indices.tolist(), [-1] * k, top_values.tolist(), [1] * k
     beam = list(range(k))
     slot: dict[int, int] = {}
     feat: dict[int, torch.Tensor] = {}
@@ -623,10 +647,9 @@ def _dynamic(root_token, f_root, root_q, n, spec, max_depth, device):
         parent_f = torch.cat([feat[c_par[b]] if c_par[b] >= 0 else f_root for b in beam], 1)
         visible = partial(_beam_visibility, n, anc, dict(slot))
         out, q_new, L = yield Expansion([c_tok[b] for b in beam], parent_f, depth, visible)
-        logq = torch.log(q_new.double().clamp_min(1e-300)).masked_fill(q_new <= 0, float("-inf"))
-        kk = min(spec.top_k, logq.shape[-1])
-        child = logq.topk(kk, dim=-1)
-        child_tok, child_logq = child.indices.tolist(), child.values.tolist()  # one transfer, exact floats
+        kk = min(spec.top_k, q_new.shape[-1])
+        child_logq, child_tok = top_log_q(q_new, kk)
+        child_tok, child_logq = child_tok.tolist(), child_logq.tolist()  # one transfer, exact floats
         first = len(c_tok)
         for j, b in enumerate(beam):
             slot[b], feat[b] = L + j, out[:, j : j + 1]

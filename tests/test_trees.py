@@ -29,7 +29,7 @@ from lantern.acceptance import AcceptanceRule
 from lantern.decoding import DecodeConfig, decode
 from lantern.drafter import Drafter
 from lantern.tree_decoding import tree_decode, walk_official_greedy, walk_tree
-from lantern.trees import STATIC_TREES, Tree, TreeSpec, check_paths, parse_tree
+from lantern.trees import STATIC_TREES, Tree, TreeSpec, check_paths, log_q, parse_tree, top_log_q
 
 
 def tiny(vocab=4, block=4, seed=0, std=0.8, dim=16, dtype=torch.float64):
@@ -474,3 +474,30 @@ def test_dynamic_tree_is_eagle2_beam_search_then_rerank():
         index = {c: i + 1 for i, c in enumerate(keep)}
         assert tree.parents[1:] == [0 if par < 0 else index[par] for _, par in want]
         assert max(tree.depths) <= depth + 1 and all(tree.parents[t] < t for t in range(1, total))
+
+
+def test_top_log_q_ranks_like_the_logs_of_the_whole_vocabulary():
+    """EAGLE-2 scores: top-k of q itself, then the k logs, equals top-k of the float64 logs of the
+    whole vocabulary (indices in the same order, ties and zero-mass tokens included, same floats)."""
+    q = torch.tensor([0.5, 0.25, 0.0, 0.25], dtype=torch.float32)
+    values, indices = top_log_q(q, 2)
+    assert indices.tolist() == [0, 1] and values.dtype == torch.float64
+    assert values.tolist() == [math.log(0.5), math.log(0.25)]
+    values, indices = top_log_q(q, 4)
+    assert values[-1].item() == float("-inf") and indices[-1].item() == 2
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for levels in (3, 16, 1000):  # few distinct values: many exact ties
+            q = (torch.randint(0, levels, (6, 4096)).to(dtype) / levels) ** 3
+            q[:2, 8:] = 0.0  # rows with fewer tokens of mass than k
+            q[2, :5] = 1e-44 if dtype == torch.float32 else 1e-310  # subnormal probabilities
+            q = q / q.sum(-1, keepdim=True)
+            for k in (1, 10, 64):
+                want = log_q(q).topk(k)
+                values, indices = top_log_q(q, k)
+                assert torch.equal(indices, want.indices) and torch.equal(values, want.values)
+    x = 1e-200  # its log, -460.5, has a float64 spacing of 6e-14; x itself of 2e-16 relative
+    pair = torch.tensor([x, math.nextafter(x, 1.0)], dtype=torch.float64)  # two doubles, one log
+    assert log_q(pair)[0] == log_q(pair)[1]
+    want = log_q(pair).topk(1)
+    assert top_log_q(pair, 1)[1].tolist() == want.indices.tolist()
