@@ -25,12 +25,14 @@ reported as the tuned SD baseline next to LANTERN.
 Every configuration's statistics and every timing round are parts of a run directory
 (``--out``, default ``runs/benchmarks/bench_decoding``), so an interrupted sweep resumes.
 Writes ``decoding.parquet`` (one row per configuration), ``timing.parquet`` (one row per
-configuration and round), ``summary.json`` and ``figures/lantern_sweep.{png,pdf}``::
+configuration and round), ``summary.json`` and the figure ``--figure`` (default
+``<out>/lantern_sweep.{png,pdf}``; the committed figures are ``--figure figures/lantern_sweep``)::
 
     nohup python benchmarks/bench_decoding.py > benchmarks/results/decoding.log 2>&1 &
 
-``--replot benchmarks/results/decoding.parquet`` recomputes the speed columns of a results file
-from its timing rounds and redraws the figure without decoding anything.
+``--replot benchmarks/results/decoding.parquet --figure figures/lantern_sweep`` recomputes the
+speed columns of a results file from its timing rounds and redraws the figure without decoding
+anything (``--figure`` defaults to ``lantern_sweep`` next to the results file).
 """
 
 from __future__ import annotations
@@ -341,7 +343,13 @@ def build_parser() -> ArgumentParser:
         "results directory (default: runs/benchmarks/bench_decoding)",
         default=str(ROOT / "runs" / "benchmarks" / "bench_decoding"),
     )
-    ap.add_argument("--figure", default=str(ROOT / "figures" / "lantern_sweep"))
+    ap.add_argument(
+        "--figure",
+        default=None,
+        metavar="STEM",
+        help="figure path without suffix (.png and .pdf are written; default: <out>/lantern_sweep, or "
+        "lantern_sweep next to the --replot file; the committed one: figures/lantern_sweep)",
+    )
     add_overwrite_arg(ap)
     ap.add_argument(
         "--replot",
@@ -357,6 +365,7 @@ def build_parser() -> ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.replot:
+        args.figure = args.figure or str(Path(args.replot).with_name("lantern_sweep"))
         check_out_file(args.figure, "--figure")
         files = replot(Path(args.replot), args.figure)
         print(f"wrote {args.replot}, {', '.join(str(f) for f in files)}")
@@ -372,6 +381,7 @@ def main(argv=None) -> int:
     if unknown:
         raise UsageError(f"unknown extractor {unknown[0]!r} in --extractors; choose from {', '.join(EXTRACTORS)}")
     out = check_out_dir(args.out)
+    args.figure = args.figure or str(Path(out) / "lantern_sweep")
     check_out_file(args.figure, "--figure")
     set_threads(args.threads)
     device, _ = device_from_args(args)

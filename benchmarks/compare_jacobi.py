@@ -21,9 +21,10 @@ one at a time, :mod:`lantern.batched`), the latency timing the first ``--timing-
 the throughput ``--throughput-images`` images (default 2 B) per round. Every method keeps its
 colour of :data:`ambiguity.plots.METHOD_COLORS` in every panel and figure. Writes
 ``--out``/compare_jacobi_<model>.{csv,md}``, ``compare_jacobi_<model>_ambiguity.csv``,
-``compare_jacobi_<model>_throughput.csv`` (one row per method and round) and
-``figures/compare_jacobi_<model>.{png,pdf}``. ``--out`` defaults to the untracked
-``runs/benchmarks/compare_jacobi``; the committed tables are ``--out benchmarks/results``.
+``compare_jacobi_<model>_throughput.csv`` (one row per method and round) and the figure
+``--figure`` (default ``<out>/compare_jacobi_<model>.{png,pdf}``). ``--out`` defaults to the
+untracked ``runs/benchmarks/compare_jacobi``; the committed tables and figures are ``--out
+benchmarks/results --figure figures/compare_jacobi_<model>``.
 Wall-clock numbers depend on the machine (and its load); the ratios are what to read.
 """
 
@@ -46,6 +47,7 @@ from ambiguity.cli import (  # noqa: E402
     add_guidance_arg,
     add_out_arg,
     check_out_dir,
+    check_out_file,
     cli_main,
     positive_int,
     seed_int,
@@ -266,8 +268,8 @@ def plot_comparison(
         return plots.save_figure(fig, path)
 
 
-def replot(model: str, batch_size: int = 8, out: Path = Path("benchmarks/results")) -> int:
-    """Redraw ``figures/compare_jacobi_<model>`` from ``out/compare_jacobi_<model>.csv``,
+def replot(model: str, batch_size: int = 8, out: Path = Path("benchmarks/results"), figure=None) -> int:
+    """Redraw ``figure`` (default ``out/compare_jacobi_<model>``) from ``out/compare_jacobi_<model>.csv``,
     ``_ambiguity.csv`` and the first line of the ``.md`` (the sample sizes, as the figure's title):
     e.g. after the palette changed, without decoding again. Raises UsageError when the table is missing."""
     out = Path(out)
@@ -279,7 +281,7 @@ def replot(model: str, batch_size: int = 8, out: Path = Path("benchmarks/results
     bins = pd.read_csv(amb) if amb.exists() else pd.DataFrame(columns=["method"])
     md = out / f"compare_jacobi_{model}.md"
     title = md.read_text().splitlines()[0] if md.exists() else model
-    plot_comparison(table, bins, title, Path("figures") / f"compare_jacobi_{model}", batch_size=batch_size)
+    plot_comparison(table, bins, title, Path(figure or out / f"compare_jacobi_{model}"), batch_size=batch_size)
     return 0
 
 
@@ -308,7 +310,14 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--replot",
         action="store_true",
-        help="only redraw figures/compare_jacobi_<model> from its tables saved in --out",
+        help="only redraw --figure from the tables saved in --out",
+    )
+    ap.add_argument(
+        "--figure",
+        default=None,
+        metavar="STEM",
+        help="figure path without suffix (.png and .pdf; default: <out>/compare_jacobi_<model>; the committed "
+        "ones: figures/compare_jacobi_<model>)",
     )
     add_out_arg(
         ap,
@@ -318,8 +327,10 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     out = check_out_dir(args.out)
+    figure = Path(args.figure) if args.figure else Path(out) / f"compare_jacobi_{args.model}"
+    check_out_file(figure, "--figure")
     if args.replot:
-        return replot(args.model, args.batch_size, out)
+        return replot(args.model, args.batch_size, out, figure)
     if args.only:
         unknown = sorted(set(args.only.split(",")) - set(configs()))
         if unknown:
@@ -476,7 +487,7 @@ def main(argv=None) -> int:
         )
         + f"), CFG {sampling.guidance:g}, temperature 1, shared 2-core CPU"
     )
-    plot_comparison(table, b, title, Path("figures") / f"compare_jacobi_{args.model}", batch_size=args.batch_size)
+    plot_comparison(table, b, title, figure, batch_size=args.batch_size)
     return 0
 
 

@@ -55,10 +55,10 @@ def check_flags_apply(method: str, given: set[str], tree: str = "chain", k: Opti
     tree`` and ``--k k`` ignores: by :data:`FLAG_METHODS`, tree, γ and neighbourhood flags with
     ``ar`` or a Jacobi method, ``--k --delta --lam --metric --matrix`` with ``sd``, ``--delta`` with
     ``lantern++`` and ``--lam`` with ``lantern``/``lantern-jsd``, Jacobi knobs with the others;
-    ``--metric --matrix`` with ``k == 0`` (no latent neighbourhood: every rule accepts as ``sd``,
-    :attr:`lantern.acceptance.AcceptanceRule.relaxed`); by :data:`FLAG_TREES`, ``--gamma`` with a
-    tree and ``--total-tokens --depth --tree-top-k`` with a chain or a static tree. The line names
-    the methods, ``--k`` or trees the flag is for."""
+    ``--delta --lam --metric --matrix`` with ``k == 0`` (no latent neighbourhood: every rule
+    accepts as ``sd``, :attr:`lantern.acceptance.AcceptanceRule.relaxed`); by :data:`FLAG_TREES`,
+    ``--gamma`` with a tree and ``--total-tokens --depth --tree-top-k`` with a chain or a static
+    tree. The line names the methods, ``--k`` or trees the flag is for."""
     for dest, methods in FLAG_METHODS.items():
         if dest in given and method not in methods:
             flag = "--" + dest.replace("_", "-")
@@ -67,7 +67,7 @@ def check_flags_apply(method: str, given: set[str], tree: str = "chain", k: Opti
                 hint = f" ({method} is bounded by --{BOUNDS[method].parameter})"
             raise UsageError(f"{flag} does not apply to --method {method}, only to {', '.join(methods)}{hint}; drop it")
     if k == 0:
-        for dest in ("metric", "matrix"):
+        for dest in ("delta", "lam", "metric", "matrix"):
             if dest in given:
                 raise UsageError(
                     f"--{dest} does not apply with --k 0 (no latent neighbourhood: {method} accepts as sd), "

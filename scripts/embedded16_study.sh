@@ -105,7 +105,7 @@ step_compare() {
 step_sweep() {
     $PY benchmarks/bench_decoding.py --model embedded-16 --ks 100,300,1000 --deltas 0.05,0.1,0.2,0.4 \
         --temperatures 1 --num-images 32 --batch-size 8 --timing-images 4 --repeats 3 --sd-gammas 2,4 \
-        --sd-tree-sizes 59 --threads "$THREADS"
+        --sd-tree-sizes 59 --threads "$THREADS" --out "$RUN/sweep" --figure figures/embedded16_lantern_sweep
 }
 
 step_distortion() {

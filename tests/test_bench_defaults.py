@@ -1,6 +1,7 @@
 """Every script in benchmarks/ writes, by default, under the git-ignored ``runs/benchmarks/`` (a casual run
-never overwrites the committed ``benchmarks/results/``): its parser's ``--out`` default, read without
-running anything."""
+never overwrites the committed ``benchmarks/results/`` or ``figures/``): its parser's ``--out`` default,
+read without running anything, and no default of any option lies under ``figures/``; the figures of
+bench_decoding and compare_jacobi go into ``--out`` unless ``--figure`` names a path."""
 
 from __future__ import annotations
 
@@ -30,8 +31,7 @@ def test_runs_is_git_ignored():
     assert "runs/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_default_out_lies_under_runs_benchmarks(name, monkeypatch):
+def _parser(name: str, monkeypatch) -> ArgumentParser:
     mod = _module(name)
 
     def grab(self, args=None, namespace=None):
@@ -40,7 +40,30 @@ def test_default_out_lies_under_runs_benchmarks(name, monkeypatch):
     monkeypatch.setattr(ArgumentParser, "parse_args", grab)
     with pytest.raises(_Parsed) as caught:
         mod.main([])
-    parser = caught.value.args[0]
+    return mod, caught.value.args[0]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_no_default_writes_into_the_committed_figures(name, monkeypatch):
+    _, parser = _parser(name, monkeypatch)
+    figures = (ROOT / "figures").resolve()
+    for action in parser._actions:
+        d = action.default
+        if isinstance(d, (str, Path)) and str(d):
+            assert figures not in Path(d).resolve().parents and Path(d).resolve() != figures, (action.dest, d)
+
+
+@pytest.mark.parametrize("name", ["bench_decoding", "compare_jacobi"])
+def test_the_figure_goes_into_out_unless_named(name, monkeypatch):
+    _, parser = _parser(name, monkeypatch)
+    assert parser.get_default("figure") is None  # resolved after parsing: <out>/<stem>
+    src = (ROOT / "benchmarks" / f"{name}.py").read_text()
+    assert 'Path("figures")' not in src and '"figures"' not in src
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_default_out_lies_under_runs_benchmarks(name, monkeypatch):
+    mod, parser = _parser(name, monkeypatch)
     out = parser.get_default("out")
     if out is None:  # bench_scaleout: runs/benchmarks/bench_scaleout/scaleout_<command>.json, set after parsing
         out = mod.OUT / "scaleout_profile.json"

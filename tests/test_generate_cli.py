@@ -213,6 +213,16 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
             "only with --k >= 1; drop it\n",
         ),
         (
+            ["--method", "lantern", "--k", "0", "--delta", "0.2"],
+            "error: --delta does not apply with --k 0 (no latent neighbourhood: lantern accepts as sd), "
+            "only with --k >= 1; drop it\n",
+        ),
+        (
+            ["--method", "lantern++", "--k", "0", "--lam", "2"],
+            "error: --lam does not apply with --k 0 (no latent neighbourhood: lantern++ accepts as sd), "
+            "only with --k >= 1; drop it\n",
+        ),
+        (
             ["--method", "lantern++", "--k", "0", "--matrix", "codebook"],
             "error: --matrix does not apply with --k 0 (no latent neighbourhood: lantern++ accepts as sd), "
             "only with --k >= 1; drop it\n",
