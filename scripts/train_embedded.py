@@ -77,6 +77,15 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"embedded": embedded_recipe, "embedded-16": embedded16_recipe, "embedded-16-long": embedded16_long_recipe}
 LONG = "embedded-16-long"  # trained by epochs with early stop, into a staging directory
 VARIANT_OF = {LONG: "embedded-16"}  # recipe -> the VARIANTS entry whose files it writes
+
+
+def variant_of(args) -> str:
+    """The model (:data:`ambiguity.models.embedded.VARIANTS` entry) whose files ``--recipe`` writes:
+    recorded as the files' ``variant`` (the recipe goes into ``recipe``), so the loader of that
+    model takes them once shipped."""
+    return VARIANT_OF.get(args.recipe, args.recipe)
+
+
 EVAL_SUBSET_SEED = 0  # the per-epoch test subset is the same for every run and --seed
 
 
@@ -230,7 +239,8 @@ def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> 
     images, _ = load_split("train", data, limit=64 if args.quick else None, size=size)
     test, _ = load_split("test", data, limit=32 if args.quick else None, size=size)
     vq, stats = train_vq(vq_cfg, vq_train, images, run, args.seed, device, progress)
-    save_module(vq, vq_cfg, out / VQ_FILE, skip=VQ_SKIP, seed=args.seed, stage="vq", variant=args.recipe)
+    meta = dict(seed=args.seed, stage="vq", variant=variant_of(args), recipe=args.recipe)
+    save_module(vq, vq_cfg, out / VQ_FILE, skip=VQ_SKIP, **meta)
     shipped, _ = load_vq(out / VQ_FILE, device)
     t0 = time.perf_counter()
     test_metrics, _ = vq_metrics(shipped, test, progress=progress)
@@ -346,7 +356,9 @@ def snapshot(args, recipe, run: Path) -> int:
     model.load_state_dict(ck["model"])
     step = ck["state"]["step"]
     epochs = rec.get("init_epochs", 0.0) + step * rec["train"]["batch_size"] / rec["n_sequences"]
-    save_module(model, gpt_cfg, path, seed=args.seed, stage="gpt", variant=args.recipe, epochs=epochs)
+    save_module(
+        model, gpt_cfg, path, seed=args.seed, stage="gpt", variant=variant_of(args), recipe=args.recipe, epochs=epochs
+    )
     print(f"wrote {path}: step {step}, {epochs:.3f} epochs")
     return 0
 
@@ -419,7 +431,8 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool, in
         seed=args.seed,
         stage="gpt",
         vq_sha=vq_sha,
-        variant=args.recipe,
+        variant=variant_of(args),
+        recipe=args.recipe,
         epochs=stats["epochs"],
     )
     shipped, _ = load_gpt(out / GPT_FILE, device)

@@ -481,7 +481,7 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
 def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
     """--snapshot writes the run's latest model with its epochs; --init-from continues from it,
     counting epochs on from there (curve rows, stop rule, metrics)."""
-    from ambiguity.io import load_tensors
+    from ambiguity.io import load_tensors, save_tensors
     from ambiguity.models.checkpoints import save_module
     from ambiguity.models.embedded import GPT16_FILE, METRICS16_FILE, VQ16_FILE, VQ_SKIP
     from ambiguity.train import embedded16_long_recipe
@@ -526,6 +526,20 @@ def test_long_recipe_warm_restart_from_a_snapshot(fake_data, tmp_path, capsys):
     shipped, meta = load_tensors(a / "stage" / GPT16_FILE)
     snapped, snap_meta = load_tensors(snap)
     assert meta["epochs"] == snap_meta["epochs"] == 1.0
+    # the files are embedded-16's (the model the recipe trains), so they load once shipped
+    assert (meta["variant"], meta["recipe"]) == (snap_meta["variant"], snap_meta["recipe"])
+    assert (meta["variant"], meta["recipe"]) == ("embedded-16", "embedded-16-long")
+    assert load_embedded(weights=a / "stage", variant="embedded-16").name == "embedded-16"
+    # files written before the recipe was recorded apart carry its name as their variant: still embedded-16's
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / VQ16_FILE).write_bytes((a / "stage" / VQ16_FILE).read_bytes())
+    save_tensors(shipped, legacy / GPT16_FILE, {**meta, "variant": "embedded-16-long"})
+    assert load_embedded(weights=legacy, variant="embedded-16").name == "embedded-16"
+    with pytest.raises(UsageError, match="holds embedded-16 weights .* under embedded's file names"):
+        (legacy / "fashion_vq.safetensors").write_bytes((legacy / VQ16_FILE).read_bytes())
+        (legacy / "fashion_gpt.safetensors").write_bytes((legacy / GPT16_FILE).read_bytes())
+        load_embedded(weights=legacy, variant="embedded")
     assert all(torch.equal(shipped[k], snapped[k]) for k in shipped)  # the same final model, both fp16
     assert (
         main(

@@ -66,6 +66,10 @@ VARIANTS = {
     "embedded-16": Variant(VQ16_FILE, GPT16_FILE, METRICS16_FILE, 64),
 }
 
+# Files that ``scripts/train_embedded.py --recipe embedded-16-long`` wrote before 2026-12-03 record the
+# recipe's name as their variant; the recipe trains embedded-16's GPT, so they are embedded-16's files.
+RECIPE_VARIANTS = {"embedded-16-long": "embedded-16"}
+
 
 def weights_dir(weights: Optional[str | Path] = None) -> Path:
     """``weights`` as a Path, or the package's ``ambiguity/weights`` directory when None."""
@@ -123,14 +127,21 @@ def load_embedded(weights=None, device="cpu", dtype=torch.float32, variant: str 
     return LlamaGenModel(gpt, vq, name=name, class_names=list(CLASSES))
 
 
+def _recorded_variant(meta: dict) -> Optional[str]:
+    """The ``variant`` a file's metadata records, with :data:`RECIPE_VARIANTS` applied."""
+    v = meta.get("variant")
+    return RECIPE_VARIANTS.get(str(v), str(v)) if v else None
+
+
 def variant_of(vq: VQModel, vq_meta: dict, gpt: GPT, gpt_meta: dict) -> Optional[str]:
     """Which :data:`VARIANTS` entry a VQ + GPT pair is: the ``variant`` its files record (files
-    written since it is recorded), else the one whose image side equals the pair's (token grid
-    side x the VQ's downsampling factor; the shipped files predate the record). None when no
-    variant has that side (e.g. a test model)."""
-    recorded = gpt_meta.get("variant") or vq_meta.get("variant")
+    written since it is recorded; a training recipe's name recorded by older files maps through
+    :data:`RECIPE_VARIANTS`), else the one whose image side equals the pair's (token grid side x
+    the VQ's downsampling factor; the shipped files predate the record). None when no variant has
+    that side (e.g. a test model)."""
+    recorded = _recorded_variant(gpt_meta) or _recorded_variant(vq_meta)
     if recorded:
-        return str(recorded)
+        return recorded
     side = math.isqrt(gpt.config.block_size) * 2 ** (len(vq.config.encoder_ch_mult) - 1)
     return next((n for n, v in VARIANTS.items() if v.image_size == side), None)
 
@@ -140,7 +151,7 @@ def check_variant(variant: str, d: Path, vq: VQModel, vq_meta: dict, gpt: GPT, g
     ``fashion16_*`` renamed ``fashion_*``: a run labelled ``embedded`` with 16 x 16 tokens), a
     VQ and a GPT that record different variants, or a GPT whose vocabulary is not the VQ's
     codebook. Source: the variant table :data:`VARIANTS`; the file metadata of ``save_module``."""
-    recorded = {k: m.get("variant") for k, m in (("VQ", vq_meta), ("GPT", gpt_meta)) if m.get("variant")}
+    recorded = {k: _recorded_variant(m) for k, m in (("VQ", vq_meta), ("GPT", gpt_meta)) if m.get("variant")}
     if len(set(recorded.values())) > 1:
         raise UsageError(
             f"the files in {d} belong to different models (VQ: {recorded['VQ']}, GPT: {recorded['GPT']}); "
