@@ -26,7 +26,8 @@
 # Environment: RUN (training run dir, default runs/embedded-16-long), THREADS (default 2),
 # EPOCHS (this run's most epochs, default 1.5), INIT / INIT_EPOCHS (warm start), PAPER_IMAGES (default 500),
 # OLD_RUN (train: copy its token caches tokens_*.pt into a new RUN first, skipping the tokenizing; they
-# are reused only if they were made with the same VQ file), FORCE=1 (ship: accept a step-budget stop).
+# are reused only if they were made with the same VQ file), FORCE=1 (ship: accept a step-budget stop),
+# CURVE_RUNS (figures: the earlier run dirs of a warm-restart chain, space-separated, in training order).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,7 +86,9 @@ step_ship() {
 }
 
 step_figures() {
-    $PY scripts/figure_training_curve.py --run-dir "$RUN"
+    local runs=()
+    for d in ${CURVE_RUNS:-}; do runs+=(--run-dir "$d"); done # earlier runs of a warm-restart chain, in order
+    $PY scripts/figure_training_curve.py "${runs[@]}" --run-dir "$RUN"
     $PY scripts/figure_embedded_samples.py --model embedded-16
 }
 

@@ -3,9 +3,14 @@
     python scripts/figure_training_curve.py --run-dir /root/lantern-runs/embedded-16-long
         # -> figures/embedded16_training_curve.{png,pdf}
     python scripts/figure_training_curve.py --run-dir runs/embedded-16-long --out /tmp/curve
+    python scripts/figure_training_curve.py --run-dir runs/e16 --run-dir runs/e16c   # warm restarts, in order
 
 Reads ``<run-dir>/gpt_curve.json`` (written by ``scripts/train_embedded.py --recipe
 embedded-16-long`` after every epoch), so it works on the partial curve of a run still going.
+Several ``--run-dir`` (a run and its warm restarts, in training order) join into one curve: a
+restart's evaluation before its first step repeats the previous run's last one and is dropped, and
+each restart is marked. The joined rows also go to ``<out>.csv`` (one row per evaluation, with its
+``run_dir``).
 The shipped ``embedded-16`` GPT's (0.48 epochs) full-test-split NLL is marked for reference when its
 metrics file is present (the ``embedded`` model's bits/token, over 1024 codes, are not comparable).
 """
@@ -16,9 +21,12 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from ambiguity import plots
 from ambiguity.cli import ArgumentParser, add_out_arg, check_out_file, cli_main
 from ambiguity.errors import UsageError
+from ambiguity.io import write_table
 from ambiguity.models.embedded import METRICS16_FILE, WEIGHTS_DIR
 from ambiguity.train import CURVE_FILE
 
@@ -27,7 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def parse_args(argv=None):
     p = ArgumentParser(prog="figure_training_curve.py", description=__doc__.split("\n")[0])
-    p.add_argument("--run-dir", required=True, help=f"run directory holding {CURVE_FILE}")
+    p.add_argument(
+        "--run-dir",
+        required=True,
+        action="append",
+        help=f"run directory holding {CURVE_FILE}; repeat it for warm restarts, in training order",
+    )
     add_out_arg(p, "output path without suffix (default figures/embedded16_training_curve)", metavar="PATH")
     p.add_argument("--no-reference", action="store_true", help="leave out the shipped models' test NLL")
     return p.parse_args(argv)
@@ -46,6 +59,29 @@ def read_curve(run_dir: Path) -> dict:
     if not curve.get("rows"):
         raise UsageError(f"{path} has no rows yet; wait for the first epoch to end")
     return curve
+
+
+def join_curves(curves: list[dict], names: list[str]) -> dict:
+    """One curve from a run and its warm restarts (``curves`` in training order, ``names`` their run
+    dirs): the last curve's record with every run's rows, each tagged ``run_dir``, and
+    ``restarts`` (the epochs each later run started from). A restart's row at step 0 (its init's
+    NLL, the previous run's last model) is dropped when the previous run has a row at that epoch.
+    Raises UsageError when a run starts before the previous one ends (run dirs out of order)."""
+    rows, restarts = [], []
+    for i, (c, name) in enumerate(zip(curves, names)):
+        mine = [{**r, "run_dir": name} for r in c["rows"]]
+        if i:
+            start = float((c.get("init_from") or {}).get("epochs", mine[0]["epoch"]))
+            if start < rows[-1]["epoch"] - 1e-3:
+                raise UsageError(
+                    f"{name} starts at {start:.2f} epochs, before {names[i - 1]} ends ({rows[-1]['epoch']:.2f}); "
+                    f"pass the --run-dir in training order"
+                )
+            restarts.append(start)
+            if mine[0]["step"] == 0 and abs(mine[0]["epoch"] - rows[-1]["epoch"]) < 1e-3:
+                mine = mine[1:]
+        rows += mine
+    return {**curves[-1], "rows": rows, "restarts": restarts}
 
 
 def shipped_references(weights: Path = WEIGHTS_DIR) -> dict[str, tuple[float, float]]:
@@ -86,6 +122,8 @@ def plot_curve(curve: dict, path: Path, references: dict[str, tuple[float, float
             color=plots.color_for("", 1),
             label="train loss (mean since the previous evaluation)",
         )
+        for j, e in enumerate(curve.get("restarts", [])):
+            ax.axvline(e, color="0.6", ls=":", lw=0.8, label="warm restart" if j == 0 else None)
         for i, (name, (e, nll)) in enumerate((references or {}).items()):
             ax.scatter(
                 [e],
@@ -100,6 +138,7 @@ def plot_curve(curve: dict, path: Path, references: dict[str, tuple[float, float
         ax.set_ylabel("bits / token")
         ax.set_xlim(left=0)
         budget = curve.get("max_total_epochs", curve.get("max_epochs", "?"))  # warm start: init + this run
+        budget = f"{budget:.2f}" if isinstance(budget, (int, float)) else budget
         status = curve.get("stop_reason") or f"running (to at most {budget} epochs)"
         if len(status) > 60:
             status = "stopped: gain < " + f"{curve['stop']['min_gain_bits']} bits/token per epoch"
@@ -111,11 +150,13 @@ def plot_curve(curve: dict, path: Path, references: dict[str, tuple[float, float
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    curve = read_curve(Path(args.run_dir))
+    curve = join_curves([read_curve(Path(d)) for d in args.run_dir], args.run_dir)
     out = Path(args.out) if args.out else ROOT / "figures" / "embedded16_training_curve"
     check_out_file(out.with_suffix(".png"), "--out")
     refs = None if args.no_reference else shipped_references()
-    for p in plot_curve(curve, out, refs):
+    written = plot_curve(curve, out, refs)
+    written.append(write_table(pd.DataFrame(curve["rows"]), out.with_suffix(".csv")))
+    for p in written:
         print(f"wrote {p}")
     return 0
 

@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from fake_data import load_script as _load_script
@@ -454,6 +455,16 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     (run / CURVE_FILE).write_text(json.dumps(curve))
     assert fig(["--run-dir", str(run), "--out", str(tmp_path / "partial"), "--no-reference"]) == 0
     assert fig(["--run-dir", str(tmp_path)]) == 2 and "not found" in capsys.readouterr().err
+    # a warm restart joins on: its step-0 row (the previous run's last model) is dropped, the restart marked
+    (tmp_path / "r2").mkdir()
+    rows = [dict(curve["rows"][0]), {**curve["rows"][0], "epoch": 1.5}]
+    later = {**curve, "init_from": {"epochs": 0.0}, "rows": rows}
+    (tmp_path / "r2" / CURVE_FILE).write_text(json.dumps(later))
+    assert fig(["--run-dir", str(run), "--run-dir", str(tmp_path / "r2"), "--out", str(tmp_path / "j")]) == 0
+    joined = pd.read_csv(tmp_path / "j.csv")
+    assert joined["epoch"].tolist() == [0.0, 1.5] and joined["run_dir"].tolist() == [str(run), str(tmp_path / "r2")]
+    assert fig(["--run-dir", str(tmp_path / "r2"), "--run-dir", str(run), "--out", str(tmp_path / "k")]) == 2
+    assert "pass the --run-dir in training order" in capsys.readouterr().err
     # The flags belong to the long recipe; the shipped directory is refused as its --out.
     assert main(["--quick", "--epochs", "2", "--data", str(fake_data), "--run-dir", str(run)]) == 2
     assert "only applies to --recipe embedded-16-long" in capsys.readouterr().err
