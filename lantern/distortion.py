@@ -11,12 +11,15 @@ from p. This module measures that distance with no sampling:
   drafter on the target's true features gives q for the same position (what the first draft of
   a verification step starting there is drawn from);
 * :func:`distortion_table` — ``TVD(out, p)`` of one verification step for each (k, δ)
-  (:func:`lantern.acceptance.output_distribution`), next to ``TVD(q, p)``.
+  (:func:`lantern.acceptance.output_distribution`), next to ``TVD(q, p)`` and what drives it
+  (the entropies and top-1 probabilities of p and q, how often their argmaxes agree), each mean
+  with a percentile-bootstrap interval that resamples images (:func:`bootstrap_mean_ci`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -24,12 +27,21 @@ import torch
 
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
+from ambiguity.stats import entropy
 from lantern.acceptance import AcceptanceRule, output_distribution
 from lantern.divergences import tvd
 from lantern.drafter import DraftModel
 from lantern.steps import target_distribution
 
-__all__ = ["real_pairs", "distortion_table"]
+__all__ = ["real_pairs", "image_groups", "bootstrap_mean_ci", "distortion_table", "DRIVERS"]
+
+# the driver rows of distortion_table, in order: (what, unit)
+DRIVERS = (
+    ("H(p)", "nats"),
+    ("p top-1", "probability"),
+    ("H(q)", "nats"),
+    ("q top-1 = p top-1", "fraction of positions"),
+)
 
 
 @torch.no_grad()
@@ -42,13 +54,16 @@ def real_pairs(
     convention: str = "exact",
     batch_size: int = 8,
     positions: slice = slice(None),
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_groups: bool = False,
+):
     """Target and drafter distributions at every position of given sequences.
 
     tokens: (B, N) int64 code indices (raster order); conditions: B labels or captions;
     sampling: guidance, temperature, top-k/top-p, applied to both as in decoding (a
     temperature of 0 is treated as 1: the distributions, not the argmax). positions: which of
-    the N - 1 predicted positions (1 .. N-1) to keep. Returns (p, q), each (B * n, V) float32.
+    the N - 1 predicted positions (1 .. N-1) to keep. Returns (p, q), each (B * n, V) float32,
+    image by image (the n kept positions of image 0 first); with ``with_groups`` also the
+    (B * n,) int64 image of each pair (:func:`image_groups`), for intervals that resample images.
     """
     if sampling.greedy:
         sampling = SamplingConfig(
@@ -66,7 +81,59 @@ def real_pairs(
         q = target_distribution(drafter.logits(model, f), sampling, guided, convention)
         ps.append(p[:, positions].reshape(-1, p.shape[-1]).float().cpu())
         qs.append(q[:, positions].reshape(-1, q.shape[-1]).float().cpu())
-    return torch.cat(ps), torch.cat(qs)
+    p, q = torch.cat(ps), torch.cat(qs)
+    if not with_groups:
+        return p, q
+    return p, q, image_groups(len(tokens), len(p) // max(len(tokens), 1))
+
+
+def image_groups(images: int, per_image: int) -> torch.Tensor:
+    """The image of each of ``images * per_image`` pairs stored image by image: (images * per_image,)
+    int64, ``[0] * per_image + [1] * per_image + ...``."""
+    return torch.arange(int(images), dtype=torch.int64).repeat_interleave(int(per_image))
+
+
+def bootstrap_mean_ci(
+    values,
+    groups: Optional[torch.Tensor] = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval (low, high) of the mean of ``values`` (P,) over positions.
+
+    groups: (P,) int64 cluster of each value (the image a position belongs to; positions of one
+    image are correlated): each resample draws the G groups with replacement and takes the mean
+    of the values of the drawn groups (a group drawn twice counts twice; with equal group sizes
+    this is the mean of the drawn groups' means). Without ``groups`` every value is its own
+    group (positions resampled). ``n_boot`` resamples from ``numpy.random.default_rng(seed)``
+    (``integers(0, G, (n_boot, G))``, drawn in blocks), interval at the ``(1 - level) / 2`` and
+    ``(1 + level) / 2`` quantiles (numpy's linear interpolation) of the resampled means
+    (Efron & Tibshirani, 1993, ch. 13). Same inputs and seed -> same interval; one group gives
+    [mean, mean]. Raises ValueError for no values, a ``groups`` of another length or n_boot < 1.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size == 0:
+        raise ValueError("bootstrap_mean_ci needs at least one value")
+    if int(n_boot) < 1:
+        raise ValueError(f"bootstrap_mean_ci: n_boot must be >= 1, got {n_boot}")
+    if groups is None:
+        sums, counts = v, np.ones_like(v)
+    else:
+        g = np.asarray(groups).ravel()
+        if g.shape != v.shape:
+            raise ValueError(f"groups has {g.size} entries for {v.size} values; pass one group per position")
+        _, g = np.unique(g, return_inverse=True)
+        sums, counts = np.bincount(g, weights=v), np.bincount(g).astype(np.float64)
+    G = sums.size
+    rng = np.random.default_rng(seed)
+    block = max(1, (1 << 22) // G)  # at most ~4M drawn indices (32 MiB) at once
+    means = []
+    for at in range(0, int(n_boot), block):
+        idx = rng.integers(0, G, size=(min(block, int(n_boot) - at), G))
+        means.append(sums[idx].sum(1) / counts[idx].sum(1))
+    lo, hi = np.quantile(np.concatenate(means), [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
 
 
 def distortion_table(
@@ -79,25 +146,51 @@ def distortion_table(
     convention: str = "exact",
     chunk: int = 256,
     max_bytes: int = 1 << 30,
+    groups: Optional[torch.Tensor] = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
 ) -> pd.DataFrame:
-    """Exact per-step distortion of a relaxed rule on (p, q) pairs (P, V).
+    """Exact per-step distortion of a relaxed rule on (p, q) pairs, and what drives it.
 
-    neighbours: (V, >= max(ks)) int64 table (nearest first). Returns one row per (k, δ) with
-    mean / median / q90 / max of ``TVD(out, p)`` (probabilities), plus a first row
-    ``k = 0, δ = 0`` holding ``TVD(q, p)`` (what the drafter's own error is), and ``positions``.
+    p, q: (P, V) float target and drafter distributions (:func:`real_pairs`); neighbours:
+    (V, >= max(ks)) int64 table (nearest first); groups: optional (P,) int64 image of each
+    position (:func:`image_groups`, ``real_pairs(..., with_groups=True)``).
+
+    Returns a DataFrame with columns ``what, k, delta, mean, median, q90, max, positions,
+    ci_low, ci_high``: per row, the mean / median / 90th percentile / max over the P positions
+    of a per-position quantity, ``positions`` = P, and ``ci_low``/``ci_high`` a ``level``
+    percentile-bootstrap interval of the mean (:func:`bootstrap_mean_ci` with ``n_boot`` and
+    ``seed``; resampling images when ``groups`` is given, else positions; every row uses the same
+    resamples). Rows, in order:
+
+    * ``TVD(q, p)`` (k = 0, δ = 0): the drafter's own distance from p (probability);
+    * ``TVD(out, p)`` for each k in ``ks`` and δ in ``deltas``: the exact distribution one
+      verification step emits (:func:`~lantern.acceptance.output_distribution`) against p;
+    * the drivers (:data:`DRIVERS`, k = 0, δ = 0): ``H(p)`` and ``H(q)``, entropies in nats
+      (0 ln 0 = 0); ``p top-1``, max_x p(x) (probability); ``q top-1 = p top-1``, the fraction of
+      positions where argmax q equals argmax p (ties: the first index), whose median / q90 / max
+      are those of the 0/1 indicator.
+
     Positions go through :func:`~lantern.acceptance.output_distribution` ``chunk`` at a time, fewer
     when its (chunk, V, k) working set (and (chunk, V, V) for ``"official"``) would pass
     ``max_bytes`` (bytes; at least one position): at V = 16384, k = 1000 that is 2 positions.
+    Raises ValueError when ``groups`` does not hold one entry per position.
     """
+    if groups is not None and len(groups) != len(p):
+        raise ValueError(f"groups has {len(groups)} entries for {len(p)} (p, q) pairs; pass one image per pair")
 
     def stats(t: torch.Tensor) -> dict:
         v = t.double().numpy()
+        lo, hi = bootstrap_mean_ci(v, groups, n_boot=n_boot, seed=seed, level=level)
         return {
             "mean": float(v.mean()),
             "median": float(np.median(v)),
             "q90": float(np.quantile(v, 0.9)),
             "max": float(v.max()),
             "positions": int(v.size),
+            "ci_low": lo,
+            "ci_high": hi,
         }
 
     rows = [{"what": "TVD(q, p)", "k": 0, "delta": 0.0, **stats(tvd(q, p))}]
@@ -112,7 +205,19 @@ def distortion_table(
                 ]
             )
             rows.append({"what": "TVD(out, p)", "k": int(k), "delta": float(d), **stats(t)})
+    per = [_drivers(p[i : i + chunk], q[i : i + chunk]) for i in range(0, len(p), chunk)]  # no (P, V) temporaries
+    rows += [{"what": what, "k": 0, "delta": 0.0, **stats(torch.cat([d[what] for d in per]))} for what, _ in DRIVERS]
     return pd.DataFrame(rows)
+
+
+def _drivers(p: torch.Tensor, q: torch.Tensor) -> dict:
+    """{what: (n,) float64} of the driver rows (:data:`DRIVERS`) for (n, V) pairs."""
+    return {
+        "H(p)": entropy(p).double(),
+        "p top-1": p.amax(-1).double(),
+        "H(q)": entropy(q).double(),
+        "q top-1 = p top-1": (q.argmax(-1) == p.argmax(-1)).double(),
+    }
 
 
 def _positions_per_chunk(V: int, k: int, convention: str, chunk: int, max_bytes: int) -> int:

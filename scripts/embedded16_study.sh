@@ -20,7 +20,7 @@
 #   drafter     EAGLE-style drafter: self-generated sequences + data tokens, until test top-1 stops rising
 #   compare     ambiguity next to embedded and text-twin (lantern.compare, 256 images)
 #   sweep       decoding sweep: SD tuned (chains, EAGLE-2 tree), LANTERN chain/static/dynamic at the paper's k, δ
-#   distortion  the exact per-step TVD(output, p) at the paper's k and δ
+#   distortion  the exact per-step TVD(output, p) over the paper's k and δ and its drivers (H(p), H(q), top-1), 32 AR images
 #   paper       python -m lantern.paper --models embedded-16,text-twin at $PAPER_IMAGES images per quality cell
 #
 # Environment: RUN (training run dir, default runs/embedded-16-long), THREADS (default 2),

@@ -89,6 +89,58 @@ def test_model_that_cannot_batch_decodes_its_untimed_rounds_one_by_one(tmp_path)
         assert timed == [1, 0, 0]  # EAGLE-2 (the session's one method) in round 0 only
 
 
+def test_distortion_decodes_only_its_ar_pairs_session(tmp_path, monkeypatch):
+    """--only distortion decodes AR alone, pairs_images rounds in the session <primary>-T1-pairs (not the
+    whole temperature-1 session), whose images are plain AR decodes of the main session's first
+    conditions and seeds; the report shows the drivers and intervals; the session resumes."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+    import torch
+
+    import lantern.paper.sessions
+    import lantern.timing
+    from lantern.decoding import DecodeConfig, decode
+    from lantern.paper.context import Context
+    from lantern.paper.experiments import pairs_session
+
+    methods = []
+
+    def counting(real):
+        def wrapped(model, conditions, config, *args, **kwargs):
+            methods.append(config.method)
+            return real(model, conditions, config, *args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(lantern.timing, "decode", counting(lantern.timing.decode))
+    monkeypatch.setattr(lantern.paper.sessions, "decode", counting(lantern.paper.sessions.decode))
+    config = PaperConfig(**{**QUICK, "models": ("embedded",)})
+    report = run_paper(config, tmp_path / "r", only="distortion", progress=False).read_text()
+    assert methods and set(methods) == {"ar"}
+    assert sorted(p.name for p in (tmp_path / "r" / "sessions").iterdir()) == ["embedded-T1-pairs"]
+    rounds = sorted((tmp_path / "r" / "sessions" / "embedded-T1-pairs" / "parts").glob("round_*.json"))
+    assert len(rounds) == QUICK["pairs_images"]
+    df = pd.read_csv(tmp_path / "r" / "distortion" / "distortion_ours.csv")
+    assert {"ci_low", "ci_high"} <= set(df.columns) and (df["positions"] == 4 * 63).all()
+    for what in ("TVD(q, p)", "TVD(out, p)", "H(p)", "p top-1", "H(q)", "q top-1 = p top-1"):
+        assert f"| {what}" in report, what
+    assert "4 AR samples" in report and "embedded-T1-pairs" in report
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished session decodes nothing")
+
+    monkeypatch.setattr(lantern.timing, "decode", refuse)
+    monkeypatch.setattr(lantern.paper.sessions, "decode", refuse)
+    ctx = Context(config, SimpleNamespace(path=tmp_path / "r"), progress=False)
+    data = pairs_session(ctx)  # resumed from its parts
+    monkeypatch.undo()
+    plain = decode(
+        ctx.model("embedded"), data.conditions, DecodeConfig.of("ar"), data.sampling, seed=config.seed, indices=range(4)
+    )
+    assert torch.equal(data.tokens["ar"], plain.tokens)
+
+
 def test_timing_note_names_the_timed_rounds_and_the_batch():
     from types import SimpleNamespace
 

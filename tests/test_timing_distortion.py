@@ -1,5 +1,8 @@
 """lantern.timing (speed-up statistics, interleaved rounds) and lantern.distortion (real (p, q) pairs,
-exact per-step distortion), against hand-computed values and the real decoder."""
+exact per-step distortion, its drivers and bootstrap intervals over images), against hand-computed
+values and the real decoder."""
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -9,7 +12,7 @@ import torch
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, decode, neighbour_table
-from lantern.distortion import distortion_table, real_pairs
+from lantern.distortion import bootstrap_mean_ci, distortion_table, image_groups, real_pairs
 from lantern.drafter import load_drafter
 from lantern.timing import interleaved_timing, speedup_curve, speedup_table
 
@@ -126,17 +129,89 @@ def test_distortion_is_zero_at_delta_zero_and_grows_with_delta(embedded):
     model, drafter = embedded
     sampling = SamplingConfig(guidance=3.0)
     d = decode(model, [2, 5], DecodeConfig.of("ar"), sampling, seed=0)
-    p, q = real_pairs(model, drafter, d.tokens, [2, 5], sampling)
+    p, q, groups = real_pairs(model, drafter, d.tokens, [2, 5], sampling, with_groups=True)
+    assert groups.dtype == torch.int64 and groups.tolist() == [0] * 63 + [1] * 63  # image by image
     table = neighbour_table(model, DecodeConfig.of("lantern", k=32))
-    df = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4])
+    df = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4], groups=groups)
     assert df.iloc[0]["what"] == "TVD(q, p)" and df.iloc[0]["positions"] == 126
+    assert list(df.columns) == ["what", "k", "delta", "mean", "median", "q90", "max", "positions", "ci_low", "ci_high"]
+    assert list(df["what"]) == ["TVD(q, p)"] + ["TVD(out, p)"] * 6 + ["H(p)", "p top-1", "H(q)", "q top-1 = p top-1"]
+    assert ((df["ci_low"] <= df["mean"] + 1e-12) & (df["mean"] <= df["ci_high"] + 1e-12)).all()
+    drivers = df.set_index("what")
+    assert drivers.loc["p top-1", "mean"] == pytest.approx(p.max(-1).values.double().mean().item(), rel=1e-6)
+    agree = (p.argmax(-1) == q.argmax(-1)).double().mean().item()
+    assert drivers.loc["q top-1 = p top-1", "mean"] == pytest.approx(agree)
     out = df[df["what"] == "TVD(out, p)"].set_index(["k", "delta"])["mean"]
     assert out.loc[(8, 0.0)] == pytest.approx(0.0, abs=1e-6) and out.loc[(32, 0.0)] == pytest.approx(0.0, abs=1e-6)
     assert out.loc[(32, 0.1)] < out.loc[(32, 0.4)]
     assert (out <= df.iloc[0]["mean"] + 1e-6).all()  # never further from p than the drafter itself
     # a memory cap only changes how many positions go through at once, never the numbers
-    capped = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4], max_bytes=1)
+    capped = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4], max_bytes=1, groups=groups)
     pd.testing.assert_frame_equal(capped, df, check_exact=False, rtol=1e-6, atol=1e-7)
+
+
+# 2 images x 2 positions over V = 3 codes; image 0 = positions 0, 1; image 1 = positions 2, 3
+TINY_P = [[1.0, 0.0, 0.0], [0.5, 0.25, 0.25], [0.2, 0.8, 0.0], [0.0, 0.0, 1.0]]
+TINY_Q = [[1.0, 0.0, 0.0], [0.25, 0.5, 0.25], [0.0, 1.0, 0.0], [0.6, 0.0, 0.4]]
+
+
+def test_driver_rows_by_hand():
+    p, q = torch.tensor(TINY_P), torch.tensor(TINY_Q)
+    nb = torch.tensor([[1, 2], [0, 2], [1, 0]])
+    df = distortion_table(p, q, nb, [1], [0.0], groups=image_groups(2, 2)).set_index("what")
+    h2 = -(0.2 * math.log(0.2) + 0.8 * math.log(0.8))  # 0.5004 nats
+    h3 = -(0.6 * math.log(0.6) + 0.4 * math.log(0.4))  # 0.6730 nats
+    expected = {  # per position: one-hot 0 nats; (0.5, 0.25, 0.25) 1.5 ln 2 = 1.0397 nats
+        "TVD(q, p)": [0.0, 0.25, 0.2, 0.6],
+        "H(p)": [0.0, 1.5 * math.log(2), h2, 0.0],
+        "p top-1": [1.0, 0.5, 0.8, 1.0],
+        "H(q)": [0.0, 1.5 * math.log(2), 0.0, h3],
+        "q top-1 = p top-1": [1.0, 0.0, 1.0, 0.0],  # argmax q: 0, 1, 1, 0; argmax p: 0, 0, 1, 2
+    }
+    for what, v in expected.items():
+        row = df.loc[what]
+        assert (row["k"], row["delta"], row["positions"]) == (0, 0.0, 4), what
+        assert row["mean"] == pytest.approx(sum(v) / 4, abs=1e-7), what
+        assert row["median"] == pytest.approx(float(np.median(v)), abs=1e-7), what
+        assert row["max"] == pytest.approx(max(v), abs=1e-7), what
+        assert row["ci_low"] <= row["mean"] <= row["ci_high"], what
+    assert df.loc["TVD(q, p)", "mean"] == pytest.approx(0.2625)
+    assert df.loc["TVD(q, p)", "q90"] == pytest.approx(0.25 + 0.7 * 0.35)  # sorted 0, 0.2, 0.25, 0.6 at 2.7
+    assert df.loc["p top-1", "mean"] == pytest.approx(0.825)
+    assert df.loc["H(p)", "mean"] == pytest.approx(0.3850, abs=1e-4)  # (1.0397 + 0.5004) / 4
+    assert df.loc["TVD(out, p)", "mean"] == pytest.approx(0.0, abs=1e-7)  # δ = 0: the step emits p
+    # two images, TVD(q, p) per image 0.125 and 0.4: a resample draws {0, 0}, {0, 1} or {1, 1} (1/4, 1/2, 1/4)
+    assert (df.loc["TVD(q, p)", "ci_low"], df.loc["TVD(q, p)", "ci_high"]) == pytest.approx((0.125, 0.4))
+    with pytest.raises(ValueError, match="one image per pair"):
+        distortion_table(p, q, nb, [1], [0.0], groups=image_groups(1, 2))
+
+
+def test_bootstrap_resamples_images_when_given_groups():
+    groups = image_groups(4, 8)
+    assert groups.tolist() == [0] * 8 + [1] * 8 + [2] * 8 + [3] * 8
+    # every position of an image alike, images 0 or 1: one image's positions are one observation
+    v = np.repeat([0.0, 0.0, 1.0, 1.0], 8)
+    by_image = bootstrap_mean_ci(v, groups)
+    by_position = bootstrap_mean_ci(v)
+    assert by_image == (0.0, 1.0)  # 4 images: all-0 and all-1 resamples each have probability 1/16 > 2.5 %
+    assert 0.25 < by_position[0] < 0.5 < by_position[1] < 0.75  # 32 independent draws: about 0.5 ± 0.17
+    # every image the same mean (0.1 and 0.5 within each): [mean, mean] over images, not over positions
+    w = np.tile([0.1, 0.5], 4)
+    lo, hi = bootstrap_mean_ci(w, image_groups(4, 2))
+    assert lo == pytest.approx(0.3) and hi == pytest.approx(0.3)
+    lo, hi = bootstrap_mean_ci(w)
+    assert lo < 0.3 < hi
+    # unequal images: a resample's mean is its drawn positions' mean (an image drawn twice counts twice)
+    assert bootstrap_mean_ci([1.0, 0.0, 0.0], [0, 1, 1], n_boot=1) in {(1.0, 1.0), (0.0, 0.0), (1 / 3, 1 / 3)}
+    # reproducible with the seed; another seed draws other resamples; blocks of resamples change nothing
+    x = np.random.default_rng(1).random(40)
+    g = image_groups(10, 4)
+    assert bootstrap_mean_ci(x, g, seed=3) == bootstrap_mean_ci(x, g, seed=3)
+    assert bootstrap_mean_ci(x, g, seed=3) != bootstrap_mean_ci(x, g, seed=4)
+    lo, hi = bootstrap_mean_ci(x, g)
+    assert lo < x.mean() < hi
+    with pytest.raises(ValueError, match="one group per position"):
+        bootstrap_mean_ci(x, g[:-1])
 
 
 def test_positions_per_chunk_follow_the_memory_cap():

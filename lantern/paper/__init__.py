@@ -17,7 +17,7 @@ setting. Items (:data:`lantern.paper.experiments.EXPERIMENTS`, ``--only`` picks 
   and k; ``fig5`` quality vs speed-up and τ over δ and k; ``table2`` AR / EAGLE-2 / LANTERN at
   temperature 0 and 1, plus the precision/recall grid; ``table3`` neighbour metric and TVD vs
   JSD; ``f1`` speed-up vs number of images; ``f2`` cost of building A inside the real decoding
-  step; ``distortion`` the exact per-step TVD(output, p).
+  step; ``distortion`` the exact per-step TVD(output, p) and its drivers on ``pairs_images`` AR samples.
 
 Resumable at two levels: a finished item is a checked part of the run (not recomputed), and the
 decoding sessions it reads keep every finished image (:mod:`lantern.paper.sessions`). The

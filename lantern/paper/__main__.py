@@ -50,6 +50,12 @@ def _size_help(name: str, default: int) -> str:
             "at --batch-size 1, the --quick default, every round is timed)"
         )
     quick = QUICK.get(name)
+    sizes = f"default {default}" + (f", {quick} with --quick" if quick is not None else "")
+    if name == "pairs_images":
+        return (
+            f"AR samples (an AR-only session: the temperature-1 session's first images) whose (p, q) pairs "
+            f"at every position the distortion item measures ({sizes})"
+        )
     return f"default {default}" + (f" ({quick} with --quick)" if quick is not None else "")
 
 
