@@ -123,9 +123,11 @@ class EpochStopConfig:
     learning-rate schedule still spans the whole step budget (an early stop leaves it mid-decay).
 
     ``evals_per_epoch`` > 1 measures the test NLL that many times per pass (a finer curve); the
-    rule then compares the last evaluation with the one a full epoch before it (the first one
-    when none is that old), so the gain is still per epoch. ``eval_at_start`` adds a row before
-    the first step (the init's NLL: with a warm restart, the starting point of the curve).
+    rule then compares the last evaluation with the latest one at least a full epoch before it
+    (none yet: no stop), so the gain is still per epoch and a warm restart's first epoch, whose
+    learning-rate warmup can raise the NLL for a while, is never judged on a part of an epoch.
+    ``eval_at_start`` adds a row before the first step (the init's NLL: with a warm restart, the
+    starting point of the curve).
     """
 
     min_gain_bits: float = 0.02
@@ -150,14 +152,16 @@ def stop_reason(curve: list[dict], stop: EpochStopConfig) -> Optional[str]:
     """Why training should stop after the last row of ``curve`` (rows with ``epoch`` and
     ``test_nll_bits``), or None to go on: the test NLL improved by less than
     ``stop.min_gain_bits`` bits/token per epoch since the row a full epoch before the last one
-    (the latest row at least 1 epoch older; the first row when none is; with one evaluation per
-    epoch, the previous row), at ``epoch`` >= ``stop.min_epochs``. A rise counts as a negative
-    gain."""
+    (the latest row at least 1 epoch older; with one evaluation per epoch, the previous row; None
+    while no row is that old, e.g. in a warm restart's first epoch), at ``epoch`` >=
+    ``stop.min_epochs``. A rise counts as a negative gain."""
     if len(curve) < 2 or curve[-1]["epoch"] < stop.min_epochs - 1e-9:
         return None
     b = curve[-1]
     older = [r for r in curve[:-1] if r["epoch"] <= b["epoch"] - 1.0 + 1e-9]
-    a = older[-1] if older else curve[0]
+    if not older:
+        return None  # less than an epoch of this run's curve: e.g. a warm restart's warmup
+    a = older[-1]
     gain = (a["test_nll_bits"] - b["test_nll_bits"]) / (b["epoch"] - a["epoch"])
     if gain < stop.min_gain_bits:
         return (

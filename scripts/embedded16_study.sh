@@ -27,7 +27,7 @@
 # EPOCHS (this run's most epochs, default 1.5), INIT / INIT_EPOCHS (warm start), PAPER_IMAGES (default 500),
 # OLD_RUN (train: copy its token caches tokens_*.pt into a new RUN first, skipping the tokenizing; they
 # are reused only if they were made with the same VQ file), FORCE=1 (ship: accept a step-budget stop),
-# CURVE_RUNS (figures: the earlier run dirs of a warm-restart chain, space-separated, in training order).
+# LR (train: this run's peak learning rate, e.g. 3e-4 for a restart from a decayed run), CURVE_RUNS (figures: the earlier run dirs of a warm-restart chain, space-separated, in training order).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,6 +58,7 @@ step_train() {
     fi
     local init=(--init-from "$INIT")
     [ -n "$INIT_EPOCHS" ] && init+=(--init-epochs "$INIT_EPOCHS")
+    [ -n "${LR:-}" ] && init+=(--lr "$LR")
     $PY scripts/train_embedded.py --recipe embedded-16-long --stage gpt "${init[@]}" --epochs "$EPOCHS" \
         --threads "$THREADS" --run-dir "$RUN" --out "$RUN/weights" --no-progress
 }

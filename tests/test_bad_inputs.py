@@ -1265,6 +1265,8 @@ CASES: list[Case] = [
     C("te-epochs-zero", TE, ["--recipe", "embedded-16-long", "--epochs", "0"], expect="--epochs"),
     C("te-min-epochs-negative", TE, ["--recipe", "embedded-16-long", "--min-epochs", "-1"], expect="--min-epochs"),
     C("te-eval-images-zero", TE, ["--recipe", "embedded-16-long", "--eval-images", "0"], expect="--eval-images"),
+    C("te-lr-zero", TE, ["--recipe", "embedded-16-long", "--lr", "0"], expect="--lr must be in (0, 1)"),
+    C("te-lr-other-recipe", TE, ["--lr", "3e-4"], expect="--recipe embedded-16-long"),
     C("te-device-bogus", TE, ["--device", "bogus"], expect="--device"),
     C("te-out-below-file", TE, ["--out", "{tmp}/file/w"], below_file, "below the file"),
     C("te-run-dir-below-file", TE, ["--run-dir", "{tmp}/file/r"], below_file, "below the file"),

@@ -253,7 +253,13 @@ def test_stop_reason_hand_values():
     rows.append({"epoch": 3.0, "test_nll_bits": 4.96})  # gains 0.01: stop
     assert "0.0100 bits/token per epoch from epoch 2.00 to 3.00" in stop_reason(rows, rule)
     half = [{"epoch": 2.0, "test_nll_bits": 4.0}, {"epoch": 2.5, "test_nll_bits": 3.995}]  # 0.01 per epoch
-    assert stop_reason(half, rule) is not None
+    assert stop_reason(half, rule) is None  # but over half an epoch: not judged yet
+    # a warm restart's first quarter (measured: the warmup to the peak lr raised the NLL 3.424 -> 3.869)
+    restart = [{"epoch": 1.98, "test_nll_bits": 3.424}, {"epoch": 2.23, "test_nll_bits": 3.869}]
+    assert stop_reason(restart, rule) is None
+    restart += [{"epoch": 1.98 + i / 4, "test_nll_bits": 3.869 - 0.15 * (i - 1)} for i in range(2, 5)]
+    assert stop_reason(restart[:-1], rule) is None  # 2.73: still no row a full epoch older
+    assert "from epoch 1.98 to 2.98" in stop_reason(restart, rule)  # a full epoch gained 0.005 bits: stop
     assert stop_reason([{"epoch": 2.0, "test_nll_bits": 4.0}, {"epoch": 3.0, "test_nll_bits": 4.1}], rule) is not None
     # Several evaluations per epoch: the gain is measured over the last full epoch, not the last quarter.
     quarters = [{"epoch": 0.5 + i / 4, "test_nll_bits": 5.0 - 0.1 * i} for i in range(6)]  # 0.4 bits/epoch
