@@ -66,6 +66,7 @@ from ambiguity.models.registry import get_spec, load_model
 from ambiguity.profile import profile
 from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig
+from ambiguity.stats import bootstrap_mean_ci
 
 __all__ = [
     "PAPER",
@@ -169,10 +170,8 @@ def bootstrap_ci(
     v = np.asarray(values, dtype=np.float64).ravel()
     if v.size == 0:
         raise ValueError("bootstrap_ci needs at least one value")
-    idx = np.random.default_rng(seed).integers(0, v.size, size=(int(n_boot), v.size))
-    means = v[idx].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(v.mean()), float(lo), float(hi)
+    lo, hi = bootstrap_mean_ci(v, None, n_boot, seed, level)
+    return float(v.mean()), lo, hi
 
 
 def per_image_means(table):

@@ -14,9 +14,21 @@ most likely one also has rank 1.
 
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
 import torch
 
-__all__ = ["top1_prob", "topk_mass", "entropy", "chosen_prob", "chosen_rank", "token_stats", "STAT_NAMES"]
+__all__ = [
+    "bootstrap_mean_ci",
+    "top1_prob",
+    "topk_mass",
+    "entropy",
+    "chosen_prob",
+    "chosen_rank",
+    "token_stats",
+    "STAT_NAMES",
+]
 
 STAT_NAMES = ("top1", "top10", "entropy", "chosen_prob", "chosen_rank")
 
@@ -92,3 +104,46 @@ def token_stats(p: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor
         "chosen_prob": chosen_prob(p, tokens),
         "chosen_rank": chosen_rank(p, tokens),
     }
+
+
+def bootstrap_mean_ci(
+    values,
+    groups: Optional[torch.Tensor] = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval (low, high) of the mean of ``values`` (P,) over positions.
+
+    groups: (P,) int64 cluster of each value (the image a position belongs to; positions of one
+    image are correlated): each resample draws the G groups with replacement and takes the mean
+    of the values of the drawn groups (a group drawn twice counts twice; with equal group sizes
+    this is the mean of the drawn groups' means). Without ``groups`` every value is its own
+    group (positions resampled). ``n_boot`` resamples from ``numpy.random.default_rng(seed)``
+    (``integers(0, G, (n_boot, G))``, drawn in blocks), interval at the ``(1 - level) / 2`` and
+    ``(1 + level) / 2`` quantiles (numpy's linear interpolation) of the resampled means
+    (Efron & Tibshirani, 1993, ch. 13). Same inputs and seed -> same interval; one group gives
+    [mean, mean]. Raises ValueError for no values, a ``groups`` of another length or n_boot < 1.
+    """
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size == 0:
+        raise ValueError("bootstrap_mean_ci needs at least one value")
+    if int(n_boot) < 1:
+        raise ValueError(f"bootstrap_mean_ci: n_boot must be >= 1, got {n_boot}")
+    if groups is None:
+        sums, counts = v, np.ones_like(v)
+    else:
+        g = np.asarray(groups).ravel()
+        if g.shape != v.shape:
+            raise ValueError(f"groups has {g.size} entries for {v.size} values; pass one group per position")
+        _, g = np.unique(g, return_inverse=True)
+        sums, counts = np.bincount(g, weights=v), np.bincount(g).astype(np.float64)
+    G = sums.size
+    rng = np.random.default_rng(seed)
+    block = max(1, (1 << 22) // G)  # at most ~4M drawn indices (32 MiB) at once
+    means = []
+    for at in range(0, int(n_boot), block):
+        idx = rng.integers(0, G, size=(min(block, int(n_boot) - at), G))
+        means.append(sums[idx].sum(1) / counts[idx].sum(1))
+    lo, hi = np.quantile(np.concatenate(means), [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)

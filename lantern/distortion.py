@@ -27,7 +27,7 @@ import torch
 
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
-from ambiguity.stats import entropy
+from ambiguity.stats import bootstrap_mean_ci, entropy
 from lantern.acceptance import AcceptanceRule, output_distribution
 from lantern.divergences import tvd
 from lantern.drafter import DraftModel
@@ -91,49 +91,6 @@ def image_groups(images: int, per_image: int) -> torch.Tensor:
     """The image of each of ``images * per_image`` pairs stored image by image: (images * per_image,)
     int64, ``[0] * per_image + [1] * per_image + ...``."""
     return torch.arange(int(images), dtype=torch.int64).repeat_interleave(int(per_image))
-
-
-def bootstrap_mean_ci(
-    values,
-    groups: Optional[torch.Tensor] = None,
-    n_boot: int = 2000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> tuple[float, float]:
-    """Percentile-bootstrap interval (low, high) of the mean of ``values`` (P,) over positions.
-
-    groups: (P,) int64 cluster of each value (the image a position belongs to; positions of one
-    image are correlated): each resample draws the G groups with replacement and takes the mean
-    of the values of the drawn groups (a group drawn twice counts twice; with equal group sizes
-    this is the mean of the drawn groups' means). Without ``groups`` every value is its own
-    group (positions resampled). ``n_boot`` resamples from ``numpy.random.default_rng(seed)``
-    (``integers(0, G, (n_boot, G))``, drawn in blocks), interval at the ``(1 - level) / 2`` and
-    ``(1 + level) / 2`` quantiles (numpy's linear interpolation) of the resampled means
-    (Efron & Tibshirani, 1993, ch. 13). Same inputs and seed -> same interval; one group gives
-    [mean, mean]. Raises ValueError for no values, a ``groups`` of another length or n_boot < 1.
-    """
-    v = np.asarray(values, dtype=np.float64).ravel()
-    if v.size == 0:
-        raise ValueError("bootstrap_mean_ci needs at least one value")
-    if int(n_boot) < 1:
-        raise ValueError(f"bootstrap_mean_ci: n_boot must be >= 1, got {n_boot}")
-    if groups is None:
-        sums, counts = v, np.ones_like(v)
-    else:
-        g = np.asarray(groups).ravel()
-        if g.shape != v.shape:
-            raise ValueError(f"groups has {g.size} entries for {v.size} values; pass one group per position")
-        _, g = np.unique(g, return_inverse=True)
-        sums, counts = np.bincount(g, weights=v), np.bincount(g).astype(np.float64)
-    G = sums.size
-    rng = np.random.default_rng(seed)
-    block = max(1, (1 << 22) // G)  # at most ~4M drawn indices (32 MiB) at once
-    means = []
-    for at in range(0, int(n_boot), block):
-        idx = rng.integers(0, G, size=(min(block, int(n_boot) - at), G))
-        means.append(sums[idx].sum(1) / counts[idx].sum(1))
-    lo, hi = np.quantile(np.concatenate(means), [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
 
 
 def distortion_table(
