@@ -33,11 +33,13 @@ __all__ = [
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path`` atomically.
+    ``path``'s directory is created when missing (a long run does not fail at its last write).
 
     The file gets the mode a plain ``open()`` would give it (0666 less the umask, e.g. 0644):
     ``mkstemp`` creates 0600, and some writers (safetensors' ``save_file``) replace the
     temporary file with a new 0600 one, so the mode is set after the writer is done."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

@@ -29,6 +29,7 @@ _API = {
     "residual": "lantern.acceptance",
     "relaxed_mass": "lantern.acceptance",
     "output_distribution": "lantern.acceptance",
+    "output_distributions": "lantern.acceptance",
     "tvd": "lantern.divergences",
     "jsd": "lantern.divergences",
     "moved_jsd": "lantern.divergences",

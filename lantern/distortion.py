@@ -11,7 +11,7 @@ from p. This module measures that distance with no sampling:
   drafter on the target's true features gives q for the same position (what the first draft of
   a verification step starting there is drawn from);
 * :func:`distortion_table` — ``TVD(out, p)`` of one verification step for each (k, δ)
-  (:func:`lantern.acceptance.output_distribution`), next to ``TVD(q, p)`` and what drives it
+  (:func:`lantern.acceptance.output_distributions`), next to ``TVD(q, p)`` and what drives it
   (the entropies and top-1 probabilities of p and q, how often their argmaxes agree), each mean
   with a percentile-bootstrap interval that resamples images (:func:`bootstrap_mean_ci`).
 """
@@ -28,7 +28,7 @@ import torch
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import bootstrap_mean_ci, entropy
-from lantern.acceptance import AcceptanceRule, output_distribution
+from lantern.acceptance import AcceptanceRule, output_distributions
 from lantern.divergences import tvd
 from lantern.drafter import DraftModel
 from lantern.steps import target_distribution
@@ -129,9 +129,12 @@ def distortion_table(
       positions where argmax q equals argmax p (ties: the first index), whose median / q90 / max
       are those of the 0/1 indicator.
 
-    Positions go through :func:`~lantern.acceptance.output_distribution` ``chunk`` at a time, fewer
-    when its (chunk, V, k) working set (and (chunk, V, V) for ``"official"``) would pass
-    ``max_bytes`` (bytes; at least one position): at V = 16384, k = 1000 that is 2 positions.
+    Positions go through :func:`~lantern.acceptance.output_distributions` (every (k, δ) cell of the
+    ``"exact"`` convention from one gather and cumulative sum at the largest k) ``chunk`` at a
+    time, fewer when its (chunk, V, max k) working set (and (chunk, V, V) for ``"official"``) would
+    pass ``max_bytes`` (bytes; at least one position): at V = 16384, k = 1000 that is 2 positions.
+    ``neighbours`` goes in whole, as the decoders pass it (the ``"official"`` residual zeroes the
+    first k + 1 columns).
     Raises ValueError when ``groups`` does not hold one entry per position.
     """
     if groups is not None and len(groups) != len(p):
@@ -151,17 +154,14 @@ def distortion_table(
         }
 
     rows = [{"what": "TVD(q, p)", "k": 0, "delta": 0.0, **stats(tvd(q, p))}]
-    for k in ks:
-        for d in deltas:
-            rule = AcceptanceRule(method, k=int(k), delta=float(d), convention=convention)
-            n = _positions_per_chunk(p.shape[-1], int(k), convention, chunk, max_bytes)
-            t = torch.cat(
-                [
-                    tvd(output_distribution(p[i : i + n], q[i : i + n], neighbours[:, :k], rule), p[i : i + n])
-                    for i in range(0, len(p), n)
-                ]
-            )
-            rows.append({"what": "TVD(out, p)", "k": int(k), "delta": float(d), **stats(t)})
+    rules = [AcceptanceRule(method, k=int(k), delta=float(d), convention=convention) for k in ks for d in deltas]
+    n = _positions_per_chunk(p.shape[-1], max((int(k) for k in ks), default=0), convention, chunk, max_bytes)
+    per_rule = [[] for _ in rules]
+    for i in range(0, len(p), n):
+        for acc, out in zip(per_rule, output_distributions(p[i : i + n], q[i : i + n], neighbours, rules)):
+            acc.append(tvd(out, p[i : i + n]))
+    for rule, parts in zip(rules, per_rule):
+        rows.append({"what": "TVD(out, p)", "k": rule.k, "delta": rule.delta, **stats(torch.cat(parts))})
     per = [_drivers(p[i : i + chunk], q[i : i + chunk]) for i in range(0, len(p), chunk)]  # no (P, V) temporaries
     rows += [{"what": what, "k": 0, "delta": 0.0, **stats(torch.cat([d[what] for d in per]))} for what, _ in DRIVERS]
     return pd.DataFrame(rows)

@@ -1,4 +1,4 @@
-"""ambiguity.io: atomic writes give results the mode a plain open() would."""
+"""ambiguity.io: atomic writes give results the mode a plain open() would, in a directory they create."""
 
 import os
 import stat
@@ -27,3 +27,10 @@ def test_saved_files_get_the_umask_mode(tmp_path):
     finally:
         os.umask(old)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def test_writes_create_the_missing_directory(tmp_path):
+    """A result's directory is created at the write, so a run whose --out names a new folder does
+    not fail after its work is done (benchmarks/probe_distortion.py did)."""
+    path = write_json({"a": 1}, tmp_path / "new" / "deeper" / "a.json")
+    assert path.read_text().strip().startswith("{") and path.parent.is_dir()
