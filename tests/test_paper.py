@@ -102,7 +102,7 @@ def test_distortion_decodes_only_its_ar_pairs_session(tmp_path, monkeypatch):
     import lantern.timing
     from lantern.decoding import DecodeConfig, decode
     from lantern.paper.context import Context
-    from lantern.paper.experiments import pairs_session
+    from lantern.paper.distortion_item import pairs_session
 
     methods = []
 
@@ -144,7 +144,7 @@ def test_distortion_decodes_only_its_ar_pairs_session(tmp_path, monkeypatch):
 def test_timing_note_names_the_timed_rounds_and_the_batch():
     from types import SimpleNamespace
 
-    from lantern.paper.experiments import _timing_note
+    from lantern.paper.methods import timing_note
 
     class Model:
         can_batch_decode = True
@@ -154,18 +154,18 @@ def test_timing_note_names_the_timed_rounds_and_the_batch():
         primary="embedded",
         model=lambda name: Model(),
     )
-    assert _timing_note(ctx, [(0.0, 20), (1.0, 5000)]) == [
+    assert timing_note(ctx, [(0.0, 20), (1.0, 5000)]) == [
         "temperature 0: speed-ups from the first 20 rounds, timed at batch 1, interleaved; "
         "statistics and quality over 20 images at batch 32.",
         "temperature 1: speed-ups from the first 50 rounds, timed at batch 1, interleaved; "
         "statistics and quality over 5000 images at batch 32.",
     ]
     Model.can_batch_decode = False
-    assert _timing_note(ctx, [(1.0, 100)])[0].endswith("over 100 images at batch 1.")
+    assert timing_note(ctx, [(1.0, 100)])[0].endswith("over 100 images at batch 1.")
     ctx.config.batch_size = 1
-    assert _timing_note(ctx, [(1.0, 100)]) == []  # every round timed
+    assert timing_note(ctx, [(1.0, 100)]) == []  # every round timed
     ctx.config.compile = True
-    assert _timing_note(ctx, [(1.0, 100)]) == [
+    assert timing_note(ctx, [(1.0, 100)]) == [
         "compiled forwards (--compile): every method's target and drafter forwards ran through torch.compile; "
         "the compilation happened in the timing warm-up"
     ]

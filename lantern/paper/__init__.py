@@ -19,6 +19,10 @@ setting. Items (:data:`lantern.paper.experiments.EXPERIMENTS`, ``--only`` picks 
   JSD; ``f1`` speed-up vs number of images; ``f2`` cost of building A inside the real decoding
   step; ``distortion`` the exact per-step TVD(output, p) and its drivers on ``pairs_images`` AR samples.
 
+The items are functions of :mod:`lantern.paper.experiments` (``distortion`` of
+:mod:`lantern.paper.distortion_item`); the methods, main sessions, method rows and notes they share
+are in :mod:`lantern.paper.methods`, Fig. 5's plot in :mod:`lantern.paper.quality_speed`.
+
 Resumable at two levels: a finished item is a checked part of the run (not recomputed), and the
 decoding sessions it reads keep every finished image (:mod:`lantern.paper.sessions`). The
 decoding experiments run on the first image model of ``--models``; k and top-k are mapped to its

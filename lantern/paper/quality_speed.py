@@ -1,0 +1,138 @@
+"""Fig. 5's plot: image quality against speed-up and mean accepted length over the (k, δ) grid,
+drawn from the method rows of :func:`lantern.paper.methods.method_rows` (the item is
+:func:`lantern.paper.experiments.fig5`; the generic figure helpers are :mod:`ambiguity.plots`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ambiguity import plots
+from lantern.paper.context import Context
+
+__all__ = ["METRIC_TITLES", "DELTA_MARKERS", "plot_quality_speed"]
+
+METRIC_TITLES = {
+    "fid": "FID",
+    "kid": "KID",
+    "precision": "precision",
+    "recall": "recall",
+    "density": "density",
+    "coverage": "coverage",
+}
+
+
+def _metric_title(metric: str) -> str:
+    """``fid_fmnist`` -> ``FID (fmnist features)``."""
+    name, _, extractor = metric.partition("_")
+    return METRIC_TITLES.get(name, name) + (f" ({extractor} features)" if extractor else "")
+
+
+DELTA_MARKERS = "osDvP^<>"
+
+
+def plot_quality_speed(df: pd.DataFrame, ctx: Context):
+    """Fig. 5: one row per quality metric (title: metric and extractor), speed-up (ratio of total
+    latencies) and τ along x; LANTERN: one line per k (colour) through its δ values (marker shape,
+    so coinciding points never overprint text), each point with its 95 % interval (the table's ci
+    columns); AR and EAGLE-2 as grey markers; one legend below the panels. ``df``: method rows
+    (:func:`lantern.paper.methods.method_rows`) of AR, EAGLE-2 and the LANTERN grid; ``ctx`` names the
+    primary model in the title. Returns the matplotlib figure."""
+    from matplotlib.lines import Line2D
+
+    metrics = [
+        m for m in df.columns if m.split("_")[0] in ("fid", "precision", "recall") and not m.endswith(("_lo", "_hi"))
+    ]
+    rows = max(1, len(metrics))
+    height = 1.9 * rows + 0.6
+    grid = df[df["name"].str.startswith("lantern")]
+    ks = sorted(grid["k"].dropna().unique())
+    deltas = sorted(grid["delta"].dropna().unique())
+    marker_of = {d: DELTA_MARKERS[i % len(DELTA_MARKERS)] for i, d in enumerate(deltas)}
+
+    def bars(rows_, metric, lo, hi):
+        if lo is None or hi is None:
+            return None
+        return np.vstack(
+            [(rows_[metric] - lo[rows_.index]).clip(lower=0), (hi[rows_.index] - rows_[metric]).clip(lower=0)]
+        )
+
+    with plots.style():
+        fig, axes = plots.new_figure(rows, 2, width=6.0, height=height)
+        axes = np.atleast_2d(axes)
+        for i, metric in enumerate(metrics):
+            lo, hi = df.get(f"{metric}_lo"), df.get(f"{metric}_hi")
+            for j, x in enumerate(("speedup", "tau")):
+                ax = axes[i, j]
+                for ci, k in enumerate(ks):
+                    col = plots.color_for(f"k{k}", ci)
+                    d = grid[grid["k"] == k].sort_values("delta")
+                    ax.plot(d[x], d[metric], color=col, lw=1.0, zorder=2)
+                    for delta, r in d.groupby("delta"):
+                        ax.errorbar(
+                            r[x],
+                            r[metric],
+                            yerr=bars(r, metric, lo, hi),
+                            fmt=marker_of[delta],
+                            color=col,
+                            markersize=3.5,
+                            capsize=1.5,
+                            elinewidth=0.6,
+                            zorder=3,
+                        )
+                for name, marker in (("ar", "X"), ("eagle2", "*")):
+                    r = df[df["name"] == name]
+                    if len(r):
+                        ax.errorbar(
+                            r[x],
+                            r[metric],
+                            yerr=bars(r, metric, lo, hi),
+                            fmt=marker,
+                            color="0.3",
+                            markersize=4.5,
+                            capsize=1.5,
+                            elinewidth=0.6,
+                            zorder=3,
+                        )
+                values = pd.concat([df[metric]] + [c for c in (lo, hi) if c is not None]).dropna()
+                if len(values) and float(values.max() - values.min()) < 1e-9:  # one value for every method
+                    v = float(values.iloc[0])
+                    ax.set_ylim(v - 0.5, v + 0.5)
+                    ax.set_yticks([v])
+                    ax.text(
+                        0.5,
+                        0.12,
+                        "the same value for every method",
+                        transform=ax.transAxes,
+                        ha="center",
+                        fontsize=5.5,
+                        color="0.35",
+                    )
+                ax.set_xlabel(
+                    "speed-up over AR (ratio of total latencies)"
+                    if x == "speedup"
+                    else "mean accepted length τ (bonus token counted)"
+                )
+                ax.set_ylabel(METRIC_TITLES.get(metric.split("_")[0], metric))
+                ax.set_title(_metric_title(metric), fontsize=7)
+        n = int(df["images"].max()) if "images" in df and df["images"].notna().any() else None
+        fig.suptitle(
+            f"{ctx.primary}: quality vs speed over δ and k (temperature 1"
+            + (f", {n} images per method" if n else "")
+            + "; bars: 95 % intervals)",
+            fontsize=8,
+        )
+        handles = [
+            Line2D([], [], color=plots.color_for(f"k{k}", ci), lw=1.0, label=f"LANTERN k={int(k)}")
+            for ci, k in enumerate(ks)
+        ]
+        handles += [
+            Line2D([], [], color="0.45", marker=marker_of[d], ls="none", markersize=3.5, label=f"δ={d:g}")
+            for d in deltas
+        ]
+        handles += [
+            Line2D([], [], color="0.3", marker=m, ls="none", markersize=4.5, label=label)
+            for m, label in (("X", "AR"), ("*", "EAGLE-2 (lossless)"))
+        ]
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), fontsize=6, frameon=False)
+    return fig
