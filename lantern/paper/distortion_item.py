@@ -66,7 +66,11 @@ def distortion(ctx: Context) -> Item:
             ax.axhline(float(own["mean"]), color="0.3", ls="--", lw=0.8, label="TVD(q, p)")
             ax.set_xlabel("δ (TVD bound per draft)")
             ax.set_ylabel("mean TVD(output, p)")
-            ax.set_title(f"{ctx.primary}, temperature 1: one LANTERN step's output vs p ({n} images)", fontsize=7)
+            ax.set_title(
+                f"{ctx.primary}, temperature 1: one LANTERN step's output vs p ({n} images)\n"
+                "bands: 95 % image-bootstrap interval of the mean",
+                fontsize=6,
+            )
             ax.legend(fontsize=6)
         figs.append(savefig(ctx, fig, "distortion", "distortion"))
     notes = quick_notes(
