@@ -106,6 +106,7 @@ BASE = {
     "benchmarks/bench_neighbourhood.py": ["--out", "{tmp}/out/nb.json"],
     "benchmarks/bench_scaleout.py": ["--out", "{tmp}/out/scale.json"],
     "benchmarks/probe_distortion.py": ["--out", "{tmp}/out/dist.json"],
+    "benchmarks/bench_distortion.py": ["--out", "{tmp}/out/cost.json"],
     "benchmarks/bench_throughput.py": ["--out", "{tmp}/out", "--repeats", "1", "--images", "1"],
 }
 
@@ -1322,6 +1323,9 @@ CASES: list[Case] = [
         ["--models", "text-twin", "--methods", "ar,lantern", "--batch-sizes", "1"],
         expect="codebook",
     ),
+    C("bdist-ks-too-large", "benchmarks/bench_distortion.py", ["--vocab", "64", "--ks", "64"], expect="--ks"),
+    C("bdist-delta-above-one", "benchmarks/bench_distortion.py", ["--deltas", "0.1,2"], expect="--deltas"),
+    C("bdist-positions-zero", "benchmarks/bench_distortion.py", ["--positions", "0"], expect="--positions"),
     C("ba-k-zero", BA, ["--k", "0"], expect="--k"),
     C("ba-k-too-large", BA, ["--k", "20000"], expect="--k"),
     C("ba-gamma-zero", BA, ["--gamma", "0"], expect="--gamma"),
