@@ -9,17 +9,11 @@ import pandas as pd
 
 from ambiguity import plots
 from lantern.paper.context import Context
+from lantern.quality.report import TITLES
 
 __all__ = ["METRIC_TITLES", "DELTA_MARKERS", "plot_quality_speed"]
 
-METRIC_TITLES = {
-    "fid": "FID",
-    "kid": "KID",
-    "precision": "precision",
-    "recall": "recall",
-    "density": "density",
-    "coverage": "coverage",
-}
+METRIC_TITLES = TITLES  # one table of metric names: lantern.quality.report's
 
 
 def _metric_title(metric: str) -> str:

@@ -20,7 +20,7 @@ import pandas as pd
 
 from ambiguity import plots
 
-__all__ = ["sweep_frame", "plot_quality_sweep", "replot", "DEFAULT_PANELS"]
+__all__ = ["sweep_frame", "plot_quality_sweep", "replot", "DEFAULT_PANELS", "TITLES"]
 
 DEFAULT_PANELS = ("fid", "precision", "recall")
 _SPEED = ("acceptance_rate", "tau", "tokens_per_forward")
