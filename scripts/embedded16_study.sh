@@ -82,8 +82,23 @@ check_ship() {
 
 step_ship() {
     check_ship
-    cp "$RUN/weights/fashion16_gpt.safetensors" "$RUN/weights/embedded16_metrics.json" ambiguity/weights/
-    echo "shipped $RUN/weights/fashion16_gpt.safetensors and embedded16_metrics.json to ambiguity/weights/"
+    cp "$RUN/weights/fashion16_gpt.safetensors" ambiguity/weights/
+    # a GPT-only run's metrics have no "vq" section: keep the shipped VQ's, and the shipped GPT's under
+    # "gpt_before" (the earlier GPT's test NLL and budget, for comparison)
+    $PY - "$RUN/weights/embedded16_metrics.json" ambiguity/weights/embedded16_metrics.json <<'PYEOF'
+import json, os, sys
+new, old_path = json.load(open(sys.argv[1])), sys.argv[2]
+old = json.load(open(old_path)) if os.path.exists(old_path) else {}
+if "vq" not in new and "vq" in old:
+    new["vq"] = old["vq"]
+if "gpt" in old and old["gpt"].get("epochs") != new.get("gpt", {}).get("epochs"):
+    new["gpt_before"] = {k: old["gpt"][k] for k in ("epochs", "token_budget", "test") if k in old["gpt"]}
+tmp = old_path + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(new, f, indent=2)
+os.replace(tmp, old_path)
+PYEOF
+    echo "shipped $RUN/weights/fashion16_gpt.safetensors and its metrics (VQ metrics kept) to ambiguity/weights/"
 }
 
 step_figures() {
