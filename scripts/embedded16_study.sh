@@ -7,12 +7,12 @@
 #   bash scripts/embedded16_study.sh --help      # this text (also -h, help)
 #
 # Steps:
-#   train       the GPT towards convergence (warm restart from the shipped 0.48-epoch weights, 4 test
+#   train       the GPT towards convergence (warm restart from the shipped weights, 4 test
 #               evaluations per epoch, stop < 0.02 bits/token per epoch after >= 1.9 epochs); resumes
 #   snapshot    the run's latest model -> $RUN/snapshot.safetensors (end of a session; continue with
 #               OLD_RUN=$RUN INIT=$RUN/snapshot.safetensors INIT_EPOCHS= RUN=<new dir> ... train).
-#               A snapshot records its epochs, so INIT_EPOCHS must be set empty for it (its default,
-#               0.48, is the shipped weights' count and would override the snapshot's).
+#               Snapshots and the shipped 3.98-epoch weights record their epochs: leave INIT_EPOCHS empty
+#               (set it only for a file that does not, e.g. the first release's 0.48-epoch GPT: 0.48).
 #   ship        the stopped run's weights and metrics -> ambiguity/weights/. Refuses a run dir that does
 #               not exist, a run still going (no gpt_done.json), and a run that stopped on its step budget
 #               rather than the stop rule (it prints the stop reason and epochs first; FORCE=1 ships it)
@@ -35,7 +35,7 @@ RUN=${RUN:-runs/embedded-16-long}
 THREADS=${THREADS:-2}
 EPOCHS=${EPOCHS:-1.5}
 INIT=${INIT:-ambiguity/weights/fashion16_gpt.safetensors}
-INIT_EPOCHS=${INIT_EPOCHS-0.48}
+INIT_EPOCHS=${INIT_EPOCHS:-}
 PAPER_IMAGES=${PAPER_IMAGES:-500}
 OLD_RUN=${OLD_RUN:-}
 FORCE=${FORCE:-}

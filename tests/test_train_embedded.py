@@ -722,3 +722,39 @@ def test_study_script_help_errors_and_ship_refusals(tmp_path):
     rc, out, err = run("train", OLD_RUN=str(tmp_path / "none"), RUN=str(tmp_path / "new"))
     assert (rc, out) == (2, "") and err.startswith(f"error: OLD_RUN={tmp_path / 'none'} does not exist")
     assert not (tmp_path / "new").exists()
+
+
+def test_study_script_ship_keeps_the_vq_metrics(tmp_path):
+    """The ship step of a GPT-only run (FORCE=1 past a step-budget stop) copies the GPT and merges the
+    metrics: the run's gpt section, the shipped file's vq section, the replaced GPT under gpt_before.
+    Runs a copy of the script in a scratch tree, so the repository's shipped files are not touched."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    (root / "ambiguity" / "weights").mkdir(parents=True)
+    shutil.copy(SCRIPT.with_name("embedded16_study.sh"), root / "scripts")
+    shipped = {"vq": {"test": {"psnr_db": 34.1}}, "gpt": {"epochs": 0.48, "test": {"nll_bits_per_token": 5.25}}}
+    (root / "ambiguity" / "weights" / "embedded16_metrics.json").write_text(json.dumps(shipped))
+    run = root / "run"
+    (run / "weights").mkdir(parents=True)
+    (run / "weights" / "fashion16_gpt.safetensors").write_bytes(b"new gpt")
+    new = {"gpt": {"epochs": 3.98, "test": {"nll_bits_per_token": 3.28}}, "token_budget": 1}
+    (run / "weights" / "embedded16_metrics.json").write_text(json.dumps(new))
+    done = {"metrics": {"epochs": 3.98, "stop_reason": "step budget reached (3750 steps)"}}
+    (run / "gpt_done.json").write_text(json.dumps(done))
+    r = subprocess.run(
+        ["bash", str(root / "scripts" / "embedded16_study.sh"), "ship"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RUN": str(run), "FORCE": "1"},
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert (root / "ambiguity" / "weights" / "fashion16_gpt.safetensors").read_bytes() == b"new gpt"
+    got = json.loads((root / "ambiguity" / "weights" / "embedded16_metrics.json").read_text())
+    assert got == {**new, "vq": shipped["vq"], "gpt_before": {"epochs": 0.48, "test": {"nll_bits_per_token": 5.25}}}
