@@ -480,6 +480,20 @@ class RunDir:
             return f"{path.name} cannot be read ({type(exc).__name__})"
         return None
 
+    def drop_part(self, name: str) -> None:
+        """Remove the part ``name``: its manifest first (so that it no longer counts as complete),
+        then its files under ``parts/``; files it lists elsewhere in the run are kept. Absent: nothing."""
+        manifest = self.manifest_path(name)
+        try:
+            files = json.loads(manifest.read_text()).get("files", {})
+        except (OSError, ValueError, AttributeError):
+            files = {}
+        manifest.unlink(missing_ok=True)
+        for rel in files if isinstance(files, dict) else ():
+            path = Path(os.path.normpath(self.parts_dir / rel))
+            if path.parent == self.parts_dir and path.name.startswith(f"{name}."):
+                path.unlink(missing_ok=True)
+
     def part_names(self, prefix: str = "") -> list[str]:
         """Names of the parts whose manifests exist (sorted), optionally only those starting with ``prefix``."""
         if not self.parts_dir.is_dir():

@@ -246,3 +246,48 @@ def test_quick_run_regenerates_every_item_and_resumes(tmp_path, monkeypatch):
         exec(compile("".join(cell["source"]), f"paper.ipynb[cell {i}]", "exec"), ns)
     plt.close("all")
     assert ns["RUN"] == out and len(ns["t2"]) == 6
+
+
+def test_interrupted_batched_session_keeps_each_finished_method(tmp_path, monkeypatch):
+    """An untimed chunk is decoded method by method; each method's decode is kept as a pending part, so
+    a session interrupted in the third method resumes with the others only, gives the tokens of an
+    uninterrupted run, and leaves no pending part behind."""
+    import torch
+    from safetensors.torch import load_file
+
+    import lantern.paper.sessions as sessions
+
+    real, calls = sessions.decode, []
+
+    class Stop(Exception):
+        pass
+
+    def counting(stop_at):
+        def wrapped(model, conditions, config, *args, **kwargs):
+            calls.append(json.dumps(config.as_dict(), sort_keys=True, default=str))
+            if len(calls) == stop_at:
+                raise Stop
+            return real(model, conditions, config, *args, **kwargs)
+
+        return wrapped
+
+    config = PaperConfig(**{**QUICK, "batch_size": 4, "timing_images": 1, "models": ("embedded",)})
+    monkeypatch.setattr(sessions, "decode", counting(3))
+    with pytest.raises(Stop):
+        run_paper(config, tmp_path / "r", only="fig5", progress=False)
+    parts = tmp_path / "r" / "sessions" / "embedded-T1" / "parts"
+    assert len(list(parts.glob("pending_00001_*.json"))) == 2 and not (parts / "round_00001.json").exists()
+    first_two = calls[:2]
+    calls.clear()
+    monkeypatch.setattr(sessions, "decode", counting(0))
+    run_paper(config, tmp_path / "r", only="fig5", progress=False)
+    resumed = list(calls)
+    assert not list(parts.glob("pending_*"))
+
+    calls.clear()
+    run_paper(config, tmp_path / "whole", only="fig5", progress=False)
+    assert len(calls) > 3 and sorted(resumed + first_two) == sorted(calls)  # each method decoded once in all
+    whole = tmp_path / "whole" / "sessions" / "embedded-T1" / "parts"
+    for r in range(QUICK["main_images"]):
+        a, b = (load_file(p / f"round_{r:05d}.tokens.safetensors") for p in (parts, whole))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -12,7 +12,9 @@ round, and under torchrun the rounds are split across ranks (``r % world == rank
 With ``--batch-size B > 1`` only the first ``--timing-images`` rounds are timed that way; the
 other rounds are decoded per method in batches of B images (:mod:`lantern.batched`, draft trees
 included) and stored as the same round parts without timing rows: statistics, samples and quality
-use every round, speed-ups the timed ones. A model that cannot decode several images per forward
+use every round, speed-ups the timed ones. Untimed rounds go in chunks of 16 batches, method by
+method; each method's decode of a chunk is kept as a ``pending_*`` part until the chunk's round
+parts are written, so an interrupted session loses at most the method it was decoding. A model that cannot decode several images per forward
 (``can_batch_decode`` false, e.g. text-twin) decodes its untimed rounds at batch 1
 (:func:`session_batch_size`; the items' notes say so, :func:`batch_note`).
 """
@@ -228,29 +230,37 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
             desc=session.name,
         )
     untimed = [r for r in mine if r not in set(timed)]
-    for at in range(0, len(untimed), 16 * B):  # the other rounds in batches: parts every 16 batches
+    for at in range(0, len(untimed), 16 * B):  # the other rounds in chunks of 16 batches, method by method
         chunk = untimed[at : at + 16 * B]
         per_round: dict = {r: {} for r in chunk}
+        pending = []
         for m in session.methods:
             rs = [r for r in chunk if m.rounds is None or r < m.rounds]
             if not rs:
                 continue
-            d = decode(
-                model,
-                [conditions[r] for r in rs],
-                m.config,
-                sampling,
-                drafters.get(m.name),
-                tables.get(m.name),
-                seed=ctx.config.seed,
-                indices=rs,
-                batch_size=B,
-                progress=ctx.progress,
-            )
+            name, holds = f"pending_{rs[0]:05d}_{m.name}", {"method": m.name, "rounds": rs}
+            pending.append(name)
+            d = _read_pending(run.read_part(name, holds))
+            if d is None:
+                d = decode(
+                    model,
+                    [conditions[r] for r in rs],
+                    m.config,
+                    sampling,
+                    drafters.get(m.name),
+                    tables.get(m.name),
+                    seed=ctx.config.seed,
+                    indices=rs,
+                    batch_size=B,
+                    progress=ctx.progress,
+                )
+                _write_pending(run, name, holds, d)
             for r, one in zip(rs, d.split()):
                 per_round[r][m.name] = one
         for r in chunk:
             save(r, pd.DataFrame(columns=list(TIMING_COLUMNS)), per_round[r])
+        for name in pending:  # the chunk's round parts hold them now
+            run.drop_part(name)
     parts = assemble_units(run, units, ctx.shard, None, lambda part: part)  # the session's data are the parts'
     if parts is None:
         return None
@@ -264,6 +274,27 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
         list(TIMING_COLUMNS)
     ]
     return SessionData(session, run, sampling, conditions, timing, cat("steps"), cat("images"), tokens)
+
+
+def _write_pending(run: RunDir, name: str, holds: dict, d: Decoded) -> None:
+    """Keep one method's decode of a chunk of untimed rounds as the part ``name`` until the chunk's
+    round parts are written: an interrupted session resumes without decoding it again."""
+    steps, drafts, images = d.frames()
+    run.write_part(
+        name,
+        holds,
+        tables={"steps": steps, "drafts": drafts, "images": images},
+        tensors={"tokens": {"tokens": d.tokens}},
+    )
+
+
+def _read_pending(part) -> Optional[Decoded]:
+    """The decode :func:`_write_pending` kept (tables and tokens, as the round parts need them), or None."""
+    if part is None:
+        return None
+    cols = lambda df: {c: df[c].to_numpy() for c in df.columns}  # noqa: E731
+    t = part.tables
+    return Decoded(part.tensors["tokens"]["tokens"], cols(t["steps"]), cols(t["drafts"]), cols(t["images"]))
 
 
 def pixels(ctx: Context, data: SessionData, method: str, n: int, batch: int = 64) -> torch.Tensor:
