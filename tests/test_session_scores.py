@@ -1,0 +1,77 @@
+"""scripts/session_scores.py: per-image quality proxies of a lantern.paper session, paired with AR."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from fake_data import load_script
+from safetensors.torch import save_file
+
+from ambiguity.models.registry import load_model
+from lantern.run_reader import target_scores
+
+scores = load_script(Path(__file__).resolve().parents[1] / "scripts" / "session_scores.py")
+
+
+def test_summary_pairs_each_method_with_ar_on_shared_images():
+    per_image = pd.DataFrame(
+        {
+            "method": ["ar", "ar", "m", "m", "m"],
+            "image": [0, 1, 0, 1, 2],  # image 2 has no AR twin: left out
+            "target_nll": [1.0, 3.0, 2.0, 3.0, 100.0],
+            "class_consistency": [1.0, 0.0, 1.0, 1.0, 0.0],
+            "classifier_accuracy": [1.0, 1.0, 0.0, 1.0, 0.0],
+        }
+    )
+    s = scores.summarise(per_image).set_index("method")
+    assert s.loc["m", "images"] == 2 and s.loc["m", "target_nll"] == 2.5 and s.loc["m", "target_nll_diff"] == 0.5
+    assert s.loc["m", "class_consistency_diff"] == 0.5 and s.loc["m", "classifier_accuracy_diff"] == -0.5
+    assert (s.loc["ar", "target_nll_diff"], s.loc["ar", "target_nll_diff_lo"], s.loc["ar", "target_nll_diff_hi"]) == (
+        0,
+        0,
+        0,
+    )
+    # image-bootstrap of the differences (0.0, 1.0) from class_consistency: resampled means lie in [0, 1]
+    assert 0.0 <= s.loc["m", "class_consistency_diff_lo"] <= 0.5 <= s.loc["m", "class_consistency_diff_hi"] <= 1.0
+
+
+def _session(path: Path, methods: dict, conditions) -> Path:
+    parts = path / "parts"
+    parts.mkdir(parents=True)
+    for r, c in enumerate(conditions):
+        name = f"round_{r:05d}"
+        rows = pd.DataFrame({"method": list(methods), "image": r, "condition": c})
+        rows.to_parquet(parts / f"{name}.images.parquet")
+        save_file({m: t[r : r + 1].contiguous() for m, t in methods.items()}, parts / f"{name}.tokens.safetensors")
+        (parts / f"{name}.json").write_text(json.dumps({"part": name}))
+    return path
+
+
+def test_scores_of_a_session_equal_the_target_scores(tmp_path, capsys):
+    """A session of the shipped embedded model: 'copy' is AR's tokens (every difference exactly 0),
+    'flip' AR's tokens reversed; the NLL and consistency are target_scores' own."""
+    model = load_model("embedded")
+    g = torch.Generator().manual_seed(0)
+    ar = torch.randint(0, 1024, (3, 64), generator=g)
+    session = _session(tmp_path / "s", {"ar": ar, "copy": ar.clone(), "flip": ar.flip(1)}, [3, 7, 0])
+    assert scores.main([str(session), "--model", "embedded"]) == 0
+    s = pd.read_csv(session / "scores.csv").set_index("method")
+    assert list(s.index) == ["ar", "copy", "flip"] and (s["images"] == 3).all()
+    for m in scores.METRICS:
+        assert s.loc["copy", m] == s.loc["ar", m] and s.loc["copy", f"{m}_diff"] == 0.0
+    frame = pd.DataFrame({"image": [0, 1, 2], "condition": [3, 7, 0], "codes": list(ar.flip(1).numpy())})
+    direct = target_scores(model, frame)
+    assert s.loc["flip", "target_nll"] == pytest.approx(direct["nll"].mean(), abs=1e-6)
+    assert s.loc["flip", "class_consistency"] == pytest.approx(direct["consistent"].mean())
+    assert "| flip | 3 |" in capsys.readouterr().out
+
+
+def test_bad_session_is_one_line(tmp_path, capsys):
+    assert scores.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no finished rounds" in err[0]
+    _session(tmp_path / "s", {"sd": torch.zeros(1, 64, dtype=torch.long)}, [0])
+    assert scores.main([str(tmp_path / "s"), "--model", "embedded"]) == 2
+    assert "no AR decodes" in capsys.readouterr().err
