@@ -21,10 +21,14 @@
 #   compare     ambiguity next to embedded and text-twin (lantern.compare, 256 images)
 #   sweep       decoding sweep: SD tuned (chains, EAGLE-2 tree), LANTERN chain/static/dynamic at the paper's k, δ
 #   distortion  the exact per-step TVD(output, p) over the paper's k and δ and its drivers (H(p), H(q), top-1), 32 AR images
+#   grid        the quality grid alone: AR, EAGLE-2 and LANTERN at k = 1000 over δ 0.05-0.4 (+ Table 3's
+#               ablations) on the EAGLE-2 tree, $GRID_IMAGES images per method, fmnist FID / KID / precision /
+#               recall, then each method's target NLL, class consistency and classifier accuracy paired with AR
 #   paper       python -m lantern.paper --models embedded-16,text-twin at $PAPER_IMAGES images per quality cell
 #
 # Environment: RUN (training run dir, default runs/embedded-16-long), THREADS (default 2),
 # EPOCHS (this run's most epochs, default 1.5), INIT / INIT_EPOCHS (warm start), PAPER_IMAGES (default 500),
+# GRID_IMAGES (default 128),
 # OLD_RUN (train: copy its token caches tokens_*.pt into a new RUN first, skipping the tokenizing; they
 # are reused only if they were made with the same VQ file), FORCE=1 (ship: accept a step-budget stop),
 # LR (train: this run's peak learning rate, e.g. 3e-4 for a restart from a decayed run), CURVE_RUNS (figures: the earlier run dirs of a warm-restart chain, space-separated, in training order).
@@ -37,6 +41,7 @@ EPOCHS=${EPOCHS:-1.5}
 INIT=${INIT:-ambiguity/weights/fashion16_gpt.safetensors}
 INIT_EPOCHS=${INIT_EPOCHS:-}
 PAPER_IMAGES=${PAPER_IMAGES:-500}
+GRID_IMAGES=${GRID_IMAGES:-128}
 OLD_RUN=${OLD_RUN:-}
 FORCE=${FORCE:-}
 PY=${PYTHON:-python}
@@ -131,12 +136,20 @@ step_distortion() {
     $PY -m lantern.paper --models embedded-16,text-twin --only distortion --name embedded16-distortion --no-progress
 }
 
+step_grid() {
+    $PY -m lantern.paper --models embedded-16 --only fig5 --ks 1000 --deltas 0.05,0.1,0.2,0.4 --jsd-deltas 0.1 \
+        --main-images "$GRID_IMAGES" --grid-images "$GRID_IMAGES" --timing-images 2 --extractors fmnist \
+        --name "embedded16-grid$GRID_IMAGES" --no-progress
+    $PY scripts/session_scores.py "runs/paper/embedded16-grid$GRID_IMAGES/sessions/embedded-16-T1" --model embedded-16
+}
+
 step_paper() {
     $PY -m lantern.paper --models embedded-16,text-twin --main-images "$PAPER_IMAGES" \
         --grid-images "$PAPER_IMAGES" --compile --name "embedded16-$PAPER_IMAGES" --no-progress
+    $PY scripts/session_scores.py "runs/paper/embedded16-$PAPER_IMAGES/sessions/embedded-16-T1" --model embedded-16
 }
 
-ALL=(train ship figures drafter compare sweep distortion paper)
+ALL=(train ship figures drafter compare sweep distortion grid paper)
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 [ $# -eq 0 ] && { usage; exit 2; }
 case "$1" in -h | --help | help) usage; exit 0 ;; esac

@@ -14,8 +14,9 @@ other rounds are decoded per method in batches of B images (:mod:`lantern.batche
 included) and stored as the same round parts without timing rows: statistics, samples and quality
 use every round, speed-ups the timed ones. Untimed rounds go in chunks of 16 batches, method by
 method; each method's decode of a chunk is kept as a ``pending_*`` part until the chunk's round
-parts are written, so an interrupted session loses at most the method it was decoding. A model that cannot decode several images per forward
-(``can_batch_decode`` false, e.g. text-twin) decodes its untimed rounds at batch 1
+parts are written, so an interrupted session loses at most the method it was decoding. A model
+that cannot decode several images per forward (``can_batch_decode`` false, e.g. text-twin)
+decodes its untimed rounds at batch 1
 (:func:`session_batch_size`; the items' notes say so, :func:`batch_note`).
 """
 
