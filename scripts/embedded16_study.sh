@@ -23,7 +23,8 @@
 #   distortion  the exact per-step TVD(output, p) over the paper's k and δ and its drivers (H(p), H(q), top-1), 32 AR images
 #   grid        the quality grid alone: AR, EAGLE-2 and LANTERN at k = 1000 over δ 0.05-0.4 (+ Table 3's
 #               ablations) on the EAGLE-2 tree, $GRID_IMAGES images per method, fmnist FID / KID / precision /
-#               recall, then each method's target NLL, class consistency and classifier accuracy paired with AR
+#               recall, then each method's target NLL, class consistency and classifier accuracy paired with AR;
+#               figure -> figures/embedded16_quality_grid.png
 #   paper       python -m lantern.paper --models embedded-16,text-twin at $PAPER_IMAGES images per quality cell
 #
 # Environment: RUN (training run dir, default runs/embedded-16-long), THREADS (default 2),
@@ -141,6 +142,7 @@ step_grid() {
         --main-images "$GRID_IMAGES" --grid-images "$GRID_IMAGES" --timing-images 2 --extractors fmnist \
         --name "embedded16-grid$GRID_IMAGES" --no-progress
     $PY scripts/session_scores.py "runs/paper/embedded16-grid$GRID_IMAGES/sessions/embedded-16-T1" --model embedded-16
+    $PY scripts/figure_quality_grid.py "runs/paper/embedded16-grid$GRID_IMAGES" --model embedded-16   # figures/embedded16_quality_grid
 }
 
 step_paper() {

@@ -75,3 +75,53 @@ def test_bad_session_is_one_line(tmp_path, capsys):
     _session(tmp_path / "s", {"sd": torch.zeros(1, 64, dtype=torch.long)}, [0])
     assert scores.main([str(tmp_path / "s"), "--model", "embedded"]) == 2
     assert "no AR decodes" in capsys.readouterr().err
+
+
+def test_quality_grid_figure_reads_fig5_and_the_scores(tmp_path, capsys):
+    """scripts/figure_quality_grid.py: AR and EAGLE-2 at δ = 0, LANTERN rows of --k in δ order, the session
+    scores merged by method name; a run without fig5 or without LANTERN rows at --k is one line, exit 2."""
+    fig = load_script(Path(__file__).resolve().parents[1] / "scripts" / "figure_quality_grid.py")
+    run = tmp_path / "run"
+    (run / "fig5").mkdir(parents=True)
+    names = [
+        "ar",
+        "eagle2",
+        "lantern-k1000-d0.4",
+        "lantern-k1000-d0.1",
+        "lantern-random-k1000-d0.1",
+        "lantern-k300-d0.1",
+    ]
+    df = pd.DataFrame(
+        {
+            "method": names,
+            "name": names,
+            "images": 8,
+            "k_paper": [None, None, 1000, 1000, 1000, 300],
+            "delta": [None, None, 0.4, 0.1, 0.1, 0.1],
+            "bound": [None, None, "lantern", "lantern", "lantern", "lantern"],
+            "metric": [None, None, "l2", "l2", "random", "l2"],
+            "matrix": [None, None] + ["codebook"] * 4,
+        }
+    )
+    for m in ("fid", "precision", "recall"):
+        for suffix, v in (("", 0.5), ("_lo", 0.4), ("_hi", 0.6)):
+            df[f"{m}_fmnist{suffix}"] = v
+    df.to_csv(run / "fig5" / "fig5_ours.csv", index=False)
+    sess = run / "sessions" / "embedded-16-T1"
+    sess.mkdir(parents=True)
+    sc = pd.DataFrame({"method": names, "images": 8})
+    for m in scores.METRICS:
+        for suffix in ("", "_lo", "_hi", "_diff", "_diff_lo", "_diff_hi"):
+            sc[m + suffix] = range(len(names))
+    sc.to_csv(sess / "scores.csv", index=False)
+    assert fig.main([str(run), "--out", str(tmp_path / "f")]) == 0
+    out = pd.read_csv(tmp_path / "f.csv")
+    assert list(out["name"]) == ["ar", "eagle2", "lantern-k1000-d0.1", "lantern-k1000-d0.4"]
+    assert list(out["delta"]) == [0.0, 0.0, 0.1, 0.4] and list(out["target_nll"]) == [0, 1, 3, 2]
+    assert (tmp_path / "f.png").stat().st_size > 0 and (tmp_path / "f.pdf").is_file()
+    capsys.readouterr()
+    assert fig.main([str(run), "--k", "100", "--out", str(tmp_path / "g")]) == 2
+    assert "no LANTERN rows at k = 100" in capsys.readouterr().err
+    assert fig.main([str(tmp_path), "--out", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--only fig5" in err[0]
