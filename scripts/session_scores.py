@@ -132,6 +132,9 @@ def parse_args(argv=None):
     p.add_argument("--model", default="embedded-16", help="the session's target model (default: %(default)s)")
     p.add_argument("--weights", default=None, help="the target's checkpoint (default: the registry's)")
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N images of each method")
+    p.add_argument(
+        "--methods", default=None, help="comma-separated session method names to score (default: all; ar always)"
+    )
     add_device_args(p, dtype=False)
     return p.parse_args(argv)
 
@@ -148,6 +151,12 @@ def main(argv=None) -> int:
         raise UsageError(f"{args.session} holds {next(iter(tokens.values())).shape[1]}-token images, {args.model} {N}")
     extractor = load_extractor("fmnist", device=model.device)
     classifier = load_fashion_net(device=model.device)[0].eval()
+    if args.methods:
+        wanted = ["ar"] + [m for m in args.methods.split(",") if m and m != "ar"]
+        unknown = [m for m in wanted if m not in tokens]
+        if unknown:
+            raise UsageError(f"{args.session} has no method {unknown[0]!r}; choose from {', '.join(sorted(tokens))}")
+        tokens = {m: tokens[m] for m in wanted}
     frames = []
     for method, toks in tokens.items():
         rows = images[images["method"] == method].sort_values("image")

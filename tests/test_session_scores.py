@@ -125,3 +125,13 @@ def test_quality_grid_figure_reads_fig5_and_the_scores(tmp_path, capsys):
     assert fig.main([str(tmp_path), "--out", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--only fig5" in err[0]
+
+
+def test_methods_picks_what_is_scored(tmp_path, capsys):
+    ar = torch.zeros(2, 64, dtype=torch.long)
+    session = _session(tmp_path / "s", {"ar": ar, "a": ar + 1, "b": ar + 2}, [1, 2])
+    assert scores.main([str(session), "--model", "embedded", "--methods", "b"]) == 0
+    assert list(pd.read_csv(session / "scores.csv")["method"]) == ["ar", "b"]
+    capsys.readouterr()
+    assert scores.main([str(session), "--model", "embedded", "--methods", "c"]) == 2
+    assert "no method 'c'; choose from a, ar, b" in capsys.readouterr().err
