@@ -82,6 +82,20 @@ def test_part_round_trip_and_manifest(tmp_path):
     assert run.part_names() == ["batch_00000"] and run.read_part("batch_00001", {"images": [2, 4]}) is None
 
 
+def test_drop_part_removes_its_own_files_and_keeps_the_others(tmp_path):
+    run = RunDir(tmp_path / "r", {"a": 1}, command="test").open()
+    png = tmp_path / "r" / "images" / "00000.png"
+    png.parent.mkdir()
+    png.write_bytes(b"\x89PNG fake")
+    run.write_part("pending_1", {}, tables={"rows": _table(2)}, files=[png])
+    run.write_part("pending_10", {}, tables={"rows": _table(3)})  # a name that starts like the other's
+    run.drop_part("pending_1")
+    assert run.read_part("pending_1") is None and png.is_file()
+    assert sorted(p.name for p in run.parts_dir.iterdir()) == ["pending_10.json", "pending_10.rows.parquet"]
+    run.drop_part("pending_1")  # absent: nothing happens
+    assert run.read_part("pending_10").tables["rows"].shape[0] == 3
+
+
 @pytest.mark.parametrize(
     "damage, why",
     [
