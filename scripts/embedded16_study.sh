@@ -24,7 +24,8 @@
 #   grid        the quality grid alone: AR, EAGLE-2 and LANTERN at k = 1000 over δ 0.05-0.4 (+ Table 3's
 #               ablations) on the EAGLE-2 tree, $GRID_IMAGES images per method, fmnist FID / KID / precision /
 #               recall, then each method's target NLL, class consistency and classifier accuracy paired with AR;
-#               figure -> figures/embedded16_quality_grid.png
+#               figure -> figures/embedded16_quality_grid.png. A larger GRID_IMAGES starts from the rounds
+#               of an earlier grid run (its session is copied), so a grid grows in steps
 #   paper       python -m lantern.paper --models embedded-16,text-twin at $PAPER_IMAGES images per quality cell
 #
 # Environment: RUN (training run dir, default runs/embedded-16-long), THREADS (default 2),
@@ -138,6 +139,19 @@ step_distortion() {
 }
 
 step_grid() {
+    local out="runs/paper/embedded16-grid$GRID_IMAGES" prev=""
+    if [ ! -d "$out/sessions/embedded-16-T1" ]; then # a smaller grid's decoded rounds are this one's first rounds
+        local d n most=0
+        for d in runs/paper/embedded16-grid*/sessions/embedded-16-T1; do # the one with the most rounds
+            [ -d "$d" ] || continue
+            n=$(find "$d/parts" -name 'round_*.json' 2>/dev/null | wc -l)
+            if [ "$n" -gt "$most" ]; then most=$n prev=$d; fi
+        done
+        if [ -n "$prev" ]; then
+            mkdir -p "$out/sessions" && cp -r "$prev" "$out/sessions/"
+            echo "reusing the rounds decoded in $prev"
+        fi
+    fi
     $PY -m lantern.paper --models embedded-16 --only fig5 --ks 1000 --deltas 0.05,0.1,0.2,0.4 --jsd-deltas 0.1 \
         --main-images "$GRID_IMAGES" --grid-images "$GRID_IMAGES" --timing-images 2 --extractors fmnist \
         --name "embedded16-grid$GRID_IMAGES" --no-progress

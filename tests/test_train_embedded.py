@@ -758,3 +758,41 @@ def test_study_script_ship_keeps_the_vq_metrics(tmp_path):
     assert (root / "ambiguity" / "weights" / "fashion16_gpt.safetensors").read_bytes() == b"new gpt"
     got = json.loads((root / "ambiguity" / "weights" / "embedded16_metrics.json").read_text())
     assert got == {**new, "vq": shipped["vq"], "gpt_before": {"epochs": 0.48, "test": {"nll_bits_per_token": 5.25}}}
+
+
+def test_study_script_grid_starts_from_an_earlier_grid_runs_rounds(tmp_path):
+    """The grid step at a new GRID_IMAGES copies the earlier grid run's session with the most decoded
+    rounds into the new run before lantern.paper starts, once; with PYTHON=true no command really runs."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None or shutil.which("true") is None:
+        pytest.skip("no bash")
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT.with_name("embedded16_study.sh"), root / "scripts")
+    old = root / "runs" / "paper" / "embedded16-grid64" / "sessions" / "embedded-16-T1" / "parts"
+    old.mkdir(parents=True)
+    (old / "round_00000.json").write_text("{}")
+    (old / "round_00001.json").write_text("{}")
+    fewer = root / "runs" / "paper" / "embedded16-grid100" / "sessions" / "embedded-16-T1" / "parts"
+    fewer.mkdir(parents=True)
+    (fewer / "round_00000.json").write_text("[]")
+
+    def grid():
+        env = {**os.environ, "PYTHON": "true", "GRID_IMAGES": "128"}
+        r = subprocess.run(
+            ["bash", str(root / "scripts" / "embedded16_study.sh"), "grid"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "reusing the rounds decoded in runs/paper/embedded16-grid64/sessions/embedded-16-T1" in grid()
+    new = root / "runs" / "paper" / "embedded16-grid128" / "sessions" / "embedded-16-T1" / "parts"
+    assert (new / "round_00000.json").read_text() == "{}"
+    assert "reusing" not in grid()  # the new run has its session now
