@@ -154,9 +154,9 @@ step_grid() {
     fi
     $PY -m lantern.paper --models embedded-16 --only fig5 --ks 1000 --deltas 0.05,0.1,0.2,0.4 --jsd-deltas 0.1 \
         --main-images "$GRID_IMAGES" --grid-images "$GRID_IMAGES" --timing-images 2 --extractors fmnist \
-        --name "embedded16-grid$GRID_IMAGES" --no-progress
-    $PY scripts/session_scores.py "runs/paper/embedded16-grid$GRID_IMAGES/sessions/embedded-16-T1" --model embedded-16
-    $PY scripts/figure_quality_grid.py "runs/paper/embedded16-grid$GRID_IMAGES" --model embedded-16   # figures/embedded16_quality_grid
+        --out "$out" --no-progress
+    $PY scripts/session_scores.py "$out/sessions/embedded-16-T1" --model embedded-16
+    $PY scripts/figure_quality_grid.py "$out" --model embedded-16 # figures/embedded16_quality_grid
 }
 
 step_paper() {

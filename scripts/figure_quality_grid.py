@@ -122,9 +122,10 @@ def figure(rows: pd.DataFrame, k: int, model: str, extractor: str):
     if have_scores:
         _panel(axes[3], rows, "target_nll_diff", "target NLL − AR's (nats/token, paired)", diff=True)
         _panel(axes[4], rows, "classifier_accuracy", "class accuracy (Fashion-MNIST classifier)")
-    handles = [h for ax in fig.axes[:2] + [fig.axes[-1]] for h in ax.get_legend_handles_labels()[0]]
-    labels = [lab for ax in fig.axes[:2] + [fig.axes[-1]] for lab in ax.get_legend_handles_labels()[1]]
-    unique = dict(zip(labels, handles))
+    unique = {}  # label -> handle, first seen, from the panels that draw every series
+    for ax in fig.axes[:2] + [fig.axes[-1]]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            unique.setdefault(lab, h)
     fig.legend(unique.values(), unique.keys(), loc="outside lower center", ncols=len(unique), fontsize=7, frameon=False)
     images = int(rows["images"].min())
     fig.suptitle(f"{model}: LANTERN at k = {k} over δ, {images} images per method, 95 % intervals", fontsize=9)

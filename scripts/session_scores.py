@@ -25,7 +25,6 @@ that does not match the session's tokens, or a session without AR: one line, exi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +55,7 @@ def read_session(path: Path) -> tuple[dict, pd.DataFrame]:
     tokens: dict = {}
     rows = []
     for m in manifests:
-        name = json.loads(m.read_text())["part"]
+        name = m.stem
         images = pd.read_parquet(path / "parts" / f"{name}.images.parquet")
         toks = load_file(path / "parts" / f"{name}.tokens.safetensors")
         for method, t in toks.items():
@@ -73,7 +72,7 @@ def score_method(model, classifier, extractor, tokens: torch.Tensor, images: pd.
     condition, in the order of ``tokens``). Returns image, target_nll, class_consistency,
     classifier_accuracy."""
     frame = pd.DataFrame({"image": images["image"].to_numpy(), "condition": images["condition"].to_numpy()})
-    frame["codes"] = [row for row in tokens.numpy()]
+    frame["codes"] = list(tokens.numpy())
     sc = target_scores(model, frame)
     h, w = model.grid
     with torch.no_grad():
