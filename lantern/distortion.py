@@ -13,7 +13,13 @@ from p. This module measures that distance with no sampling:
 * :func:`distortion_table` — ``TVD(out, p)`` of one verification step for each (k, δ)
   (:func:`lantern.acceptance.output_distributions`), next to ``TVD(q, p)`` and what drives it
   (the entropies and top-1 probabilities of p and q, how often their argmaxes agree), each mean
-  with a percentile-bootstrap interval that resamples images (:func:`bootstrap_mean_ci`).
+  with a percentile-bootstrap interval that resamples images (:func:`bootstrap_mean_ci`);
+* :func:`sibling_output_distribution` — the same for the deterministic drafts of an EAGLE-2
+  dynamic tree (the paper's decoder): the node's children, the drafter's top-m tokens, are
+  judged in order as point masses (``q(x̂) = 1``), so a child is accepted with probability
+  ``min(1, p̃(x̂))`` instead of ``min(1, p̃(x̂) / q(x̂))``. Each child then adds at most δ of
+  excess mass, ``TVD(out, p) <= m δ``, whatever the drafter's distance from p; with drafts
+  sampled from ``q`` (chains, EAGLE-1 static trees) the bound is ``Σ_y min(max(q(y) - p(y), 0), δ)``.
 """
 
 from __future__ import annotations
@@ -25,15 +31,26 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import bootstrap_mean_ci, entropy
-from lantern.acceptance import AcceptanceRule, output_distributions
+from lantern.acceptance import AcceptanceRule, output_distributions, proximity, residual
 from lantern.divergences import tvd
 from lantern.drafter import DraftModel
 from lantern.steps import target_distribution
 
-__all__ = ["real_pairs", "image_groups", "bootstrap_mean_ci", "distortion_table", "DRIVERS"]
+__all__ = [
+    "real_pairs",
+    "image_groups",
+    "bootstrap_mean_ci",
+    "sibling_output_distribution",
+    "distortion_table",
+    "DRIVERS",
+    "TREE_ROW",
+]
+
+TREE_ROW = "TVD(out, p), tree"  # distortion_table's rows of the deterministic tree (``siblings`` = m)
 
 # the driver rows of distortion_table, in order: (what, unit)
 DRIVERS = (
@@ -93,6 +110,44 @@ def image_groups(images: int, per_image: int) -> torch.Tensor:
     return torch.arange(int(images), dtype=torch.int64).repeat_interleave(int(per_image))
 
 
+def sibling_output_distribution(
+    p: torch.Tensor, siblings: torch.Tensor, neighbours: Optional[torch.Tensor], rule: AcceptanceRule
+) -> torch.Tensor:
+    """The exact distribution of the next token a deterministic draft tree emits at one node:
+    (..., V), p's dtype.
+
+    p: (..., V) float, the target's distribution after the node; siblings: (..., m) int64, the
+    node's children (distinct code indices) in trial order, e.g. the drafter's top-m
+    (``q.topk(m).indices``: an EAGLE-2 dynamic tree, EAGLE-2 Sec. 4); neighbours: (V, >= k + 1)
+    int64 table (nearest first; None when the rule is not relaxed).
+
+    As :func:`lantern.tree_decoding.walk_tree` judges them: child ``i`` is a point-mass draft,
+    accepted with probability ``a_i = min(1, p̃_i(c_i))`` where ``p̃_i`` grows the proximity set on
+    ``r_{i-1}``, the target after the earlier rejections (``r_0 = p``; ``r_i`` is
+    :func:`lantern.acceptance.residual` of ``r_{i-1}`` with ``q = None``: ``c_i`` zeroed for
+    ``"exact"``). So ``out = Σ_i reach_i a_i 1[c_i] + reach_{m+1} r_m`` with ``reach_1 = 1`` and
+    ``reach_{i+1} = reach_i (1 - a_i)``: the first token of the node's step whether a child is
+    accepted (its subtree is judged next) or not (the residual is sampled). With δ = 0 and
+    ``"exact"`` this is p (recursive rejection sampling without replacement). Each ``a_i``
+    exceeds ``r_{i-1}(c_i)`` by at most δ, so ``TVD(out, p) <= m δ`` for ``"exact"``, LANTERN
+    Sec. 3 with EAGLE-2's ``q(x̂) = 1``.
+    Raises :class:`~ambiguity.errors.UsageError` as :func:`lantern.acceptance.judge` (shapes, table).
+    """
+    table = rule.table_for(p, neighbours) if rule.relaxed else None
+    if siblings.shape[:-1] != p.shape[:-1]:
+        raise UsageError(f"siblings has shape {tuple(siblings.shape)}, expected p's leading shape plus (m,)")
+    out = torch.zeros_like(p)
+    reach = torch.ones(p.shape[:-1], dtype=p.dtype, device=p.device)
+    target = p
+    for i in range(siblings.shape[-1]):
+        x = siblings[..., i].long()
+        accept = proximity(target, x, table, rule)[1].clamp(max=1.0)
+        out.scatter_add_(-1, x.unsqueeze(-1), (reach * accept).unsqueeze(-1))
+        target = residual(target, None, x, table, rule, validate=False)
+        reach = reach * (1.0 - accept)
+    return out + reach.unsqueeze(-1) * target
+
+
 def distortion_table(
     p: torch.Tensor,
     q: torch.Tensor,
@@ -107,6 +162,7 @@ def distortion_table(
     n_boot: int = 2000,
     seed: int = 0,
     level: float = 0.95,
+    tree_siblings: Sequence[int] = (),
 ) -> pd.DataFrame:
     """Exact per-step distortion of a relaxed rule on (p, q) pairs, and what drives it.
 
@@ -114,7 +170,7 @@ def distortion_table(
     (V, >= max(ks)) int64 table (nearest first); groups: optional (P,) int64 image of each
     position (:func:`image_groups`, ``real_pairs(..., with_groups=True)``).
 
-    Returns a DataFrame with columns ``what, k, delta, mean, median, q90, max, positions,
+    Returns a DataFrame with columns ``what, k, delta, siblings, mean, median, q90, max, positions,
     ci_low, ci_high``: per row, the mean / median / 90th percentile / max over the P positions
     of a per-position quantity, ``positions`` = P, and ``ci_low``/``ci_high`` a ``level``
     percentile-bootstrap interval of the mean (:func:`bootstrap_mean_ci` with ``n_boot`` and
@@ -124,6 +180,9 @@ def distortion_table(
     * ``TVD(q, p)`` (k = 0, δ = 0): the drafter's own distance from p (probability);
     * ``TVD(out, p)`` for each k in ``ks`` and δ in ``deltas``: the exact distribution one
       verification step emits (:func:`~lantern.acceptance.output_distribution`) against p;
+    * ``TVD(out, p), tree`` (:data:`TREE_ROW`) for each m in ``tree_siblings``, k and δ: the same
+      for a deterministic tree node whose children are the drafter's top-m tokens
+      (:func:`sibling_output_distribution`; ``siblings`` = m, 0 in every other row);
     * the drivers (:data:`DRIVERS`, k = 0, δ = 0): ``H(p)`` and ``H(q)``, entropies in nats
       (0 ln 0 = 0); ``p top-1``, max_x p(x) (probability); ``q top-1 = p top-1``, the fraction of
       positions where argmax q equals argmax p (ties: the first index), whose median / q90 / max
@@ -153,7 +212,7 @@ def distortion_table(
             "ci_high": hi,
         }
 
-    rows = [{"what": "TVD(q, p)", "k": 0, "delta": 0.0, **stats(tvd(q, p))}]
+    rows = [{"what": "TVD(q, p)", "k": 0, "delta": 0.0, "siblings": 0, **stats(tvd(q, p))}]
     rules = [AcceptanceRule(method, k=int(k), delta=float(d), convention=convention) for k in ks for d in deltas]
     n = _positions_per_chunk(p.shape[-1], max((int(k) for k in ks), default=0), convention, chunk, max_bytes)
     per_rule = [[] for _ in rules]
@@ -161,9 +220,22 @@ def distortion_table(
         for acc, out in zip(per_rule, output_distributions(p[i : i + n], q[i : i + n], neighbours, rules)):
             acc.append(tvd(out, p[i : i + n]))
     for rule, parts in zip(rules, per_rule):
-        rows.append({"what": "TVD(out, p)", "k": rule.k, "delta": rule.delta, **stats(torch.cat(parts))})
+        rows.append({"what": "TVD(out, p)", "k": rule.k, "delta": rule.delta, "siblings": 0, **stats(torch.cat(parts))})
+    for m in tree_siblings:
+        for rule in rules:
+            parts = []
+            for i in range(0, len(p), chunk):  # (chunk, m, k) gathers: no (P, V, k) working set
+                pi = p[i : i + chunk]
+                out = sibling_output_distribution(pi, q[i : i + chunk].topk(int(m), dim=-1).indices, neighbours, rule)
+                parts.append(tvd(out, pi))
+            rows.append(
+                {"what": TREE_ROW, "k": rule.k, "delta": rule.delta, "siblings": int(m), **stats(torch.cat(parts))}
+            )
     per = [_drivers(p[i : i + chunk], q[i : i + chunk]) for i in range(0, len(p), chunk)]  # no (P, V) temporaries
-    rows += [{"what": what, "k": 0, "delta": 0.0, **stats(torch.cat([d[what] for d in per]))} for what, _ in DRIVERS]
+    rows += [
+        {"what": what, "k": 0, "delta": 0.0, "siblings": 0, **stats(torch.cat([d[what] for d in per]))}
+        for what, _ in DRIVERS
+    ]
     return pd.DataFrame(rows)
 
 

@@ -123,8 +123,11 @@ def test_distortion_decodes_only_its_ar_pairs_session(tmp_path, monkeypatch):
     assert len(rounds) == QUICK["pairs_images"]
     df = pd.read_csv(tmp_path / "r" / "distortion" / "distortion_ours.csv")
     assert {"ci_low", "ci_high"} <= set(df.columns) and (df["positions"] == 4 * 63).all()
-    for what in ("TVD(q, p)", "TVD(out, p)", "H(p)", "p top-1", "H(q)", "q top-1 = p top-1"):
+    for what in ("TVD(q, p)", "TVD(out, p)", "TVD(out, p), tree", "H(p)", "p top-1", "H(q)", "q top-1 = p top-1"):
         assert f"| {what}" in report, what
+    tree = df[df["what"] == "TVD(out, p), tree"]  # the dynamic tree's top-10 siblings, within 10 δ
+    assert len(tree) == len(df[df["what"] == "TVD(out, p)"]) and (tree["siblings"] == config.tree[2]).all()
+    assert (tree["mean"] <= config.tree[2] * tree["delta"] + 1e-6).all()
     assert "4 AR samples" in report and "embedded-T1-pairs" in report
 
     def refuse(*args, **kwargs):

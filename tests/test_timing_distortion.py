@@ -9,10 +9,20 @@ import pandas as pd
 import pytest
 import torch
 
+from ambiguity.errors import UsageError
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
+from lantern.acceptance import AcceptanceRule, output_distribution
 from lantern.decoding import DecodeConfig, decode, neighbour_table
-from lantern.distortion import bootstrap_mean_ci, distortion_table, image_groups, real_pairs
+from lantern.distortion import (
+    TREE_ROW,
+    bootstrap_mean_ci,
+    distortion_table,
+    image_groups,
+    real_pairs,
+    sibling_output_distribution,
+)
+from lantern.divergences import tvd
 from lantern.drafter import load_drafter
 from lantern.timing import interleaved_timing, speedup_curve, speedup_table
 
@@ -132,10 +142,20 @@ def test_distortion_is_zero_at_delta_zero_and_grows_with_delta(embedded):
     p, q, groups = real_pairs(model, drafter, d.tokens, [2, 5], sampling, with_groups=True)
     assert groups.dtype == torch.int64 and groups.tolist() == [0] * 63 + [1] * 63  # image by image
     table = neighbour_table(model, DecodeConfig.of("lantern", k=32))
-    df = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4], groups=groups)
+    df = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4], groups=groups, tree_siblings=[4])
     assert df.iloc[0]["what"] == "TVD(q, p)" and df.iloc[0]["positions"] == 126
-    assert list(df.columns) == ["what", "k", "delta", "mean", "median", "q90", "max", "positions", "ci_low", "ci_high"]
-    assert list(df["what"]) == ["TVD(q, p)"] + ["TVD(out, p)"] * 6 + ["H(p)", "p top-1", "H(q)", "q top-1 = p top-1"]
+    cols = ["what", "k", "delta", "siblings", "mean", "median", "q90", "max", "positions", "ci_low", "ci_high"]
+    assert list(df.columns) == cols
+    drivers = ["H(p)", "p top-1", "H(q)", "q top-1 = p top-1"]
+    assert list(df["what"]) == ["TVD(q, p)"] + ["TVD(out, p)"] * 6 + [TREE_ROW] * 6 + drivers
+    assert df["siblings"].tolist() == [0] * 7 + [4] * 6 + [0] * 4
+    tree = df[df["what"] == TREE_ROW].set_index(["k", "delta"])["mean"]
+    assert (
+        tree.loc[(32, 0.0)] == pytest.approx(0.0, abs=1e-6)
+        and (tree <= 4 * tree.index.get_level_values(1) + 1e-6).all()
+    )
+    one = sibling_output_distribution(p, q.topk(4, dim=-1).indices, table, AcceptanceRule("lantern", k=32, delta=0.4))
+    assert tree.loc[(32, 0.4)] == pytest.approx(tvd(one, p).double().mean().item(), rel=1e-6)
     assert ((df["ci_low"] <= df["mean"] + 1e-12) & (df["mean"] <= df["ci_high"] + 1e-12)).all()
     drivers = df.set_index("what")
     assert drivers.loc["p top-1", "mean"] == pytest.approx(p.max(-1).values.double().mean().item(), rel=1e-6)
@@ -146,7 +166,7 @@ def test_distortion_is_zero_at_delta_zero_and_grows_with_delta(embedded):
     assert out.loc[(32, 0.1)] < out.loc[(32, 0.4)]
     assert (out <= df.iloc[0]["mean"] + 1e-6).all()  # never further from p than the drafter itself
     # a memory cap only changes how many positions go through at once, never the numbers
-    capped = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4], max_bytes=1, groups=groups)
+    capped = distortion_table(p, q, table, [8, 32], [0.0, 0.1, 0.4], max_bytes=1, groups=groups, tree_siblings=[4])
     pd.testing.assert_frame_equal(capped, df, check_exact=False, rtol=1e-6, atol=1e-7)
 
 
@@ -269,3 +289,43 @@ def test_bench_decoding_replot_recomputes_the_ratio_of_totals(tmp_path):
     assert df.loc["lantern-chain-k8-d0.1", "speedup"] == pytest.approx(3.0)
     assert df.loc["sd-best", "setting"] == "sd-chain1"  # the fastest SD row by the ratio of totals
     assert not df.loc["lantern-chain-k8-d0.1", "speedup_exceeds_tokens_per_forward"]  # 3 < 4 tokens per forward
+
+
+def test_sibling_output_distribution_by_hand():
+    """p = (0.4, 0.3, 0.2, 0.1), children 1 then 2 (point masses), k = 1, B_1(1) = B_1(2) = {3}, δ = 0.25.
+    Child 1: S_1 = p(3) = 0.1 <= δ, p̃ = 0.4: emitted with 0.4; rejected -> r_1 = (4, 0, 2, 1)/7.
+    Child 2 (reach 0.6): S_1 = r_1(3) = 1/7 <= δ, p̃ = 3/7: emitted with 0.6 * 3/7 = 9/35; rejected
+    (reach 0.6 * 4/7 = 12/35) -> r_2 = (0.8, 0, 0, 0.2). out = (9.6, 14, 9, 2.4)/35, TVD(out, p) = 11/70.
+    At δ = 0: out = p exactly (1 w.p. 0.3; 2 w.p. 0.7 * 2/7; the rest (0.4, 0.1))."""
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    nb = torch.tensor([[1, 2, 3], [3, 0, 2], [3, 1, 0], [2, 1, 0]])
+    out = sibling_output_distribution(p, torch.tensor([1, 2]), nb, AcceptanceRule("lantern", k=1, delta=0.25))
+    assert out.tolist() == pytest.approx([9.6 / 35, 14 / 35, 9 / 35, 2.4 / 35], abs=1e-15)
+    assert float(tvd(out, p)) == pytest.approx(11 / 70, abs=1e-15)
+    exact = sibling_output_distribution(p, torch.tensor([1, 2]), nb, AcceptanceRule("lantern", k=1, delta=0.0))
+    assert exact.tolist() == pytest.approx(p.tolist(), abs=1e-15)
+    # the official convention zeroes B_2(1) = {3, 0} after rejecting 1: r_1 = e_2, so child 2 is always accepted
+    official = AcceptanceRule("lantern", k=1, delta=0.25, convention="official")
+    assert sibling_output_distribution(p, torch.tensor([1, 2]), nb, official).tolist() == pytest.approx(
+        [0, 0.4, 0.6, 0]
+    )
+    with pytest.raises(UsageError, match="siblings has shape"):
+        sibling_output_distribution(p, torch.tensor([[1, 2]]), nb, AcceptanceRule("lantern", k=1, delta=0.25))
+
+
+def test_deterministic_siblings_move_at_most_m_delta_where_sampled_drafts_move_far_more():
+    """Seeded random (p, q) pairs over V = 64 with a flat drafter far from p: the exact convention's
+    deterministic tree node stays within m δ of p (a coupling with the lossless walk differs only
+    where a relaxed acceptance fired, probability <= δ per child), while one step with drafts
+    sampled from the same q moves several times further (its bound is Σ_y min(max(q - p, 0), δ))."""
+    g = torch.Generator().manual_seed(0)
+    V, m, delta = 64, 4, 0.05
+    p = torch.softmax(3 * torch.randn(32, V, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(32, V, generator=g, dtype=torch.float64), -1)
+    nb = torch.stack([torch.randperm(V, generator=g) for _ in range(V)])
+    nb = torch.stack([row[row != v] for v, row in enumerate(nb)])
+    rule = AcceptanceRule("lantern", k=16, delta=delta)
+    tree = tvd(sibling_output_distribution(p, q.topk(m, dim=-1).indices, nb, rule), p)
+    chain = tvd(output_distribution(p, q, nb, rule), p)
+    assert (tree <= m * delta + 1e-12).all() and tree.max() > 0.5 * delta
+    assert chain.mean() > 2 * tree.mean() and (chain > m * delta).any()

@@ -27,6 +27,7 @@ from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from lantern.acceptance import AcceptanceRule
 from lantern.decoding import DecodeConfig, decode
+from lantern.distortion import sibling_output_distribution
 from lantern.drafter import Drafter
 from lantern.tree_decoding import tree_decode, walk_official_greedy, walk_tree
 from lantern.trees import STATIC_TREES, Tree, TreeSpec, check_paths, log_q, parse_tree, top_log_q
@@ -501,3 +502,32 @@ def test_top_log_q_ranks_like_the_logs_of_the_whole_vocabulary():
     assert log_q(pair)[0] == log_q(pair)[1]
     want = log_q(pair).topk(1)
     assert top_log_q(pair, 1)[1].tolist() == want.indices.tolist()
+
+
+@pytest.mark.parametrize("convention", ["exact", "official"])
+@pytest.mark.parametrize("delta", [0.0, 0.15, 0.5])
+def test_sibling_output_distribution_is_the_real_walks_first_token(convention, delta):
+    """Every branch of the real dynamic-tree walk at a root with three deterministic children
+    (V = 6, k = 2), enumerated with its probability: the law of the first emitted token (the
+    accepted child, or the residual / bonus draw when none is accepted) equals
+    :func:`lantern.distortion.sibling_output_distribution`, for both conventions, to 1e-12."""
+    g = torch.Generator().manual_seed(7)
+    V, kids = 6, [4, 1, 3]
+    p_root = torch.rand(V, generator=g, dtype=F64) ** 2
+    p_root /= p_root.sum()
+    p = torch.cat([p_root[None], torch.full((3, V), 1.0 / V, dtype=F64)])  # leaves: any p
+    table = torch.stack([torch.tensor([(v + j) % V for j in range(1, V)]) for v in range(V)])
+    tree = _toy_tree([0] + kids, [-1, 0, 0, 0])
+    rule = AcceptanceRule("lantern", k=2, delta=delta, convention=convention)
+
+    def first_token(draws):
+        out = walk_tree(tree, p, rule, table, False, draws)
+        return int(tree.tokens[out.path[1]]) if len(out.path) > 1 else out.token
+
+    got, _ = enumerate_outcomes(first_token)
+    want = sibling_output_distribution(p_root, torch.tensor(kids), table, rule)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    for v in range(V):
+        assert got.get(v, 0.0) == pytest.approx(float(want[v]), abs=1e-12), v
+    if convention == "exact" and delta == 0.0:
+        assert torch.allclose(want, p_root, atol=1e-15)  # recursive rejection without replacement: lossless

@@ -1,7 +1,9 @@
 """The distortion item: the exact per-step TVD(output, p) of LANTERN's relaxed acceptance on real
-(p, q) pairs over k and δ, and its drivers, on the AR samples of :func:`pairs_session` (a small
-AR-only session whose images are the first ones of the temperature-1 main session). Listed in
-:data:`lantern.paper.experiments.EXPERIMENTS` as ``distortion``."""
+(p, q) pairs over k and δ, for drafts sampled from q (chains, EAGLE-1 static trees) and for the
+deterministic top-k children of an EAGLE-2 dynamic tree node (the paper's decoder), and its drivers,
+on the AR samples of :func:`pairs_session` (a small AR-only session whose images are the first ones of
+the temperature-1 main session). Listed in :data:`lantern.paper.experiments.EXPERIMENTS` as
+``distortion``."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pandas as pd
 
 from ambiguity import plots
 from lantern.decoding import DecodeConfig, neighbour_table
-from lantern.distortion import distortion_table, real_pairs
+from lantern.distortion import TREE_ROW, distortion_table, real_pairs
 from lantern.paper.context import Context
 from lantern.paper.methods import item_settings, quick_notes, savefig
 from lantern.paper.report import Item
@@ -37,12 +39,13 @@ def pairs_session(ctx: Context) -> Optional[SessionData]:
 
 
 def distortion(ctx: Context) -> Item:
-    """Exact per-step TVD(output, p) of LANTERN on real (p, q) pairs over k and δ, with its drivers
-    (entropies and top-1 of p and q, TVD(q, p)) and bootstrap intervals over images."""
+    """Exact per-step TVD(output, p) of LANTERN on real (p, q) pairs over k and δ, with drafts sampled
+    from q and with the tree's deterministic siblings (the drafter's top ``config.tree[2]`` tokens),
+    with its drivers (entropies and top-1 of p and q, TVD(q, p)) and bootstrap intervals over images."""
     data = pairs_session(ctx)
     df, figs = pd.DataFrame(), []
     c = ctx.config
-    n = c.pairs_images
+    n, m = c.pairs_images, c.tree[2]
     if data is not None:
         model = ctx.model(ctx.primary)
         p, q, groups = real_pairs(
@@ -50,15 +53,27 @@ def distortion(ctx: Context) -> Item:
         )
         ks = sorted({ctx.k(ctx.primary, k) for k in c.ks})
         table = neighbour_table(model, DecodeConfig.of("lantern", k=max(ks)))
-        df = distortion_table(p, q, table, ks, c.deltas, groups=groups, seed=c.seed)
+        df = distortion_table(p, q, table, ks, c.deltas, groups=groups, seed=c.seed, tree_siblings=(m,))
         with plots.style():
             fig, ax = plots.new_figure(width=3.6, height=2.4)
-            d = df[df["what"] == "TVD(out, p)"]
-            for i, k in enumerate(ks):
-                dk = d[d["k"] == k].sort_values("delta")
-                color = plots.color_for(f"k{k}", i)
-                ax.fill_between(dk["delta"], dk["ci_low"], dk["ci_high"], color=color, alpha=0.2, lw=0)
-                ax.plot(dk["delta"], dk["mean"], marker="o", markersize=2.5, color=color, label=f"k={k}")
+            for what, ls, marker, kind in (
+                ("TVD(out, p)", "-", "o", "drafts ~ q"),
+                (TREE_ROW, "--", "s", f"tree top-{m}"),
+            ):
+                d = df[df["what"] == what]
+                for i, k in enumerate(ks):
+                    dk = d[d["k"] == k].sort_values("delta")
+                    color = plots.color_for(f"k{k}", i)
+                    ax.fill_between(dk["delta"], dk["ci_low"], dk["ci_high"], color=color, alpha=0.2, lw=0)
+                    ax.plot(
+                        dk["delta"],
+                        dk["mean"],
+                        ls=ls,
+                        marker=marker,
+                        markersize=2.5,
+                        color=color,
+                        label=f"k={k}, {kind}",
+                    )
             xs = np.array(sorted(c.deltas))
             ax.plot(xs, xs, color="0.5", ls=":", lw=0.8, label="δ")
             own = df.iloc[0]  # TVD(q, p)
@@ -71,7 +86,7 @@ def distortion(ctx: Context) -> Item:
                 "bands: 95 % image-bootstrap interval of the mean",
                 fontsize=6,
             )
-            ax.legend(fontsize=6)
+            ax.legend(fontsize=5, ncol=2)
         figs.append(savefig(ctx, fig, "distortion", "distortion"))
     notes = quick_notes(
         ctx,
@@ -83,6 +98,12 @@ def distortion(ctx: Context) -> Item:
             "processing of decoding.",
             "The δ bound holds per draft (moved mass ≤ δ), not for the output: TVD(out, p) can exceed δ "
             "when the drafter is far from p. Our own finding; not in the paper.",
+            f"Rows 'TVD(out, p)': the draft is sampled from q and accepted with min(1, p̃/q) (chains, EAGLE-1 "
+            f"static trees). Rows '{TREE_ROW}' (siblings = {m}): a dynamic-tree node whose children are the "
+            f"drafter's top-{m} tokens, judged in order as point masses (q(x̂) = 1, EAGLE-2 and the paper's "
+            "code): accepted with min(1, p̃), the residual after each rejection (first emitted token; "
+            "lantern.distortion.sibling_output_distribution). With the exact convention each child moves at "
+            f"most δ, so these stay ≤ {m} δ whatever the drafter's distance from p.",
             "Drivers on the same pairs (k = 0, δ = 0): H(p) and H(q) in nats, p top-1 = max p (probability), "
             "q top-1 = p top-1 = the fraction of positions where the drafter's argmax is the target's "
             "(its median / q90 / max are of the 0/1 indicator).",
