@@ -56,8 +56,10 @@ from ambiguity.cli import (
     check_out_file,
     cli_main,
     device_from_args,
+    finite_float,
     float_list,
     int_list,
+    nonneg_int,
     positive_int,
     set_threads,
 )
@@ -323,6 +325,12 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--gamma", type=positive_int, default=4, help="chain length of LANTERN's chain rows")
     add_guidance_arg(ap, None, "guidance scale (default: 4.0 for c2i)")
     ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument(
+        "--top-k", type=nonneg_int, default=0, metavar="K", help="keep the k most likely tokens, 0 = all (default: 0)"
+    )
+    ap.add_argument(
+        "--top-p", type=finite_float, default=1.0, metavar="P", help="nucleus mass in (0, 1], 1 = all (default: 1.0)"
+    )
     ap.add_argument("--ks", default="32,128")
     ap.add_argument("--deltas", default="0.1,0.4")
     ap.add_argument("--lams", default="2")
@@ -383,6 +391,7 @@ def main(argv=None) -> int:
     out = check_out_dir(args.out)
     args.figure = args.figure or str(Path(out) / "lantern_sweep")
     check_out_file(args.figure, "--figure")
+    SamplingConfig(top_k=args.top_k, top_p=args.top_p)  # bad filters fail here, before any work
     set_threads(args.threads)
     device, _ = device_from_args(args)
     model = load_model(args.model, weights=args.weights, device=device)
@@ -401,7 +410,7 @@ def main(argv=None) -> int:
 
     stats = []
     for t in temps:
-        sampling = SamplingConfig(guidance=guidance, temperature=t)
+        sampling = SamplingConfig(guidance=guidance, temperature=t, top_k=args.top_k, top_p=args.top_p)
         for name, config in tqdm(configs, desc=f"statistics T={t:g}", unit="config"):
             part = run.read_part(f"stats-T{t:g}-{name}", {"config": name, "temperature": t})
             if part is None:
@@ -421,7 +430,7 @@ def main(argv=None) -> int:
     named = dict(configs)
     tables = {name: table for name, c in configs if c.speculative and c.rule.relaxed}
     for t in temps:
-        sampling = SamplingConfig(guidance=guidance, temperature=t)
+        sampling = SamplingConfig(guidance=guidance, temperature=t, top_k=args.top_k, top_p=args.top_p)
         holds = lambda r: {"temperature": t, "round": r}  # noqa: E731
         done = [
             p.tables["rows"]
@@ -477,7 +486,8 @@ def main(argv=None) -> int:
     shown += [c for c in df.columns if c.split("_")[0] in QUALITY]
     print(
         f"{model.name}: statistics on {args.num_images} images, timing on {args.timing_images} images x "
-        f"{args.repeats} interleaved rounds after a warm-up; cfg {guidance:g}, {args.threads} threads on {device}; "
+        f"{args.repeats} interleaved rounds after a warm-up; cfg {guidance:g}, top-k {args.top_k or 'off'}, "
+        f"top-p {args.top_p:g}, {args.threads} threads on {device}; "
         f"τ counts the bonus token"
     )
     print(f"AR: {', '.join(f'T={t:g} {ms:.2f} ms per target forward' for t, ms in ar_ms.items())}")

@@ -1346,6 +1346,7 @@ CASES: list[Case] = [
     C("bd-lams-below-one", BD, ["--lams", "0.5"], expect="--lams"),
     C("bd-sd-gammas-zero", BD, ["--sd-gammas", "0,2"], expect="--sd-gammas"),
     C("bd-sd-tree-sizes-zero", BD, ["--sd-tree-sizes", "0"], expect="--sd-tree-sizes"),
+    C("bd-top-p-above-one", BD, ["--top-p", "1.5"], expect="--top-p"),
     C("bd-gamma-zero", BD, ["--gamma", "0"], expect="--gamma"),
     C("bd-gamma-huge", BD, ["--gamma", "1000000000", "--num-images", "1"], expect="--gamma"),
     C("bd-num-images-zero", BD, ["--num-images", "0"], expect="--num-images"),
