@@ -106,6 +106,7 @@ BASE = {
     "benchmarks/bench_neighbourhood.py": ["--out", "{tmp}/out/nb.json"],
     "benchmarks/bench_scaleout.py": ["--out", "{tmp}/out/scale.json"],
     "benchmarks/probe_distortion.py": ["--out", "{tmp}/out/dist.json"],
+    "benchmarks/probe_emitted_tokens.py": ["--out", "{tmp}/out/emitted.csv"],
     "benchmarks/bench_distortion.py": ["--out", "{tmp}/out/cost.json"],
     "benchmarks/bench_throughput.py": ["--out", "{tmp}/out", "--repeats", "1", "--images", "1"],
 }
@@ -1347,6 +1348,7 @@ CASES: list[Case] = [
     C("bd-sd-gammas-zero", BD, ["--sd-gammas", "0,2"], expect="--sd-gammas"),
     C("bd-sd-tree-sizes-zero", BD, ["--sd-tree-sizes", "0"], expect="--sd-tree-sizes"),
     C("bd-top-p-above-one", BD, ["--top-p", "1.5"], expect="--top-p"),
+    C("pe-ks-too-large", "benchmarks/probe_emitted_tokens.py", ["--ks", "16384", "--num-images", "1"], expect="--ks"),
     C("bd-gamma-zero", BD, ["--gamma", "0"], expect="--gamma"),
     C("bd-gamma-huge", BD, ["--gamma", "1000000000", "--num-images", "1"], expect="--gamma"),
     C("bd-num-images-zero", BD, ["--num-images", "0"], expect="--num-images"),

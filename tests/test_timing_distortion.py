@@ -329,3 +329,25 @@ def test_deterministic_siblings_move_at_most_m_delta_where_sampled_drafts_move_f
     chain = tvd(output_distribution(p, q, nb, rule), p)
     assert (tree <= m * delta + 1e-12).all() and tree.max() > 0.5 * delta
     assert chain.mean() > 2 * tree.mean() and (chain > m * delta).any()
+
+
+def test_probe_emitted_tokens_stats_by_hand():
+    """benchmarks/probe_emitted_tokens.py's per-position numbers, p = (0.8, 0.2, 0), H(p) = 0.5004 nats:
+    out = e_1 -> TVD 0.8, excess -ln 0.2 - H = +1.1090 nats (mass on the unlikely token);
+    out = e_0 -> TVD 0.2, excess -ln 0.8 - H = -0.2773 (on the likely one);
+    out = (0.5, 0, 0.5) -> half the mass where p = 0: out of support 0.5, excess over the rest -0.2773."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_emitted_tokens.py"
+    spec = importlib.util.spec_from_file_location("probe_emitted_tokens", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    p = torch.tensor([[0.8, 0.2, 0.0]] * 3, dtype=torch.float64)
+    out = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.5, 0.0, 0.5]], dtype=torch.float64)
+    got = mod.emitted_stats(out, p)
+    h = -(0.8 * math.log(0.8) + 0.2 * math.log(0.2))
+    assert got["tvd"].tolist() == pytest.approx([0.8, 0.2, 0.5])
+    assert got["out_of_support"].tolist() == pytest.approx([0.0, 0.0, 0.5])
+    assert got["excess_nll"].tolist() == pytest.approx([-math.log(0.2) - h, -math.log(0.8) - h, -math.log(0.8) - h])
+    assert mod.emitted_stats(p, p)["excess_nll"].tolist() == pytest.approx([0.0] * 3, abs=1e-12)
