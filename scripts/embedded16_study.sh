@@ -20,7 +20,9 @@
 #   drafter     EAGLE-style drafter: self-generated sequences + data tokens, until test top-1 stops rising
 #   compare     ambiguity next to embedded and text-twin (lantern.compare, 256 images)
 #   sweep       decoding sweep: SD tuned (chains, EAGLE-2 tree), LANTERN chain/static/dynamic at the paper's k, δ
-#   distortion  the exact per-step TVD(output, p) over the paper's k and δ and its drivers (H(p), H(q), top-1), 32 AR images
+#   distortion  the exact per-step TVD(output, p) over the paper's k and δ, for drafts sampled from q and for an
+#               EAGLE-2 tree node's top-10 children, and its drivers (H(p), H(q), top-1), 32 AR images; then
+#               where the moved mass lands (excess target NLL, out-of-support mass: probe_emitted_tokens.py)
 #   grid        the quality grid alone: AR, EAGLE-2 and LANTERN at k = 1000 over δ 0.05-0.4 (+ Table 3's
 #               ablations) on the EAGLE-2 tree, $GRID_IMAGES images per method, fmnist FID / KID / precision /
 #               recall, then each method's target NLL, class consistency and classifier accuracy paired with AR;
@@ -136,6 +138,8 @@ step_sweep() {
 
 step_distortion() {
     $PY -m lantern.paper --models embedded-16,text-twin --only distortion --name embedded16-distortion --no-progress
+    $PY benchmarks/probe_emitted_tokens.py --model embedded-16 --num-images 4 \
+        --out runs/paper/embedded16-distortion/emitted_tokens.csv
 }
 
 step_grid() {

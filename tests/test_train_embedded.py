@@ -796,3 +796,31 @@ def test_study_script_grid_starts_from_an_earlier_grid_runs_rounds(tmp_path):
     new = root / "runs" / "paper" / "embedded16-grid128" / "sessions" / "embedded-16-T1" / "parts"
     assert (new / "round_00000.json").read_text() == "{}"
     assert "reusing" not in grid()  # the new run has its session now
+
+
+def test_study_script_distortion_step_runs_the_item_then_the_probe(tmp_path):
+    """The distortion step runs the paper's distortion item (sampled drafts and the tree node) and then
+    probe_emitted_tokens.py into the same run dir (PYTHON=echo prints the commands instead)."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    env = {**os.environ, "PYTHON": "echo"}
+    r = subprocess.run(
+        ["bash", str(SCRIPT.with_name("embedded16_study.sh")), "distortion"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    header, item, probe = r.stdout.strip().splitlines()
+    assert header.startswith("== distortion")
+    assert item.startswith("-m lantern.paper --models embedded-16,text-twin --only distortion")
+    assert "--name embedded16-distortion" in item
+    assert probe == (
+        "benchmarks/probe_emitted_tokens.py --model embedded-16 --num-images 4 "
+        "--out runs/paper/embedded16-distortion/emitted_tokens.csv"
+    )
