@@ -1,6 +1,6 @@
 """``--compile`` (lantern.decoding.compile_forwards): torch.compile of the target's and the drafter's
 cached forwards on a tiny float64 LlamaGen GPT gives the same tokens and records (probabilities to
-1e-5) as eager decoding, batch 1 (the append path through the compiled rows forward) and batched
+5e-5) as eager decoding, batch 1 (the append path through the compiled rows forward) and batched
 (in-place slot writes), AR, a LANTERN chain, a static SD tree and a LANTERN dynamic tree; the
 compiled graph writes the KV cache in place (no copy of the buffer); a model whose forward cannot
 be compiled is refused with one line.
@@ -31,8 +31,9 @@ CONFIGS = [
 
 
 def _close_records(a, b):
-    """Every non-timing column is equal; probabilities agree to 1e-5 (the model's RMSNorm and rotary
-    run in float32 even in a float64 model, and inductor's fused float32 kernels round differently)."""
+    """Every non-timing column is equal; probabilities agree to 5e-5 (the model's RMSNorm and rotary
+    run in float32 even in a float64 model, and inductor's fused float32 kernels round differently,
+    by an amount that depends on the CPU's vector kernels: 1.1e-5 relative on one machine)."""
     for key in ("steps", "drafts", "images"):
         A, B = getattr(a, key), getattr(b, key)
         for c in A:
@@ -41,7 +42,7 @@ def _close_records(a, b):
             x, y = np.asarray(A[c]), np.asarray(B[c])
             assert x.shape == y.shape, (key, c)
             if x.dtype.kind == "f":
-                np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-9, err_msg=f"{key}.{c}")
+                np.testing.assert_allclose(x, y, rtol=5e-5, atol=1e-9, err_msg=f"{key}.{c}")
             else:
                 assert np.array_equal(x, y), (key, c)
 

@@ -202,7 +202,9 @@ class ChameleonModel(HFTokenModel):
         if int(self.image_token_ids.max()) >= w.shape[0]:
             raise UsageError("image token ids exceed the output head; config.json and the weights disagree")
         self.grid, self.hidden_size = template.grid, config.hidden_size
-        self._head = w.detach()[self.image_token_ids].float()  # (V, H) float32 output rows of image tokens
+        # (V, H) output rows of the image tokens, at least float32 (float64 stays float64: a float32 matmul's
+        # rounding depends on the batch shape and the CPU's kernels, which broke batched == batch-1 exactness)
+        self._head = w.detach()[self.image_token_ids].to(torch.promote_types(w.dtype, torch.float32))
         # decoding (prefill / extend / rollback / teacher_force) is HFTokenModel's over the base model;
         # Lumina-mGPT's end-of-row token enters through HFTokenModel.expand
         self.decoder, self.text_embeddings, self.eol_id = lm.model, lm.model.embed_tokens, template.eol
@@ -243,8 +245,9 @@ class ChameleonModel(HFTokenModel):
         return self.lm.model.embed_tokens(self.to_vocab_ids(tokens.to(self.device)))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Image-token logits (..., V) float32 = hidden @ lm_head.weight[image_token_ids].T."""
-        return hidden.float() @ self._head.t()
+        """Image-token logits (..., V) float32 = hidden @ lm_head.weight[image_token_ids].T, computed in
+        float32 (float64 for a float64 model) and returned as float32."""
+        return (hidden.to(self._head.dtype) @ self._head.t()).float()
 
     def draft_layer(self) -> HFDraftLayer:
         """A freshly initialised decoder layer of this architecture (swin-norm or not, as the target)
@@ -267,7 +270,7 @@ class ChameleonModel(HFTokenModel):
 
     def output_embeddings(self) -> torch.Tensor:
         """``lm_head`` rows of the image tokens, (V, H) float32 in code order."""
-        return self._head
+        return self._head.float()
 
     @property
     def can_decode(self) -> bool:
