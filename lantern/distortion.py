@@ -222,12 +222,13 @@ def distortion_table(
     for rule, parts in zip(rules, per_rule):
         rows.append({"what": "TVD(out, p)", "k": rule.k, "delta": rule.delta, "siblings": 0, **stats(torch.cat(parts))})
     for m in tree_siblings:
-        for rule in rules:
-            parts = []
-            for i in range(0, len(p), chunk):  # (chunk, m, k) gathers: no (P, V, k) working set
-                pi = p[i : i + chunk]
-                out = sibling_output_distribution(pi, q[i : i + chunk].topk(int(m), dim=-1).indices, neighbours, rule)
-                parts.append(tvd(out, pi))
+        per_tree = [[] for _ in rules]
+        for i in range(0, len(p), chunk):  # (chunk, m, k) gathers: no (P, V, k) working set
+            pi = p[i : i + chunk]
+            children = q[i : i + chunk].topk(int(m), dim=-1).indices  # once per chunk, shared by the rules
+            for acc, rule in zip(per_tree, rules):
+                acc.append(tvd(sibling_output_distribution(pi, children, neighbours, rule), pi))
+        for rule, parts in zip(rules, per_tree):
             rows.append(
                 {"what": TREE_ROW, "k": rule.k, "delta": rule.delta, "siblings": int(m), **stats(torch.cat(parts))}
             )
