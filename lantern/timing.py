@@ -58,9 +58,14 @@ TIMING_COLUMNS = (
 )
 
 
-def neighbour_tables(model: TokenModel, configs: Mapping[str, DecodeConfig]) -> dict:
-    """The neighbour table of every relaxed configuration, built before any timing (name -> (V, k))."""
-    return {name: neighbour_table(model, c) for name, c in configs.items() if c.speculative and c.rule.relaxed}
+def neighbour_tables(model: TokenModel, configs: Mapping[str, DecodeConfig], progress: Optional[bool] = None) -> dict:
+    """The neighbour table of every relaxed configuration, built before any timing (name -> (V, k)).
+    progress: the builder's bar (None: its default, shown for codebooks of 8192 codes or more)."""
+    return {
+        name: neighbour_table(model, c, progress=progress)
+        for name, c in configs.items()
+        if c.speculative and c.rule.relaxed
+    }
 
 
 def time_decode(

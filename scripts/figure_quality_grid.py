@@ -12,6 +12,15 @@ precision and recall (with the paper's LlamaGen values at the same k, dashed;
 :data:`lantern.paper.published.PRECISION_RECALL`), FID, the target NLL's paired difference from AR,
 and class consistency / classifier accuracy. Errors (no fig5 table, no LANTERN rows at ``--k``):
 one line, exit 2.
+
+Two models on one figure (e.g. the first release next to the retrained model):
+
+    python scripts/figure_quality_grid.py figures/embedded16_quality_grid.csv --label "retrained" \
+        --compare runs/paper/e16-first-release-grid64 --compare-label "first release" \
+        --out figures/embedded16_quality_grid_releases
+
+Either source may be a run directory or a CSV this script wrote earlier (its rows, as saved). The
+second model is drawn in orange, its AR as a dotted line (no band), its EAGLE-2 point beside δ = 0.
 """
 
 from __future__ import annotations
@@ -30,7 +39,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def load(run: Path, model: str, k: int, extractor: str) -> pd.DataFrame:
     """AR, EAGLE-2 and the LANTERN (TVD bound, l2 codebook) rows at paper k ``k`` of the run, with
-    the session proxies merged in; column ``delta`` is 0 for AR and EAGLE-2."""
+    the session proxies merged in; column ``delta`` is 0 for AR and EAGLE-2. ``run`` may also be a
+    CSV written by this script (read as saved; ``k`` is then not checked)."""
+    if run.suffix == ".csv":
+        if not run.is_file():
+            raise UsageError(f"{run} does not exist; pass a run directory or a CSV written by this script")
+        rows = pd.read_csv(run)
+        if not {"name", "delta", f"precision_{extractor}"} <= set(rows.columns) or "ar" not in set(rows["name"]):
+            raise UsageError(f"{run} is not a CSV of figure_quality_grid.py with the {extractor} extractor")
+        if "model" in rows.columns:
+            raise UsageError(f"{run} holds two models (written with --compare); pass a single model's CSV or run")
+        return rows
     table = run / "fig5" / "fig5_ours.csv"
     if not table.is_file():
         raise UsageError(f"{table} does not exist; run python -m lantern.paper --only fig5 --out {run} first")
@@ -52,39 +71,62 @@ def load(run: Path, model: str, k: int, extractor: str) -> pd.DataFrame:
     return rows[keep].sort_values("delta", kind="stable").reset_index(drop=True)
 
 
-def _panel(ax, rows: pd.DataFrame, col: str, label: str, paper: dict | None = None, diff: bool = False) -> None:
-    """One metric against δ: LANTERN's points and intervals, AR's band, EAGLE-2's point, the paper's curve."""
+def _series(ax, rows: pd.DataFrame, col: str, diff: bool, label: str = "", second: bool = False) -> None:
+    """One model's AR line (a band for the first model), EAGLE-2 point and LANTERN curve on ``ax``."""
     lo, hi = (f"{col}_lo", f"{col}_hi")
     ar = rows[rows["name"] == "ar"].iloc[0]
     lan = rows[~rows["name"].isin(["ar", "eagle2"])]
-    if not diff:
-        ax.axhspan(ar[lo], ar[hi], color="0.85", lw=0)
-        ax.axhline(ar[col], color="0.4", lw=0.8, label="AR (95 % band)")
+    tag = f", {label}" if label else ""
+    if diff:
+        if not second:
+            ax.axhline(0.0, color="0.4", lw=0.8, label="AR")
+    elif second:
+        ax.axhline(ar[col], color="C1", lw=0.8, ls=":", label=f"AR{tag}")
     else:
-        ax.axhline(0.0, color="0.4", lw=0.8, label="AR")
+        ax.axhspan(ar[lo], ar[hi], color="0.85", lw=0)
+        ax.axhline(ar[col], color="0.4", lw=0.8, label=f"AR (95 % band){tag}")
     e = rows[rows["name"] == "eagle2"]
     if len(e):
         e = e.iloc[0]
         ax.errorbar(
-            [0.0],
+            [0.012 if second else 0.0],
             [e[col]],
             yerr=[[e[col] - e[lo]], [e[hi] - e[col]]],
             fmt="s",
             ms=3,
+            mfc="white" if second else None,
             color="C2",
             capsize=2,
-            label="EAGLE-2",
+            label=f"EAGLE-2{tag}",
         )
     ax.errorbar(
-        lan["delta"],
+        lan["delta"] + (0.006 if second else 0.0),
         lan[col],
         yerr=[lan[col] - lan[lo], lan[hi] - lan[col]],
-        fmt="o-",
+        fmt="s--" if second else "o-",
         ms=3,
-        color="C0",
+        color="C1" if second else "C0",
         capsize=2,
-        label="LANTERN",
+        label=f"LANTERN{tag}",
     )
+
+
+def _panel(
+    ax,
+    rows: pd.DataFrame,
+    col: str,
+    label: str,
+    paper: dict | None = None,
+    diff: bool = False,
+    other: pd.DataFrame | None = None,
+    labels: tuple[str, str] = ("", ""),
+) -> None:
+    """One metric against δ: LANTERN's points and intervals, AR's band, EAGLE-2's point, the paper's
+    curve; ``other``: a second model's rows beside them (:func:`_series`)."""
+    ar = rows[rows["name"] == "ar"].iloc[0]
+    _series(ax, rows, col, diff, labels[0])
+    if other is not None and col in other.columns:
+        _series(ax, other, col, diff, labels[1], second=True)
     if paper:  # on a right axis of the same span, centred on the paper's AR value: equal slopes look equal
         xs = sorted(paper)
         twin = ax.twinx()
@@ -98,18 +140,28 @@ def _panel(ax, rows: pd.DataFrame, col: str, label: str, paper: dict | None = No
     ax.set_title(label, fontsize=8)
 
 
-def figure(rows: pd.DataFrame, k: int, model: str, extractor: str):
-    """The panels of the module docstring for ``rows`` (:func:`load`)."""
+def figure(
+    rows: pd.DataFrame,
+    k: int,
+    model: str,
+    extractor: str,
+    other: pd.DataFrame | None = None,
+    labels: tuple[str, str] = ("", ""),
+):
+    """The panels of the module docstring for ``rows`` (:func:`load`); ``other``: a second model's
+    rows drawn beside them, ``labels`` the two models' legend names."""
     have_scores = "target_nll" in rows.columns and rows["target_nll"].notna().any()
     n = 5 if have_scores else 3
-    fig, axes = new_figure(1, n, width=2.3 * n, height=2.3)
+    fig, axes = new_figure(1, n, width=2.3 * n, height=2.3 if other is None else 2.6)
     pr = {d: v for (kk, d), v in PRECISION_RECALL.items() if kk == k}
+    two = {"other": other, "labels": labels}
     _panel(
         axes[0],
         rows,
         f"precision_{extractor}",
         f"precision ({extractor})",
         {0.0: AR_PRECISION_RECALL[0], **{d: v[0] for d, v in pr.items()}},
+        **two,
     )
     _panel(
         axes[1],
@@ -117,24 +169,40 @@ def figure(rows: pd.DataFrame, k: int, model: str, extractor: str):
         f"recall_{extractor}",
         f"recall ({extractor})",
         {0.0: AR_PRECISION_RECALL[1], **{d: v[1] for d, v in pr.items()}},
+        **two,
     )
-    _panel(axes[2], rows, f"fid_{extractor}", f"FID ({extractor}; biased at small n)")
+    _panel(axes[2], rows, f"fid_{extractor}", f"FID ({extractor}; biased at small n)", **two)
     if have_scores:
-        _panel(axes[3], rows, "target_nll_diff", "target NLL − AR's (nats/token, paired)", diff=True)
-        _panel(axes[4], rows, "classifier_accuracy", "class accuracy (Fashion-MNIST classifier)")
+        _panel(axes[3], rows, "target_nll_diff", "target NLL − AR's (nats/token, paired)", diff=True, **two)
+        _panel(axes[4], rows, "classifier_accuracy", "class accuracy (Fashion-MNIST classifier)", **two)
     unique = {}  # label -> handle, first seen, from the panels that draw every series
     for ax in fig.axes[:2] + [fig.axes[-1]]:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             unique.setdefault(lab, h)
-    fig.legend(unique.values(), unique.keys(), loc="outside lower center", ncols=len(unique), fontsize=7, frameon=False)
+    ncols = len(unique) if other is None else (len(unique) + 1) // 2
+    fig.legend(unique.values(), unique.keys(), loc="outside lower center", ncols=ncols, fontsize=7, frameon=False)
     images = int(rows["images"].min())
-    fig.suptitle(f"{model}: LANTERN at k = {k} over δ, {images} images per method, 95 % intervals", fontsize=9)
+    if other is None:
+        title = f"{model}: LANTERN at k = {k} over δ, {images} images per method, 95 % intervals"
+    else:
+        title = (
+            f"{model}: LANTERN at k = {k} over δ, {labels[0]} ({images} images per method) "
+            f"and {labels[1]} ({int(other['images'].min())}), 95 % intervals"
+        )
+    fig.suptitle(title, fontsize=9)
     return fig
 
 
 def parse_args(argv=None):
     p = ArgumentParser(prog="figure_quality_grid.py", description=__doc__.split("\n")[0])
-    p.add_argument("run", type=path_arg, help="a lantern.paper run directory with the fig5 item")
+    p.add_argument(
+        "run", type=path_arg, help="a lantern.paper run directory with the fig5 item, or a CSV this script wrote"
+    )
+    p.add_argument("--label", default="", help="the run's name in the legend (with --compare)")
+    p.add_argument(
+        "--compare", type=path_arg, help="a second model's run directory or CSV, drawn beside the first (orange)"
+    )
+    p.add_argument("--compare-label", default="compared", help="its name in the legend (default: %(default)s)")
     p.add_argument("--model", default="embedded-16", help="the run's primary model (default: %(default)s)")
     p.add_argument(
         "--k", type=positive_int, default=1000, help="the paper's k of the LANTERN rows (default: %(default)s)"
@@ -148,9 +216,16 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = load(Path(args.run), args.model, args.k, args.extractor)
+    other = load(Path(args.compare), args.model, args.k, args.extractor) if args.compare else None
+    labels = (args.label or "first", args.compare_label)
     out = Path(args.out) if args.out else ROOT / "figures" / f"{args.model.replace('-', '')}_quality_grid"
+    inputs = (Path(args.run).resolve(), Path(args.compare).resolve()) if other is not None else ()
+    if out.with_suffix(".csv").resolve() in inputs:
+        raise UsageError(f"--out {out} would overwrite an input CSV; pass another --out")
     with style():
-        written = save_figure(figure(rows, args.k, args.model, args.extractor), out)
+        written = save_figure(figure(rows, args.k, args.model, args.extractor, other, labels), out)
+    if other is not None:
+        rows = pd.concat([rows.assign(model=labels[0]), other.assign(model=labels[1])], ignore_index=True)
     rows.to_csv(out.with_suffix(".csv"), index=False)
     print(rows.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print("wrote " + ", ".join(str(p) for p in written + [out.with_suffix(".csv")]))

@@ -115,9 +115,20 @@ def test_distortion_decodes_only_its_ar_pairs_session(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lantern.timing, "decode", counting(lantern.timing.decode))
     monkeypatch.setattr(lantern.paper.sessions, "decode", counting(lantern.paper.sessions.decode))
+    import lantern.paper.distortion_item
+
+    bars = []  # progress=False reaches the neighbour-table build (its bar shows by default from 8192 codes)
+
+    def table_spy(model, config, **kwargs):
+        bars.append(kwargs.get("progress"))
+        return neighbour_table(model, config, **kwargs)
+
+    neighbour_table = lantern.paper.distortion_item.neighbour_table
+    monkeypatch.setattr(lantern.paper.distortion_item, "neighbour_table", table_spy)
     config = PaperConfig(**{**QUICK, "models": ("embedded",)})
     report = run_paper(config, tmp_path / "r", only="distortion", progress=False).read_text()
     assert methods and set(methods) == {"ar"}
+    assert bars == [False]
     assert sorted(p.name for p in (tmp_path / "r" / "sessions").iterdir()) == ["embedded-T1-pairs"]
     rounds = sorted((tmp_path / "r" / "sessions" / "embedded-T1-pairs" / "parts").glob("round_*.json"))
     assert len(rounds) == QUICK["pairs_images"]

@@ -125,6 +125,22 @@ def test_quality_grid_figure_reads_fig5_and_the_scores(tmp_path, capsys):
     assert fig.main([str(tmp_path), "--out", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--only fig5" in err[0]
+    # a saved CSV is a source too; --compare draws a second model beside it and saves both, labelled
+    other = tmp_path / "other.csv"
+    out.assign(precision_fmnist=0.25, precision_fmnist_lo=0.2, precision_fmnist_hi=0.3).to_csv(other, index=False)
+    assert fig.main([str(tmp_path / "f.csv"), "--label", "new", "--compare", str(other), "--compare-label", "old",
+                     "--out", str(tmp_path / "two")]) == 0  # fmt: skip
+    both = pd.read_csv(tmp_path / "two.csv")
+    assert list(both["model"]) == ["new"] * 4 + ["old"] * 4
+    assert list(both["precision_fmnist"]) == [0.5] * 4 + [0.25] * 4
+    assert (tmp_path / "two.png").stat().st_size > 0
+    capsys.readouterr()
+    assert fig.main([str(tmp_path / "two.csv"), "--out", str(tmp_path / "h")]) == 2
+    assert "holds two models" in capsys.readouterr().err
+    assert fig.main([str(tmp_path / "f.csv"), "--compare", str(other), "--out", str(tmp_path / "f")]) == 2
+    assert "would overwrite an input CSV" in capsys.readouterr().err
+    assert fig.main([str(tmp_path / "missing.csv"), "--out", str(tmp_path / "h")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_methods_picks_what_is_scored(tmp_path, capsys):

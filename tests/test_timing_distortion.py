@@ -351,3 +351,22 @@ def test_probe_emitted_tokens_stats_by_hand():
     assert got["out_of_support"].tolist() == pytest.approx([0.0, 0.0, 0.5])
     assert got["excess_nll"].tolist() == pytest.approx([-math.log(0.2) - h, -math.log(0.8) - h, -math.log(0.8) - h])
     assert mod.emitted_stats(p, p)["excess_nll"].tolist() == pytest.approx([0.0] * 3, abs=1e-12)
+
+
+def test_neighbour_tables_builds_relaxed_configs_only_and_passes_progress(monkeypatch):
+    """lantern.timing.neighbour_tables: one table per relaxed configuration (none for AR or lossless SD),
+    the builder's progress flag passed through (lantern.paper --no-progress gives False)."""
+    import lantern.timing
+
+    seen = []
+
+    def spy(model, config, **kwargs):
+        seen.append((config.method, kwargs.get("progress")))
+        return torch.zeros(1, 1, dtype=torch.long)
+
+    monkeypatch.setattr(lantern.timing, "neighbour_table", spy)
+    configs = {"ar": DecodeConfig.of("ar"), "sd": DecodeConfig.of("sd"), "lan": DecodeConfig.of("lantern", k=4)}
+    model = object()  # only handed on to the builder
+    assert list(lantern.timing.neighbour_tables(model, configs, progress=False)) == ["lan"]
+    assert list(lantern.timing.neighbour_tables(model, configs)) == ["lan"]
+    assert seen == [("lantern", False), ("lantern", None)]
