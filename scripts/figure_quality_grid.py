@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     rows = load(Path(args.run), args.model, args.k, args.extractor)
     other = load(Path(args.compare), args.model, args.k, args.extractor) if args.compare else None
-    labels = (args.label or "first", args.compare_label)
+    labels = (args.label or ("first" if other is not None else ""), args.compare_label)
     out = Path(args.out) if args.out else ROOT / "figures" / f"{args.model.replace('-', '')}_quality_grid"
     inputs = (Path(args.run).resolve(), Path(args.compare).resolve()) if other is not None else ()
     if out.with_suffix(".csv").resolve() in inputs:
