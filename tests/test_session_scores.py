@@ -68,6 +68,29 @@ def test_scores_of_a_session_equal_the_target_scores(tmp_path, capsys):
     assert "| flip | 3 |" in capsys.readouterr().out
 
 
+def test_target_scores_equal_a_hand_computed_log_softmax_at_any_batch_size():
+    """target_scores on the shipped embedded model: NLL is the mean over tokens of -log_softmax of the
+    true class's teacher-forced logits, the prediction the class of highest total log-likelihood; the
+    batch size changes neither (5 images: batches of 2 leave a remainder)."""
+    model = load_model("embedded")
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 1024, (5, 64), generator=g)
+    labels = [3, 7, 0, 9, 3]
+    frame = pd.DataFrame({"image": range(5), "condition": labels, "codes": list(codes.numpy())})
+    every = []
+    for c in range(10):
+        with torch.no_grad():
+            logits = model.teacher_force(model.make_prompt([c] * 5, guided=False), codes).logits.double()
+        every.append(torch.log_softmax(logits, -1).gather(-1, codes[..., None])[..., 0].sum(-1))
+    every = torch.stack(every, 1)  # (5, 10) nats per image
+    nll = -every[torch.arange(5), torch.tensor(labels)] / 64
+    for batch in (1, 2, 16):
+        got = target_scores(model, frame, batch_size=batch)
+        assert got["nll"].to_numpy() == pytest.approx(nll.numpy(), abs=1e-4)
+        assert list(got["predicted"]) == every.argmax(1).tolist()
+        assert list(got["consistent"]) == [p == c for p, c in zip(every.argmax(1).tolist(), labels)]
+
+
 def test_bad_session_is_one_line(tmp_path, capsys):
     assert scores.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
