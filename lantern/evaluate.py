@@ -62,39 +62,31 @@ from ambiguity.cli import (
     nonneg_int,
     parse_mapping,
     positive_int,
-    safe_name,
     seed_int,
     unit_float,
 )
-from ambiguity.distributed import SINGLE, Shard, merging_shard, shard_from_args
+from ambiguity.distributed import Shard, merging_shard, shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json, write_table
-from ambiguity.memory import check_count
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
-from ambiguity.runs import RunDir, RunOptions, assemble_units, shard_units
-from lantern.quality.features import (
-    EXTRACTORS,
-    OFFLINE,
-    Extractor,
-    default_extractors,
-    extract,
-    load_extractor,
-    locate_weights,
+from ambiguity.runs import RunDir, RunOptions
+from lantern.quality.checks import (
+    check_bootstrap,
+    check_counts,
+    check_run_names,
+    check_sizes,
+    parse_extractors,
+    read_class_names,
 )
+from lantern.quality.features import EXTRACTORS, OFFLINE, default_extractors, load_extractors, locate_weights
 from lantern.quality.report import plot_quality_sweep, sweep_frame
-from lantern.quality.scoring import (
-    PAPER_SAMPLE_SIZES,
-    Protocol,
-    feature_metrics,
-    paired_differences,
-    protocol_record,
-    reference_stats,
-    value_metrics,
-)
+from lantern.quality.scoring import PAPER_SAMPLE_SIZES, Protocol, protocol_record
 from lantern.quality.sources import ImageSet, load_source, parse_spec
-from lantern.quality.text import CLIP_SCALES, clip_scores, hps_scores, prompts_for
-from lantern.run_reader import image_quality, load_run, run_label, target_scores
+from lantern.quality.tables import flat_scores, paired_table, speed_quality_table, wide_table
+from lantern.quality.text import CLIP_SCALES
+from lantern.run_reader import load_run, run_label
+from lantern.set_scoring import score_set
 
 __all__ = [
     "evaluate_runs",
@@ -109,6 +101,7 @@ __all__ = [
     "main",
     "check_run_names",
     "check_counts",
+    "parse_extractors",
     "COMMAND",
     "OUTPUTS",
 ]
@@ -123,263 +116,6 @@ OUTPUTS = (
     "quality_sweep.png",
     "quality_sweep.pdf",
 )
-ROW_COLUMNS = ["metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
-PART_FORMAT = 3  # parts hold the metric rows, the leave-one-group-out (jackknife) values and the features
-_EXTRACTOR_CACHE: dict[tuple, Extractor] = {}
-
-
-def load_extractors(names: Sequence[str], weights: Optional[dict] = None, device="cpu") -> list[Extractor]:
-    """Check every name and weights file first (one-line errors before anything loads), then
-    load each extractor once per process (reused by later calls)."""
-    weights = {k: str(v) for k, v in (weights or {}).items()}
-    names = list(dict.fromkeys(names))
-    if not names:
-        raise UsageError(f"--extractors is empty; name at least one of {', '.join(EXTRACTORS)}")
-    for n in names:
-        locate_weights(n, weights.get(n))
-    out = []
-    for n in names:
-        key = (n, weights.get(n), str(device))
-        if key not in _EXTRACTOR_CACHE:
-            _EXTRACTOR_CACHE[key] = load_extractor(n, weights.get(n), device)
-        out.append(_EXTRACTOR_CACHE[key])
-    return out
-
-
-def check_bootstrap(resamples: int, n: int) -> None:
-    """Refuse ``--bootstrap`` before any image is scored when its resample counts of ``n`` images
-    (float64, as :func:`lantern.quality.metrics.bootstrap_indices` holds them, with its working
-    copies) cannot fit in memory; UsageError naming the largest count that fits."""
-    check_count(resamples, 3 * 8 * max(n, 1), "--bootstrap", f"the resample counts of {n} images")
-
-
-def check_sizes(runs: Sequence[ImageSet], reference: Optional[ImageSet]) -> None:
-    """All runs must share one resolution, and a run or data-set reference must have it too."""
-    sizes = {r.spec: r.hw for r in runs}
-    first = runs[0]
-    for r in runs[1:]:
-        if r.hw != first.hw:
-            raise UsageError(
-                f"{r.spec} has {r.hw[0]}x{r.hw[1]} images but {first.spec} {first.hw[0]}x{first.hw[1]}; "
-                f"evaluate runs of one resolution together (FID across resolutions is not comparable)"
-            )
-    if reference is not None and reference.info.get("kind") != "folder" and reference.hw != first.hw:
-        raise UsageError(
-            f"the reference {reference.spec} has {reference.hw[0]}x{reference.hw[1]} images but the runs "
-            f"{first.hw[0]}x{first.hw[1]} ({', '.join(sizes)}); pass a reference at the runs' resolution "
-            f"(an image folder reference is cropped and resized)"
-        )
-
-
-def check_run_names(runs: Sequence[str], paired_with: Optional[str] = None) -> None:
-    """Refuse a run named twice (it would be scored twice, under one label) and a ``--paired-with``
-    that is not one of the runs or has no other run to be compared with."""
-    seen: dict[str, str] = {}
-    for r in runs:
-        key = str(Path(r).expanduser().resolve()) if Path(r).expanduser().exists() else r
-        if key in seen:
-            raise UsageError(f"{r} is named twice (also as {seen[key]}); name each run once")
-        seen[key] = r
-    if paired_with is not None and paired_with not in runs:
-        raise UsageError(f"--paired-with {paired_with} is not one of the runs; name it among the runs too")
-    if paired_with is not None and len(runs) < 2:
-        raise UsageError(
-            f"--paired-with {paired_with} compares the other runs with it, but it is the only run; "
-            f"name the runs to compare with it too"
-        )
-
-
-def check_counts(runs: Sequence[ImageSet], reference: Optional[ImageSet], extractors) -> None:
-    """Feature metrics (FID, KID, precision/recall) need at least 2 images in every set and in the
-    reference: refuse a smaller one before any feature is extracted. ``extractors``: the names
-    asked for (None: the defaults; an empty list computes no feature metric)."""
-    if extractors is not None and not len(extractors):
-        return
-    for s in [*runs, *([reference] if reference is not None else [])]:
-        if s.n < 2:
-            raise UsageError(
-                f"{s.spec} has {s.n} image; FID, KID and precision/recall need at least 2 per set "
-                f"(generate more with --num-images)"
-            )
-
-
-def _text_values(s: ImageSet, p: Protocol, weights: dict, device, class_names) -> tuple[dict, list[str]]:
-    values, notes = {}, []
-    if not (p.clip_score or p.hps):
-        return values, notes
-    prompts = prompts_for(s.conditions, class_names or s.info.get("class_names"), p.prompt_template)
-    if prompts is None:
-        return values, [
-            f"{s.label}: CLIP score / HPS skipped: no captions or class names for its images "
-            f"(pass --class-names FILE for class-conditional runs)"
-        ]
-    if p.clip_score:
-        d = locate_weights("clip", weights.get("clip") or p.clip_model)
-        values["clip_score"] = clip_scores(s.images, prompts, d, device, p.clip_scale)
-    if p.hps:
-        v, note = hps_scores(s.images, prompts, weights.get("hps"), device)
-        notes.append(note)
-        if v is not None:
-            values["hps_v2.1"] = v
-    return values, notes
-
-
-def _proxy_values(s: ImageSet, proxy_reference, target, device) -> dict:
-    values = {}
-    if s.info.get("kind") != "run":
-        return values
-    run = load_run(s.info["path"])
-    keep = set(s.info.get("image_indices") or run["images"]["image"])  # the subset of SPEC@N / SPEC@:N
-    run = {**run, "images": run["images"][run["images"]["image"].isin(keep)].reset_index(drop=True)}
-    if proxy_reference is not None:
-        q = image_quality(run, proxy_reference)
-        values["psnr_vs_reference"] = q["psnr"].replace([np.inf], np.nan).to_numpy()
-        values["token_match_vs_reference"] = q["token_match"].to_numpy()
-    if target is not None:
-        sc = target_scores(target, run["images"])
-        values["target_nll"] = sc["nll"].to_numpy()
-        if "consistent" in sc:
-            values["class_consistency"] = sc["consistent"].to_numpy(dtype=float)
-    return values
-
-
-def _features(
-    s: ImageSet, ex: Extractor, batch_size: int, run_dir: Optional[RunDir], key: str, shard: Shard
-) -> Optional[np.ndarray]:
-    """Features (N, D) of the set under ``ex``; across shards, chunks of ``16 * batch_size`` images
-    (whole extractor batches, so each equals a single process's) are parts of ``run_dir`` owned by
-    ``chunk % count``; None on a shard that does not merge."""
-    if shard.count == 1:
-        return extract(s.images, ex, batch_size)
-    size = 16 * batch_size
-    chunks = [
-        (
-            f"{key}.{ex.name}.chunk{c:05d}",
-            {
-                "set": s.spec,
-                "fingerprint": s.fingerprint,
-                "extractor": ex.describe(),
-                "images": [lo, min(s.n, lo + size)],
-            },
-        )
-        for c, lo in enumerate(range(0, s.n, size))
-    ]
-    for c, done in shard_units(run_dir, chunks, shard, load=False):
-        if done is None:
-            name, holds = chunks[c]
-            lo, hi = holds["images"]
-            run_dir.write_part(
-                name,
-                holds,
-                tensors={"features": {"features": torch.from_numpy(extract(s.images[lo:hi], ex, batch_size))}},
-            )
-    parts = assemble_units(run_dir, chunks, shard, [], lambda p: p.tensors["features"]["features"].numpy())
-    return None if parts is None else np.concatenate(parts)
-
-
-def _score_set(
-    s: ImageSet,
-    ref: ImageSet,
-    extractors,
-    p: Protocol,
-    *,
-    cache,
-    batch_size,
-    run_dir: Optional[RunDir],
-    weights: dict,
-    device,
-    class_names=None,
-    proxy_reference=None,
-    target=None,
-    notes=None,
-    shard: Shard = SINGLE,
-) -> tuple[pd.DataFrame, dict]:
-    """All metric rows of one image set (parts reused / written when ``run_dir`` is given) and
-    the resampled values of each metric ({metric: (B,) array}); (None, None) on a shard that does
-    not merge (it only extracts its chunks of features)."""
-    key = safe_name(f"{s.label}-{s.fingerprint[:8]}")
-    frames, boot = [], {}
-
-    def keep(rows: list[dict]) -> pd.DataFrame:
-        for r in rows:
-            boot[r["metric"]] = r.pop("resamples")
-        return pd.DataFrame(rows, columns=ROW_COLUMNS) if not rows else pd.DataFrame(rows)
-
-    def reuse(part) -> None:
-        frames.append(part.tables["metrics"])
-        boot.update({k: v.numpy() for k, v in part.tensors.get("bootstrap", {}).items()})
-
-    def save(name: str, holds: dict, df: pd.DataFrame, tensors: dict, meta=None) -> None:
-        if run_dir is not None:
-            resampled = {m: torch.from_numpy(np.ascontiguousarray(boot[m])) for m in df["metric"] if len(boot[m])}
-            run_dir.write_part(
-                name,
-                holds,
-                tables={"metrics": df},
-                meta=meta,
-                tensors={**tensors, **({"bootstrap": resampled} if resampled else {})},
-            )
-        frames.append(df)
-
-    for ex in extractors:
-        holds = {"set": s.spec, "fingerprint": s.fingerprint, "extractor": ex.describe(), "format": PART_FORMAT}
-        part = run_dir.read_part(f"{key}.{ex.name}", holds) if run_dir is not None else None
-        if part is not None:
-            reuse(part)
-            continue
-        feats = _features(s, ex, batch_size, run_dir, key, shard)
-        if feats is None:
-            continue
-        stats = reference_stats(ref, ex, cache, batch_size, use_cache=cache is not False)
-        save(
-            f"{key}.{ex.name}",
-            holds,
-            keep(feature_metrics(feats, stats, p, ex.name)),
-            {"features": {"features": torch.from_numpy(feats)}},
-        )
-    if not shard.merges:
-        return None, None
-    extra = {
-        "clip": p.clip_score,
-        "hps": p.hps,
-        "proxy": proxy_reference is not None and proxy_reference["path"].name,
-        "target": target is not None,
-    }
-    if any(extra.values()):
-        holds = {"set": s.spec, "fingerprint": s.fingerprint, "values": extra, "format": PART_FORMAT}
-        part = run_dir.read_part(f"{key}.values", holds) if run_dir is not None else None
-        if part is not None:
-            reuse(part)
-            if notes is not None:
-                notes.extend(part.meta.get("notes", []))
-        else:
-            values, text_notes = _text_values(s, p, weights, device, class_names)
-            values.update(_proxy_values(s, proxy_reference, target, device))
-            save(f"{key}.values", holds, keep(value_metrics(values, p)), {}, {"notes": text_notes})
-            if notes is not None:
-                notes.extend(text_notes)
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return df.assign(run=s.spec, label=s.label), boot
-
-
-def paired_table(df: pd.DataFrame, boot: dict, base: str, level: float = 0.95) -> pd.DataFrame:
-    """Differences of every set's metrics to the set ``base`` (a spec) with paired bootstrap
-    jackknife intervals (:func:`lantern.quality.scoring.paired_differences`); sets of another n are left out.
-    Columns: run, label, baseline, metric, diff, ci_low, ci_high, p_greater, n."""
-    rows = []
-    b = df[df["run"] == base].set_index("metric")
-    for (run, label), sub in df[df["run"] != base].groupby(["run", "label"], sort=False):
-        for r in sub.to_dict(orient="records"):
-            m = r["metric"]
-            if m not in b.index or int(b.loc[m, "n"]) != int(r["n"]):
-                continue
-            d = paired_differences(
-                {"value": b.loc[m, "value"], "resamples": boot[base].get(m, [])},
-                {"value": r["value"], "resamples": boot[run].get(m, [])},
-                level,
-            )
-            rows.append({"run": run, "label": label, "baseline": base, "metric": m, **d, "n": int(r["n"])})
-    return pd.DataFrame(rows)
 
 
 def _labels(sets: Sequence[ImageSet]) -> None:
@@ -473,7 +209,7 @@ def evaluate_runs(
         run_dir.open_shared(shard, opts.overwrite, extra)
     frames, boot = [], {}
     for s in tqdm(sets, desc="evaluate", unit="run", disable=not opts.progress):
-        f, boot[s.spec] = _score_set(
+        f, boot[s.spec] = score_set(
             s,
             ref,
             exs,
@@ -575,7 +311,7 @@ def score_images(
         extractors, skipped = default_extractors(weights)
         notes += skipped
     exs = load_extractors(extractors, weights, device)
-    df, _ = _score_set(
+    df, _ = score_set(
         s,
         ref,
         exs,
@@ -594,48 +330,6 @@ def score_images(
     }
     out.update(protocol=protocol_record(p, ref), extractors=[e.describe() for e in exs], notes=notes)
     return out
-
-
-def _cell(r) -> str:
-    v, lo, hi = r["value"], r["ci_low"], r["ci_high"]
-    fmt = (lambda z: f"{z:.4f}") if abs(v) < 10 else (lambda z: f"{z:.2f}")
-    return fmt(v) + (f" [{fmt(lo)}, {fmt(hi)}]" if np.isfinite(lo) else "")
-
-
-def wide_table(df: pd.DataFrame, metrics: Optional[Sequence[str]] = None) -> pd.DataFrame:
-    """One row per run (label), one column per metric (all, or those whose name starts with one
-    of ``metrics``), cells ``value [lo, hi]``, and n."""
-    if metrics is not None:
-        df = df[[any(m.startswith(k + "_") or m == k for k in metrics) for m in df["metric"]]]
-    cells = df.assign(cell=[_cell(r) for r in df.to_dict(orient="records")])
-    wide = cells.pivot_table(index="label", columns="metric", values="cell", aggfunc="first", sort=False)
-    wide.insert(0, "n", cells.groupby("label", sort=False)["n"].max())
-    return wide[["n"] + [c for c in dict.fromkeys(df["metric"]) if c in wide.columns]]
-
-
-SPEED = {"acceptance_rate": "α", "tau": "τ", "tokens_per_forward": "tok/fwd"}
-
-
-def speed_quality_table(
-    df: pd.DataFrame, record: dict, metrics: Sequence[str] = ("fid", "kid", "precision", "recall")
-) -> pd.DataFrame:
-    """Speed next to quality: per run, acceptance rate α, τ (bonus counted) and step compression
-    from its summary, then ``metrics`` of every extractor (cells ``value [lo, hi]``)."""
-    wide = wide_table(df, metrics)
-    speed = {r["label"]: r.get("speed") or {} for r in record["runs"]}
-    for i, (key, short) in enumerate(SPEED.items()):
-        wide.insert(1 + i, short, [speed.get(lab, {}).get(key, np.nan) for lab in wide.index])
-    return wide
-
-
-def flat_scores(scores: dict) -> dict:
-    """:func:`score_images` output -> one flat row: ``{metric: value, metric_lo: ..., metric_hi: ...}``
-    (for a sweep table such as ``benchmarks/results/decoding.parquet``)."""
-    row = {}
-    for name, v in scores.items():
-        if isinstance(v, dict) and "value" in v:
-            row[name], row[f"{name}_lo"], row[f"{name}_hi"] = v["value"], v["ci_low"], v["ci_high"]
-    return row
 
 
 def build_parser() -> ArgumentParser:
@@ -731,20 +425,6 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def _class_names(path: Optional[str]) -> Optional[list[str]]:
-    if path is None:
-        return None
-    try:
-        names = [ln.strip() for ln in Path(path).expanduser().read_text(encoding="utf-8").splitlines() if ln.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(
-            f"cannot read --class-names {path} ({type(exc).__name__}); pass a text file, one name a line"
-        ) from None
-    if not names:
-        raise UsageError(f"--class-names {path} is empty; pass one class name per line")
-    return names
-
-
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point (module docstring); 0, or 2 with one ``error:`` line."""
@@ -765,18 +445,6 @@ def merge_run(path: str | Path, figures: bool = True) -> int:
     kept = [a for i, a in enumerate(argv) if a not in drop and (i == 0 or argv[i - 1] not in drop)]
     args = build_parser().parse_args(kept)
     return _run(args, merging_shard(int(record.get("shards") or 1)), {"argv": kept})
-
-
-def parse_extractors(text: Optional[str]) -> Optional[list[str]]:
-    """``--extractors`` -> names (None when not given: :func:`default_extractors` decides);
-    UsageError for an unknown name."""
-    if text is None:
-        return None
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in EXTRACTORS]
-    if bad:
-        raise UsageError(f"unknown extractor {bad[0]!r}; --extractors takes {', '.join(EXTRACTORS)}")
-    return names
 
 
 def _run(args, shard: Shard, request: dict) -> int:
@@ -822,7 +490,7 @@ def _run(args, shard: Shard, request: dict) -> int:
         args.data,
         device,
         args.batch_size,
-        _class_names(args.class_names),
+        read_class_names(args.class_names),
         args.proxy_reference,
         target,
         args.paired_with,

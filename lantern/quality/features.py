@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -67,6 +67,7 @@ __all__ = [
     "quantize",
     "locate_weights",
     "load_extractor",
+    "load_extractors",
     "extract",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -383,6 +384,27 @@ def load_extractor(name: str, weights: Optional[str] = None, device="cpu") -> Ex
         main = files[0] if files else path / "config.json"
     ex.info.update(weights=str(path), weights_sha256=file_sha256(main) if main.is_file() else None)
     return ex
+
+
+_EXTRACTOR_CACHE: dict[tuple, Extractor] = {}
+
+
+def load_extractors(names: Sequence[str], weights: Optional[dict] = None, device="cpu") -> list[Extractor]:
+    """Check every name and weights file first (one-line errors before anything loads), then
+    load each extractor once per process (reused by later calls)."""
+    weights = {k: str(v) for k, v in (weights or {}).items()}
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise UsageError(f"--extractors is empty; name at least one of {', '.join(EXTRACTORS)}")
+    for n in names:
+        locate_weights(n, weights.get(n))
+    out = []
+    for n in names:
+        key = (n, weights.get(n), str(device))
+        if key not in _EXTRACTOR_CACHE:
+            _EXTRACTOR_CACHE[key] = load_extractor(n, weights.get(n), device)
+        out.append(_EXTRACTOR_CACHE[key])
+    return out
 
 
 def extract(images, ex: Extractor, batch_size: int = 64) -> np.ndarray:
