@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,11 +44,9 @@ from typing import Optional
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from ambiguity import plots
 from ambiguity.cli import (
     ArgumentParser,
     add_data_arg,
@@ -70,12 +67,10 @@ from ambiguity.cli import (
     sampling_from_args,
     seed_int,
 )
-from ambiguity.conditions import check_labels, parse_classes
-from ambiguity.data.fashion_mnist import model_image_size
+from ambiguity.conditions import parse_classes
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import FieldError, UsageError
-from ambiguity.io import abspath, read_table, write_table
-from ambiguity.memory import check_count
+from ambiguity.io import write_table
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.runs import RunDir
@@ -83,23 +78,10 @@ from ambiguity.seeding import drafter_epoch_seed, drafter_init_seed
 from ambiguity.train import lr_at as ambiguity_lr_at
 from ambiguity.train import save_checkpoint
 from lantern.drafter import Drafter, accuracy_table_path, target_fingerprint
-from lantern.drafter_data import (
-    TokenSet,
-    build_feature_cache,
-    check_tokens,
-    fashion_mnist_tokens,
-    iterate_batches,
-    load_token_file,
-    load_token_part,
-    mix_token_sets,
-    read_conditions,
-    save_token_part,
-    self_generate,
-    shard_rows,
-    split_holdout,
-    token_digest,
-    training_inputs,
-)
+from lantern.drafter_data import TokenSet, build_feature_cache, iterate_batches, shard_rows, token_digest
+from lantern.drafter_objective import KS, drafter_loss, evaluate, forward_rows, topk_accuracy, topk_hits
+from lantern.drafter_report import PAPER_TOP1, plot_accuracy, summary
+from lantern.drafter_sequences import check_sizes, data_settings, training_sequences
 
 __all__ = [
     "TrainConfig",
@@ -128,10 +110,6 @@ OUTPUTS = (
     "drafter_accuracy.png",
     "drafter_accuracy.pdf",
 )
-
-KS = (1, 2, 3)
-# LANTERN (arXiv 2410.03355) Sec. 3 / Fig. 2b: top-1 test accuracy of EAGLE drafters.
-PAPER_TOP1 = {"LlamaGen (paper)": 0.3880, "Anole (paper)": 0.2760}
 
 
 @dataclass
@@ -172,49 +150,6 @@ class TrainConfig:
             raise FieldError("TrainConfig", "patience", f"must be >= 0 (0: no early stop), got {self.patience}")
 
 
-# --------------------------------------------------------------------------- losses and metrics
-def drafter_loss(
-    pred: torch.Tensor,
-    target_hidden: torch.Tensor,
-    draft_logits: torch.Tensor,
-    target_logits: torch.Tensor,
-    ce_weight: float = 0.1,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """EAGLE loss (arXiv 2401.15077, Sec. 4.2): ``SmoothL1(f, h) + ce_weight * CE(p, q)``.
-
-    Args:
-        pred, target_hidden: (..., H) predicted features f and the target's h.
-        draft_logits, target_logits: (..., V) float32; p = softmax(target_logits) are soft labels.
-    Returns:
-        (loss, smooth_l1, ce) scalars float32; smooth_l1 is the mean over all elements (beta 1),
-        ce = mean over positions of -sum_v p(v) log q(v) in nats.
-    """
-    l1 = F.smooth_l1_loss(pred.float(), target_hidden.float())
-    p = torch.softmax(target_logits.float(), dim=-1)
-    ce = -(p * torch.log_softmax(draft_logits.float(), dim=-1)).sum(-1).mean()
-    return l1 + ce_weight * ce, l1, ce
-
-
-def topk_hits(draft_logits: torch.Tensor, target_logits: torch.Tensor, ks: Sequence[int] = KS) -> torch.Tensor:
-    """How many positions have the target's top-1 token among the drafter's top-k, for each k.
-
-    draft_logits, target_logits: (..., V). Returns (len(ks),) int64 counts over all positions.
-    The target's top-1 is its argmax (lowest index on ties); the drafter's top-k is
-    ``torch.topk``. LANTERN Fig. 2b reports these counts divided by the number of positions.
-    """
-    want = target_logits.argmax(-1).flatten()
-    top = draft_logits.reshape(-1, draft_logits.shape[-1]).topk(max(ks), dim=-1).indices
-    match = top == want[:, None]
-    return torch.stack([match[:, :k].any(-1).sum() for k in ks]).long().cpu()
-
-
-def topk_accuracy(draft_logits: torch.Tensor, target_logits: torch.Tensor, ks: Sequence[int] = KS) -> dict[str, float]:
-    """{"top1": fraction, "top2": ..., ...}: :func:`topk_hits` over the number of positions."""
-    n = draft_logits[..., 0].numel()
-    hits = topk_hits(draft_logits, target_logits, ks)
-    return {f"top{k}": float(h) / n for k, h in zip(ks, hits)}
-
-
 def lr_at(step: int, total: int, config: TrainConfig) -> float:
     """Learning rate at optimiser step ``step`` of ``total``: linear warmup, cosine decay
     (:func:`ambiguity.train.lr_at` with this config's settings)."""
@@ -222,21 +157,6 @@ def lr_at(step: int, total: int, config: TrainConfig) -> float:
 
 
 # --------------------------------------------------------------------------- steps
-def _forward(
-    drafter: Drafter,
-    model: TokenModel,
-    tokens: torch.Tensor,
-    hidden: torch.Tensor,
-    ddp: Optional[torch.nn.Module] = None,
-):
-    """Drafter outputs and targets for teacher-forced rows (tokens (R, N), hidden (R, N, H));
-    the features pass through ``ddp`` (the wrapped drafter) when given."""
-    tok_in, feat_in, feat_tgt = training_inputs(tokens, hidden)
-    pred = (ddp or drafter)(model, tok_in, feat_in, None, 0)
-    draft_logits = drafter.logits(model, pred)
-    with torch.no_grad():
-        target_logits = model.head(feat_tgt.to(model.dtype))
-    return pred, feat_tgt, draft_logits, target_logits
 
 
 def train_step(
@@ -262,7 +182,7 @@ def train_step(
     if lr is not None:
         for group in optimizer.param_groups:
             group["lr"] = lr
-    pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden, ddp)
+    pred, tgt, dl, tl = forward_rows(drafter, model, tokens, hidden, ddp)
     loss, l1, ce = drafter_loss(pred, tgt, dl, tl, config.ce_weight)
     optimizer.zero_grad(set_to_none=True)
     params = [p for p in drafter.parameters() if p.requires_grad]
@@ -271,38 +191,6 @@ def train_step(
         torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
     optimizer.step()
     return {"loss": loss.item(), "smooth_l1": l1.item(), "ce": ce.item()}
-
-
-@torch.no_grad()
-def evaluate(
-    drafter: Drafter,
-    model: TokenModel,
-    paths: Sequence[Path],
-    batch_size: int = 64,
-    ks: Sequence[int] = KS,
-    shard: Shard = SINGLE,
-) -> dict[str, float]:
-    """Teacher-forced test metrics over feature parts: top-k accuracy (fractions), mean
-    smooth_l1 and ce (nats) per position, and the number of positions.
-
-    shard: under torchrun each rank evaluates the batches ``b % count == index`` and the sums
-    are all-reduced (every rank returns the same metrics)."""
-    drafter.eval()
-    sums = torch.zeros(len(ks) + 3, dtype=torch.float64)  # hits per k, positions, smooth_l1 and ce sums
-    for b, (tokens, hidden, _) in enumerate(iterate_batches(paths, batch_size, None, model.device)):
-        if not shard.owns(b):
-            continue
-        pred, tgt, dl, tl = _forward(drafter, model, tokens, hidden)
-        _, l1, ce = drafter_loss(pred, tgt, dl, tl)
-        m = dl[..., 0].numel()
-        sums[: len(ks)] += topk_hits(dl, tl, ks).double()
-        sums[len(ks) :] += torch.tensor([m, float(l1) * m, float(ce) * m], dtype=torch.float64)
-    sums = shard.all_sum(sums)
-    hits, (n, l1_sum, ce_sum) = sums[: len(ks)], sums[len(ks) :].tolist()
-    n = int(n)
-    out = {f"top{k}": float(h) / max(n, 1) for k, h in zip(ks, hits.tolist())}
-    out.update(test_smooth_l1=l1_sum / max(n, 1), test_ce=ce_sum / max(n, 1), test_positions=n)
-    return out
 
 
 # --------------------------------------------------------------------------- the run
@@ -531,184 +419,6 @@ def _save_checkpoint(run: RunDir, drafter: Drafter, optimizer, rows: list, step:
     run.write_part("checkpoint", {"epoch": int(rows[-1]["epoch"])}, files=[path])
 
 
-# --------------------------------------------------------------------------- outputs
-def plot_accuracy(table, path: str | Path, title: str = "", references: Optional[dict] = None) -> list[Path]:
-    """Top-1/2/3 test accuracy (%) per epoch (epoch 0 = random init) as PNG (200 dpi) + PDF.
-
-    ``table``: a DataFrame from :func:`train_drafter` (or the Parquet path). ``references``:
-    label -> top-1 fraction drawn as dashed lines (default :data:`PAPER_TOP1`; ``{}`` for none).
-    Returns the written paths.
-    """
-    df = read_table(table) if isinstance(table, (str, Path)) else table
-    refs = PAPER_TOP1 if references is None else references
-    with plots.style():
-        fig, ax = plots.new_figure(width=4.2, height=3.0)
-        for i, k in enumerate(KS):
-            ax.plot(
-                df["epoch"],
-                100 * df[f"top{k}"],
-                marker="o",
-                markersize=3,
-                color=plots.color_for(f"top-{k}", i),
-                label=f"top-{k}",
-            )
-        for (label, value), style in zip(refs.items(), ("--", ":", "-.")):
-            ax.axhline(100 * value, color="0.45", ls=style, lw=0.9, label=f"{label} top-1")
-        ax.set_xticks(list(df["epoch"]))
-        ax.set_xticklabels(["init" if e == 0 else str(e) for e in df["epoch"]])
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(0, 100)
-        ax.set_title(title or "Drafter test accuracy (target top-1 in drafter top-k)", fontsize=9)
-        ax.legend(fontsize=7, loc="best")
-        return plots.save_figure(fig, Path(path))
-
-
-def summary(table) -> str:
-    """The accuracy table as text: epoch, top-1/2/3 (%), test CE (nats), train loss, seconds."""
-    df = table.copy()
-    for k in KS:
-        df[f"top-{k} %"] = (100 * df[f"top{k}"]).round(2)
-    df["test CE"] = df["test_ce"].round(3)
-    df["train loss"] = [f"{v:.4f}" if v == v else "-" for v in df["train_loss"]]  # before training: none
-    df["s"] = df["seconds"].round(0).astype(int)
-    df["epoch"] = ["init" if e == 0 else str(e) for e in df["epoch"]]
-    return df[["epoch", "top-1 %", "top-2 %", "top-3 %", "test CE", "train loss", "s"]].to_string(index=False)
-
-
-# --------------------------------------------------------------------------- CLI
-def _data_settings(args) -> dict:
-    """What decides the training sequences (part of the run record)."""
-    return {
-        "tokens": abspath(args.tokens),
-        "conditions": abspath(args.conditions),
-        "self_generate": args.self_generate,
-        "data": abspath(args.data),
-        "train_size": args.train_size,
-        **({"classes": parse_classes(args.classes)} if args.classes else {}),
-        "test_size": args.test_size,
-        "seed": args.seed,
-        "with_data": args.with_data,
-        "sampling": {k: getattr(args, k) for k in ("cfg", "temperature", "top_k", "top_p")}
-        if args.self_generate
-        else None,
-    }
-
-
-def _data(args, model: TokenModel, run: RunDir, shard: Shard = SINGLE) -> Optional[tuple[TokenSet, TokenSet]]:
-    """Train/test sequences: reused from the run's parts, else from --tokens, --self-generate or
-    Fashion-MNIST (then saved as parts ``tokens_train`` / ``tokens_test`` by shard 0). None on an
-    independent shard, which only samples its share of ``--self-generate``."""
-    train, test = (load_token_part(run, f"tokens_{split}", {"split": split}) for split in ("train", "test"))
-    if train is None or test is None:
-        if args.with_data and not args.self_generate:
-            raise UsageError("--with-data mixes data tokens into --self-generate N; pass --self-generate too")
-        if args.tokens and args.self_generate and not args.with_data:
-            raise UsageError("give either --tokens FILE or --self-generate N, not both (or both with --with-data)")
-        classes = parse_classes(args.classes)
-        if classes is not None and args.conditions:
-            raise UsageError("give either --classes LIST or --conditions FILE, not both")
-        conds = read_conditions(args.conditions) if args.conditions else classes
-        if args.self_generate:
-            sampling = sampling_from_args(args, model.kind)
-            ts = self_generate(
-                model,
-                args.self_generate,
-                sampling,
-                conds,
-                args.gen_batch_size,
-                args.seed,
-                run,
-                progress=not args.no_progress,
-                shard=shard,
-            )
-            if ts is None:
-                return None
-            if args.with_data:  # EAGLE: target-generated and data sequences together; tested on held-out data
-                train, test = _data_tokens(args, model, classes)
-                train = mix_token_sets([train, ts], args.seed)
-            else:
-                train, test = split_holdout(ts, args.test_size, args.seed)
-                train = _first(train, args.train_size)
-        else:
-            train, test = _data_tokens(args, model, classes)
-        if shard.index == 0:
-            save_token_part(run, "tokens_train", train, {"split": "train"})
-            save_token_part(run, "tokens_test", test, {"split": "test"})
-        shard.barrier()
-    check_tokens(train, model)
-    check_tokens(test, model)
-    return train, test
-
-
-def keep_classes(ts: TokenSet, classes: list[int], what: str) -> TokenSet:
-    """The sequences of ``ts`` whose class label is in ``classes`` (``--classes``); UsageError when
-    none is left."""
-    keep = [i for i, c in enumerate(ts.conditions) if c in set(classes)]
-    if not keep:
-        raise UsageError(
-            f"no {what} sequence has a class in --classes {','.join(map(str, classes))}; pass classes the data holds"
-        )
-    return ts.subset(keep)
-
-
-def check_sizes(args, model: TokenModel) -> None:
-    """Refuse ``--train-size`` / ``--test-size`` / ``--classes`` that cannot work before any
-    sequence is read or generated: sizes whose token table (int64, plus the 1 x S x S float32
-    image of each sequence when real Fashion-MNIST images are encoded) cannot fit in memory, and
-    classes outside the model's labels."""
-    per = model.num_tokens * 8 + (4 * model.image_shape[-1] ** 2 if _takes_fashion_mnist(model) else 0)
-    for flag, n in (("--train-size", args.train_size), ("--test-size", args.test_size)):
-        if n is not None:
-            check_count(n, per, flag, f"its token sequences ({model.num_tokens} tokens each)")
-    classes = parse_classes(args.classes)
-    if classes is not None:
-        if model.kind != "c2i":
-            raise UsageError(f"--classes needs a class-conditional model; {model.name} is {model.kind}")
-        check_labels(model, classes)
-
-
-def _note(text: str) -> None:
-    print(f"note: {text}", file=sys.stderr)
-
-
-def _first(ts: TokenSet, n: Optional[int]) -> TokenSet:
-    return ts.subset(range(n)) if n is not None and len(ts) > n else ts
-
-
-def _data_tokens(args, model: TokenModel, classes: Optional[list[int]]) -> tuple[TokenSet, TokenSet]:
-    """(train, test) data sequences: the --tokens file split by --test-size, else Fashion-MNIST's
-    train / test splits for the embedded models; kept to ``classes`` (``--classes``), train cut to
-    --train-size (a note when fewer exist)."""
-    if args.tokens:
-        train, test = split_holdout(load_token_file(args.tokens, args.conditions), args.test_size, args.seed)
-    elif model.kind == "c2i" and model.num_classes == 10 and _takes_fashion_mnist(model):
-        train = fashion_mnist_tokens(model, "train", args.train_size, args.data, progress=not args.no_progress)
-        test = fashion_mnist_tokens(model, "test", args.test_size, args.data, progress=not args.no_progress)
-    else:
-        raise UsageError(f"--model {model.name} needs training sequences: pass --tokens FILE or --self-generate N")
-    if classes is not None:
-        train, test = (keep_classes(ts, classes, what) for ts, what in ((train, "training"), (test, "test")))
-    if args.train_size is not None and len(train) < args.train_size:
-        _note(
-            f"--train-size {args.train_size}: only {len(train)} training sequences exist ({train.source}); "
-            f"training on all of them"
-        )
-    if args.test_size is not None and len(test) < args.test_size and not args.tokens:
-        _note(
-            f"--test-size {args.test_size}: only {len(test)} test sequences exist ({test.source}); "
-            f"testing on all of them"
-        )
-    return _first(train, args.train_size), test
-
-
-def _takes_fashion_mnist(model: TokenModel) -> bool:
-    try:
-        return model_image_size(model.image_shape) is not None
-    except NotImplementedError:
-        return False
-
-
 def build_parser() -> ArgumentParser:
     """The CLI's argument parser (one-line errors, exit status 2)."""
     p = ArgumentParser(
@@ -819,10 +529,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     torch.manual_seed(drafter_init_seed(args.seed))
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
     check_sizes(args, model)
-    record = _run_record(model, config, _data_settings(args))
+    record = _run_record(model, config, data_settings(args))
     run = RunDir(run_dir, record, command=COMMAND, flag="--run-dir", outputs=OUTPUTS)
     run.open_shared(shard, args.overwrite, any_count=True)
-    data = _data(args, model, run, shard)
+    data = training_sequences(args, model, run, shard)
     if data is None:
         print(
             f"{shard.label} done: its --self-generate batches are parts of {run_dir}; after every shard, train "
