@@ -29,7 +29,7 @@ from ambiguity.io import ensure_writable_dir, write_json
 from ambiguity.models.checkpoints import save_module
 from ambiguity.runs import file_sha256
 from ambiguity.seeding import augment_seed, classifier_init_seed
-from ambiguity.train import _check_resume, batch_indices, count_params, load_checkpoint, lr_at, save_checkpoint
+from ambiguity.train_loop import batch_indices, check_resume, count_params, load_checkpoint, lr_at, save_checkpoint
 from lantern.quality.fmnist import METRICS_FILE, WEIGHTS_FILE, FashionNet, FashionNetConfig, load_fashion_net
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def train(cfg: FashionNetConfig, recipe: dict, images, labels, run_dir: Path, pr
     ck_path, step = run_dir / "checkpoint.pt", 0
     ck = load_checkpoint(ck_path, fix="delete it to start over, or pass another --run-dir")
     if ck is not None:
-        _check_resume(ck, recipe, ck_path)
+        check_resume(ck, recipe, ck_path)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step = ck["step"]
