@@ -47,7 +47,7 @@ from ambiguity.cli import (
 )
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
-from ambiguity.neighbourhood import _drop_self, _faiss_search, _to_distance, exact_knn
+from ambiguity.knn import drop_self, exact_knn, faiss_search, to_distance
 
 SHAPES = {"llamagen-vq16": (16384, 8), "chameleon-vqgan": (8192, 256), "emu3-vq": (32768, 4)}
 
@@ -98,11 +98,11 @@ def drop_costs(x: torch.Tensor, k: int) -> dict:
     rows at once) and of both self removals on its output, and whether they give the same table."""
     rows = torch.arange(x.shape[0])
     c0 = time.process_time()
-    (scores, cand), faiss_s = timed(lambda: _faiss_search(x, x.numpy(), k + 1, "l2", False))
+    (scores, cand), faiss_s = timed(lambda: faiss_search(x, x.numpy(), k + 1, "l2", False))
     c1 = time.process_time()
-    D = _to_distance(scores, "l2")
+    D = to_distance(scores, "l2")
     c2 = time.process_time()
-    new, drop_s = timed(lambda: _drop_self(D, cand, rows, k))
+    new, drop_s = timed(lambda: drop_self(D, cand, rows, k))
     c3 = time.process_time()
     old, resort_s = timed(lambda: drop_self_resorting(D, cand, rows, k))
     c4 = time.process_time()

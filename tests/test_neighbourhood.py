@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import ambiguity.knn as knn
 import ambiguity.neighbourhood as nbm
 from ambiguity.errors import UsageError
 from ambiguity.neighbourhood import Neighbourhoods, build_neighbourhoods, exact_knn, load_neighbourhoods
@@ -300,16 +301,16 @@ def _tied_codebook():
 @pytest.mark.parametrize("metric", EXACT)
 @pytest.mark.parametrize("k", [1, 20, 21, 22, 300, 599])
 def test_drop_self_without_resort_gives_the_same_table_on_ties(metric, k):
-    x = nbm._prepare(_tied_codebook(), metric)
+    x = knn._prepare(_tied_codebook(), metric)
     rows = torch.arange(600)
-    scores, cand = nbm._faiss_search(x, x.numpy(), k + 1, metric, False)
-    D = nbm._to_distance(scores, metric)
+    scores, cand = knn.faiss_search(x, x.numpy(), k + 1, metric, False)
+    D = knn.to_distance(scores, metric)
     want = _drop_self_resorting(D, cand, rows, k)
-    got = nbm._drop_self(D, cand, rows, k)
+    got = knn.drop_self(D, cand, rows, k)
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
     # the same on candidates handed over in a scrambled order (every row takes the re-sort path)
     perm = torch.rand(600, k + 1, generator=torch.Generator().manual_seed(6)).argsort(1)
-    got = nbm._drop_self(D.gather(1, perm), cand.gather(1, perm), rows, k)
+    got = knn.drop_self(D.gather(1, perm), cand.gather(1, perm), rows, k)
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
     # and the builder's table equals the float64 brute force ordering by (distance, index)
     I, _ = exact_knn(_tied_codebook(), k, metric)
@@ -321,7 +322,7 @@ def test_drop_self_removes_self_wherever_it_sits_or_the_last_candidate():
     D = torch.tensor([[0.0, 0.0, 1.0, 2.0], [0.0, 1.0, 1.0, 3.0], [0.0, 0.0, 0.0, 0.0]])
     I = torch.tensor([[4, 0, 7, 2], [5, 6, 1, 9], [3, 4, 5, 6]])
     rows = torch.tensor([0, 9, 2])
-    d, i = nbm._drop_self(D, I, rows, 3)
+    d, i = knn.drop_self(D, I, rows, 3)
     # row 0: reordered to (0,0)(0,4)(1,7)(2,2), self 0 removed; row 1: self last; row 2: self absent, last dropped
     assert i.tolist() == [[4, 7, 2], [5, 1, 6], [3, 4, 5]]
     assert d.tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
