@@ -266,7 +266,7 @@ def test_batch_limit_is_decided_once_per_decoder_config(monkeypatch):
     decoder given a new config is decided again."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    import ambiguity.models.hf_common as hf
+    import ambiguity.models.hf_cache as hf  # slots_cache_limit builds its probe cache there
 
     built = []
     real = hf.new_dynamic_cache

@@ -6,7 +6,8 @@ after the final norm: ``LlamaModel``, ``Emu3TextModel``, ``GPT2Model`` ...). Wha
 lives here so the Chameleon/Anole adapter can use it too:
 
 * :class:`HFCache` - a ``transformers.DynamicCache`` plus the 2D attention mask of everything it
-  holds; rollback crops both (:meth:`HFCache.crop`, counted in cache positions).
+  holds; rollback crops both (:meth:`HFCache.crop`, counted in cache positions); it and the
+  ``DynamicCache`` helpers live in :mod:`ambiguity.models.hf_cache`.
 * :func:`run_decoder` - one decoder call with left-padding-aware position ids, with or without
   a cache.
 * :class:`HFTokenModel` - the decoding half of :class:`~ambiguity.models.base.TokenModel`
@@ -23,7 +24,8 @@ lives here so the Chameleon/Anole adapter can use it too:
 * :class:`HFDraftLayer` - one freshly initialised decoder layer of the target's architecture
   (built from its config) wrapped to the :class:`~ambiguity.models.base.DraftLayer` interface,
   with its own ``DynamicCache`` and rotary positions (and a
-  :class:`~ambiguity.models.hf_slots.SlotKV` for batched decoding).
+  :class:`~ambiguity.models.hf_slots.SlotKV` for batched decoding); in
+  :mod:`ambiguity.models.hf_draft_layer`.
 * :func:`load_pretrained` / :func:`load_tokenizer` - offline loading from ``--weights`` or the
   local Hugging Face cache (:mod:`ambiguity.models.hub`); absent weights raise
   :class:`~ambiguity.errors.WeightsNotFoundError` naming the repo id to download.
@@ -36,8 +38,6 @@ the same prompt computes alone.
 
 from __future__ import annotations
 
-import copy
-import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -47,8 +47,18 @@ import torch.nn as nn
 
 from ambiguity.errors import UsageError
 from ambiguity.memory import check_weights_fit
-from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
-from ambiguity.models.hf_slots import HFSlotsCache, SlotKV
+from ambiguity.models.base import Prompt, Step, TokenModel
+from ambiguity.models.hf_cache import (
+    HFCache,
+    additive_mask,
+    cache_kwarg,
+    crop_dynamic_cache,
+    new_dynamic_cache,
+    select_dynamic_cache,
+    slots_cache_limit,
+)
+from ambiguity.models.hf_draft_layer import HFDraftLayer, decoder_layers, make_draft_layer, new_decoder_layer
+from ambiguity.models.hf_slots import HFSlotsCache
 from ambiguity.models.hub import hf_snapshot_dir
 
 __all__ = [
@@ -73,89 +83,6 @@ __all__ = [
     "additive_mask",
     "local_dir",
 ]
-
-
-# --------------------------------------------------------------------------- caches
-def cache_kwarg(fn) -> str:
-    """Name of the KV-cache argument of a transformers ``forward``: ``"cache"`` (transformers >= 5.2x)
-    or ``"past_key_values"`` (earlier releases)."""
-    params = inspect.signature(fn).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def new_dynamic_cache(config=None):
-    """An empty ``transformers.DynamicCache`` (layer types from ``config`` when given)."""
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=config) if config is not None else DynamicCache()
-    except TypeError:  # older transformers without the config argument
-        return DynamicCache()
-
-
-def select_dynamic_cache(kv, index: torch.Tensor) -> None:
-    """Keep the cached positions ``index`` (L',) int64 of every layer of a DynamicCache, in that order."""
-    for layer in getattr(kv, "layers", []):
-        if getattr(layer, "keys", None) is not None and layer.keys.numel():
-            i = index.to(layer.keys.device)
-            layer.keys, layer.values = layer.keys[..., i, :], layer.values[..., i, :]
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool mask (..., T, L), True = attend -> the additive float mask transformers layers take
-    (0 where allowed, the dtype's minimum elsewhere)."""
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
-
-
-def crop_dynamic_cache(kv, length: int) -> None:
-    """Keep the first ``length`` positions of a DynamicCache (no-op when it holds no more).
-
-    Uses ``crop(-k)`` (remove ``k`` positions), which means the same in every transformers release
-    that has ``DynamicCache.crop``. Raises ValueError when ``length`` exceeds what the cache holds.
-    """
-    held = kv.get_seq_length()
-    if length > held:
-        raise ValueError(f"cannot crop a cache holding {held} positions to {length}")
-    if held > length:
-        kv.crop(length - held)
-
-
-def slots_cache_limit(config) -> str:
-    """Why a decoder with this config cannot run on the slots cache, '' when it can: the layer kinds of
-    an empty ``DynamicCache`` built from ``config`` (:func:`new_dynamic_cache`) must all be
-    ``DynamicLayer`` (full attention)."""
-    kinds = {type(layer).__name__ for layer in new_dynamic_cache(config).layers}
-    other = sorted(kinds - {"DynamicLayer"})
-    if not other:
-        return ""
-    return f"its decoder has {', '.join(other)} cache layers, which the per-image slots cache does not model"
-
-
-class HFCache:
-    """A ``DynamicCache`` of a transformers decoder plus what the adapter needs around it.
-
-    Attributes:
-        kv: the ``transformers.DynamicCache``.
-        mask: (rows, L) int64 attention mask of the L cached positions (0 at left padding).
-        prefix: number of cached positions that belong to the prompt (the padded prefix length).
-        tokens: number of image tokens held after the prefix.
-    """
-
-    def __init__(self, kv, rows: int, device: torch.device):
-        self.kv = kv
-        self.mask = torch.zeros(rows, 0, dtype=torch.long, device=device)
-        self.prefix = 0
-        self.tokens = 0
-
-    @property
-    def length(self) -> int:
-        """Cached positions, prefix included."""
-        return int(self.mask.shape[1])
-
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` cached positions (KV tensors and mask)."""
-        crop_dynamic_cache(self.kv, length)
-        self.mask = self.mask[:, :length]
 
 
 def position_ids(mask: torch.Tensor, past: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -517,136 +444,6 @@ class HFTokenModel(TokenModel):
         d = super().describe()
         d["parameters"] = sum(p.numel() for p in self.decoder.parameters())
         return d
-
-
-# --------------------------------------------------------------------------- drafter layer
-def decoder_layers(decoder: nn.Module) -> nn.ModuleList:
-    """The ModuleList of decoder layers of a transformers base model (``layers``, ``h``, ``blocks``)."""
-    for name in ("layers", "h", "blocks", "layer", "decoder_layers"):
-        mods = getattr(decoder, name, None)
-        if isinstance(mods, nn.ModuleList) and len(mods):
-            return mods
-    raise NotImplementedError(f"cannot find the decoder layers of {type(decoder).__name__}")
-
-
-def new_decoder_layer(decoder: nn.Module, config) -> nn.Module:
-    """A freshly initialised layer of the same class as ``decoder``'s layers, built from ``config``.
-
-    Linear weights ~ N(0, ``config.initializer_range``), biases 0, norms at their defaults
-    (the transformers initialisation of these architectures).
-    """
-    cls = type(decoder_layers(decoder)[0])
-    params = inspect.signature(cls.__init__).parameters
-    layer = cls(config, layer_idx=0) if "layer_idx" in params else cls(config)
-    std = float(getattr(config, "initializer_range", 0.02))
-    with torch.no_grad():
-        for mod in layer.modules():
-            w = getattr(mod, "weight", None)
-            if isinstance(w, nn.Parameter) and w.ndim == 2:
-                w.normal_(0.0, std)
-            b = getattr(mod, "bias", None)
-            if isinstance(b, nn.Parameter) and isinstance(w, nn.Parameter) and w.ndim == 2:
-                b.zero_()
-    return layer
-
-
-class HFDraftLayer(DraftLayer):
-    """One decoder layer of a transformers architecture for EAGLE-style drafters.
-
-    ``forward(x, cache, start)``: x (rows, T, H) features at image-token positions
-    ``start..start+T-1`` -> (rows, T, H). Rotary models get position ids ``start + t`` through a
-    copy of the target's rotary module (attention depends only on position differences, so the
-    target's prefix length does not matter); absolute-position models (GPT-2) get none inside a
-    layer. The cache is a ``DynamicCache``; a ``start`` below what it holds rolls it back first.
-    """
-
-    def __init__(self, layer: nn.Module, rotary: Optional[nn.Module] = None):
-        super().__init__()
-        self.layer = layer
-        # kept out of the module tree so that .to(bfloat16) does not round the float32 inverse
-        # frequencies: the layer keeps the target's exact rotary frequencies; moved to x's device on use
-        self._rotary = (rotary,)
-        self._cache_kw = cache_kwarg(layer.forward)
-        self._takes_pe = "position_embeddings" in inspect.signature(layer.forward).parameters
-
-    def new_cache(self, rows: int, spare: int = 0):
-        """An empty ``DynamicCache`` (its batch size is set by the first forward; it grows as needed)."""
-        return new_dynamic_cache()
-
-    def rollback(self, cache, n: int) -> None:
-        """Keep the first ``n`` positions of the layer's cache."""
-        crop_dynamic_cache(cache, n)
-
-    def _call(self, x: torch.Tensor, cache, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """The layer on x (rows, T, H) with the additive mask (rows, 1, T, keys) and position ids (rows, T)."""
-        kwargs: dict[str, Any] = dict(attention_mask=mask, position_ids=pos, use_cache=cache is not None)
-        kwargs[self._cache_kw] = cache
-        rotary = self._rotary[0]
-        if rotary is not None and self._takes_pe:
-            if next(rotary.buffers()).device != x.device:
-                rotary.to(x.device)
-            kwargs["position_embeddings"] = rotary(x, pos)
-        out = self.layer(x, **kwargs)
-        return out[0] if isinstance(out, tuple) else out
-
-    def forward_slots(
-        self, x: torch.Tensor, cache, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
-    ) -> torch.Tensor:
-        """Batched decoding (see :meth:`DraftLayer.forward_slots`): x (rows, T, H) written at the
-        drafter cache slots (rows, T) int64 of a :class:`SlotKV` kept on ``cache`` (made by the first
-        call, widened as slots grow; every slot must be < S), position ids ``positions`` (rows, T)
-        (image positions, as :meth:`forward` counts them), attending to the slots ``visible``
-        (rows, T, S) allows."""
-        slots, positions, visible = (t.to(x.device) for t in (slots, positions, visible))
-        kv = getattr(cache, "slots", None)
-        if kv is None:
-            kv = cache.slots = SlotKV(x.shape[0], 0)
-        S = visible.shape[-1]  # every slot written is < S (the callers' windows)
-        if S > kv.capacity:
-            kv.grow(max(S, 2 * kv.capacity))  # geometric: a decode reallocates O(log N) times
-        kv.write, kv.span = slots, S
-        return self._call(x, kv, additive_mask(visible.bool()[:, None], x.dtype), positions)
-
-    def select_slots(self, cache, rows: torch.Tensor) -> None:
-        """Keep only the rows ``rows`` of a batched decode's drafter cache (a draining batch)."""
-        if getattr(cache, "slots", None) is not None:
-            cache.slots.select_rows(rows)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cache,
-        start: int,
-        positions: Optional[torch.Tensor] = None,
-        attend: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        rows, T = x.shape[:2]
-        past = 0
-        if cache is not None:
-            held = cache.get_seq_length()
-            if positions is None:
-                if start > held:
-                    raise ValueError(f"draft layer cache holds {held} positions; cannot start at {start}")
-                crop_dynamic_cache(cache, start)
-            past = start if positions is None else held  # tree nodes are appended after the cache
-        if attend is None:
-            q = torch.arange(T, device=x.device)[:, None] + past
-            attend = torch.arange(past + T, device=x.device)[None, :] <= q
-        mask = additive_mask(attend.to(x.device).bool(), x.dtype)[None, None].expand(rows, 1, T, past + T)
-        pos_t = torch.arange(T, device=x.device) + start if positions is None else positions.to(x.device)
-        return self._call(x, cache, mask, pos_t[None].expand(rows, T))
-
-
-def make_draft_layer(decoder: nn.Module, config, device, dtype) -> HFDraftLayer:
-    """:class:`HFDraftLayer` from ``decoder``'s layer class and ``config`` (sdpa attention)."""
-    config = copy.deepcopy(config)
-    try:
-        config._attn_implementation = "sdpa"
-    except Exception:  # pragma: no cover - configs without the setter
-        pass
-    rotary = getattr(decoder, "rotary_emb", None)
-    rotary = copy.deepcopy(rotary).to(device) if rotary is not None else None
-    return HFDraftLayer(new_decoder_layer(decoder, config), rotary).to(device=device, dtype=dtype).eval()
 
 
 # --------------------------------------------------------------------------- loading
