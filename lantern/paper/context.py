@@ -41,6 +41,12 @@ class Context:
     def device(self) -> torch.device:
         return self.shard.device(resolve_device(self.config.device))
 
+    @property
+    def bars(self) -> Optional[bool]:
+        """The ``progress`` argument of library calls whose bars show by their own rule when allowed
+        (e.g. the k-NN builder's from 8192 codes): None under ``progress``, False with ``--no-progress``."""
+        return None if self.progress else False
+
     # ------------------------------------------------------------------ models
     def kind(self, name: str) -> str:
         """The registry's kind of ``name`` ("c2i", "t2i", "text") without loading it."""

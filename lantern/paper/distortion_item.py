@@ -52,7 +52,7 @@ def distortion(ctx: Context) -> Item:
             model, ctx.drafter(ctx.primary), data.tokens["ar"][:n], data.conditions[:n], data.sampling, with_groups=True
         )
         ks = sorted({ctx.k(ctx.primary, k) for k in c.ks})
-        table = neighbour_table(model, DecodeConfig.of("lantern", k=max(ks)), progress=None if ctx.progress else False)
+        table = neighbour_table(model, DecodeConfig.of("lantern", k=max(ks)), progress=ctx.bars)
         df = distortion_table(p, q, table, ks, c.deltas, groups=groups, seed=c.seed, tree_siblings=(m,))
         with plots.style():
             fig, ax = plots.new_figure(width=3.6, height=2.4)

@@ -213,7 +213,7 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     if B > 1 and any(not hasattr(d, "forward_slots") for d in drafters.values()):
         B = 1  # a drafter that cannot run several images per forward (lantern.batched.check_batching)
     B = min(B, session_batch_size(ctx, session.model)[0])  # e.g. text-twin: its untimed rounds one by one
-    tables = neighbour_tables(model, configs, progress=None if ctx.progress else False) if mine else {}
+    tables = neighbour_tables(model, configs, progress=ctx.bars) if mine else {}
     if timed:
         interleaved_timing(
             model,

@@ -1,0 +1,148 @@
+"""The target's scores of generated tokens (:func:`lantern.run_reader.target_scores`): CPU time at
+each batch size, user and system seconds apart.
+
+    python benchmarks/bench_target_scores.py --model embedded-16 --images 16 --batch-sizes 1,4,16,64 --repeats 3
+
+``target_scores`` runs ``num_classes`` teacher-forced passes per image (c2i; the Bayes class
+decision) and keeps each pass's (batch, N, vocab) float32 logits: for ``embedded-16`` 16.8 MB per
+image, so a batch of 64 allocates 1.07 GB per pass. Large fresh allocations are served by
+``mmap`` and first touched page by page, which shows as *system* time; this benchmark measures
+how much. Rounds interleave the batch sizes (one call each, in a rotated order) after one warm-up
+call each; reported per batch size: the median and range over rounds of wall, user and system
+seconds (``resource.getrusage`` of this process, so the numbers include only the call), and
+milliseconds per teacher-forced pass of one image (wall / (images x classes)). The scores are
+checked equal across batch sizes (NLL to 1e-4 nats/token, the class decisions exactly).
+
+Writes ``--out``/target_scores.json (the medians and every round). ``--out`` defaults to the
+untracked ``runs/benchmarks/bench_target_scores``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "runs" / "benchmarks" / "bench_target_scores"
+
+from ambiguity.cli import (  # noqa: E402
+    ArgumentParser,
+    add_device_args,
+    add_out_arg,
+    add_threads_arg,
+    cli_main,
+    device_from_args,
+    int_list,
+    positive_int,
+    set_threads,
+)
+from ambiguity.errors import UsageError  # noqa: E402
+from ambiguity.models.registry import load_model  # noqa: E402
+from lantern.run_reader import target_scores  # noqa: E402
+
+
+def timed_call(model, frame: pd.DataFrame, batch_size: int) -> tuple[dict, pd.DataFrame]:
+    """One ``target_scores`` call: ({wall_s, user_s, sys_s}, its scores)."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    scores = target_scores(model, frame, batch_size=batch_size)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {"wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}, scores
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(prog="python benchmarks/bench_target_scores.py", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="embedded-16", help="a c2i target (default: %(default)s)")
+    p.add_argument("--weights", default=None, help="the target's checkpoint (default: the registry's)")
+    p.add_argument("--images", type=positive_int, default=16, help="random token images scored (default: 16)")
+    p.add_argument("--batch-sizes", default="1,4,16,64", help="comma-separated images per pass (default: %(default)s)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="interleaved rounds (default: 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default: 0)")
+    add_device_args(p, dtype=False)
+    add_threads_arg(p)
+    add_out_arg(p, "output directory (default: runs/benchmarks/bench_target_scores)", default=str(OUT))
+    return p.parse_args(argv)
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    set_threads(args.threads)
+    model = load_model(args.model, args.weights, device=device_from_args(args)[0])
+    if model.kind != "c2i" or not model.num_classes:
+        raise UsageError(f"--model {args.model} is {model.kind}; target_scores' class passes need a c2i model")
+    g = torch.Generator().manual_seed(args.seed)
+    codes = torch.randint(0, model.vocab_size, (args.images, model.num_tokens), generator=g)
+    frame = pd.DataFrame(
+        {
+            "image": range(args.images),
+            "condition": [i % model.num_classes for i in range(args.images)],
+            "codes": list(codes.numpy()),
+        }
+    )
+    sizes = list(dict.fromkeys(int_list(args.batch_sizes, "--batch-sizes", 1)))
+    reference = None
+    for b in sizes:  # warm-up, and the scores every size must reproduce
+        _, scores = timed_call(model, frame, b)
+        if reference is None:
+            reference = scores
+        elif not (
+            np.allclose(scores["nll"], reference["nll"], atol=1e-4)
+            and (scores["predicted"].to_numpy() == reference["predicted"].to_numpy()).all()
+        ):
+            raise SystemExit(f"error: batch size {b} scores differ from batch size {sizes[0]}'s")
+    rounds = []
+    for r in range(args.repeats):
+        order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
+        for b in order:
+            t, _ = timed_call(model, frame, b)
+            rounds.append({"round": r, "batch_size": b, **t})
+    df = pd.DataFrame(rounds)
+    passes = args.images * int(model.num_classes)
+    summary = []
+    for b in sizes:
+        sub = df[df["batch_size"] == b]
+        row = {"batch_size": b}
+        for col in ("wall_s", "user_s", "sys_s"):
+            v = sub[col].tolist()
+            row[col] = statistics.median(v)
+            row[f"{col}_min"], row[f"{col}_max"] = min(v), max(v)
+        row["ms_per_image_pass"] = 1000 * row["wall_s"] / passes
+        summary.append(row)
+    table = pd.DataFrame(summary)
+    print(
+        f"target_scores on {args.model}: {args.images} images x {model.num_classes} class passes, "
+        f"{args.repeats} interleaved rounds, threads {torch.get_num_threads()}; median [min, max] seconds"
+    )
+    for r in summary:
+        cells = "  ".join(
+            f"{c[:-2]} {r[c]:.1f} [{r[c + '_min']:.1f}, {r[c + '_max']:.1f}]" for c in ("wall_s", "user_s", "sys_s")
+        )
+        print(f"  batch {r['batch_size']:>3}: {cells}  ({r['ms_per_image_pass']:.0f} ms per image pass)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "model": args.model,
+        "images": args.images,
+        "classes": int(model.num_classes),
+        "threads": torch.get_num_threads(),
+        "device": str(model.device),
+        "summary": table.to_dict(orient="records"),
+        "rounds": rounds,
+    }
+    (out / "target_scores.json").write_text(json.dumps(record, indent=1))
+    print(f"wrote {out / 'target_scores.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
