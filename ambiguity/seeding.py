@@ -100,7 +100,7 @@ FINGERPRINT_PROBE_SEED = 0
 
 
 def vq_init_seed(seed: int) -> int:
-    """Global torch seed before initialising the embedded VQ model (``ambiguity.train.train_vq``): ``seed``."""
+    """Global torch seed before initialising the embedded VQ model (``ambiguity.train_vq.train_vq``): ``seed``."""
     return int(seed)
 
 
@@ -110,7 +110,7 @@ def gpt_init_seed(seed: int) -> int:
 
 
 def epoch_permutation_seed(seed: int, epoch: int) -> int:
-    """Seed of epoch ``epoch``'s permutation of the training examples (``ambiguity.train.batch_indices``,
+    """Seed of epoch ``epoch``'s permutation of the training examples (``ambiguity.train_loop.batch_indices``,
     also the Fashion-MNIST classifier's): ``seed * 100003 + epoch``."""
     return int(seed) * 100003 + int(epoch)
 
@@ -174,10 +174,13 @@ def replacement_seed(seed: int, random_mode: bool, k: int, rate: float, repeat: 
 STREAMS: dict[str, tuple] = {
     "image": (image_seed, "every image's tokens, drafts and acceptance draws (all generating commands)"),
     **{name: (lambda seed, *parts, _n=name: tagged_seed(seed, _n, *parts), "lantern.quality") for name in SEED_TAGS},
-    "vq-init": (vq_init_seed, "ambiguity.train.train_vq"),
+    "vq-init": (vq_init_seed, "ambiguity.train_vq.train_vq"),
     "gpt-init": (gpt_init_seed, "ambiguity.train.train_gpt"),
-    "epoch-permutation": (epoch_permutation_seed, "ambiguity.train.batch_indices, scripts/train_fmnist_classifier.py"),
-    "vq-step": (vq_step_seed, "ambiguity.train.train_vq"),
+    "epoch-permutation": (
+        epoch_permutation_seed,
+        "ambiguity.train_loop.batch_indices, scripts/train_fmnist_classifier.py",
+    ),
+    "vq-step": (vq_step_seed, "ambiguity.train_vq.train_vq"),
     "drafter-init": (drafter_init_seed, "lantern.train_drafter"),
     "drafter-epoch": (drafter_epoch_seed, "lantern.train_drafter"),
     "holdout": (holdout_seed, "lantern.drafter_data.split_holdout, the text twin"),

@@ -1,17 +1,19 @@
 """The target's scores of generated tokens (:func:`lantern.run_reader.target_scores`): CPU time at
 each batch size, user and system seconds apart.
 
-    python benchmarks/bench_target_scores.py --model embedded-16 --images 16 --batch-sizes 1,4,16,64 --repeats 3
+    python benchmarks/bench_target_scores.py --model embedded-16 --images 32 --batch-sizes 1,4,32 --repeats 3
 
 ``target_scores`` runs ``num_classes`` teacher-forced passes per image (c2i; the Bayes class
 decision) and keeps each pass's (batch, N, vocab) float32 logits: for ``embedded-16`` 16.8 MB per
 image, so a batch of 64 allocates 1.07 GB per pass. Large fresh allocations are served by
 ``mmap`` and first touched page by page, which shows as *system* time; this benchmark measures
-how much. Rounds interleave the batch sizes (one call each, in a rotated order) after one warm-up
-call each; reported per batch size: the median and range over rounds of wall, user and system
+how much, and compares the former implementation (``--former B``, default 64: a separate pass for
+the true labels, then a full log-softmax copy of the logits, at its batch of 64 images; kept here
+only as the baseline). Rounds interleave the cells (one call each, in a rotated order) after one
+warm-up call each; reported per cell: the median and range over rounds of wall, user and system
 seconds (``resource.getrusage`` of this process, so the numbers include only the call), and
-milliseconds per teacher-forced pass of one image (wall / (images x classes)). The scores are
-checked equal across batch sizes (NLL to 1e-4 nats/token, the class decisions exactly).
+milliseconds per teacher-forced pass of one image (wall / (images x passes)). The scores are
+checked equal across cells (NLL to 1e-4 nats/token, the class decisions exactly).
 
 Writes ``--out``/target_scores.json (the medians and every round). ``--out`` defaults to the
 untracked ``runs/benchmarks/bench_target_scores``.
@@ -50,10 +52,35 @@ from ambiguity.models.registry import load_model  # noqa: E402
 from lantern.run_reader import target_scores  # noqa: E402
 
 
-def timed_call(model, frame: pd.DataFrame, batch_size: int) -> tuple[dict, pd.DataFrame]:
-    """One ``target_scores`` call: ({wall_s, user_s, sys_s}, its scores)."""
+def former_target_scores(model, images: pd.DataFrame, batch_size: int = 64) -> pd.DataFrame:
+    """The baseline: ``target_scores`` as it was before 2026-12-03 (one pass with the true labels and
+    one per class, 11 passes per image; log-probabilities through a (batch, N, vocab) log-softmax
+    copy). Same columns and values."""
+    codes = torch.tensor(np.stack(images["codes"].to_numpy()), dtype=torch.long, device=model.device)
+    labels = [int(c) for c in images["condition"]]
+
+    def loglik(conds, toks):
+        out = []
+        for s in range(0, len(conds), batch_size):
+            prompt = model.make_prompt(conds[s : s + batch_size], guided=False)
+            with torch.no_grad():
+                logits = model.teacher_force(prompt, toks[s : s + batch_size]).logits.float()
+            lp = torch.log_softmax(logits, -1).gather(-1, toks[s : s + batch_size, :, None])[..., 0]
+            out.append(lp.sum(-1).cpu())
+        return torch.cat(out)
+
+    ll = loglik(labels, codes)
+    every = torch.stack([loglik([c] * len(labels), codes) for c in range(int(model.num_classes))], 1)
+    pred = every.argmax(1).numpy()
+    return pd.DataFrame({"image": images["image"].to_numpy(), "nll": (-ll / codes.shape[1]).numpy(), "predicted": pred})
+
+
+def timed_call(model, frame: pd.DataFrame, cell: tuple[str, int]) -> tuple[dict, pd.DataFrame]:
+    """One call of ``cell`` = (implementation, batch size): ({wall_s, user_s, sys_s}, its scores)."""
+    impl, batch_size = cell
+    fn = target_scores if impl == "target_scores" else former_target_scores
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    scores = target_scores(model, frame, batch_size=batch_size)
+    scores = fn(model, frame, batch_size=batch_size)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return {"wall_s": wall, "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}, scores
@@ -65,6 +92,9 @@ def parse_args(argv=None):
     p.add_argument("--weights", default=None, help="the target's checkpoint (default: the registry's)")
     p.add_argument("--images", type=positive_int, default=16, help="random token images scored (default: 16)")
     p.add_argument("--batch-sizes", default="1,4,16,64", help="comma-separated images per pass (default: %(default)s)")
+    p.add_argument(
+        "--former", type=int, default=64, help="batch size of the former implementation's cell, 0 = none (default: 64)"
+    )
     p.add_argument("--repeats", type=positive_int, default=3, help="interleaved rounds (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default: 0)")
     add_device_args(p, dtype=False)
@@ -90,44 +120,46 @@ def main(argv=None) -> int:
         }
     )
     sizes = list(dict.fromkeys(int_list(args.batch_sizes, "--batch-sizes", 1)))
+    cells = [("target_scores", b) for b in sizes] + ([("former", args.former)] if args.former > 0 else [])
     reference = None
-    for b in sizes:  # warm-up, and the scores every size must reproduce
-        _, scores = timed_call(model, frame, b)
+    for cell in cells:  # warm-up, and the scores every cell must reproduce
+        _, scores = timed_call(model, frame, cell)
         if reference is None:
             reference = scores
         elif not (
             np.allclose(scores["nll"], reference["nll"], atol=1e-4)
             and (scores["predicted"].to_numpy() == reference["predicted"].to_numpy()).all()
         ):
-            raise SystemExit(f"error: batch size {b} scores differ from batch size {sizes[0]}'s")
+            raise SystemExit(f"error: {cell} scores differ from {cells[0]}'s")
     rounds = []
     for r in range(args.repeats):
-        order = sizes[r % len(sizes) :] + sizes[: r % len(sizes)]
-        for b in order:
-            t, _ = timed_call(model, frame, b)
-            rounds.append({"round": r, "batch_size": b, **t})
+        for impl, b in cells[r % len(cells) :] + cells[: r % len(cells)]:
+            t, _ = timed_call(model, frame, (impl, b))
+            rounds.append({"round": r, "implementation": impl, "batch_size": b, **t})
     df = pd.DataFrame(rounds)
-    passes = args.images * int(model.num_classes)
+    classes = int(model.num_classes)
     summary = []
-    for b in sizes:
-        sub = df[df["batch_size"] == b]
-        row = {"batch_size": b}
+    for impl, b in cells:
+        sub = df[(df["implementation"] == impl) & (df["batch_size"] == b)]
+        row = {"implementation": impl, "batch_size": b}
         for col in ("wall_s", "user_s", "sys_s"):
             v = sub[col].tolist()
             row[col] = statistics.median(v)
             row[f"{col}_min"], row[f"{col}_max"] = min(v), max(v)
-        row["ms_per_image_pass"] = 1000 * row["wall_s"] / passes
+        row["passes_per_image"] = classes if impl == "target_scores" else classes + 1
+        row["ms_per_image_pass"] = 1000 * row["wall_s"] / (args.images * row["passes_per_image"])
         summary.append(row)
     table = pd.DataFrame(summary)
     print(
-        f"target_scores on {args.model}: {args.images} images x {model.num_classes} class passes, "
+        f"target_scores on {args.model}: {args.images} images, {model.num_classes} class passes each, "
         f"{args.repeats} interleaved rounds, threads {torch.get_num_threads()}; median [min, max] seconds"
     )
     for r in summary:
-        cells = "  ".join(
+        times = "  ".join(
             f"{c[:-2]} {r[c]:.1f} [{r[c + '_min']:.1f}, {r[c + '_max']:.1f}]" for c in ("wall_s", "user_s", "sys_s")
         )
-        print(f"  batch {r['batch_size']:>3}: {cells}  ({r['ms_per_image_pass']:.0f} ms per image pass)")
+        name = f"{r['implementation']} batch {r['batch_size']}"
+        print(f"  {name:<22} {times}  ({r['ms_per_image_pass']:.0f} ms per image pass)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {

@@ -75,8 +75,8 @@ from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.runs import RunDir
 from ambiguity.seeding import drafter_epoch_seed, drafter_init_seed
-from ambiguity.train import lr_at as ambiguity_lr_at
-from ambiguity.train import save_checkpoint
+from ambiguity.train_loop import lr_at as ambiguity_lr_at
+from ambiguity.train_loop import save_checkpoint
 from lantern.drafter import Drafter, accuracy_table_path, target_fingerprint
 from lantern.drafter_data import TokenSet, build_feature_cache, iterate_batches, shard_rows, token_digest
 from lantern.drafter_objective import KS, drafter_loss, evaluate, forward_rows, topk_accuracy, topk_hits
@@ -152,7 +152,7 @@ class TrainConfig:
 
 def lr_at(step: int, total: int, config: TrainConfig) -> float:
     """Learning rate at optimiser step ``step`` of ``total``: linear warmup, cosine decay
-    (:func:`ambiguity.train.lr_at` with this config's settings)."""
+    (:func:`ambiguity.train_loop.lr_at` with this config's settings)."""
     return ambiguity_lr_at(step, config.lr, config.warmup_steps, total, config.min_lr_ratio)
 
 
