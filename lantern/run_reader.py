@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -39,7 +40,12 @@ __all__ = [
     "check_comparable",
     "target_scores",
     "reference_notes",
+    "CPU_LOGITS_BYTES",
 ]
+
+# target_scores on the CPU: the most bytes of float32 logits one pass may hold. glibc serves larger
+# blocks by mmap, fresh pages faulted in on every pass; smaller ones are reused from its heap
+CPU_LOGITS_BYTES = 2**24
 
 
 # the columns the readers of a run use (a table without them is damaged or another table)
@@ -177,7 +183,7 @@ def image_quality(run: Mapping, reference: Mapping):
     return pd.DataFrame(rows)
 
 
-def target_scores(model, images, batch_size: int = 4):
+def target_scores(model, images, batch_size: Optional[int] = None):
     """The target's view of generated tokens: NLL and, for c2i models, a Bayes class decision.
 
     model: the target (a :class:`~ambiguity.models.base.TokenModel`); images: an images
@@ -186,10 +192,17 @@ def target_scores(model, images, batch_size: int = 4):
     model at temperature 1, no guidance, no top-k/top-p) and, for c2i: predicted (argmax over
     all classes of the conditional log-likelihood, equal priors) and consistent (predicted ==
     condition). Costs ``num_classes`` teacher-forced passes per image (the true class's pass is
-    one of them). ``batch_size`` images per pass bounds the (batch, N, vocab) float32 logits
-    (4 x 256 x 16384: 67 MB for embedded-16; larger batches spend as much time in page faults as they save).
+    one of them). ``batch_size``: images per pass; None: on CUDA 16, on the CPU the most whose
+    (batch, N, vocab) float32 logits fit in :data:`CPU_LOGITS_BYTES` (16 MiB: one image of
+    embedded-16, 64 of embedded). Larger CPU batches are slower, not faster: their logits are
+    fresh ``mmap`` pages each pass, faulted in as system time (embedded-16, 32 images, 1 thread
+    beside a training run: 35 s at batch 1, 43 s at 4, 63 s at 32, of which 0 / 8 / 18 s system;
+    ``benchmarks/bench_target_scores.py``).
     """
     codes = torch.tensor(np.stack(images["codes"].to_numpy()), dtype=torch.long, device=model.device)
+    if batch_size is None:
+        per_image = 4 * codes.shape[1] * int(model.vocab_size)
+        batch_size = 16 if codes.device.type == "cuda" else max(1, min(64, CPU_LOGITS_BYTES // per_image))
     conds = list(images["condition"])
     c2i = model.kind == "c2i" and model.num_classes
     labels = [int(c) for c in conds] if c2i else conds

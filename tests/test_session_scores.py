@@ -71,7 +71,7 @@ def test_scores_of_a_session_equal_the_target_scores(tmp_path, capsys):
 def test_target_scores_equal_a_hand_computed_log_softmax_at_any_batch_size():
     """target_scores on the shipped embedded model: NLL is the mean over tokens of -log_softmax of the
     true class's teacher-forced logits, the prediction the class of highest total log-likelihood; the
-    batch size changes neither (5 images: batches of 2 leave a remainder)."""
+    batch size changes neither (5 images: batches of 2 leave a remainder; the default's batch holds all 5)."""
     model = load_model("embedded")
     g = torch.Generator().manual_seed(1)
     codes = torch.randint(0, 1024, (5, 64), generator=g)
@@ -84,7 +84,7 @@ def test_target_scores_equal_a_hand_computed_log_softmax_at_any_batch_size():
         every.append(torch.log_softmax(logits, -1).gather(-1, codes[..., None])[..., 0].sum(-1))
     every = torch.stack(every, 1)  # (5, 10) nats per image
     nll = -every[torch.arange(5), torch.tensor(labels)] / 64
-    for batch in (1, 2, 16):
+    for batch in (None, 1, 2, 16):  # None: the CPU rule, 64 images of embedded's logits a pass
         got = target_scores(model, frame, batch_size=batch)
         assert got["nll"].to_numpy() == pytest.approx(nll.numpy(), abs=1e-4)
         assert list(got["predicted"]) == every.argmax(1).tolist()
