@@ -1,0 +1,100 @@
+"""What a Jacobi decoder (:mod:`lantern.jacobi`: SJD, GSD, SCD) runs with: the methods, the
+initialisations and couplings, the official default windows, :class:`JacobiConfig` and the
+check of a config against a model (:func:`check_jacobi`). :mod:`lantern.jacobi` re-exports every name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from ambiguity.errors import UsageError
+from ambiguity.models.base import TokenModel
+
+__all__ = ["JACOBI_METHODS", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "JacobiConfig", "check_jacobi"]
+
+JACOBI_METHODS = ("sjd", "gsd", "scd")
+INITS = ("random", "repeat-horizon")
+COUPLINGS = ("gumbel", "maximal", "maximal-official")
+DEFAULT_WINDOW = {"sjd": 16, "gsd": 16, "scd": 32}  # test_lumina_mgpt.py / test_GSD.py / test_SCD_*.py
+
+
+@dataclass(frozen=True)
+class JacobiConfig:
+    """A Jacobi method and its knobs (defaults: the official scripts for Lumina-mGPT).
+
+    method: ``"sjd"``, ``"gsd"`` or ``"scd"``; window: tokens per forward L >= 1 (None: 16 for
+    SJD and GSD, 32 for SCD); init: ``"random"`` or ``"repeat-horizon"``; group: GSD's rank window
+    (1 .. V; 1 = SJD); prob_gap: GSD's probability filter in (0, 1]; distance: GSD's optional
+    squared-L2 embedding filter (>= 0, None = off); coupling: SCD's ``"gumbel"``, ``"maximal"`` or
+    ``"maximal-official"``. Raises :class:`UsageError` for a bad value (the vocabulary bound of
+    ``group`` is checked by :func:`check_jacobi`).
+    """
+
+    method: str = "sjd"
+    window: Optional[int] = None
+    init: str = "random"
+    group: int = 14
+    prob_gap: float = 0.15
+    distance: Optional[float] = None
+    coupling: str = "gumbel"
+
+    def __post_init__(self):
+        if self.method not in JACOBI_METHODS:
+            raise UsageError(f"unknown Jacobi method {self.method!r}; use one of {', '.join(JACOBI_METHODS)}")
+        if self.window is None:
+            object.__setattr__(self, "window", DEFAULT_WINDOW[self.method])
+        if isinstance(self.window, bool) or int(self.window) != self.window or self.window < 1:
+            raise UsageError(f"--window (tokens per Jacobi forward) must be an integer >= 1, got {self.window}")
+        if self.init not in INITS:
+            raise UsageError(f"--jacobi-init must be one of {', '.join(INITS)}, got {self.init!r}")
+        if isinstance(self.group, bool) or int(self.group) != self.group or self.group < 1:
+            raise UsageError(f"--gsd-group (ranks in a GSD group) must be an integer >= 1, got {self.group}")
+        if not 0.0 < float(self.prob_gap) <= 1.0:
+            raise UsageError(f"--gsd-prob-gap must be in (0, 1], got {self.prob_gap}")
+        if self.distance is not None and not float(self.distance) >= 0.0:
+            raise UsageError(f"--gsd-distance must be >= 0 (squared L2), got {self.distance}")
+        if self.coupling not in COUPLINGS:
+            raise UsageError(f"--scd-coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+
+    def as_dict(self) -> dict:
+        """The knobs that matter for ``method`` (JSON-able), prefixed ``jacobi_``."""
+        d = {"jacobi_window": int(self.window), "jacobi_init": self.init}
+        if self.method == "gsd":
+            d.update(gsd_group=int(self.group), gsd_prob_gap=float(self.prob_gap), gsd_distance=self.distance)
+        if self.method == "scd":
+            d.update(scd_coupling=self.coupling)
+        return d
+
+    def replace(self, **kw) -> JacobiConfig:
+        return JacobiConfig(**{**asdict(self), **kw})
+
+
+def check_jacobi(config: JacobiConfig, model: TokenModel) -> None:
+    """Raise UsageError when ``model`` cannot run ``config``: a window longer than the tokens per
+    image (``model.num_tokens``: the decoder shrinks the window to the tokens left, so a longer one
+    means nothing), a GSD group larger than the vocabulary,
+    ``--gsd-distance`` without input embeddings, ``repeat-horizon`` without a 2-D grid."""
+    if config.window > model.num_tokens:
+        raise UsageError(
+            f"--window must be <= {model.num_tokens}, the tokens per image of {model.name}; got {config.window}"
+        )
+    V = model.vocab_size
+    if config.method == "gsd" and config.group > V:
+        raise UsageError(
+            f"--gsd-group {config.group} exceeds the vocabulary size {V} of {model.name}; use --gsd-group {V} or less"
+        )
+    if config.method == "gsd" and config.distance is not None:
+        try:
+            model.input_embeddings()
+        except NotImplementedError:
+            raise UsageError(
+                f"--gsd-distance needs the input embeddings of {model.name}, which it does not expose; "
+                f"drop --gsd-distance"
+            ) from None
+    grid = tuple(getattr(model, "grid", (1, model.num_tokens)))
+    if config.init == "repeat-horizon" and (len(grid) != 2 or min(grid) < 2):
+        raise UsageError(
+            f"--jacobi-init repeat-horizon copies the token to the left in the image grid, but "
+            f"{model.name} has no 2-D token grid; use --jacobi-init random"
+        )
