@@ -10,16 +10,17 @@ behind its committed tokens (:meth:`~ambiguity.models.base.TokenModel.move_slots
 copy for all images). The target's cache is preallocated for ``N`` + the node count positions a
 row.
 
-Vectorised over images: all images' trees are (B, T) tensors (:class:`_Trees`) built level by
-level for all images at once (EAGLE-2 beams and reranking as batched top-k and stable sorts;
-EAGLE-1 shapes as node tables), one drafter forward per level, one target forward, a walk in
-which every image judges one child per round (tensor ops over images: proximity sets, coins,
-residuals, the next token), the per-node records as tensors, and one indexed copy for the
-commits. The per-image Python work left is drawing from each image's own stream (one uniform per
-walking image per round; a static tree's children level by level) and scripted Draws in tests.
-Host reads per tree step: which images still walk, once per walk round (an image draws from its
-stream only while it walks), how many children each parent gets, once per static-tree level when
-sampling, and one transfer of the step's outcomes and records.
+Vectorised over images: all images' trees are (B, T) tensors
+(:class:`lantern.batched_tree_walk.Trees`) built level by level for all images at once (EAGLE-2
+beams and reranking as batched top-k and stable sorts; EAGLE-1 shapes as node tables), one drafter
+forward per level, one target forward, a walk in which every image judges one child per round
+(tensor ops over images: proximity sets, coins, residuals, the next token), the per-node records as
+tensors, and one indexed copy for the commits (the walk and the records:
+:mod:`lantern.batched_tree_walk`). The per-image Python work left is drawing from each image's own
+stream (one uniform per walking image per round; a static tree's children level by level) and
+scripted Draws in tests. Host reads per tree step: which images still walk, once per walk round (an
+image draws from its stream only while it walks), how many children each parent gets, once per
+static-tree level when sampling, and one transfer of the step's outcomes and records.
 
 Randomness: a tree draws its children (static trees, sampling), coins and next token from the
 image's stream (:class:`lantern.slots.Streams`), one float64 uniform each in one-image
@@ -31,76 +32,23 @@ tokens and every record (steps, per-node draft rows) equal
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
 
 from ambiguity.sampling import expand_rows, invert
-from lantern.acceptance import judge_greedy, proximity, residual
-from lantern.records import _tree_rows
+from lantern.batched_tree_walk import Trees, tree_draft_columns, tree_host, walk_trees
 from lantern.slots import BatchState, pending_features
 from lantern.trees import top_log_q
 
 __all__ = ["tree_round"]
 
 
-@dataclass
-class _Trees:
-    """The draft trees of all slots, as (B, T) tensors on the device (row b: slot b's tree).
-
-    Column 0 of a row is its root ``x_{n_b-1}``. tokens (B, T) int64 code indices; parent (B, T)
-    int64 column of each node's parent (the root and padding: their own column); depth (B, T)
-    int64 (0 at the root and padding); exists (B, T) bool: the row's nodes (the root always; the
-    drafts of a drafting slot), the rest is padding; rank (B, T) int64: a node's place among its
-    parent's children (their trial order); q: (B, T, V) float (the drafter's dtype) the drafter's distribution of
-    each expanded node's children (static trees), None for dynamic trees (their drafts are the
-    drafter's top ranks and count as deterministic); sampled: static children drawn from q
-    (temperature > 0); static: a static shape (the official greedy walk orders its paths
-    lexicographically); forwards (B,) int64: drafter forwards of each row's tree, the root's
-    included (0 without a tree); depth_max: the deepest node any row may hold (host int).
-
-    Layouts: a dynamic tree is packed (a row's drafts fill its columns ``1..drafted`` in the
-    order of :func:`lantern.trees.tree_steps`, ascending candidate index); a static tree keeps
-    its shape's order (column t is path t of :attr:`lantern.trees.TreeSpec.paths`, truncated to
-    the deepest level any row may draft), so a child a row did not draw (fewer tokens with mass
-    than ranks, or the image's last tokens) is padding in that row. A row's node number in the
-    records is the count of its nodes before the column (one-image decoding's node index).
-    """
-
-    tokens: torch.Tensor
-    parent: torch.Tensor
-    depth: torch.Tensor
-    exists: torch.Tensor
-    rank: torch.Tensor
-    q: Optional[torch.Tensor]
-    sampled: bool
-    static: bool
-    forwards: torch.Tensor
-    depth_max: int
-
-    @property
-    def nodes(self) -> torch.Tensor:
-        """(B, T) bool: the drafts (existing nodes other than the root)."""
-        return self.exists & (torch.arange(self.tokens.shape[1], device=self.tokens.device) > 0)
-
-    def ancestors(self) -> torch.Tensor:
-        """(B, T, T) bool: ``[b, t, s]`` is True when column s is t or an ancestor of t in row b
-        (padding: itself only). ``depth_max`` gathers over the parents, no per-node loop."""
-        B, T = self.tokens.shape
-        eye = torch.eye(T, dtype=torch.bool, device=self.tokens.device)
-        anc = eye.expand(B, T, T)
-        for _ in range(self.depth_max):
-            anc = eye | anc.gather(1, self.parent[..., None].expand(-1, -1, T))
-        return anc
-
-
 def tree_round(st: BatchState, n, d, active, images, steps):
     """One batch step of draft trees: every drafting slot drafts its tree (:func:`_draft_trees`),
     one target forward verifies all trees (:func:`_verify_trees`), all images walk their trees at
-    once (:func:`_walk_trees`), one host transfer brings the outcomes and per-node records
-    (:func:`_tree_host`) and every image commits its accepted path (:func:`_commit_paths`).
+    once (:func:`~lantern.batched_tree_walk.walk_trees`), one host transfer brings the outcomes and per-node records
+    (:func:`~lantern.batched_tree_walk.tree_host`) and every image commits its accepted path (:func:`_commit_paths`).
 
     n, d: (B,) int64 committed tokens and drafter positions per slot; active: (B,) bool;
     images / steps: the image index and step number of each slot. Returns accepted (B,), drafted
@@ -116,15 +64,15 @@ def tree_round(st: BatchState, n, d, active, images, steps):
         out = _verify_trees(st, n, trees, anc)
     with st.timer("acceptance"):
         p = st.target(out.logits)  # (B, T, V)
-        walk = _walk_trees(st, trees, p, anc, active, drafting)
-        host = _tree_host(trees, p, walk)  # the step's last host transfer
+        walk = walk_trees(st, trees, p, anc, active, drafting)
+        host = tree_host(trees, p, walk)  # the step's last host transfer
         _commit_paths(st, n, host["m"], walk["path"], walk["next"], trees.tokens, out.hidden)
-    cols = _tree_draft_columns(host, active, n, images, steps)
+    cols = tree_draft_columns(host, active, n, images, steps)
     return host["m"], host["drafted"], host["kind"], host["next"], host["forwards"], cols, np.where(drafting, n, d)
 
 
-def _draft_trees(st: BatchState, n, d, drafting) -> _Trees:
-    """Every drafting slot's draft tree, vectorised over slots (:class:`_Trees`; a slot that does
+def _draft_trees(st: BatchState, n, d, drafting) -> Trees:
+    """Every drafting slot's draft tree, vectorised over slots (:class:`Trees`; a slot that does
     not draft holds its root alone).
 
     One drafter forward over the pending positions (:func:`~lantern.slots.pending_features`) gives
@@ -138,7 +86,7 @@ def _draft_trees(st: BatchState, n, d, drafting) -> _Trees:
     root = st.tokens.gather(1, torch.as_tensor(n - 1, device=dev)[:, None])  # (B, 1)
     if not drafting.any():
         zeros = torch.zeros_like(root)
-        return _Trees(
+        return Trees(
             root, zeros, zeros, torch.ones_like(root, dtype=torch.bool), zeros, None, False, False, zeros[:, 0], 0
         )
     f_root = pending_features(st, n, d, drafting)  # (R, 1, H)
@@ -157,7 +105,7 @@ def _sibling_rank(parent: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     return same.sum(-1)
 
 
-def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> _Trees:
+def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> Trees:
     """EAGLE-2 dynamic trees of all slots at once (:func:`lantern.trees.tree_steps`, ``"dynamic"``,
     the same candidates, scores and ties): the root's top-k children form each beam; every round
     expands all beams in one drafter forward ((B, k) nodes), scores the (B, k, k) children by
@@ -229,7 +177,7 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> _Trees:
     depth = torch.cat([torch.zeros_like(root), torch.cat(depths, 1).gather(1, kc)], 1) * exists
     nodes = exists & (ar > 0)
     forwards = torch.as_tensor(np.where(room > 0, 1 + rounds, 0), device=dev)
-    return _Trees(
+    return Trees(
         tokens, parent, depth, exists, _sibling_rank(parent, nodes), None, False, False, forwards, 1 + int(rounds.max())
     )
 
@@ -253,7 +201,7 @@ def _static_shape(paths: tuple) -> dict:
     return dict(T=T, parent=parent, rank=rank, depth=depth, kids=kids, slot=slot)
 
 
-def _draft_static(st: BatchState, n, room, root, f_root, root_q) -> _Trees:
+def _draft_static(st: BatchState, n, room, root, f_root, root_q) -> Trees:
     """EAGLE-1 static trees of all slots at once (:func:`lantern.trees.tree_steps`, ``"static"``):
     level by level, every parent's children are its top ranks (greedy) or drawn from its q
     without replacement in rank order (:func:`_draw_children`: each slot's uniforms from its own
@@ -321,7 +269,7 @@ def _draft_static(st: BatchState, n, room, root, f_root, root_q) -> _Trees:
     parent = torch.where(exists, parent, ar)
     depth = torch.as_tensor(depth_h, device=dev).expand(B, T) * exists
     rank = torch.as_tensor(rank_h, device=dev).expand(B, T) * exists
-    return _Trees(tokens, parent, depth, exists, rank, q, not st.sampling.greedy, True, forwards, D)
+    return Trees(tokens, parent, depth, exists, rank, q, not st.sampling.greedy, True, forwards, D)
 
 
 def _draw_children(st: BatchState, qp: torch.Tensor, m: torch.Tensor, M: int) -> torch.Tensor:
@@ -368,15 +316,15 @@ def _draw_children(st: BatchState, qp: torch.Tensor, m: torch.Tensor, M: int) ->
     return picks
 
 
-def _verify_trees(st: BatchState, n, trees: _Trees, anc: torch.Tensor):
+def _verify_trees(st: BatchState, n, trees: Trees, anc: torch.Tensor):
     """One target forward over every slot's tree; returns the
     :class:`~ambiguity.models.base.Step` (R, T, .).
 
     Column t of row b sits at cache slot ``n_b - 1 + t`` (the root at slot ``n_b - 1``), image
     position ``n_b - 1 + depth_t``, and sees slots ``0..n_b-2`` and its ancestors (anc (B, T, T)
-    bool of :meth:`_Trees.ancestors`); padding sees the committed slots and itself (its outputs
-    are unused and its cache entries never seen). A slot without a tree verifies its root alone
-    (a plain target step)."""
+    bool of :meth:`~lantern.batched_tree_walk.Trees.ancestors`); padding sees the committed
+    slots and itself (its outputs are unused and its cache entries never seen). A slot without a
+    tree verifies its root alone (a plain target step)."""
     dev, (B, T) = st.device, trees.tokens.shape
     n_t = torch.as_tensor(n, device=dev)
     S = int(n.max()) - 1 + T
@@ -390,258 +338,6 @@ def _verify_trees(st: BatchState, n, trees: _Trees, anc: torch.Tensor):
     )
 
 
-_TRIALS = ("p_tilde", "spent", "q_draft", "accept_prob", "u")
-
-
-def _walk_trees(st: BatchState, trees: _Trees, p: torch.Tensor, anc: torch.Tensor, active, drafting) -> dict:
-    """All images' acceptance walks at once (:func:`lantern.tree_decoding.walk_tree`: the same
-    verdicts, residuals, draws and records), one trial per image per round.
-
-    From the root, each walking image judges the child of rank r of its current node against its
-    current target (:func:`lantern.acceptance.proximity`, :func:`~lantern.acceptance.judge_greedy`
-    or a coin ``u < min(1, p̃/q)``, q the conditional q of the mass not yet drawn for sampled
-    static trees, 1 for deterministic drafts); a rejection replaces the target by the residual
-    and moves to the next sibling, an acceptance moves down; an image with no child left draws
-    its next token from its target (argmax when greedy) and stops. Every walking image draws one
-    uniform per round from its own stream (a coin or its next token: the order of one-image
-    decoding); the round's only host read is which images still walk. Greedy ``"official"``:
-    :func:`_walk_official_greedy`.
-
-    p: (B, T, V) the target after each column; anc: (B, T, T) of :meth:`_Trees.ancestors`;
-    active / drafting: (B,) bool host arrays. Returns device tensors: m (B,) accepted drafts,
-    path (B, depth_max + 1) columns of the root and the accepted nodes (``path[b, :m_b + 1]``),
-    next (B,) int64, kind (B,) index into NEXT_KINDS, and the per-column trial records (B, T):
-    reached, accepted (bool), j_star (int64) and p_tilde, spent, q_draft, accept_prob, u
-    (float64, NaN where not judged)."""
-    if st.sampling.greedy and st.convention == "official":
-        return _walk_official_greedy(st, trees, p, anc, active, drafting)
-    dev, (B, T, _) = st.device, p.shape
-    greedy, rule, table = st.sampling.greedy, st.rule, st.table
-    rows = torch.arange(B, device=dev)
-    nodes = trees.nodes
-    kid = torch.full((B, T * (T + 1)), -1, dtype=torch.long, device=dev)  # [b, u (T + 1) + r]: child r of u
-    kid.scatter_(
-        1, trees.parent * (T + 1) + torch.where(nodes, trees.rank, T), torch.arange(T, device=dev).expand(B, T)
-    )
-    kid[:, T :: T + 1] = -1  # the padding's column
-    cur, r = rows.new_zeros(B), rows.new_zeros(B)
-    walking = torch.as_tensor(active, device=dev)
-    rejected = torch.zeros(B, dtype=torch.bool, device=dev)
-    target = p[:, 0]
-    sampled = trees.sampled and not greedy
-    left = trees.q[:, 0].double() if sampled else None
-    path = rows.new_zeros(B, trees.depth_max + 1)
-    m, nxt, kind = rows.new_zeros(B), rows.new_zeros(B), rows.new_zeros(B)
-    trials, judged = [], []  # per round: (B, 8) trial values and (B,) the column each image judged
-    scripted = [b for b, d in enumerate(st.streams.scripted) if d is not None]
-    below_one = float(np.nextafter(1.0, 0.0))
-    one = torch.ones(B, dtype=torch.float64, device=dev)
-    walking_h = np.asarray(active, dtype=bool)
-    while walking_h.any():
-        c = kid.gather(1, (cur * (T + 1) + r)[:, None])[:, 0]
-        has = walking & (c >= 0)
-        cc = c.clamp(min=0)
-        x = trees.tokens.gather(1, cc[:, None])[:, 0]
-        with st.timer("proximity"):
-            prox = proximity(target, x, table, rule)
-        q_cond = None
-        if greedy:
-            ok = judge_greedy(target, x, table, rule, False, prox).accepted & has
-            qx, prob, u, u_rec = one, ok.double(), None, torch.full_like(one, float("nan"))
-        else:
-            u = st.streams.each(walking_h)  # one draw per walking image: a coin, or its next token
-            if left is not None:
-                q_cond = (left / left.sum(-1, keepdim=True)).to(p.dtype)
-                qx = q_cond.gather(1, x[:, None])[:, 0].double()
-            else:
-                qx = one
-            pt = prox[1].double()
-            prob = torch.where(qx > 0, (pt / torch.where(qx > 0, qx, one)).clamp(max=1.0), (pt > 0).double())
-            u_rec = u.clone()
-            if scripted:  # a scripted image's coin: its Draws decides (exact enumeration in tests)
-                has_h, prob_h = has.cpu().numpy(), prob.cpu().numpy()
-                for b in scripted:
-                    if has_h[b]:
-                        d = st.streams.scripted[b]
-                        u[b] = 0.0 if d.coin(float(prob_h[b])) else below_one
-                        u_rec[b] = getattr(d, "last_u", float("nan"))
-            ok = has & (u < prob)
-        bad = has & ~ok
-        trial = (prox[1].double(), prox[3].double(), qx, prob, u_rec, prox[2].double(), ok.double(), has.double())
-        trials.append(torch.stack(trial, 1))
-        judged.append(torch.where(has, c, T))  # the column judged this round (T: none)
-        if not greedy:
-            target = torch.where(bad[:, None], residual(target, q_cond, x, table, rule, validate=False), target)
-            if left is not None:
-                left = torch.where(bad[:, None], left.scatter(1, x[:, None], 0.0), left)
-        done = walking & ~has
-        done_h = done.cpu().numpy()  # the round's host read: who stops walking (and draws its next token)
-        if done_h.any():  # the next token of the images that stop, from their current target (rows alone)
-            stop = np.flatnonzero(done_h)
-            at = torch.as_tensor(stop, device=dev)
-            token = target[at].argmax(-1) if greedy else invert(target[at], u[at])
-            if scripted and not greedy:
-                for i, b in enumerate(stop):
-                    if st.streams.scripted[b] is not None:
-                        token[i] = st.streams.scripted[b].categorical(target[b])
-            nxt = nxt.index_put((at,), token)
-            kind = kind.index_put((at,), 1 + rejected[at].long())  # NEXT_KINDS: bonus, residual
-        m = m + ok.long()
-        path.scatter_(1, m[:, None], torch.where(ok, c, path.gather(1, m[:, None])[:, 0])[:, None])
-        cur = torch.where(ok, c, cur)
-        r = torch.where(ok, 0, r + bad.long())
-        rejected = ~ok & (rejected | bad)
-        target = torch.where(ok[:, None], p[rows, cc], target)
-        if left is not None:
-            left = torch.where(ok[:, None], trees.q[rows, cc].double(), left)
-        walking = walking & ~done
-        walking_h = walking_h & ~done_h  # who walks on (and draws)
-    kind = torch.where(torch.as_tensor(drafting, device=dev), kind, 0)  # one token left: a target step
-    nan = float("nan")
-    book = torch.tensor([nan] * len(_TRIALS) + [0.0, 0.0, 0.0], dtype=torch.float64, device=dev)
-    book = book.expand(B, T + 1, -1).clone()  # (B, T + 1, 8); column T takes the rounds without a trial
-    if trials:
-        book.scatter_(1, torch.stack(judged, 1)[..., None].expand(-1, -1, 8), torch.stack(trials, 1))
-    rec = {c: book[:, :T, i] for i, c in enumerate(_TRIALS)}
-    rec.update(j_star=book[:, :T, 5].long(), accepted=book[:, :T, 6] > 0, reached=book[:, :T, 7] > 0)
-    return dict(m=m, path=path, next=nxt, kind=kind, **rec)
-
-
-def _walk_official_greedy(st: BatchState, trees: _Trees, p: torch.Tensor, anc: torch.Tensor, active, drafting) -> dict:
-    """:func:`lantern.tree_decoding.walk_official_greedy` for all images at once: every node
-    passes or fails on its own against the target at its parent; a node's path passes when it
-    and its ancestors pass; each leaf's longest passing prefix, the first leaf with the longest
-    winning (static trees: leaves in lexicographic path order, so the winner is the first
-    passing node at that depth; dynamic trees: leaves by column). Shapes as :func:`_walk_trees`
-    (no draws, no host read)."""
-    dev, (B, T, V) = st.device, p.shape
-    rows, ar = torch.arange(B, device=dev), torch.arange(T, device=dev)
-    nodes, parent, depth = trees.nodes, trees.parent, trees.depth
-    p_par = p.gather(1, parent[..., None].expand(-1, -1, V))
-    with st.timer("proximity"):
-        prox = proximity(p_par, trees.tokens, st.table, st.rule)
-    v = judge_greedy(p_par, trees.tokens, st.table, st.rule, False, prox)
-    passed = (v.accepted & nodes) | (ar == 0)
-    full = passed
-    for _ in range(trees.depth_max):
-        full = passed & full.gather(1, parent)
-    has_kid = torch.zeros(B, T + 1, dtype=torch.bool, device=dev)
-    has_kid.scatter_(1, torch.where(nodes, parent, T), True)
-    has_kid = has_kid[:, :T]
-    leaf = trees.exists & ~has_kid
-    anchor = torch.where(full, ar, -1)  # the deepest passing node on the way to each node
-    for _ in range(trees.depth_max):
-        anchor = torch.where(anchor >= 0, anchor, anchor.gather(1, parent))
-    reach = depth.gather(1, anchor.clamp(min=0))
-    best = torch.where(leaf, reach, -1).amax(-1)
-    if trees.static:
-        chosen = torch.where(full & trees.exists & (depth == best[:, None]), ar, T).amin(-1)
-    else:
-        first = torch.where(leaf & (reach == best[:, None]), ar, T).amin(-1)
-        chosen = anchor.gather(1, first[:, None])[:, 0]
-    on_path = anc[rows, chosen]  # (B, T): the chosen node and its ancestors
-    D = trees.depth_max
-    path = rows.new_zeros(B, D + 2).scatter_(1, torch.where(on_path, depth, D + 1), ar.expand(B, T))[:, : D + 1]
-    act = torch.as_tensor(active, device=dev)
-    m = torch.where(act, depth.gather(1, chosen[:, None])[:, 0], 0)
-    nxt = p[rows, chosen].argmax(-1)
-    kind = torch.where(torch.as_tensor(drafting, device=dev), 1 + has_kid.gather(1, chosen[:, None])[:, 0].long(), 0)
-    reached = nodes & on_path.gather(1, parent)
-    nan = torch.full((B, T), float("nan"), dtype=torch.float64, device=dev)
-    rec = dict(
-        p_tilde=torch.where(reached, v.p_tilde.double(), nan),
-        spent=torch.where(reached, v.spent.double(), nan),
-        q_draft=torch.where(reached, 1.0, nan),
-        accept_prob=torch.where(reached, passed.double(), nan),
-        u=nan,
-        j_star=torch.where(reached, v.j_star, 0),
-        accepted=reached & passed,
-        reached=reached,
-    )
-    return dict(m=m, path=path * act[:, None], next=torch.where(act, nxt, 0), kind=kind * act, **rec)
-
-
-_NODE_COLUMNS = ("token", "p_draft", *_TRIALS, "j_star", "accepted", "reached", "committed", "p_top1", "p_entropy")
-_NODE_COLUMNS += ("q_top1", "node", "parent", "depth", "sibling", "draft")
-
-
-def _tree_host(trees: _Trees, p: torch.Tensor, walk: dict) -> dict:
-    """The step's outcomes and per-column draft records moved to the CPU in one transfer.
-
-    Per image (B,) int64: m, kind, next, drafted, forwards; per column (B, T) numpy: the
-    :data:`_NODE_COLUMNS` (``draft``: the column is a draft; node / parent: one-image node
-    numbers; p_draft, p_top1, p_entropy: the target at the node's parent; q_top1: the drafter's
-    top probability there, NaN for dynamic trees) as :func:`lantern.tree_decoding.tree_draft_columns`
-    computes them."""
-    B, T, V = p.shape
-    nodes, parent = trees.nodes, trees.parent
-    number = trees.exists.long().cumsum(1) - 1
-    committed = torch.zeros(B, T, dtype=torch.bool, device=p.device)
-    steps = torch.arange(walk["path"].shape[1], device=p.device)
-    committed.scatter_(1, walk["path"], (steps > 0) & (steps <= walk["m"][:, None]))
-    nan = torch.full((B, T), float("nan"), device=p.device)
-    top1, entropy = _parent_summaries(p, parent, nodes)
-    cols = dict(
-        token=trees.tokens,
-        p_draft=p.reshape(B, T * V).gather(1, parent * V + trees.tokens),  # p at the parent, of the draft
-        **{c: walk[c] for c in (*_TRIALS, "j_star", "accepted", "reached")},
-        committed=committed & nodes,
-        p_top1=top1.gather(1, parent),
-        p_entropy=entropy.gather(1, parent),
-        q_top1=trees.q.amax(-1).gather(1, parent) if trees.q is not None else nan,
-        node=number,
-        parent=number.gather(1, parent),
-        depth=trees.depth,
-        sibling=trees.rank,
-        draft=nodes,
-    )
-    per_image = [walk["m"], walk["kind"], walk["next"], nodes.sum(1), trees.forwards]
-    flat = torch.cat([torch.stack(per_image, 1).double(), *(cols[c].double() for c in _NODE_COLUMNS)], 1).cpu().numpy()
-    host = {c: flat[:, i].astype(np.int64) for i, c in enumerate(("m", "kind", "next", "drafted", "forwards"))}
-    for i, c in enumerate(_NODE_COLUMNS):
-        host[c] = flat[:, 5 + i * T : 5 + (i + 1) * T]
-    return host
-
-
-def _parent_summaries(p: torch.Tensor, parent: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-1 probability and the entropy (nats) of the target at every column that is a
-    draft's parent: p (B, T, V), parent (B, T) int64, nodes (B, T) bool -> two (B, T) tensors in
-    p's dtype (NaN at the other columns, which no draft reads).
-
-    On the CPU only the parent columns are reduced (a few per tree); each row's reduction is
-    the same computation as over all columns, so the same floats. On an accelerator every column is
-    reduced (cheap there; choosing the rows would be a host read)."""
-    B, T, V = p.shape
-    if p.device.type != "cpu":
-        return p.amax(-1), -(torch.xlogy(p, p)).sum(-1)
-    flat = torch.arange(B)[:, None] * T + parent  # (B, T) row of p.reshape(B * T, V) at each parent
-    chosen = torch.zeros(B * T, dtype=torch.bool)
-    chosen[flat[nodes]] = True
-    idx = chosen.nonzero()[:, 0]
-    rows = p.reshape(B * T, V)[idx]  # (parents, V)
-    top1 = torch.full((B * T,), float("nan"), dtype=p.dtype)
-    entropy = top1.clone()
-    top1[idx] = rows.amax(-1)
-    entropy[idx] = -(torch.xlogy(rows, rows)).sum(-1)
-    return top1.view(B, T), entropy.view(B, T)
-
-
-def _tree_draft_columns(host: dict, active, n, images, steps) -> Optional[dict]:
-    """The step's draft rows (one per draft of every active image's tree; see
-    :data:`lantern.records.DRAFT_COLUMNS`) from the (B, T) host columns of :func:`_tree_host`."""
-    keep = (host["draft"] > 0) & np.asarray(active, dtype=bool)[:, None]
-    if not keep.any():
-        return None
-    b = np.nonzero(keep)[0]
-    cols = {c: host[c][keep] for c in _NODE_COLUMNS if c != "draft"}
-    cols["image"], cols["step"] = np.asarray(images)[b], np.asarray(steps)[b]
-    cols["draft_index"] = cols["depth"] - 1
-    cols["position"] = np.asarray(n)[b] + cols["draft_index"]
-    rows = _tree_rows(cols)
-    rows["out_of_support"] = rows["committed"] & (rows["p_draft"] == 0)
-    return rows
-
-
 def _commit_paths(
     st: BatchState, n, m, path: torch.Tensor, nxt: torch.Tensor, vin: torch.Tensor, hidden: torch.Tensor
 ) -> None:
@@ -650,7 +346,7 @@ def _commit_paths(
     (:meth:`~ambiguity.models.base.TokenModel.move_slots`, one indexed copy for all images).
 
     m (B,) int64 numpy (accepted drafts); path (B, >= max m + 1) int64 and nxt (B,) int64 on the
-    device, of :func:`_walk_trees`; vin (B, T) int64 node tokens and hidden (R, T, H) of
+    device, of :func:`~lantern.batched_tree_walk.walk_trees`; vin (B, T) int64 node tokens and hidden (R, T, H) of
     :func:`_verify_trees`. Writes ``x_{n_b}..x_{n_b+m_b}`` into st.tokens and
     ``h_{n_b-1}..h_{n_b+m_b-1}`` into st.feats (slots ``n_b..n_b+m_b``)."""
     dev, B, H, guided = st.device, st.B, st.H, st.guided

@@ -27,7 +27,7 @@ from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import AcceptanceRule
 from lantern.batched import batched_decode
-from lantern.batched_trees import _Trees, _walk_trees
+from lantern.batched_tree_walk import Trees, walk_trees
 from lantern.decoding import DecodeConfig, decode
 from lantern.drafter import Drafter
 from lantern.steps import Timer
@@ -206,7 +206,7 @@ class _FixedUniforms:
 
 
 def test_batched_walk_of_two_hand_made_trees():
-    """The vectorised walk (lantern.batched_trees._walk_trees) on two deterministic trees (SD, V = 3)
+    """The vectorised walk (lantern.batched_tree_walk.walk_trees) on two deterministic trees (SD, V = 3)
     with fixed uniforms, all by hand. Image 0: root -> A (token 0), B (token 1); A -> C. The root
     has p = (.5, .3, .2): A is accepted with probability .5 and u = .7 rejects it; the residual
     (0, .6, .4) accepts B with u = .1; B is a leaf, so the bonus token is drawn from p at B
@@ -219,7 +219,7 @@ def test_batched_walk_of_two_hand_made_trees():
     depth = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]])
     rank = torch.tensor([[0, 0, 1, 0], [0, 0, 0, 0]])
     exists = torch.ones(2, 4, dtype=torch.bool)
-    trees = _Trees(tokens, parent, depth, exists, rank, None, False, False, torch.tensor([3, 4]), 3)
+    trees = Trees(tokens, parent, depth, exists, rank, None, False, False, torch.tensor([3, 4]), 3)
     p = torch.tensor(
         [
             [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.2, 0.2, 0.6], [1.0, 0.0, 0.0]],
@@ -232,7 +232,7 @@ def test_batched_walk_of_two_hand_made_trees():
     st.sampling, st.convention, st.device = SamplingConfig(temperature=1.0), "exact", torch.device("cpu")
     st.rule, st.table, st.streams, st.timer = AcceptanceRule("sd"), None, streams, Timer("cpu")
     active = np.array([True, True])
-    out = _walk_trees(st, trees, p, trees.ancestors(), active, active)
+    out = walk_trees(st, trees, p, trees.ancestors(), active, active)
     assert out["m"].tolist() == [1, 2] and out["next"].tolist() == [2, 1]
     assert out["kind"].tolist() == [1, 2]  # NEXT_KINDS: bonus after a leaf, residual after a rejection
     assert out["path"][0, :2].tolist() == [0, 2] and out["path"][1, :3].tolist() == [0, 1, 2]
@@ -274,8 +274,8 @@ def test_batched_official_greedy_walk_orders_leaves_like_the_official_code():
     want = {True: ([1, 0], [[0, 1], [0]], [0, 3], [2, 2]), False: ([1, 0], [[0, 2], [0]], [3, 3], [1, 2])}
     for static, (m, paths, nxt, kind) in want.items():
         exists = torch.ones(2, 4, dtype=torch.bool)
-        trees = _Trees(tokens, parent, depth, exists, rank, None, False, static, torch.tensor([2, 2]), 2)
-        out = _walk_trees(st, trees, p, trees.ancestors(), active, active)
+        trees = Trees(tokens, parent, depth, exists, rank, None, False, static, torch.tensor([2, 2]), 2)
+        out = walk_trees(st, trees, p, trees.ancestors(), active, active)
         assert out["m"].tolist() == m and out["next"].tolist() == nxt and out["kind"].tolist() == kind, static
         for b in range(2):
             assert out["path"][b, : m[b] + 1].tolist() == paths[b], (static, b)
