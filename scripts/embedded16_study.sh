@@ -35,7 +35,9 @@
 # GRID_IMAGES (default 128),
 # OLD_RUN (train: copy its token caches tokens_*.pt into a new RUN first, skipping the tokenizing; they
 # are reused only if they were made with the same VQ file), FORCE=1 (ship: accept a step-budget stop),
-# LR (train: this run's peak learning rate, e.g. 3e-4 for a restart from a decayed run), CURVE_RUNS (figures: the earlier run dirs of a warm-restart chain, space-separated, in training order).
+# LR (train: this run's peak learning rate, e.g. 3e-4 for a restart from a decayed run), CURVE_RUNS (figures: the earlier run dirs of a warm-restart chain, space-separated, in training order),
+# CURVE_EARLIER (figures: the CSV of an earlier joined curve whose run dirs are gone, e.g.
+# figures/embedded16_training_curve.csv; its runs come first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -113,6 +115,7 @@ PYEOF
 step_figures() {
     local runs=()
     for d in ${CURVE_RUNS:-}; do runs+=(--run-dir "$d"); done # earlier runs of a warm-restart chain, in order
+    [ -n "${CURVE_EARLIER:-}" ] && runs=(--earlier "$CURVE_EARLIER" "${runs[@]}") # an earlier joined curve's CSV
     $PY scripts/figure_training_curve.py "${runs[@]}" --run-dir "$RUN"
     $PY scripts/figure_embedded_samples.py --model embedded-16
 }

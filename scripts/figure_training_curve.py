@@ -4,13 +4,18 @@
         # -> figures/embedded16_training_curve.{png,pdf}
     python scripts/figure_training_curve.py --run-dir runs/embedded-16-long --out /tmp/curve
     python scripts/figure_training_curve.py --run-dir runs/e16 --run-dir runs/e16c   # warm restarts, in order
+    python scripts/figure_training_curve.py --earlier figures/embedded16_training_curve.csv --run-dir runs/e16e
+        # an earlier joined curve (its run dirs gone) continued by a later warm restart
 
 Reads ``<run-dir>/gpt_curve.json`` (written by ``scripts/train_embedded.py --recipe
 embedded-16-long`` after every epoch), so it works on the partial curve of a run still going.
 Several ``--run-dir`` (a run and its warm restarts, in training order) join into one curve: a
 restart's evaluation before its first step repeats the previous run's last one and is dropped, and
 each restart is marked. The joined rows also go to ``<out>.csv`` (one row per evaluation, with its
-``run_dir``).
+``run_dir``). ``--earlier CSV`` starts the curve from such a CSV (e.g. the committed
+``figures/embedded16_training_curve.csv`` once the earlier run dirs are gone): its runs come first,
+in file order, and its rows of a run dir also given as ``--run-dir`` are dropped (that run's own
+curve replaces them, so rerunning the same command never doubles rows).
 The shipped ``embedded-16`` GPT's (0.48 epochs) full-test-split NLL is marked for reference when its
 metrics file is present (the ``embedded`` model's bits/token, over 1024 codes, are not comparable).
 """
@@ -42,6 +47,11 @@ def parse_args(argv=None):
         help=f"run directory holding {CURVE_FILE}; repeat it for warm restarts, in training order",
     )
     add_out_arg(p, "output path without suffix (default figures/embedded16_training_curve)", metavar="PATH")
+    p.add_argument(
+        "--earlier",
+        metavar="CSV",
+        help="the joined rows of an earlier curve (a CSV this script wrote, with run_dir); its runs come first",
+    )
     p.add_argument("--no-reference", action="store_true", help="leave out the shipped models' test NLL")
     return p.parse_args(argv)
 
@@ -59,6 +69,32 @@ def read_curve(run_dir: Path) -> dict:
     if not curve.get("rows"):
         raise UsageError(f"{path} has no rows yet; wait for the first epoch to end")
     return curve
+
+
+def read_earlier(path: Path, skip: list[str]) -> tuple[list[dict], list[str]]:
+    """The runs of an earlier joined curve CSV (columns epoch, step, test_nll_bits, run_dir, ...),
+    as curve records in file order and their run dirs, leaving out the rows of the run dirs in
+    ``skip``. Each later run's ``init_from`` epochs is the previous run's last epoch (the joined CSV
+    has dropped its step-0 row). Raises UsageError for a missing or unreadable file or one without
+    those columns."""
+    try:
+        df = pd.read_csv(path)
+    except FileNotFoundError:
+        raise UsageError(f"--earlier {path} not found; pass the CSV this script wrote beside its figure") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--earlier {path} is not a readable CSV ({type(exc).__name__})") from None
+    missing = {"epoch", "step", "test_nll_bits", "run_dir"} - set(df.columns)
+    if missing:
+        raise UsageError(f"--earlier {path} lacks columns {sorted(missing)}; pass a CSV this script wrote")
+    df = df[~df["run_dir"].astype(str).isin([str(d) for d in skip])]
+    df = df.astype(object).where(df.notna(), None)  # empty cells (the first row's train loss) -> None
+    curves, names = [], []
+    for _, rows in df.groupby((df["run_dir"] != df["run_dir"].shift()).cumsum(), sort=True):
+        rows = rows.to_dict("records")
+        start = {"init_from": {"epochs": curves[-1]["rows"][-1]["epoch"]}} if curves else {}
+        curves.append({**start, "rows": rows})
+        names.append(str(rows[0]["run_dir"]))
+    return curves, names
 
 
 def join_curves(curves: list[dict], names: list[str]) -> dict:
@@ -150,7 +186,8 @@ def plot_curve(curve: dict, path: Path, references: dict[str, tuple[float, float
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    curve = join_curves([read_curve(Path(d)) for d in args.run_dir], args.run_dir)
+    curves, names = read_earlier(Path(args.earlier), args.run_dir) if args.earlier else ([], [])
+    curve = join_curves(curves + [read_curve(Path(d)) for d in args.run_dir], names + args.run_dir)
     out = Path(args.out) if args.out else ROOT / "figures" / "embedded16_training_curve"
     check_out_file(out.with_suffix(".png"), "--out")
     refs = None if args.no_reference else shipped_references()

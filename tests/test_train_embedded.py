@@ -471,6 +471,19 @@ def test_long_recipe_script_stages_weights_and_curve(fake_data, tmp_path, capsys
     assert joined["epoch"].tolist() == [0.0, 1.5] and joined["run_dir"].tolist() == [str(run), str(tmp_path / "r2")]
     assert fig(["--run-dir", str(tmp_path / "r2"), "--run-dir", str(run), "--out", str(tmp_path / "k")]) == 2
     assert "pass the --run-dir in training order" in capsys.readouterr().err
+    # an earlier joined CSV (its run dirs gone) continued by a restart; its rows of that restart give way
+    (tmp_path / "r3").mkdir()
+    third = {**curve, "init_from": {"epochs": 1.5}, "rows": [{**rows[0], "epoch": 1.5}, {**rows[0], "epoch": 2.5}]}
+    (tmp_path / "r3" / CURVE_FILE).write_text(json.dumps(third))
+    for _ in range(2):  # the second call reads its own output: the same rows, none doubled
+        argv = ["--earlier", str(tmp_path / "j.csv"), "--run-dir", str(tmp_path / "r3"), "--out", str(tmp_path / "j")]
+        assert fig(argv) == 0
+        joined = pd.read_csv(tmp_path / "j.csv")
+        assert joined["epoch"].tolist() == [0.0, 1.5, 2.5]
+        assert joined["run_dir"].tolist() == [str(run), str(tmp_path / "r2"), str(tmp_path / "r3")]
+    pd.DataFrame({"epoch": [0.0]}).to_csv(tmp_path / "bad.csv", index=False)
+    assert fig(["--earlier", str(tmp_path / "bad.csv"), "--run-dir", str(run)]) == 2
+    assert "lacks columns ['run_dir', 'step', 'test_nll_bits']" in capsys.readouterr().err
     # The flags belong to the long recipe; the shipped directory is refused as its --out.
     assert main(["--quick", "--epochs", "2", "--data", str(fake_data), "--run-dir", str(run)]) == 2
     assert "only applies to --recipe embedded-16-long" in capsys.readouterr().err
