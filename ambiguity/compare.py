@@ -240,18 +240,24 @@ def profile_one(
     """Profile one model (resumable) -> (per-token DataFrame, summary dict).
 
     With ``out``: a finished model (``out/tokens.parquet`` + ``summary.json`` of the same
-    settings) is read back without loading the model; otherwise :func:`ambiguity.profile.profile`
-    runs with ``out`` as its shard directory and the two files are written atomically.
-    ``model``: an already loaded TokenModel (Jupyter, tests) instead of loading ``name``.
-    Raises UsageError (unknown name, absent weights, results of other settings in ``out``).
+    settings and the same :meth:`~ambiguity.models.base.TokenModel.weights_digest`) is read back
+    without profiling again (the model loads only to read its digest: weights retrained in place
+    are profiled anew, never reused); otherwise :func:`ambiguity.profile.profile` runs with
+    ``out`` as its shard directory and the two files are written atomically. ``model``: an
+    already loaded TokenModel (Jupyter, tests) instead of loading ``name``. Raises UsageError
+    (unknown name, absent weights, results of other settings or weights in ``out``).
     """
     record = {"name": name, "weights": str(weights) if weights else None, **settings.record()}
-    if out is not None and not overwrite and (out / "tokens.parquet").is_file() and (out / "summary.json").is_file():
-        summary = json.loads((out / "summary.json").read_text())
-        if summary.get("compare") == json.loads(json.dumps(record, default=str)):
-            return read_table(out / "tokens.parquet"), summary
     if model is None:
         model = load_model(name, weights=weights, device=device, dtype=dtype)
+    if out is not None and not overwrite and (out / "tokens.parquet").is_file() and (out / "summary.json").is_file():
+        summary = json.loads((out / "summary.json").read_text())
+        stored = summary.get("model", {}).get("weights_digest")
+        if summary.get("compare") == json.loads(json.dumps(record, default=str)) and stored in (
+            None,  # a summary written before the digest was recorded: cannot be checked
+            model.weights_digest(),
+        ):
+            return read_table(out / "tokens.parquet"), summary
     sampling = settings.sampling_for(model.kind)
     tokens = images = None
     if settings.source == "dataset":

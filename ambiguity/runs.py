@@ -101,7 +101,19 @@ def settings_digest(settings: Mapping) -> str:
 
 # settings named first when several differ: what a user changes most deliberately (the model, its
 # weights, the method, the data), then the rest alphabetically
-FIRST_SETTINGS = ("model", "name", "weights", "method", "source", "dataset", "data", "tokens", "self_generate")
+FIRST_SETTINGS = (
+    "model",
+    "name",
+    "weights",
+    "weights_digest",
+    "drafter_digest",
+    "method",
+    "source",
+    "dataset",
+    "data",
+    "tokens",
+    "self_generate",
+)
 
 
 def _relevance(key: str) -> tuple:
@@ -125,6 +137,31 @@ def settings_difference(old, new, prefix: str = "") -> str:
                 return settings_difference(old[k], new[k], name)
             return f"{name}: {old.get(k)!r} there, {new.get(k)!r} now"
     return "unreadable run file"
+
+
+#: facts added to run records after runs were made with records lacking them: a stored record
+#: without one of these keys continues when everything else agrees (the check is then skipped);
+#: ``drafter_digest`` is :func:`lantern.drafter.drafter_digest` (named here, not imported)
+LATER_KEYS = frozenset({"weights_digest", "drafter_digest"})
+
+
+def without_later_keys(old, new):
+    """``new`` less the :data:`LATER_KEYS` that ``old`` lacks at the same place (nested dicts descended)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    return {
+        k: without_later_keys(old[k], v) if k in old else v for k, v in new.items() if k in old or k not in LATER_KEYS
+    }
+
+
+def later_keys_missing(old, new, prefix: str = "") -> set[str]:
+    """Dotted names of the :data:`LATER_KEYS` that ``new`` has and ``old`` lacks."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return set()
+    found = {f"{prefix}{k}" for k in new if k in LATER_KEYS and k not in old}
+    for k in set(old) & set(new):
+        found |= later_keys_missing(old[k], new[k], f"{prefix}{k}.")
+    return found
 
 
 def versions() -> dict:
@@ -273,10 +310,17 @@ class RunDir:
         if only is not None:
             old = {k: old.get(k) for k in only} if isinstance(old, dict) else old
             new = {k: new.get(k) for k in only}
+        if old != new and only is None and old == without_later_keys(old, new):
+            # recorded before some facts were (e.g. the weights digest): continue it under its own record
+            self.settings, self.digest = old, settings_digest(old)
+            later = sorted(later_keys_missing(old, new))
+            self.note(f"{self.path} was recorded without {', '.join(later)}, so that cannot be checked; continuing it")
+            return self
         if old != new:
             raise UsageError(
                 f"{self.flag} {self.path} holds results of a run with other settings "
-                f"({settings_difference(old, new)}); pass another {self.flag} or add --overwrite"
+                f"({settings_difference(old, without_later_keys(old, new))}); pass another {self.flag} or "
+                f"add --overwrite"
             )
         return self
 

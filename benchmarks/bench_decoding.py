@@ -69,7 +69,7 @@ from ambiguity.models.registry import load_model
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig, default_guidance
 from lantern.decoding import DecodeConfig, check_depth, decode, neighbour_table
-from lantern.drafter import load_drafter
+from lantern.drafter import drafter_digest, load_drafter
 from lantern.evaluate import score_images
 from lantern.quality.features import EXTRACTORS
 from lantern.replay import target_scores
@@ -403,7 +403,9 @@ def main(argv=None) -> int:
     conditions = model.default_conditions(args.num_images)
     table = neighbour_table(model, DecodeConfig.of("lantern", k=max(ks)))
     settings = {k: v for k, v in vars(args).items() if k not in ("overwrite", "figure", "out", "device")}
-    settings.update(device=device.type, guidance=guidance, model_facts=model.describe())
+    settings.update(
+        device=device.type, guidance=guidance, model_facts=model.describe(), drafter_digest=drafter_digest(drafter)
+    )
     run = RunDir(out, settings, command=COMMAND, outputs=("decoding.parquet", "timing.parquet", "summary.json")).open(
         args.overwrite
     )

@@ -28,6 +28,7 @@ Files are safetensors (``fc.*``, ``layer.*``) with the config, the target finger
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from pathlib import Path
 from typing import Any, Optional, Protocol, runtime_checkable
 
@@ -44,6 +45,7 @@ __all__ = [
     "DraftModel",
     "Drafter",
     "load_drafter",
+    "drafter_digest",
     "target_fingerprint",
     "fingerprint_mismatch",
     "shipped_drafter_path",
@@ -346,6 +348,21 @@ class Drafter(nn.Module):
         load_strict(drafter, state, path.name)
         check_finite(drafter, f"drafter {path}", _train_hint(model.name))
         return drafter.to(model.device, model.dtype).eval()
+
+
+@torch.no_grad()
+def drafter_digest(drafter) -> Optional[str]:
+    """First 16 hex digits of the SHA-256 of a drafter's weights (its state dict, tensors in name
+    order as float32 bytes), for run records: a run decoded with one drafter file is refused when
+    resumed with another, e.g. a retrained shipped drafter. None for None (no drafter) and for a
+    drafter that is not an ``nn.Module`` (a custom :class:`DraftModel`: nothing to read)."""
+    if not isinstance(drafter, nn.Module):
+        return None
+    h = hashlib.sha256()
+    for name, t in sorted(drafter.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def load_drafter(model: TokenModel, path: str | Path | None = None) -> Drafter:

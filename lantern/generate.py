@@ -75,7 +75,7 @@ from lantern.decoding import (
     decode,
     neighbour_table,
 )
-from lantern.drafter import DraftModel, load_drafter
+from lantern.drafter import DraftModel, drafter_digest, load_drafter
 from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
 from lantern.records import Decoded, summarize, summary_table
 from lantern.trees import STATIC_TREES, TreeSpec, parse_tree
@@ -346,7 +346,9 @@ def run_generate(
     the old keywords ``out``, ``overwrite``, ``progress`` and ``shard`` still work. Its shard
     (:mod:`ambiguity.distributed`) decodes the images ``i % shard.count == shard.index``; the
     merging shard then reads every image's part. settings: the run record (default: the model,
-    decoding config, sampling and seed). batch_size: images decoded together
+    decoding config, sampling and seed); the target's :meth:`~ambiguity.models.base.TokenModel.weights_digest`
+    and the drafter's :func:`~lantern.drafter.drafter_digest` join it, so that weights retrained in place
+    refuse the run rather than resume it. batch_size: images decoded together
     (:func:`lantern.decoding.decode`); the parts are written after every ``16 * batch_size``
     images (a batch then drains, so resuming loses at most that many). compiled: whether the
     forwards run through torch.compile (``--compile``; recorded with ``batch_size`` in the summary,
@@ -362,10 +364,12 @@ def run_generate(
         raise TypeError("run_generate needs a run directory: options=RunOptions(out=...) or out=...")
     shard = opts.shard
     record = (
-        settings
+        {**settings, "weights_digest": model.weights_digest()}  # the command line names files, not their contents
         if settings is not None
         else {"model": model.describe(), **config.as_dict(), **sampling.as_dict(), "seed": seed}
     )
+    if drafter is not None:  # a target or drafter retrained in place must not continue another's run
+        record["drafter_digest"] = drafter_digest(drafter)
     run = RunDir(opts.out, record, command=COMMAND, outputs=OUTPUTS, merge=MERGE).open_shared(shard, opts.overwrite)
     pixels = model.can_decode
     check_depth(config, model)
@@ -537,8 +541,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     device, dtype = device_from_args(args)
     out = check_out_dir(args.out or default_out("generate", f"{args.model}-{args.method}"))
     settings = _settings(args, config, sampling, device, dtype)
-    if not args.overwrite:
-        RunDir(out, settings, command=COMMAND).check()
+    if not args.overwrite:  # the options now; the weights digests once the files are loaded (run_generate)
+        RunDir(out, settings, command=COMMAND).check(only=tuple(settings))
 
     shard = shard_from_args(args, device)
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)

@@ -174,21 +174,29 @@ step_paper() {
 
 ALL=(train ship figures drafter compare sweep distortion grid paper)
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
-[ $# -eq 0 ] && { usage; exit 2; }
-case "$1" in -h | --help | help) usage; exit 0 ;; esac
-if [ "$1" = all ]; then
-    [ $# -eq 1 ] || die "all runs every step; pass it alone or name steps (${ALL[*]} snapshot)"
-    set -- "${ALL[@]}"
-fi
-for s in "$@"; do
-    [ "$s" = all ] && die "all runs every step; pass it alone or name steps (${ALL[*]} snapshot)"
-    declare -F "step_$s" >/dev/null || die "unknown step '$s'; choose from: ${ALL[*]} snapshot, or all alone"
-done
-case " $* " in *" train "*) ;; *" ship "*) check_ship ;; esac # before any step runs, unless train comes first
-if [ -n "$OLD_RUN" ] && [ ! -d "$OLD_RUN" ]; then
-    case " $* " in *" train "*) die "OLD_RUN=$OLD_RUN does not exist; set it to the earlier run dir or leave it empty" ;; esac
-fi
-for s in "$@"; do
-    echo "== $s ($(date -u +%H:%M:%S) UTC)"
-    "step_$s"
-done
+
+# the whole dispatch is one function, read before it runs: editing this file while a long step runs
+# (bash reads scripts as it goes) cannot change what the running script does next
+main() {
+    [ $# -eq 0 ] && { usage; exit 2; }
+    case "$1" in -h | --help | help) usage; exit 0 ;; esac
+    if [ "$1" = all ]; then
+        [ $# -eq 1 ] || die "all runs every step; pass it alone or name steps (${ALL[*]} snapshot)"
+        set -- "${ALL[@]}"
+    fi
+    for s in "$@"; do
+        [ "$s" = all ] && die "all runs every step; pass it alone or name steps (${ALL[*]} snapshot)"
+        declare -F "step_$s" >/dev/null || die "unknown step '$s'; choose from: ${ALL[*]} snapshot, or all alone"
+    done
+    case " $* " in *" train "*) ;; *" ship "*) check_ship ;; esac # before any step runs, unless train comes first
+    if [ -n "$OLD_RUN" ] && [ ! -d "$OLD_RUN" ]; then
+        case " $* " in *" train "*) die "OLD_RUN=$OLD_RUN does not exist; set it to the earlier run dir or leave it empty" ;; esac
+    fi
+    for s in "$@"; do
+        echo "== $s ($(date -u +%H:%M:%S) UTC)"
+        "step_$s"
+    done
+}
+
+main "$@"
+exit

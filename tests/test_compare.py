@@ -196,12 +196,13 @@ def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkey
         per[per["model"] == "text-twin"]["top1"].to_numpy()
     )
 
-    # a rerun reads the finished models back without loading them
+    # a rerun reads the finished models back without profiling them again
     def refuse(*a, **k):
-        raise AssertionError("a finished model was loaded again")
+        raise AssertionError("a finished model was profiled again")
 
-    monkeypatch.setattr(cmp, "load_model", refuse)
-    assert cmp.main(_args(tiny, out, "--cfg", "2.0")) == 0
+    with monkeypatch.context() as m:
+        m.setattr(cmp, "profile", refuse)
+        assert cmp.main(_args(tiny, out, "--cfg", "2.0")) == 0
     again = pd.read_parquet(out / "compare.parquet").set_index("model")
     pd.testing.assert_frame_equal(again, df)
 
@@ -255,3 +256,19 @@ def test_bad_input_exits_2_with_one_line(argv, needle, tmp_path):
     else:
         assert cmp.main(argv + ["--out", str(tmp_path / "o")]) == 2
         assert not (tmp_path / "o").exists()
+
+
+def test_weights_retrained_in_place_are_not_read_back(tiny, tmp_path, capsys):
+    """A finished model whose weights file was replaced (same path) is not reused: its profile
+    run refuses the new weights, naming the digest, instead of reporting the old model's numbers."""
+    import shutil
+
+    shutil.copytree(tiny, tmp_path / "t")
+    t, out = tmp_path / "t", tmp_path / "cmp"
+    assert cmp.main(_args(t, out, "--cfg", "2.0")) == 0
+    capsys.readouterr()
+    gpt = GPT(GPTConfig(dim=32, n_layer=2, n_head=2, vocab_size=300, block_size=16, num_classes=10, multiple_of=32))
+    save_module(gpt, gpt.config, t / "emb" / "fashion_gpt.safetensors")  # retrained (here: re-initialised)
+    assert cmp.main(_args(t, out, "--cfg", "2.0")) == 2
+    err = capsys.readouterr().err
+    assert "other settings (key.model.weights_digest: '" in err and err.count("\n") == 1

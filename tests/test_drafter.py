@@ -1,5 +1,6 @@
 """EAGLE drafter: input alignment, loss, accuracy, KV cache, files, training run and CLI (tiny models)."""
 
+import hashlib
 import json
 import math
 
@@ -537,3 +538,29 @@ def test_cli_self_generate_with_data(seqs, tmp_path, capsys):
     assert "--with-data mixes data tokens into --self-generate N" in capsys.readouterr().err
     assert main(base + ["--self-generate", "6", "--run-dir", str(tmp_path / "r3")]) == 2
     assert "or both with --with-data" in capsys.readouterr().err
+
+
+def test_weights_digest_reads_embedding_and_head_rows_and_tells_checkpoints_apart(model):
+    rows = torch.linspace(0, 63, 16).round().long()  # 16 evenly spaced codes of 64
+    h = hashlib.sha256(model.gpt.tok_embeddings.weight[rows].detach().float().numpy().tobytes())
+    h.update(model.gpt.output.weight[rows].detach().float().numpy().tobytes())
+    assert model.weights_digest() == h.hexdigest()[:16] == model.describe()["weights_digest"]
+    assert tiny_model(seed=0).weights_digest() == model.weights_digest()  # same checkpoint, another load
+    assert tiny_model(seed=5).weights_digest() != model.weights_digest()
+
+
+def test_drafter_digest_follows_the_drafter_weights(model):
+    from lantern.drafter import drafter_digest
+
+    a = Drafter.for_target(model, dtype=torch.float32, seed=1)
+    assert drafter_digest(a) == drafter_digest(Drafter.for_target(model, dtype=torch.float32, seed=1))
+    assert drafter_digest(a) != drafter_digest(Drafter.for_target(model, dtype=torch.float32, seed=2))
+    with torch.no_grad():
+        a.fc.bias[0] += 1e-3
+    assert drafter_digest(a) != drafter_digest(Drafter.for_target(model, dtype=torch.float32, seed=1))
+    assert drafter_digest(None) is None
+    h = hashlib.sha256()
+    for name, t in sorted(a.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.float().numpy().tobytes())
+    assert drafter_digest(a) == h.hexdigest()[:16]

@@ -395,3 +395,39 @@ def test_written_outputs_list_only_what_the_model_writes():
 
     assert written_outputs(False) == ["steps.parquet", "drafts.parquet", "images.parquet", "summary.json"]
     assert written_outputs(True)[:2] == ["images/", "grid.png"]
+
+
+def test_a_run_is_refused_once_its_weights_or_its_drafter_file_changed(tiny, tmp_path, capsys):
+    """Retraining the target or the drafter in place (same paths) must not resume a run into a
+    mix of two models' images: the record holds both weights digests."""
+    import shutil
+
+    w, d, out = tmp_path / "w", tmp_path / "d.safetensors", tmp_path / "run"
+    shutil.copytree(tiny / "weights", w)
+    shutil.copy(tiny / "drafter.safetensors", d)
+
+    def args(*extra):
+        return ["--weights", str(w), "--drafter", str(d), "--out", str(out), "--no-progress", "--k", "8"] + [
+            "--gamma",
+            "3",
+            "--method",
+            "lantern",
+            "--num-images",
+            "1",
+            *extra,
+        ]
+
+    assert main(args()) == 0
+    record = json.loads((out / "run.json").read_text())["settings"]
+    assert len(record["weights_digest"]) == 16 and len(record["drafter_digest"]) == 16
+    assert main(args()) == 0 and "0 images computed, 1 resumed" in capsys.readouterr().out
+    model = load_embedded(w)
+    model.name = "embedded"
+    Drafter.for_target(model, seed=2).save(d, dtype=torch.float32)  # another drafter, same file
+    assert main(args()) == 2
+    err = capsys.readouterr().err
+    assert f"other settings (drafter_digest: '{record['drafter_digest']}' there, '" in err
+    shutil.copytree(tiny / "other", w, dirs_exist_ok=True)  # another target, same folder
+    shutil.copy(tiny / "other_drafter.safetensors", d)  # with its own drafter
+    assert main(args()) == 2
+    assert f"other settings (weights_digest: '{record['weights_digest']}' there, '" in (capsys.readouterr().err)

@@ -277,3 +277,28 @@ def test_run_options_take_a_path_options_or_the_old_keywords():
 
     assert RunOptions.from_args(Args(), Shard(0, 2)) == RunOptions("a", True, False, Shard(0, 2))
     assert RunOptions.from_args(Args(), out="b").out == "b"
+
+
+def test_a_record_made_before_the_weights_digest_continues_and_a_foreign_digest_is_refused(tmp_path):
+    d = tmp_path / "r"
+    legacy = {"model": {"model": "embedded", "grid": [8, 8]}, "seed": 0}
+    old = RunDir(d, legacy, command="test").open()
+    old.write_part("p0", {"i": 0}, tables={"t": _table(2)})
+    notes = []
+    now = {"model": {"model": "embedded", "grid": [8, 8], "weights_digest": "aaaa"}, "seed": 0}
+    run = RunDir(d, now, command="test", report=notes.append).open()
+    # continued under its own record: the old digest, so its parts are reused
+    assert run.settings == legacy and run.digest == old.digest and run.read_part("p0", {"i": 0}) is not None
+    assert notes == [f"{d} was recorded without model.weights_digest, so that cannot be checked; continuing it"]
+    assert json.loads((d / "run.json").read_text())["settings"] == legacy
+    # anything else differing is still refused, naming it
+    with pytest.raises(UsageError, match="seed: 0 there, 1 now"):
+        RunDir(d, {**now, "seed": 1}, command="test").open()
+    # a run recorded with a digest refuses other weights
+    d2 = tmp_path / "r2"
+    RunDir(d2, now, command="test").open()
+    other = {**now, "model": {**now["model"], "weights_digest": "bbbb"}}
+    with pytest.raises(UsageError, match="model.weights_digest: 'aaaa' there, 'bbbb' now"):
+        RunDir(d2, other, command="test").open()
+    with pytest.raises(UsageError, match="model.weights_digest: 'aaaa' there, None now"):
+        RunDir(d2, legacy, command="test").open()  # dropping a recorded digest is no legacy case

@@ -31,6 +31,7 @@ the prefix and the first ``n`` image tokens (KV-cache rollback after a rejected 
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -42,6 +43,9 @@ from ambiguity.errors import UsageError
 
 __all__ = ["Prompt", "Step", "TokenModel", "DraftLayer", "resolve_device", "compile_refusal", "COMPILING_MODELS"]
 
+
+#: image tokens whose embedding and head rows :meth:`TokenModel.weights_digest` reads
+DIGEST_ROWS = 16
 
 #: the models whose cached forwards ``--compile`` can run through torch.compile (LlamaGen architecture)
 COMPILING_MODELS = "embedded, embedded-16, llamagen-*, text-twin"
@@ -372,8 +376,32 @@ class TokenModel(abc.ABC):
     def can_decode(self) -> bool:
         return type(self).decode_codes is not TokenModel.decode_codes
 
+    @torch.no_grad()
+    def weights_digest(self) -> str:
+        """What tells two checkpoints of one architecture apart: the first 16 hex digits of the
+        SHA-256 of the float32 bytes of the input-embedding rows (:meth:`embed`) and output-head
+        rows (:meth:`output_embeddings`; :meth:`head` of a fixed unit probe where an adapter does not
+        expose them) of :data:`DIGEST_ROWS` evenly spaced image tokens.
+
+        Run records carry it (:meth:`describe`), so a run directory computed with other weights
+        (e.g. a retrained shipped model) is refused instead of resumed into a mix. The rows are
+        read, not computed, for every adapter with a lookup embedding, so the digest is the same
+        in every process on one device type and dtype (which :meth:`describe` also records).
+        """
+        rows = torch.linspace(0, self.vocab_size - 1, DIGEST_ROWS).round().long().to(self.device)
+        emb = self.embed(rows[None])[0].float().cpu()
+        try:
+            out = self.output_embeddings()[rows].float().cpu()
+        except NotImplementedError:
+            probe = torch.ones(self.hidden_size, device=self.device, dtype=self.dtype)
+            out = self.head(probe[None])[0, rows].float().cpu()
+        h = hashlib.sha256(emb.contiguous().numpy().tobytes())
+        h.update(out.contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
     def describe(self) -> dict:
-        """Facts for summaries: name, kind, grid, vocabulary, hidden size, parameter count."""
+        """Facts for summaries and run records: name, kind, grid, vocabulary, hidden size, device,
+        dtype and :meth:`weights_digest` (adapters add parameter counts and the like)."""
         return {
             "model": self.name,
             "kind": self.kind,
@@ -382,4 +410,5 @@ class TokenModel(abc.ABC):
             "hidden_size": self.hidden_size,
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),
+            "weights_digest": self.weights_digest(),
         }

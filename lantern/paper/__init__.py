@@ -92,9 +92,15 @@ def run_paper(
     t0 = time.perf_counter()
     run = RunDir(opts.out, {"config": config.settings()}, command=COMMAND, outputs=OUTPUTS)
     if not opts.overwrite:
-        run.check()  # another run's settings: refused before anything loads
+        run.check(only=("config",))  # another run's settings: refused before anything loads (digests after)
     ctx = Context(config, run, shard, opts.progress)
     _preflight(ctx, names)  # every model, drafter and codebook loads before anything is written
+    run = ctx.run = RunDir(
+        opts.out,
+        {"config": config.settings(), "weights_digest": ctx.weights_digests()},
+        command=COMMAND,
+        outputs=OUTPUTS,
+    )
     run.open_shared(shard, opts.overwrite, any_count=True)
     timings = {}
     units = [item_unit(n) for n in names]

@@ -14,7 +14,7 @@ from ambiguity.models.base import TokenModel, resolve_device
 from ambiguity.models.registry import get_spec, load_model, resolve_dtype
 from ambiguity.runs import RunDir
 from lantern.decoding import compile_forwards
-from lantern.drafter import Drafter, load_drafter
+from lantern.drafter import Drafter, drafter_digest, load_drafter
 from lantern.paper.config import PaperConfig, map_to_codebook
 
 __all__ = ["Context"]
@@ -90,6 +90,18 @@ class Context:
             if self.config.compile:
                 compile_forwards(model, self._drafters[key])
         return self._drafters[key]
+
+    def weights_digests(self) -> dict:
+        """``{model: its weights digest}`` for every model, and ``{"<primary> drafter": digest}`` of the
+        primary model's trained drafter (None where none loads): what the run record adds to the
+        configuration, so that weights retrained in place refuse a run instead of resuming it into a
+        mix (:meth:`~ambiguity.models.base.TokenModel.weights_digest`, :func:`~lantern.drafter.drafter_digest`)."""
+        out = {m: self.model(m).weights_digest() for m in self.config.models}
+        try:
+            out[f"{self.primary} drafter"] = drafter_digest(self.drafter(self.primary))
+        except UsageError:  # no drafter for it: the experiments that need one were refused by the preflight
+            out[f"{self.primary} drafter"] = None
+        return out
 
     def k(self, name: str, paper_k: int) -> int:
         """The paper's k mapped to ``name``'s codebook (:func:`map_to_codebook`)."""

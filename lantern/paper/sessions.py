@@ -34,6 +34,7 @@ from ambiguity.conditions import generation_conditions
 from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, decode
+from lantern.drafter import drafter_digest
 from lantern.evaluate import score_images
 from lantern.paper.context import Context
 from lantern.records import Decoded
@@ -177,11 +178,17 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     """Run (or resume) ``session``; returns its data on the merging process, None on other shards."""
     model = ctx.model(session.model)
     sampling = sampling_for(ctx, session.model, session.temperature)
+    speculative = [m for m in session.methods if m.config.speculative]
+    drafters = {m.name: ctx.drafter(session.model, m.drafter) for m in speculative}
     settings = {
         "model": model.describe(),
         "sampling": sampling.as_dict(),
         "seed": ctx.config.seed,
-        "methods": {m.name: {**m.config.as_dict(), "drafter": m.drafter} for m in session.methods},
+        "methods": {
+            m.name: {**m.config.as_dict(), "drafter": m.drafter}
+            | ({"drafter_digest": drafter_digest(drafters[m.name])} if m.name in drafters else {})
+            for m in session.methods
+        },
         "captions": ctx.config.captions,
     }
     run = RunDir(ctx.path / "sessions" / session.name, settings, command=COMMAND, outputs=())
@@ -193,8 +200,6 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
         else model.default_conditions(session.rounds, ctx.config.seed)
     )
     configs = {m.name: m.config for m in session.methods}
-    speculative = [m for m in session.methods if m.config.speculative]
-    drafters = {m.name: ctx.drafter(session.model, m.drafter) for m in speculative}
     rounds_of = {m.name: m.rounds for m in session.methods if m.rounds is not None}
     units = _round_units(session)
     mine = [r for r, done in shard_units(run, units, ctx.shard, load=False) if done is None]
