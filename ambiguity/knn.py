@@ -98,6 +98,14 @@ def _faiss_gpu_ok(device: torch.device) -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
+def _faiss_importable() -> bool:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 _GPU_RES = None
 
 
@@ -200,7 +208,10 @@ def exact_knn(
         matrix: (N, d) float tensor (any float dtype; searched in float32) on any device.
         k: neighbours per row, 1 <= k <= N - 1.
         metric: one of :data:`METRICS`; seed: for ``random`` only.
-        backend: ``"auto"``, ``"faiss"`` (k + 1 <= 2048 on GPU) or ``"torch"``.
+        backend: ``"auto"``, ``"faiss"`` (k + 1 <= 2048 on GPU) or ``"torch"``. ``"auto"`` takes
+            faiss for k + 1 <= 2048 on the CPU and on a GPU faiss can use; the torch sort on a CUDA
+            matrix that only faiss-cpu could search (no copy to the host) and wherever faiss does
+            not import.
         block_bytes: bound on the working memory of one block of query rows.
         progress: tqdm bar over blocks (None: when N >= 8192).
     Returns (indices (N, k) int64, distances (N, k) float32) on ``matrix``'s device.
@@ -215,7 +226,8 @@ def exact_knn(
     device = x.device
     gpu = _faiss_gpu_ok(device)
     if backend == "auto":
-        backend = "faiss" if k + 1 <= FAISS_MAX_K else "torch"
+        faiss_here = gpu if device.type == "cuda" else _faiss_importable()
+        backend = "faiss" if k + 1 <= FAISS_MAX_K and faiss_here else "torch"
     if backend == "faiss" and gpu and k + 1 > FAISS_MAX_K:
         raise UsageError(f"faiss on GPU returns at most {FAISS_MAX_K - 1} neighbours; use backend='auto' or 'torch'")
     xs = _prepare(x, metric)

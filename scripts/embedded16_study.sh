@@ -23,6 +23,12 @@
 #   distortion  the exact per-step TVD(output, p) over the paper's k and δ, for drafts sampled from q and for an
 #               EAGLE-2 tree node's top-10 children, and its drivers (H(p), H(q), top-1), 32 AR images; then
 #               where the moved mass lands (excess target NLL, out-of-support mass: probe_emitted_tokens.py)
+#   quality     the k = 1000 quality grid with lantern.generate, batched ($GEN_BATCH images a forward):
+#               AR, EAGLE-2 and LANTERN over δ 0.05-0.4 on the EAGLE-2 tree, $GRID_IMAGES images each (same
+#               seeds and classes, so paired), then session_scores.py (target NLL, class consistency,
+#               classifier accuracy vs AR) and lantern.evaluate (FID / KID / precision / recall, fmnist and
+#               MobileNet, paired with AR) -> runs/embedded16-quality$GRID_IMAGES/. On a GPU 500 images a
+#               method take under a minute (H200); on 2 CPU cores many hours
 #   grid        the quality grid alone: AR, EAGLE-2 and LANTERN at k = 1000 over δ 0.05-0.4 (+ Table 3's
 #               ablations) on the EAGLE-2 tree, $GRID_IMAGES images per method, fmnist FID / KID / precision /
 #               recall, then each method's target NLL, class consistency and classifier accuracy paired with AR;
@@ -32,7 +38,7 @@
 #
 # Environment: RUN (training run dir, default runs/embedded-16-long), THREADS (default 2),
 # EPOCHS (this run's most epochs, default 1.5), INIT / INIT_EPOCHS (warm start), PAPER_IMAGES (default 500),
-# GRID_IMAGES (default 128),
+# GRID_IMAGES (default 128), GEN_BATCH (quality: images decoded together, default 50),
 # OLD_RUN (train: copy its token caches tokens_*.pt into a new RUN first, skipping the tokenizing; they
 # are reused only if they were made with the same VQ file), FORCE=1 (ship: accept a step-budget stop),
 # LR (train: this run's peak learning rate, e.g. 3e-4 for a restart from a decayed run), CURVE_RUNS (figures: the earlier run dirs of a warm-restart chain, space-separated, in training order),
@@ -48,6 +54,7 @@ INIT=${INIT:-ambiguity/weights/fashion16_gpt.safetensors}
 INIT_EPOCHS=${INIT_EPOCHS:-}
 PAPER_IMAGES=${PAPER_IMAGES:-500}
 GRID_IMAGES=${GRID_IMAGES:-128}
+GEN_BATCH=${GEN_BATCH:-50}
 OLD_RUN=${OLD_RUN:-}
 FORCE=${FORCE:-}
 PY=${PYTHON:-python}
@@ -122,9 +129,10 @@ step_figures() {
 
 step_drafter() {
     # the paper's sampling (CFG 3, top-k 2000) for the self-generated half; 10k data sequences beside them
-    # (all 60k would cost ~5x per epoch on 2 cores)
+    # (all 60k would cost ~5x per epoch on 2 cores). The shipped drafter: this command on an H200 (3.5 min;
+    # features in float32 as on the CPU), stopped by patience after epoch 22 of the 40-epoch schedule
     $PY -m lantern.train_drafter --model embedded-16 --self-generate 10000 --cfg 3 --top-k 2000 --gen-batch-size 64 \
-        --with-data --train-size 10000 --epochs 20 --patience 2 \
+        --with-data --train-size 10000 --epochs 40 --patience 2 --dtype float32 \
         --out lantern/weights/embedded-16_drafter.safetensors --figure figures/embedded16_drafter_accuracy.png \
         --no-progress
 }
@@ -143,6 +151,24 @@ step_distortion() {
     $PY -m lantern.paper --models embedded-16,text-twin --only distortion --name embedded16-distortion --no-progress
     $PY benchmarks/probe_emitted_tokens.py --model embedded-16 --num-images 4 \
         --out runs/paper/embedded16-distortion/emitted_tokens.csv
+}
+
+step_quality() {
+    local out="runs/embedded16-quality$GRID_IMAGES" d runs=()
+    local common=(--model embedded-16 --num-images "$GRID_IMAGES" --batch-size "$GEN_BATCH" --cfg 3 --top-k 2000
+        --temperature 1 --dtype float32 --no-progress)
+    $PY -m lantern.generate "${common[@]}" --method ar --out "$out/ar"
+    $PY -m lantern.generate "${common[@]}" --method sd --tree dynamic --out "$out/eagle2"
+    for d in 0.05 0.1 0.2 0.4; do
+        $PY -m lantern.generate "${common[@]}" --method lantern --tree dynamic --k 1000 --delta "$d" \
+            --out "$out/lantern-k1000-d$d"
+    done
+    $PY scripts/session_scores.py "$out" --model embedded-16
+    for d in ar eagle2 lantern-k1000-d0.05 lantern-k1000-d0.1 lantern-k1000-d0.2 lantern-k1000-d0.4; do
+        runs+=("$out/$d")
+    done
+    $PY -m lantern.evaluate "${runs[@]}" --extractors fmnist,mobilenet --paired-with "$out/ar" --out "$out/evaluate" \
+        --no-progress
 }
 
 step_grid() {
@@ -172,7 +198,7 @@ step_paper() {
     $PY scripts/session_scores.py "runs/paper/embedded16-$PAPER_IMAGES/sessions/embedded-16-T1" --model embedded-16
 }
 
-ALL=(train ship figures drafter compare sweep distortion grid paper)
+ALL=(train ship figures drafter compare sweep distortion quality grid paper)
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 # the whole dispatch is one function, read before it runs: editing this file while a long step runs

@@ -2,6 +2,15 @@
 
     python scripts/session_scores.py runs/paper/embedded16-grid64/sessions/embedded-16-T1 --model embedded-16
     # -> <session>/scores.csv (one row per method) and scores_images.parquet (one row per method and image)
+    python scripts/session_scores.py runs/gpu-grid500 --model embedded-16 --reuse-target-scores
+    # a directory of lantern.generate runs, one subdirectory per method (AR's named ``ar``), same seeds
+
+The directory is either a ``lantern.paper`` session or a directory whose subdirectories are
+``lantern.generate --out`` runs of the same images (same ``--seed``, ``--num-images``, classes),
+each named by its method; their ``images.parquet`` gives the tokens. ``--reuse-target-scores``
+takes each generate run's ``target_scores.csv`` (written by
+:func:`lantern.run_reader.target_scores`, e.g. where the run was decoded on a GPU) instead of
+recomputing the target's ten teacher-forced passes per image here.
 
 A session decodes image i of every method from the same class and the same random stream, so
 the methods' images are paired: AR's image i is the lossless reference of LANTERN's image i. For
@@ -66,14 +75,47 @@ def read_session(path: Path) -> tuple[dict, pd.DataFrame]:
     return {m: torch.cat(ts)[np.argsort(order[m], kind="stable")] for m, ts in tokens.items()}, images
 
 
-def score_method(model, classifier, extractor, tokens: torch.Tensor, images: pd.DataFrame) -> pd.DataFrame:
+def read_generate_runs(path: Path) -> tuple[dict, pd.DataFrame]:
+    """As :func:`read_session`, for a directory of ``lantern.generate`` runs (one subdirectory per
+    method, named by it). Raises UsageError when no subdirectory holds an images.parquet."""
+    tokens: dict = {}
+    rows = []
+    for run in sorted(d for d in path.iterdir() if (d / "images.parquet").is_file()):
+        images = pd.read_parquet(run / "images.parquet").sort_values("image")
+        tokens[run.name] = torch.tensor(np.stack(images["codes"].to_numpy()), dtype=torch.long)
+        rows.append(images[["image", "condition"]].assign(method=run.name))
+    if not tokens:
+        raise UsageError(
+            f"{path} holds neither finished session rounds (parts/round_*.json) nor lantern.generate runs "
+            f"(<method>/images.parquet); pass a session directory or a directory of generate runs"
+        )
+    return tokens, pd.concat(rows, ignore_index=True)
+
+
+def reused_target_scores(path: Path, images: pd.DataFrame) -> pd.DataFrame:
+    """A generate run's ``target_scores.csv`` (image, nll, predicted, consistent) for ``images``' rows, in
+    their order. Raises UsageError when it is missing or lacks an image."""
+    f = path / "target_scores.csv"
+    if not f.is_file():
+        raise UsageError(f"{f} is missing; drop --reuse-target-scores to compute the target scores here")
+    sc = pd.read_csv(f).set_index("image")
+    missing = sorted(set(images["image"]) - set(sc.index))
+    if missing:
+        raise UsageError(f"{f} lacks image {missing[0]}; drop --reuse-target-scores to compute them here")
+    return sc.loc[images["image"].to_numpy()].reset_index()
+
+
+def score_method(
+    model, classifier, extractor, tokens: torch.Tensor, images: pd.DataFrame, scores: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Per-image proxies (module docstring) of one method: classifier, the FashionNet (logits); extractor,
     the ``fmnist`` extractor whose input rule it gets; tokens (n, N) int64, images (n rows: image,
-    condition, in the order of ``tokens``). Returns image, target_nll, class_consistency,
+    condition, in the order of ``tokens``); scores: the target scores of these rows when already
+    computed (:func:`reused_target_scores`), else None. Returns image, target_nll, class_consistency,
     classifier_accuracy."""
     frame = pd.DataFrame({"image": images["image"].to_numpy(), "condition": images["condition"].to_numpy()})
     frame["codes"] = list(tokens.numpy())
-    sc = target_scores(model, frame)
+    sc = target_scores(model, frame) if scores is None else scores
     h, w = model.grid
     with torch.no_grad():
         pix = model.decode_codes(tokens.view(-1, h, w).to(model.device)).float()
@@ -127,12 +169,22 @@ def markdown(summary: pd.DataFrame) -> str:
 
 def parse_args(argv=None):
     p = ArgumentParser(prog="session_scores.py", description=__doc__.split("\n")[0])
-    p.add_argument("session", type=path_arg, help="a lantern.paper session directory (runs/paper/<name>/sessions/<s>)")
+    p.add_argument(
+        "session",
+        type=path_arg,
+        help="a lantern.paper session directory (runs/paper/<name>/sessions/<s>), or a directory of "
+        "lantern.generate runs, one per method (AR's named ar)",
+    )
     p.add_argument("--model", default="embedded-16", help="the session's target model (default: %(default)s)")
     p.add_argument("--weights", default=None, help="the target's checkpoint (default: the registry's)")
     p.add_argument("--limit", type=positive_int, default=None, help="only the first N images of each method")
     p.add_argument(
         "--methods", default=None, help="comma-separated session method names to score (default: all; ar always)"
+    )
+    p.add_argument(
+        "--reuse-target-scores",
+        action="store_true",
+        help="generate runs: read each run's target_scores.csv instead of recomputing it",
     )
     add_device_args(p, dtype=False)
     return p.parse_args(argv)
@@ -141,7 +193,11 @@ def parse_args(argv=None):
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    tokens, images = read_session(Path(args.session))
+    path = Path(args.session)
+    generated = not (path / "parts").is_dir()
+    if args.reuse_target_scores and not generated:
+        raise UsageError("--reuse-target-scores applies to a directory of lantern.generate runs; drop it")
+    tokens, images = read_generate_runs(path) if generated else read_session(path)
     if "ar" not in tokens:
         raise UsageError(f"{args.session} has no AR decodes to pair with; pass a session with the method 'ar'")
     model = load_model(args.model, args.weights, device=args.device)
@@ -161,7 +217,8 @@ def main(argv=None) -> int:
         rows = images[images["method"] == method].sort_values("image")
         if args.limit:
             toks, rows = toks[: args.limit], rows.head(args.limit)
-        frames.append(score_method(model, classifier, extractor, toks, rows).assign(method=method))
+        reused = reused_target_scores(path / method, rows) if args.reuse_target_scores else None
+        frames.append(score_method(model, classifier, extractor, toks, rows, reused).assign(method=method))
         print(f"{method}: {len(rows)} images scored", flush=True)
     per_image = pd.concat(frames, ignore_index=True)
     summary = summarise(per_image)

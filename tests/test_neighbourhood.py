@@ -74,6 +74,21 @@ def test_faiss_and_torch_backends_agree():
     torch.testing.assert_close(da, db, atol=1e-5, rtol=1e-5)
 
 
+def test_auto_backend_falls_back_to_torch_without_faiss(monkeypatch):
+    """A machine whose Python lacks faiss (e.g. a GPU image) still builds neighbourhoods: "auto"
+    takes the torch sort there, with the same neighbours as faiss; an explicit "faiss" fails."""
+    import sys
+
+    x = torch.randn(120, 6, generator=torch.Generator().manual_seed(5))
+    want, dwant = exact_knn(x, 20, "l2", backend="faiss")
+    monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss -> ImportError
+    got, dgot = exact_knn(x, 20, "l2")
+    assert torch.equal(got, want)
+    torch.testing.assert_close(dgot, dwant, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ImportError):
+        exact_knn(x, 20, "l2", backend="faiss")
+
+
 def test_random_control_is_seeded_prefix_consistent_and_not_sorted():
     x = torch.randn(300, 4, generator=torch.Generator().manual_seed(4))
     I, D = exact_knn(x, 299, "random", seed=7)

@@ -91,10 +91,50 @@ def test_target_scores_equal_a_hand_computed_log_softmax_at_any_batch_size():
         assert list(got["consistent"]) == [p == c for p, c in zip(every.argmax(1).tolist(), labels)]
 
 
+def _generate_run(path: Path, codes: torch.Tensor, conditions, scores=None) -> Path:
+    """The parts of a lantern.generate --out directory that session_scores reads (images in reverse
+    order, as a merge may leave them), with an optional target_scores.csv."""
+    path.mkdir(parents=True)
+    n = len(codes)
+    pd.DataFrame({"image": range(n), "condition": conditions, "codes": list(codes.numpy())}).iloc[::-1].to_parquet(
+        path / "images.parquet"
+    )
+    if scores is not None:
+        scores.to_csv(path / "target_scores.csv", index=False)
+    return path
+
+
+def test_scores_of_generate_runs_and_reused_target_scores(tmp_path, capsys):
+    """A directory of generate runs (one per method) scores like a session: 'copy' has AR's tokens, so
+    every difference is 0; --reuse-target-scores takes each run's target_scores.csv as it stands (here
+    AR's NLL doubled, so its mean doubles and 'copy' differs by minus AR's mean), and a missing file is
+    one line, exit 2."""
+    model = load_model("embedded")
+    ar = torch.randint(0, 1024, (3, 64), generator=torch.Generator().manual_seed(2))
+    frame = pd.DataFrame({"image": [0, 1, 2], "condition": [1, 4, 8], "codes": list(ar.numpy())})
+    direct = target_scores(model, frame)
+    runs = tmp_path / "runs"
+    _generate_run(runs / "ar", ar, [1, 4, 8], direct.assign(nll=2 * direct["nll"]))
+    _generate_run(runs / "copy", ar.clone(), [1, 4, 8], direct)
+    assert scores.main([str(runs), "--model", "embedded"]) == 0
+    s = pd.read_csv(runs / "scores.csv").set_index("method")
+    assert list(s.index) == ["ar", "copy"] and s.loc["copy", "target_nll_diff"] == 0.0
+    assert s.loc["ar", "target_nll"] == pytest.approx(direct["nll"].mean(), abs=1e-6)
+    assert scores.main([str(runs), "--model", "embedded", "--reuse-target-scores"]) == 0
+    s = pd.read_csv(runs / "scores.csv").set_index("method")
+    assert s.loc["ar", "target_nll"] == pytest.approx(2 * direct["nll"].mean(), abs=1e-6)
+    assert s.loc["copy", "target_nll_diff"] == pytest.approx(-direct["nll"].mean(), abs=1e-6)
+    capsys.readouterr()
+    (runs / "copy" / "target_scores.csv").unlink()
+    assert scores.main([str(runs), "--model", "embedded", "--reuse-target-scores"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "target_scores.csv is missing" in err[0]
+
+
 def test_bad_session_is_one_line(tmp_path, capsys):
     assert scores.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no finished rounds" in err[0]
+    assert len(err) == 1 and "neither finished session rounds" in err[0]
     _session(tmp_path / "s", {"sd": torch.zeros(1, 64, dtype=torch.long)}, [0])
     assert scores.main([str(tmp_path / "s"), "--model", "embedded"]) == 2
     assert "no AR decodes" in capsys.readouterr().err

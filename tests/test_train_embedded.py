@@ -714,7 +714,7 @@ def test_study_script_help_errors_and_ship_refusals(tmp_path):
     for h in ("--help", "-h", "help"):
         rc, out, _ = run(h)
         assert rc == 0 and out.startswith("Issue 23:") and "FORCE=1" in out
-    steps = "train ship figures drafter compare sweep distortion grid paper snapshot"
+    steps = "train ship figures drafter compare sweep distortion quality grid paper snapshot"
     for args in (("ship", "all"), ("all", "ship")):
         assert run(*args)[::2] == (2, f"error: all runs every step; pass it alone or name steps ({steps})\n")
     rc, out, err = run("foo")
