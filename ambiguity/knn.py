@@ -88,22 +88,20 @@ def _prepare(x: torch.Tensor, metric: str) -> torch.Tensor:
     return x
 
 
-def _faiss_gpu_ok(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    try:
-        import faiss
-    except ImportError:
-        return False
-    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
-
-
 def _faiss_importable() -> bool:
     try:
         import faiss  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _faiss_gpu_ok(device: torch.device) -> bool:
+    if device.type != "cuda" or not _faiss_importable():
+        return False
+    import faiss
+
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
 _GPU_RES = None

@@ -1,8 +1,8 @@
 """The embedded-16 quality grid in one process with a time budget, for a short GPU lease.
 
-    PYTHONPATH=. python3 scripts/embedded16_quality_device.py N BATCH DEVICE OUT BUDGET_S
+    PYTHONPATH=. python3 scripts/embedded16_quality_device.py N BATCH DEVICE OUT BUDGET_S [RUNS]
     # e.g. 500 500 cuda $OUT 265: AR, EAGLE-2 and LANTERN (k = 1000; δ 0.1, 0.4, 0.2, 0.05, in that order)
-    # -> /tmp/g/<method>/ (lantern.generate runs) and OUT/<method>.tgz (without the drafts tables)
+    # -> RUNS/<method>/ (lantern.generate runs; default /tmp/g) and OUT/<method>.tgz (without the drafts tables)
 
 What ``bash scripts/embedded16_study.sh quality`` runs as separate commands, here in one Python process
 (CUDA starts once) under a budget of BUDGET_S seconds for the decoding: a method that would overrun is
@@ -37,7 +37,7 @@ def late(*_):
     raise Late()
 
 
-def main(n: int, batch: int, device: str, out: str, budget: float) -> None:
+def main(n: int, batch: int, device: str, out: str, budget: float, runs_dir: str = "/tmp/g") -> None:
     common = ["--model", "embedded-16", "--num-images", str(n), "--batch-size", str(batch), "--cfg", "3"]
     common += ["--top-k", "2000", "--temperature", "1", "--dtype", "float32", "--device", device, "--no-progress"]
     tree = ["--tree", "dynamic"]
@@ -54,7 +54,7 @@ def main(n: int, batch: int, device: str, out: str, budget: float) -> None:
         signal.alarm(int(left))
         t = time.time()
         try:
-            rc = generate(common + extra + ["--out", f"/tmp/g/{name}"])
+            rc = generate(common + extra + ["--out", f"{runs_dir}/{name}"])
             if rc in (0, None):
                 done.append(name)
         except Late:
@@ -65,7 +65,7 @@ def main(n: int, batch: int, device: str, out: str, budget: float) -> None:
         print(f"== {name}: rc={rc} {time.time() - t:.1f}s", flush=True)
     model = load_model("embedded-16", device=torch.device(device), dtype=torch.float32)
     for name in done:
-        d, t = f"/tmp/g/{name}", time.time()
+        d, t = f"{runs_dir}/{name}", time.time()
         target_scores(model, pd.read_parquet(f"{d}/images.parquet")).to_csv(f"{d}/target_scores.csv", index=False)
         print(f"target scores {name}: {time.time() - t:.1f}s", flush=True)
         with tarfile.open(f"{out}/{name}.tgz", "w:gz") as tf:
@@ -77,7 +77,7 @@ def main(n: int, batch: int, device: str, out: str, budget: float) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 6:
-        print("error: usage: embedded16_quality_device.py N BATCH DEVICE OUT BUDGET_S", file=sys.stderr)
+    if len(sys.argv) not in (6, 7):
+        print("error: usage: embedded16_quality_device.py N BATCH DEVICE OUT BUDGET_S [RUNS]", file=sys.stderr)
         sys.exit(2)
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]))
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]), *sys.argv[6:])

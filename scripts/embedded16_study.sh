@@ -159,14 +159,12 @@ step_quality() {
         --temperature 1 --dtype float32 --no-progress)
     $PY -m lantern.generate "${common[@]}" --method ar --out "$out/ar"
     $PY -m lantern.generate "${common[@]}" --method sd --tree dynamic --out "$out/eagle2"
+    runs=("$out/ar" "$out/eagle2")
     for d in 0.05 0.1 0.2 0.4; do
-        $PY -m lantern.generate "${common[@]}" --method lantern --tree dynamic --k 1000 --delta "$d" \
-            --out "$out/lantern-k1000-d$d"
+        runs+=("$out/lantern-k1000-d$d")
+        $PY -m lantern.generate "${common[@]}" --method lantern --tree dynamic --k 1000 --delta "$d" --out "${runs[-1]}"
     done
     $PY scripts/session_scores.py "$out" --model embedded-16
-    for d in ar eagle2 lantern-k1000-d0.05 lantern-k1000-d0.1 lantern-k1000-d0.2 lantern-k1000-d0.4; do
-        runs+=("$out/$d")
-    done
     $PY -m lantern.evaluate "${runs[@]}" --extractors fmnist,mobilenet --paired-with "$out/ar" --out "$out/evaluate" \
         --no-progress
 }
