@@ -9,26 +9,14 @@ The names a notebook needs, at package level::
 
 Names are resolved on first use from the table below (PEP 562), so ``import ambiguity`` stays
 cheap and ``python -m ambiguity.<command>`` does not import its own module twice (runpy warns
-when a package imports the module it is about to run). A function whose module is also a
-command keeps another name here (``profile_model`` is :func:`ambiguity.profile.profile`,
-``compare_models`` is :func:`ambiguity.compare.compare`; ``summarize_profile`` is
-:func:`ambiguity.profile.summarize`, apart from ``lantern.summarize_decode``), because a package attribute cannot
-be both the function and the submodule. ``python -m ambiguity`` lists the commands.
+when a package imports the module it is about to run). ``python -m ambiguity`` lists the commands.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
-if "torch" not in sys.modules:
-    # Decoding runs thousands of tiny ops; with OpenMP's default busy-waiting, two threads on CPU
-    # cores shared with other work ran 10x slower than one. Passive waiting keeps the speed of
-    # an idle machine. It must be set before torch starts OpenMP; set OMP_WAIT_POLICY to override.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-# public name -> "module" (the name is the module's own attribute) or "module:attribute"
+# public name -> the module that defines it
 _API = {
     "UsageError": "ambiguity.errors",
     "WeightsNotFoundError": "ambiguity.errors",
@@ -51,8 +39,8 @@ _API = {
     "top1_prob": "ambiguity.stats",
     "topk_mass": "ambiguity.stats",
     "entropy": "ambiguity.stats",
-    "profile_model": "ambiguity.profile:profile",
-    "summarize_profile": "ambiguity.profile:summarize",
+    "profile_model": "ambiguity.profile",
+    "summarize_profile": "ambiguity.profile",
     "plot_distributions": "ambiguity.profile_report",
     "plot_position_means": "ambiguity.profile_report",
     "write_outputs": "ambiguity.profile_report",
@@ -62,28 +50,20 @@ _API = {
     "load_neighbourhoods": "ambiguity.neighbourhood",
     "run_concentration": "ambiguity.analyses.concentration",
     "run_interchangeability": "ambiguity.analyses.interchangeability",
-    "compare_models": "ambiguity.compare:compare",
+    "compare_models": "ambiguity.compare",
     "CompareSettings": "ambiguity.compare",
     "RunDir": "ambiguity.runs",
     "RunOptions": "ambiguity.runs",
     "plots": "ambiguity.plots",
 }
 __all__ = sorted(_API)
-# former package-level names -> their names now (they collided with ``lantern``'s); still resolved, with a warning
-_RENAMED = {"summarize": "summarize_profile"}
 
 
 def __getattr__(name: str):
-    if name in _RENAMED:
-        import warnings
-
-        warnings.warn(f"ambiguity.{name} is now ambiguity.{_RENAMED[name]}", DeprecationWarning, stacklevel=2)
-        return __getattr__(_RENAMED[name])
     if name not in _API:
         raise AttributeError(f"module 'ambiguity' has no attribute {name!r}")
-    module_name, _, attribute = _API[name].partition(":")
-    module = importlib.import_module(module_name)
-    value = module if name == "plots" else getattr(module, attribute or name)
+    module = importlib.import_module(_API[name])
+    value = module if name == "plots" else getattr(module, name)
     globals()[name] = value
     return value
 

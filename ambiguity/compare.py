@@ -21,7 +21,7 @@ Outputs under ``--out`` (default ``runs/compare``), all written atomically:
   ``compare_drafter.{png,pdf}`` (drafter test accuracy per epoch, for models with an accuracy
   table) in ``--figures`` (default: ``--out``).
 
-Drafter accuracy tables are LANTERN artefacts: ``python -m lantern.compare`` runs this same
+Drafter accuracy tables are LANTERN artefacts: ``python -m lantern.drafter.comparison`` runs this same
 comparison with the shipped drafters' tables found automatically (``ambiguity`` never reads
 ``lantern``'s files); here they are given with ``--drafter-accuracy MODEL=FILE``.
 
@@ -63,7 +63,7 @@ from ambiguity.errors import FieldError, UsageError
 from ambiguity.io import ensure_writable_dir, read_table, write_json, write_table
 from ambiguity.memory import check_count
 from ambiguity.models.registry import get_spec, load_model
-from ambiguity.profile import profile
+from ambiguity.profile import profile_model
 from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig
 from ambiguity.stats import bootstrap_mean_ci
@@ -77,7 +77,7 @@ __all__ = [
     "drafter_accuracy",
     "profile_one",
     "summary_row",
-    "compare",
+    "compare_models",
     "plot_ambiguity",
     "plot_drafter",
     "format_table",
@@ -85,7 +85,7 @@ __all__ = [
     "AccuracyLookup",
 ]
 
-# model name -> path of its drafter accuracy table (or None): how lantern.compare supplies its artefacts
+# model name -> path of its drafter accuracy table (or None): how lantern.drafter.comparison supplies its artefacts
 AccuracyLookup = Callable[[str], Optional[Path]]
 
 # LANTERN (arXiv 2410.03355) Sec. 3 / Fig. 2: averages over generated images; drafter top-1 test accuracy.
@@ -186,7 +186,7 @@ def per_image_means(table):
 
 
 def drafter_accuracy(path: Optional[str | Path], given: bool = True):
-    """A drafter accuracy table (written by ``python -m lantern.train_drafter``), or None without one.
+    """A drafter accuracy table (written by ``python -m lantern.drafter.train``), or None without one.
 
     One row per epoch (0 = random init), columns ``epoch``, ``top1``, ``top2``, ``top3``
     (fractions). ``given``: the user named the file, so a missing file is an error (else None).
@@ -203,10 +203,10 @@ def drafter_accuracy(path: Optional[str | Path], given: bool = True):
         df = read_table(p)
     except Exception as exc:  # pyarrow raises many types for damaged files
         raise UsageError(
-            f"cannot read drafter accuracy table {p} ({exc}); retrain with python -m lantern.train_drafter"
+            f"cannot read drafter accuracy table {p} ({exc}); retrain with python -m lantern.drafter.train"
         ) from None
     if not {"epoch", "top1"} <= set(df.columns):
-        raise UsageError(f"{p} has no epoch/top1 columns; pass a table written by python -m lantern.train_drafter")
+        raise UsageError(f"{p} has no epoch/top1 columns; pass a table written by python -m lantern.drafter.train")
     return df.sort_values("epoch").reset_index(drop=True)
 
 
@@ -264,7 +264,7 @@ def profile_one(
         tokens, images, conditions = _dataset_inputs(model, settings, data)
     else:
         conditions = generation_conditions(model, settings.num_images, settings.seed)
-    table, summary = profile(
+    table, summary = profile_model(
         model,
         conditions,
         sampling,
@@ -453,7 +453,7 @@ def format_table(rows, paper: bool = True, level: float = 0.95) -> str:
 
 
 # --------------------------------------------------------------------------- driver
-def compare(
+def compare_models(
     models: Sequence,
     settings: Optional[CompareSettings] = None,
     *,
@@ -477,7 +477,7 @@ def compare(
         weights: {name: checkpoint path}; out: results directory (None: nothing written);
         figures: where the two figures go (default ``out``; None with no ``out``: not drawn).
         accuracy_paths: {name: drafter accuracy table}; accuracy_lookup: name -> table path (or
-            None) for models not in ``accuracy_paths`` (``lantern.compare`` passes the shipped
+            None) for models not in ``accuracy_paths`` (``lantern.drafter.comparison`` passes the shipped
             drafters' tables).
     Returns (compare DataFrame (one row per model, see :func:`summary_row`), {name: per-token table}).
     Raises UsageError for unknown models, absent weights, or an ``out`` holding other settings.
@@ -536,7 +536,7 @@ def build_parser(prog: str = "python -m ambiguity.compare") -> ArgumentParser:
         action="append",
         default=None,
         metavar="MODEL=PATH",
-        help="drafter accuracy table per model (python -m lantern.compare finds the shipped ones)",
+        help="drafter accuracy table per model (python -m lantern.drafter.comparison finds the shipped ones)",
     )
     add_device_args(p)
     p.add_argument("--figures", default=None, help="directory for compare_*.png/pdf (default: --out)")
@@ -568,7 +568,7 @@ def main(
 ) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for bad input (UsageError).
 
-    ``accuracy_lookup``/``prog``: how ``python -m lantern.compare`` reuses this command with the
+    ``accuracy_lookup``/``prog``: how ``python -m lantern.drafter.comparison`` reuses this command with the
     shipped drafter accuracy tables."""
     args = build_parser(prog).parse_args(argv)
     t0 = time.perf_counter()
@@ -584,7 +584,7 @@ def main(
     if args.figures is not None:
         check_out_dir(args.figures, "--figures")
     out = ensure_writable_dir(check_out_dir(args.out or "runs/compare"))
-    result, _ = compare(
+    result, _ = compare_models(
         models,
         settings,
         weights=weights,
@@ -613,8 +613,8 @@ def main(
     )
     if accuracy_lookup is None and not acc:
         print(
-            "note: drafter accuracy is n/a without --drafter-accuracy; python -m lantern.compare adds the shipped "
-            "drafters' tables"
+            "note: drafter accuracy is n/a without --drafter-accuracy; "
+            "python -m lantern.drafter.comparison adds the shipped drafters' tables"
         )
     return 0
 

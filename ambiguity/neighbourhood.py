@@ -74,17 +74,14 @@ from ambiguity.knn import DEFAULT_BLOCK_BYTES, METRICS, check_k, check_matrix, c
 from ambiguity.models.registry import check_spec_options, load_model
 
 __all__ = [
-    "METRICS",
     "MATRICES",
     "Neighbourhoods",
-    "exact_knn",
     "build_neighbourhoods",
     "model_neighbourhoods",
     "model_matrix",
     "matrix_key",
     "default_cache_dir",
     "load_neighbourhoods",
-    "check_k",
     "main",
 ]
 

@@ -72,17 +72,18 @@ from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import check_spec_options, get_spec, load_model
 from ambiguity.profile_report import OUTPUTS, print_summary, write_outputs
-from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units, versions
+from ambiguity.run_records import versions
+from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
 from ambiguity.sampling import SamplingConfig, default_guidance, distribution, expand_rows, split_rows
 from ambiguity.seeding import image_generators
 from ambiguity.stats import STAT_NAMES, token_stats
 
 __all__ = [
-    "profile",
+    "profile_model",
     "profile_generated",
     "profile_forced",
     "batch_table",
-    "summarize",
+    "summarize_profile",
     "build_parser",
     "check_arguments",
     "resolve_inputs",
@@ -194,7 +195,7 @@ def batch_table(model: TokenModel, first_image: int, conditions: Sequence, token
     return pd.DataFrame(cols)
 
 
-def summarize(df) -> dict:
+def summarize_profile(df) -> dict:
     """Means and quantiles of every statistic column of a per-token table.
 
     Returns {column: {"mean", "std", "q05", "q25", "median", "q75", "q95"}} (probabilities,
@@ -229,7 +230,7 @@ def _digest(obj) -> str:
     return hashlib.sha1(json.dumps(obj, default=str).encode()).hexdigest()
 
 
-def profile(
+def profile_model(
     model: TokenModel,
     conditions: Optional[Sequence] = None,
     sampling: Optional[SamplingConfig] = None,
@@ -241,7 +242,6 @@ def profile(
     images=None,
     settings: Optional[dict] = None,
     options: Optional[RunOptions] = None,
-    **old,
 ):
     """Profile ``model``'s next-token distributions; the Python entry point behind the CLI.
 
@@ -260,8 +260,7 @@ def profile(
         images: (num_images, C, H, W) float in [0, 1] (anything sliceable to such tensors, e.g.
             :class:`ambiguity.conditions.ImageFiles`), encoded per batch with ``model.encode_images``.
         settings: extra facts stored with the run and in the summary (the CLI's options).
-        options: :class:`~ambiguity.runs.RunOptions` (the old keywords ``out``, ``overwrite``,
-            ``progress`` and ``shard`` still work): ``out`` a run directory
+        options: :class:`~ambiguity.runs.RunOptions`: ``out`` a run directory
             (:class:`ambiguity.runs.RunDir`) that makes the run resumable, each finished batch a
             part (None keeps everything in memory); ``overwrite`` discards a run of other
             settings in ``out`` instead of refusing; ``progress`` shows a tqdm bar (tokens per
@@ -270,7 +269,7 @@ def profile(
             reads every batch's part.
     Returns:
         (DataFrame, summary): one row per (image, position), columns as :func:`batch_table`;
-        summary dict with the model facts, settings, per-column statistics (:func:`summarize`),
+        summary dict with the model facts, settings, per-column statistics (:func:`summarize_profile`),
         token count, wall time (seconds) and package versions. (None, None) on a shard that does
         not merge.
     Raises:
@@ -278,7 +277,7 @@ def profile(
         ``out`` holding results of other settings (unless ``overwrite``).
     """
     t0 = time.perf_counter()
-    opts = RunOptions.of(options, **old)
+    opts = RunOptions.of(options)
     out, shard = opts.out, opts.shard
     sampling = sampling or SamplingConfig(guidance=default_guidance(model.kind))
     forced = tokens is not None or images is not None
@@ -389,7 +388,7 @@ def _summary(key: dict, settings: dict, table, nb: int, resumed: int, seconds: f
         "tokens_per_image": int(len(table)) // max(1, key["num_images"]),
         "grid": key["model"]["grid"],
         "settings": settings,
-        "stats": summarize(table),
+        "stats": summarize_profile(table),
         "batches": {"total": nb, "resumed": resumed, "computed": nb - resumed},
         "wall_time_s": round(seconds, 3),
         "versions": versions(),
@@ -445,7 +444,8 @@ def build_parser() -> ArgumentParser:
     )
     add_sampling_args(p)
     add_run_args(
-        p, "output directory (default: runs/profile/<model>, runs/profile/<model>-dataset for --source dataset)"
+        p,
+        "output directory (default: runs/profile/<model>, runs/profile/<model>-dataset for --source dataset)",
     )
     p.add_argument("--no-figures", action="store_true", help="write only the table and summary")
     add_shard_args(p)
@@ -466,7 +466,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     check_run_size(model, args.num_images, args.batch_size, sampling.guided)  # before any per-image list is built
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
     model.make_prompt(conditions[:1], guided=sampling.guided)  # e.g. a missing caption encoder fails before any output
-    table, summary = profile(
+    table, summary = profile_model(
         model,
         conditions,
         sampling,

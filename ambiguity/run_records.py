@@ -82,7 +82,7 @@ def settings_difference(old, new, prefix: str = "") -> str:
 
 #: facts added to run records after runs were made with records lacking them: a stored record
 #: without one of these keys continues when everything else agrees (the check is then skipped);
-#: ``drafter_digest`` is :func:`lantern.drafter.drafter_digest` (named here, not imported)
+#: ``drafter_digest`` is :func:`lantern.drafter.model.drafter_digest` (named here, not imported)
 LATER_KEYS = frozenset({"weights_digest", "drafter_digest"})
 
 

@@ -42,7 +42,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, TypeVar
 
@@ -72,10 +72,6 @@ __all__ = [
     "shard_units",
     "assemble_units",
     "read_units",
-    "settings_digest",
-    "settings_difference",
-    "versions",
-    "normalise",
     "file_sha256",
     "check_sealed",
     "RUN_FILE",
@@ -542,22 +538,12 @@ class RunOptions:
     shard: Shard = SINGLE
 
     @classmethod
-    def of(cls, options: RunOptions | str | Path | None = None, /, **old) -> RunOptions:
-        """A driver's ``options`` argument as RunOptions: RunOptions, a run directory (``out``)
-        or None, with the keywords the drivers took before (``out``, ``overwrite``,
-        ``progress``, ``shard``) applied on top. Raises TypeError for another keyword or ``out``
-        given twice."""
-        known = {f.name for f in fields(cls)}
-        for key in old:
-            if key not in known:
-                raise TypeError(f"unexpected keyword argument {key!r} (run options: {', '.join(sorted(known))})")
+    def of(cls, options: RunOptions | str | Path | None = None, /) -> RunOptions:
+        """A driver's ``options`` argument as RunOptions: RunOptions as it is, a run directory
+        (``out``, the other fields at their defaults) or None (all defaults)."""
         if isinstance(options, RunOptions):
-            return replace(options, **old)
-        if options is not None:
-            if "out" in old:
-                raise TypeError("the run directory is given twice (positionally and as out=)")
-            old["out"] = options
-        return cls(**old)
+            return options
+        return cls() if options is None else cls(out=options)
 
     @classmethod
     def from_args(cls, args, shard: Shard = SINGLE, out: str | Path | None = None) -> RunOptions:

@@ -94,7 +94,7 @@ def tagged_seed(seed: int, name: str, *parts: int) -> int:
     return derived_seed(seed, SEED_TAGS[name], *parts)
 
 
-#: The drafter fingerprint's probe feature (:func:`lantern.drafter.target_fingerprint`); shipped
+#: The drafter fingerprint's probe feature (:func:`lantern.drafter.model.target_fingerprint`); shipped
 #: drafters record the logits it produces, so it never changes.
 FINGERPRINT_PROBE_SEED = 0
 
@@ -127,24 +127,24 @@ def vq_step_seed(seed: int, step: int) -> int:
 
 
 def drafter_init_seed(seed: int) -> int:
-    """Global torch seed set by ``python -m lantern.train_drafter`` before loading the target and
+    """Global torch seed set by ``python -m lantern.drafter.train`` before loading the target and
     initialising the drafter: ``seed``."""
     return int(seed)
 
 
 def drafter_epoch_seed(seed: int, epoch: int) -> int:
-    """Seed of the drafter's batch order in epoch ``epoch`` (``lantern.train_drafter``): ``seed * 1000 + epoch``."""
+    """Seed of the drafter's batch order in epoch ``epoch`` (``lantern.drafter.train``): ``seed * 1000 + epoch``."""
     return int(seed) * 1000 + int(epoch)
 
 
 def holdout_seed(seed: int) -> int:
-    """Seed of a held-out / training-subset permutation of sequences (``lantern.drafter_data.split_holdout``,
+    """Seed of a held-out / training-subset permutation of sequences (``lantern.drafter.data.split_holdout``,
     the text twin's held-out passages and training subset): ``seed``."""
     return int(seed)
 
 
 def uncond_rows_seed(seed: int) -> int:
-    """Seed of the choice of rows trained unconditionally (``lantern.drafter_data.build_feature_cache``): ``seed``."""
+    """Seed of the choice of rows trained unconditionally (``lantern.drafter.data.build_feature_cache``): ``seed``."""
     return int(seed)
 
 
@@ -181,14 +181,14 @@ STREAMS: dict[str, tuple] = {
         "ambiguity.train_loop.batch_indices, scripts/train_fmnist_classifier.py",
     ),
     "vq-step": (vq_step_seed, "ambiguity.train_vq.train_vq"),
-    "drafter-init": (drafter_init_seed, "lantern.train_drafter"),
-    "drafter-epoch": (drafter_epoch_seed, "lantern.train_drafter"),
-    "holdout": (holdout_seed, "lantern.drafter_data.split_holdout, the text twin"),
-    "uncond-rows": (uncond_rows_seed, "lantern.drafter_data.build_feature_cache"),
+    "drafter-init": (drafter_init_seed, "lantern.drafter.train"),
+    "drafter-epoch": (drafter_epoch_seed, "lantern.drafter.train"),
+    "holdout": (holdout_seed, "lantern.drafter.data.split_holdout, the text twin"),
+    "uncond-rows": (uncond_rows_seed, "lantern.drafter.data.build_feature_cache"),
     "subset": (subset_seed, "ambiguity.conditions, ambiguity.data.captions, scripts/figure_embedded_samples.py"),
     "classifier-init": (classifier_init_seed, "scripts/train_fmnist_classifier.py"),
     "augment": (augment_seed, "scripts/train_fmnist_classifier.py"),
     "random-control": (random_control_seed, "ambiguity.neighbourhood (metric 'random')"),
     "replacement": (replacement_seed, "ambiguity.analyses.interchangeability"),
-    "fingerprint-probe": (lambda seed=0: FINGERPRINT_PROBE_SEED, "lantern.drafter.target_fingerprint"),
+    "fingerprint-probe": (lambda seed=0: FINGERPRINT_PROBE_SEED, "lantern.drafter.model.target_fingerprint"),
 }

@@ -51,8 +51,8 @@ from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from lantern.acceptance import AcceptanceRule, judge, relaxed_mass, residual
-from lantern.decoding import draft
-from lantern.drafter import Drafter
+from lantern.chain import draft
+from lantern.drafter.model import Drafter
 
 OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "bench_acceptance"  # untracked
 

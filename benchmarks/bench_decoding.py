@@ -69,12 +69,12 @@ from ambiguity.models.registry import load_model
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig, default_guidance
 from lantern.decoding import DecodeConfig, check_depth, decode, neighbour_table
-from lantern.drafter import drafter_digest, load_drafter
+from lantern.drafter.model import drafter_digest, load_drafter
 from lantern.evaluate import score_images
 from lantern.quality.features import EXTRACTORS
-from lantern.replay import target_scores
+from lantern.run_reader import target_scores
 from lantern.timing import interleaved_timing, speedup_table
-from lantern.trees import STATIC_TREES, TreeSpec
+from lantern.tree_spec import STATIC_TREES, TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 QUALITY = ("fid", "kid", "precision", "recall")

@@ -6,7 +6,7 @@
 Every (model, method, B) cell decodes ``max(--images, 2 B)`` images with
 :func:`lantern.decoding.decode` ``(batch_size=B)`` (continuous batching, so the last images of a
 cell run in a draining batch, as a real run's last batch does) and records images / wall second.
-The ``profile`` method times ``ambiguity.profile.profile`` on the same images and batch (AR
+The ``profile`` method times ``ambiguity.profile.profile_model`` on the same images and batch (AR
 sampling plus its statistics: the profiler's cost per image). Cells run interleaved: every
 repeat visits all cells in a fresh random order (seeded), after one warm-up decode per model and
 method; the table reports the median over repeats and the spread (min, max). Tree rows:
@@ -62,11 +62,12 @@ from ambiguity.cli import (  # noqa: E402
 )
 from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.models.registry import load_model  # noqa: E402
-from ambiguity.profile import profile  # noqa: E402
+from ambiguity.profile import profile_model  # noqa: E402
+from ambiguity.runs import RunOptions  # noqa: E402
 from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
 from lantern.decoding import DecodeConfig, compile_forwards, decode, neighbour_table  # noqa: E402
-from lantern.drafter import load_drafter  # noqa: E402
-from lantern.trees import STATIC_TREES, TreeSpec  # noqa: E402
+from lantern.drafter.model import load_drafter  # noqa: E402
+from lantern.tree_spec import STATIC_TREES, TreeSpec  # noqa: E402
 
 METHODS = ("ar", "sd", "lantern", "lantern-static", "lantern-dynamic", "sd-dynamic")
 JACOBI = ("sjd", "gsd", "scd")  # accepted by --methods, not in the default
@@ -92,7 +93,7 @@ def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -
     t0 = time.perf_counter()
     tokens, target_s = None, float("nan")
     if method == "profile":
-        profile(model, conditions, sampling, batch_size=B, progress=False)
+        profile_model(model, conditions, sampling, batch_size=B, options=RunOptions(progress=False))
         tau = 1.0
     else:
         out = decode(

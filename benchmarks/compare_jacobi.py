@@ -61,13 +61,15 @@ from lantern.acceptance import AcceptanceRule, output_distribution  # noqa: E402
 from lantern.decoding import DecodeConfig, decode, neighbour_table  # noqa: E402
 from lantern.distortion import real_pairs  # noqa: E402
 from lantern.divergences import tvd  # noqa: E402
-from lantern.drafter import load_drafter  # noqa: E402
-from lantern.evaluate import flat_scores, score_images  # noqa: E402
-from lantern.jacobi import gsd_output_distribution, jacobi_decode  # noqa: E402
-from lantern.quality.scoring import Protocol  # noqa: E402
+from lantern.drafter.model import load_drafter  # noqa: E402
+from lantern.evaluate import score_images  # noqa: E402
+from lantern.jacobi import jacobi_decode  # noqa: E402
+from lantern.jacobi_rules import gsd_output_distribution  # noqa: E402
+from lantern.quality.scoring import QualityProtocol  # noqa: E402
+from lantern.quality.tables import flat_scores  # noqa: E402
 from lantern.replay import ambiguity_bins, with_wilson  # noqa: E402
 from lantern.timing import interleaved_timing, speedup_table  # noqa: E402
-from lantern.trees import TreeSpec  # noqa: E402
+from lantern.tree_spec import TreeSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +147,7 @@ def quality_row(pixels, reference: str, bootstrap: int) -> dict:
     """FID / KID / precision / recall (fmnist features) of decoded images (N, C, H, W) in [0, 1]
     against ``reference`` -> ``{metric: value, metric_lo, metric_hi}`` (jackknife intervals over
     min(bootstrap, N) groups, :func:`lantern.evaluate.score_images`)."""
-    q = score_images(pixels, reference=reference, extractors=["fmnist"], protocol=Protocol(bootstrap=bootstrap))
+    q = score_images(pixels, reference=reference, extractors=["fmnist"], protocol=QualityProtocol(bootstrap=bootstrap))
     return {k: v for k, v in flat_scores(q).items() if k.split("_")[0] in QUALITY}
 
 

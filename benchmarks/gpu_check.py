@@ -46,8 +46,8 @@ from ambiguity.models.gpt import GPT, GPTConfig, gpt_config_from_official  # noq
 from ambiguity.models.llamagen import LlamaGenModel  # noqa: E402
 from ambiguity.sampling import SamplingConfig  # noqa: E402
 from lantern.decoding import DecodeConfig, decode  # noqa: E402
-from lantern.drafter import Drafter  # noqa: E402
-from lantern.trees import TreeSpec  # noqa: E402
+from lantern.drafter.model import Drafter  # noqa: E402
+from lantern.tree_spec import TreeSpec  # noqa: E402
 
 
 def random_target(smoke: bool, device: torch.device, dtype: torch.dtype) -> LlamaGenModel:

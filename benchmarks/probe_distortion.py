@@ -40,7 +40,7 @@ from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import AcceptanceRule, output_distributions
 from lantern.divergences import tvd
-from lantern.drafter import load_drafter
+from lantern.drafter.model import load_drafter
 
 OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "probe_distortion"  # untracked
 

@@ -54,7 +54,7 @@ from lantern.acceptance import AcceptanceRule, output_distributions
 from lantern.decoding import DecodeConfig, decode, neighbour_table
 from lantern.distortion import real_pairs, sibling_output_distribution
 from lantern.divergences import tvd
-from lantern.drafter import load_drafter
+from lantern.drafter.model import load_drafter
 
 OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "probe_emitted_tokens" / "emitted_tokens.csv"
 

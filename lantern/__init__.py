@@ -8,8 +8,7 @@ The names a notebook needs, at package level::
                     amb.SamplingConfig(guidance=4.0), drafter=lt.load_drafter(model), pixels=True)
     out.summary()
 
-Names are resolved on first use from the table below (PEP 562; ``"module:attribute"`` where the package
-name differs from the module's), as in :mod:`ambiguity`, so that
+Names are resolved on first use from the table below (PEP 562), as in :mod:`ambiguity`, so that
 ``python -m lantern.<command>`` never imports its own module twice. ``python -m lantern`` lists
 the commands.
 """
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-# public name -> module that defines it
+# public name -> the module that defines it
 _API = {
     "AcceptanceRule": "lantern.acceptance",
     "Verdict": "lantern.acceptance",
@@ -37,58 +36,49 @@ _API = {
     "METHODS": "lantern.decoding",
     "decode": "lantern.decoding",
     "compile_forwards": "lantern.decoding",
-    "speculative_decode": "lantern.decoding",
-    "autoregressive_decode": "lantern.decoding",
+    "speculative_decode": "lantern.chain",
+    "autoregressive_decode": "lantern.chain",
     "neighbour_table": "lantern.decoding",
     "batched_decode": "lantern.batched",
-    "JacobiConfig": "lantern.jacobi",
+    "JacobiConfig": "lantern.jacobi_config",
     "jacobi_decode": "lantern.jacobi",
-    "gsd_output_distribution": "lantern.jacobi",
-    "DraftModel": "lantern.drafter",
-    "Drafter": "lantern.drafter",
-    "load_drafter": "lantern.drafter",
+    "gsd_output_distribution": "lantern.jacobi_rules",
+    "DraftModel": "lantern.drafter.model",
+    "Drafter": "lantern.drafter.model",
+    "load_drafter": "lantern.drafter.model",
     "Decoded": "lantern.records",
-    "summarize_decode": "lantern.records:summarize",
+    "summarize_decode": "lantern.records",
     "summary_table": "lantern.records",
     "run_generate": "lantern.generate",
-    "load_run": "lantern.replay",
+    "load_run": "lantern.run_reader",
     "acceptance_by_ambiguity": "lantern.replay",
-    "image_quality": "lantern.replay",
-    "train_drafter": "lantern.train_drafter",
-    "TrainConfig": "lantern.train_drafter",
+    "image_quality": "lantern.run_reader",
+    "train_drafter": "lantern.drafter.train",
+    "TrainConfig": "lantern.drafter.train",
     "evaluate_runs": "lantern.evaluate",
     "score_images": "lantern.evaluate",
-    "flat_scores": "lantern.evaluate",
-    "QualityProtocol": "lantern.quality.scoring:Protocol",
+    "flat_scores": "lantern.quality.tables",
+    "QualityProtocol": "lantern.quality.scoring",
     "load_extractor": "lantern.quality.features",
     "Extractor": "lantern.quality.features",
     "frechet_distance": "lantern.quality.metrics",
-    "TreeSpec": "lantern.trees",
-    "STATIC_TREES": "lantern.trees",
+    "TreeSpec": "lantern.tree_spec",
+    "STATIC_TREES": "lantern.tree_spec",
     "interleaved_timing": "lantern.timing",
     "speedup_table": "lantern.timing",
     "speedup_curve": "lantern.timing",
     "real_pairs": "lantern.distortion",
     "distortion_table": "lantern.distortion",
     "run_paper": "lantern.paper",
-    "PaperConfig": "lantern.paper",
+    "PaperConfig": "lantern.paper.config",
 }
 __all__ = sorted(_API)
-# former package-level names -> their names now (``summarize`` collided with ``ambiguity.summarize``, the
-# quality settings ``Protocol`` with ``typing.Protocol``); still resolved, with a warning
-_RENAMED = {"summarize": "summarize_decode", "Protocol": "QualityProtocol"}
 
 
 def __getattr__(name: str):
-    if name in _RENAMED:
-        import warnings
-
-        warnings.warn(f"lantern.{name} is now lantern.{_RENAMED[name]}", DeprecationWarning, stacklevel=2)
-        return __getattr__(_RENAMED[name])
     if name not in _API:
         raise AttributeError(f"module 'lantern' has no attribute {name!r}")
-    module_name, _, attribute = _API[name].partition(":")
-    value = getattr(importlib.import_module(module_name), attribute or name)
+    value = getattr(importlib.import_module(_API[name]), name)
     globals()[name] = value
     return value
 

@@ -11,8 +11,8 @@ COMMANDS = {
     ),
     "replay": ("lantern.replay", "acceptance vs ambiguity, and image quality against a reference run"),
     "evaluate": ("lantern.evaluate", "FID, KID, precision/recall, density/coverage, CLIP score, HPS v2.1 of runs"),
-    "train_drafter": ("lantern.train_drafter", "train an EAGLE drafter and measure its test accuracy per epoch"),
-    "compare": ("lantern.drafter_comparison", "ambiguity across models with their drafters' accuracy (LANTERN Fig. 2)"),
+    "train_drafter": ("lantern.drafter.train", "train an EAGLE drafter and measure its test accuracy per epoch"),
+    "compare": ("lantern.drafter.comparison", "ambiguity across models with their drafters' accuracy (LANTERN Fig. 2)"),
     "paper": ("lantern.paper.__main__", "regenerate the paper's figures and tables next to its published values"),
 }
 

@@ -63,7 +63,7 @@ from ambiguity.stats import entropy, top1_prob
 from lantern.acceptance import AcceptanceRule, judge
 from lantern.batched_trees import tree_round
 from lantern.chain import accept
-from lantern.drafter import DraftModel
+from lantern.drafter.model import DraftModel
 from lantern.records import DRAFT_COLUMNS, NEXT_KINDS, STEP_COLUMNS, Decoded
 from lantern.slots import (
     BatchState,
@@ -80,9 +80,9 @@ from lantern.slots import (
     verify_chains,
 )
 from lantern.steps import Timer, elapsed_since, target_distribution
-from lantern.trees import TreeSpec
+from lantern.tree_spec import TreeSpec
 
-__all__ = ["batched_decode", "check_batching"]  # check_batching lives in lantern.slots
+__all__ = ["batched_decode"]
 
 _FLOAT_DRAFT = (
     "p_draft",
@@ -202,7 +202,7 @@ def batched_decode(
     """Decode one image per condition with up to ``batch_size`` images per forward (module docstring).
 
     rule: None for AR decoding (then drafter, neighbours and gamma are unused), else ``"sd"`` or a
-    LANTERN rule with a drafter (:class:`lantern.drafter.Drafter`) and, for relaxed rules, the
+    LANTERN rule with a drafter (:class:`lantern.drafter.model.Drafter`) and, for relaxed rules, the
     (V, K >= k) int64 neighbour table; gamma: chain length γ >= 1; image ``first_index + j``
     decodes ``conditions[j]`` with generator ``(seed, first_index + j)`` (or image ``indices[j]``
     when given). draws: {image index: :class:`lantern.trees.Draws`} for images whose coins and

@@ -60,7 +60,7 @@ from ambiguity.models.base import Prompt, Step, TokenModel
 from ambiguity.sampling import Generators, SamplingConfig, distribution, expand_rows, pick
 from ambiguity.stats import entropy, top1_prob
 from lantern.acceptance import AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual
-from lantern.drafter import DraftModel
+from lantern.drafter.model import DraftModel
 from lantern.records import NEXT_KINDS, Decoded, StepLog
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
 
@@ -231,7 +231,7 @@ def speculative_decode(
 ) -> Decoded:
     """Speculative decoding of one image (module docstring: alignment, rollback, timing).
 
-    model: the target; drafter: a :class:`lantern.drafter.DraftModel` for it; prompt: one
+    model: the target; drafter: a :class:`lantern.drafter.model.DraftModel` for it; prompt: one
     condition (``batch_size == 1``; 2 rows with guidance); rule: ``"sd"`` or a LANTERN rule;
     neighbours: (V, K >= k) int64 code-index table (:func:`neighbour_table`) for relaxed rules;
     gamma: draft length γ >= 1; generator: the source of every random number (drafts, ``u``,

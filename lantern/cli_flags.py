@@ -14,7 +14,7 @@ from typing import Optional
 
 from ambiguity.errors import UsageError
 from lantern.acceptance import BOUNDS, RULES
-from lantern.jacobi import JACOBI_METHODS
+from lantern.jacobi_config import JACOBI_METHODS
 
 __all__ = ["RELAXED", "FLAG_METHODS", "FLAG_TREES", "tree_kind", "given_options", "check_flags_apply"]
 

@@ -6,7 +6,7 @@ the latent geometry of the neighbour table); :func:`decode` runs one image after
 (EAGLE-1 static / EAGLE-2 dynamic trees) or :func:`lantern.chain.autoregressive_decode` (the
 baseline) and concatenates their records (:class:`lantern.records.Decoded`).
 
-Seams (as in transformers' assisted generation): the *drafter* (:class:`lantern.drafter.DraftModel`)
+Seams (as in transformers' assisted generation): the *drafter* (:class:`lantern.drafter.model.DraftModel`)
 proposes tokens, the *verifier* (one target forward) scores them, and the *acceptance rule*
 (:class:`lantern.acceptance.AcceptanceRule`, pure tensor functions) decides.
 
@@ -34,20 +34,22 @@ import torch
 from tqdm.auto import tqdm
 
 from ambiguity.errors import FieldError, UsageError
+from ambiguity.knn import METRICS
 from ambiguity.memory import PREFIX_ROOM, check_batch, check_count, kv_bytes_per_token
 from ambiguity.models.base import TokenModel
-from ambiguity.neighbourhood import MATRICES, METRICS, model_neighbourhoods
+from ambiguity.neighbourhood import MATRICES, model_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from ambiguity.seeding import image_generator, image_seed
 from lantern.acceptance import RULES, AcceptanceRule
-from lantern.batched import batched_decode, check_batching
-from lantern.chain import Acceptance, accept, autoregressive_decode, draft, speculative_decode, verify
-from lantern.drafter import DraftModel, fingerprint_mismatch, target_fingerprint
-from lantern.jacobi import JACOBI_METHODS, JacobiConfig, batched_jacobi_decode, check_jacobi, jacobi_decode
+from lantern.batched import batched_decode
+from lantern.chain import autoregressive_decode, speculative_decode
+from lantern.drafter.model import DraftModel, fingerprint_mismatch, target_fingerprint
+from lantern.jacobi import batched_jacobi_decode, jacobi_decode
+from lantern.jacobi_config import JACOBI_METHODS, JacobiConfig, check_jacobi
 from lantern.records import Decoded
-from lantern.steps import Timer, prefill, target_distribution
+from lantern.slots import check_batching
 from lantern.tree_decoding import tree_decode
-from lantern.trees import TreeSpec
+from lantern.tree_spec import TreeSpec
 
 __all__ = [
     "METHODS",
@@ -60,17 +62,6 @@ __all__ = [
     "check_batch_size",
     "decode",
     "compile_forwards",
-    # the loops' pieces, re-exported for one import path
-    "Timer",
-    "Acceptance",
-    "prefill",
-    "target_distribution",
-    "draft",
-    "verify",
-    "accept",
-    "speculative_decode",
-    "autoregressive_decode",
-    "tree_decode",
 ]
 
 METHODS = ("ar",) + RULES + JACOBI_METHODS  # sjd / gsd / scd: no drafter (lantern.jacobi)
@@ -239,12 +230,12 @@ def check_batch_size(batch_size) -> None:
 
 
 def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
-    """Raise UsageError unless ``drafter`` was built for ``model`` (fingerprint, see lantern.drafter)."""
+    """Raise UsageError unless ``drafter`` was built for ``model`` (fingerprint, see lantern.drafter.model)."""
     why = fingerprint_mismatch(getattr(drafter, "target", {}) or {}, target_fingerprint(model))
     if why is not None:
         raise UsageError(
             f"drafter was built for {why}, not {model.name}; pass --drafter for this model or train "
-            f"one with python -m lantern.train_drafter --model {model.name}"
+            f"one with python -m lantern.drafter.train --model {model.name}"
         )
 
 

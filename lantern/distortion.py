@@ -37,18 +37,10 @@ from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import bootstrap_mean_ci, entropy
 from lantern.acceptance import AcceptanceRule, output_distributions, proximity, residual
 from lantern.divergences import tvd
-from lantern.drafter import DraftModel
+from lantern.drafter.model import DraftModel
 from lantern.steps import target_distribution
 
-__all__ = [
-    "real_pairs",
-    "image_groups",
-    "bootstrap_mean_ci",
-    "sibling_output_distribution",
-    "distortion_table",
-    "DRIVERS",
-    "TREE_ROW",
-]
+__all__ = ["real_pairs", "image_groups", "sibling_output_distribution", "distortion_table", "DRIVERS", "TREE_ROW"]
 
 TREE_ROW = "TVD(out, p), tree"  # distortion_table's rows of the deterministic tree (``siblings`` = m)
 

@@ -81,30 +81,14 @@ from lantern.quality.checks import (
 )
 from lantern.quality.features import EXTRACTORS, OFFLINE, default_extractors, load_extractors, locate_weights
 from lantern.quality.report import plot_quality_sweep, sweep_frame
-from lantern.quality.scoring import PAPER_SAMPLE_SIZES, Protocol, protocol_record
+from lantern.quality.scoring import PAPER_SAMPLE_SIZES, QualityProtocol, protocol_record
+from lantern.quality.set_scoring import score_set
 from lantern.quality.sources import ImageSet, load_source, parse_spec
-from lantern.quality.tables import flat_scores, paired_table, speed_quality_table, wide_table
+from lantern.quality.tables import paired_table, speed_quality_table, wide_table
 from lantern.quality.text import CLIP_SCALES
 from lantern.run_reader import load_run, run_label
-from lantern.set_scoring import score_set
 
-__all__ = [
-    "evaluate_runs",
-    "score_images",
-    "flat_scores",
-    "paired_table",
-    "load_extractors",
-    "check_sizes",
-    "wide_table",
-    "speed_quality_table",
-    "build_parser",
-    "main",
-    "check_run_names",
-    "check_counts",
-    "parse_extractors",
-    "COMMAND",
-    "OUTPUTS",
-]
+__all__ = ["evaluate_runs", "score_images", "build_parser", "main", "COMMAND", "OUTPUTS"]
 
 COMMAND = "python -m lantern.evaluate"
 MERGE = "lantern.evaluate:merge_run"
@@ -132,7 +116,7 @@ def _labels(sets: Sequence[ImageSet]) -> None:
 
 def evaluate_runs(
     runs: Sequence[str],
-    protocol: Protocol = Protocol(),
+    protocol: QualityProtocol = QualityProtocol(),
     extractors: Optional[Sequence[str]] = None,
     weights: Optional[dict] = None,
     options: RunOptions | str | Path | None = None,
@@ -145,7 +129,6 @@ def evaluate_runs(
     target_scores_model=None,
     paired_with: Optional[str] = None,
     request: Optional[dict] = None,
-    **old,
 ) -> tuple[Optional[pd.DataFrame], Optional[dict]]:
     """Score generation runs (or image folders, or data-set splits) against ``protocol.reference``.
 
@@ -153,8 +136,7 @@ def evaluate_runs(
     :data:`lantern.quality.features.EXTRACTORS` (None: the offline ones whose weights are present,
     :func:`lantern.quality.features.default_extractors`, with a note on what was skipped);
     weights: {extractor or "clip"/"hps": path};
-    options: :class:`~ambiguity.runs.RunOptions`, or just ``out`` (the old keywords ``out``,
-    ``overwrite``, ``progress`` and ``shard`` still work): ``out`` the run directory for
+    options: :class:`~ambiguity.runs.RunOptions`, or just ``out``: ``out`` the run directory for
     resumable parts and the outputs (None: nothing written but the reference cache); cache:
     reference-statistics cache (False: none); proxy_reference: a generate run for PSNR / token
     match; target_scores_model: a loaded TokenModel for NLL and class consistency; paired_with:
@@ -168,7 +150,7 @@ def evaluate_runs(
     Every input is checked before anything is computed; raises UsageError (module docstring).
     """
     t0 = time.perf_counter()
-    opts = RunOptions.of(options, **old)
+    opts = RunOptions.of(options)
     out, shard = opts.out, opts.shard
     if not runs:
         raise UsageError("name at least one run to evaluate")
@@ -272,7 +254,7 @@ def score_images(
     extractors: Optional[Sequence[str]] = None,
     conditions: Optional[Sequence] = None,
     class_names: Optional[Sequence[str]] = None,
-    protocol: Optional[Protocol] = None,
+    protocol: Optional[QualityProtocol] = None,
     weights: Optional[dict] = None,
     data: Optional[str] = None,
     cache: Optional[str | Path] = None,
@@ -291,7 +273,7 @@ def score_images(
     (``fid_fmnist``, ``precision_mobilenet``, ``clip_score``, ...). Extractors and reference
     statistics are loaded once per process (and the statistics cached on disk).
     """
-    p = replace(protocol or Protocol(), reference=reference)
+    p = replace(protocol or QualityProtocol(), reference=reference)
     x = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images, dtype=torch.float32)
     if x.ndim != 4 or x.shape[1] not in (1, 3) or len(x) == 0:
         raise UsageError(f"score_images needs images (N >= 1, 1 or 3, H, W), got shape {tuple(x.shape)}")
@@ -367,13 +349,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--level", type=unit_float, default=0.95, help="interval coverage (default: 0.95)")
     p.add_argument(
         "--nearest-k",
-        "--k",
         dest="k",
         type=positive_int,
         default=3,
         metavar="K",
-        help="k of the k-NN metrics (precision/recall, density/coverage) (default: 3); --k is its former "
-        "name, still accepted (elsewhere --k is the latent neighbourhood size)",
+        help="k of the k-NN metrics (precision/recall, density/coverage) (default: 3)",
     )
     p.add_argument(
         "--prdc-reference",
@@ -383,14 +363,16 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--seed", type=seed_int, default=0, help="seed of subsets and resamples (default: 0)")
     p.add_argument("--clip-score", action="store_true", help="CLIP score of images vs captions / class prompts")
-    p.add_argument("--clip-model", default=Protocol.clip_model, help="CLIP repository in the HF cache or a directory")
+    p.add_argument(
+        "--clip-model", default=QualityProtocol.clip_model, help="CLIP repository in the HF cache or a directory"
+    )
     p.add_argument(
         "--clip-scale",
         choices=CLIP_SCALES,
         default="cosine",
         help="cosine: raw cosine as LANTERN reports; x100: 100*max(cos,0) as torchmetrics (default: cosine)",
     )
-    p.add_argument("--prompt", default=Protocol.prompt_template, help="prompt template for class labels")
+    p.add_argument("--prompt", default=QualityProtocol.prompt_template, help="prompt template for class labels")
     p.add_argument("--class-names", default=None, metavar="FILE", help="class names, one per line (c2i CLIP score)")
     p.add_argument("--hps", action="store_true", help="HPS v2.1 (needs open_clip and HPS_v2.1_compressed.pt)")
     p.add_argument(
@@ -457,7 +439,7 @@ def _run(args, shard: Shard, request: dict) -> int:
     if args.cache is not None:
         check_out_dir(args.cache, "--cache")
     device = resolve_device(args.device)
-    protocol = Protocol(
+    protocol = QualityProtocol(
         reference=args.reference,
         k=args.k,
         bootstrap=args.bootstrap,

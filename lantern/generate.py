@@ -56,14 +56,14 @@ from ambiguity.conditions import generation_conditions, parse_classes
 from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import abspath, atomic_path, write_json, write_table
+from ambiguity.knn import METRICS
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import check_compile, check_spec_options, get_spec, load_model
-from ambiguity.neighbourhood import MATRICES, METRICS
+from ambiguity.neighbourhood import MATRICES
 from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
 from lantern.acceptance import CONVENTIONS, AcceptanceRule
-from lantern.batched import check_batching
 from lantern.cli_flags import check_flags_apply, given_options
 from lantern.decoding import (
     DEFAULT_METRIC,
@@ -75,10 +75,11 @@ from lantern.decoding import (
     decode,
     neighbour_table,
 )
-from lantern.drafter import DraftModel, drafter_digest, load_drafter
-from lantern.jacobi import COUPLINGS, INITS, JacobiConfig, check_jacobi
-from lantern.records import Decoded, summarize, summary_table
-from lantern.trees import STATIC_TREES, TreeSpec, parse_tree
+from lantern.drafter.model import DraftModel, drafter_digest, load_drafter
+from lantern.jacobi_config import COUPLINGS, INITS, JacobiConfig, check_jacobi
+from lantern.records import Decoded, summarize_decode, summary_table
+from lantern.slots import check_batching
+from lantern.tree_spec import STATIC_TREES, TreeSpec, parse_tree
 
 __all__ = ["build_parser", "main", "run_generate", "decode_config_from_args", "COMMAND", "OUTPUTS"]
 
@@ -90,7 +91,7 @@ _RULE = AcceptanceRule()  # the rule's defaults are the command's defaults
 
 
 def add_decoding_args(p) -> None:
-    """``--method --gamma --k --delta --lam --metric --matrix --residual --drafter``."""
+    """``--method --gamma --k --delta --lam --metric --matrix --convention --drafter``."""
     p.add_argument("--method", default="lantern", choices=METHODS, help="decoding method (default: lantern)")
     p.add_argument(
         "--gamma", type=positive_int, default=4, help="draft tokens per verification step of a chain, >= 1 (default: 4)"
@@ -155,13 +156,12 @@ def add_decoding_args(p) -> None:
     )
     p.add_argument(
         "--convention",
-        "--residual",
         dest="convention",
         default="exact",
         choices=CONVENTIONS,
         help="exact: lossless at δ = 0 (residual norm(max(p-q,0)), recursive over tree siblings); "
         "official: what the official LANTERN code does (its residuals, greedy test and filter "
-        "order) (default: exact; --residual is the old name)",
+        "order) (default: exact)",
     )
     p.add_argument(
         "--drafter",
@@ -337,17 +337,15 @@ def run_generate(
     settings: Optional[dict] = None,
     batch_size: int = 1,
     compiled: bool = False,
-    **old,
 ):
     """Decode ``conditions`` (image ``i`` from its own stream seeded by ``(seed, i)``) into a run
     directory, reusing the intact parts of finished images.
 
-    options: :class:`~ambiguity.runs.RunOptions` (``out`` is required), or just the run directory;
-    the old keywords ``out``, ``overwrite``, ``progress`` and ``shard`` still work. Its shard
+    options: :class:`~ambiguity.runs.RunOptions` (``out`` is required), or just the run directory. Its shard
     (:mod:`ambiguity.distributed`) decodes the images ``i % shard.count == shard.index``; the
     merging shard then reads every image's part. settings: the run record (default: the model,
     decoding config, sampling and seed); the target's :meth:`~ambiguity.models.base.TokenModel.weights_digest`
-    and the drafter's :func:`~lantern.drafter.drafter_digest` join it, so that weights retrained in place
+    and the drafter's :func:`~lantern.drafter.model.drafter_digest` join it, so that weights retrained in place
     refuse the run rather than resume it. batch_size: images decoded together
     (:func:`lantern.decoding.decode`); the parts are written after every ``16 * batch_size``
     images (a batch then drains, so resuming loses at most that many). compiled: whether the
@@ -359,7 +357,7 @@ def run_generate(
     run of other settings or another shard count; TypeError without ``out``.
     """
     t0 = time.perf_counter()
-    opts = RunOptions.of(options, **old)
+    opts = RunOptions.of(options)
     if opts.out is None:
         raise TypeError("run_generate needs a run directory: options=RunOptions(out=...) or out=...")
     shard = opts.shard
@@ -453,7 +451,7 @@ def _assemble(run: RunDir, facts: dict, parts: list, computed: int, t0: float):
         "drafter": facts["drafter"],
         "batch_size": facts.get("batch_size"),
         "compile": facts.get("compile"),
-        **summarize(steps, drafts, images, facts["gamma"]),
+        **summarize_decode(steps, drafts, images, facts["gamma"]),
         "images_resumed": len(conditions) - computed,
         "images_computed": computed,
         "notes": run.notes,

@@ -74,13 +74,11 @@ from ambiguity.models.base import Prompt, TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.seeding import image_generator, image_seed
 from ambiguity.stats import entropy, top1_prob
-from lantern.jacobi_config import COUPLINGS, DEFAULT_WINDOW, INITS, JACOBI_METHODS, JacobiConfig, check_jacobi
+from lantern.jacobi_config import JacobiConfig, check_jacobi
 from lantern.jacobi_rules import (
     group_masses,
     gsd_accept_prob,
-    gsd_output_distribution,
     sjd_accept_prob,
-    sjd_output_distribution,
     sjd_residual,
 )
 from lantern.records import Decoded, StepLog
@@ -98,22 +96,7 @@ from lantern.slots import (
 from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
 from lantern.trees import Draws, GeneratorDraws
 
-__all__ = [
-    "JACOBI_METHODS",
-    "INITS",
-    "COUPLINGS",
-    "DEFAULT_WINDOW",
-    "JacobiConfig",
-    "sjd_accept_prob",
-    "group_masses",
-    "gsd_accept_prob",
-    "sjd_residual",
-    "gsd_output_distribution",
-    "sjd_output_distribution",
-    "jacobi_decode",
-    "batched_jacobi_decode",
-    "check_jacobi",
-]
+__all__ = ["jacobi_decode", "batched_jacobi_decode"]
 
 
 # --------------------------------------------------------------------------- the decoder

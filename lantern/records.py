@@ -32,7 +32,7 @@ One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COL
 * **images** — one row per image: condition, seed, tokens, target forwards (prefill
   included), drafted/accepted totals and seconds.
 
-Definitions (:func:`summarize`), per decode, summed over images:
+Definitions (:func:`summarize_decode`), per decode, summed over images:
 
 * ``tokens_per_forward = tokens / target_forwards`` with ``target_forwards = images + steps``
   (the prefill counts as a target forward: it emits the first token). AR gives 1.
@@ -64,7 +64,7 @@ __all__ = [
     "NEXT_KINDS",
     "Decoded",
     "StepLog",
-    "summarize",
+    "summarize_decode",
     "accept_histogram",
     "summary_table",
 ]
@@ -285,13 +285,13 @@ class Decoded:
         return pd.DataFrame(self.steps), pd.DataFrame(self.drafts), pd.DataFrame(self.images)
 
     def summary(self) -> dict:
-        """:func:`summarize` of this decode plus method, γ and settings."""
+        """:func:`summarize_decode` of this decode plus method, γ and settings."""
         steps, drafts, images = self.frames()
         return {
             "method": self.method,
             "gamma": self.gamma,
             **self.settings,
-            **summarize(steps, drafts, images, self.gamma),
+            **summarize_decode(steps, drafts, images, self.gamma),
         }
 
     def split(self) -> list[Decoded]:
@@ -343,7 +343,7 @@ def accept_histogram(steps, gamma: int) -> list[int]:
     return np.bincount(acc, minlength=gamma + 1).tolist() if acc.size else [0] * (gamma + 1)
 
 
-def summarize(steps, drafts, images, gamma: int) -> dict:
+def summarize_decode(steps, drafts, images, gamma: int) -> dict:
     """Scalar statistics of a decode (definitions in the module docstring).
 
     Returns a JSON-able dict: images, tokens, target_forwards, steps, tokens_per_forward,
@@ -412,7 +412,7 @@ def _shown_value(summary: dict, key: str):
 
 
 def summary_table(summaries: Sequence[dict], extra: Sequence[str] = ()) -> str:
-    """Summaries (dicts from :func:`summarize` / :meth:`Decoded.summary`) as an aligned text table.
+    """Summaries (dicts from :func:`summarize_decode` / :meth:`Decoded.summary`) as an aligned text table.
     An AR row shows ``n/a`` for the acceptance rate α (AR drafts nothing; its summary holds NaN)."""
     import pandas as pd
 

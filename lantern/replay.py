@@ -58,21 +58,18 @@ from ambiguity.errors import UsageError
 from ambiguity.io import ensure_writable_dir, write_table
 from ambiguity.models.base import resolve_device
 from ambiguity.models.registry import load_model
-from lantern.evaluate import check_run_names, evaluate_runs, parse_extractors, speed_quality_table, wide_table
+from ambiguity.runs import RunOptions
+from lantern.evaluate import evaluate_runs
+from lantern.quality.checks import check_run_names, parse_extractors
 from lantern.quality.features import EXTRACTORS, OFFLINE
-from lantern.quality.scoring import Protocol
-from lantern.run_reader import image_quality, load_run, read_images, reference_notes, run_label, target_scores
+from lantern.quality.scoring import QualityProtocol
+from lantern.quality.tables import speed_quality_table, wide_table
+from lantern.run_reader import image_quality, load_run, reference_notes, run_label, target_scores
 
 __all__ = [
-    "load_run",
-    "run_label",
     "ambiguity_bins",
     "acceptance_by_ambiguity",
     "with_wilson",
-    "read_images",
-    "image_quality",
-    "reference_notes",
-    "target_scores",
     "plot_replay",
     "run_quality",
     "main",
@@ -216,12 +213,11 @@ def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out
     base = str(reference["path"]) if reference is not None else None
     df, rec = evaluate_runs(
         list(dict.fromkeys(specs)),
-        Protocol(reference=args.quality_reference, bootstrap=args.bootstrap),
+        QualityProtocol(reference=args.quality_reference, bootstrap=args.bootstrap),
         names,
         weights,
-        out / "quality",
+        RunOptions(out=out / "quality", progress=not getattr(args, "no_progress", True)),
         device=resolve_device(args.device),
-        progress=not getattr(args, "no_progress", True),
         paired_with=base,
     )
     print(

@@ -33,9 +33,9 @@ from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows, invert, row_uniforms
 from ambiguity.seeding import image_generator
 from lantern.acceptance import AcceptanceRule
-from lantern.drafter import DraftModel
+from lantern.drafter.model import DraftModel
 from lantern.steps import Timer, target_distribution
-from lantern.trees import TreeSpec
+from lantern.tree_spec import TreeSpec
 
 __all__ = [
     "BatchState",

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, decode, neighbour_table
-from lantern.drafter import DraftModel
+from lantern.drafter.model import DraftModel
 from lantern.records import Decoded
 
 __all__ = ["TIMING_COLUMNS", "neighbour_tables", "time_decode", "interleaved_timing", "speedup_table", "speedup_curve"]

@@ -35,24 +35,10 @@ import torch
 
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import expand_rows, invert
-from lantern.drafter import DraftModel
-from lantern.tree_spec import STATIC_TREES, TREE_KINDS, TreeSpec, check_paths, parse_tree
+from lantern.drafter.model import DraftModel
+from lantern.tree_spec import TreeSpec
 
-__all__ = [
-    "STATIC_TREES",
-    "TREE_KINDS",
-    "check_paths",
-    "TreeSpec",
-    "Tree",
-    "Draws",
-    "GeneratorDraws",
-    "Expansion",
-    "draft_tree",
-    "tree_steps",
-    "parse_tree",
-    "log_q",
-    "top_log_q",
-]
+__all__ = ["Tree", "Draws", "GeneratorDraws", "Expansion", "draft_tree", "tree_steps", "log_q", "top_log_q"]
 
 
 # --------------------------------------------------------------------------- randomness

@@ -29,7 +29,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-from lantern.paper import QUICK, PaperConfig, run_paper
+from ambiguity.runs import RunOptions
+from lantern.paper import run_paper
+from lantern.paper.config import QUICK, PaperConfig
 from lantern.paper.report import compact
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
@@ -37,7 +39,7 @@ RUN = Path(os.environ.get("LANTERN_PAPER_RUN", ROOT / "runs" / "paper" / "defaul
 if not (RUN / "report.md").is_file():
     RUN = ROOT / "runs" / "paper" / "quick"
     if not (RUN / "report.md").is_file():
-        run_paper(PaperConfig(**QUICK), RUN, progress=False)
+        run_paper(PaperConfig(**QUICK), RunOptions(out=RUN, progress=False))
 
 
 def show(name: str, width: int = 640) -> None:

@@ -33,7 +33,7 @@ model.describe()"""),
 (nats) and the chosen token's probability and rank — for the guided (CFG) and the conditional-only
 distribution. Image `i` draws from its own random stream seeded by `(seed, i)`."""),
     ("code", """sampling = amb.SamplingConfig(guidance=4.0, temperature=1.0)
-table, summary = amb.profile_model(model, sampling=sampling, num_images=16, batch_size=16, progress=False)
+table, summary = amb.profile_model(model, sampling=sampling, num_images=16, batch_size=16, options=amb.RunOptions(progress=False))
 table[["guided_top1", "guided_top10", "guided_entropy", "cond_top1", "cond_top10"]].describe().round(3)"""),
     ("code", """import matplotlib.pyplot as plt
 import seaborn as sns

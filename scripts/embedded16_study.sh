@@ -18,7 +18,7 @@
 #               rather than the stop rule (it prints the stop reason and epochs first; FORCE=1 ships it)
 #   figures     training curve and samples -> figures/embedded16_{training_curve,samples}.png
 #   drafter     EAGLE-style drafter: self-generated sequences + data tokens, until test top-1 stops rising
-#   compare     ambiguity next to embedded and text-twin (lantern.compare, 256 images)
+#   compare     ambiguity next to embedded and text-twin (lantern.drafter.comparison, 256 images)
 #   sweep       decoding sweep: SD tuned (chains, EAGLE-2 tree), LANTERN chain/static/dynamic at the paper's k, δ
 #   distortion  the exact per-step TVD(output, p) over the paper's k and δ, for drafts sampled from q and for an
 #               EAGLE-2 tree node's top-10 children, and its drivers (H(p), H(q), top-1), 32 AR images; then
@@ -131,14 +131,14 @@ step_drafter() {
     # the paper's sampling (CFG 3, top-k 2000) for the self-generated half; 10k data sequences beside them
     # (all 60k would cost ~5x per epoch on 2 cores). The shipped drafter: this command on an H200 (3.5 min;
     # features in float32 as on the CPU), stopped by patience after epoch 22 of the 40-epoch schedule
-    $PY -m lantern.train_drafter --model embedded-16 --self-generate 10000 --cfg 3 --top-k 2000 --gen-batch-size 64 \
+    $PY -m lantern.drafter.train --model embedded-16 --self-generate 10000 --cfg 3 --top-k 2000 --gen-batch-size 64 \
         --with-data --train-size 10000 --epochs 40 --patience 2 --dtype float32 \
         --out lantern/weights/embedded-16_drafter.safetensors --figure figures/embedded16_drafter_accuracy.png \
         --no-progress
 }
 
 step_compare() {
-    $PY -m lantern.compare --models embedded,embedded-16,text-twin --num-images 256 --batch-size 32 --no-progress
+    $PY -m lantern.drafter.comparison --models embedded,embedded-16,text-twin --num-images 256 --batch-size 32 --no-progress
 }
 
 step_sweep() {

@@ -58,19 +58,14 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.train import (
     CURVE_FILE,
     EpochStopConfig,
-    count_params,
     embedded16_long_recipe,
     embedded16_recipe,
     embedded_recipe,
     gpt_nll,
-    load_checkpoint,
-    save_checkpoint,
-    steps_for_epochs,
-    tokenize,
     train_gpt,
-    train_vq,
-    vq_metrics,
 )
+from ambiguity.train_loop import count_params, load_checkpoint, save_checkpoint, steps_for_epochs
+from ambiguity.train_vq import tokenize, train_vq, vq_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 # recipe name -> (VQConfig, VQTrainConfig, GPTConfig, GPTTrainConfig) of it; its files: VARIANTS[name]

@@ -22,7 +22,7 @@ metadata), ``text_twin_tokenizer.json``, ``text_twin_heldout.safetensors`` (held
 for ``--source dataset``) and ``text_twin_metrics.json``. A run directory (``--run-dir``,
 default ``runs/text_twin``) holds the tokenised corpus and periodic checkpoints: rerunning the
 same command resumes where it stopped. ``--drafter-tokens RUN_DIR`` also writes the twin's
-training and held-out passages as token files for ``python -m lantern.train_drafter``.
+training and held-out passages as token files for ``python -m lantern.drafter.train``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ from ambiguity.models.embedded import METRICS_FILE as IMAGE_METRICS  # noqa: E40
 from ambiguity.models.gpt import GPTConfig  # noqa: E402
 from ambiguity.models.text_twin import HELDOUT_FILE, METRICS_FILE, TOKENIZER_FILE, TWIN_FILE, twin_config  # noqa: E402
 from ambiguity.seeding import holdout_seed  # noqa: E402
-from ambiguity.train import GPTTrainConfig, count_params, gpt_nll, train_gpt  # noqa: E402
+from ambiguity.train import GPTTrainConfig, gpt_nll, train_gpt  # noqa: E402
+from ambiguity.train_loop import count_params  # noqa: E402
 
 HELDOUT_SHIPPED = 512  # held-out passages shipped for --source dataset (64 KB as int16)
 
@@ -158,7 +159,7 @@ def bos_labels(n: int) -> torch.Tensor:
 
 
 def write_drafter_tokens(run_dir: Path, data: dict, test_size: int, train_size: int = 0, seed: int = 0) -> None:
-    """Token files for the twin's EAGLE drafter (lantern.drafter_data format, BOS-only conditions).
+    """Token files for the twin's EAGLE drafter (lantern.drafter.data format, BOS-only conditions).
 
     ``tokens_train``: the twin's training passages (one per verse start, as the twin saw them),
     or a seeded random subset of ``train_size`` of them (in corpus order); ``tokens_test``: up
@@ -201,7 +202,7 @@ def parse_args(argv):
         "--drafter-tokens",
         default=None,
         metavar="RUN_DIR",
-        help="also write tokens_train/tokens_test.safetensors for python -m lantern.train_drafter "
+        help="also write tokens_train/tokens_test.safetensors for python -m lantern.drafter.train "
         "--model text-twin --run-dir RUN_DIR",
     )
     p.add_argument(

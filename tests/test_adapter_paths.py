@@ -14,10 +14,11 @@ from transformers import ChameleonForConditionalGeneration
 from ambiguity.models.emu3 import Emu3Model
 from ambiguity.models.hf_text import HFCausalLM
 from ambiguity.models.janus import JanusModel
-from ambiguity.profile import profile
+from ambiguity.profile import profile_model
+from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig
-from lantern.drafter_data import TokenSet
-from lantern.train_drafter import TrainConfig, train_drafter
+from lantern.drafter.data import TokenSet
+from lantern.drafter.train import TrainConfig, train_drafter
 
 CAPTIONS = ["a cat", "a big dog on grass"]
 
@@ -57,8 +58,13 @@ def model(request):
 
 def test_profile_runs_on_every_adapter(model):
     cfg = 1.0 if model.kind == "text" else 2.0
-    table, summary = profile(
-        model, conditions=CAPTIONS, sampling=SamplingConfig(guidance=cfg), num_images=2, batch_size=2, progress=False
+    table, summary = profile_model(
+        model,
+        conditions=CAPTIONS,
+        sampling=SamplingConfig(guidance=cfg),
+        num_images=2,
+        batch_size=2,
+        options=RunOptions(progress=False),
     )
     assert len(table) == 2 * model.num_tokens
     for col in ("guided_top1", "guided_top10", "guided_entropy", "cond_top1", "cond_chosen_rank"):

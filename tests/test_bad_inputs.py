@@ -92,11 +92,11 @@ BASE = {
     "ambiguity.analyses concentration": ["--no-progress", "--out", "{tmp}/out", "--cache-dir", "{tmp}/cache"],
     "ambiguity.analyses interchangeability": ["--no-progress", "--out", "{tmp}/out", "--cache-dir", "{tmp}/cache"],
     "ambiguity.compare": ["--no-progress", "--out", "{tmp}/out"],
-    "lantern.compare": ["--no-progress", "--out", "{tmp}/out"],
+    "lantern.drafter.comparison": ["--no-progress", "--out", "{tmp}/out"],
     "lantern.generate": ["--no-progress", "--out", "{tmp}/out"],
     "lantern.replay": ["--out", "{tmp}/out"],
     "lantern.evaluate": ["--no-progress", "--out", "{tmp}/out", "--cache", "{tmp}/cache"],
-    "lantern.train_drafter": ["--no-progress", "--run-dir", "{tmp}/run"],
+    "lantern.drafter.train": ["--no-progress", "--run-dir", "{tmp}/run"],
     "scripts/figure_embedded_samples.py": ["--out", "{tmp}/out/fig"],
     "scripts/train_embedded.py": ["--no-progress", "--quick", "--out", "{tmp}/out", "--run-dir", "{tmp}/run"],
     "scripts/train_fmnist_classifier.py": ["--quick", "--out", "{tmp}/out", "--run-dir", "{tmp}/run"],
@@ -424,7 +424,7 @@ P, N, CO, IN = (
     "ambiguity.analyses concentration",
     "ambiguity.analyses interchangeability",
 )
-G, R, E, T = "lantern.generate", "lantern.replay", "lantern.evaluate", "lantern.train_drafter"
+G, R, E, T = "lantern.generate", "lantern.replay", "lantern.evaluate", "lantern.drafter.train"
 FIG, TE, TF, TT = (
     "scripts/figure_embedded_samples.py",
     "scripts/train_embedded.py",
@@ -717,7 +717,7 @@ CASES: list[Case] = [
     C("inter-out-below-file", IN, ["--out", "{tmp}/file/o"], below_file, "below the file"),
     C("inter-weights-truncated", IN, [*EMB_W, "--num-images", "1"], TRUNC_GPT, "fashion_gpt.safetensors"),
     C("inter-text-twin-cannot-decode", IN, ["--model", "text-twin", "--num-images", "1"], expect="decode"),
-    # ---------------------------------------------------------------- ambiguity.compare / lantern.compare
+    # ---------------------------------------------------------------- ambiguity.compare / lantern.drafter.comparison
     C("acompare-models-empty", "ambiguity.compare", ["--models", ","], expect="--models"),
     C("acompare-models-bogus", "ambiguity.compare", ["--models", "embedded,nope"], expect="unknown model"),
     C("acompare-weights-no-equals", "ambiguity.compare", ["--weights", "embedded"], expect="MODEL=PATH"),
@@ -772,10 +772,10 @@ CASES: list[Case] = [
         ["--models", "embedded", "--num-images", "2", "--bootstrap", HUGE],
         expect="--bootstrap",
     ),
-    C("lcompare-models-bogus", "lantern.compare", ["--models", "emb"], expect="unknown model"),
-    C("lcompare-out-below-file", "lantern.compare", ["--out", "{tmp}/file/x"], below_file, "below the file"),
-    C("lcompare-cfg-inf", "lantern.compare", ["--cfg", "inf"], expect="--cfg"),
-    C("lcompare-device-bogus", "lantern.compare", ["--device", "cpu0"], expect="--device"),
+    C("lcompare-models-bogus", "lantern.drafter.comparison", ["--models", "emb"], expect="unknown model"),
+    C("lcompare-out-below-file", "lantern.drafter.comparison", ["--out", "{tmp}/file/x"], below_file, "below the file"),
+    C("lcompare-cfg-inf", "lantern.drafter.comparison", ["--cfg", "inf"], expect="--cfg"),
+    C("lcompare-device-bogus", "lantern.drafter.comparison", ["--device", "cpu0"], expect="--device"),
     # ---------------------------------------------------------------- python -m ambiguity merge
     C("merge-missing-dir", "ambiguity merge", ["{tmp}/nope"], expect="run"),
     C("merge-not-a-run", "ambiguity merge", ["{tmp}"], expect="run.json"),
@@ -1084,11 +1084,19 @@ CASES: list[Case] = [
     ),
     C("eval-one-image-run", E, ["{tmp}/run16", "--extractors", "fmnist"], gen16_run, "need at least 2 per set"),
     C("eval-one-image-spec", E, ["fashion-mnist:test@1", "--extractors", "fmnist"], expect="need at least 2 per set"),
-    C("eval-k-zero", E, ["fashion-mnist:test@10", "--k", "0"], expect="--k"),
+    C("eval-k-zero", E, ["fashion-mnist:test@10", "--nearest-k", "0"], expect="--nearest-k"),
     C(
         "eval-k-huge",
         E,
-        ["fashion-mnist:test@10", "--extractors", "fmnist", "--reference", "fashion-mnist:train@10", "--k", "1000"],
+        [
+            "fashion-mnist:test@10",
+            "--extractors",
+            "fmnist",
+            "--reference",
+            "fashion-mnist:train@10",
+            "--nearest-k",
+            "1000",
+        ],
         expect="--nearest-k",
     ),
     C("eval-batch-size-zero", E, ["fashion-mnist:test@10", "--batch-size", "0"], expect="--batch-size"),
@@ -1135,7 +1143,7 @@ CASES: list[Case] = [
         "size",
     ),
     C("eval-device-cuda", E, ["fashion-mnist:test@10", "--extractors", "fmnist", "--device", NO_GPU], expect="cuda"),
-    # ---------------------------------------------------------------- lantern.train_drafter
+    # ---------------------------------------------------------------- lantern.drafter.train
     C("td-out-below-file", T, ["--out", "{tmp}/file/d.safetensors"], below_file, "below the file"),
     C("td-out-is-dir", T, ["--out", "{tmp}"], expect="--out"),
     C("td-run-dir-below-file", T, ["--run-dir", "{tmp}/file/r"], below_file, "below the file"),
@@ -1739,7 +1747,7 @@ def test_options_that_fit_pass_the_spec_check(tiny_checkpoints, monkeypatch):
         ),
         ("ambiguity.profile", ["--model", "emu3-gen", "--weights", "{emu3-gen}", "--classes", "1"], "drop --classes"),
         ("ambiguity.profile", ["--classes", "0,10"], "0..9"),
-        ("lantern.train_drafter", ["--classes", "11"], "0..9"),
+        ("lantern.drafter.train", ["--classes", "11"], "0..9"),
         ("ambiguity.analyses.concentration", ["--classes", "10"], "0..9"),
     ],
 )

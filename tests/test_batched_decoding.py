@@ -29,10 +29,11 @@ from lantern.acceptance import AcceptanceRule
 from lantern.batched import batched_decode
 from lantern.batched_tree_walk import Trees, walk_trees
 from lantern.decoding import DecodeConfig, decode
-from lantern.drafter import Drafter
+from lantern.drafter.model import Drafter
 from lantern.steps import Timer
 from lantern.tree_decoding import walk_official_greedy
-from lantern.trees import STATIC_TREES, Tree, TreeSpec
+from lantern.tree_spec import STATIC_TREES, TreeSpec
+from lantern.trees import Tree
 
 
 @pytest.fixture(scope="module")

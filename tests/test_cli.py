@@ -121,39 +121,26 @@ def test_package_apis_and_command_lists():
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "unknown command 'nope'" in r.stderr
 
 
-def test_renamed_names_have_their_own_names_and_the_old_ones_still_work():
+def test_face_names_are_the_definers_names_and_former_names_are_gone():
     import ambiguity as amb
     import lantern as lt
-    from ambiguity.profile import summarize as profile_summary
-    from lantern.quality.scoring import Protocol as QualitySettings
-    from lantern.records import summarize as decode_summary
+    from ambiguity.profile import summarize_profile
+    from lantern.quality.scoring import QualityProtocol
+    from lantern.records import summarize_decode
 
-    assert amb.summarize_profile is profile_summary and lt.summarize_decode is decode_summary
-    assert lt.QualityProtocol is QualitySettings
-    assert not {"summarize", "Protocol"} & (set(amb.__all__) | set(lt.__all__))
-    for pkg, old, new in (
-        (amb, "summarize", profile_summary),
-        (lt, "summarize", decode_summary),
-        (lt, "Protocol", QualitySettings),
-    ):
-        with pytest.warns(DeprecationWarning, match=f"{pkg.__name__}.{old} is now"):
-            assert getattr(pkg, old) is new
-    # the drafter comparison command has its own module; its old name still runs (same parser, old prog)
-    import lantern.compare
-    import lantern.drafter_comparison
-
-    for module, prog in (
-        (lantern.compare, "lantern.compare"),
-        (lantern.drafter_comparison, "lantern.drafter_comparison"),
-    ):
-        r = subprocess.run(
-            [sys.executable, "-m", module.__name__, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120
-        )
-        assert r.returncode == 0 and f"python -m {prog}" in r.stdout and "--drafter-accuracy" in r.stdout
-    from lantern.replay import load_run
-    from lantern.run_reader import load_run as read_run
-
-    assert load_run is read_run
+    assert amb.summarize_profile is summarize_profile and lt.summarize_decode is summarize_decode
+    assert lt.QualityProtocol is QualityProtocol
+    for pkg, old in ((amb, "summarize"), (lt, "summarize"), (lt, "Protocol")):
+        with pytest.raises(AttributeError, match=f"has no attribute '{old}'"):
+            getattr(pkg, old)
+    r = subprocess.run(
+        [sys.executable, "-m", "lantern.drafter.comparison", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "python -m lantern.drafter.comparison" in r.stdout and "--drafter-accuracy" in r.stdout
 
 
 def test_settings_errors_name_the_field_and_commands_name_the_flag(capsys):
@@ -161,7 +148,7 @@ def test_settings_errors_name_the_field_and_commands_name_the_flag(capsys):
     from ambiguity.errors import FieldError
     from ambiguity.sampling import SamplingConfig
     from lantern.acceptance import AcceptanceRule
-    from lantern.trees import TreeSpec
+    from lantern.tree_spec import TreeSpec
 
     with pytest.raises(FieldError, match=r"^SamplingConfig\.guidance \(guidance scale\) must be at most 100") as e:
         SamplingConfig(guidance=200)
@@ -201,9 +188,9 @@ def test_each_shared_flag_is_defined_once_in_the_cli_groups():
     assert not typed, typed
 
 
-def test_evaluate_nearest_k_keeps_k_as_its_old_name_and_device_defaults_to_auto():
+def test_evaluate_nearest_k_and_device_defaults():
     from lantern.evaluate import build_parser
 
     p = build_parser()
     assert p.parse_args(["r"]).k == 3 and p.parse_args(["r"]).device == "auto"
-    assert p.parse_args(["r", "--nearest-k", "5"]).k == 5 and p.parse_args(["r", "--k", "7"]).k == 7
+    assert p.parse_args(["r", "--nearest-k", "5"]).k == 5

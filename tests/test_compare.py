@@ -206,7 +206,7 @@ def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkey
     again = pd.read_parquet(out / "compare.parquet").set_index("model")
     pd.testing.assert_frame_equal(again, df)
 
-    # lantern.compare's lookup supplies the drafter tables that --drafter-accuracy does not name
+    # lantern.drafter.comparison's lookup supplies the drafter tables that --drafter-accuracy does not name
     lookup = {"embedded": tiny / "acc.parquet"}
     assert cmp.main(_args(tiny, out, "--cfg", "2.0"), accuracy_lookup=lookup.get) == 0
     looked = pd.read_parquet(out / "compare.parquet").set_index("model")
@@ -214,7 +214,7 @@ def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkey
 
 
 def test_lantern_compare_finds_the_shipped_drafter_tables():
-    from lantern.drafter import shipped_accuracy_path
+    from lantern.drafter.model import shipped_accuracy_path
 
     assert shipped_accuracy_path("embedded").is_file() and shipped_accuracy_path("text-twin").is_file()
     assert shipped_accuracy_path("no-such-model") is None

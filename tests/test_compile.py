@@ -18,8 +18,8 @@ from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, compile_forwards, decode
-from lantern.drafter import Drafter
-from lantern.trees import TreeSpec
+from lantern.drafter.model import Drafter
+from lantern.tree_spec import TreeSpec
 
 CONFIGS = [
     DecodeConfig.of("ar"),

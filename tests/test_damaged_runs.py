@@ -35,8 +35,8 @@ from ambiguity.models.embedded import GPT_FILE, VQ_FILE, load_embedded
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.runs import RunDir
-from lantern.drafter import Drafter
-from lantern.drafter_data import TokenSet, save_token_file
+from lantern.drafter.data import TokenSet, save_token_file
+from lantern.drafter.model import Drafter
 
 pytestmark = pytest.mark.slow  # about a minute on 2 cores: ~40 short runs of tiny models
 
@@ -349,7 +349,7 @@ def _same_generate_outputs(run: Path, clean: Path) -> None:
 
 # --------------------------------------------------------------------------- train_drafter
 def _train(tiny: Path, tokens: Path, run: Path, *extra) -> int:
-    from lantern.train_drafter import main
+    from lantern.drafter.train import main
 
     return main(
         [
@@ -424,7 +424,7 @@ def test_drafter_run_part_damaged_is_recomputed(part, other, how, drafter_runs, 
 
 
 def test_train_load_checkpoint_refuses_a_damaged_file(tmp_path):
-    from ambiguity.train import load_checkpoint, save_checkpoint
+    from ambiguity.train_loop import load_checkpoint, save_checkpoint
 
     path = tmp_path / "ckpt.pt"
     assert load_checkpoint(path) is None

@@ -27,16 +27,9 @@ from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig, distribution
 from ambiguity.seeding import image_seed
 from lantern.acceptance import AcceptanceRule
-from lantern.decoding import (
-    DecodeConfig,
-    accept,
-    autoregressive_decode,
-    check_drafter,
-    decode,
-    neighbour_table,
-    speculative_decode,
-)
-from lantern.drafter import Drafter, target_fingerprint
+from lantern.chain import accept, autoregressive_decode, speculative_decode
+from lantern.decoding import DecodeConfig, check_drafter, decode, neighbour_table
+from lantern.drafter.model import Drafter, target_fingerprint
 from lantern.records import accept_histogram
 
 
@@ -160,7 +153,7 @@ def _shipped_embedded():
     if not ((WEIGHTS_DIR / GPT_FILE).is_file() and (WEIGHTS_DIR / VQ_FILE).is_file()):
         pytest.skip("embedded weights not in ambiguity/weights/ yet")
     from ambiguity.models.embedded import load_embedded
-    from lantern.drafter import load_drafter, shipped_drafter_path
+    from lantern.drafter.model import load_drafter, shipped_drafter_path
 
     m = load_embedded()
     trained = shipped_drafter_path(m.name).is_file()

@@ -68,7 +68,7 @@ def part_files(run_dir: Path, skip: tuple = ("checkpoint",)) -> dict:
 PROFILE = ("ambiguity.profile", "--num-images", 6, "--batch-size", 2, "--no-figures", "--no-progress")
 GENERATE = ("lantern.generate", "--num-images", 3, "--gamma", 3, "--no-progress")
 DRAFTER = (
-    "lantern.train_drafter",
+    "lantern.drafter.train",
     "--self-generate",
     12,
     "--gen-batch-size",
@@ -214,7 +214,7 @@ def test_shard_options_errors(tmp_path):
     usage_error(run(*PROFILE, "--out", out, "--shard-index", 1, "--num-shards", 2, "--overwrite", check=False))
     usage_error(run("ambiguity", "merge", tmp_path, check=False))
     usage_error(
-        run("lantern.train_drafter", "--run-dir", tmp_path / "d", "--shard-index", 0, "--num-shards", 2, check=False)
+        run("lantern.drafter.train", "--run-dir", tmp_path / "d", "--shard-index", 0, "--num-shards", 2, check=False)
     )
 
 

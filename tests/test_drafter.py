@@ -13,8 +13,7 @@ from ambiguity.models.checkpoints import save_module
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.runs import RunDir
-from lantern.drafter import Drafter, load_drafter, target_fingerprint
-from lantern.drafter_data import (
+from lantern.drafter.data import (
     TokenSet,
     build_feature_cache,
     iterate_batches,
@@ -25,16 +24,9 @@ from lantern.drafter_data import (
     teacher_forced_rows,
     training_inputs,
 )
-from lantern.train_drafter import (
-    TrainConfig,
-    drafter_loss,
-    evaluate,
-    lr_at,
-    topk_accuracy,
-    topk_hits,
-    train_drafter,
-    train_step,
-)
+from lantern.drafter.model import Drafter, load_drafter, target_fingerprint
+from lantern.drafter.objective import drafter_loss, evaluate, topk_accuracy, topk_hits
+from lantern.drafter.train import TrainConfig, lr_at, train_drafter, train_step
 
 N_TOK = 16  # 4 x 4 token grid
 GPT_CFG = dict(dim=32, n_layer=2, n_head=2, vocab_size=64, block_size=N_TOK, num_classes=10, multiple_of=32)
@@ -355,7 +347,7 @@ def test_train_drafter_learns_and_resumes(model, seqs, tmp_path):
 
 def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
     from ambiguity.models.vq import VQConfig, VQModel
-    from lantern.train_drafter import main
+    from lantern.drafter.train import main
 
     gpt = tiny_gpt()
     (tmp_path / "w").mkdir()
@@ -409,7 +401,7 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
     drafter = load_drafter(load_embedded(tmp_path / "w"), out)
     assert drafter.info["epochs_done"] == 1 and drafter.info["data"]["train_sequences"] == 32
     # --classes keeps the sequences of those labels (train and test), recorded with the run
-    from lantern.drafter_data import split_holdout
+    from lantern.drafter.data import split_holdout
 
     out3 = tmp_path / "out3" / "d.safetensors"
     cls_argv = [
@@ -439,7 +431,7 @@ def test_cli_trains_saves_and_reports(seqs, tmp_path, capsys):
 
 # --------------------------------------------------------------------------- EAGLE data and the stop rule
 def test_top1_stalled_hand_values():
-    from lantern.train_drafter import top1_stalled
+    from lantern.drafter.train import top1_stalled
 
     rows = [{"epoch": e, "top1": t} for e, t in enumerate([0.01, 0.30, 0.35, 0.34, 0.35, 0.36])]
     assert top1_stalled(rows[:3], 1) is None  # 0.35 > 0.30
@@ -451,7 +443,7 @@ def test_top1_stalled_hand_values():
 
 
 def test_mix_token_sets_shuffles_both_sources(seqs):
-    from lantern.drafter_data import mix_token_sets
+    from lantern.drafter.data import mix_token_sets
 
     a, b = seqs.subset(range(30)), TokenSet(seqs.tokens[30:] + 0, seqs.conditions[30:], "self-generated", {"seed": 1})
     mixed = mix_token_sets([a, b], seed=0)
@@ -478,7 +470,7 @@ def test_train_drafter_stops_when_top1_stops_rising(model, seqs, tmp_path):
 
 def test_cli_self_generate_with_data(seqs, tmp_path, capsys):
     from ambiguity.models.vq import VQConfig, VQModel
-    from lantern.train_drafter import main
+    from lantern.drafter.train import main
 
     gpt = tiny_gpt()
     (tmp_path / "w").mkdir()
@@ -550,7 +542,7 @@ def test_weights_digest_reads_embedding_and_head_rows_and_tells_checkpoints_apar
 
 
 def test_drafter_digest_follows_the_drafter_weights(model):
-    from lantern.drafter import drafter_digest
+    from lantern.drafter.model import drafter_digest
 
     a = Drafter.for_target(model, dtype=torch.float32, seed=1)
     assert drafter_digest(a) == drafter_digest(Drafter.for_target(model, dtype=torch.float32, seed=1))

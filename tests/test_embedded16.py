@@ -13,7 +13,8 @@ from fake_data import write_fake_fashion_mnist
 from ambiguity.data.fashion_mnist import load_split, model_image_size, upsample
 from ambiguity.models.embedded import GPT16_FILE, METRICS16_FILE, VQ16_FILE, WEIGHTS_DIR, load_embedded
 from ambiguity.models.vq import VQConfig, VQModel
-from ambiguity.train import GPTTrainConfig, codebook_entropy_loss, embedded16_recipe, reinit_dead_codes
+from ambiguity.train import GPTTrainConfig, embedded16_recipe
+from ambiguity.train_vq import codebook_entropy_loss, reinit_dead_codes
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
 
@@ -132,7 +133,7 @@ def test_quick_recipe_end_to_end(fake_data, tmp_path, capsys):
 
     model = load_embedded(weights=out, variant="embedded-16")
     assert model.grid == (16, 16) and model.image_shape == (1, 64, 64) and model.name == "embedded-16"
-    from lantern.drafter_data import fashion_mnist_tokens
+    from lantern.drafter.data import fashion_mnist_tokens
 
     ts = fashion_mnist_tokens(model, "test", limit=3, root=fake_data, progress=False)
     assert ts.tokens.shape == (3, 256) and int(ts.tokens.max()) < 64

@@ -10,9 +10,10 @@ import torch
 from PIL import Image
 
 from ambiguity.models.checkpoints import save_module
+from ambiguity.runs import RunOptions
 from lantern.evaluate import evaluate_runs, main, score_images
 from lantern.quality.fmnist import FashionNet, FashionNetConfig
-from lantern.quality.scoring import Protocol
+from lantern.quality.scoring import QualityProtocol
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +206,7 @@ def test_partial_results_are_kept_after_a_failure(sets, clf, capsys):
 def test_score_images_api_and_reference_cache(sets, clf):
     tmp, ref, good, bad = sets
     x = torch.from_numpy(_images(30, 16, 1)).float()[:, None]
-    p = Protocol(bootstrap=10)
+    p = QualityProtocol(bootstrap=10)
     out = score_images(
         x, reference=str(ref), extractors=["fmnist"], weights={"fmnist": clf}, protocol=p, cache=tmp / "cache"
     )
@@ -214,11 +215,11 @@ def test_score_images_api_and_reference_cache(sets, clf):
     assert len(list((tmp / "cache").glob("fmnist-*/parts/stats.json"))) == 1
     df, rec = evaluate_runs(
         [str(good)],
-        Protocol(reference=str(ref), bootstrap=10),
+        QualityProtocol(reference=str(ref), bootstrap=10),
         ["fmnist"],
         {"fmnist": clf},
         cache=tmp / "cache",
-        progress=False,
+        options=RunOptions(progress=False),
     )
     # the images of run `good` went through PNG quantisation, as x does inside score_images
     assert df.set_index("metric").loc["fid_fmnist", "value"] == pytest.approx(out["fid_fmnist"]["value"], rel=1e-5)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hf_tiny import char_tokenizer, save_to_hf_cache, use_hf_cache
 
+from ambiguity.runs import RunOptions
 from lantern.quality import features as feat
 from lantern.quality.fmnist import METRICS_FILE, WEIGHTS_FILE, FashionNet, FashionNetConfig, load_fashion_net
 from lantern.quality.mobilenet import MobileNetV2, find_mobilenet_weights, load_mobilenet
@@ -236,7 +237,7 @@ def test_evaluate_with_clip_score_records_the_scale(tmp_path, monkeypatch):
     from test_evaluate_cli import _fake_run, _images, _write_pngs
 
     from lantern.evaluate import evaluate_runs
-    from lantern.quality.scoring import Protocol
+    from lantern.quality.scoring import QualityProtocol
 
     _tiny_clip(tmp_path, monkeypatch)
     run = _fake_run(tmp_path / "run", _images(12, 16, 1))
@@ -246,8 +247,10 @@ def test_evaluate_with_clip_score_records_the_scale(tmp_path, monkeypatch):
     from ambiguity.models.checkpoints import save_module
 
     clf = save_module(FashionNet(cfg), cfg, tmp_path / "c.safetensors", dtype=torch.float32)
-    p = Protocol(reference=str(ref), bootstrap=5, clip_score=True, clip_model="tiny/clip", clip_scale="x100")
-    df, rec = evaluate_runs([str(run), str(folder)], p, ["fmnist"], {"fmnist": clf}, cache=False, progress=False)
+    p = QualityProtocol(reference=str(ref), bootstrap=5, clip_score=True, clip_model="tiny/clip", clip_scale="x100")
+    df, rec = evaluate_runs(
+        [str(run), str(folder)], p, ["fmnist"], {"fmnist": clf}, cache=False, options=RunOptions(progress=False)
+    )
     clip = df[df["metric"] == "clip_score"]
     assert list(clip["run"]) == [str(run)] and 0 <= clip["value"].iloc[0] <= 100  # x100 scale
     assert rec["protocol"]["clip_scale"] == "x100" and rec["protocol"]["clip_model"] == "tiny/clip"

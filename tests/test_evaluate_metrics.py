@@ -175,12 +175,12 @@ def test_intervals_cover_the_expected_value_at_their_nominal_level():
     0.957, coverage 0.973). The former shifted percentile bootstrap covered 0.85-0.88 for coverage
     in a like simulation (76.5 % in issue 21's)."""
     from ambiguity.seeding import derived_seed
-    from lantern.quality.scoring import PRDC_TAG, Protocol, RefStats, feature_metrics
+    from lantern.quality.scoring import PRDC_TAG, QualityProtocol, RefStats, feature_metrics
 
     n, d, sims, truth_sets = 40, 4, 300, 600
     ref = _gauss(2000, d, 0)
     stats = RefStats(ref, M.fid_reference(ref), M.kid_reference(ref))
-    p = Protocol(bootstrap=20, seed=0)
+    p = QualityProtocol(bootstrap=20, seed=0)
     g = np.random.default_rng(derived_seed(p.seed, PRDC_TAG))
     real = ref[np.sort(g.choice(len(ref), n, replace=False))]  # the matched subset feature_metrics uses
     radii = M.knn_radii(real, p.k)

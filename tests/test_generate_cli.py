@@ -15,7 +15,7 @@ from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.seeding import image_seed
 from lantern.acceptance import RULES
 from lantern.cli_flags import RELAXED
-from lantern.drafter import Drafter
+from lantern.drafter.model import Drafter
 from lantern.generate import main
 from lantern.replay import main as replay_main
 
@@ -301,11 +301,18 @@ def test_run_generate_takes_run_options_or_the_old_keywords(tiny, tmp_path):
     model = load_embedded(tiny / "weights")
     config, sampling = DecodeConfig.of("ar"), SamplingConfig(guidance=2.0)
     new = run_generate(model, [1, 4], config, sampling, RunOptions(out=tmp_path / "new", progress=False), seed=5)
-    old = run_generate(model, [1, 4], config, sampling, out=tmp_path / "old", progress=False, overwrite=True, seed=5)
+    old = run_generate(
+        model,
+        [1, 4],
+        config,
+        sampling,
+        seed=5,
+        options=RunOptions(out=tmp_path / "old", progress=False, overwrite=True),
+    )
     assert new[2]["codes"].map(list).tolist() == old[2]["codes"].map(list).tolist()
     assert new[3]["images_computed"] == old[3]["images_computed"] == 2
     with pytest.raises(TypeError, match="needs a run directory"):
-        run_generate(model, [1], config, sampling, progress=False)
+        run_generate(model, [1], config, sampling, options=RunOptions(progress=False))
 
 
 def test_flags_each_rule_reads_follow_its_bound():

@@ -26,11 +26,12 @@ from ambiguity.models.emu3 import Emu3Model
 from ambiguity.models.hf_text import HFCausalLM
 from ambiguity.models.janus import JanusModel
 from ambiguity.neighbourhood import build_neighbourhoods
-from ambiguity.profile import profile
+from ambiguity.profile import profile_model
+from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, decode
-from lantern.drafter import Drafter
-from lantern.trees import STATIC_TREES, TreeSpec
+from lantern.drafter.model import Drafter
+from lantern.tree_spec import STATIC_TREES, TreeSpec
 
 CAPTIONS = ["a cat", "a dog", "red", "two birds", "a big dog on green grass"]  # the longest is admitted last
 WORD_CAPTIONS = ["w26 w27", "w28 w30", "w29", "w31 w32 w33", "w34 w35 w36 w37 w38 w39"]  # the tiny Chameleon's words
@@ -180,8 +181,8 @@ def test_float64_batched_text_lm_equals_batch_one():
 @pytest.mark.parametrize("name", ["anole", "emu3"])
 def test_float64_profile_batch_three_equals_batch_one(models, name):
     m, conds = models[name]
-    one, _ = profile(m, conds, SAMPLING, batch_size=1, seed=5, progress=False)
-    three, _ = profile(m, conds, SAMPLING, batch_size=3, seed=5, progress=False)
+    one, _ = profile_model(m, conds, SAMPLING, batch_size=1, seed=5, options=RunOptions(progress=False))
+    three, _ = profile_model(m, conds, SAMPLING, batch_size=3, seed=5, options=RunOptions(progress=False))
     assert list(one.columns) == list(three.columns) and len(one) == len(conds) * m.num_tokens
     for c in one.columns:
         if one[c].dtype.kind == "f":

@@ -31,13 +31,12 @@ from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from ambiguity.seeding import image_generator
 from lantern.decoding import DecodeConfig, decode
 from lantern.divergences import tvd
-from lantern.jacobi import (
-    JacobiConfig,
-    check_jacobi,
+from lantern.jacobi import jacobi_decode
+from lantern.jacobi_config import JacobiConfig, check_jacobi
+from lantern.jacobi_rules import (
     group_masses,
     gsd_accept_prob,
     gsd_output_distribution,
-    jacobi_decode,
     sjd_accept_prob,
     sjd_output_distribution,
     sjd_residual,
@@ -479,7 +478,7 @@ def test_exact_batched_sjd_is_ar_sampling_for_a_late_image():
 
 def test_batched_jacobi_config_checks():
     from lantern.decoding import check_batch_config
-    from lantern.trees import TreeSpec
+    from lantern.tree_spec import TreeSpec
 
     for cfg in (*map(DecodeConfig.of, ("sjd", "gsd", "scd")), DecodeConfig.of("sd", tree=TreeSpec("dynamic", 6, 2, 2))):
         check_batch_config(cfg, 8)  # every method batches

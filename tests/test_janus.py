@@ -7,7 +7,7 @@ from hf_tiny import save, save_to_hf_cache, tiny_janus, use_hf_cache  # noqa: F4
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
-from ambiguity.models.hf_common import new_dynamic_cache
+from ambiguity.models.hf_cache import new_dynamic_cache
 from ambiguity.models.janus import JANUS_PRO_1B_REPO, JanusModel, load_janus
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig

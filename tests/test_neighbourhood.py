@@ -6,7 +6,8 @@ import torch
 import ambiguity.knn as knn
 import ambiguity.neighbourhood as nbm
 from ambiguity.errors import UsageError
-from ambiguity.neighbourhood import Neighbourhoods, build_neighbourhoods, exact_knn, load_neighbourhoods
+from ambiguity.knn import exact_knn
+from ambiguity.neighbourhood import Neighbourhoods, build_neighbourhoods, load_neighbourhoods
 
 EXACT = ("l2", "l2-normalized", "cosine")
 BACKENDS = ("faiss", "torch")

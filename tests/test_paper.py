@@ -11,8 +11,10 @@ import matplotlib
 import pytest
 
 from ambiguity.errors import UsageError
-from lantern.paper import EXPERIMENTS, QUICK, PaperConfig, run_paper, select
-from lantern.paper.config import map_to_codebook
+from ambiguity.runs import RunOptions
+from lantern.paper import run_paper, select
+from lantern.paper.config import QUICK, PaperConfig, map_to_codebook
+from lantern.paper.experiments import EXPERIMENTS
 
 matplotlib.use("Agg")
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,13 +58,13 @@ def test_bad_input_is_one_line(tmp_path):
 
 
 def test_model_without_drafter_or_codebook_names_the_fix(tmp_path, monkeypatch):
-    import lantern.drafter
+    import lantern.drafter.model
     from ambiguity.models.llamagen import LlamaGenModel
 
     config = PaperConfig(**{**QUICK, "models": ("embedded",)})
-    monkeypatch.setattr(lantern.drafter, "shipped_drafter_path", lambda name: tmp_path / "none.safetensors")
-    with pytest.raises(UsageError, match="python -m lantern.train_drafter"):
-        run_paper(config, tmp_path / "r1", only="table2", progress=False)
+    monkeypatch.setattr(lantern.drafter.model, "shipped_drafter_path", lambda name: tmp_path / "none.safetensors")
+    with pytest.raises(UsageError, match="python -m lantern.drafter.train"):
+        run_paper(config, RunOptions(out=tmp_path / "r1", progress=False), only="table2")
     monkeypatch.undo()
 
     def no_codebook(self):
@@ -70,7 +72,7 @@ def test_model_without_drafter_or_codebook_names_the_fix(tmp_path, monkeypatch):
 
     monkeypatch.setattr(LlamaGenModel, "codebook", no_codebook)
     with pytest.raises(UsageError, match="no VQ codebook"):
-        run_paper(config, tmp_path / "r2", only="fig5", progress=False)
+        run_paper(config, RunOptions(out=tmp_path / "r2", progress=False), only="fig5")
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
 
 
@@ -80,7 +82,7 @@ def test_model_that_cannot_batch_decodes_its_untimed_rounds_one_by_one(tmp_path)
     import pandas as pd
 
     config = PaperConfig(**{**QUICK, "batch_size": 4, "timing_images": 1, "models": ("embedded", "text-twin")})
-    report = run_paper(config, tmp_path / "r", only="fig2a", progress=False).read_text()
+    report = run_paper(config, RunOptions(out=tmp_path / "r", progress=False), only="fig2a").read_text()
     assert "text-twin: rounds after the first 1 decoded at batch 1, not --batch-size 4" in report
     assert "embedded: rounds after" not in report  # the embedded model batches
     for model in ("embedded", "text-twin"):
@@ -126,7 +128,7 @@ def test_distortion_decodes_only_its_ar_pairs_session(tmp_path, monkeypatch):
     neighbour_table = lantern.paper.distortion_item.neighbour_table
     monkeypatch.setattr(lantern.paper.distortion_item, "neighbour_table", table_spy)
     config = PaperConfig(**{**QUICK, "models": ("embedded",)})
-    report = run_paper(config, tmp_path / "r", only="distortion", progress=False).read_text()
+    report = run_paper(config, RunOptions(out=tmp_path / "r", progress=False), only="distortion").read_text()
     assert methods and set(methods) == {"ar"}
     assert bars == [False]
     assert sorted(p.name for p in (tmp_path / "r" / "sessions").iterdir()) == ["embedded-T1-pairs"]
@@ -288,18 +290,18 @@ def test_interrupted_batched_session_keeps_each_finished_method(tmp_path, monkey
     config = PaperConfig(**{**QUICK, "batch_size": 4, "timing_images": 1, "models": ("embedded",)})
     monkeypatch.setattr(sessions, "decode", counting(3))
     with pytest.raises(Stop):
-        run_paper(config, tmp_path / "r", only="fig5", progress=False)
+        run_paper(config, RunOptions(out=tmp_path / "r", progress=False), only="fig5")
     parts = tmp_path / "r" / "sessions" / "embedded-T1" / "parts"
     assert len(list(parts.glob("pending_00001_*.json"))) == 2 and not (parts / "round_00001.json").exists()
     first_two = calls[:2]
     calls.clear()
     monkeypatch.setattr(sessions, "decode", counting(0))
-    run_paper(config, tmp_path / "r", only="fig5", progress=False)
+    run_paper(config, RunOptions(out=tmp_path / "r", progress=False), only="fig5")
     resumed = list(calls)
     assert not list(parts.glob("pending_*"))
 
     calls.clear()
-    run_paper(config, tmp_path / "whole", only="fig5", progress=False)
+    run_paper(config, RunOptions(out=tmp_path / "whole", progress=False), only="fig5")
     assert len(calls) > 3 and sorted(resumed + first_two) == sorted(calls)  # each method decoded once in all
     whole = tmp_path / "whole" / "sessions" / "embedded-T1" / "parts"
     for r in range(QUICK["main_images"]):

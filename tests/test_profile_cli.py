@@ -23,7 +23,8 @@ from ambiguity.models.embedded import GPT_FILE, VQ_FILE, load_embedded
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.models.vq import VQConfig, VQModel
-from ambiguity.profile import STAT_COLUMNS, main, profile, profile_forced
+from ambiguity.profile import STAT_COLUMNS, main, profile_forced, profile_model
+from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +145,7 @@ def test_greedy_guided_chooses_rank_one(weights, tmp_path):
 def test_generated_statistics_equal_teacher_forcing_the_same_tokens(model):
     """The on_step statistics of generation equal a teacher-forced pass over the sampled tokens."""
     sampling = SamplingConfig(guidance=2.5, temperature=0.8, top_k=20, top_p=0.9)
-    df, summary = profile(model, [1, 4, 9], sampling, batch_size=2, seed=3, progress=False)
+    df, summary = profile_model(model, [1, 4, 9], sampling, batch_size=2, seed=3, options=RunOptions(progress=False))
     assert summary["batches"] == {"total": 2, "resumed": 0, "computed": 2}
     tokens = torch.tensor(df["token"].to_numpy(), dtype=torch.long).view(3, 16)
     forced = profile_forced(model, [1, 4, 9], tokens, sampling)
@@ -156,7 +157,7 @@ def test_generated_statistics_equal_teacher_forcing_the_same_tokens(model):
             torch.testing.assert_close(got, forced[k].float(), atol=2e-5, rtol=1e-4, msg=k)
     # top-k 20 leaves at most 20 tokens: the chosen rank never exceeds it
     assert df["guided_chosen_rank"].max() <= 20
-    again, _ = profile(model, [1, 4, 9], sampling, batch_size=2, seed=3, progress=False)
+    again, _ = profile_model(model, [1, 4, 9], sampling, batch_size=2, seed=3, options=RunOptions(progress=False))
     pd.testing.assert_frame_equal(df, again)
 
 
@@ -400,7 +401,7 @@ def test_t2i_model_profiles_captions(tmp_path):
 
     conds = generation_conditions(model, 3, seed=0, captions=caps)
     assert sorted(conds) == ["a cat on a mat", "a red bus", "a small dog"]
-    df, summary = profile(model, conds, num_images=3, batch_size=2, progress=False)
+    df, summary = profile_model(model, conds, num_images=3, batch_size=2, options=RunOptions(progress=False))
     assert summary["sampling"]["guidance"] == 7.5  # LlamaGen's t2i default
     assert df["condition"].tolist()[::16] == conds and (df["label"] == -1).all()
     assert (df["cond_top1"] != df["guided_top1"]).any()

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.runs import RunDir, file_sha256, settings_difference, settings_digest
+from ambiguity.run_records import settings_difference, settings_digest
+from ambiguity.runs import RunDir, file_sha256
 
 
 def _table(n: int, start: int = 0) -> pd.DataFrame:

@@ -8,7 +8,8 @@ import torch
 from ambiguity.generation import sample_tokens
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
-from ambiguity.profile import profile
+from ambiguity.profile import profile_model
+from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig, invert, pick
 from ambiguity.seeding import derived_seed, image_generator, image_generators, image_seed
 from lantern.decoding import DecodeConfig, decode
@@ -54,8 +55,8 @@ def test_seeds_are_distinct_and_reproducible():
 
 def test_tokens_do_not_depend_on_batch_size_or_command(model):
     s = SamplingConfig(guidance=3.0, temperature=1.0, top_k=20)
-    a, _ = profile(model, [1, 2, 3, 4, 5], s, batch_size=2, seed=11, progress=False)
-    b, _ = profile(model, [1, 2, 3, 4, 5], s, batch_size=5, seed=11, progress=False)
+    a, _ = profile_model(model, [1, 2, 3, 4, 5], s, batch_size=2, seed=11, options=RunOptions(progress=False))
+    b, _ = profile_model(model, [1, 2, 3, 4, 5], s, batch_size=5, seed=11, options=RunOptions(progress=False))
     assert a["token"].tolist() == b["token"].tolist()
     pd.testing.assert_series_equal(a["guided_top1"], b["guided_top1"], atol=1e-6, rtol=0)
     # the same image through plain sampling and through lantern's AR decoding
@@ -105,7 +106,7 @@ def test_stream_table_is_complete_and_tags_unique():
 
 def test_callers_use_the_named_streams():
     """The modules that used to spell the formulas out now call the table's functions (same values)."""
-    from ambiguity.train import batch_indices
+    from ambiguity.train_loop import batch_indices
 
     g = torch.Generator().manual_seed(5 * 100003 + 0)
     assert batch_indices(0, 4, 10, 5).tolist() == torch.randperm(10, generator=g)[:4].tolist()

@@ -12,18 +12,12 @@ import torch
 from ambiguity.errors import UsageError
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
+from ambiguity.stats import bootstrap_mean_ci
 from lantern.acceptance import AcceptanceRule, output_distribution
 from lantern.decoding import DecodeConfig, decode, neighbour_table
-from lantern.distortion import (
-    TREE_ROW,
-    bootstrap_mean_ci,
-    distortion_table,
-    image_groups,
-    real_pairs,
-    sibling_output_distribution,
-)
+from lantern.distortion import TREE_ROW, distortion_table, image_groups, real_pairs, sibling_output_distribution
 from lantern.divergences import tvd
-from lantern.drafter import load_drafter
+from lantern.drafter.model import load_drafter
 from lantern.timing import interleaved_timing, speedup_curve, speedup_table
 
 

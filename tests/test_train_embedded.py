@@ -17,20 +17,9 @@ from ambiguity.models.embedded import GPT_FILE, METRICS_FILE, VQ_FILE, load_embe
 from ambiguity.models.gpt import GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.sampling import SamplingConfig
-from ambiguity.train import (
-    CURVE_FILE,
-    EpochStopConfig,
-    GPTTrainConfig,
-    batch_indices,
-    code_usage,
-    epoch_ends,
-    gpt_nll,
-    lr_at,
-    reinit_dead_codes,
-    steps_for_epochs,
-    stop_reason,
-    train_gpt,
-)
+from ambiguity.train import CURVE_FILE, EpochStopConfig, GPTTrainConfig, gpt_nll, stop_reason, train_gpt
+from ambiguity.train_loop import batch_indices, epoch_ends, lr_at, steps_for_epochs
+from ambiguity.train_vq import code_usage, reinit_dead_codes
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_embedded.py"
 FIGURE = SCRIPT.with_name("figure_embedded_samples.py")
@@ -648,7 +637,8 @@ def _umask() -> int:
 
 
 def test_token_cache_resumes_after_its_last_chunk(tmp_path, capsys):
-    from ambiguity.train import embedded16_long_recipe, save_checkpoint
+    from ambiguity.train import embedded16_long_recipe
+    from ambiguity.train_loop import save_checkpoint
 
     script = load_script()
     torch.manual_seed(0)

@@ -28,9 +28,10 @@ from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from lantern.acceptance import AcceptanceRule
 from lantern.decoding import DecodeConfig, decode
 from lantern.distortion import sibling_output_distribution
-from lantern.drafter import Drafter
+from lantern.drafter.model import Drafter
 from lantern.tree_decoding import tree_decode, walk_official_greedy, walk_tree
-from lantern.trees import STATIC_TREES, Tree, TreeSpec, check_paths, log_q, parse_tree, top_log_q
+from lantern.tree_spec import STATIC_TREES, TreeSpec, check_paths, parse_tree
+from lantern.trees import Tree, log_q, top_log_q
 
 
 def tiny(vocab=4, block=4, seed=0, std=0.8, dim=16, dtype=torch.float64):

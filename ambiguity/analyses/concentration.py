@@ -39,9 +39,10 @@ from ambiguity.conditions import parse_classes
 from ambiguity.distributed import SINGLE
 from ambiguity.errors import UsageError
 from ambiguity.io import write_table
+from ambiguity.knn import METRICS
 from ambiguity.memory import check_run_size
 from ambiguity.models.registry import check_spec_options, load_model
-from ambiguity.neighbourhood import MATRICES, METRICS, Neighbourhoods, build_neighbourhoods, model_matrix
+from ambiguity.neighbourhood import MATRICES, Neighbourhoods, build_neighbourhoods, model_matrix
 from ambiguity.runs import RunDir, shard_units
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 

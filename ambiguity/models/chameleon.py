@@ -51,7 +51,8 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt
 from ambiguity.models.chameleon_vqgan import ChameleonVQGAN, load_vqgan, vqgan_config_from_hf, vqgan_from_state
 from ambiguity.models.chameleon_weights import build_lm, locate_checkpoint, read_checkpoint
-from ambiguity.models.hf_common import HFDraftLayer, HFTokenModel, left_pad_ids, make_draft_layer
+from ambiguity.models.hf_common import HFTokenModel, left_pad_ids
+from ambiguity.models.hf_draft_layer import HFDraftLayer, make_draft_layer
 from ambiguity.models.hub import find_weight
 
 __all__ = [

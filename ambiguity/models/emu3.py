@@ -38,15 +38,8 @@ import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt
-from ambiguity.models.hf_common import (
-    HFTokenModel,
-    left_pad_ids,
-    load_pretrained,
-    load_tokenizer,
-    local_dir,
-    make_draft_layer,
-    rows_of,
-)
+from ambiguity.models.hf_common import HFTokenModel, left_pad_ids, load_pretrained, load_tokenizer, local_dir, rows_of
+from ambiguity.models.hf_draft_layer import make_draft_layer
 from ambiguity.models.hub import hf_snapshot_dir
 
 __all__ = [

@@ -52,35 +52,22 @@ from ambiguity.models.hf_cache import (
     HFCache,
     additive_mask,
     cache_kwarg,
-    crop_dynamic_cache,
     new_dynamic_cache,
     select_dynamic_cache,
     slots_cache_limit,
 )
-from ambiguity.models.hf_draft_layer import HFDraftLayer, decoder_layers, make_draft_layer, new_decoder_layer
 from ambiguity.models.hf_slots import HFSlotsCache
 from ambiguity.models.hub import hf_snapshot_dir
 
 __all__ = [
-    "HFCache",
     "HFTokenModel",
-    "HFDraftLayer",
-    "cache_kwarg",
-    "new_dynamic_cache",
-    "slots_cache_limit",
     "run_decoder",
     "left_pad_ids",
     "position_ids",
-    "decoder_layers",
-    "new_decoder_layer",
     "load_pretrained",
     "load_tokenizer",
     "rows_of",
     "token_id",
-    "make_draft_layer",
-    "crop_dynamic_cache",
-    "select_dynamic_cache",
-    "additive_mask",
     "local_dir",
 ]
 

@@ -24,14 +24,8 @@ import torch
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt
-from ambiguity.models.hf_common import (
-    HFTokenModel,
-    left_pad_ids,
-    load_pretrained,
-    load_tokenizer,
-    make_draft_layer,
-    rows_of,
-)
+from ambiguity.models.hf_common import HFTokenModel, left_pad_ids, load_pretrained, load_tokenizer, rows_of
+from ambiguity.models.hf_draft_layer import make_draft_layer
 
 __all__ = ["HFCausalLM", "load_hf_causal_lm", "read_prompts"]
 

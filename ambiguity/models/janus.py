@@ -34,15 +34,8 @@ import torch.nn.functional as F
 
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt
-from ambiguity.models.hf_common import (
-    HFTokenModel,
-    left_pad_ids,
-    load_pretrained,
-    load_tokenizer,
-    make_draft_layer,
-    rows_of,
-    token_id,
-)
+from ambiguity.models.hf_common import HFTokenModel, left_pad_ids, load_pretrained, load_tokenizer, rows_of, token_id
+from ambiguity.models.hf_draft_layer import make_draft_layer
 
 __all__ = ["JanusModel", "load_janus", "JANUS_TEMPLATE", "JANUS_PRO_1B_REPO", "JANUS_PRO_7B_REPO"]
 

@@ -23,7 +23,6 @@ from ambiguity.models.catalog import BUILTIN, ModelSpec
 from ambiguity.models.checkpoints import check_finite
 
 __all__ = [
-    "ModelSpec",
     "register",
     "available_models",
     "get_spec",

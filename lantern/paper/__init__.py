@@ -41,13 +41,14 @@ from typing import Optional
 from tqdm.auto import tqdm
 
 from ambiguity.errors import UsageError
-from ambiguity.runs import RunDir, RunOptions, shard_units, versions
-from lantern.paper.config import QUICK, PaperConfig
+from ambiguity.run_records import versions
+from ambiguity.runs import RunDir, RunOptions, shard_units
+from lantern.paper.config import PaperConfig
 from lantern.paper.context import Context
-from lantern.paper.experiments import EXPERIMENTS, TITLES
+from lantern.paper.experiments import EXPERIMENTS
 from lantern.paper.report import Item, item_of, item_unit, load_item, save_item, write_report
 
-__all__ = ["PaperConfig", "QUICK", "EXPERIMENTS", "TITLES", "run_paper", "select", "COMMAND"]
+__all__ = ["run_paper", "select", "COMMAND"]
 
 COMMAND = "python -m lantern.paper"
 OUTPUTS = ("report.md",) + tuple(EXPERIMENTS)
@@ -71,12 +72,11 @@ def run_paper(
     config: PaperConfig,
     options: RunOptions | str | Path | None = None,
     only: Optional[Sequence[str] | str] = None,
-    **old,
 ) -> Optional[Path]:
     """Run (or resume) the selected experiments into the run directory and write ``report.md``.
 
     options: :class:`~ambiguity.runs.RunOptions` (``out`` is required), or just the run
-    directory; the old keywords ``out``, ``overwrite``, ``progress`` and ``shard`` still work.
+    directory.
     Every shard takes part in every item (the decoding sessions split their rounds across
     shards, :mod:`lantern.paper.sessions`); the merging one keeps the items and writes the report.
     Returns the report's path (None on a shard that does not merge). Raises UsageError for an
@@ -84,7 +84,7 @@ def run_paper(
     without a drafter (naming the command that trains one) or without a codebook / decoder where
     an experiment needs one; TypeError without ``out``.
     """
-    opts = RunOptions.of(options, **old)
+    opts = RunOptions.of(options)
     if opts.out is None:
         raise TypeError("run_paper needs a run directory: options=RunOptions(out=...) or out=...")
     shard = opts.shard

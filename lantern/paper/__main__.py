@@ -27,7 +27,9 @@ from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.models.registry import check_compile
 from ambiguity.runs import RunOptions
-from lantern.paper import COMMAND, EXPERIMENTS, QUICK, TITLES, PaperConfig, run_paper, select
+from lantern.paper import COMMAND, run_paper, select
+from lantern.paper.config import QUICK, PaperConfig
+from lantern.paper.experiments import EXPERIMENTS, TITLES
 from lantern.quality.features import EXTRACTORS, default_extractors
 
 SIZES = (
@@ -78,7 +80,7 @@ def build_parser() -> ArgumentParser:
         action="append",
         default=None,
         metavar="NAME=PATH",
-        help="drafter per model (default: the shipped one; train with python -m lantern.train_drafter)",
+        help="drafter per model (default: the shipped one; train with python -m lantern.drafter.train)",
     )
     add_device_args(p)
     p.add_argument("--only", default=None, metavar="LIST", help=f"experiments to run: {', '.join(EXPERIMENTS)}")

@@ -14,7 +14,7 @@ from ambiguity.models.base import TokenModel, resolve_device
 from ambiguity.models.registry import get_spec, load_model, resolve_dtype
 from ambiguity.runs import RunDir
 from lantern.decoding import compile_forwards
-from lantern.drafter import Drafter, drafter_digest, load_drafter
+from lantern.drafter.model import Drafter, drafter_digest, load_drafter
 from lantern.paper.config import PaperConfig, map_to_codebook
 
 __all__ = ["Context"]
@@ -95,7 +95,8 @@ class Context:
         """``{model: its weights digest}`` for every model, and ``{"<primary> drafter": digest}`` of the
         primary model's trained drafter (None where none loads): what the run record adds to the
         configuration, so that weights retrained in place refuse a run instead of resuming it into a
-        mix (:meth:`~ambiguity.models.base.TokenModel.weights_digest`, :func:`~lantern.drafter.drafter_digest`)."""
+        mix (:meth:`~ambiguity.models.base.TokenModel.weights_digest`,
+        :func:`~lantern.drafter.model.drafter_digest`)."""
         out = {m: self.model(m).weights_digest() for m in self.config.models}
         try:
             out[f"{self.primary} drafter"] = drafter_digest(self.drafter(self.primary))

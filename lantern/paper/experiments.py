@@ -27,10 +27,10 @@ import torch
 
 from ambiguity import plots
 from ambiguity.analyses.interchangeability import plot_psnr, replacement_rows, run_interchangeability
-from ambiguity.compare import CompareSettings, compare, plot_ambiguity
+from ambiguity.compare import CompareSettings, compare_models, plot_ambiguity
 from ambiguity.errors import UsageError
 from ambiguity.io import read_table
-from lantern.drafter import accuracy_table_path, shipped_drafter_path
+from lantern.drafter.model import accuracy_table_path, shipped_drafter_path
 from lantern.paper import published as P
 from lantern.paper.context import Context
 from lantern.paper.distortion_item import distortion
@@ -192,7 +192,7 @@ def fig2c(ctx: Context) -> Item:
     if ctx.shard.merges:  # profiling is cheap: the merging process does it alone
         settings = CompareSettings(num_images=max(2, ctx.config.profile_images), seed=ctx.config.seed)
         models = [ctx.model(m) for m in ctx.config.models]
-        result, tables = compare(models, settings, out=ctx.subdir("fig2c", "profiles"), progress=ctx.progress)
+        result, tables = compare_models(models, settings, out=ctx.subdir("fig2c", "profiles"), progress=ctx.progress)
         rows = result.to_dict(orient="records")
         figs.append(savefig(ctx, plot_ambiguity(rows, tables, settings.level, paper=True), "fig2c", "fig2c"))
         result = result[

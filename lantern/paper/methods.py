@@ -23,8 +23,8 @@ from lantern.decoding import DecodeConfig
 from lantern.paper import published as P
 from lantern.paper.context import Context
 from lantern.paper.sessions import Method, Session, SessionData, quality, run_session, session_batch_size
-from lantern.quality.scoring import Protocol
-from lantern.trees import TreeSpec
+from lantern.quality.scoring import QualityProtocol
+from lantern.tree_spec import TreeSpec
 
 __all__ = [
     "QUALITY",
@@ -236,7 +236,7 @@ def item_settings(ctx: Context, data: Optional[SessionData] = None, tree: bool =
     return out
 
 
-def prdc_note(n: int, k: int = Protocol.k) -> list:
+def prdc_note(n: int, k: int = QualityProtocol.k) -> list:
     """A note when precision / recall are degenerate: at n <= k + 1 images per set every k-NN ball
     reaches the farthest other image, so each set covers the other and both are 1 by construction."""
     if n > k + 1:

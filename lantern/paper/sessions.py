@@ -34,7 +34,7 @@ from ambiguity.conditions import generation_conditions
 from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.sampling import SamplingConfig
 from lantern.decoding import DecodeConfig, decode
-from lantern.drafter import drafter_digest
+from lantern.drafter.model import drafter_digest
 from lantern.evaluate import score_images
 from lantern.paper.context import Context
 from lantern.records import Decoded

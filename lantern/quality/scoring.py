@@ -1,6 +1,6 @@
 """Scoring one image set against a reference: the protocol, cached reference statistics, metric rows.
 
-:class:`Protocol` holds every choice that changes a number (reference and its subset, k of the
+:class:`QualityProtocol` holds every choice that changes a number (reference and its subset, k of the
 k-NN metrics, bootstrap count, interval level, seeds, the size of the precision/recall
 reference, CLIP settings); :func:`protocol_record` is what every result carries.
 
@@ -22,14 +22,15 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ambiguity.runs import RunDir, settings_digest
+from ambiguity.run_records import settings_digest
+from ambiguity.runs import RunDir
 from ambiguity.seeding import SEED_TAGS, derived_seed
 from lantern.quality import metrics as M
 from lantern.quality.features import DEFAULT_REPOS, Extractor, extract
 from lantern.quality.sources import ImageSet
 
 __all__ = [
-    "Protocol",
+    "QualityProtocol",
     "protocol_record",
     "RefStats",
     "cache_dir",
@@ -58,7 +59,7 @@ PAPER_SAMPLE_SIZES = {
 
 
 @dataclass
-class Protocol:
+class QualityProtocol:
     """Everything that changes a score besides the images and the extractor.
 
     reference: source spec (see :mod:`lantern.quality.sources`); k: neighbours of the k-NN
@@ -82,7 +83,7 @@ class Protocol:
     hps: bool = False
 
 
-def protocol_record(p: Protocol, reference: Optional[ImageSet] = None) -> dict:
+def protocol_record(p: QualityProtocol, reference: Optional[ImageSet] = None) -> dict:
     """The protocol as recorded in results: settings, seeds and the reference's facts."""
     rec = asdict(p)
     rec["seeds"] = {
@@ -188,7 +189,7 @@ def _row(
     full: float,
     resampled: np.ndarray,
     n: int,
-    p: Protocol,
+    p: QualityProtocol,
     proportion: bool = False,
 ) -> dict:
     """One metric row; ``resampled``: the leave-one-group-out values; ``proportion``: ``full`` is a
@@ -212,7 +213,7 @@ def _row(
     }
 
 
-def resample_counts(n: int, p: Protocol) -> Optional[np.ndarray]:
+def resample_counts(n: int, p: QualityProtocol) -> Optional[np.ndarray]:
     """The jackknife weights (G, n) shared by every metric of a set (None without intervals or
     with fewer than 2 images): :func:`lantern.quality.metrics.jackknife_counts`."""
     if not p.bootstrap or n < 2:
@@ -220,7 +221,7 @@ def resample_counts(n: int, p: Protocol) -> Optional[np.ndarray]:
     return M.jackknife_counts(n, max(int(p.bootstrap), 2), derived_seed(p.seed, BOOTSTRAP_TAG))
 
 
-def feature_metrics(feats: np.ndarray, stats: RefStats, p: Protocol, extractor: str) -> list[dict]:
+def feature_metrics(feats: np.ndarray, stats: RefStats, p: QualityProtocol, extractor: str) -> list[dict]:
     """FID (Fréchet distance), KID, precision, recall, density and coverage of generated
     features (N, D) against ``stats``, each with its interval (module :mod:`lantern.quality.metrics`)
     -> metric rows (dicts with metric, extractor, value, ci_low, ci_high, n, bootstrap (the
@@ -251,7 +252,7 @@ def feature_metrics(feats: np.ndarray, stats: RefStats, p: Protocol, extractor: 
     return rows
 
 
-def value_metrics(values: dict[str, np.ndarray], p: Protocol) -> list[dict]:
+def value_metrics(values: dict[str, np.ndarray], p: QualityProtocol) -> list[dict]:
     """Means of per-image values (CLIP score, HPS, proxies) with intervals -> metric rows (0/1
     values: Wilson score interval; others: jackknife, :func:`_row`)."""
     rows = []

@@ -14,7 +14,7 @@ from ambiguity.cli import safe_name
 from ambiguity.distributed import SINGLE, Shard
 from ambiguity.runs import RunDir, assemble_units, shard_units
 from lantern.quality.features import Extractor, extract, locate_weights
-from lantern.quality.scoring import Protocol, feature_metrics, reference_stats, value_metrics
+from lantern.quality.scoring import QualityProtocol, feature_metrics, reference_stats, value_metrics
 from lantern.quality.sources import ImageSet
 from lantern.quality.text import clip_scores, hps_scores, prompts_for
 from lantern.run_reader import image_quality, load_run, target_scores
@@ -25,7 +25,7 @@ ROW_COLUMNS = ["metric", "extractor", "value", "ci_low", "ci_high", "n", "bootst
 PART_FORMAT = 3  # parts hold the metric rows, the leave-one-group-out (jackknife) values and the features
 
 
-def text_values(s: ImageSet, p: Protocol, weights: dict, device, class_names) -> tuple[dict, list[str]]:
+def text_values(s: ImageSet, p: QualityProtocol, weights: dict, device, class_names) -> tuple[dict, list[str]]:
     """Per-image text-alignment values of a set ({"clip_score" / "hps_v2.1": (N,) array}, as
     ``p`` asks) and notes (a set without captions or class names is skipped with a note)."""
     values, notes = {}, []
@@ -108,7 +108,7 @@ def score_set(
     s: ImageSet,
     ref: ImageSet,
     extractors,
-    p: Protocol,
+    p: QualityProtocol,
     *,
     cache,
     batch_size,

@@ -216,7 +216,7 @@ def load_token_file(path: str | Path, conditions_file: str | Path | None = None)
         raise
     except Exception as exc:
         raise UsageError(
-            f"cannot read token file {path} ({type(exc).__name__}: {exc}); see lantern.drafter_data for the format"
+            f"cannot read token file {path} ({type(exc).__name__}: {exc}); see lantern.drafter.data for the format"
         ) from None
     if tokens is None:
         raise UsageError(f"token file {path} has no 'tokens' array of shape (N, h*w)")

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from ambiguity.distributed import SINGLE, Shard
 from ambiguity.models.base import TokenModel
-from lantern.drafter import Drafter
-from lantern.drafter_data import iterate_batches, training_inputs
+from lantern.drafter.data import iterate_batches, training_inputs
+from lantern.drafter.model import Drafter
 
 __all__ = ["KS", "drafter_loss", "topk_hits", "topk_accuracy", "forward_rows", "evaluate"]
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ambiguity import plots
 from ambiguity.io import read_table
-from lantern.drafter_objective import KS
+from lantern.drafter.objective import KS
 
 __all__ = ["PAPER_TOP1", "plot_accuracy", "summary"]
 

@@ -1,4 +1,4 @@
-"""``python -m lantern.drafter_comparison`` (also ``python -m lantern.compare``): LANTERN's Fig. 2.
+"""``python -m lantern.drafter.comparison``: LANTERN's Fig. 2.
 
 Ambiguity across models and their drafters' accuracy.
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Optional
 
 from ambiguity.compare import main as compare_main
-from lantern.drafter import shipped_accuracy_path
+from lantern.drafter.model import shipped_accuracy_path
 
 __all__ = ["main"]
 
 
-def main(argv: Optional[list[str]] = None, prog: str = "python -m lantern.drafter_comparison") -> int:
+def main(argv: Optional[list[str]] = None, prog: str = "python -m lantern.drafter.comparison") -> int:
     """Run :func:`ambiguity.compare.main` with the shipped drafters' accuracy tables."""
     return compare_main(argv, accuracy_lookup=shipped_accuracy_path, prog=prog)
 

@@ -1,11 +1,11 @@
 """Train an EAGLE drafter on the target's teacher-forced hidden states.
 
-    python -m lantern.train_drafter --model embedded --epochs 6 \\
+    python -m lantern.drafter.train --model embedded --epochs 6 \\
         --out lantern/weights/embedded_drafter.safetensors --figure figures/drafter_accuracy.png
-    python -m lantern.train_drafter --model llamagen-c2i-b --self-generate 50000 --cfg 4 --temperature 1
-    python -m lantern.train_drafter --model llamagen-c2i-b --tokens imagenet_codes.safetensors
-    python -m lantern.train_drafter --model embedded --classes 0,3,7 --run-dir runs/drafter-037   # some classes only
-    python -m lantern.train_drafter --model embedded-16 --self-generate 10000 --with-data --epochs 20 --patience 2
+    python -m lantern.drafter.train --model llamagen-c2i-b --self-generate 50000 --cfg 4 --temperature 1
+    python -m lantern.drafter.train --model llamagen-c2i-b --tokens imagenet_codes.safetensors
+    python -m lantern.drafter.train --model embedded --classes 0,3,7 --run-dir runs/drafter-037   # some classes only
+    python -m lantern.drafter.train --model embedded-16 --self-generate 10000 --with-data --epochs 20 --patience 2
 
 Objective (EAGLE, Li et al., 2024, arXiv 2401.15077, Sec. 4.2; LANTERN, arXiv 2410.03355,
 App. B): at every image-token position ``i`` the drafter gets (``x_i``, ``h_{i-1}``) and
@@ -77,31 +77,15 @@ from ambiguity.runs import RunDir
 from ambiguity.seeding import drafter_epoch_seed, drafter_init_seed
 from ambiguity.train_loop import lr_at as ambiguity_lr_at
 from ambiguity.train_loop import save_checkpoint
-from lantern.drafter import Drafter, accuracy_table_path, target_fingerprint
-from lantern.drafter_data import TokenSet, build_feature_cache, iterate_batches, shard_rows, token_digest
-from lantern.drafter_objective import KS, drafter_loss, evaluate, forward_rows, topk_accuracy, topk_hits
-from lantern.drafter_report import PAPER_TOP1, plot_accuracy, summary
-from lantern.drafter_sequences import check_sizes, data_settings, training_sequences
+from lantern.drafter.data import TokenSet, build_feature_cache, iterate_batches, shard_rows, token_digest
+from lantern.drafter.model import Drafter, accuracy_table_path, target_fingerprint
+from lantern.drafter.objective import KS, drafter_loss, evaluate, forward_rows
+from lantern.drafter.report import plot_accuracy, summary
+from lantern.drafter.sequences import check_sizes, data_settings, training_sequences
 
-__all__ = [
-    "TrainConfig",
-    "drafter_loss",
-    "topk_hits",
-    "topk_accuracy",
-    "lr_at",
-    "train_step",
-    "evaluate",
-    "train_drafter",
-    "plot_accuracy",
-    "summary",
-    "build_parser",
-    "PAPER_TOP1",
-    "main",
-    "COMMAND",
-    "top1_stalled",
-]
+__all__ = ["TrainConfig", "lr_at", "train_step", "train_drafter", "build_parser", "main", "COMMAND", "top1_stalled"]
 
-COMMAND = "python -m lantern.train_drafter"
+COMMAND = "python -m lantern.drafter.train"
 OUTPUTS = (
     "accuracy.parquet",
     "checkpoint.pt",
@@ -432,7 +416,7 @@ def build_parser() -> ArgumentParser:
         "--tokens",
         default=None,
         help="token file: .safetensors/.pt/.npz/.npy of (N, h*w) code indices "
-        "plus labels or conditions (see lantern.drafter_data)",
+        "plus labels or conditions (see lantern.drafter.data)",
     )
     d.add_argument("--conditions", default=None, help="text file, one class label or caption a line")
     d.add_argument(

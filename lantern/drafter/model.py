@@ -73,7 +73,7 @@ def accuracy_table_path(drafter_path: str | Path) -> Path:
 
 def shipped_accuracy_path(model_name: str) -> Optional[Path]:
     """The test-accuracy table of the drafter shipped for ``model_name``, or None when there is none
-    (what ``python -m lantern.compare`` gives :func:`ambiguity.compare.compare`)."""
+    (what ``python -m lantern.drafter.comparison`` gives :func:`ambiguity.compare.compare`)."""
     path = accuracy_table_path(shipped_drafter_path(model_name))
     return path if path.is_file() else None
 
@@ -125,7 +125,7 @@ def _draft_layer(model: TokenModel) -> DraftLayer:
 
 
 def _train_hint(name: str) -> str:
-    return f"train one with python -m lantern.train_drafter --model {name}"
+    return f"train one with python -m lantern.drafter.train --model {name}"
 
 
 @torch.no_grad()
@@ -336,7 +336,9 @@ class Drafter(nn.Module):
             raise UsageError(f"drafter file {path} does not exist; {_train_hint(model.name)} or pass its path")
         state, meta = read_safetensors(path, _train_hint(model.name))
         if meta.get("format") != FORMAT or not isinstance(meta.get("target"), dict):
-            raise UsageError(f"{path} is not a drafter file written by lantern.drafter; {_train_hint(model.name)}")
+            raise UsageError(
+                f"{path} is not a drafter file written by lantern.drafter.model; {_train_hint(model.name)}"
+            )
         current = target_fingerprint(model)
         why = fingerprint_mismatch(meta["target"], current)
         if why is not None:

@@ -1,8 +1,8 @@
-"""The training and test sequences of a ``python -m lantern.train_drafter`` run, from its flags:
+"""The training and test sequences of a ``python -m lantern.drafter.train`` run, from its flags:
 a token file (``--tokens``), sequences the target generates (``--self-generate``, with
 ``--with-data`` mixed with data tokens as EAGLE trains), or Fashion-MNIST for the embedded
 models; kept to ``--classes`` and cut to ``--train-size`` / ``--test-size``
-(:mod:`lantern.drafter_data` holds the token sets and the feature cache)."""
+(:mod:`lantern.drafter.data` holds the token sets and the feature cache)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ambiguity.io import abspath
 from ambiguity.memory import check_count
 from ambiguity.models.base import TokenModel
 from ambiguity.runs import RunDir
-from lantern.drafter_data import (
+from lantern.drafter.data import (
     TokenSet,
     check_tokens,
     fashion_mnist_tokens,
