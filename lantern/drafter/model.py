@@ -55,7 +55,7 @@ __all__ = [
     "FORMAT",
 ]
 
-WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "weights"  # lantern/weights
 FORMAT = "lantern-eagle-drafter/1"
 _PROBES = 8  # logits / embedding values recorded to tell two weight sets of one architecture apart
 
