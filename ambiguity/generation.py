@@ -1,6 +1,6 @@
 """Plain autoregressive sampling through the model protocol, with a per-step hook.
 
-This is the autoregressive baseline of the toolkit (``lantern.decoding`` builds speculative
+This is the autoregressive baseline of the toolkit (``lantern.engine.decode`` builds speculative
 decoding on the same calls) and the generator behind ``python -m ambiguity.profile``, the
 analyses and drafter self-generation. Each image draws from its own random stream
 (:mod:`ambiguity.seeding`), so a batch of images gives every image the tokens it would get alone.

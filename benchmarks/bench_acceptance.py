@@ -10,10 +10,10 @@ One run measures, side by side on the same device (median wall-clock of ``--repe
 * **drafter forward** — one EAGLE drafter step (``fc`` + one GPT-XL layer + the frozen
   16384-way head, 2 rows), and the whole chain of γ steps with ``q`` and sampling;
 * **p from logits** — CFG, temperature, softmax of the verification logits;
-* **build A** — :func:`lantern.acceptance.relaxed_mass`: the proximity sets
+* **build A** — :func:`lantern.rules.acceptance.relaxed_mass`: the proximity sets
   ``A_{k,δ}`` of the γ drafts (k = 1000, δ = 0.4): gather + cumsum over ``B_k``;
-* **accept** — :func:`lantern.acceptance.judge` (builds A and decides) plus the residual of
-  the first rejected position (:func:`lantern.acceptance.residual`);
+* **accept** — :func:`lantern.rules.acceptance.judge` (builds A and decides) plus the residual of
+  the first rejected position (:func:`lantern.rules.acceptance.residual`);
 * once: the exact k-NN table ``B_1000`` of a 16384 x 8 codebook (FAISS), cached in practice.
 
 LANTERN (Jang et al., ICLR 2025, App.) reports building A 9.1x cheaper than a target forward.
@@ -50,9 +50,9 @@ from ambiguity.models.gpt import GPT
 from ambiguity.models.llamagen import LlamaGenModel, official_gpt_config
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
-from lantern.acceptance import AcceptanceRule, judge, relaxed_mass, residual
-from lantern.chain import draft
 from lantern.drafter.model import Drafter
+from reference.chain import draft
+from lantern.rules.acceptance import AcceptanceRule, judge, relaxed_mass, residual
 
 OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "bench_acceptance"  # untracked
 

@@ -6,7 +6,7 @@
 For every B the forward is the one batched decoding runs once per step
 (:meth:`ambiguity.models.llamagen.LlamaGenModel.extend_slots`: ``B`` images, ``2 B`` rows with
 CFG, ``--gamma`` + 1 tokens per row, every row at its own cache slots), on two copies of the model:
-eager, and compiled with :func:`lantern.decoding.compile_forwards` (in-place KV writes, the natural
+eager, and compiled with :func:`lantern.engine.decode.compile_forwards` (in-place KV writes, the natural
 attended span, symbolic sizes). ``append`` rows (printed "batch-1 extend") time batch-1 decoding's
 forward (``extend``, 2 rows with CFG). The first compiled call of each cell is timed separately as
 ``compile_s``; with symbolic sizes only the first cell compiles, later cells reuse its graph (cold unless inductor's
@@ -47,7 +47,7 @@ from ambiguity.cli import (  # noqa: E402
 )
 from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.models.registry import load_model  # noqa: E402
-from lantern.decoding import compile_forwards  # noqa: E402
+from lantern.engine.decode import compile_forwards  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:

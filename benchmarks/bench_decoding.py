@@ -68,13 +68,13 @@ from ambiguity.io import write_json, write_table
 from ambiguity.models.registry import load_model
 from ambiguity.runs import RunDir
 from ambiguity.sampling import SamplingConfig, default_guidance
-from lantern.decoding import DecodeConfig, check_depth, decode, neighbour_table
 from lantern.drafter.model import drafter_digest, load_drafter
+from lantern.engine.decode import DecodeConfig, check_depth, decode, neighbour_table
 from lantern.evaluate import score_images
+from lantern.methods.tree.spec import STATIC_TREES, TreeSpec
 from lantern.quality.features import EXTRACTORS
 from lantern.run_reader import target_scores
 from lantern.timing import interleaved_timing, speedup_table
-from lantern.tree_spec import STATIC_TREES, TreeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 QUALITY = ("fid", "kid", "precision", "recall")
@@ -131,7 +131,7 @@ def statistics(
     """One configuration over all conditions: the decode's summary, the quality proxies and, with
     ``extractors``, image quality against the real images (:func:`lantern.evaluate.score_images`:
     FID / KID / precision / recall per extractor). ``batch_size``: images per forward for AR,
-    chains and draft trees (:mod:`lantern.batched`)."""
+    chains and draft trees (:mod:`lantern.engine.loop`)."""
     d = decode(
         model,
         conditions,

@@ -4,7 +4,7 @@
     python benchmarks/bench_throughput.py --models embedded --methods ar,lantern --batch-sizes 1,8,32 --compile
 
 Every (model, method, B) cell decodes ``max(--images, 2 B)`` images with
-:func:`lantern.decoding.decode` ``(batch_size=B)`` (continuous batching, so the last images of a
+:func:`lantern.engine.decode.decode` ``(batch_size=B)`` (continuous batching, so the last images of a
 cell run in a draining batch, as a real run's last batch does) and records images / wall second.
 The ``profile`` method times ``ambiguity.profile.profile_model`` on the same images and batch (AR
 sampling plus its statistics: the profiler's cost per image). Cells run interleaved: every
@@ -12,15 +12,15 @@ repeat visits all cells in a fresh random order (seeded), after one warm-up deco
 method; the table reports the median over repeats and the spread (min, max). Tree rows:
 ``lantern-static`` (EAGLE-1 static tree ``--static-tree``) and ``lantern-dynamic`` /
 ``sd-dynamic`` (EAGLE-2 dynamic tree ``--total-tokens``, ``--depth``, ``--tree-top-k``), batched
-like the chains (:mod:`lantern.batched`). ``--methods`` also takes ``sjd``, ``gsd``, ``scd``
+like the chains (:mod:`lantern.engine.loop`). ``--methods`` also takes ``sjd``, ``gsd``, ``scd``
 (batched Jacobi decoding with the official windows, no drafter:
-:func:`lantern.jacobi.batched_jacobi_decode`). A model's drafter loads only for the drafting
+:func:`lantern.methods.jacobi.method.batched_jacobi_decode`). A model's drafter loads only for the drafting
 methods, its LANTERN neighbour table (which needs a VQ codebook) only for the ``lantern`` ones, so
 ``--models text-twin --methods ar,sd`` runs. ``--device`` / ``--dtype`` as every model command
 (default: auto). The machine may be shared: compare ratios measured in one run, not absolute
 numbers across runs.
 
-``--compile`` adds a compiled copy of every model and drafter (:func:`lantern.decoding.compile_forwards`)
+``--compile`` adds a compiled copy of every model and drafter (:func:`lantern.engine.decode.compile_forwards`)
 and times it interleaved with the eager one (column ``compiled``); its warm-up (batch 1 and 2, which
 compiles every shape the timed cells meet) is reported as ``compile_s`` (the compiled warm-up's
 seconds minus the eager one's), the share of images whose tokens equal the eager decode of the same
@@ -65,9 +65,9 @@ from ambiguity.models.registry import load_model  # noqa: E402
 from ambiguity.profile import profile_model  # noqa: E402
 from ambiguity.runs import RunOptions  # noqa: E402
 from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
-from lantern.decoding import DecodeConfig, compile_forwards, decode, neighbour_table  # noqa: E402
 from lantern.drafter.model import load_drafter  # noqa: E402
-from lantern.tree_spec import STATIC_TREES, TreeSpec  # noqa: E402
+from lantern.engine.decode import DecodeConfig, compile_forwards, decode, neighbour_table  # noqa: E402
+from lantern.methods.tree.spec import STATIC_TREES, TreeSpec  # noqa: E402
 
 METHODS = ("ar", "sd", "lantern", "lantern-static", "lantern-dynamic", "sd-dynamic")
 JACOBI = ("sjd", "gsd", "scd")  # accepted by --methods, not in the default

@@ -10,14 +10,14 @@ same interleaved rounds: median and spread over ``--throughput-rounds``, and the
 ratio to AR; EAGLE-2's dynamic tree batches too), the exact per-step distortion (mean
 ``TVD(out, p)`` of one verification: LANTERN / LANTERN++ on the (p, q) pairs of the drafter along
 AR samples, :mod:`lantern.distortion`; GSD on the (p, q) pairs its own decodes judged,
-:func:`lantern.jacobi.gsd_output_distribution`; 0 for the lossless methods) and the acceptance
+:func:`lantern.methods.jacobi.method.gsd_output_distribution`; 0 for the lossless methods) and the acceptance
 rate by the target's top-1 probability (:func:`lantern.replay.ambiguity_bins`, with reached drafts
 per bin and Wilson intervals, :func:`lantern.replay.with_wilson`; drawn by
 :func:`ambiguity.plots.binned_rates`) and, for image
 models, FID / KID / precision / recall of the ``--num-images`` images against ``--reference``
 with the ``fmnist`` extractor (:func:`lantern.evaluate.score_images`: jackknife intervals). The
 statistics use ``--num-images`` images (decoded ``--batch-size`` at a time: the same samples as
-one at a time, :mod:`lantern.batched`), the latency timing the first ``--timing-images`` of them,
+one at a time, :mod:`lantern.engine.loop`), the latency timing the first ``--timing-images`` of them,
 the throughput ``--throughput-images`` images (default 2 B) per round. Every method keeps its
 colour of :data:`ambiguity.plots.METHOD_COLORS` in every panel and figure. Writes
 ``--out``/compare_jacobi_<model>.{csv,md}``, ``compare_jacobi_<model>_ambiguity.csv``,
@@ -57,19 +57,19 @@ from ambiguity.errors import UsageError  # noqa: E402
 from ambiguity.models.registry import get_spec, load_model  # noqa: E402
 from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
 from ambiguity.seeding import image_generator  # noqa: E402
-from lantern.acceptance import AcceptanceRule, output_distribution  # noqa: E402
-from lantern.decoding import DecodeConfig, decode, neighbour_table  # noqa: E402
 from lantern.distortion import real_pairs  # noqa: E402
-from lantern.divergences import tvd  # noqa: E402
 from lantern.drafter.model import load_drafter  # noqa: E402
+from lantern.engine.decode import DecodeConfig, decode, neighbour_table  # noqa: E402
 from lantern.evaluate import score_images  # noqa: E402
-from lantern.jacobi import jacobi_decode  # noqa: E402
-from lantern.jacobi_rules import gsd_output_distribution  # noqa: E402
+from reference.jacobi import jacobi_decode
+from lantern.methods.tree.spec import TreeSpec  # noqa: E402
 from lantern.quality.scoring import QualityProtocol  # noqa: E402
 from lantern.quality.tables import flat_scores  # noqa: E402
 from lantern.replay import ambiguity_bins, with_wilson  # noqa: E402
+from lantern.rules.acceptance import AcceptanceRule, output_distribution  # noqa: E402
+from lantern.rules.divergences import tvd  # noqa: E402
+from lantern.rules.jacobi import gsd_output_distribution  # noqa: E402
 from lantern.timing import interleaved_timing, speedup_table  # noqa: E402
-from lantern.tree_spec import TreeSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

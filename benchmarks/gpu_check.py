@@ -12,7 +12,7 @@ downloaded):
    with an EAGLE drafter of the same shapes (``--smoke``: a 2-layer, 64-wide model with 256 codes
    and 8 x 8 tokens);
 3. batched throughput (images/s) of AR and the LANTERN chain at B in ``--batch-sizes``
-   (:func:`lantern.decoding.decode` with ``batch_size``);
+   (:func:`lantern.engine.decode.decode` with ``batch_size``);
 4. FAISS kNN (k = 64) over a random 16384 x 8 codebook on the GPU (``faiss.StandardGpuResources``),
    skipped with a note when faiss has no GPU support.
 
@@ -45,9 +45,9 @@ from ambiguity.cli import (  # noqa: E402
 from ambiguity.models.gpt import GPT, GPTConfig, gpt_config_from_official  # noqa: E402
 from ambiguity.models.llamagen import LlamaGenModel  # noqa: E402
 from ambiguity.sampling import SamplingConfig  # noqa: E402
-from lantern.decoding import DecodeConfig, decode  # noqa: E402
 from lantern.drafter.model import Drafter  # noqa: E402
-from lantern.tree_spec import TreeSpec  # noqa: E402
+from lantern.engine.decode import DecodeConfig, decode  # noqa: E402
+from lantern.methods.tree.spec import TreeSpec  # noqa: E402
 
 
 def random_target(smoke: bool, device: torch.device, dtype: torch.dtype) -> LlamaGenModel:

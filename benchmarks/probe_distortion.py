@@ -2,9 +2,9 @@
 
 Not a test. Decodes ``--num-images`` images of the embedded model with lossless SD (γ = 4,
 ``--cfg``, temperature 1), records the target distribution p and the drafter distribution q at
-the first draft position of every verification step (by wrapping :func:`lantern.chain.accept`),
+the first draft position of every verification step (by wrapping :func:`lantern.methods.chain.accept`),
 and then computes, with no sampling, the distribution one LANTERN step emits
-(:func:`lantern.acceptance.output_distribution`, ``exact`` residual) for every k and δ of the
+(:func:`lantern.rules.acceptance.output_distribution`, ``exact`` residual) for every k and δ of the
 decoding sweep. It prints the mean / median / max of TVD(out, p) per setting and writes ``--out``
 (default ``runs/benchmarks/probe_distortion/distortion.json``; the committed results:
 ``--out benchmarks/results/distortion.json``).
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-import lantern.chain as chain
-import lantern.decoding as decoding
+import lantern.engine.decode as decoding
+import lantern.methods.chain as chain
 from ambiguity.cli import (
     ArgumentParser,
     add_guidance_arg,
@@ -38,9 +38,9 @@ from ambiguity.io import write_json
 from ambiguity.memory import check_count
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import AcceptanceRule, output_distributions
-from lantern.divergences import tvd
 from lantern.drafter.model import load_drafter
+from lantern.rules.acceptance import AcceptanceRule, output_distributions
+from lantern.rules.divergences import tvd
 
 OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "probe_distortion"  # untracked
 

@@ -6,7 +6,7 @@ of ``--num-images`` AR samples (:func:`lantern.distortion.real_pairs`, temperatu
 ``--top-k``) this computes, exactly, the distribution ``out`` of the first token one step emits
 
 * with a draft sampled from q and accepted with ``min(1, p̃/q)`` (chains, EAGLE-1 static trees:
-  :func:`lantern.acceptance.output_distributions`), and
+  :func:`lantern.rules.acceptance.output_distributions`), and
 * at a dynamic-tree node whose children are the drafter's top ``--siblings`` tokens judged as
   point masses, ``min(1, p̃)`` (EAGLE-2, the paper's decoder:
   :func:`lantern.distortion.sibling_output_distribution`),
@@ -50,11 +50,11 @@ from ambiguity.io import write_table
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from ambiguity.stats import bootstrap_mean_ci, entropy
-from lantern.acceptance import AcceptanceRule, output_distributions
-from lantern.decoding import DecodeConfig, decode, neighbour_table
 from lantern.distortion import real_pairs, sibling_output_distribution
-from lantern.divergences import tvd
 from lantern.drafter.model import load_drafter
+from lantern.engine.decode import DecodeConfig, decode, neighbour_table
+from lantern.rules.acceptance import AcceptanceRule, output_distributions
+from lantern.rules.divergences import tvd
 
 OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "probe_emitted_tokens" / "emitted_tokens.csv"
 

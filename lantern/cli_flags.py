@@ -13,14 +13,14 @@ import argparse
 from typing import Optional
 
 from ambiguity.errors import UsageError
-from lantern.acceptance import BOUNDS, RULES
-from lantern.jacobi_config import JACOBI_METHODS
+from lantern.methods.jacobi.config import JACOBI_METHODS
+from lantern.rules.acceptance import BOUNDS, RULES
 
 __all__ = ["RELAXED", "FLAG_METHODS", "FLAG_TREES", "tree_kind", "given_options", "check_flags_apply"]
 
 
 # the decoding options each method reads (dest -> methods); one given for another method is refused.
-# The bound flags follow lantern.acceptance.BOUNDS: sd reads no neighbourhood flag, lantern and
+# The bound flags follow lantern.rules.acceptance.BOUNDS: sd reads no neighbourhood flag, lantern and
 # lantern-jsd read --delta (a TVD or a JSD bound), lantern++ reads --lam.
 RELAXED = tuple(m for m in RULES if BOUNDS[m] is not None)
 FLAG_METHODS = {
@@ -56,7 +56,7 @@ def check_flags_apply(method: str, given: set[str], tree: str = "chain", k: Opti
     ``ar`` or a Jacobi method, ``--k --delta --lam --metric --matrix`` with ``sd``, ``--delta`` with
     ``lantern++`` and ``--lam`` with ``lantern``/``lantern-jsd``, Jacobi knobs with the others;
     ``--delta --lam --metric --matrix`` with ``k == 0`` (no latent neighbourhood: every rule
-    accepts as ``sd``, :attr:`lantern.acceptance.AcceptanceRule.relaxed`); by :data:`FLAG_TREES`,
+    accepts as ``sd``, :attr:`lantern.rules.acceptance.AcceptanceRule.relaxed`); by :data:`FLAG_TREES`,
     ``--gamma`` with a tree and ``--total-tokens --depth --tree-top-k`` with a chain or a static
     tree. The line names the methods, ``--k`` or trees the flag is for."""
     for dest, methods in FLAG_METHODS.items():

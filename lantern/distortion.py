@@ -11,7 +11,7 @@ from p. This module measures that distance with no sampling:
   drafter on the target's true features gives q for the same position (what the first draft of
   a verification step starting there is drawn from);
 * :func:`distortion_table` — ``TVD(out, p)`` of one verification step for each (k, δ)
-  (:func:`lantern.acceptance.output_distributions`), next to ``TVD(q, p)`` and what drives it
+  (:func:`lantern.rules.acceptance.output_distributions`), next to ``TVD(q, p)`` and what drives it
   (the entropies and top-1 probabilities of p and q, how often their argmaxes agree), each mean
   with a percentile-bootstrap interval that resamples images (:func:`bootstrap_mean_ci`);
 * :func:`sibling_output_distribution` — the same for the deterministic drafts of an EAGLE-2
@@ -35,10 +35,10 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import bootstrap_mean_ci, entropy
-from lantern.acceptance import AcceptanceRule, output_distributions, proximity, residual
-from lantern.divergences import tvd
 from lantern.drafter.model import DraftModel
-from lantern.steps import target_distribution
+from lantern.engine.steps import target_distribution
+from lantern.rules.acceptance import AcceptanceRule, output_distributions, proximity, residual
+from lantern.rules.divergences import tvd
 
 __all__ = ["real_pairs", "image_groups", "sibling_output_distribution", "distortion_table", "DRIVERS", "TREE_ROW"]
 
@@ -113,17 +113,17 @@ def sibling_output_distribution(
     (``q.topk(m).indices``: an EAGLE-2 dynamic tree, EAGLE-2 Sec. 4); neighbours: (V, >= k + 1)
     int64 table (nearest first; None when the rule is not relaxed).
 
-    As :func:`lantern.tree_decoding.walk_tree` judges them: child ``i`` is a point-mass draft,
+    As :func:`lantern.methods.tree.single_walk.walk_tree` judges them: child ``i`` is a point-mass draft,
     accepted with probability ``a_i = min(1, p̃_i(c_i))`` where ``p̃_i`` grows the proximity set on
     ``r_{i-1}``, the target after the earlier rejections (``r_0 = p``; ``r_i`` is
-    :func:`lantern.acceptance.residual` of ``r_{i-1}`` with ``q = None``: ``c_i`` zeroed for
+    :func:`lantern.rules.acceptance.residual` of ``r_{i-1}`` with ``q = None``: ``c_i`` zeroed for
     ``"exact"``). So ``out = Σ_i reach_i a_i 1[c_i] + reach_{m+1} r_m`` with ``reach_1 = 1`` and
     ``reach_{i+1} = reach_i (1 - a_i)``: the first token of the node's step whether a child is
     accepted (its subtree is judged next) or not (the residual is sampled). With δ = 0 and
     ``"exact"`` this is p (recursive rejection sampling without replacement). Each ``a_i``
     exceeds ``r_{i-1}(c_i)`` by at most δ, so ``TVD(out, p) <= m δ`` for ``"exact"``, LANTERN
     Sec. 3 with EAGLE-2's ``q(x̂) = 1``.
-    Raises :class:`~ambiguity.errors.UsageError` as :func:`lantern.acceptance.judge` (shapes, table).
+    Raises :class:`~ambiguity.errors.UsageError` as :func:`lantern.rules.acceptance.judge` (shapes, table).
     """
     table = rule.table_for(p, neighbours) if rule.relaxed else None
     if siblings.shape[:-1] != p.shape[:-1]:
@@ -171,7 +171,7 @@ def distortion_table(
 
     * ``TVD(q, p)`` (k = 0, δ = 0): the drafter's own distance from p (probability);
     * ``TVD(out, p)`` for each k in ``ks`` and δ in ``deltas``: the exact distribution one
-      verification step emits (:func:`~lantern.acceptance.output_distribution`) against p;
+      verification step emits (:func:`~lantern.rules.acceptance.output_distribution`) against p;
     * ``TVD(out, p), tree`` (:data:`TREE_ROW`) for each m in ``tree_siblings``, k and δ: the same
       for a deterministic tree node whose children are the drafter's top-m tokens
       (:func:`sibling_output_distribution`; ``siblings`` = m, 0 in every other row);
@@ -180,7 +180,7 @@ def distortion_table(
       positions where argmax q equals argmax p (ties: the first index), whose median / q90 / max
       are those of the 0/1 indicator.
 
-    Positions go through :func:`~lantern.acceptance.output_distributions` (every (k, δ) cell of the
+    Positions go through :func:`~lantern.rules.acceptance.output_distributions` (every (k, δ) cell of the
     ``"exact"`` convention from one gather and cumulative sum at the largest k) ``chunk`` at a
     time, fewer when its (chunk, V, max k) working set (and (chunk, V, V) for ``"official"``) would
     pass ``max_bytes`` (bytes; at least one position): at V = 16384, k = 1000 that is 2 positions.

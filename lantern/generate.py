@@ -9,8 +9,8 @@ writes into ``--out`` (a run directory, :mod:`ambiguity.runs`):
 * ``images/00000.png`` … (one PNG per image) and ``grid.png`` / ``grid.pdf``;
 * ``steps.parquet`` (one row per verification step), ``drafts.parquet`` (one row per draft
   token), ``images.parquet`` (one row per image, with its code grid in ``codes``) — the columns
-  are documented in :mod:`lantern.records`;
-* ``summary.json`` (settings, model, drafter, and :func:`lantern.records.summarize`), also
+  are documented in :mod:`lantern.engine.records`;
+* ``summary.json`` (settings, model, drafter, and :func:`lantern.engine.records.summarize`), also
   printed as a table.
 
 Image ``i`` draws from its own random stream seeded by ``(--seed, i)`` (:mod:`ambiguity.seeding`),
@@ -63,9 +63,9 @@ from ambiguity.models.registry import check_compile, check_spec_options, get_spe
 from ambiguity.neighbourhood import MATRICES
 from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import CONVENTIONS, AcceptanceRule
 from lantern.cli_flags import check_flags_apply, given_options
-from lantern.decoding import (
+from lantern.drafter.model import DraftModel, drafter_digest, load_drafter
+from lantern.engine.decode import (
     DEFAULT_METRIC,
     METHODS,
     DecodeConfig,
@@ -75,11 +75,11 @@ from lantern.decoding import (
     decode,
     neighbour_table,
 )
-from lantern.drafter.model import DraftModel, drafter_digest, load_drafter
-from lantern.jacobi_config import COUPLINGS, INITS, JacobiConfig, check_jacobi
-from lantern.records import Decoded, summarize_decode, summary_table
-from lantern.slots import check_batching
-from lantern.tree_spec import STATIC_TREES, TreeSpec, parse_tree
+from lantern.engine.records import Decoded, summarize_decode, summary_table
+from lantern.engine.slots import check_batching
+from lantern.methods.jacobi.config import COUPLINGS, INITS, JacobiConfig, check_jacobi
+from lantern.methods.tree.spec import STATIC_TREES, TreeSpec, parse_tree
+from lantern.rules.acceptance import CONVENTIONS, AcceptanceRule
 
 __all__ = ["build_parser", "main", "run_generate", "decode_config_from_args", "COMMAND", "OUTPUTS"]
 
@@ -173,7 +173,7 @@ def add_decoding_args(p) -> None:
 
 
 def add_jacobi_args(p) -> None:
-    """SJD / GSD / SCD knobs (lantern.jacobi; official defaults, no drafter; --batch-size batches them)."""
+    """SJD / GSD / SCD knobs (lantern.methods.jacobi.method; official defaults, no drafter; --batch-size batches them)."""
     _J = JacobiConfig()
     p.add_argument(
         "--window",
@@ -211,7 +211,7 @@ def add_jacobi_args(p) -> None:
 
 
 def decode_config_from_args(args) -> DecodeConfig:
-    """:class:`~lantern.decoding.DecodeConfig` from the decoding options (UsageError for bad values)."""
+    """:class:`~lantern.engine.decode.DecodeConfig` from the decoding options (UsageError for bad values)."""
     tree = parse_tree(args.tree, args.total_tokens, args.depth, args.tree_top_k)
     jacobi = dict(
         window=args.window,
@@ -347,13 +347,13 @@ def run_generate(
     decoding config, sampling and seed); the target's :meth:`~ambiguity.models.base.TokenModel.weights_digest`
     and the drafter's :func:`~lantern.drafter.model.drafter_digest` join it, so that weights retrained in place
     refuse the run rather than resume it. batch_size: images decoded together
-    (:func:`lantern.decoding.decode`); the parts are written after every ``16 * batch_size``
+    (:func:`lantern.engine.decode.decode`); the parts are written after every ``16 * batch_size``
     images (a batch then drains, so resuming loses at most that many). compiled: whether the
     forwards run through torch.compile (``--compile``; recorded with ``batch_size`` in the summary,
     whose seconds per image then include the compilation).
     Returns ``(steps, drafts, images, summary)``: the three DataFrames of the images of these
     conditions and the summary dict also written to ``summary.json``; None on a shard that does
-    not merge. Raises UsageError as :func:`lantern.decoding.decode`, or for an ``out`` holding a
+    not merge. Raises UsageError as :func:`lantern.engine.decode.decode`, or for an ``out`` holding a
     run of other settings or another shard count; TypeError without ``out``.
     """
     t0 = time.perf_counter()

@@ -1,10 +1,10 @@
 """Replay decode records: why were drafts accepted, and what did relaxed acceptance cost?
 
-Reads runs written by ``python -m lantern.generate`` (or :class:`lantern.records.Decoded`
+Reads runs written by ``python -m lantern.generate`` (or :class:`lantern.engine.records.Decoded`
 frames) and relates
 
 * **ambiguity to acceptance** — the acceptance rate of draft tokens (committed / reached, see
-  :mod:`lantern.records`) binned by the ambiguity of the target distribution ``p`` at the drafted
+  :mod:`lantern.engine.records`) binned by the ambiguity of the target distribution ``p`` at the drafted
   position: its top-1 probability and its entropy (nats), per method
   (:func:`acceptance_by_ambiguity`). LANTERN's premise (Jang et al., ICLR 2025, Sec. 3) is that
   flat ``p`` (low top-1, high entropy) is where exact speculative decoding rejects and where
@@ -82,7 +82,7 @@ AMBIGUITY_COLUMNS = {"p_top1": "top-1 probability of p", "p_entropy": "entropy o
 def ambiguity_bins(drafts, by: str = "p_top1", edges: Optional[Sequence[float]] = None, bins: int = 10):
     """Acceptance of reached draft tokens per bin of an ambiguity column.
 
-    drafts: a drafts DataFrame (columns of :data:`lantern.records.DRAFT_COLUMNS`); by:
+    drafts: a drafts DataFrame (columns of :data:`lantern.engine.records.DRAFT_COLUMNS`); by:
     ``"p_top1"`` (probability) or ``"p_entropy"`` (nats); edges: bin edges (default ``bins``
     equal bins on [0, 1] for top-1, on [0, max entropy] for entropy). Returns a DataFrame with
     lo, hi, mid, drafts (reached draft tokens in the bin), committed, acceptance_rate

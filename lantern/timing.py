@@ -37,9 +37,9 @@ from tqdm.auto import tqdm
 
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig
-from lantern.decoding import DecodeConfig, decode, neighbour_table
 from lantern.drafter.model import DraftModel
-from lantern.records import Decoded
+from lantern.engine.decode import DecodeConfig, decode, neighbour_table
+from lantern.engine.records import Decoded
 
 __all__ = ["TIMING_COLUMNS", "neighbour_tables", "time_decode", "interleaved_timing", "speedup_table", "speedup_curve"]
 
@@ -128,12 +128,12 @@ def interleaved_timing(
 ) -> pd.DataFrame:
     """Time every configuration on every round of ``schedule``, interleaved (module docstring).
 
-    configs: name -> :class:`~lantern.decoding.DecodeConfig`; conditions: the conditions by image
+    configs: name -> :class:`~lantern.engine.decode.DecodeConfig`; conditions: the conditions by image
     index; schedule: per round (first image index, count); drafter: one for every configuration
     or name -> drafter; only: the rounds to run (default all; e.g. a shard's share);
     rounds_of: name -> number of leading rounds the configuration takes part in (default all:
     a large grid can join the first rounds of a long measurement); batch_size: images per forward
-    of every decode (:func:`lantern.decoding.decode`; throughput rather than latency); tables: name -> neighbour table
+    of every decode (:func:`lantern.engine.decode.decode`; throughput rather than latency); tables: name -> neighbour table
     (default :func:`neighbour_tables`, built before timing); done: rows of rounds already timed
     (skipped: a resumed measurement); on_round: called as ``on_round(r, frame, decodes)`` after
     each new round with its timing rows and ``{name: Decoded}`` (e.g. to save them as run parts:

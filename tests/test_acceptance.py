@@ -1,4 +1,4 @@
-"""Acceptance rules (lantern/acceptance.py) checked exactly: hand-computed verdicts, exact
+"""Acceptance rules (lantern/rules/acceptance.py) checked exactly: hand-computed verdicts, exact
 enumeration of all draft outcomes against a loop-based reference, closed forms, bounds.
 
 Probabilities in the hand cases are dyadic (multiples of 1/16) so float sums are exact and
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ambiguity.errors import UsageError
-from lantern.acceptance import (
+from lantern.rules.acceptance import (
     AcceptanceRule,
     judge,
     judge_greedy,
@@ -20,7 +20,7 @@ from lantern.acceptance import (
     relaxed_mass,
     residual,
 )
-from lantern.divergences import jsd, moved_jsd, tvd
+from lantern.rules.divergences import jsd, moved_jsd, tvd
 
 F64 = torch.float64
 

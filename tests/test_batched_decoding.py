@@ -1,4 +1,4 @@
-"""Batched decoding (lantern.batched, lantern.batched_trees, lantern.slots; decode(batch_size=B)) on tiny random models.
+"""Batched decoding (lantern.engine.loop, lantern.methods.tree.draft, lantern.engine.slots; decode(batch_size=B)) on tiny random models.
 
 * in float64 the batched tokens and records equal batch 1's for every image, method, convention,
   greedy and sampling, CFG, temperature, top-k / top-p, with more images than slots (images
@@ -25,15 +25,15 @@ from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
-from lantern.acceptance import AcceptanceRule
-from lantern.batched import batched_decode
-from lantern.batched_tree_walk import Trees, walk_trees
-from lantern.decoding import DecodeConfig, decode
 from lantern.drafter.model import Drafter
-from lantern.steps import Timer
-from lantern.tree_decoding import walk_official_greedy
-from lantern.tree_spec import STATIC_TREES, TreeSpec
-from lantern.trees import Tree
+from lantern.engine.decode import DecodeConfig, decode
+from lantern.engine.loop import batched_decode
+from lantern.engine.steps import Timer
+from reference.trees import Tree
+from reference.tree_decoding import walk_official_greedy
+from lantern.methods.tree.spec import STATIC_TREES, TreeSpec
+from lantern.methods.tree.walk import Trees, walk_trees
+from lantern.rules.acceptance import AcceptanceRule
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ class _FixedUniforms:
 
 
 def test_batched_walk_of_two_hand_made_trees():
-    """The vectorised walk (lantern.batched_tree_walk.walk_trees) on two deterministic trees (SD, V = 3)
+    """The vectorised walk (lantern.methods.tree.walk.walk_trees) on two deterministic trees (SD, V = 3)
     with fixed uniforms, all by hand. Image 0: root -> A (token 0), B (token 1); A -> C. The root
     has p = (.5, .3, .2): A is accepted with probability .5 and u = .7 rejects it; the residual
     (0, .6, .4) accepts B with u = .1; B is a leaf, so the bonus token is drawn from p at B
@@ -254,7 +254,7 @@ def test_batched_official_greedy_walk_orders_leaves_like_the_official_code():
     [0, b]) and keeps a (a has a child: "residual", next token argmax p(a) = 0); a dynamic tree
     lists leaves by node index (b before c) and keeps b (a leaf: "bonus", argmax p(b) = 3).
     Image 1: nothing passes at the root (p = (.1, .1, .1, .7)): no draft, token 3. Each row equals
-    lantern.tree_decoding.walk_official_greedy on the same one-image tree."""
+    lantern.methods.tree.single_walk.walk_official_greedy on the same one-image tree."""
     tokens = torch.tensor([[1, 0, 1, 2], [3, 0, 1, 2]])
     parent = torch.tensor([[0, 0, 0, 1]] * 2)
     depth = torch.tensor([[0, 1, 1, 2]] * 2)

@@ -125,8 +125,8 @@ def test_face_names_are_the_definers_names_and_former_names_are_gone():
     import ambiguity as amb
     import lantern as lt
     from ambiguity.profile import summarize_profile
+    from lantern.engine.records import summarize_decode
     from lantern.quality.scoring import QualityProtocol
-    from lantern.records import summarize_decode
 
     assert amb.summarize_profile is summarize_profile and lt.summarize_decode is summarize_decode
     assert lt.QualityProtocol is QualityProtocol
@@ -147,8 +147,8 @@ def test_settings_errors_name_the_field_and_commands_name_the_flag(capsys):
     from ambiguity.cli import flag_for
     from ambiguity.errors import FieldError
     from ambiguity.sampling import SamplingConfig
-    from lantern.acceptance import AcceptanceRule
-    from lantern.tree_spec import TreeSpec
+    from lantern.methods.tree.spec import TreeSpec
+    from lantern.rules.acceptance import AcceptanceRule
 
     with pytest.raises(FieldError, match=r"^SamplingConfig\.guidance \(guidance scale\) must be at most 100") as e:
         SamplingConfig(guidance=200)

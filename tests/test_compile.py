@@ -1,4 +1,4 @@
-"""``--compile`` (lantern.decoding.compile_forwards): torch.compile of the target's and the drafter's
+"""``--compile`` (lantern.engine.decode.compile_forwards): torch.compile of the target's and the drafter's
 cached forwards on a tiny float64 LlamaGen GPT gives the same tokens and records (probabilities to
 5e-5) as eager decoding, batch 1 (the append path through the compiled rows forward) and batched
 (in-place slot writes), AR, a LANTERN chain, a static SD tree and a LANTERN dynamic tree; the
@@ -17,9 +17,9 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
-from lantern.decoding import DecodeConfig, compile_forwards, decode
 from lantern.drafter.model import Drafter
-from lantern.tree_spec import TreeSpec
+from lantern.engine.decode import DecodeConfig, compile_forwards, decode
+from lantern.methods.tree.spec import TreeSpec
 
 CONFIGS = [
     DecodeConfig.of("ar"),

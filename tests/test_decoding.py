@@ -1,4 +1,4 @@
-"""LANTERN decoding (lantern/decoding.py, lantern/records.py) on tiny random models.
+"""LANTERN decoding (lantern/engine/decode.py, lantern/engine/records.py) on tiny random models.
 
 * greedy speculative decoding (sd, and lantern with δ = 0) reproduces greedy AR tokens exactly,
   with partial acceptances so that KV-cache rollback of target and drafter is exercised; also
@@ -26,11 +26,12 @@ from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig, distribution
 from ambiguity.seeding import image_seed
-from lantern.acceptance import AcceptanceRule
-from lantern.chain import accept, autoregressive_decode, speculative_decode
-from lantern.decoding import DecodeConfig, check_drafter, decode, neighbour_table
 from lantern.drafter.model import Drafter, target_fingerprint
-from lantern.records import accept_histogram
+from lantern.engine.decode import DecodeConfig, check_drafter, decode, neighbour_table
+from lantern.engine.records import accept_histogram
+from lantern.methods.chain import accept
+from reference.chain import autoregressive_decode, speculative_decode
+from lantern.rules.acceptance import AcceptanceRule
 
 
 def tiny_model(vocab=64, block=16, seed=0, head_std=0.3, vq=False, name="tiny"):

@@ -13,11 +13,11 @@ from ambiguity.models.embedded import load_embedded
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.seeding import image_seed
-from lantern.acceptance import RULES
 from lantern.cli_flags import RELAXED
 from lantern.drafter.model import Drafter
 from lantern.generate import main
 from lantern.replay import main as replay_main
+from lantern.rules.acceptance import RULES
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -195,7 +195,7 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
         (["--method", "ar", "--window", "4"], "error: --window does not apply to --method ar, only to sjd, gsd, scd"),
         (["--method", "sjd", "--gsd-group", "3"], "error: --gsd-group does not apply to --method sjd, only to gsd;"),
         (["--method", "lantern", "--scd-coupling", "gumbel"], "error: --scd-coupling does not apply to --method lan"),
-        # flags the rule or the draft shape does not read (lantern.acceptance.BOUNDS, the --tree kind)
+        # flags the rule or the draft shape does not read (lantern.rules.acceptance.BOUNDS, the --tree kind)
         (["--method", "sd", "--delta", "0.3"], "error: --delta does not apply to --method sd, only to lantern, lant"),
         (["--method", "sd", "--k", "5"], "error: --k does not apply to --method sd, only to lantern, lantern-jsd,"),
         (["--method", "sd", "--lam", "2"], "error: --lam does not apply to --method sd, only to lantern++; drop it"),
@@ -295,7 +295,7 @@ def test_run_generate_takes_run_options_or_the_old_keywords(tiny, tmp_path):
     keywords write the same run; without a run directory it is a TypeError."""
     from ambiguity.runs import RunOptions
     from ambiguity.sampling import SamplingConfig
-    from lantern.decoding import DecodeConfig
+    from lantern.engine.decode import DecodeConfig
     from lantern.generate import run_generate
 
     model = load_embedded(tiny / "weights")
@@ -316,7 +316,7 @@ def test_run_generate_takes_run_options_or_the_old_keywords(tiny, tmp_path):
 
 
 def test_flags_each_rule_reads_follow_its_bound():
-    """FLAG_METHODS from lantern.acceptance.BOUNDS: sd reads no neighbourhood flag, δ bounds
+    """FLAG_METHODS from lantern.rules.acceptance.BOUNDS: sd reads no neighbourhood flag, δ bounds
     lantern and lantern-jsd, λ bounds lantern++; --convention and the tree flags go with every rule."""
     from lantern.cli_flags import FLAG_METHODS
 
@@ -365,7 +365,7 @@ def test_summary_records_batch_size_and_compile(tiny, tmp_path, capsys):
     ``compiled``, as --compile passes it) notes that its first images' seconds include compilation."""
     from ambiguity.runs import RunOptions
     from ambiguity.sampling import SamplingConfig
-    from lantern.decoding import DecodeConfig
+    from lantern.engine.decode import DecodeConfig
     from lantern.generate import COMPILE_NOTE, run_generate
 
     out = tmp_path / "plain"

@@ -29,9 +29,9 @@ from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.profile import profile_model
 from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig
-from lantern.decoding import DecodeConfig, decode
 from lantern.drafter.model import Drafter
-from lantern.tree_spec import STATIC_TREES, TreeSpec
+from lantern.engine.decode import DecodeConfig, decode
+from lantern.methods.tree.spec import STATIC_TREES, TreeSpec
 
 CAPTIONS = ["a cat", "a dog", "red", "two birds", "a big dog on green grass"]  # the longest is admitted last
 WORD_CAPTIONS = ["w26 w27", "w28 w30", "w29", "w31 w32 w33", "w34 w35 w36 w37 w38 w39"]  # the tiny Chameleon's words

@@ -1,4 +1,4 @@
-"""Jacobi decoding (lantern.jacobi: SJD, GSD, SCD) on tiny random models.
+"""Jacobi decoding (lantern.methods.jacobi.method: SJD, GSD, SCD) on tiny random models.
 
 * exhaustive enumeration of the real decoder (every coin, random initial token, residual and
   draft draw branched with its probability): SJD and SCD with maximal coupling give exactly the
@@ -29,11 +29,11 @@ from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from ambiguity.seeding import image_generator
-from lantern.decoding import DecodeConfig, decode
-from lantern.divergences import tvd
-from lantern.jacobi import jacobi_decode
-from lantern.jacobi_config import JacobiConfig, check_jacobi
-from lantern.jacobi_rules import (
+from lantern.engine.decode import DecodeConfig, decode
+from lantern.methods.jacobi.config import JacobiConfig, check_jacobi
+from reference.jacobi import jacobi_decode
+from lantern.rules.divergences import tvd
+from lantern.rules.jacobi import (
     group_masses,
     gsd_accept_prob,
     gsd_output_distribution,
@@ -325,7 +325,7 @@ def test_histogram_text_stays_short():
 def test_gumbel_coupling_samples_p_and_repeats_at_a_position():
     """SCD's Gumbel-max: over many positions the token follows p (chi-square); at one position the
     same p gives the same token again, and a nearby p usually does (that is the coupling)."""
-    from lantern.jacobi import _Gumbel
+    from lantern.methods.jacobi.method import _Gumbel
 
     p = torch.tensor([0.5, 0.25, 0.15, 0.1], dtype=torch.float64)
     near = torch.tensor([0.45, 0.3, 0.15, 0.1], dtype=torch.float64)
@@ -403,7 +403,7 @@ def test_float64_batched_jacobi_equals_batch_one(config):
 def test_batched_jacobi_images_keep_their_streams_and_drain(monkeypatch):
     """An image's tokens do not depend on its batch, slot or admission step; a draining batch drops
     its empty slots (CFG: two cache rows per image) and still gives batch 1's tokens."""
-    from lantern.jacobi import batched_jacobi_decode
+    from lantern.methods.jacobi.method import batched_jacobi_decode
 
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
     kept = []
@@ -454,7 +454,7 @@ def test_exact_batched_sjd_is_ar_sampling_for_a_late_image():
     """Every random outcome of image 2 of a batched SJD decode (3 images in 2 slots: it takes a
     freed slot at a later batch step, next to an image at another position; the other images draw
     from their own streams), weighted by its probability, is exactly the AR joint."""
-    from lantern.jacobi import batched_jacobi_decode
+    from lantern.methods.jacobi.method import batched_jacobi_decode
 
     m = tiny()
     s = SamplingConfig(guidance=2.0, temperature=0.7, top_k=2)
@@ -477,8 +477,8 @@ def test_exact_batched_sjd_is_ar_sampling_for_a_late_image():
 
 
 def test_batched_jacobi_config_checks():
-    from lantern.decoding import check_batch_config
-    from lantern.tree_spec import TreeSpec
+    from lantern.engine.decode import check_batch_config
+    from lantern.methods.tree.spec import TreeSpec
 
     for cfg in (*map(DecodeConfig.of, ("sjd", "gsd", "scd")), DecodeConfig.of("sd", tree=TreeSpec("dynamic", 6, 2, 2))):
         check_batch_config(cfg, 8)  # every method batches

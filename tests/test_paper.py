@@ -102,7 +102,7 @@ def test_distortion_decodes_only_its_ar_pairs_session(tmp_path, monkeypatch):
 
     import lantern.paper.sessions
     import lantern.timing
-    from lantern.decoding import DecodeConfig, decode
+    from lantern.engine.decode import DecodeConfig, decode
     from lantern.paper.context import Context
     from lantern.paper.distortion_item import pairs_session
 

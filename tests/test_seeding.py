@@ -12,7 +12,7 @@ from ambiguity.profile import profile_model
 from ambiguity.runs import RunOptions
 from ambiguity.sampling import SamplingConfig, invert, pick
 from ambiguity.seeding import derived_seed, image_generator, image_generators, image_seed
-from lantern.decoding import DecodeConfig, decode
+from lantern.engine.decode import DecodeConfig, decode
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ from ambiguity.errors import UsageError
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from ambiguity.stats import bootstrap_mean_ci
-from lantern.acceptance import AcceptanceRule, output_distribution
-from lantern.decoding import DecodeConfig, decode, neighbour_table
 from lantern.distortion import TREE_ROW, distortion_table, image_groups, real_pairs, sibling_output_distribution
-from lantern.divergences import tvd
 from lantern.drafter.model import load_drafter
+from lantern.engine.decode import DecodeConfig, decode, neighbour_table
+from lantern.rules.acceptance import AcceptanceRule, output_distribution
+from lantern.rules.divergences import tvd
 from lantern.timing import interleaved_timing, speedup_curve, speedup_table
 
 

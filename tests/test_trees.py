@@ -1,4 +1,4 @@
-"""Draft trees (lantern.trees, lantern.tree_decoding) on tiny random models.
+"""Draft trees (lantern.methods.tree.single, lantern.methods.tree.single_walk) on tiny random models.
 
 * tree attention: the target's logits at every node equal a chain forward over the node's path,
   and the cache kept after :meth:`keep_path` equals the cache of that chain (LlamaGen GPT and a
@@ -25,13 +25,14 @@ from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import LlamaGenModel
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
-from lantern.acceptance import AcceptanceRule
-from lantern.decoding import DecodeConfig, decode
 from lantern.distortion import sibling_output_distribution
 from lantern.drafter.model import Drafter
-from lantern.tree_decoding import tree_decode, walk_official_greedy, walk_tree
-from lantern.tree_spec import STATIC_TREES, TreeSpec, check_paths, parse_tree
-from lantern.trees import Tree, log_q, top_log_q
+from lantern.engine.decode import DecodeConfig, decode
+from reference.trees import Tree
+from lantern.methods.tree.draft import log_q, top_log_q
+from reference.tree_decoding import tree_decode, walk_official_greedy, walk_tree
+from lantern.methods.tree.spec import STATIC_TREES, TreeSpec, check_paths, parse_tree
+from lantern.rules.acceptance import AcceptanceRule
 
 
 def tiny(vocab=4, block=4, seed=0, std=0.8, dim=16, dtype=torch.float64):
@@ -375,7 +376,7 @@ def test_official_greedy_static_tie_goes_to_the_first_sorted_path():
     p at the root (1, 4, 3, 0)/8, k = 1, δ = 0.6, B_1: 0 -> 3, 1 -> 2, 2 -> 1: draft 1 has
     p̃ = 7/8, draft 2 p̃ = 7/8 (both pass), draft 0 p̃ = 1/8 (fails); below, p = e_3 fails every
     draft (tokens 0 and 1); p at node 3 = e_2."""
-    from lantern.trees import draft_tree
+    from reference.trees import draft_tree
 
     V = 4
     L = torch.zeros(V, V)
@@ -461,7 +462,7 @@ def test_dynamic_tree_is_eagle2_beam_search_then_rerank():
     V = 6
     L = torch.randn(V, V) * 2
     m = tiny(vocab=V, block=16, dim=16)
-    from lantern.trees import draft_tree
+    from reference.trees import draft_tree
 
     q_of = lambda logits: torch.softmax(logits[0].double(), -1)  # noqa: E731 - (rows, F, V) -> (F, V)
     for total, depth, k in ((8, 2, 3), (12, 3, 2), (5, 1, 4)):

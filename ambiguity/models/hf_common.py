@@ -155,7 +155,7 @@ class HFTokenModel(TokenModel):
     inserts those separators (and :meth:`cache_positions` counts them). Used by the Chameleon
     (Anole, Lumina-mGPT), Janus, Emu3 and Hugging Face text adapters.
 
-    Batched decoding (:mod:`lantern.batched`, :func:`lantern.jacobi.batched_jacobi_decode`) runs on
+    Batched decoding (:mod:`lantern.engine.loop`, :func:`lantern.methods.jacobi.method.batched_jacobi_decode`) runs on
     an :class:`HFSlotsCache`: per-row prompts of any length (left-padded in one prefix region),
     per-row position ids and a 4D additive attention mask; in float64 every image's tokens equal
     one-image decoding's (``tests/test_hf_batched.py``). Draft trees stay refused for layouts with

@@ -73,7 +73,7 @@ def get_spec(name: str) -> ModelSpec:
 
 def resolve_dtype(dtype: Optional[str | torch.dtype], device: torch.device) -> torch.dtype:
     """``None``/``"auto"`` -> float32 on CPU, bfloat16 on CUDA; names like ``"bf16"`` accepted; ``"float64"``
-    makes batched decoding give exactly the tokens of one image at a time (:mod:`lantern.batched`)."""
+    makes batched decoding give exactly the tokens of one image at a time (:mod:`lantern.engine.loop`)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype in (None, "auto"):
@@ -142,7 +142,7 @@ def check_spec_options(
     models only, each in 0..C-1); captions: ``--captions`` (not for c2i models); tree_top_k:
     ``--tree-top-k`` (at most V). V and C come from :func:`spec_sizes`; a size it cannot know is
     checked after loading, as before. Raises UsageError with the same line the loaded model's checks
-    give (:func:`ambiguity.conditions.generation_conditions`, :func:`lantern.decoding.neighbour_table`).
+    give (:func:`ambiguity.conditions.generation_conditions`, :func:`lantern.engine.decode.neighbour_table`).
     """
     spec = get_spec(name)
     label = spec.name if not name.startswith("hf:") else name

@@ -80,7 +80,7 @@ def shipped_accuracy_path(model_name: str) -> Optional[Path]:
 
 @runtime_checkable
 class DraftModel(Protocol):
-    """The drafter seam of :mod:`lantern.decoding`: what a decoder needs from a drafter network.
+    """The drafter seam of :mod:`lantern.engine.decode`: what a decoder needs from a drafter network.
 
     ``target``: the fingerprint of the target model it was built for (:func:`target_fingerprint`).
     ``new_cache(rows, spare=0)`` / ``rollback(cache, n)``: its own KV cache (with room for
@@ -90,7 +90,7 @@ class DraftModel(Protocol):
     for positions ``start .. start + T - 1`` (or, for draft-tree nodes, at ``positions`` with the
     visibility ``attend``, appended after the cache); ``logits(model, features (..., H))`` -> float32 (..., V) through
     the target's frozen head. :class:`Drafter` (EAGLE) implements it. Optional:
-    ``compile_forwards()`` (``--compile``; :func:`lantern.decoding.compile_forwards` refuses a
+    ``compile_forwards()`` (``--compile``; :func:`lantern.engine.decode.compile_forwards` refuses a
     drafter without it).
     """
 

@@ -40,11 +40,11 @@ class PaperConfig:
     temperature with a random-initialised drafter (Fig. 2b); profile_images: images per model
     for Fig. 2c; interchange_images: images for Fig. 3; pairs_images: AR images whose (p, q)
     pairs measure the distortion; show: images per cell in the Fig. 4 grid. batch_size: images
-    per forward for a session's untimed rounds (:mod:`lantern.batched`: every method; default 32,
+    per forward for a session's untimed rounds (:mod:`lantern.engine.loop`: every method; default 32,
     1 in quick mode); with batch_size > 1 only the first ``timing_images`` rounds are timed (batch 1,
     interleaved) and the speed-ups come from them; with 1 every round is timed (the samples are
     the timed decodes). compile: run the LlamaGen-architecture models' and their drafters' cached
-    forwards through ``torch.compile`` (``--compile``, :func:`lantern.decoding.compile_forwards`;
+    forwards through ``torch.compile`` (``--compile``, :func:`lantern.engine.decode.compile_forwards`;
     the timing warm-up absorbs the compilation; not bit-exact, see the README).
     ks, deltas: the paper's grid (k on the paper's codebook; mapped); paper_k, paper_delta: its
     main LANTERN setting; f2_delta: App. F.2's δ; jsd_deltas: JSD bounds (nats) for Table 3;

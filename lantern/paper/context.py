@@ -13,8 +13,8 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel, resolve_device
 from ambiguity.models.registry import get_spec, load_model, resolve_dtype
 from ambiguity.runs import RunDir
-from lantern.decoding import compile_forwards
 from lantern.drafter.model import Drafter, drafter_digest, load_drafter
+from lantern.engine.decode import compile_forwards
 from lantern.paper.config import PaperConfig, map_to_codebook
 
 __all__ = ["Context"]

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from ambiguity import plots
-from lantern.decoding import DecodeConfig, neighbour_table
 from lantern.distortion import TREE_ROW, distortion_table, real_pairs
+from lantern.engine.decode import DecodeConfig, neighbour_table
 from lantern.paper.context import Context
 from lantern.paper.methods import item_settings, quick_notes, savefig
 from lantern.paper.report import Item

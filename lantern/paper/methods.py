@@ -19,12 +19,12 @@ from typing import Optional
 import pandas as pd
 
 from ambiguity import plots
-from lantern.decoding import DecodeConfig
+from lantern.engine.decode import DecodeConfig
+from lantern.methods.tree.spec import TreeSpec
 from lantern.paper import published as P
 from lantern.paper.context import Context
 from lantern.paper.sessions import Method, Session, SessionData, quality, run_session, session_batch_size
 from lantern.quality.scoring import QualityProtocol
-from lantern.tree_spec import TreeSpec
 
 __all__ = [
     "QUALITY",

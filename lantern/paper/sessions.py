@@ -10,7 +10,7 @@ committed draft counts, image rows, tokens), so an interrupted session resumes a
 round, and under torchrun the rounds are split across ranks (``r % world == rank``).
 
 With ``--batch-size B > 1`` only the first ``--timing-images`` rounds are timed that way; the
-other rounds are decoded per method in batches of B images (:mod:`lantern.batched`, draft trees
+other rounds are decoded per method in batches of B images (:mod:`lantern.engine.loop`, draft trees
 included) and stored as the same round parts without timing rows: statistics, samples and quality
 use every round, speed-ups the timed ones. Untimed rounds go in chunks of 16 batches, method by
 method; each method's decode of a chunk is kept as a ``pending_*`` part until the chunk's round
@@ -33,11 +33,11 @@ import torch
 from ambiguity.conditions import generation_conditions
 from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.sampling import SamplingConfig
-from lantern.decoding import DecodeConfig, decode
 from lantern.drafter.model import drafter_digest
+from lantern.engine.decode import DecodeConfig, decode
+from lantern.engine.records import Decoded
 from lantern.evaluate import score_images
 from lantern.paper.context import Context
-from lantern.records import Decoded
 from lantern.timing import TIMING_COLUMNS, interleaved_timing, neighbour_tables, speedup_table
 
 __all__ = [
@@ -58,7 +58,7 @@ COMMAND = "python -m lantern.paper (session)"
 @dataclass(frozen=True)
 class Method:
     """One decoding method of a session: a name (``"ar"``, ``"eagle2"``, ``"lantern-k62-d0.1"``),
-    its :class:`~lantern.decoding.DecodeConfig`, the drafter it uses (``"trained"`` or
+    its :class:`~lantern.engine.decode.DecodeConfig`, the drafter it uses (``"trained"`` or
     ``"random-init"``), how many leading rounds it takes part in (None: all) and its label."""
 
     name: str
@@ -92,7 +92,7 @@ def sampling_for(ctx: Context, model: str, temperature: float) -> SamplingConfig
 def session_batch_size(ctx: Context, model: str) -> tuple[int, Optional[str]]:
     """(images per forward of ``model``'s untimed rounds, why it is 1 although ``--batch-size`` > 1,
     else None): ``--batch-size`` when the model can decode several images per forward
-    (``can_batch_decode``, :func:`lantern.batched.check_batching`), else 1 with the model's reason."""
+    (``can_batch_decode``, :func:`lantern.engine.loop.check_batching`), else 1 with the model's reason."""
     B = int(getattr(ctx.config, "batch_size", 1))
     m = ctx.model(model)
     if B == 1 or getattr(m, "can_batch_decode", False):
@@ -216,7 +216,7 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     B = int(getattr(ctx.config, "batch_size", 1))
     timed = mine if B == 1 else [r for r in mine if r < ctx.config.timing_images]
     if B > 1 and any(not hasattr(d, "forward_slots") for d in drafters.values()):
-        B = 1  # a drafter that cannot run several images per forward (lantern.batched.check_batching)
+        B = 1  # a drafter that cannot run several images per forward (lantern.engine.loop.check_batching)
     B = min(B, session_batch_size(ctx, session.model)[0])  # e.g. text-twin: its untimed rounds one by one
     tables = neighbour_tables(model, configs, progress=ctx.bars) if mine else {}
     if timed:

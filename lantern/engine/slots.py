@@ -9,8 +9,8 @@ condition is admitted into it, so one slow image never holds the others; once no
 left and at most half the slots are busy, the empty slots are dropped from the caches
 (:func:`drain`: one copy), so a draining batch does not compute them. :func:`verify_chains` is
 the target forward over every slot's last token and chain (drafts or a Jacobi window). Both batched decoders use
-it: AR / chains / draft trees (:func:`lantern.batched.batched_decode`) and the Jacobi methods
-(:func:`lantern.jacobi.batched_jacobi_decode`).
+it: AR / chains / draft trees (:func:`lantern.engine.loop.batched_decode`) and the Jacobi methods
+(:func:`lantern.methods.jacobi.method.batched_jacobi_decode`).
 
 Chains and draft trees also share: :class:`Streams` (image ``i`` draws from its own generator
 :func:`ambiguity.seeding.image_generator` ``(seed, i)``, whatever its slot),
@@ -21,8 +21,8 @@ Chains and draft trees also share: :class:`Streams` (image ``i`` draws from its 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import numpy as np
 import torch
@@ -32,13 +32,17 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows, invert, row_uniforms
 from ambiguity.seeding import image_generator
-from lantern.acceptance import AcceptanceRule
-from lantern.drafter.model import DraftModel
-from lantern.steps import Timer, target_distribution
-from lantern.tree_spec import TreeSpec
+from lantern.engine.steps import Timer, target_distribution
+
+if TYPE_CHECKING:  # a method's own fields (the engine does not read them)
+    from lantern.drafter.model import DraftModel
+    from lantern.methods.tree.spec import TreeSpec
+    from lantern.rules.acceptance import AcceptanceRule
 
 __all__ = [
     "BatchState",
+    "Draws",
+    "GeneratorDraws",
     "Slots",
     "Streams",
     "admit",
@@ -47,7 +51,6 @@ __all__ = [
     "drain",
     "image_indices",
     "new_slots",
-    "pending_features",
     "prefill_admitted",
     "release",
     "slot_rows",
@@ -56,16 +59,16 @@ __all__ = [
 
 
 def check_batching(model: TokenModel, drafter: Optional[DraftModel]) -> None:
-    """Raise UsageError (one line) when ``model`` or ``drafter`` cannot decode with ``--batch-size`` > 1:
-    an adapter without per-image cache positions, or a drafter without :meth:`forward_slots`. What a
-    decode configuration cannot batch is refused earlier, before any model
-    loads, by :func:`lantern.decoding.check_batch_config`."""
+    """Raise UsageError (one line) when ``model`` or ``drafter`` cannot decode on the slot engine:
+    an adapter without per-image cache positions and 2D attention masks (its ``batch_limit`` says
+    why), or a drafter without :meth:`forward_slots`."""
     if not getattr(model, "can_batch_decode", False):
         why = getattr(model, "batch_limit", TokenModel.batch_limit)
-        raise UsageError(f"{model.name} cannot decode several images per forward ({why}); use --batch-size 1")
+        raise UsageError(f"{model.name} cannot decode on the slot engine: {why}")
     if drafter is not None and not hasattr(drafter, "forward_slots"):
         raise UsageError(
-            f"the drafter {type(drafter).__name__} cannot run several images per forward; use --batch-size 1"
+            f"the drafter {type(drafter).__name__} cannot run on the slot engine (it has no forward_slots); "
+            "load a drafter with lantern.drafter.model.load_drafter"
         )
 
 
@@ -183,10 +186,42 @@ def verify_chains(model: TokenModel, cache, tokens: torch.Tensor, n, N: int, gui
     )
 
 
+# --------------------------------------------------------------------------- randomness
+class Draws(Protocol):
+    """Where a tree decoder's random choices come from (one source per image).
+
+    ``coin(prob)`` -> True with probability ``prob`` (clamped to [0, 1]); ``categorical(probs)``
+    -> a token drawn from ``probs`` (V,) (any positive scale; zero-mass tokens never drawn).
+    """
+
+    def coin(self, prob: float) -> bool: ...
+
+    def categorical(self, probs: torch.Tensor) -> int: ...
+
+
+class GeneratorDraws:
+    """:class:`Draws` from a torch.Generator: a coin is one uniform ``u < prob``; a categorical
+    draw inverts the CDF with one uniform (:func:`ambiguity.sampling.invert`). ``last_u`` is the
+    uniform of the last coin (recorded with each verdict)."""
+
+    def __init__(self, generator: Optional[torch.Generator], device: torch.device | str = "cpu"):
+        self.generator, self.device, self.last_u = generator, torch.device(device), float("nan")
+
+    def _uniform(self) -> torch.Tensor:
+        return torch.rand((), generator=self.generator, device=self.device, dtype=torch.float64)
+
+    def coin(self, prob: float) -> bool:
+        self.last_u = float(self._uniform())
+        return self.last_u < float(prob)
+
+    def categorical(self, probs: torch.Tensor) -> int:
+        return int(invert(probs, self._uniform()))
+
+
 # --------------------------------------------------------------------------- what chains and trees share
 class Streams:
     """Each slot's source of random numbers: its image's generator (empty slots: an idle one), or,
-    for exact enumeration in tests, a :class:`lantern.trees.Draws` given for that image."""
+    for exact enumeration in tests, a :class:`lantern.methods.tree.single.Draws` given for that image."""
 
     def __init__(self, B: int, device, draws: Optional[dict] = None):
         self.device, self.draws = device, dict(draws or {})
@@ -205,7 +240,7 @@ class Streams:
 
     def block(self, slot: int, k: int) -> torch.Tensor:
         """The next k float64 uniforms (k,) of the slot's stream: the numbers k one-at-a-time
-        draws of :class:`lantern.trees.GeneratorDraws` give (a CPU generator draws the same
+        draws of :class:`lantern.methods.tree.single.GeneratorDraws` give (a CPU generator draws the same
         numbers k at once; other devices draw them one by one)."""
         g = self.gens[slot]
         if torch.device(self.device).type == "cpu" or k == 0:
@@ -214,7 +249,7 @@ class Streams:
 
     def each(self, mask) -> torch.Tensor:
         """One float64 uniform (B,) from the stream of every slot where ``mask`` (B,) bool (host)
-        says so (as one :class:`lantern.trees.GeneratorDraws` draw); 0.5 for the other slots and
+        says so (as one :class:`lantern.methods.tree.single.GeneratorDraws` draw); 0.5 for the other slots and
         for scripted ones (their Draws decide)."""
         half = torch.full((), 0.5, dtype=torch.float64, device=self.device)
         return torch.stack(
@@ -261,36 +296,51 @@ class Streams:
 
 @dataclass
 class BatchState:
-    """The state a batched decode's step functions share: models, caches, buffers, configuration.
+    """The engine's state over B slots, shared by the engine loop and the methods' rounds.
 
-    model: the target model; drafter: None for AR decoding; cache: the target's slot cache
-    (:meth:`~ambiguity.models.base.TokenModel.new_slots_cache`); dcache: the drafter's (None
-    without a drafter); tokens (B, W) int64 on the device: ``tokens[b, i] = x_i`` of slot b's
-    image (committed for ``i < n_b``); feats (R, W, H) in the model's dtype: ``feats[:, i] =
-    h_{i-1}`` (None until the first prefill); rule: the acceptance rule (None for AR decoding);
-    table: the (V, K) int64 neighbour table (None when the rule uses none); spec: the draft-tree
-    shape (None for chains and AR decoding); N: image tokens per image. Rows ``R = B (1 + guided)``
-    are ``[conditional slots, unconditional slots]``. The per-slot positions ``n`` (committed
-    tokens) and ``d`` (drafter positions), (B,) int64 numpy arrays, are passed alongside.
+    model: the target; cache: its slot cache (:meth:`~ambiguity.models.base.TokenModel.new_slots_cache`);
+    tokens (B, W) int64 on the device: ``tokens[b, i] = x_i`` of slot b's image (committed for
+    ``i < n_b``); feats (R, W, H) in the model's dtype: ``feats[:, i] = h_{i-1}`` (None until the
+    first prefill); N: image tokens per image; convention: the method's
+    (:func:`lantern.engine.steps.target_distribution`). Per slot, (B,) int64 numpy arrays: ``n``
+    committed tokens, ``d`` drafter positions (methods with a drafter), ``step`` the image's step
+    count, ``image`` its image index (-1: empty). Rows ``R = B (1 + guided)`` are ``[conditional
+    slots, unconditional slots]``. A method keeps its own state in the remaining fields: drafter
+    and dcache (its cache, also listed in ``owned_caches`` so a draining batch compacts it), rule,
+    table (the (V, K) int64 neighbour table), spec (a draft tree's shape).
     """
 
     model: TokenModel
-    drafter: Optional[DraftModel]
     cache: object
-    dcache: object
     tokens: torch.Tensor
     feats: Optional[torch.Tensor]
     sampling: SamplingConfig
-    rule: Optional[AcceptanceRule]
-    table: Optional[torch.Tensor]
-    spec: Optional[TreeSpec]
     N: int
     timer: Timer
     streams: Streams
+    convention: str = "exact"
+    drafter: Optional[DraftModel] = None
+    dcache: object = None
+    rule: Optional[AcceptanceRule] = None
+    table: Optional[torch.Tensor] = None
+    spec: Optional[TreeSpec] = None
+    n: np.ndarray = field(init=False)
+    d: np.ndarray = field(init=False)
+    step: np.ndarray = field(init=False)
+    image: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        B = self.tokens.shape[0]
+        self.n, self.d = np.ones(B, dtype=np.int64), np.zeros(B, dtype=np.int64)
+        self.step, self.image = np.zeros(B, dtype=np.int64), np.full(B, -1, dtype=np.int64)
 
     @property
     def B(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return self.B * (1 + self.guided)
 
     @property
     def H(self) -> int:
@@ -305,8 +355,17 @@ class BatchState:
         return self.sampling.guided
 
     @property
-    def convention(self) -> str:
-        return self.rule.convention if self.rule is not None else "exact"
+    def owned_caches(self) -> list[tuple[object, object]]:
+        """(owner, cache) pairs besides the target's that a draining batch compacts (the drafter's)."""
+        return [(self.drafter, self.dcache)] if self.dcache is not None else []
+
+    def keep(self, live: np.ndarray, rows: torch.Tensor) -> None:
+        """Keep only the slots ``live`` (old numbers, renumbered 0..) and their model ``rows``."""
+        self.tokens = self.tokens[torch.as_tensor(live, device=self.device)]
+        if self.feats is not None:
+            self.feats = self.feats[rows]
+        self.n, self.d, self.step, self.image = self.n[live], self.d[live], self.step[live], self.image[live]
+        self.streams.keep(live)
 
     def on_rows(self, x) -> torch.Tensor:
         """A per-slot host array (B, ...) as a tensor on the device, one row per model row (R, ...)."""
@@ -317,31 +376,3 @@ class BatchState:
         return target_distribution(logits, self.sampling, self.guided, self.convention)
 
 
-def pending_features(st: BatchState, n, d, drafting) -> torch.Tensor:
-    """The drafter over every drafting slot's pending positions ``d_b..n_b-1`` with true target
-    features (EAGLE's re-run on accepted tokens; padded to the longest; a slot that does not draft
-    runs one throw-away position at ``d_b``). Returns (rows, 1, H): each row's last pending output,
-    the feature that drafts ``x̂_{n_b}`` (the root of a draft tree)."""
-    dev, H, guided = st.device, st.H, st.guided
-    pend = np.where(drafting, n - d, 1)
-    Tp = int(pend.max())
-    d_t = torch.as_tensor(d, device=dev)
-    ar = torch.arange(Tp + int(d.max()) + 1, device=dev)
-    slots = d_t[:, None] + ar[:Tp]
-    pos = slots.clamp(max=st.N - 1)
-    toks = st.tokens.gather(1, pos)
-    pos_r = expand_rows(pos, guided)
-    fin = st.feats.gather(1, pos_r[..., None].expand(-1, -1, H))
-    S = int(d.max()) + Tp
-    visible = ar[None, None, :S] <= slots[:, :, None]
-    f = st.drafter.forward_slots(
-        st.model,
-        expand_rows(toks, guided),
-        fin,
-        st.dcache,
-        expand_rows(slots, guided),
-        pos_r,
-        expand_rows(visible, guided),
-    )
-    last = expand_rows(torch.as_tensor(pend - 1, device=dev), guided)
-    return f.gather(1, last[:, None, None].expand(-1, 1, H))

@@ -1,4 +1,4 @@
-"""The acceptance rules of the training-free Jacobi decoders (:mod:`lantern.jacobi`) as pure tensor
+"""The acceptance rules of the training-free Jacobi decoders (:mod:`lantern.methods.jacobi.method`) as pure tensor
 functions: SJD's speculative-sampling test and residual (Teng et al., ICLR 2025, arXiv
 2410.01699), GSD's group masses and group test (So et al., ICCV 2025, arXiv 2508.07747), and
 the exact output distribution of one step of each (for the distortion measurements and tests).
@@ -99,7 +99,7 @@ def gsd_output_distribution(
     ``out(y) = q(y) a(y) + (Σ_x q(x) (1 - a(x))) norm(max(p - q, 0))(y)`` with
     ``a(x) = min(1, p(G(x))/q(G(x)))``: the draft ``x ~ q`` is kept or the SJD residual is drawn.
     p, q: (..., V) float (q may be a point mass: an initialised draft). ``group = 1`` gives ``p``
-    exactly (SJD is lossless). Compare with ``p`` (``lantern.divergences.tvd``) for the per-step
+    exactly (SJD is lossless). Compare with ``p`` (``lantern.rules.divergences.tvd``) for the per-step
     distortion, as :mod:`lantern.distortion` does for LANTERN.
     """
     pg, qg, _ = group_masses(p, q, group, prob_gap, embeddings, distance)

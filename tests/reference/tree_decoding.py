@@ -32,12 +32,13 @@ import torch
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt, TokenModel
 from ambiguity.sampling import Generators, SamplingConfig, expand_rows
-from lantern.acceptance import AcceptanceRule, judge_greedy, proximity, residual
 from lantern.drafter.model import DraftModel
-from lantern.records import Decoded, StepLog
-from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
-from lantern.tree_spec import TreeSpec
-from lantern.trees import Draws, GeneratorDraws, Tree, draft_tree
+from lantern.engine.records import Decoded
+from lantern.methods.tree.spec import TreeSpec
+from lantern.rules.acceptance import AcceptanceRule, judge_greedy, proximity, residual
+from reference.records import StepLog
+from reference.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
+from reference.trees import Draws, GeneratorDraws, Tree, draft_tree
 
 __all__ = ["TreeOutcome", "walk_tree", "walk_official_greedy", "tree_draft_columns", "tree_decode"]
 

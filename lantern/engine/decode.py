@@ -1,21 +1,22 @@
-"""Decoding many images: the configuration, the neighbour table, and the driver over chains and trees.
+"""Decoding many images: the configuration, the neighbour table, the method, and :func:`decode`.
 
-:class:`DecodeConfig` says how to decode (the acceptance rule, chain length γ or a draft tree,
-the latent geometry of the neighbour table); :func:`decode` runs one image after another with
-:func:`lantern.chain.speculative_decode` (chains), :func:`lantern.tree_decoding.tree_decode`
-(EAGLE-1 static / EAGLE-2 dynamic trees) or :func:`lantern.chain.autoregressive_decode` (the
-baseline) and concatenates their records (:class:`lantern.records.Decoded`).
+:class:`DecodeConfig` says how to decode (the method: ``"ar"``; a relaxed or exact acceptance
+rule on chains of γ drafts or on EAGLE-1 static / EAGLE-2 dynamic draft trees; or a Jacobi
+method; and the latent geometry of the neighbour table); :func:`build_method` checks it against
+the model once and builds the method's plug-in (:mod:`lantern.methods`); :func:`decode` runs it
+on the engine (:func:`lantern.engine.loop.run`) for every batch size — batch 1 is ``B = 1``.
 
 Seams (as in transformers' assisted generation): the *drafter* (:class:`lantern.drafter.model.DraftModel`)
 proposes tokens, the *verifier* (one target forward) scores them, and the *acceptance rule*
-(:class:`lantern.acceptance.AcceptanceRule`, pure tensor functions) decides.
+(:class:`lantern.rules.acceptance.AcceptanceRule`, pure tensor functions) decides.
 
 Methods: ``"ar"`` (one target forward per token), ``"sd"`` (lossless speculative sampling,
 Leviathan et al. 2023), ``"lantern"`` (TVD bound δ), ``"lantern-jsd"`` (JSD bound δ, nats),
-``"lantern++"`` (relative bound λ) — the rules of :mod:`lantern.acceptance` (LANTERN, Jang et
-al., ICLR 2025, arXiv 2410.03355, Sec. 3-4; LANTERN++, arXiv 2502.06352). Temperature 0 uses
-the greedy rule (:func:`lantern.acceptance.judge_greedy`): the drafter drafts its argmax, and
-with δ = 0 (or ``"sd"``) the tokens equal greedy AR decoding exactly.
+``"lantern++"`` (relative bound λ) — the rules of :mod:`lantern.rules.acceptance` (LANTERN, Jang
+et al., ICLR 2025, arXiv 2410.03355, Sec. 3-4; LANTERN++, arXiv 2502.06352) — and the Jacobi
+methods ``"sjd"``, ``"gsd"``, ``"scd"`` (:mod:`lantern.methods.jacobi.method`). Temperature 0 uses
+the greedy rule (:func:`lantern.rules.acceptance.judge_greedy`): the drafter drafts its argmax,
+and with δ = 0 (or ``"sd"``) the tokens equal greedy AR decoding exactly.
 
 Randomness: image ``i`` of a decode with seed ``s`` draws every random number (drafts, the
 uniforms ``u``, residual and bonus tokens) from its own generator seeded by ``(s, i)``
@@ -31,7 +32,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ambiguity.errors import FieldError, UsageError
 from ambiguity.knn import METRICS
@@ -39,17 +39,18 @@ from ambiguity.memory import PREFIX_ROOM, check_batch, check_count, kv_bytes_per
 from ambiguity.models.base import TokenModel
 from ambiguity.neighbourhood import MATRICES, model_neighbourhoods
 from ambiguity.sampling import SamplingConfig
-from ambiguity.seeding import image_generator, image_seed
-from lantern.acceptance import RULES, AcceptanceRule
-from lantern.batched import batched_decode
-from lantern.chain import autoregressive_decode, speculative_decode
 from lantern.drafter.model import DraftModel, fingerprint_mismatch, target_fingerprint
-from lantern.jacobi import batched_jacobi_decode, jacobi_decode
-from lantern.jacobi_config import JACOBI_METHODS, JacobiConfig, check_jacobi
-from lantern.records import Decoded
-from lantern.slots import check_batching
-from lantern.tree_decoding import tree_decode
-from lantern.tree_spec import TreeSpec
+from lantern.engine.loop import run
+from lantern.engine.method import Method
+from lantern.engine.records import Decoded
+from lantern.engine.slots import check_batching, image_indices
+from lantern.methods.ar import AR
+from lantern.methods.chain import Chain
+from lantern.methods.jacobi.config import JACOBI_METHODS, JacobiConfig, check_jacobi
+from lantern.methods.jacobi.method import Jacobi
+from lantern.methods.tree.method import Tree
+from lantern.methods.tree.spec import TreeSpec
+from lantern.rules.acceptance import RULES, AcceptanceRule
 
 __all__ = [
     "METHODS",
@@ -58,13 +59,13 @@ __all__ = [
     "neighbour_table",
     "check_drafter",
     "check_depth",
-    "check_batch_config",
     "check_batch_size",
     "decode",
+    "build_method",
     "compile_forwards",
 ]
 
-METHODS = ("ar",) + RULES + JACOBI_METHODS  # sjd / gsd / scd: no drafter (lantern.jacobi)
+METHODS = ("ar",) + RULES + JACOBI_METHODS  # sjd / gsd / scd: no drafter (lantern.methods.jacobi.method)
 DEFAULT_METRIC = "l2"  # the official LANTERN code: Euclidean distance between codebook vectors (torch.cdist)
 
 
@@ -73,12 +74,12 @@ class DecodeConfig:
     """What to decode with: the acceptance rule (None: plain AR decoding), the draft length and the
     latent geometry of the rule's neighbour table.
 
-    rule: a :class:`lantern.acceptance.AcceptanceRule` (method, k, δ, λ, convention), or None
+    rule: a :class:`lantern.rules.acceptance.AcceptanceRule` (method, k, δ, λ, convention), or None
     for ``"ar"``. gamma: draft tokens per verification of a chain (γ >= 1; unused by AR and
     trees). metric / matrix: the latent distance and the rows it is measured on
     (:data:`ambiguity.neighbourhood.METRICS`, :data:`ambiguity.neighbourhood.MATRICES`; default
     ``"l2"`` on the quantiser's codebook; ``"codebook-raw"`` is what the official code measures
-    for LlamaGen). tree: a static or dynamic :class:`lantern.trees.TreeSpec`, or None for a chain.
+    for LlamaGen). tree: a static or dynamic :class:`lantern.methods.tree.single.TreeSpec`, or None for a chain.
     Build one with :meth:`of`: ``DecodeConfig.of("lantern", gamma=4, k=64, delta=0.2)``.
     Raises :class:`UsageError` for γ < 1, an unknown metric or matrix.
     """
@@ -113,7 +114,7 @@ class DecodeConfig:
     ) -> DecodeConfig:
         """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
         lam, convention), ignored for ``"ar"``; tree: None (a chain of ``gamma``) or a
-        :class:`TreeSpec`; jacobi: the :class:`lantern.jacobi.JacobiConfig` fields for ``"sjd"``,
+        :class:`TreeSpec`; jacobi: the :class:`lantern.methods.jacobi.method.JacobiConfig` fields for ``"sjd"``,
         ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored). Raises UsageError for an
         unknown method and the rule's own checks."""
         if method not in METHODS:
@@ -239,15 +240,6 @@ def check_drafter(drafter: DraftModel, model: TokenModel) -> None:
         )
 
 
-def check_batch_config(config: DecodeConfig, batch_size: int) -> None:
-    """Refuse, before any model loads, a ``batch_size`` > 1 that ``config`` cannot decode. Every
-    method batches today (AR, chains, static and dynamic draft trees, the Jacobi methods SJD /
-    GSD / SCD), so this only checks ``batch_size`` >= 1; it stays the one place a future
-    configuration that cannot batch is refused. Raises UsageError (one line)."""
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
-
-
 def compile_forwards(model: TokenModel, drafter: Optional[DraftModel] = None) -> None:
     """``--compile``: run the target's cached forwards, and the drafter layer's, through
     ``torch.compile`` (inductor) from now on; idempotent, compilation happens on the first calls.
@@ -282,131 +274,77 @@ def decode(
     batch_size: int = 1,
     indices: Optional[Sequence[int]] = None,
     compile: bool = False,
+    draws: Optional[dict] = None,
 ) -> Decoded:
-    """Decode one image per condition; image ``i`` draws from its own stream.
+    """Decode one image per condition on the engine (:func:`lantern.engine.loop.run`); image ``i``
+    draws from its own stream.
 
-    batch_size: 1 decodes one image after another (the loops of :mod:`lantern.chain` and
-    :mod:`lantern.tree_decoding`); B > 1 keeps up to B images in flight, one target forward per
-    step for all of them (:func:`lantern.batched.batched_decode`: AR, chains, static and dynamic
-    draft trees; :func:`lantern.jacobi.batched_jacobi_decode`: SJD / GSD / SCD). The random
-    streams are the same either way: in float64 the tokens equal
-    batch 1's for every image; in float32 batched matrix products round differently and an image
-    occasionally diverges from batch 1 at some position (both are exact samples of the method).
+    batch_size: images in flight, one target forward per step for all of them (continuous
+    batching; 1 decodes one image after another). The random streams are the same at every
+    batch size: in float64 the tokens of every image do not depend on it; in float32 batched
+    matrix products round differently and an image occasionally diverges at some position (both
+    are exact samples of the method).
 
-    conditions: class labels / captions (``model.make_prompt``); config: rule and draft length;
-    drafter: required unless ``config.rule is None`` (checked against the model once);
+    conditions: class labels / captions (``model.make_prompt``); config: the method and its
+    settings; drafter: required by the drafter methods (checked against the model once);
     neighbours: a (V, >= k) table, built with :func:`neighbour_table` when None and needed;
-    pixels: also decode the tokens to images ((B, C, H, W) float32 in [0, 1]);
-    first_index: image index of ``conditions[0]``; image ``i``'s generator is
+    pixels: also decode the tokens to images ((B, C, H, W) float32 in [0, 1]); first_index:
+    image index of ``conditions[0]``; image ``i``'s generator is
     :func:`ambiguity.seeding.image_generator` ``(seed, i)``, so the same seed and condition give
-    the same random stream for every method (an AR image and a LANTERN image of one index are
-    comparable) and for every batching or sharding of the run; indices: the image index of each
-    condition when they are not ``first_index, first_index + 1, ...`` (a resumed or sharded run).
+    the same random stream for every method and every batching or sharding of the run;
+    indices: the image index of each condition when they are not ``first_index, first_index + 1, ...``;
     compile: run the target's (and the drafter's) cached forwards through ``torch.compile``
-    (:func:`compile_forwards`; the model stays compiled after the call). Returns the concatenated
-    :class:`~lantern.records.Decoded`. Raises UsageError for a missing or mismatched drafter, a
-    batch size below 1, a batch that does not fit in memory, a model that cannot batch or (with
-    ``compile``) a model or drafter whose forward cannot be compiled.
+    (:func:`compile_forwards`); draws: {image index: :class:`lantern.engine.slots.Draws`} whose
+    coins and categorical draws replace that image's generator (exact enumeration in the tests).
+    Returns the :class:`~lantern.engine.records.Decoded` (rows in condition order). Raises
+    UsageError for a missing or mismatched drafter, a batch size below 1, a batch that does not
+    fit in memory, a model that cannot decode on the slot engine or (with ``compile``) a model or
+    drafter whose forward cannot be compiled.
     """
-    rule = config.rule
     check_batch_size(batch_size)
+    method = build_method(model, config, drafter, neighbours, num_tokens)
+    uses_drafter = drafter if config.speculative else None
     if compile:
-        compile_forwards(model, drafter if rule is not None else None)
+        compile_forwards(model, uses_drafter)
+    check_batching(model, uses_drafter)
+    N = int(num_tokens or model.num_tokens)
+    B = max(1, min(batch_size, len(conditions)))
+    check_batch(model, B, N + method.spare + PREFIX_ROOM, "--batch-size", 1 + sampling.guided)
+    index = image_indices(len(conditions), first_index, indices)
+    result = run(model, method, conditions, sampling, index, seed, batch_size, num_tokens, progress, draws)
+    if pixels:
+        h, w = model.grid
+        result.pixels = torch.cat(
+            [model.decode_codes(chunk.view(-1, h, w).to(model.device)).cpu() for chunk in result.tokens.split(B)]
+        )
+    result.settings = {**config.as_dict(), **{f"sampling_{k}": v for k, v in sampling.as_dict().items()}}
+    return result
+
+
+def build_method(
+    model: TokenModel,
+    config: DecodeConfig,
+    drafter: Optional[DraftModel],
+    neighbours: Optional[torch.Tensor],
+    num_tokens: Optional[int] = None,
+) -> Method:
+    """The :class:`~lantern.engine.method.Method` that decodes ``config`` on ``model``, its inputs
+    checked once: the draft depth against the image, the Jacobi knobs against the model, the
+    drafter against the model (fingerprint), the neighbour table (built when None and needed).
+    Raises UsageError naming the fix."""
     check_depth(config, model, num_tokens)
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
-    if rule is not None:
-        if drafter is None:
-            raise UsageError(f"method {config.method} needs a drafter; pass --drafter or use --method ar")
-        check_drafter(drafter, model)
-        if neighbours is None:
-            neighbours = neighbour_table(model, config)
-    if batch_size > 1 and len(conditions) > 1:
-        check_batch_config(config, batch_size)
-        check_batching(model, drafter if rule is not None else None)
-        N = int(num_tokens or model.num_tokens)
-        tree = config.tree if rule is not None else None
-        check_batch(
-            model,
-            min(batch_size, len(conditions)),
-            N + (tree.nodes if tree is not None else config.draft_depth + 1) + PREFIX_ROOM,
-            "--batch-size",
-            1 + sampling.guided,
-        )
-        if config.jacobi is not None:
-            result = batched_jacobi_decode(
-                model, conditions, sampling, config.jacobi, batch_size, seed, first_index, num_tokens, progress, indices
-            )
-        else:
-            result = batched_decode(
-                model,
-                conditions,
-                sampling,
-                rule,
-                drafter,
-                neighbours,
-                config.gamma,
-                batch_size,
-                seed,
-                first_index,
-                num_tokens,
-                progress,
-                indices,
-                tree=tree,
-            )
-        if pixels:
-            h, w = model.grid
-            result.pixels = torch.cat(
-                [
-                    model.decode_codes(chunk.view(-1, h, w).to(model.device)).cpu()
-                    for chunk in result.tokens.split(batch_size)
-                ]
-            )
-        result.settings = {**config.as_dict(), **{f"sampling_{k}": v for k, v in sampling.as_dict().items()}}
-        return result
-    parts = []
-    for j, c in enumerate(tqdm(list(conditions), desc=config.method, disable=not progress, unit="img")):
-        i = first_index + j if indices is None else int(indices[j])
-        prompt = model.make_prompt([c], guided=sampling.guided)
-        gen = image_generator(seed, i, model.device)
-        if config.jacobi is not None:
-            out = jacobi_decode(
-                model, prompt, sampling, config.jacobi, gen, num_tokens, image=i, seed=image_seed(seed, i)
-            )
-        elif rule is None:
-            out = autoregressive_decode(model, prompt, sampling, gen, num_tokens, image=i, seed=image_seed(seed, i))
-        elif config.tree is None:
-            out = speculative_decode(
-                model,
-                drafter,
-                prompt,
-                sampling,
-                rule,
-                neighbours,
-                config.gamma,
-                gen,
-                num_tokens,
-                image=i,
-                seed=image_seed(seed, i),
-            )
-        else:
-            out = tree_decode(
-                model,
-                drafter,
-                prompt,
-                sampling,
-                rule,
-                neighbours,
-                config.tree,
-                gen,
-                num_tokens,
-                image=i,
-                seed=image_seed(seed, i),
-            )
-        if pixels:
-            h, w = model.grid
-            out.pixels = model.decode_codes(out.tokens.view(1, h, w).to(model.device)).cpu()
-        parts.append(out)
-    result = Decoded.concat(parts)
-    result.settings = {**config.as_dict(), **{f"sampling_{k}": v for k, v in sampling.as_dict().items()}}
-    return result
+        return Jacobi(config.jacobi, model)
+    rule = config.rule
+    if rule is None:
+        return AR()
+    if drafter is None:
+        raise UsageError(f"method {config.method} needs a drafter; pass --drafter or use --method ar")
+    check_drafter(drafter, model)
+    if neighbours is None:
+        neighbours = neighbour_table(model, config)
+    table = rule.prepare_table(neighbours, model.vocab_size, model.device)
+    if config.tree is not None:
+        return Tree(rule, config.tree, drafter, table)
+    return Chain(rule, config.gamma, drafter, table)

@@ -1,8 +1,8 @@
 """Batched draft trees: every image in flight drafts, verifies, walks and commits its own tree in one step.
 
-:func:`lantern.batched.batched_decode` with ``tree=`` (EAGLE-1 static or EAGLE-2 dynamic
-:class:`lantern.trees.TreeSpec`, both conventions) runs :func:`tree_round` once per batch step
-on the slots of :mod:`lantern.slots`: each step every image drafts its own tree, all trees are
+:func:`lantern.engine.loop.batched_decode` with ``tree=`` (EAGLE-1 static or EAGLE-2 dynamic
+:class:`lantern.methods.tree.single.TreeSpec`, both conventions) runs :func:`tree_round` once per batch step
+on the slots of :mod:`lantern.engine.slots`: each step every image drafts its own tree, all trees are
 verified in one target forward (padded to the widest tree; column ``t`` of image ``b`` at cache
 slot ``n_b - 1 + t``, image position ``n_b - 1 + depth_t``, seeing its image's committed slots and
 its own ancestors), each image walks its tree and moves its accepted path's keys and values
@@ -11,22 +11,22 @@ copy for all images). The target's cache is preallocated for ``N`` + the node co
 row.
 
 Vectorised over images: all images' trees are (B, T) tensors
-(:class:`lantern.batched_tree_walk.Trees`) built level by level for all images at once (EAGLE-2
+(:class:`lantern.methods.tree.walk.Trees`) built level by level for all images at once (EAGLE-2
 beams and reranking as batched top-k and stable sorts; EAGLE-1 shapes as node tables), one drafter
 forward per level, one target forward, a walk in which every image judges one child per round
 (tensor ops over images: proximity sets, coins, residuals, the next token), the per-node records as
 tensors, and one indexed copy for the commits (the walk and the records:
-:mod:`lantern.batched_tree_walk`). The per-image Python work left is drawing from each image's own
+:mod:`lantern.methods.tree.walk`). The per-image Python work left is drawing from each image's own
 stream (one uniform per walking image per round; a static tree's children level by level) and
 scripted Draws in tests. Host reads per tree step: which images still walk, once per walk round (an
 image draws from its stream only while it walks), how many children each parent gets, once per
 static-tree level when sampling, and one transfer of the step's outcomes and records.
 
 Randomness: a tree draws its children (static trees, sampling), coins and next token from the
-image's stream (:class:`lantern.slots.Streams`), one float64 uniform each in one-image
-decoding's order (the numbers its :class:`lantern.trees.GeneratorDraws` draws). In float64
+image's stream (:class:`lantern.engine.slots.Streams`), one float64 uniform each in one-image
+decoding's order (the numbers its :class:`lantern.methods.tree.single.GeneratorDraws` draws). In float64
 tokens and every record (steps, per-node draft rows) equal
-:func:`lantern.tree_decoding.tree_decode`'s (``tests/test_batched_decoding.py``).
+:func:`lantern.methods.tree.single_walk.tree_decode`'s (``tests/test_batched_decoding.py``).
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ import numpy as np
 import torch
 
 from ambiguity.sampling import expand_rows, invert
-from lantern.batched_tree_walk import Trees, tree_draft_columns, tree_host, walk_trees
-from lantern.slots import BatchState, pending_features
-from lantern.trees import top_log_q
+from lantern.engine.slots import BatchState
+from lantern.methods.drafting import pending_features
+from lantern.methods.tree.walk import Trees, tree_draft_columns, tree_host, walk_trees
 
-__all__ = ["tree_round"]
+__all__ = ["tree_round", "log_q", "top_log_q"]
 
 
 def tree_round(st: BatchState, n, d, active, images, steps):
     """One batch step of draft trees: every drafting slot drafts its tree (:func:`_draft_trees`),
     one target forward verifies all trees (:func:`_verify_trees`), all images walk their trees at
-    once (:func:`~lantern.batched_tree_walk.walk_trees`), one host transfer brings the outcomes and per-node records
-    (:func:`~lantern.batched_tree_walk.tree_host`) and every image commits its accepted path (:func:`_commit_paths`).
+    once (:func:`~lantern.methods.tree.walk.walk_trees`), one host transfer brings the outcomes and per-node records
+    (:func:`~lantern.methods.tree.walk.tree_host`) and every image commits its accepted path (:func:`_commit_paths`).
 
     n, d: (B,) int64 committed tokens and drafter positions per slot; active: (B,) bool;
     images / steps: the image index and step number of each slot. Returns accepted (B,), drafted
@@ -75,13 +75,13 @@ def _draft_trees(st: BatchState, n, d, drafting) -> Trees:
     """Every drafting slot's draft tree, vectorised over slots (:class:`Trees`; a slot that does
     not draft holds its root alone).
 
-    One drafter forward over the pending positions (:func:`~lantern.slots.pending_features`) gives
+    One drafter forward over the pending positions (:func:`~lantern.engine.slots.pending_features`) gives
     each root's feature and the drafter's distribution after it; then :func:`_draft_dynamic` or
     :func:`_draft_static` grow all trees level by level, one ``forward_slots`` per level for all
     images (an image's level-l nodes at its own drafter slots after ``n_b``, seeing its
     committed positions and their tree ancestors). The drafter's tree entries are simply left
     behind (recomputed from true features next round, as
-    :func:`lantern.tree_decoding.tree_decode` rolls its drafter cache back)."""
+    :func:`lantern.methods.tree.single_walk.tree_decode` rolls its drafter cache back)."""
     dev = st.device
     root = st.tokens.gather(1, torch.as_tensor(n - 1, device=dev)[:, None])  # (B, 1)
     if not drafting.any():
@@ -106,7 +106,7 @@ def _sibling_rank(parent: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
 
 
 def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> Trees:
-    """EAGLE-2 dynamic trees of all slots at once (:func:`lantern.trees.tree_steps`, ``"dynamic"``,
+    """EAGLE-2 dynamic trees of all slots at once (:func:`lantern.methods.tree.single.tree_steps`, ``"dynamic"``,
     the same candidates, scores and ties): the root's top-k children form each beam; every round
     expands all beams in one drafter forward ((B, k) nodes), scores the (B, k, k) children by
     cumulative float64 log-probability and keeps each row's k best (a stable descending sort: ties
@@ -120,7 +120,7 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> Trees:
     rounds = np.where(room > 0, np.minimum(spec.depth, room - 1), 0)
     n_t = torch.as_tensor(n, device=dev)
     ninf = torch.tensor(float("-inf"), dtype=torch.float64, device=dev)
-    top_values, top_indices = top_log_q(root_q, k)  # as lantern.trees.tree_steps scores candidates
+    top_values, top_indices = top_log_q(root_q, k)  # as lantern.methods.tree.single.tree_steps scores candidates
     beam_score = torch.where(torch.as_tensor(room > 0, device=dev)[:, None], top_values, ninf)
     toks, scores = [top_indices], [beam_score]
     pars, depths = [torch.full((B, k), -1, device=dev)], [torch.ones(B, k, dtype=torch.long, device=dev)]
@@ -202,7 +202,7 @@ def _static_shape(paths: tuple) -> dict:
 
 
 def _draft_static(st: BatchState, n, room, root, f_root, root_q) -> Trees:
-    """EAGLE-1 static trees of all slots at once (:func:`lantern.trees.tree_steps`, ``"static"``):
+    """EAGLE-1 static trees of all slots at once (:func:`lantern.methods.tree.single.tree_steps`, ``"static"``):
     level by level, every parent's children are its top ranks (greedy) or drawn from its q
     without replacement in rank order (:func:`_draw_children`: each slot's uniforms from its own
     stream in one-image decoding's order); a parent has ``min(children, tokens with mass)``
@@ -277,7 +277,7 @@ def _draw_children(st: BatchState, qp: torch.Tensor, m: torch.Tensor, M: int) ->
     distributions, m (B, P) int64 children per parent -> (B, P, M) int64 tokens (rank r of parent
     u: inverse CDF of the mass not yet drawn; columns r >= m[b, u] unused). Slot b uses the next
     ``sum(m[b])`` uniforms of its stream in one-image decoding's order (parent by parent, rank by
-    rank: :func:`lantern.trees._choose` with :class:`lantern.trees.GeneratorDraws`); a scripted
+    rank: :func:`lantern.methods.tree.single._choose` with :class:`lantern.methods.tree.single.GeneratorDraws`); a scripted
     slot calls its Draws. The one host read of a level: m."""
     B, P, V = qp.shape
     dev = qp.device
@@ -322,7 +322,7 @@ def _verify_trees(st: BatchState, n, trees: Trees, anc: torch.Tensor):
 
     Column t of row b sits at cache slot ``n_b - 1 + t`` (the root at slot ``n_b - 1``), image
     position ``n_b - 1 + depth_t``, and sees slots ``0..n_b-2`` and its ancestors (anc (B, T, T)
-    bool of :meth:`~lantern.batched_tree_walk.Trees.ancestors`); padding sees the committed
+    bool of :meth:`~lantern.methods.tree.walk.Trees.ancestors`); padding sees the committed
     slots and itself (its outputs are unused and its cache entries never seen). A slot without a
     tree verifies its root alone (a plain target step)."""
     dev, (B, T) = st.device, trees.tokens.shape
@@ -346,7 +346,7 @@ def _commit_paths(
     (:meth:`~ambiguity.models.base.TokenModel.move_slots`, one indexed copy for all images).
 
     m (B,) int64 numpy (accepted drafts); path (B, >= max m + 1) int64 and nxt (B,) int64 on the
-    device, of :func:`~lantern.batched_tree_walk.walk_trees`; vin (B, T) int64 node tokens and hidden (R, T, H) of
+    device, of :func:`~lantern.methods.tree.walk.walk_trees`; vin (B, T) int64 node tokens and hidden (R, T, H) of
     :func:`_verify_trees`. Writes ``x_{n_b}..x_{n_b+m_b}`` into st.tokens and
     ``h_{n_b-1}..h_{n_b+m_b-1}`` into st.feats (slots ``n_b..n_b+m_b``)."""
     dev, B, H, guided = st.device, st.B, st.H, st.guided
@@ -366,3 +366,26 @@ def _commit_paths(
         dst = n_t[:, None] - 1 + torch.arange(1, M, device=dev)
         src = torch.where(moved, n_t[:, None] - 1 + path_t[:, 1:], dst)
         st.model.move_slots(st.cache, expand_rows(src, guided), expand_rows(dst, guided))
+
+
+def log_q(q: torch.Tensor) -> torch.Tensor:
+    """Drafter probabilities (..., V) -> float64 log-probabilities, -inf where q has no mass (the
+    cumulative scores of EAGLE-2 candidates)."""
+    return torch.log(q.double().clamp_min(1e-300)).masked_fill(q <= 0, float("-inf"))
+
+
+def top_log_q(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_q(q).topk(k)`` along the last dimension -> (values (..., k) float64, indices (..., k)
+    int64), without the log over the whole vocabulary when it cannot change the ranking.
+
+    For float32 (or narrower) q, float64 ``log`` is strictly increasing on its values (their
+    relative spacing, >= 2**-24, is far above the float64 spacing of their logs), so ``q`` and
+    ``log_q(q)`` compare alike: topk picks the same indices in the same order, ties included, and
+    the k logs are the same numbers. Distinct float64 probabilities can share a float64 log, so
+    float64 q is ranked by its logs as before.
+    """
+    if q.dtype == torch.float64:
+        top = log_q(q).topk(k)
+        return top.values, top.indices
+    top = q.topk(k)
+    return log_q(top.values), top.indices

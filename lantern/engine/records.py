@@ -1,4 +1,4 @@
-"""Decode records: what :mod:`lantern.decoding` returns, as pandas-ready tables, and their summary.
+"""Decode records: what :mod:`lantern.engine.decode` returns, as pandas-ready tables, and their summary.
 
 One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COLUMNS`,
 :data:`DRAFT_COLUMNS`, :data:`IMAGE_COLUMNS`):
@@ -14,7 +14,7 @@ One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COL
   acceptance seconds; ``proximity_s`` is the part of ``acceptance_s`` spent growing the
   proximity sets A (LANTERN App. F.2, timed inside the real step). ``batch_step`` is the
   forward of the whole batch the row belongs to and ``active`` the number of images in that
-  forward (batched decoding, :mod:`lantern.batched`; one image at a time: ``batch_step = step``
+  forward (batched decoding, :mod:`lantern.engine.loop`; one image at a time: ``batch_step = step``
   and ``active = 1``). Inside a batch an image's own latency cannot be measured: each section's
   seconds of a batch step are split equally among its ``active`` images.
 * **drafts** — one row per draft token (per tree node for draft trees): position, token,
@@ -28,7 +28,7 @@ One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COL
   ambiguity of ``p`` there: top-1 probability and entropy (nats); ``q``'s top-1; and the tree
   coordinates ``node``, ``parent``, ``depth`` (1 = the first draft), ``sibling`` (trial order);
   ``proposed_step``: the step whose forward proposed the draft (its own step for a drafter; the
-  previous Jacobi iteration for SJD/GSD/SCD, -1 for an initialised window position, :mod:`lantern.jacobi`).
+  previous Jacobi iteration for SJD/GSD/SCD, -1 for an initialised window position, :mod:`lantern.methods.jacobi.method`).
 * **images** — one row per image: condition, seed, tokens, target forwards (prefill
   included), drafted/accepted totals and seconds.
 
@@ -57,13 +57,19 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ambiguity.seeding import image_seed
+
 __all__ = [
     "STEP_COLUMNS",
     "DRAFT_COLUMNS",
     "IMAGE_COLUMNS",
     "NEXT_KINDS",
     "Decoded",
-    "StepLog",
+    "SECTIONS",
+    "CHAIN_VALUES",
+    "chain_rows",
+    "tree_rows",
+    "Book",
     "summarize_decode",
     "accept_histogram",
     "summary_table",
@@ -129,121 +135,141 @@ IMAGE_COLUMNS = (
     "total_s",
 )
 NEXT_KINDS = ("target", "bonus", "residual")  # how the token sampled by a verification forward was drawn
+SECTIONS = ("target", "drafter", "acceptance", "proximity")  # timed sections of a step (seconds)
+# the per-draft value columns a chain (or a Jacobi window) brings, (k, width) host arrays
+CHAIN_VALUES = (
+    "p_draft",
+    "q_draft",
+    "p_tilde",
+    "j_star",
+    "spent",
+    "accept_prob",
+    "u",
+    "accepted",
+    "p_top1",
+    "p_entropy",
+    "q_top1",
+)
 
 
-class StepLog:
-    """Accumulates the records of one image while it is decoded (used by :mod:`lantern.decoding`).
+def chain_rows(host: dict, images, steps, n, g, a) -> Optional[dict]:
+    """The draft rows of one engine step for chains of drafts (a drafter's chain, a Jacobi window).
 
-    :meth:`add_step` takes tensors on any device; they are moved to the CPU once, in
-    :meth:`tables`, so logging does not synchronise the accelerator more than decoding does.
+    host: ``token`` and :data:`CHAIN_VALUES` as (k, width) arrays, optionally ``proposed_step``
+    (k, width) (default: each row's own step); images / steps / n / g / a: (k,) int64 image
+    index, step, first drafted position, drafts judged and accepted of each row. Row b has
+    ``g[b]`` drafts; the accepted prefix ``a[b]`` is committed and the drafts up to the first
+    rejection were reached. Returns the columns of :data:`DRAFT_COLUMNS` (None without drafts).
+    """
+    width = host["token"].shape[1]
+    t = np.arange(width)[None, :]
+    valid = t < np.asarray(g)[:, None]
+    if not valid.any():
+        return None
+    rep = lambda x: np.broadcast_to(np.asarray(x)[:, None], valid.shape)[valid]  # per row -> per draft
+    idx = np.broadcast_to(t, valid.shape)[valid]
+    cols = {"image": rep(images), "step": rep(steps), "draft_index": idx, "token": host["token"][valid].astype(np.int64)}
+    cols["position"] = rep(n) + idx
+    for c in CHAIN_VALUES:
+        cols[c] = np.asarray(host[c])[valid].astype(np.float64)
+    cols["j_star"] = cols["j_star"].astype(np.int64)
+    cols["accepted"] = cols["accepted"].astype(bool)
+    acc = rep(a)
+    cols["reached"], cols["committed"] = idx <= acc, idx < acc
+    cols["out_of_support"] = cols["committed"] & (cols["p_draft"] == 0)
+    cols["node"], cols["parent"], cols["depth"] = idx + 1, idx.copy(), idx + 1
+    cols["sibling"] = np.zeros_like(idx)
+    proposed = host.get("proposed_step")
+    cols["proposed_step"] = cols["step"].copy() if proposed is None else np.asarray(proposed)[valid].astype(np.int64)
+    return cols
+
+
+class Book:
+    """The engine's record keeping for one decode: step and draft rows, per-image counts and
+    seconds, and the finished images' tokens (the one accumulator every method writes through).
+
+    conds: the conditions (images in this order); index: (images,) int64 image index of each;
+    seed: the decode's seed (recorded per image); N: tokens per image; device: where the tokens are.
     """
 
-    def __init__(self, image: int = 0):
-        self.image = image
+    def __init__(self, conds: Sequence, index: np.ndarray, seed: int, N: int, device):
+        self.conds, self.index, self.seed, self.N = list(conds), np.asarray(index, dtype=np.int64), seed, N
+        k = len(self.conds)
+        self.tokens = torch.zeros(k, N, dtype=torch.long, device=device)
+        self.seconds = {s: np.zeros(k) for s in SECTIONS + ("total",)}
+        self.counts = {c: np.zeros(k, dtype=np.int64) for c in ("steps", "drafted", "accepted")}
         self.steps: list[dict] = []
         self.drafts: list[dict] = []
+        self.batch_step = 0
 
-    def add_step(
-        self,
-        step: int,
-        position: int,
-        drafted: int,
-        accepted: int,
-        next_kind: str,
-        next_token: int,
-        seconds: dict,
-        drafts: Optional[dict] = None,
-        drafter_forwards: int = 0,
-        batch_step: Optional[int] = None,
-        active: int = 1,
-    ) -> None:
-        """One verification step; ``drafts`` maps draft columns to (γ,) tensors of a chain (absent
-        when γ = 0), or — with a ``reached`` column — to the complete per-node arrays of a tree.
-        batch_step / active: the batch forward and its image count (default: ``step`` and 1, one
-        image at a time; batched Jacobi decoding, :func:`lantern.jacobi.batched_jacobi_decode`)."""
-        self.steps.append(
-            dict(
-                image=self.image,
-                step=step,
-                position=position,
-                drafted=drafted,
-                accepted=accepted,
-                emitted=accepted + 1,
-                next_kind=next_kind,
-                next_token=next_token,
-                drafter_forwards=drafter_forwards,
-                target_s=seconds.get("target", 0.0),
-                drafter_s=seconds.get("drafter", 0.0),
-                acceptance_s=seconds.get("acceptance", 0.0),
-                proximity_s=seconds.get("proximity", 0.0),
-                batch_step=step if batch_step is None else batch_step,
-                active=active,
-            )
+    def _share(self, js, seconds: dict, wall: float) -> None:
+        """Split a forward's seconds per section and its wall time equally among images ``js``."""
+        for s in SECTIONS:
+            self.seconds[s][js] += seconds.get(s, 0.0) / len(js)
+        self.seconds["total"][js] += wall / len(js)
+
+    def admitted(self, js: list[int], seconds: dict, wall: float) -> None:
+        """The prefill that admitted images ``js`` (their share of its time)."""
+        self._share(js, seconds, wall)
+
+    def record(self, st, image_of: np.ndarray, live: np.ndarray, r, seconds: dict, wall: float) -> None:
+        """One engine step: a step row per live slot (``r``: the :class:`~lantern.engine.method.Round`),
+        the round's draft rows, the images' counts and their share of the step's time."""
+        js, k = image_of[live], len(live)
+        a, g = r.accepted[live], r.drafted[live]
+        row = dict(
+            image=self.index[js],
+            step=st.step[live],
+            position=st.n[live],
+            drafted=g,
+            accepted=a,
+            emitted=a + 1,
+            next_kind=np.asarray(NEXT_KINDS, dtype=object)[r.kind[live]],
+            next_token=r.next_token[live],
+            drafter_forwards=g if r.forwards is None else r.forwards[live],
+            batch_step=np.full(k, self.batch_step),
+            active=np.full(k, k),
         )
-        if drafts is not None and drafted > 0:
-            chain = "reached" not in drafts  # a tree brings its own per-node positions
-            self.drafts.append(
-                dict(drafts, step=step, accepted_count=accepted, **({"position": position} if chain else {}))
-            )
+        for s in SECTIONS:
+            row[f"{s}_s"] = np.full(k, seconds.get(s, 0.0) / k)
+        self.steps.append(row)
+        if r.drafts is not None:
+            r.drafts.setdefault("proposed_step", r.drafts["step"])  # a drafter proposes in its own step
+            self.drafts.append(r.drafts)
+        self._share(js, seconds, wall)
+        self.counts["steps"][js] += 1
+        self.counts["drafted"][js] += g
+        self.counts["accepted"][js] += a
 
-    def tables(self) -> tuple[dict, dict]:
-        """(steps, drafts) as dicts of numpy columns (see the module docstring)."""
-        steps = {c: np.array([s[c] for s in self.steps]) for c in STEP_COLUMNS}
-        if not self.steps:
-            steps = _empty(STEP_COLUMNS)
-        if not self.drafts:
-            return steps, _empty(DRAFT_COLUMNS)
-        cols: dict[str, list] = {c: [] for c in DRAFT_COLUMNS}
-        for d in self.drafts:
-            rows = _tree_rows(d) if "reached" in d else _chain_rows(d)
-            g = len(rows["token"])
-            rows["image"], rows["step"] = np.full(g, self.image), np.full(g, d["step"])
-            rows["out_of_support"] = rows["committed"] & (rows["p_draft"] == 0)
-            rows.setdefault("proposed_step", np.full(g, d["step"]))  # a drafter proposes in its own step
-            for c in DRAFT_COLUMNS:
-                cols[c].append(rows[c])
-        return steps, {c: np.concatenate(v) for c, v in cols.items()}
+    def finished(self, js: np.ndarray, tokens: torch.Tensor) -> None:
+        """Images ``js`` are complete with ``tokens`` (k, N)."""
+        self.tokens[torch.as_tensor(js, device=self.tokens.device)] = tokens
 
-
-def _chain_rows(d: dict) -> dict:
-    """Columns of one chain step from its (γ,) tensors: the accepted prefix is committed."""
-    g = int(d["token"].numel())
-    idx = np.arange(g)
-    a = d["accepted_count"]
-    rows = {
-        "draft_index": idx,
-        "position": d["position"] + idx,
-        "accepted": d["accepted"].cpu().numpy().astype(bool),
-        "reached": idx <= a,
-        "committed": idx < a,
-        "node": idx + 1,
-        "parent": idx,
-        "depth": idx + 1,
-        "sibling": np.zeros(g, dtype=np.int64),
-    }
-    for c in (
-        "token",
-        "p_draft",
-        "q_draft",
-        "p_tilde",
-        "j_star",
-        "spent",
-        "accept_prob",
-        "u",
-        "p_top1",
-        "p_entropy",
-        "q_top1",
-    ) + (("proposed_step",) if "proposed_step" in d else ()):
-        rows[c] = (
-            d[c].cpu().numpy().astype(np.int64)
-            if c in ("token", "j_star", "proposed_step")
-            else d[c].detach().double().cpu().numpy()
-        )
-    return rows
+    def decoded(self, method: str, depth: int) -> Decoded:
+        """The decode's :class:`Decoded`: rows ordered by (image, step) and drafts by (image, step, node)."""
+        steps = {c: np.concatenate([s[c] for s in self.steps]) if self.steps else np.array([]) for c in STEP_COLUMNS}
+        order = np.lexsort((steps["step"], steps["image"])) if self.steps else np.array([], dtype=np.int64)
+        steps = {c: v[order] for c, v in steps.items()}
+        drafts = _empty(DRAFT_COLUMNS)
+        if self.drafts:
+            drafts = {c: np.concatenate([d[c] for d in self.drafts]) for c in DRAFT_COLUMNS}
+            order = np.lexsort((drafts["node"], drafts["step"], drafts["image"]))  # a chain's node = draft_index + 1
+            drafts = {c: v[order] for c, v in drafts.items()}
+        images = {
+            "image": self.index,
+            "condition": np.array([str(c) for c in self.conds]),
+            "seed": np.array([image_seed(self.seed, int(i)) for i in self.index]),
+            "tokens": np.full(len(self.conds), self.N),
+            "target_forwards": 1 + self.counts["steps"],
+            **self.counts,
+            **{f"{s}_s": self.seconds[s] for s in SECTIONS},
+            "total_s": self.seconds["total"],
+        }
+        return Decoded(self.tokens.cpu(), steps, drafts, images, method, depth)
 
 
-def _tree_rows(d: dict) -> dict:
-    """Columns of one tree step, given complete per-node arrays (see ``lantern.tree_decoding``)."""
+def tree_rows(d: dict) -> dict:
+    """Columns of one tree step, given complete per-node arrays (see ``lantern.methods.tree.single_walk``)."""
     rows = {c: np.asarray(v) for c, v in d.items() if c in DRAFT_COLUMNS}
     for c in _TREE_INT:
         rows[c] = rows[c].astype(np.int64)
@@ -260,7 +286,7 @@ def _empty(columns: Sequence[str]) -> dict:
 
 @dataclass
 class Decoded:
-    """The output of a decode (:func:`lantern.decoding.decode` and the per-image functions).
+    """The output of a decode (:func:`lantern.engine.decode.decode` and the per-image functions).
 
     tokens: (B, N) int64 code indices on the CPU, raster order. pixels: (B, C, H, W) float32 in
     [0, 1] when decoded images were asked for, else None. steps / drafts / images: dicts of

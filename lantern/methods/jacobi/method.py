@@ -46,16 +46,14 @@ random in the first column), both with a point-mass ``q``. Greedy decoding (temp
 draft is accepted iff it is the argmax of ``p`` (GSD: iff the argmax is in its group) and the
 drafts are argmaxes: greedy SJD/SCD is greedy AR token for token.
 
-:func:`jacobi_decode`: one condition at a time (two rows with CFG), like :mod:`lantern.chain`.
-:func:`batched_jacobi_decode` (``decode(..., batch_size=B)``): up to B images per target forward,
-each at its own position with its own window, committing its own accepted prefix (ragged
-commits in per-image cache slots, with the masks of :mod:`lantern.batched` and the slot scheduler
-of :mod:`lantern.slots`). Both run the same per-image steps (:class:`_Image`). Randomness: image
-``i`` draws from its generator ``(seed, i)`` (:mod:`ambiguity.seeding`) through
-:class:`lantern.trees.Draws`, the same numbers in the same order at any batch size; in float64
-batched tokens and records equal batch 1's.
+:class:`Jacobi` runs on the engine (:mod:`lantern.engine.loop`): up to B images per target
+forward, each at its own position with its own window, committing its own accepted prefix
+(ragged commits in per-image cache slots). Every image runs the same per-image steps
+(:class:`_Image`). Randomness: image ``i`` draws from its generator ``(seed, i)``
+(:mod:`ambiguity.seeding`) through :class:`lantern.engine.slots.Draws`, the same numbers in the
+same order at any batch size; in float64 the tokens and records do not depend on it.
 
-Records (:mod:`lantern.records`): one step row per Jacobi forward (``drafted`` = window drafts,
+Records (:mod:`lantern.engine.records`): one step row per Jacobi forward (``drafted`` = window drafts,
 ``accepted`` = accepted prefix, ``drafter_forwards = 0``), one draft row per window draft with
 ``proposed_step`` = the Jacobi iteration (step) whose forward sampled it, or -1 for an initialised
 position; for GSD ``p_tilde = p(G)``, ``j_star = |G| - 1`` and ``spent = p(G) - p(x)``.
@@ -63,40 +61,21 @@ position; for GSD ``p_tilde = p(G)``, ``j_star = |G| - 1`` and ``spent = p(G) - 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 import torch
 
-from ambiguity.models.base import Prompt, TokenModel
-from ambiguity.sampling import SamplingConfig, expand_rows
-from ambiguity.seeding import image_generator, image_seed
+from ambiguity.models.base import TokenModel
+from ambiguity.sampling import SamplingConfig
 from ambiguity.stats import entropy, top1_prob
-from lantern.jacobi_config import JacobiConfig, check_jacobi
-from lantern.jacobi_rules import (
-    group_masses,
-    gsd_accept_prob,
-    sjd_accept_prob,
-    sjd_residual,
-)
-from lantern.records import Decoded, StepLog
-from lantern.slots import (
-    admit,
-    busy,
-    check_batching,
-    drain,
-    image_indices,
-    new_slots,
-    prefill_admitted,
-    release,
-    verify_chains,
-)
-from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
-from lantern.trees import Draws, GeneratorDraws
+from lantern.engine.method import Method, Round
+from lantern.engine.records import CHAIN_VALUES, chain_rows
+from lantern.engine.slots import BatchState, Draws, GeneratorDraws, verify_chains
+from lantern.methods.jacobi.config import JacobiConfig
+from lantern.rules.jacobi import group_masses, gsd_accept_prob, sjd_accept_prob, sjd_residual
 
-__all__ = ["jacobi_decode", "batched_jacobi_decode"]
+__all__ = ["Jacobi"]
 
 
 # --------------------------------------------------------------------------- the decoder
@@ -188,10 +167,10 @@ def _point(V: int, token: int, like: torch.Tensor) -> torch.Tensor:
 
 
 class _Image:
-    """One image's Jacobi state and its per-iteration work, shared by :func:`jacobi_decode` (batch 1)
-    and :func:`batched_jacobi_decode`: both call :meth:`start`, then per iteration :meth:`prepare`
-    (top up the window), one target forward, :meth:`verify` (judge, commit, next drafts) and
-    :meth:`commit` (records), so an image draws the same random numbers in the same order either way.
+    """One image's Jacobi state and its per-iteration work: :meth:`start`, then per iteration
+    :meth:`prepare` (top up the window), one target forward, :meth:`verify` (judge, next token,
+    next drafts) and :meth:`commit` (the record; move past the committed tokens), so an image
+    draws the same random numbers in the same order at any batch size.
 
     Committed tokens are a Python list (no device sync to read ``x_{n-1}`` or a left neighbour)."""
 
@@ -213,7 +192,7 @@ class _Image:
         scd_gumbel = config.method == "scd" and config.coupling == "gumbel"
         self.gumbel = _Gumbel(generator, self.V, model.device) if scd_gumbel else None
         self.maximal = config.method == "scd" and config.coupling.startswith("maximal")
-        self.log, self.tokens, self.window, self.n, self.step = StepLog(image), [], _Window(), 1, 0
+        self.image, self.tokens, self.window, self.n, self.step = image, [], _Window(), 1, 0
 
     @property
     def done(self) -> bool:
@@ -278,224 +257,17 @@ class _Image:
         self._pending = (p, cols, a, nxt, new)
         return a
 
-    def commit(self, seconds: dict, batch_step: Optional[int] = None, active: int = 1) -> None:
-        """Record the iteration (its seconds per section) and move past the committed tokens."""
+    def commit(self) -> tuple[int, int, int, int, Optional[dict]]:
+        """Move past the committed tokens. Returns the iteration's record: drafts judged g,
+        accepted a, the next token's kind (index into :data:`~lantern.engine.records.NEXT_KINDS`),
+        the next token and the draft columns ((g,) tensors, None when g = 0)."""
         p, cols, a, nxt, new = self._pending
         g = self.g
-        kind = "target" if g == 0 else ("bonus" if a == g else "residual")
-        self.log.add_step(
-            self.step,
-            self.n,
-            g,
-            a,
-            kind,
-            nxt,
-            seconds,
-            _draft_columns(p[:g], self.window, cols, self.step) if g else None,
-            drafter_forwards=0,
-            batch_step=batch_step,
-            active=active,
-        )
+        kind = 0 if g == 0 else (1 if a == g else 2)
+        drafts = _draft_columns(p[:g], self.window, cols, self.step) if g else None
         self.window, self._pending = new, None
         self.n += a + 1
-
-    def result(self, condition, seed, seconds: dict, total: float) -> Decoded:
-        """This image's :class:`Decoded` (tokens (1, N) int64 on the CPU)."""
-        steps, drafts_tab = self.log.tables()
-        images = image_row(self.log.image, _One(condition), seed, self.N, self.step, steps, seconds, total)
-        return Decoded(
-            torch.tensor([self.tokens], dtype=torch.long),
-            steps,
-            drafts_tab,
-            images,
-            self.config.method,
-            int(self.config.window) - 1,
-        )
-
-
-class _One:
-    """The one condition an images-table row names (:func:`lantern.steps.image_row`)."""
-
-    def __init__(self, condition):
-        self.conditions = [condition]
-
-
-def _image(model, sampling, config, N, generator, image, draws=None, pairs=None) -> _Image:
-    emb = model.input_embeddings() if config.method == "gsd" and config.distance is not None else None
-    return _Image(
-        model, sampling, config, N, draws or GeneratorDraws(generator, model.device), generator, image, emb, pairs
-    )
-
-
-@torch.no_grad()
-def jacobi_decode(
-    model: TokenModel,
-    prompt: Prompt,
-    sampling: SamplingConfig,
-    config: JacobiConfig,
-    generator: Optional[torch.Generator] = None,
-    num_tokens: Optional[int] = None,
-    image: int = 0,
-    seed: Optional[int] = None,
-    draws: Optional[Draws] = None,
-    pairs: Optional[list] = None,
-) -> Decoded:
-    """Decode one image with SJD, GSD or SCD (module docstring): batch 1, CFG rows, any sampling.
-
-    model: the target (:class:`TokenModel`: new_cache / prefill / extend / rollback); prompt: one
-    condition (two rows with guidance); config: the method and its knobs; generator: the image's
-    stream; draws: a :class:`lantern.trees.Draws` instead (exact enumeration in the tests; SCD's
-    Gumbel noise still comes from ``generator``); pairs: a list that receives ``(p, q)`` (V,)
-    float32 CPU pairs of every judged draft (for :func:`gsd_output_distribution`).
-    Returns a :class:`~lantern.records.Decoded` (tokens (1, N); steps / drafts / images records).
-    Raises :class:`UsageError` for a batch of conditions, a guidance mismatch or a config the model
-    cannot run (:func:`check_jacobi`).
-    """
-    check_prompt(prompt, sampling)
-    check_jacobi(config, model)
-    N = int(num_tokens or model.num_tokens)
-    guided = prompt.guided
-    img = _image(model, sampling, config, N, generator, image, draws, pairs)
-    timer = Timer(model.device)
-    t_start = time.perf_counter()
-    with timer("target"):
-        cache, first = prefill(model, prompt, N)
-    with timer("acceptance"):
-        img.start(target_distribution(first.logits[:, -1], sampling, guided)[0])
-    while not img.done:
-        before = timer.snapshot()
-        with timer("acceptance"):
-            fed = torch.tensor([img.prepare()], dtype=torch.long, device=model.device)
-        with timer("target"):
-            out = model.extend(cache, expand_rows(fed, guided))
-        with timer("acceptance"):
-            a = img.verify(target_distribution(out.logits, sampling, guided)[0])  # (g + 1, V): positions n .. n + g
-        with timer("target"):
-            model.rollback(cache, img.n + a)  # keep x_0 .. x_{n+a-1}; x_{n+a} is fed next iteration
-        img.commit(elapsed_since(timer, before))
-    cond = prompt.conditions[0] if prompt.conditions else ""
-    return img.result(cond, seed, timer.seconds, time.perf_counter() - t_start)
-
-
-@torch.no_grad()
-def batched_jacobi_decode(
-    model: TokenModel,
-    conditions: Sequence,
-    sampling: SamplingConfig,
-    config: JacobiConfig,
-    batch_size: int = 8,
-    seed: int = 0,
-    first_index: int = 0,
-    num_tokens: Optional[int] = None,
-    progress: bool = False,
-    indices: Optional[Sequence[int]] = None,
-    draws: Optional[dict] = None,
-) -> Decoded:
-    """Decode one image per condition with SJD, GSD or SCD, up to ``batch_size`` images per target forward.
-
-    Every Jacobi iteration runs one forward for all images in flight: image ``b`` at ``n_b``
-    committed tokens feeds ``[x_{n_b-1}, d_{n_b} .. d_{n_b+g_b-1}]`` at its own cache slots and
-    positions (the per-image KV slots, 2D positions and attention masks of
-    :func:`lantern.batched.batched_decode`; rows padded to the longest window, padding never
-    seen) and commits its own accepted prefix ``a_b + 1`` (ragged commits: rejected drafts stay
-    in slots past the image's length and are overwritten, no cache copy). Acceptance, residual /
-    bonus tokens and next drafts are the per-image steps of :func:`jacobi_decode` (:class:`_Image`)
-    on the image's rows of the batched distribution, drawn from the image's own stream
-    :func:`ambiguity.seeding.image_generator` ``(seed, i)`` (or ``draws[i]``, a
-    :class:`lantern.trees.Draws`, for exact enumeration), so an image's random numbers do not
-    depend on the batch, its slot or when it was admitted. A finished image's slot takes the next
-    condition (continuous batching: the slot scheduler of :mod:`lantern.slots`, shared with
-    :func:`lantern.batched.batched_decode`); a draining batch drops its empty slots (one cache copy).
-
-    In float64 the tokens and the non-timing records equal :func:`jacobi_decode`'s for every image
-    (``tests/test_jacobi.py``); in float32 batched products round differently and an image now
-    and then diverges from batch 1 at some position. Step rows carry ``batch_step`` and ``active``;
-    each section's seconds of a batch step are split equally among its active images.
-    Returns a :class:`~lantern.records.Decoded` (rows in condition order, image ``first_index + j``
-    or ``indices[j]``). Raises UsageError when the model cannot batch or cannot run ``config``.
-    """
-    check_batching(model, None)
-    check_jacobi(config, model)
-    conds = list(conditions)
-    index = image_indices(len(conds), first_index, indices)
-    N, L, dev, guided = int(num_tokens or model.num_tokens), int(config.window), model.device, sampling.guided
-    sl = new_slots(len(conds), batch_size, guided, config.method, progress)
-    cache = model.new_slots_cache(sl.B, guided, N, L)  # room for a window of L padded past the image's end
-    scripted = dict(draws or {})
-    timer = Timer(dev)
-    imgs: dict[int, _Image] = {}  # the image of condition j, while it decodes
-    secs = {j: {} for j in range(len(conds))}
-    total = np.zeros(len(conds))
-    parts: list[Optional[Decoded]] = [None] * len(conds)
-
-    def share(j: int, seconds: dict, k: int) -> dict:
-        mine = {s: v / k for s, v in seconds.items()}
-        for s, v in mine.items():
-            secs[j][s] = secs[j].get(s, 0.0) + v
-        return mine
-
-    def fill(free) -> None:
-        """Admit the next conditions into the free slots: prefill, then each image's first step."""
-        take = admit(sl, free)
-        if not take:
-            return
-        t0, before = time.perf_counter(), timer.snapshot()
-        first = prefill_admitted(model, cache, sl, take, conds, timer)[0]
-        with timer("acceptance"):
-            p0 = target_distribution(first.logits[:, -1], sampling, guided)  # (k, V)
-            for r, (_, j) in enumerate(take):
-                i = int(index[j])
-                imgs[j] = _image(model, sampling, config, N, image_generator(seed, i, dev), i, scripted.get(i))
-                imgs[j].start(p0[r])
-        for _, j in take:
-            share(j, elapsed_since(timer, before), len(take))
-            total[j] += (time.perf_counter() - t0) / len(take)
-        done = [s for s, j in take if imgs[j].done]  # an image of one token is complete after its prefill
-        if done:
-            finish(done)
-
-    def finish(slots: list[int]) -> None:
-        """Record the finished images of ``slots``, free the slots and admit the next conditions."""
-        for b in slots:
-            j = int(sl.image_of[b])
-            parts[j] = imgs.pop(j).result(conds[j], image_seed(seed, int(index[j])), secs[j], total[j])
-        release(sl, slots)
-        fill(slots)
-
-    fill(range(sl.B))
-    batch_step = 0
-    while len(busy(sl)):
-        batch_step += 1
-        t0, before = time.perf_counter(), timer.snapshot()
-        B, live = sl.B, busy(sl).tolist()
-        slot = sl.image_of.tolist()  # condition j in each slot (-1: empty)
-        with timer("acceptance"):
-            fed = {b: imgs[slot[b]].prepare() for b in live}
-            T = max(len(x) for x in fed.values())
-            vin = torch.zeros(B, T, dtype=torch.long)
-            n = torch.ones(B, dtype=torch.long)
-            for b, x in fed.items():
-                vin[b, : len(x)] = torch.tensor(x)
-                n[b] = imgs[slot[b]].n
-        with timer("target"):
-            out = verify_chains(model, cache, vin.to(dev), n.numpy(), N, guided)  # x_{n-1} and the drafts
-        with timer("acceptance"):
-            p = target_distribution(out.logits, sampling, guided)  # (B, T, V)
-            for b in live:
-                imgs[slot[b]].verify(p[b, : len(fed[b])])
-        seconds, wall = elapsed_since(timer, before), time.perf_counter() - t0
-        finished = []
-        for b in live:
-            j = slot[b]
-            imgs[j].commit(share(j, seconds, len(live)), batch_step, len(live))
-            total[j] += wall / len(live)
-            if imgs[j].done:
-                finished.append(b)
-        if finished:
-            finish(finished)
-        drain(sl, [(model, cache)])  # a draining batch drops its empty slots (one copy)
-    sl.bar.close()
-    return Decoded.concat(parts)
+        return g, a, kind, nxt, drafts
 
 
 def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> dict:
@@ -527,3 +299,76 @@ def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> d
         q_top1=q_top1,
         proposed_step=torch.tensor(window.proposed[:g], dtype=torch.long),
     )
+
+
+class Jacobi(Method):
+    """SJD, GSD or SCD on the engine (module docstring): every slot's window in one target forward.
+
+    Image ``b`` at ``n_b`` committed tokens feeds ``[x_{n_b-1}, d_{n_b} .. d_{n_b+g_b-1}]`` at its
+    own cache slots and positions (rows padded to the longest window, padding never seen) and
+    commits its own accepted prefix ``a_b + 1``. Acceptance, residual / bonus tokens and the next
+    drafts are the per-image steps of :class:`_Image` on the image's rows of the batched
+    distribution, drawn from the image's own stream (or its scripted :class:`Draws`).
+
+    config: the :class:`~lantern.methods.jacobi.config.JacobiConfig`; model: the target (GSD's
+    embedding-distance filter reads its input embeddings); pairs: a list that receives ``(p, q)``
+    (V,) float32 CPU pairs of every judged draft (for :func:`gsd_output_distribution`).
+    """
+
+    def __init__(self, config: JacobiConfig, model: TokenModel, pairs: Optional[list] = None):
+        self.config, self.pairs = config, pairs
+        self.name, self.depth, self.spare = config.method, int(config.window) - 1, int(config.window)
+        self.emb = model.input_embeddings() if config.method == "gsd" and config.distance is not None else None
+        self.images: dict[int, _Image] = {}  # slot -> the image it decodes
+
+    def start(self, st: BatchState, slots: list[int], p0: torch.Tensor) -> torch.Tensor:
+        for r, s in enumerate(slots):
+            gen = st.streams.gens[s]
+            draws = st.streams.scripted[s] or GeneratorDraws(gen, st.device)
+            img = _Image(st.model, st.sampling, self.config, st.N, draws, gen, int(st.image[s]), self.emb, self.pairs)
+            img.start(p0[r])
+            self.images[s] = img
+        return torch.tensor([self.images[s].tokens[0] for s in slots], dtype=torch.long, device=st.device)
+
+    def round(self, st: BatchState, active: np.ndarray) -> Round:
+        live = np.flatnonzero(active).tolist()
+        with st.timer("acceptance"):
+            fed = {b: self.images[b].prepare() for b in live}
+            vin = torch.zeros(st.B, max(len(x) for x in fed.values()), dtype=torch.long)
+            for b, x in fed.items():
+                vin[b, : len(x)] = torch.tensor(x)
+        with st.timer("target"):
+            out = verify_chains(st.model, st.cache, vin.to(st.device), st.n, st.N, st.guided)
+        with st.timer("acceptance"):
+            p = st.target(out.logits)  # (B, T, V)
+            for b in live:
+                self.images[b].verify(p[b, : len(fed[b])])
+        return self._commit(st, live)
+
+    def _commit(self, st: BatchState, live: list[int]) -> Round:
+        """Every live image's iteration record, its committed tokens written into st.tokens."""
+        B = st.B
+        a, g, kind, nxt = (np.zeros(B, dtype=np.int64) for _ in range(4))
+        cols = {}
+        for b in live:
+            img = self.images[b]
+            n = img.n
+            g[b], a[b], kind[b], nxt[b], cols[b] = img.commit()
+            st.tokens[b, n : n + a[b] + 1] = torch.tensor(img.tokens[n : n + a[b] + 1], device=st.device)
+        drafts = None
+        width = int(g.max())
+        if width:
+            host = {c: np.zeros((len(live), width)) for c in ("token", "proposed_step", *CHAIN_VALUES)}
+            for r, b in enumerate(live):
+                for c, v in (cols[b] or {}).items():
+                    host[c][r, : len(v)] = v.numpy()
+            lv = np.asarray(live)
+            drafts = chain_rows(host, st.image[lv], st.step[lv], st.n[lv], g[lv], a[lv])
+        return Round(a, g, kind, nxt, np.zeros(B, dtype=np.int64), drafts)
+
+    def release(self, st: BatchState, slots) -> None:
+        for s in slots:
+            self.images.pop(int(s), None)
+
+    def compact(self, st: BatchState, live: np.ndarray, rows: torch.Tensor) -> None:
+        self.images = {new: self.images[int(old)] for new, old in enumerate(live) if int(old) in self.images}

@@ -59,10 +59,11 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt, Step, TokenModel
 from ambiguity.sampling import Generators, SamplingConfig, distribution, expand_rows, pick
 from ambiguity.stats import entropy, top1_prob
-from lantern.acceptance import AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual
 from lantern.drafter.model import DraftModel
-from lantern.records import NEXT_KINDS, Decoded, StepLog
-from lantern.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
+from lantern.engine.records import NEXT_KINDS, Decoded
+from lantern.rules.acceptance import AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual
+from reference.records import StepLog
+from reference.steps import Timer, check_prompt, elapsed_since, image_row, prefill, target_distribution
 
 __all__ = ["Acceptance", "draft", "verify", "accept", "speculative_decode", "autoregressive_decode"]
 

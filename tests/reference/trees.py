@@ -36,7 +36,7 @@ import torch
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import expand_rows, invert
 from lantern.drafter.model import DraftModel
-from lantern.tree_spec import TreeSpec
+from lantern.methods.tree.spec import TreeSpec
 
 __all__ = ["Tree", "Draws", "GeneratorDraws", "Expansion", "draft_tree", "tree_steps", "log_q", "top_log_q"]
 

@@ -1,10 +1,10 @@
 """The walk half of batched draft trees: the trees as (B, T) tensors, every image's acceptance walk
 at once, and the step's one host transfer of outcomes and per-node draft records.
 
-:func:`lantern.batched_trees.tree_round` drafts the trees (:class:`Trees`), verifies them in one
+:func:`lantern.methods.tree.draft.tree_round` drafts the trees (:class:`Trees`), verifies them in one
 target forward, then calls :func:`walk_trees` (or :func:`walk_official_greedy` for the official
 greedy convention), :func:`tree_host` and :func:`tree_draft_columns` from here. Same verdicts,
-draws and records as one-image decoding (:func:`lantern.tree_decoding.walk_tree`); in float64 the
+draws and records as one-image decoding (:func:`lantern.methods.tree.single_walk.walk_tree`); in float64 the
 batched and one-image records are equal (``tests/test_batched_decoding.py``).
 """
 
@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from ambiguity.sampling import invert
-from lantern.acceptance import judge_greedy, proximity, residual
-from lantern.records import _tree_rows
-from lantern.slots import BatchState
+from lantern.engine.records import tree_rows
+from lantern.engine.slots import BatchState
+from lantern.rules.acceptance import judge_greedy, proximity, residual
 
 __all__ = ["NODE_COLUMNS", "TRIALS", "Trees", "tree_draft_columns", "tree_host", "walk_official_greedy", "walk_trees"]
 
@@ -40,8 +40,8 @@ class Trees:
     included (0 without a tree); depth_max: the deepest node any row may hold (host int).
 
     Layouts: a dynamic tree is packed (a row's drafts fill its columns ``1..drafted`` in the
-    order of :func:`lantern.trees.tree_steps`, ascending candidate index); a static tree keeps
-    its shape's order (column t is path t of :attr:`lantern.trees.TreeSpec.paths`, truncated to
+    order of :func:`lantern.methods.tree.single.tree_steps`, ascending candidate index); a static tree keeps
+    its shape's order (column t is path t of :attr:`lantern.methods.tree.single.TreeSpec.paths`, truncated to
     the deepest level any row may draft), so a child a row did not draw (fewer tokens with mass
     than ranks, or the image's last tokens) is padding in that row. A row's node number in the
     records is the count of its nodes before the column (one-image decoding's node index).
@@ -78,11 +78,11 @@ TRIALS = ("p_tilde", "spent", "q_draft", "accept_prob", "u")
 
 
 def walk_trees(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor, active, drafting) -> dict:
-    """All images' acceptance walks at once (:func:`lantern.tree_decoding.walk_tree`: the same
+    """All images' acceptance walks at once (:func:`lantern.methods.tree.single_walk.walk_tree`: the same
     verdicts, residuals, draws and records), one trial per image per round.
 
     From the root, each walking image judges the child of rank r of its current node against its
-    current target (:func:`lantern.acceptance.proximity`, :func:`~lantern.acceptance.judge_greedy`
+    current target (:func:`lantern.rules.acceptance.proximity`, :func:`~lantern.rules.acceptance.judge_greedy`
     or a coin ``u < min(1, p̃/q)``, q the conditional q of the mass not yet drawn for sampled
     static trees, 1 for deterministic drafts); a rejection replaces the target by the residual
     and moves to the next sibling, an acceptance moves down; an image with no child left draws
@@ -192,7 +192,7 @@ def walk_trees(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor,
 
 
 def walk_official_greedy(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor, active, drafting) -> dict:
-    """:func:`lantern.tree_decoding.walk_official_greedy` for all images at once: every node
+    """:func:`lantern.methods.tree.single_walk.walk_official_greedy` for all images at once: every node
     passes or fails on its own against the target at its parent; a node's path passes when it
     and its ancestors pass; each leaf's longest passing prefix, the first leaf with the longest
     winning (static trees: leaves in lexicographic path order, so the winner is the first
@@ -255,7 +255,7 @@ def tree_host(trees: Trees, p: torch.Tensor, walk: dict) -> dict:
     Per image (B,) int64: m, kind, next, drafted, forwards; per column (B, T) numpy: the
     :data:`NODE_COLUMNS` (``draft``: the column is a draft; node / parent: one-image node
     numbers; p_draft, p_top1, p_entropy: the target at the node's parent; q_top1: the drafter's
-    top probability there, NaN for dynamic trees) as :func:`lantern.tree_decoding.tree_draft_columns`
+    top probability there, NaN for dynamic trees) as :func:`lantern.methods.tree.single_walk.tree_draft_columns`
     computes them."""
     B, T, V = p.shape
     nodes, parent = trees.nodes, trees.parent
@@ -312,7 +312,7 @@ def parent_summaries(p: torch.Tensor, parent: torch.Tensor, nodes: torch.Tensor)
 
 def tree_draft_columns(host: dict, active, n, images, steps) -> Optional[dict]:
     """The step's draft rows (one per draft of every active image's tree; see
-    :data:`lantern.records.DRAFT_COLUMNS`) from the (B, T) host columns of :func:`tree_host`."""
+    :data:`lantern.engine.records.DRAFT_COLUMNS`) from the (B, T) host columns of :func:`tree_host`."""
     keep = (host["draft"] > 0) & np.asarray(active, dtype=bool)[:, None]
     if not keep.any():
         return None
@@ -321,6 +321,6 @@ def tree_draft_columns(host: dict, active, n, images, steps) -> Optional[dict]:
     cols["image"], cols["step"] = np.asarray(images)[b], np.asarray(steps)[b]
     cols["draft_index"] = cols["depth"] - 1
     cols["position"] = np.asarray(n)[b] + cols["draft_index"]
-    rows = _tree_rows(cols)
+    rows = tree_rows(cols)
     rows["out_of_support"] = rows["committed"] & (rows["p_draft"] == 0)
     return rows

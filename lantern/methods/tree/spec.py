@@ -1,7 +1,7 @@
 """What shape a draft tree has: the :class:`TreeSpec` of a chain, an EAGLE-1 static tree (child-rank
 paths, the official shapes by name in :data:`STATIC_TREES`) or an EAGLE-2 dynamic tree (total
 tokens, depth, top-k; Li et al. 2024, arXiv 2406.16858, Sec. 4), the checks of a static shape,
-and ``--tree`` parsing. :mod:`lantern.trees` drafts the trees and re-exports every name.
+and ``--tree`` parsing. :mod:`lantern.methods.tree.single` drafts the trees and re-exports every name.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ TREE_KINDS = ("chain", "static", "dynamic")
 # --------------------------------------------------------------------------- specification
 @dataclass(frozen=True)
 class TreeSpec:
-    """How to draft: a chain (``lantern.decoding``'s γ), a static tree or an EAGLE-2 dynamic tree.
+    """How to draft: a chain (``lantern.engine.decode``'s γ), a static tree or an EAGLE-2 dynamic tree.
 
     kind: ``"chain"`` | ``"static"`` | ``"dynamic"``. paths (static): child-rank paths, each
     path's prefixes present (validated), e.g. ``((0,), (1,), (0, 0))``; name: the shape's name.

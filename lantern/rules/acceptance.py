@@ -15,14 +15,14 @@ Rules (``AcceptanceRule.method``; each relaxed rule is one entry of :data:`BOUND
   the proximity set ``A = {x̂, n_1..n_j*}`` keeps the neighbours while ``S_j <= δ``; ``S_j`` is
   exactly the TVD between ``p`` and ``p`` with the mass of ``n_1..n_j`` moved onto ``x̂``.
 * ``"lantern-jsd"`` — the same prefix grown while the Jensen–Shannon divergence (nats) between
-  ``p`` and that moved distribution stays ``<= δ`` (closed form: :func:`lantern.divergences.moved_jsd`).
+  ``p`` and that moved distribution stays ``<= δ`` (closed form: :func:`lantern.rules.divergences.moved_jsd`).
 * ``"lantern++"`` — the relative bound of LANTERN++ (arXiv 2502.06352): grown while
   ``S_j <= (λ - 1) p(x̂)``, i.e. ``p̃(x̂) <= λ p(x̂)``.
 
 For the relaxed rules ``p̃(x̂) = p(x̂) + S_j*`` and the draft is accepted with probability
 ``min(1, p̃(x̂) / q(x̂))``. "Grown while" means the prefix stops at the first ``j`` that breaks
 the bound. ``S_j`` is non-decreasing in ``j`` and the three bounds are non-decreasing functions
-of ``S_j`` (the JSD's derivative in ``S`` is positive, see :mod:`lantern.divergences`), so the
+of ``S_j`` (the JSD's derivative in ``S`` is positive, see :mod:`lantern.rules.divergences`), so the
 first break also gives the largest ``j`` within the bound — what the official code computes.
 
 Conventions (``AcceptanceRule.convention``): what happens after a rejection, for drafts drawn
@@ -94,7 +94,7 @@ from typing import Optional
 import torch
 
 from ambiguity.errors import FieldError, UsageError
-from lantern.divergences import moved_jsd
+from lantern.rules.divergences import moved_jsd
 
 __all__ = [
     "RULES",
@@ -523,7 +523,7 @@ def output_distribution(
     by enumeration over every draft x (no sampling). p, q: (..., V) float; with ``greedy`` q
     is the distribution of the greedy draft (one-hot for a deterministic drafter),
     ``P(accept x)`` is 0 or 1 as in :func:`judge_greedy` and a rejection emits ``argmax p``.
-    Compare with p, e.g. ``lantern.divergences.tvd(out, p)``, to see a rule's distortion;
+    Compare with p, e.g. ``lantern.rules.divergences.tvd(out, p)``, to see a rule's distortion;
     ``"sd"``, or δ = 0 / k = 0 with the ``"exact"`` convention, give ``out == p``. The δ bound
     holds per draft (``S_j* <= δ``), not for ``out``: with the exact residual
     ``TVD(out, p) = Σ_y max(α(y) - p(y), 0) <= Σ_y min(max(q(y) - p(y), 0), δ)``, which can

@@ -1,0 +1,280 @@
+"""Chain speculative decoding: γ draft tokens per target forward (EAGLE drafter, any acceptance rule).
+
+:class:`Chain` is the method (one engine round over every slot); :func:`accept` is the
+acceptance step it calls, a pure function of the target's and the drafter's distributions:
+the accepted prefix and the next token (Leviathan et al. 2023, Alg. 1; LANTERN, Jang et al.,
+ICLR 2025, arXiv 2410.03355, Sec. 3).
+
+Alignment (EAGLE, arXiv 2401.15077, Sec. 4). Write ``x_i`` for image token ``i`` and ``h_i``
+for the target's last hidden state at the position of ``x_i`` (it predicts ``x_{i+1}``;
+``h_{-1}`` is the last prefix position). The drafter's input at position ``i`` is
+``(x_i, f_{i-1})``. At the start of a round with ``n`` committed tokens the target's cache
+holds ``x_0..x_{n-2}`` (the last committed token is not fed yet), the features
+``h_{-1}..h_{n-2}`` are known, the drafter's cache holds positions ``0..d-1`` computed from
+true target features, and positions ``d..n-1`` are *pending*. A round drafts (one drafter
+forward over the pending positions, then ``γ - 1`` on its own features), verifies
+``[x_{n-1}, x̂_n .. x̂_{n+γ-1}]`` (``p`` for positions ``n .. n+γ``, the last the bonus
+position), accepts ``a`` drafts and draws the next token from the residual at the first
+rejection or from the bonus position. γ is cut to ``min(γ, N - 1 - n)`` so that the bonus
+position is always an image token.
+
+Under CFG the drafter runs on both rows with the target features of the matching row, and
+``q`` is its logits processed exactly like ``p`` (:func:`ambiguity.sampling.distribution`).
+Timing (seconds, wall-clock): ``target`` = target forwards; ``drafter`` = drafter forwards, its
+head, ``q`` and drawing the drafts; ``acceptance`` = ``p``, the rule (``proximity``: growing
+the sets A), the residual, the next token and the commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ambiguity.models.base import Step
+from ambiguity.sampling import Generators, expand_rows, pick
+from ambiguity.stats import entropy, top1_prob
+from lantern.drafter.model import DraftModel
+from lantern.engine.method import Method, Round
+from lantern.engine.records import CHAIN_VALUES, chain_rows
+from lantern.engine.slots import BatchState, verify_chains
+from lantern.engine.steps import Timer
+from lantern.methods.drafting import draft_chains
+from lantern.rules.acceptance import AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual
+
+__all__ = ["Acceptance", "accept", "Chain"]
+
+
+@dataclass
+class Acceptance:
+    """Outcome of :func:`accept` for B conditions.
+
+    accepted: (B,) int64 accepted draft tokens (the accepted prefix); next_token: (B,) int64;
+    next_kind: (B,) int64 index into :data:`lantern.engine.records.NEXT_KINDS` (0 target, 1 bonus,
+    2 residual); verdict: per-draft :class:`~lantern.rules.acceptance.Verdict` ((B, γ) fields), None
+    when γ = 0; u: (B, γ) uniforms used (None when greedy or γ = 0).
+    """
+
+    accepted: torch.Tensor
+    next_token: torch.Tensor
+    next_kind: torch.Tensor
+    verdict: Optional[Verdict]
+    u: Optional[torch.Tensor]
+
+
+
+
+
+
+
+
+def accept(
+    p: torch.Tensor,
+    q: Optional[torch.Tensor],
+    drafts: torch.Tensor,
+    rule: AcceptanceRule,
+    neighbours: Optional[torch.Tensor],
+    greedy: bool,
+    generator: Generators = None,
+    validate: bool = True,
+    timer: Optional[Timer] = None,
+    lengths: Optional[torch.Tensor] = None,
+    u: Optional[torch.Tensor] = None,
+    choose=None,
+) -> Acceptance:
+    """Apply the acceptance rule to a chain and draw the next token.
+
+    p: (B, γ+1, V) float32 target distributions at the draft positions and the bonus
+    position; q: (B, γ, V) drafter distributions (unused when greedy); drafts: (B, γ) int64;
+    neighbours: (V, K >= k) int64 table (None for ``"sd"``).
+    Sampling: uniforms ``u`` (B, γ) from ``generator``; each draft is judged by
+    :func:`lantern.rules.acceptance.judge`; the accepted prefix length ``a`` is the number of leading
+    accepted drafts; the next token is drawn from the residual at position ``a``
+    (:func:`lantern.rules.acceptance.residual`) when ``a < γ``, else from the bonus ``p[:, γ]``.
+    Greedy: :func:`lantern.rules.acceptance.judge_greedy`; the next token is ``argmax p[:, a]``
+    (the rejected position's argmax, or the bonus argmax). γ = 0: the next token is drawn from
+    ``p[:, 0]``. ``validate=False``: the table was checked once by the caller
+    (:meth:`AcceptanceRule.prepare_table`). timer: the decoder's :class:`lantern.engine.steps.Timer`;
+    growing the proximity sets is timed as its ``"proximity"`` section (inside the caller's
+    ``"acceptance"``). Batched decoding (:mod:`lantern.engine.loop`): ``lengths`` (B,) int64, each
+    row's own chain length ``γ_b <= γ`` (drafts beyond it are padding: never accepted; a row
+    with ``γ_b = 0`` draws its next token from ``p[b, 0]``, kind "target"), and ``u`` (B, γ)
+    the uniforms the caller drew (row b's first γ_b from its own stream); the residual is then
+    computed for every row without a host synchronisation; ``choose``: probs (B, V) -> (B,) int64,
+    how the next token is drawn when sampling (default :func:`ambiguity.sampling.pick` with
+    ``generator``). Leviathan et al. 2023, Alg. 1;
+    LANTERN Sec. 3.
+    """
+    B, g = drafts.shape
+    rows = torch.arange(B, device=p.device)
+    if choose is None or greedy:
+        choose = lambda probs: pick(probs, greedy, generator)  # noqa: E731 - one draw per row
+    if g == 0:
+        nxt = choose(p[:, 0])
+        return Acceptance(
+            torch.zeros(B, dtype=torch.long, device=p.device),
+            nxt,
+            torch.zeros(B, dtype=torch.long, device=p.device),
+            None,
+            None,
+        )
+    prox = None
+    if not validate and timer is not None:  # the decoder (table checked once): time the proximity sets alone
+        with timer("proximity"):
+            prox = proximity(p[:, :g], drafts, neighbours if rule.relaxed else None, rule)
+    if greedy:
+        v = judge_greedy(p[:, :g], drafts, neighbours, rule, validate, prox)
+        u = None
+    else:
+        u = _uniforms(drafts.shape, generator, p) if u is None else u
+        v = judge(p[:, :g], q, drafts, u, neighbours, rule, validate, prox)
+    ok = v.accepted if lengths is None else v.accepted & (torch.arange(g, device=p.device) < lengths[:, None])
+    a = ok.long().cumprod(-1).sum(-1)  # (B,)
+    rejected = a < (g if lengths is None else lengths)
+    target = p[rows, a]  # (B, V): bonus position where all were accepted, else the rejected position
+    if greedy or (lengths is None and not bool(rejected.any())):
+        nxt = choose(target)
+    else:
+        at = a.clamp(max=g - 1)
+        res = residual(p[rows, at], q[rows, at], drafts[rows, at], neighbours, rule, validate)
+        nxt = choose(torch.where(rejected[:, None], res, target))
+    kind = torch.where(rejected, 2, 1).long()
+    if lengths is not None:
+        kind = torch.where(lengths == 0, 0, kind)
+    return Acceptance(a, nxt, kind, v, u)
+
+
+def _uniforms(shape, generator: Generators, like: torch.Tensor) -> torch.Tensor:
+    """Uniforms of ``shape`` (B, γ) in p's dtype: row b from generator b (or all from one)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
+    return torch.stack([torch.rand(shape[1:], generator=g, device=like.device, dtype=like.dtype) for g in generator])
+
+
+class Chain(Method):
+    """Chains of γ drafts from an EAGLE drafter, judged by an acceptance rule (``sd``, ``lantern``,
+    ``lantern-jsd``, ``lantern++``; :data:`lantern.rules.acceptance.RULES`), any batch size.
+
+    A round (EAGLE, arXiv 2401.15077, Sec. 4): slot b at ``n_b`` committed tokens drafts
+    ``γ_b = min(γ, N - 1 - n_b)`` tokens (the bonus position stays inside the image;
+    :func:`lantern.methods.drafting.draft_chains`), one target forward verifies
+    ``[x_{n_b-1}, x̂_{n_b} .. x̂_{n_b+γ_b-1}]`` for every slot (:func:`lantern.engine.slots.verify_chains`),
+    :func:`accept` keeps the accepted prefix ``a_b`` and draws the next token from the residual
+    at the first rejection or the bonus position, and the committed tokens and their target
+    features ``h_{n_b-1}..h_{n_b+a_b-1}`` are written in place. The drafter's cache keeps its
+    positions ``0..d_b-1``; positions ``d_b..n_b-1`` are re-run with true features next round.
+
+    rule: the :class:`~lantern.rules.acceptance.AcceptanceRule`; gamma: γ >= 1; drafter: a
+    :class:`~lantern.drafter.model.DraftModel` with ``forward_slots``; table: the (V, K) int64
+    neighbour table prepared by :meth:`AcceptanceRule.prepare_table` (None for ``sd``).
+    """
+
+    def __init__(self, rule: AcceptanceRule, gamma: int, drafter: DraftModel, table: Optional[torch.Tensor]):
+        self.rule, self.gamma, self.drafter, self.table = rule, int(gamma), drafter, table
+        self.name, self.depth, self.spare, self.convention = rule.method, self.gamma, self.gamma + 1, rule.convention
+
+    def open(self, st: BatchState) -> None:
+        st.drafter, st.rule, st.table = self.drafter, self.rule, self.table
+        st.dcache = self.drafter.new_cache(st.rows, self.gamma + 1)
+
+    def round(self, st: BatchState, active: np.ndarray) -> Round:
+        n, timer, greedy = st.n, st.timer, st.sampling.greedy
+        g = np.where(active, np.minimum(self.gamma, st.N - 1 - n), 0)
+        gmax = int(g.max())
+        drafts, q = st.tokens.new_zeros(st.B, gmax), None
+        if gmax:
+            with timer("drafter"):
+                drafts, q = draft_chains(st, n, st.d, g)
+            st.d = np.where(g > 0, n, st.d)
+        with timer("target"):
+            out = _verify(st, drafts)
+        with timer("acceptance"):
+            p = st.target(out.logits)  # (B, γ + 1, V)
+            u = _uniforms_of(st, p, q, drafts, g) if gmax and not greedy else None
+            res = accept(
+                p,
+                q,
+                drafts,
+                self.rule,
+                self.table,
+                greedy,
+                validate=False,
+                timer=timer,
+                lengths=torch.as_tensor(g, device=st.device),
+                u=u,
+                choose=lambda probs: st.streams.categorical(probs, range(st.B)),
+            )
+            _commit(st, drafts, res, out.hidden)
+        host = _to_host(res, p, q, drafts, gmax, greedy)  # the step's one host transfer
+        live = np.flatnonzero(active)
+        cols = None
+        if gmax:
+            values = {c: host[c][live] for c in host if c not in ("a", "kind", "next")}
+            cols = chain_rows(values, st.image[live], st.step[live], n[live], g[live], host["a"][live])
+        return Round(host["a"], g, host["kind"], host["next"], None, cols)
+
+
+def _verify(st: BatchState, drafts: torch.Tensor) -> Step:
+    """One target forward over every slot's ``[x_{n-1}, drafts]`` (B, 1 + max γ)."""
+    n_t = torch.as_tensor(st.n, device=st.device)
+    vin = torch.cat([st.tokens.gather(1, (n_t - 1)[:, None]), drafts], 1)
+    return verify_chains(st.model, st.cache, vin, st.n, st.N, st.guided)
+
+
+def _uniforms_of(st: BatchState, p, q, drafts, g) -> torch.Tensor:
+    """The acceptance uniforms (B, max γ): row b's first γ_b from its stream (a scripted row walks
+    its coins through the rule's acceptance probabilities, :meth:`Streams.uniforms`)."""
+    gmax = drafts.shape[1]
+    prob = None
+    if any(x is not None for x in st.streams.scripted):
+        zeros = torch.zeros_like(drafts, dtype=p.dtype)
+        prob = judge(p[:, :gmax], q, drafts, zeros, st.table, st.rule, False).accept_prob
+    return st.streams.uniforms(g, p.dtype, prob)
+
+
+def _commit(st: BatchState, drafts: torch.Tensor, res: Acceptance, hidden: torch.Tensor) -> None:
+    """Write every slot's accepted drafts and next token (``x_n..x_{n+a}``) into st.tokens and
+    the target features ``h_{n-1}..h_{n+a-1}`` of what was kept into st.feats, in place."""
+    T, H, guided = drafts.shape[1] + 1, st.H, st.guided
+    a = res.accepted
+    ar = torch.arange(T, device=st.device)
+    keep = ar[None, :] <= a[:, None]  # committed: the accepted drafts and the next token
+    cand = torch.cat([drafts, res.next_token[:, None]], 1).scatter(1, a[:, None], res.next_token[:, None])
+    at = torch.as_tensor(st.n, device=st.device)[:, None] + ar
+    st.tokens.scatter_(1, at, torch.where(keep, cand, st.tokens.gather(1, at)))
+    at_r, keep_r = expand_rows(at, guided)[..., None].expand(-1, -1, H), expand_rows(keep, guided)[..., None]
+    st.feats.scatter_(1, at_r, torch.where(keep_r, hidden, st.feats.gather(1, at_r)))
+
+
+def _to_host(res, p, q, drafts, gmax: int, greedy: bool) -> dict:
+    """The step's accepted lengths, next tokens and kinds and its (B, γ) draft columns as numpy
+    arrays, moved to the CPU in one transfer."""
+    cols = [res.accepted, res.next_token, res.next_kind]
+    names = ["a", "next", "kind"]
+    B = drafts.shape[0]
+    parts = [torch.stack(cols, 1).double()]
+    if gmax:
+        v, pg = res.verdict, p[:, :gmax]
+        u = res.u if res.u is not None else torch.full_like(v.p_draft, float("nan"))
+        draft = {
+            "token": drafts,
+            "p_draft": v.p_draft,
+            "q_draft": q.gather(-1, drafts[..., None])[..., 0],
+            "p_tilde": v.p_tilde,
+            "j_star": v.j_star,
+            "spent": v.spent,
+            "accept_prob": v.accept_prob,
+            "u": u,
+            "accepted": v.accepted,
+            "p_top1": top1_prob(pg),
+            "p_entropy": entropy(pg),
+            "q_top1": top1_prob(q),
+        }
+        parts += [x.double() for x in draft.values()]
+    flat = torch.cat([x.reshape(B, -1) for x in parts], 1).cpu().numpy()
+    host = {name: flat[:, i].astype(np.int64) for i, name in enumerate(names)}
+    for i, name in enumerate(["token", *CHAIN_VALUES] if gmax else []):
+        host[name] = flat[:, 3 + i * gmax : 3 + (i + 1) * gmax]
+    return host
