@@ -69,7 +69,6 @@ from lantern.engine.decode import (
     DEFAULT_METRIC,
     METHODS,
     DecodeConfig,
-    check_batch_config,
     check_depth,
     compile_forwards,
     decode,
@@ -523,7 +522,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)
-    check_batch_config(config, args.batch_size)
     classes = parse_classes(args.classes)
     dynamic = config.tree is not None and config.tree.kind == "dynamic"
     check_spec_options(
@@ -551,8 +549,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     drafter = load_drafter(model, args.drafter) if config.speculative else None
     if args.compile:
         compile_forwards(model, drafter)
+    check_batching(model, drafter)  # the engine's slot protocol, before the run directory is written
     if args.batch_size > 1:
-        check_batching(model, drafter)
         check_run_size(model, args.num_images, args.batch_size, sampling.guided)
     conditions = generation_conditions(model, args.num_images, args.seed, classes, args.captions)
     options = RunOptions.from_args(args, shard, out)

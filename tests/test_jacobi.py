@@ -22,6 +22,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
+from reference.decode import decode_one_by_one
+from reference.jacobi import jacobi_decode
 from test_decoding import _chi2_pvalue
 from test_trees import enumerate_outcomes, exact_joint, tiny
 
@@ -31,7 +33,6 @@ from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from ambiguity.seeding import image_generator
 from lantern.engine.decode import DecodeConfig, decode
 from lantern.methods.jacobi.config import JacobiConfig, check_jacobi
-from reference.jacobi import jacobi_decode
 from lantern.rules.divergences import tvd
 from lantern.rules.jacobi import (
     group_masses,
@@ -44,11 +45,10 @@ from lantern.rules.jacobi import (
 
 
 def _joint(m, config, sampling, label=1):
-    prompt = m.make_prompt([label], guided=sampling.guided)
     stats = defaultdict(int)
 
     def run(draws):
-        out = jacobi_decode(m, prompt, sampling, config, draws=draws)
+        out = decode(m, [label], DecodeConfig(None, jacobi=config), sampling, draws={0: draws})
         stats["accepted"] += int(out.steps["accepted"].sum())
         stats["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"]).sum())
         return tuple(out.tokens[0].tolist())
@@ -112,12 +112,13 @@ def test_maximal_coupling_bookkeeping():
     m = tiny(vocab=2, block=9, std=1.0)
     s = SamplingConfig(guidance=1.0, temperature=1.0)
     want = _prefix_joint(m, 1, s, 5)
-    prompt = m.make_prompt([1])
     gaps = {}
     for coupling in ("maximal", "maximal-official"):
         cfg = JacobiConfig("scd", window=4, coupling=coupling)
         got, _ = enumerate_outcomes(
-            lambda d, cfg=cfg: tuple(jacobi_decode(m, prompt, s, cfg, draws=d, num_tokens=5).tokens[0].tolist())
+            lambda d, cfg=cfg: tuple(
+                decode(m, [1], DecodeConfig(None, jacobi=cfg), s, num_tokens=5, draws={0: d}).tokens[0].tolist()
+            )
         )
         assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
         gaps[coupling] = sum(abs(got.get(k, 0.0) - v) for k, v in want.items()) / 2  # TVD of the joints
@@ -153,12 +154,11 @@ def test_scd_gumbel_matches_the_ar_joint_by_chi_square():
     want = exact_joint(m, 1, s)
     seqs = sorted(want)
     probs = np.array([want[k] for k in seqs])
-    prompt = m.make_prompt([1])
 
     def counts(config, n=2000):
         c = defaultdict(int)
         for i in range(n):
-            out = jacobi_decode(m, prompt, s, config, generator=image_generator(0, i))
+            out = decode(m, [1], DecodeConfig(None, jacobi=config), s, seed=0, first_index=i)
             c[tuple(out.tokens[0].tolist())] += 1
         return np.array([c[k] for k in seqs])
 
@@ -181,7 +181,7 @@ def test_greedy_jacobi_equals_greedy_ar():
             JacobiConfig("sjd", window=5, init="repeat-horizon"),
             JacobiConfig("sjd", window=1),
         ):
-            out = jacobi_decode(m, prompt, s, cfg)
+            out = decode(m, [label], DecodeConfig(None, jacobi=cfg), s)
             assert torch.equal(out.tokens, ar), (cfg, guidance)
             accepted += int(out.steps["accepted"].sum())
     assert accepted > 0
@@ -375,16 +375,18 @@ BATCH_SAMPLINGS = [
 def test_float64_batched_jacobi_equals_batch_one(config):
     """7 images through 3 slots (continuous batching: images finish at different batch steps and
     later ones take the freed slots): tokens and every non-timing record equal batch 1's."""
-    from test_batched_decoding import _same_records
+    from test_engine import _same_records
 
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
     labels = [0, 3, 5, 7, 1, 9, 4]
     cfg = DecodeConfig(None, jacobi=config)
     ragged = spread = 0
     for s in BATCH_SAMPLINGS:
-        one = decode(m, labels, cfg, s, seed=11, first_index=5)
+        one = decode_one_by_one(m, labels, cfg, s, seed=11, first_index=5)  # the reference loop
+        single = decode(m, labels, cfg, s, seed=11, first_index=5)
         many = decode(m, labels, cfg, s, seed=11, first_index=5, batch_size=3)
-        assert torch.equal(one.tokens, many.tokens), s
+        assert torch.equal(one.tokens, single.tokens) and torch.equal(one.tokens, many.tokens), s
+        _same_records(one, single)
         _same_records(one, many)
         steps = many.steps
         assert steps["active"].max() == 3 and (many.images["image"] == np.arange(5, 12)).all()
@@ -403,8 +405,6 @@ def test_float64_batched_jacobi_equals_batch_one(config):
 def test_batched_jacobi_images_keep_their_streams_and_drain(monkeypatch):
     """An image's tokens do not depend on its batch, slot or admission step; a draining batch drops
     its empty slots (CFG: two cache rows per image) and still gives batch 1's tokens."""
-    from lantern.methods.jacobi.method import batched_jacobi_decode
-
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
     kept = []
     select = type(m).select_slots
@@ -413,8 +413,8 @@ def test_batched_jacobi_images_keep_their_streams_and_drain(monkeypatch):
     )
     s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=16)
     cfg = JacobiConfig("scd", window=4)
-    full = batched_jacobi_decode(m, list(range(9)), s, cfg, batch_size=4, seed=4)
-    part = batched_jacobi_decode(m, [6, 3], s, cfg, batch_size=2, seed=4, indices=[6, 3])
+    full = decode(m, list(range(9)), DecodeConfig(None, jacobi=cfg), s, batch_size=4, seed=4)
+    part = decode(m, [6, 3], DecodeConfig(None, jacobi=cfg), s, batch_size=2, seed=4, indices=[6, 3])
     assert torch.equal(part.tokens, full.tokens[[6, 3]])
     assert kept and all(k % 2 == 0 and k <= 4 for k in kept)
     one = torch.cat(
@@ -454,15 +454,15 @@ def test_exact_batched_sjd_is_ar_sampling_for_a_late_image():
     """Every random outcome of image 2 of a batched SJD decode (3 images in 2 slots: it takes a
     freed slot at a later batch step, next to an image at another position; the other images draw
     from their own streams), weighted by its probability, is exactly the AR joint."""
-    from lantern.methods.jacobi.method import batched_jacobi_decode
-
     m = tiny()
     s = SamplingConfig(guidance=2.0, temperature=0.7, top_k=2)
     want = exact_joint(m, 1, s)
     late, seen = [], {"accepted": 0, "rejected": 0}
 
     def run(draws):
-        out = batched_jacobi_decode(m, [1, 2, 1], s, JacobiConfig("sjd", window=3), batch_size=2, draws={2: draws})
+        out = decode(
+            m, [1, 2, 1], DecodeConfig(None, jacobi=JacobiConfig("sjd", window=3)), s, batch_size=2, draws={2: draws}
+        )
         mine = out.steps["image"] == 2
         late.append(out.steps["batch_step"][mine].min() > 1)
         seen["accepted"] += int(out.steps["accepted"][mine].sum())
@@ -476,14 +476,10 @@ def test_exact_batched_sjd_is_ar_sampling_for_a_late_image():
         assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
 
 
-def test_batched_jacobi_config_checks():
-    from lantern.engine.decode import check_batch_config
-    from lantern.methods.tree.spec import TreeSpec
-
-    for cfg in (*map(DecodeConfig.of, ("sjd", "gsd", "scd")), DecodeConfig.of("sd", tree=TreeSpec("dynamic", 6, 2, 2))):
-        check_batch_config(cfg, 8)  # every method batches
-    with pytest.raises(UsageError, match="--batch-size must be >= 1"):
-        check_batch_config(DecodeConfig.of("sjd"), 0)
+def test_jacobi_config_checks_on_the_engine():
+    s = SamplingConfig(guidance=1.0, temperature=1.0)
+    with pytest.raises(UsageError, match="--batch-size .* must be an integer >= 1"):
+        decode(tiny(), [1], DecodeConfig.of("sjd"), s, batch_size=0)
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
 
     class NoBatch(type(m)):
@@ -492,8 +488,8 @@ def test_batched_jacobi_config_checks():
     plain = NoBatch.__new__(NoBatch)
     plain.__dict__.update(m.__dict__)
     s = SamplingConfig(guidance=1.0, temperature=1.0)
-    with pytest.raises(UsageError, match="cannot decode several images per forward"):
-        decode(plain, [1, 2], DecodeConfig.of("sjd"), s, batch_size=2)
+    with pytest.raises(UsageError, match="cannot decode on the slot engine"):
+        decode(plain, [1, 2], DecodeConfig.of("sjd"), s, batch_size=1)
     with pytest.raises(UsageError, match="--gsd-group 40 exceeds the vocabulary size 32"):
         decode(m, [1, 2], DecodeConfig.of("gsd", jacobi={"group": 40}), s, batch_size=2)
 

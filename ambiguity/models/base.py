@@ -302,8 +302,9 @@ class TokenModel(abc.ABC):
         tokens: (rows, T) int64 code indices; slots: (rows, T) int64 image positions (cache slots
         after the prefix) the tokens' keys/values are written to; positions: (rows, T) int64 image
         positions of the tokens (rotary embedding; < num_tokens); visible: (rows, T, S) bool, which
-        image slots ``0..S-1`` each token attends to (the prefix is always seen). Returns a Step
-        (rows, T, .). Rows that carry padding simply see nothing new of it."""
+        image slots ``0..S-1`` each token attends to (the prefix is always seen), or an int ``S``
+        when every token sees all of them (one token per row, every row at one position: no mask).
+        Returns a Step (rows, T, .). Rows that carry padding simply see nothing new of it."""
         raise NotImplementedError(f"{self.name} cannot decode several images per forward")
 
     def select_slots(self, cache: Any, rows: torch.Tensor) -> None:

@@ -313,11 +313,12 @@ class Attention(nn.Module):
         cache: Optional[KVCache],
         mask: Optional[torch.Tensor],
         slots: Optional[torch.Tensor] = None,
+        span: Optional[int] = None,
     ) -> torch.Tensor:
         """x (R, T, dim). slots: (R, T) int64 cache positions each row writes its T keys/values to
-        (batched decoding, in place); the keys are then the first ``mask.shape[-1]`` cache positions
-        and ``mask`` (R, 1, T, span) bool says which each query sees. Without slots the T entries
-        are written at ``cache.length``."""
+        (batched decoding, in place); the keys are then the first ``span`` cache positions
+        (default ``mask.shape[-1]``) and ``mask`` (R, 1, T, span) bool says which each query sees
+        (None with T = 1: all of them). Without slots the T entries are written at ``cache.length``."""
         config = self.config
         R, T, _ = x.shape
         kv = config.kv_heads * config.head_dim
@@ -326,7 +327,7 @@ class Attention(nn.Module):
         k = apply_rope(k.view(R, T, config.kv_heads, config.head_dim), rope).transpose(1, 2)
         v = v.view(R, T, config.kv_heads, config.head_dim).transpose(1, 2)
         if slots is not None:
-            span = mask.shape[-1]
+            span = mask.shape[-1] if mask is not None else span
             at = slot_index(layer, slots, config.kv_heads)
             cache.k.index_put_(at, k.transpose(1, 2))  # (R, T, kv_heads, head_dim) into each row's slots
             cache.v.index_put_(at, v.transpose(1, 2))
@@ -359,8 +360,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
 
-    def forward(self, x, rope, layer=0, cache=None, mask=None, slots=None):
-        h = x + self.attention(self.attention_norm(x), rope, layer, cache, mask, slots)
+    def forward(self, x, rope, layer=0, cache=None, mask=None, slots=None, span=None):
+        h = x + self.attention(self.attention_norm(x), rope, layer, cache, mask, slots, span)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -556,19 +557,27 @@ class GPT(nn.Module):
         return self.norm(h)
 
     def forward_rows(
-        self, h: torch.Tensor, cache: KVCache, slots: torch.Tensor, rope_rows: torch.Tensor, mask: torch.Tensor
+        self,
+        h: torch.Tensor,
+        cache: KVCache,
+        slots: torch.Tensor,
+        rope_rows: torch.Tensor,
+        mask: Optional[torch.Tensor],
+        span: Optional[int] = None,
     ) -> torch.Tensor:
         """Batched decoding: every row appends T tokens at its own cache positions, in place.
 
         h: (R, T, dim) input embeddings; slots: (R, T) int64 cache positions written (prefix
         included); rope_rows: (R, T) int64 rows of the rotary table (the tokens' positions);
         mask: (R, 1, T, span) bool, the cache positions ``0..span-1`` each token sees (the
-        caller hides other rows' unused and stale slots). ``cache.length`` is not used: each
-        row's length lives in the caller. Returns hidden states after the final norm (R, T, dim).
+        caller hides other rows' unused and stale slots), or None with T = 1 and ``span``: every
+        row's token sees the cache positions ``0..span-1`` (rows at one position: no mask to build
+        or apply). ``cache.length`` is not used: each row's length lives in the caller. Returns
+        hidden states after the final norm (R, T, dim).
         """
         rope = self.rope[rope_rows]
         for i, layer in enumerate(self.layers):
-            h = layer(h, rope, i, cache, mask, slots)
+            h = layer(h, rope, i, cache, mask, slots, span)
         return self.norm(h)
 
     def teacher_forced_logits(self, cond: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

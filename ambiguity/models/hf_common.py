@@ -351,7 +351,7 @@ class HFTokenModel(TokenModel):
         tokens: torch.Tensor,
         slots: torch.Tensor,
         positions: torch.Tensor,
-        visible: torch.Tensor,
+        visible: torch.Tensor | int,
     ) -> Step:
         """Every row appends T tokens at its own image slots, in one decoder call (see
         :meth:`TokenModel.extend_slots`): keys/values written in place at entry ``prefix +
@@ -363,6 +363,8 @@ class HFTokenModel(TokenModel):
         visible with ``s`` to later tokens. Returns Step (rows, T, .). Raises UsageError for draft-tree
         positions (``positions`` other than the slots) in a layout with end-of-row tokens."""
         dev = self.device
+        if isinstance(visible, int):
+            visible = torch.ones(*tokens.shape, visible, dtype=torch.bool, device=dev)
         tokens, slots, positions, visible = (x.to(dev) for x in (tokens, slots, positions, visible.bool()))
         R, T = tokens.shape
         P, S = cache.prefix, visible.shape[-1]

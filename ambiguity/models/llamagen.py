@@ -282,7 +282,9 @@ class LlamaGenModel(TokenModel):
     def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> GPTCache:
         prefix = self.gpt.config.cls_token_num
         kv = self.gpt.new_cache(slots * (1 + bool(guided)), prefix + num_tokens + spare)
-        return GPTCache(kv, prefix)
+        cache = GPTCache(kv, prefix)
+        cache.padded = False  # a prompt with masked prefix keys (padded captions) was prefilled
+        return cache
 
     def prefill_slots(self, cache: GPTCache, rows: torch.Tensor, prompt: Prompt) -> Step:
         own = self.new_cache(prompt, 0)  # the prefix alone, as batch-1 decoding computes it
@@ -292,6 +294,7 @@ class LlamaGenModel(TokenModel):
         cache.kv.k[:, rows, :, :P] = own.kv.k[:, :, :, :P]
         cache.kv.v[:, rows, :, :P] = own.kv.v[:, :, :, :P]
         cache.kv.key_mask[rows, :P] = own.kv.key_mask[:, :P]
+        cache.padded = cache.padded or prompt.inputs.get("mask") is not None
         return step
 
     def select_slots(self, cache: GPTCache, rows: torch.Tensor) -> None:
@@ -304,9 +307,14 @@ class LlamaGenModel(TokenModel):
         self, cache: GPTCache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
     ) -> Step:
         P, (R, T) = cache.prefix, tokens.shape
+        rows = self.gpt.forward_rows if self.compiled is None else self.compiled
+        if isinstance(visible, int) and not cache.padded:  # every token sees every slot: no mask
+            h = rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, None, P + visible)
+            return Step(self.gpt.head(h), h)
+        if isinstance(visible, int):
+            visible = torch.ones(R, T, visible, dtype=torch.bool, device=self.device)
         prefix = cache.kv.key_mask[:, None, :P].expand(R, T, P)  # padded caption tokens stay hidden
         mask = torch.cat([prefix, visible], -1)[:, None]
-        rows = self.gpt.forward_rows if self.compiled is None else self.compiled
         h = rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, mask)
         return Step(self.gpt.head(h), h)
 

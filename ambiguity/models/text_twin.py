@@ -36,10 +36,10 @@ import torch
 from ambiguity.data.text_corpus import load_tokenizer
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.io import load_tensors
-from ambiguity.models.base import Prompt
+from ambiguity.models.base import Prompt, Step
 from ambiguity.models.embedded import load_gpt, weights_dir
 from ambiguity.models.gpt import GPT, GPTConfig
-from ambiguity.models.llamagen import LlamaGenModel
+from ambiguity.models.llamagen import GPTCache, LlamaGenModel
 from ambiguity.seeding import holdout_seed
 
 __all__ = [
@@ -104,12 +104,6 @@ class TextTwinModel(LlamaGenModel):
     strings (see the module docstring), or an int64 tensor (B, P) of prompt token ids.
     ``tokenizer``: a ``tokenizers.Tokenizer`` (needed for string prompts and :meth:`decode`).
     """
-
-    can_batch_decode = False
-    batch_limit = (
-        "its prompts have different lengths, so each row's cache prefix and 1D rotary positions "
-        "differ (the slots cache assumes one prefix length)"
-    )
 
     def __init__(self, gpt: GPT, tokenizer=None, name: str = "text-twin"):
         config = gpt.config
@@ -225,6 +219,46 @@ class TextTwinModel(LlamaGenModel):
         """BOS + the (left-padded) prompt tokens: ``1 + P``. LlamaGen's cache, prefill and teacher
         forcing use this and :meth:`prefix_embeddings` (its hooks)."""
         return 1 + prompt.inputs["ids"].shape[1]
+
+    # ------------------------------------------------------------ slot cache
+    # Prompts differ in length, so each row keeps its own prefix: the slot cache reserves
+    # ``block_size`` prefix positions a row, a prompt's keys sit left-aligned in them (the unused
+    # ones masked), and the rotary position of image token i is the row's own prefix length + i:
+    # the positions and keys of decoding that prompt alone.
+    def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> GPTCache:
+        P = self.gpt.config.block_size  # BOS + the longest prompt make_prompt accepts
+        kv = self.gpt.new_cache(slots * (1 + bool(guided)), P + num_tokens + spare)
+        cache = GPTCache(kv, P)
+        cache.lengths = torch.ones(kv.k.shape[1], dtype=torch.long, device=self.device)
+        return cache
+
+    def prefill_slots(self, cache: GPTCache, rows: torch.Tensor, prompt: Prompt) -> Step:
+        own = self.new_cache(prompt, 0)  # the prefix alone, as decoding this prompt alone computes it
+        step = self.prefill(prompt, own)
+        L, rows = own.prefix, rows.to(self.device)
+        cache.kv.k[:, rows, :, :L] = own.kv.k[:, :, :, :L]
+        cache.kv.v[:, rows, :, :L] = own.kv.v[:, :, :, :L]
+        cache.kv.key_mask[rows, : cache.prefix] = False
+        cache.kv.key_mask[rows, :L] = own.kv.key_mask[:, :L]
+        cache.lengths[rows] = L
+        return step
+
+    def extend_slots(
+        self, cache: GPTCache, tokens: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+    ) -> Step:
+        P, (R, T) = cache.prefix, tokens.shape
+        if isinstance(visible, int):
+            visible = torch.ones(R, T, visible, dtype=torch.bool, device=self.device)
+        mask = torch.cat([cache.kv.key_mask[:, None, :P].expand(R, T, P), visible], -1)[:, None]
+        rope = cache.lengths[:, None] + positions
+        self.gpt.rope_at(int(rope.max()), 1)  # extends the 1D table
+        rows = self.gpt.forward_rows if self.compiled is None else self.compiled
+        h = rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, rope, mask)
+        return Step(self.gpt.head(h), h)
+
+    def select_slots(self, cache: GPTCache, rows: torch.Tensor) -> None:
+        super().select_slots(cache, rows)
+        cache.lengths = cache.lengths[rows.to(self.device)]
 
     def describe(self) -> dict:
         d = super().describe()

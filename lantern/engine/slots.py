@@ -176,6 +176,10 @@ def verify_chains(model: TokenModel, cache, tokens: torch.Tensor, n, N: int, gui
     T = tokens.shape[1]
     ar = torch.arange(int(n.max()) - 1 + T, device=tokens.device)
     at = torch.as_tensor(n - 1, device=tokens.device)[:, None] + ar[:T]
+    if T == 1 and (n == n[0]).all():  # one token per row, every row at one position: all slots seen
+        return model.extend_slots(
+            cache, expand_rows(tokens, guided), *(expand_rows(x, guided) for x in (at, at.clamp(max=N - 1))), int(n[0])
+        )
     visible = ar[None, None, :] <= at[:, :, None]
     return model.extend_slots(
         cache,
@@ -374,5 +378,3 @@ class BatchState:
     def target(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits (R, ..., V) -> the sampling distribution (B, ..., V) (guidance, temperature, top-k/top-p)."""
         return target_distribution(logits, self.sampling, self.guided, self.convention)
-
-

@@ -92,7 +92,7 @@ def sampling_for(ctx: Context, model: str, temperature: float) -> SamplingConfig
 def session_batch_size(ctx: Context, model: str) -> tuple[int, Optional[str]]:
     """(images per forward of ``model``'s untimed rounds, why it is 1 although ``--batch-size`` > 1,
     else None): ``--batch-size`` when the model can decode several images per forward
-    (``can_batch_decode``, :func:`lantern.engine.loop.check_batching`), else 1 with the model's reason."""
+    (``can_batch_decode``, :func:`lantern.engine.slots.check_batching`), else 1 with the model's reason."""
     B = int(getattr(ctx.config, "batch_size", 1))
     m = ctx.model(model)
     if B == 1 or getattr(m, "can_batch_decode", False):
@@ -216,7 +216,7 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
     B = int(getattr(ctx.config, "batch_size", 1))
     timed = mine if B == 1 else [r for r in mine if r < ctx.config.timing_images]
     if B > 1 and any(not hasattr(d, "forward_slots") for d in drafters.values()):
-        B = 1  # a drafter that cannot run several images per forward (lantern.engine.loop.check_batching)
+        B = 1  # a drafter that cannot run several images per forward (lantern.engine.slots.check_batching)
     B = min(B, session_batch_size(ctx, session.model)[0])  # e.g. text-twin: its untimed rounds one by one
     tables = neighbour_tables(model, configs, progress=ctx.bars) if mine else {}
     if timed:

@@ -1,6 +1,7 @@
-"""Batched decoding (lantern.engine.loop, lantern.methods.tree.draft, lantern.engine.slots; decode(batch_size=B)) on tiny random models.
+"""The decoding engine (lantern.engine, the methods of lantern.methods) on tiny random models.
 
-* in float64 the batched tokens and records equal batch 1's for every image, method, convention,
+* in float64 the engine's tokens and records, at B = 1 and B > 1, equal the one-image reference
+  loops' (tests/reference) for every image, method, convention,
   greedy and sampling, CFG, temperature, top-k / top-p, with more images than slots (images
   leave and enter slots at different steps: continuous batching);
 * greedy batched decoding (sd, and LANTERN rules with δ = 0) equals greedy AR token for token;
@@ -19,6 +20,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from reference.decode import decode_one_by_one
+from reference.tree_decoding import walk_official_greedy
+from reference.trees import Tree
 from test_trees import TREES, enumerate_outcomes, exact_joint, tiny
 
 from ambiguity.errors import UsageError
@@ -27,10 +31,7 @@ from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
 from lantern.drafter.model import Drafter
 from lantern.engine.decode import DecodeConfig, decode
-from lantern.engine.loop import batched_decode
 from lantern.engine.steps import Timer
-from reference.trees import Tree
-from reference.tree_decoding import walk_official_greedy
 from lantern.methods.tree.spec import STATIC_TREES, TreeSpec
 from lantern.methods.tree.walk import Trees, walk_trees
 from lantern.rules.acceptance import AcceptanceRule
@@ -90,7 +91,7 @@ def test_float64_batched_equals_batch_one(model, drafter, table, config):
     labels = [0, 3, 5, 7, 1, 9, 4]
     mixed = 0
     for s in SAMPLINGS:
-        one = decode(model, labels, config, s, drafter, table, seed=11, first_index=5)
+        one = decode_one_by_one(model, labels, config, s, drafter, table, seed=11, first_index=5)
         many = decode(model, labels, config, s, drafter, table, seed=11, first_index=5, batch_size=3)
         assert torch.equal(one.tokens, many.tokens), s
         _same_records(one, many)
@@ -134,7 +135,7 @@ def test_a_draining_batch_drops_its_empty_slots(model, drafter, monkeypatch):
     )
     s = SamplingConfig(guidance=2.0, temperature=1.0)
     for cfg in (DecodeConfig.of("sd", 3), DecodeConfig.of("ar")):
-        one = decode(model, list(range(9)), cfg, s, drafter, seed=1)
+        one = decode_one_by_one(model, list(range(9)), cfg, s, drafter, seed=1)
         many = decode(model, list(range(9)), cfg, s, drafter, seed=1, batch_size=4)
         assert torch.equal(one.tokens, many.tokens)
     assert kept and all(k % 2 == 0 and k <= 4 for k in kept)
@@ -166,7 +167,7 @@ def test_float64_batched_trees_equal_batch_one(model, drafter, table, kind, conv
     pairs = [(r, SAMPLINGS[(i + j) % len(SAMPLINGS)]) for i, r in enumerate(TREE_RULES) for j in (0, 1)]
     for (method, kw), s in pairs:  # every rule twice, every sampling twice
         cfg = DecodeConfig.of(method, tree=BATCH_TREES[kind], convention=convention, **kw)
-        one = decode(model, labels, cfg, s, drafter, table, seed=7, first_index=2)
+        one = decode_one_by_one(model, labels, cfg, s, drafter, table, seed=7, first_index=2)
         many = decode(model, labels, cfg, s, drafter, table, seed=7, first_index=2, batch_size=4)
         assert torch.equal(one.tokens, many.tokens), (method, s)
         _same_records(one, many)
@@ -329,7 +330,7 @@ def test_exact_batched_decoding_at_delta_zero_is_ar_sampling(sampling, rule, ima
     seen = {"accepted": 0, "rejected": 0, "late": 0}
 
     def run(draws):
-        out = batched_decode(m, [1, 2, 1], sampling, rule, d, nb, gamma=2, batch_size=2, seed=9, draws={image: draws})
+        out = decode(m, [1, 2, 1], DecodeConfig(rule, 2), sampling, d, nb, seed=9, batch_size=2, draws={image: draws})
         mine = out.steps["image"] == image
         seen["accepted"] += int(out.steps["accepted"][mine].sum())
         seen["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"])[out.drafts["image"] == image].sum())
@@ -366,8 +367,16 @@ def test_exact_batched_tree_decoding_at_delta_zero_is_ar_sampling(tree, sampling
     seen = {"accepted": 0, "rejected": 0, "late": 0}
 
     def run(draws):
-        out = batched_decode(
-            m, [1, 2, 1], sampling, rule, d, nb, batch_size=2, seed=9, draws={image: draws}, tree=TREES[tree]
+        out = decode(
+            m,
+            [1, 2, 1],
+            DecodeConfig(rule, tree=TREES[tree]),
+            sampling,
+            d,
+            nb,
+            seed=9,
+            batch_size=2,
+            draws={image: draws},
         )
         mine = out.steps["image"] == image
         seen["accepted"] += int(out.steps["accepted"][mine].sum())
@@ -394,7 +403,7 @@ def test_relaxed_batched_decoding_is_not_ar_sampling():
     rule = AcceptanceRule("lantern", k=2, delta=0.4)
     got, _ = enumerate_outcomes(
         lambda dr: tuple(
-            batched_decode(m, [1, 1], s, rule, d, nb, gamma=2, batch_size=2, draws={0: dr}).tokens[0].tolist()
+            decode(m, [1, 1], DecodeConfig(rule, 2), s, d, nb, batch_size=2, draws={0: dr}).tokens[0].tolist()
         )
     )
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
@@ -413,7 +422,7 @@ def test_float64_batched_equals_batch_one_on_cuda():
     s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=12)
     trees = [DecodeConfig.of("sd", tree=BATCH_TREES[kind]) for kind in ("dynamic", "static")]
     for cfg in (DecodeConfig.of("ar"), DecodeConfig.of("sd", 3), *trees):
-        one = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3)
+        one = decode_one_by_one(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3)
         many = decode(m, [0, 3, 5, 7, 1], cfg, s, d, seed=3, batch_size=2)
         assert torch.equal(one.tokens, many.tokens)
 
@@ -434,5 +443,6 @@ def test_bad_batched_calls_raise_usage_errors(model, drafter, table, monkeypatch
     monkeypatch.undo()
     plain = NoBatch.__new__(NoBatch)
     plain.__dict__.update(model.__dict__)
-    with pytest.raises(UsageError, match="cannot decode several images per forward .*per-image cache positions"):
-        decode(plain, [1, 2], DecodeConfig.of("ar"), s, batch_size=2)
+    for B in (1, 2):  # batch 1 runs on the slot engine too
+        with pytest.raises(UsageError, match="cannot decode on the slot engine: .*per-image cache positions"):
+            decode(plain, [1, 2], DecodeConfig.of("ar"), s, batch_size=B)
