@@ -72,6 +72,8 @@ __all__ = [
     "flag_for",
     "check_out_dir",
     "check_out_file",
+    "shown_path",
+    "print_written",
     "safe_name",
     "run_subcommand",
     "MAX_SEED",
@@ -174,7 +176,7 @@ def _last_line(exc: BaseException, width: int = 120) -> str:
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with a one-line error (``error: ... (see <prog> --help)``) and exit status 2."""
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str):
         print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
 
@@ -326,8 +328,9 @@ def parse_mapping(
 
 
 # --------------------------------------------------------------------------- argument groups
-def add_model_args(p, default: str = "embedded", dtype: bool = True) -> None:
-    """``--model --weights --device [--dtype]``."""
+def add_model_args(p, default: str = "embedded", dtype: bool = True, image_size: bool = False) -> None:
+    """``--model --weights --device [--dtype] [--image-size]`` (``image_size``: for commands that pass
+    it on to :func:`ambiguity.models.registry.load_model`)."""
     p.add_argument("--model", default=default, metavar="NAME", help=f"registry name or hf:<repo> (default: {default})")
     p.add_argument(
         "--weights",
@@ -336,6 +339,15 @@ def add_model_args(p, default: str = "embedded", dtype: bool = True) -> None:
         metavar="PATH",
         help="checkpoint file or directory (default: shipped files / local Hugging Face cache)",
     )
+    if image_size:
+        p.add_argument(
+            "--image-size",
+            type=positive_int,
+            default=None,
+            metavar="PX",
+            help="the image size a LlamaGen checkpoint was trained at (its file does not record its token "
+            "grid; default: from the file name, else the model name's size)",
+        )
     add_device_args(p, dtype=dtype)
 
 
@@ -545,6 +557,22 @@ def check_out_dir(out: str | Path, flag: str = "--out") -> Path:
     if not os.access(anc, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write to {out} ({anc} is not a writable directory); pass a writable {flag}")
     return out
+
+
+def shown_path(path: str | Path) -> str:
+    """How every command prints a path it wrote or read: relative to the working directory when it
+    lies below it (``runs/x/summary.json``), else absolute (``/data/runs/x``); ``~`` is expanded."""
+    p = Path(os.path.abspath(Path(path).expanduser()))
+    try:
+        return str(p.relative_to(os.getcwd()))
+    except ValueError:
+        return str(p)
+
+
+def print_written(paths: Sequence[str | Path], detail: str = "") -> None:
+    """Print the ``wrote a, b, c`` line of a command on stdout, each path by :func:`shown_path`,
+    then ``detail`` (e.g. ``"; figures in ..."``)."""
+    print("wrote " + ", ".join(shown_path(p) for p in paths) + detail)
 
 
 def _short(path: Path, width: int = 100) -> str:

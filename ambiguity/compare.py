@@ -54,8 +54,10 @@ from ambiguity.cli import (
     device_from_args,
     parse_mapping,
     positive_int,
+    print_written,
     safe_name,
     seed_int,
+    shown_path,
     unit_float,
 )
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions
@@ -428,28 +430,35 @@ def plot_drafter(accuracies: dict, paper: bool = True):
 
 
 def format_table(rows, paper: bool = True, level: float = 0.95) -> str:
-    """The summary printed at the end: one line per model (and the paper's values)."""
+    """The summary printed at the end: one line per model (and the paper's values), in columns as
+    wide as their widest cell (header or value), two spaces apart; names and intervals left-aligned,
+    numbers right-aligned, so every line has the same width."""
     pct = int(round(level * 100))
-    head = (
-        f"{'model':<18s}{'kind':<6s}{'images':>7s}  {'top-1 [' + str(pct) + '% CI]':<24s}"
-        f"{'top-10 [' + str(pct) + '% CI]':<24s}{'entropy':>8s}{'drafter top-1':>15s}"
-    )
-    lines = [head, "-" * len(head)]
+    head = ["model", "kind", "images", f"top-1 [{pct}% CI]", f"top-10 [{pct}% CI]", "entropy", "drafter top-1"]
+    right = (False, False, True, False, False, True, True)
+    table = [head]
     for r in rows:
         acc = r.get("drafter_top1", float("nan"))
-        acc_s = f"{100 * acc:.2f}% (ep {r['drafter_epochs']})" if acc == acc else "n/a"
-        lines.append(
-            f"{r['model'][:17]:<18s}{str(r['kind']):<6s}{r['images']:>7d}  "
-            f"{r['top1']:.3f} [{r['top1_lo']:.3f}, {r['top1_hi']:.3f}]    "
-            f"{r['top10']:.3f} [{r['top10_lo']:.3f}, {r['top10_hi']:.3f}]    {r['entropy']:>6.2f}  {acc_s:>14s}"
+        table.append(
+            [
+                str(r["model"]),
+                str(r["kind"]),
+                str(int(r["images"])),
+                f"{r['top1']:.3f} [{r['top1_lo']:.3f}, {r['top1_hi']:.3f}]",
+                f"{r['top10']:.3f} [{r['top10_lo']:.3f}, {r['top10_hi']:.3f}]",
+                f"{r['entropy']:.2f}",
+                f"{100 * acc:.2f}% (ep {r['drafter_epochs']})" if acc == acc else "n/a",
+            ]
         )
-    if paper:
-        for r in PAPER:
-            lines.append(
-                f"{r['model']:<18s}{r['kind']:<6s}{'':>7s}  {r['top1']:.3f}{'':20s}"
-                f"{r['top10']:.3f}{'':20s}{'':>8s}{100 * r['drafter_top1']:>14.2f}%"
-            )
-    return "\n".join(lines)
+    for r in PAPER if paper else ():
+        table.append(
+            [r["model"], r["kind"], "", f"{r['top1']:.3f}", f"{r['top10']:.3f}", "", f"{100 * r['drafter_top1']:.2f}%"]
+        )
+    widths = [max(len(line[c]) for line in table) for c in range(len(head))]
+    text = [
+        "  ".join(cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(line, widths, right)) for line in table
+    ]
+    return "\n".join([text[0], "-" * len(text[0]), *text[1:]])
 
 
 # --------------------------------------------------------------------------- driver
@@ -607,9 +616,9 @@ def main(
         f"{args.bootstrap} bootstrap resamples; {time.perf_counter() - t0:.1f} s"
     )
     fig_dir = Path(args.figures) if args.figures else out
-    print(
-        f"wrote {out}/compare.parquet, per_image.parquet, <model>/tokens.parquet; "
-        f"figures in {fig_dir}/compare_*.png/pdf"
+    print_written(
+        [out / "compare.parquet", out / "per_image.parquet", out / "<model>" / "tokens.parquet"],
+        f"; figures in {shown_path(fig_dir / 'compare_*.png')}/pdf",
     )
     if accuracy_lookup is None and not acc:
         print(

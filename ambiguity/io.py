@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ from ambiguity.errors import UsageError
 
 __all__ = [
     "atomic_path",
+    "sweep_debris",
     "write_json",
     "write_table",
     "read_table",
@@ -37,10 +40,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
     The file gets the mode a plain ``open()`` would give it (0666 less the umask, e.g. 0644):
     ``mkstemp`` creates 0600, and some writers (safetensors' ``save_file``) replace the
-    temporary file with a new 0600 one, so the mode is set after the writer is done."""
+    temporary file with a new 0600 one, so the mode is set after the writer is done.
+
+    The temporary name, ``.<name>.w<pid>@<host>.<random>.tmp``, says which process writes it, so
+    that the debris of a killed process can be told from a file being written
+    (:func:`sweep_debris`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_writer()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -49,6 +56,50 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# what atomic_path leaves when its process is killed mid-write: ``.<name>.[w<pid>@<host>.]<mkstemp's 8>.tmp``
+_DEBRIS = re.compile(r"^\..+?\.(?:w(\d+)@([A-Za-z0-9-]+)\.)?[a-z0-9_]{8}\.tmp$")
+
+
+def _host() -> str:
+    """This machine's name as temporary names carry it: letters, digits and dashes, at most 32."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:32] or "host"
+
+
+def _writer() -> str:
+    """``w<pid>@<host>``: the writing process, in :func:`atomic_path`'s temporary names."""
+    return f"w{os.getpid()}@{_host()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or an id we cannot ask about): leave its file alone
+    return True
+
+
+def sweep_debris(root: str | Path) -> list[Path]:
+    """Remove the temporary files :func:`atomic_path` left under ``root`` (recursively) when its
+    process was killed mid-write (a run stopped while it wrote a figure); returns them.
+
+    A file whose writer runs on this host and is still alive (another shard of the run, writing
+    now) is kept, and so is one written from another host (its process cannot be asked); a file
+    named before writers were recorded (``.<name>.<random>.tmp``) is debris.
+    """
+    removed, host = [], _host()
+    for f in Path(root).rglob(".*.tmp"):
+        m = _DEBRIS.match(f.name)
+        if m is None or not f.is_file():
+            continue
+        if m.group(1) and (m.group(2) != host or _alive(int(m.group(1)))):
+            continue
+        f.unlink(missing_ok=True)
+        removed.append(f)
+    return removed
 
 
 def _umask() -> int:

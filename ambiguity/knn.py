@@ -115,7 +115,7 @@ def faiss_search(q: torch.Tensor, x, kk: int, metric: str, gpu: bool):
     fm = faiss.METRIC_INNER_PRODUCT if metric == "cosine" else faiss.METRIC_L2
     if gpu:
         global _GPU_RES
-        import faiss.contrib.torch_utils  # noqa: F401  (lets faiss.knn_gpu take torch CUDA tensors)
+        import faiss.contrib.torch_utils  # lets faiss.knn_gpu take torch CUDA tensors
 
         if _GPU_RES is None:
             _GPU_RES = faiss.StandardGpuResources()

@@ -48,20 +48,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from ambiguity.cli import (
-    ArgumentParser,
-    add_condition_args,
-    add_data_arg,
-    add_model_args,
-    add_run_args,
-    add_sampling_args,
-    add_shard_args,
-    check_out_dir,
-    cli_main,
-    default_out,
-    device_from_args,
-    sampling_from_args,
-)
+from ambiguity import cli
 from ambiguity.conditions import fashion_mnist_subset, generation_conditions, image_files_subset, parse_classes
 from ambiguity.data.captions import read_captions
 from ambiguity.distributed import shard_from_args
@@ -230,6 +217,99 @@ def _digest(obj) -> str:
     return hashlib.sha1(json.dumps(obj, default=str).encode()).hexdigest()
 
 
+def _profile_conditions(
+    model: TokenModel,
+    conditions: Optional[Sequence],
+    given,
+    num_images: Optional[int],
+    batch_size: int,
+    seed: int,
+    guided: bool,
+) -> tuple[list, int]:
+    """(one condition per image, num_images): ``num_images`` defaults to the number of conditions
+    (or of the ``given`` sequences/images), else 64; conditions to ``model.default_conditions``.
+    Raises UsageError for non-positive sizes, a run too large for memory
+    (:func:`ambiguity.memory.check_run_size`), a model without default conditions or too few."""
+    if num_images is None:
+        num_images = len(conditions) if conditions is not None else (len(given) if given is not None else 64)
+    if num_images < 1:
+        raise UsageError(f"--num-images must be >= 1, got {num_images}")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
+    check_run_size(model, num_images, batch_size, guided)
+    if conditions is None:
+        try:
+            conditions = model.default_conditions(num_images, seed)
+        except NotImplementedError:
+            raise UsageError(
+                f"{model.name} has no default conditions; pass conditions=[...] (captions or prompts, one per image)"
+            ) from None
+    conditions = list(conditions)
+    available = min(len(conditions), len(given)) if given is not None else len(conditions)
+    if available < num_images:
+        raise UsageError(
+            f"{num_images} images asked for but only {available} conditions/sequences given; lower --num-images"
+        )
+    return conditions[:num_images], num_images
+
+
+def _run_key(model: TokenModel, sampling: SamplingConfig, seed: int, batch_size: int, conditions, tokens, images):
+    """What a stored run must match to be resumed: model facts, sampling, seed, sizes, source and
+    digests of the conditions and the teacher-forced sequences or images."""
+    return {
+        "model": model.describe(),
+        "sampling": sampling.as_dict(),
+        "seed": int(seed),
+        "batch_size": int(batch_size),
+        "num_images": len(conditions),
+        "source": "generate" if tokens is None and images is None else "dataset",
+        "conditions": _digest(conditions),
+        "sequences": _digest(tokens if images is None else images),
+    }
+
+
+def _token_bar(model: TokenModel, opts: RunOptions, units: list[tuple[str, dict]]):
+    """The tqdm bar over the tokens of the images of the batch ``units`` this shard computes."""
+    shard = opts.shard
+    images = sum(e - s for b, (_, part) in enumerate(units) if shard.owns(b) for s, e in [part["images"]])
+    return tqdm(
+        total=images * model.num_tokens,
+        unit="tok",
+        desc=f"profile {model.name}" + (f" ({shard.label})" if shard.count > 1 else ""),
+        disable=not opts.progress,
+        dynamic_ncols=True,
+        leave=False,
+    )
+
+
+def _open_profile_run(opts: RunOptions, key: dict, settings: Optional[dict]) -> Optional[RunDir]:
+    """The shared run directory ``opts.out`` opened for ``key`` (None without ``out``). Raises
+    UsageError for a sharded run without ``out`` or an ``out`` of other settings."""
+    if opts.out is None:
+        if opts.shard.count > 1:
+            raise UsageError("sharded profiling needs --out: the shards meet in its run directory")
+        return None
+    run = RunDir(opts.out, {"settings": settings or {}, "key": key}, command=COMMAND, outputs=OUTPUTS, merge=MERGE)
+    run.open_shared(opts.shard, opts.overwrite)
+    return run
+
+
+def _profile_batch(model: TokenModel, conditions: Sequence, first: int, sampling, seed: int, tokens, images, bar):
+    """The per-token table (:func:`batch_table`) of the images ``first ..``: teacher-forced from
+    ``tokens`` or ``images`` when one is given, else generated; ``bar`` counts the tokens."""
+    n = len(conditions)
+    if tokens is not None or images is not None:
+        last = first + n
+        seq = tokens[first:last] if tokens is not None else model.encode_images(images[first:last]).reshape(n, -1)
+        stats = profile_forced(model, conditions, seq, sampling)
+        bar.update(n * model.num_tokens)
+        seq = seq.cpu()
+    else:
+        gens = image_generators(seed, range(first, first + n), model.device)
+        seq, stats = profile_generated(model, conditions, sampling, gens, on_tokens=bar.update)
+    return batch_table(model, first, conditions, seq, stats)
+
+
 def profile_model(
     model: TokenModel,
     conditions: Optional[Sequence] = None,
@@ -278,86 +358,32 @@ def profile_model(
     """
     t0 = time.perf_counter()
     opts = RunOptions.of(options)
-    out, shard = opts.out, opts.shard
     sampling = sampling or SamplingConfig(guidance=default_guidance(model.kind))
-    forced = tokens is not None or images is not None
     given = tokens if tokens is not None else images
-    if num_images is None:
-        num_images = len(conditions) if conditions is not None else (len(given) if forced else 64)
-    if num_images < 1:
-        raise UsageError(f"--num-images must be >= 1, got {num_images}")
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
-    check_run_size(model, num_images, batch_size, sampling.guided)
-    if conditions is None:
-        try:
-            conditions = model.default_conditions(num_images, seed)
-        except NotImplementedError:
-            raise UsageError(
-                f"{model.name} has no default conditions; pass conditions=[...] (captions or prompts, one per image)"
-            ) from None
-    conditions = list(conditions)
-    available = min(len(conditions), len(given)) if forced else len(conditions)
-    if available < num_images:
-        raise UsageError(
-            f"{num_images} images asked for but only {available} conditions/sequences given; lower --num-images"
-        )
-    conditions = conditions[:num_images]
-    source = "dataset" if forced else "generate"
-    N = model.num_tokens
-    key = {
-        "model": model.describe(),
-        "sampling": sampling.as_dict(),
-        "seed": int(seed),
-        "batch_size": int(batch_size),
-        "num_images": int(num_images),
-        "source": source,
-        "conditions": _digest(conditions),
-        "sequences": _digest(given if images is None else images),
-    }
-    run = None
-    if out is not None:
-        run = RunDir(out, {"settings": settings or {}, "key": key}, command=COMMAND, outputs=OUTPUTS, merge=MERGE)
-        run.open_shared(shard, opts.overwrite)
-    elif shard.count > 1:
-        raise UsageError("sharded profiling needs --out: the shards meet in its run directory")
-
+    conditions, num_images = _profile_conditions(
+        model, conditions, given, num_images, batch_size, seed, sampling.guided
+    )
+    key = _run_key(model, sampling, seed, batch_size, conditions, tokens, images)
+    run = _open_profile_run(opts, key, settings)
     nb = math.ceil(num_images / batch_size)
     units = [_batch_part(b, batch_size, num_images) for b in range(nb)]
     frames, resumed = [], 0
-    mine = [b for b in range(nb) if shard.owns(b)]
-    bar = tqdm(
-        total=sum(min(batch_size, num_images - b * batch_size) for b in mine) * N,
-        unit="tok",
-        desc=f"profile {model.name}" + (f" ({shard.label})" if shard.count > 1 else ""),
-        disable=not opts.progress,
-        dynamic_ncols=True,
-        leave=False,
-    )
+    bar = _token_bar(model, opts, units)
     try:
-        for b, part in shard_units(run, units, shard):
+        for b, part in shard_units(run, units, opts.shard):
             s, e = b * batch_size, min((b + 1) * batch_size, num_images)
             if part is not None:
                 frames.append(part.tables["tokens"])
                 resumed += 1
-                bar.update((e - s) * N)
+                bar.update((e - s) * model.num_tokens)
                 continue
-            cond = conditions[s:e]
-            if forced:
-                seq = tokens[s:e] if tokens is not None else model.encode_images(images[s:e]).reshape(e - s, -1)
-                stats = profile_forced(model, cond, seq, sampling)
-                bar.update((e - s) * N)
-                seq = seq.cpu()
-            else:
-                gens = image_generators(seed, range(s, e), model.device)
-                seq, stats = profile_generated(model, cond, sampling, gens, on_tokens=bar.update)
-            df = batch_table(model, s, cond, seq, stats)
+            df = _profile_batch(model, conditions[s:e], s, sampling, seed, tokens, images, bar)
             if run is not None:
                 run.write_part(*units[b], tables={"tokens": df})
             frames.append(df)
     finally:
         bar.close()
-    frames = assemble_units(run, units, shard, frames, lambda part: part.tables["tokens"])
+    frames = assemble_units(run, units, opts.shard, frames, lambda part: part.tables["tokens"])
     if frames is None:
         return None, None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
     table = pd.concat(frames, ignore_index=True)
@@ -422,47 +448,47 @@ def merge_run(path: str | Path, figures: bool = True) -> tuple[list[Path], list[
 
 
 # --------------------------------------------------------------------------- command line
-def build_parser() -> ArgumentParser:
+def build_parser() -> cli.ArgumentParser:
     """The ``python -m ambiguity.profile`` argument parser (one-line errors, exit code 2)."""
-    p = ArgumentParser(
+    p = cli.ArgumentParser(
         prog=COMMAND,
         description="How ambiguous are a visual AR model's next-token distributions? Records top-1 "
         "probability, top-10 mass, entropy and the chosen token's probability and rank "
         "at every token, guided and conditional-only.",
     )
-    add_model_args(p)
-    add_condition_args(p, num_images=64, batch_size=32)
+    cli.add_model_args(p)
+    cli.add_condition_args(p, num_images=64, batch_size=32)
     p.add_argument(
         "--source",
         choices=("generate", "dataset"),
         default="generate",
         help="generate: sample images; dataset: teacher-force real images (default: generate)",
     )
-    add_data_arg(p, "Fashion-MNIST directory for --source dataset on the embedded model")
+    cli.add_data_arg(p, "Fashion-MNIST directory for --source dataset on the embedded model")
     p.add_argument(
         "--images", default=None, metavar="DIR", help="folder of image files for --source dataset on other models"
     )
-    add_sampling_args(p)
-    add_run_args(
+    cli.add_sampling_args(p)
+    cli.add_run_args(
         p,
         "output directory (default: runs/profile/<model>, runs/profile/<model>-dataset for --source dataset)",
     )
     p.add_argument("--no-figures", action="store_true", help="write only the table and summary")
-    add_shard_args(p)
+    cli.add_shard_args(p)
     return p
 
 
-@cli_main
+@cli.cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point (see README.md, "Profile"). Returns the exit code: 0, or 2 with one line
     on stderr for any UsageError (via :func:`ambiguity.cli.cli_main`)."""
     t0 = _START if __name__ == "__main__" else time.perf_counter()
     args = build_parser().parse_args(argv)
     out, settings = check_arguments(args)  # nothing is loaded or written before the options are valid
-    device, _ = device_from_args(args)
+    device, _ = cli.device_from_args(args)
     shard = shard_from_args(args, device)
     model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=settings["dtype"])
-    sampling = sampling_from_args(args, model.kind)
+    sampling = cli.sampling_from_args(args, model.kind)
     check_run_size(model, args.num_images, args.batch_size, sampling.guided)  # before any per-image list is built
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
     model.make_prompt(conditions[:1], guided=sampling.guided)  # e.g. a missing caption encoder fails before any output
@@ -497,20 +523,20 @@ def check_arguments(args) -> tuple[Path, dict]:
     settings, an unreadable captions file, an unknown model, an unwritable ``--out``, or an
     ``--out`` holding results of other settings (unless ``--overwrite``).
     """
-    sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
+    sampling = cli.sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     classes = parse_classes(args.classes)
     if args.captions is not None:
         read_captions(args.captions)
     check_spec_options(args.model, args.weights, classes=classes, captions=args.captions)  # before any weights
     if args.source == "generate" and (args.images or args.data):
         raise UsageError("--images and --data are for --source dataset; add --source dataset or drop them")
-    device, dtype = device_from_args(args)
+    device, dtype = cli.device_from_args(args)
     out = (
         Path(args.out)
         if args.out is not None
-        else default_out("profile", args.model + ("-dataset" if args.source == "dataset" else ""))
+        else cli.default_out("profile", args.model + ("-dataset" if args.source == "dataset" else ""))
     )
-    check_out_dir(out)
+    cli.check_out_dir(out)
     settings = {
         "model": args.model,
         "weights": abspath(args.weights),

@@ -53,6 +53,7 @@ from ambiguity.io import (
     load_tensors,
     read_table,
     save_tensors,
+    sweep_debris,
     write_json,
     write_table,
 )
@@ -229,7 +230,8 @@ class RunDir:
 
         overwrite: remove the stored run's files first. extra: facts stored with the record but
         not compared. shards: how many shards compute the run (:mod:`ambiguity.distributed`);
-        resuming with another number is refused (None: any number may continue the run).
+        resuming with another number is refused (None: any number may continue the run). A resumed
+        run first removes what a killed write left (:func:`ambiguity.io.sweep_debris`).
         Raises UsageError for other settings, another shard count, a damaged ``run.json``, parts
         without a ``run.json`` or an unwritable directory.
         """
@@ -263,6 +265,8 @@ class RunDir:
                 f"{was} (torchrun --nproc_per_node={was}, or --num-shards {was}), or pass another "
                 f"{self.flag}"
             )
+        else:
+            sweep_debris(self.path)  # a resumed run: the temporary files of a write that was killed
         self.parts_dir.mkdir(exist_ok=True)
         return self
 
@@ -280,10 +284,16 @@ class RunDir:
 
     def seal(self, names: Sequence[str]) -> None:
         """Record the SHA-256 of the final files ``names`` (relative to the run directory, all
-        written) in ``run.json``, replacing an earlier seal; readers check them with
-        :func:`check_sealed`."""
+        written) in ``run.json``; readers check them with :func:`check_sealed`.
+
+        An earlier seal is kept for the files not named now: a later pass that rewrites only some
+        outputs (``python -m ambiguity merge RUN --no-figures`` rewrites the tables, not the images)
+        must not drop the checksums of the others, or a replaced image would be accepted. A run
+        started afresh (``--overwrite``) has no earlier seal (:meth:`clear` removes ``run.json``).
+        """
         record = self.stored() or {}
-        record[SEAL_KEY] = {str(n): file_sha256(self.path / n) for n in names}
+        earlier = record.get(SEAL_KEY) if isinstance(record.get(SEAL_KEY), dict) else {}
+        record[SEAL_KEY] = {**earlier, **{str(n): file_sha256(self.path / n) for n in names}}
         write_json(record, self.run_file)
 
     def require_parts(self, names: Sequence[str], holds: Sequence[Mapping], load: bool = True) -> list[Part]:

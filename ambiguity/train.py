@@ -5,8 +5,7 @@ nanoGPT. Each loop runs a fixed number of optimiser steps with a seeded, statele
 (the batch of step ``s`` depends only on ``seed`` and ``s``), writes a checkpoint every
 ``ckpt_every`` steps (atomically) and resumes from it, and returns its statistics. This module
 holds the GPT's loop, its epoch stop rule and the recipes; the VQ's loop is
-:mod:`ambiguity.train_vq` and the pieces both share :mod:`ambiguity.train_loop` (every name of
-both is re-exported here).
+:mod:`ambiguity.train_vq` and the pieces both share :mod:`ambiguity.train_loop`.
 
 Recipe (LlamaGen, Sun et al. 2024, arXiv 2406.06525, Sec. 2.1-2.3, scaled down; no GAN or
 perceptual loss, which need pretrained networks and far more compute than 2 CPU cores give):
@@ -168,6 +167,212 @@ def _print_now(line: str) -> None:
     print(line, flush=True)
 
 
+@dataclass(frozen=True)
+class _CurveSetup:
+    """What the test curve of one GPT run needs besides the model and the loop state: the
+    evaluation, the stop rule, the curve file (with ``info`` merged in), the number of training
+    sequences ``n`` and the epochs the initial weights had already seen (``offset``)."""
+
+    evaluate: Callable[[GPT], float]
+    stop: Optional[EpochStopConfig]
+    info: dict
+    path: Path
+    n: int
+    offset: float
+
+
+def _gpt_recipe(
+    gpt_config: GPTConfig,
+    train: GPTTrainConfig,
+    tokens: torch.Tensor,
+    seed: int,
+    stop: Optional[EpochStopConfig],
+    init: Optional[tuple[str, dict, float]],
+) -> dict:
+    """What a resumed checkpoint must have been written with."""
+    recipe = {
+        "gpt_config": asdict(gpt_config),
+        "train": asdict(train),
+        "seed": seed,
+        "n_sequences": int(tokens.shape[0]),
+        "tokens_sum": int(tokens.sum()),
+    }
+    if stop is not None:
+        recipe["stop"] = asdict(stop)
+    if init is not None:
+        recipe["init"] = init[0]
+        recipe["init_epochs"] = float(init[2])
+    return recipe
+
+
+def _new_gpt(
+    gpt_config: GPTConfig, train: GPTTrainConfig, seed: int, device: torch.device, init: Optional[tuple]
+) -> tuple[GPT, torch.optim.Optimizer]:
+    """The seeded (or ``init``-loaded) GPT and its AdamW (no weight decay on vectors)."""
+    torch.manual_seed(gpt_init_seed(seed))
+    model = GPT(gpt_config).to(device)
+    if init is not None:
+        model.load_state_dict({k: v.float() for k, v in init[1].items()})
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=train.lr,
+        betas=(0.9, train.beta2),
+    )
+    return model, opt
+
+
+def _resume_gpt(
+    path: Path, recipe: dict, model: GPT, opt: torch.optim.Optimizer, steps: int, log: Callable[[str], None]
+) -> dict:
+    """The loop state from the checkpoint at ``path`` (model, optimiser and RNG restored), or a
+    fresh one. Raises UsageError for a checkpoint of another recipe."""
+    state = {"step": 0, "time_s": 0.0, "history": []}
+    ck = load_checkpoint(path)
+    if ck is not None:
+        check_resume(ck, recipe, path)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        torch.set_rng_state(ck["rng"])
+        state = ck["state"]
+        log(f"resuming GPT training at step {state['step']}/{steps}")
+    state.setdefault("curve", [])
+    return state
+
+
+def _curve_row(
+    state: dict, train: GPTTrainConfig, curve: _CurveSetup, step: int, nll: float, seconds: float, eval_s: float
+) -> dict:
+    """One row of the test curve: the test NLL at ``step`` and the mean train loss since the last row."""
+    since = state["curve"][-1]["step"] if state["curve"] else 0
+    losses = [h["loss"] for h in state["history"] if h["step"] > since]
+    mean = sum(losses) / len(losses) if losses else None  # None: the row before the first step
+    return {
+        "epoch": curve.offset + step * train.batch_size / curve.n,
+        "step": step,
+        "test_nll_bits": nll,
+        "train_loss_nats": mean,
+        "train_loss_bits": None if mean is None else mean / math.log(2),
+        "lr": lr_at(step - 1, train.lr, train.warmup, train.steps, train.min_lr_ratio),
+        "seconds": seconds + eval_s,
+        "eval_seconds": eval_s,
+    }
+
+
+def _write_curve(state: dict, train: GPTTrainConfig, curve: _CurveSetup) -> None:
+    """The curve so far, with the run's facts, to ``curve.path``."""
+    write_json(
+        {
+            **curve.info,
+            "batch_size": train.batch_size,
+            "max_steps": train.steps,
+            "train_sequences": curve.n,
+            "stop": asdict(curve.stop) if curve.stop else None,
+            "stop_reason": state.get("stop_reason"),
+            "rows": state["curve"],
+        },
+        curve.path,
+    )
+
+
+def _record_eval(
+    model: GPT,
+    state: dict,
+    train: GPTTrainConfig,
+    curve: _CurveSetup,
+    step: int,
+    seconds: float,
+    log: Callable[[str], None],
+) -> None:
+    """Evaluate the model at ``step``, add the curve row, decide whether to stop, write the curve
+    file and log a line. Leaves the model in train mode."""
+    t_eval = time.perf_counter()
+    nll = float(curve.evaluate(model.eval()))
+    model.train()
+    row = _curve_row(state, train, curve, step, nll, seconds, time.perf_counter() - t_eval)
+    state["curve"].append(row)
+    reason = stop_reason(state["curve"], curve.stop) if curve.stop is not None else None
+    state["stop_reason"] = reason or (f"step budget reached ({train.steps} steps)" if step >= train.steps else None)
+    _write_curve(state, train, curve)
+    mean = row["train_loss_nats"]
+    log(
+        f"epoch {row['epoch']:.2f} (step {step}): test NLL {nll:.4f} bits/token, "
+        + ("" if mean is None else f"train loss {mean / math.log(2):.4f} bits/token, ")
+        + f"eval {row['eval_seconds']:.0f} s"
+        + (f"; stopping: {state['stop_reason']}" if state.get("stop_reason") else "")
+    )
+
+
+def _gpt_step(
+    model: GPT,
+    opt: torch.optim.Optimizer,
+    train: GPTTrainConfig,
+    step: int,
+    labels: torch.Tensor,
+    tokens: torch.Tensor,
+    device: torch.device,
+) -> torch.Tensor:
+    """Optimiser step ``step`` (0-based: its learning rate) on the batch (labels (B,), tokens (B, N)
+    int64); returns the loss."""
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=train.bf16):
+        loss = gpt_loss(model, labels.to(device), tokens.to(device))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if train.grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+    opt.step()
+    return loss
+
+
+def _save_gpt(path: Path, recipe: dict, model: GPT, opt: torch.optim.Optimizer, state: dict) -> None:
+    """The checkpoint a resumed run starts from (recipe, weights, optimiser, RNG, loop state)."""
+    save_checkpoint(
+        path,
+        recipe=recipe,
+        model=model.state_dict(),
+        optimizer=opt.state_dict(),
+        rng=torch.get_rng_state(),
+        state=state,
+    )
+
+
+def _log_progress(
+    state: dict, train: GPTTrainConfig, opt: torch.optim.Optimizer, epoch: float, since_s: float, log
+) -> None:
+    """The line written at a checkpoint without a progress bar."""
+    recent = [h["loss"] for h in state["history"][-train.ckpt_every :]]
+    log(
+        f"step {state['step']}/{train.steps}  epoch {epoch:.3f}  "
+        f"train loss {sum(recent) / len(recent):.4f} nats  lr {opt.param_groups[0]['lr']:.2e}  "
+        f"{since_s:.1f} s since last line  {state['time_s'] / 3600:.2f} h in all"
+    )
+
+
+def _gpt_stats(state: dict, train: GPTTrainConfig, tokens: torch.Tensor, offset: float, curve: bool) -> dict:
+    """What :func:`train_gpt` returns besides the model (see there)."""
+    done, n = state["step"], tokens.shape[0]
+    tail = state["history"][-25:]
+    stats = {
+        "steps": done,
+        "max_steps": train.steps,
+        "batch_size": train.batch_size,
+        "token_budget": done * train.batch_size * tokens.shape[1],
+        "sequences_seen": done * train.batch_size,
+        "epochs": offset + done * train.batch_size / n,
+        "epochs_this_run": done * train.batch_size / n,
+        "init_epochs": offset,
+        "train_time_s": state["time_s"],
+        "final_train_loss_nats": sum(h["loss"] for h in tail) / len(tail) if tail else float("nan"),
+    }
+    if curve:
+        stats["curve"] = state["curve"]
+        stats["stop_reason"] = state.get("stop_reason") or f"step budget reached ({train.steps} steps)"
+    return stats
+
+
 def train_gpt(
     gpt_config: GPTConfig,
     train: GPTTrainConfig,
@@ -212,147 +417,38 @@ def train_gpt(
         raise ValueError("an early-stop rule needs evaluate")
     path = Path(run_dir) / "gpt_ckpt.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    recipe = {
-        "gpt_config": asdict(gpt_config),
-        "train": asdict(train),
-        "seed": seed,
-        "n_sequences": int(tokens.shape[0]),
-        "tokens_sum": int(tokens.sum()),
-    }
-    if stop is not None:
-        recipe["stop"] = asdict(stop)
-    offset = 0.0
-    if init is not None:
-        recipe["init"], offset = init[0], float(init[2])
-        recipe["init_epochs"] = offset
-    torch.manual_seed(gpt_init_seed(seed))
-    model = GPT(gpt_config).to(device)
-    if init is not None:
-        model.load_state_dict({k: v.float() for k, v in init[1].items()})
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=train.lr,
-        betas=(0.9, train.beta2),
-    )
-    state = {"step": 0, "time_s": 0.0, "history": []}
-    ck = load_checkpoint(path)
-    if ck is not None:
-        check_resume(ck, recipe, path)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        torch.set_rng_state(ck["rng"])
-        state = ck["state"]
-        log(f"resuming GPT training at step {state['step']}/{train.steps}")
-
-    state.setdefault("curve", [])
+    recipe = _gpt_recipe(gpt_config, train, tokens, seed, stop, init)
+    offset = float(init[2]) if init is not None else 0.0
+    model, opt = _new_gpt(gpt_config, train, seed, device, init)
+    state = _resume_gpt(path, recipe, model, opt, train.steps, log)
     n = tokens.shape[0]
     per_epoch = stop.evals_per_epoch if stop is not None else 1
-
-    def record_eval(step: int, seconds: float) -> None:
-        t_eval = time.perf_counter()
-        nll = float(evaluate(model.eval()))
-        model.train()
-        since = state["curve"][-1]["step"] if state["curve"] else 0
-        losses = [h["loss"] for h in state["history"] if h["step"] > since]
-        mean = sum(losses) / len(losses) if losses else None  # None: the row before the first step
-        eval_s = time.perf_counter() - t_eval
-        state["curve"].append(
-            {
-                "epoch": offset + step * train.batch_size / n,
-                "step": step,
-                "test_nll_bits": nll,
-                "train_loss_nats": mean,
-                "train_loss_bits": None if mean is None else mean / math.log(2),
-                "lr": lr_at(step - 1, train.lr, train.warmup, train.steps, train.min_lr_ratio),
-                "seconds": seconds + eval_s,
-                "eval_seconds": eval_s,
-            }
-        )
-        reason = stop_reason(state["curve"], stop) if stop is not None else None
-        state["stop_reason"] = reason or (f"step budget reached ({train.steps} steps)" if step >= train.steps else None)
-        write_json(
-            {
-                **(curve_info or {}),
-                "batch_size": train.batch_size,
-                "max_steps": train.steps,
-                "train_sequences": n,
-                "stop": asdict(stop) if stop else None,
-                "stop_reason": state.get("stop_reason"),
-                "rows": state["curve"],
-            },
-            Path(run_dir) / CURVE_FILE,
-        )
-        log(
-            f"epoch {state['curve'][-1]['epoch']:.2f} (step {step}): test NLL {nll:.4f} bits/token, "
-            + ("" if mean is None else f"train loss {mean / math.log(2):.4f} bits/token, ")
-            + f"eval {eval_s:.0f} s"
-            + (f"; stopping: {state['stop_reason']}" if state.get("stop_reason") else "")
-        )
-
+    curve = _CurveSetup(evaluate, stop, curve_info or {}, Path(run_dir) / CURVE_FILE, n, offset)
     if stop is not None and stop.eval_at_start and state["step"] == 0 and not state["curve"]:
-        record_eval(0, 0.0)
+        _record_eval(model, state, train, curve, 0, 0.0, log)
     model.train()
     bar = tqdm(total=train.steps, initial=state["step"], desc="GPT", disable=not progress, mininterval=5)
     t0 = t_log = time.perf_counter()
     while state["step"] < train.steps and not state.get("stop_reason"):
         step = state["step"]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
         idx = batch_indices(step, train.batch_size, n, seed)
-        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=train.bf16):
-            loss = gpt_loss(model, labels[idx].to(device), tokens[idx].to(device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
-        opt.step()
+        loss = _gpt_step(model, opt, train, step, labels[idx], tokens[idx], device)
         state["step"] = step = step + 1
         state["history"].append({"step": step, "loss": loss.item()})
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         evaluated = evaluate is not None and (epoch_ends(step, train.batch_size, n, per_epoch) or step == train.steps)
         if evaluated:
-            record_eval(step, state["time_s"] + time.perf_counter() - t0)
+            _record_eval(model, state, train, curve, step, state["time_s"] + time.perf_counter() - t0, log)
         if step % train.ckpt_every == 0 or step == train.steps or evaluated:
             state["time_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            save_checkpoint(
-                path,
-                recipe=recipe,
-                model=model.state_dict(),
-                optimizer=opt.state_dict(),
-                rng=torch.get_rng_state(),
-                state=state,
-            )
+            _save_gpt(path, recipe, model, opt, state)
             if not progress:
-                recent = [h["loss"] for h in state["history"][-train.ckpt_every :]]
-                log(
-                    f"step {step}/{train.steps}  epoch {offset + step * train.batch_size / n:.3f}  "
-                    f"train loss {sum(recent) / len(recent):.4f} nats  lr {opt.param_groups[0]['lr']:.2e}  "
-                    f"{t0 - t_log:.1f} s since last line  {state['time_s'] / 3600:.2f} h in all"
-                )
+                _log_progress(state, train, opt, offset + step * train.batch_size / n, t0 - t_log, log)
                 t_log = t0
     bar.close()
-    done = state["step"]
-    tail = state["history"][-25:]
-    stats = {
-        "steps": done,
-        "max_steps": train.steps,
-        "batch_size": train.batch_size,
-        "token_budget": done * train.batch_size * tokens.shape[1],
-        "sequences_seen": done * train.batch_size,
-        "epochs": offset + done * train.batch_size / n,
-        "epochs_this_run": done * train.batch_size / n,
-        "init_epochs": offset,
-        "train_time_s": state["time_s"],
-        "final_train_loss_nats": sum(h["loss"] for h in tail) / len(tail) if tail else float("nan"),
-    }
-    if evaluate is not None:
-        stats["curve"] = state["curve"]
-        stats["stop_reason"] = state.get("stop_reason") or f"step budget reached ({train.steps} steps)"
-    return model.eval(), stats
+    return model.eval(), _gpt_stats(state, train, tokens, offset, evaluate is not None)
 
 
 # --------------------------------------------------------------------------- recipes
@@ -419,41 +515,16 @@ def embedded16_recipe(quick: bool = False):
     VQ: 1000 steps x 32 images. Both train under bf16 autocast. ``quick``: tiny versions (64 codes, still 16 x 16
     tokens on 64 x 64 px, GPT dim 32, 2 layers, 4 steps each) for smoke tests.
     """
-    vq, _, gpt, _ = embedded_recipe(quick)  # the same networks, with LlamaGen's codebook size and a 16 x 16 grid
+    # the embedded model's networks and optimisers, with LlamaGen's codebook size and a 16 x 16 grid
+    vq, vq_train, gpt, gpt_train = embedded_recipe(quick)
     K = 64 if quick else 16384
     vq = replace(vq, codebook_size=K, commit_loss_beta=0.25)
     gpt = replace(gpt, vocab_size=K, block_size=256)
+    vq_train = replace(vq_train, restart_pick="error", bf16=True)
     if quick:
-        return (
-            vq,
-            VQTrainConfig(
-                steps=4,
-                batch_size=8,
-                warmup=1,
-                dead_after=2,
-                reinit_every=2,
-                ckpt_every=2,
-                restart_pick="error",
-                bf16=True,
-            ),
-            gpt,
-            GPTTrainConfig(steps=4, batch_size=8, warmup=1, ckpt_every=2, bf16=True),
-        )
-    return (
-        vq,
-        VQTrainConfig(
-            steps=1000,
-            batch_size=32,
-            warmup=50,
-            dead_after=100,
-            reinit_every=25,
-            restart_pick="error",
-            bf16=True,
-            ckpt_every=25,
-        ),
-        gpt,
-        GPTTrainConfig(steps=900, batch_size=32, bf16=True, ckpt_every=25),
-    )
+        return vq, vq_train, gpt, replace(gpt_train, bf16=True)
+    vq_train = replace(vq_train, dead_after=100, ckpt_every=25)
+    return vq, vq_train, gpt, replace(gpt_train, steps=900, batch_size=32, bf16=True, ckpt_every=25)
 
 
 def embedded16_long_recipe(quick: bool = False):

@@ -8,7 +8,7 @@ l2-normalised codebook. Codes unused for ``dead_after`` steps are re-initialised
 Sec. 3.3); restarts stop for the last ``reinit_stop`` fraction of training so that the decoder
 settles on a fixed codebook. Optionally (``entropy_weight``) LlamaGen's codebook entropy loss
 (from MAGVIT). :func:`train_vq` resumes from its checkpoint; :func:`tokenize` and
-:func:`vq_metrics` use the trained tokenizer. :mod:`ambiguity.train` re-exports every name.
+:func:`vq_metrics` use the trained tokenizer.
 """
 
 from __future__ import annotations
@@ -159,6 +159,80 @@ def reinit_dead_codes(
     return int(dead.numel())
 
 
+def _resume_vq(
+    path: Path, recipe: dict, model: VQModel, opt: torch.optim.Optimizer, last_used: torch.Tensor, steps: int, log
+) -> tuple[dict, torch.Tensor]:
+    """(loop state, last_used) from the checkpoint at ``path`` (model, optimiser and RNG restored),
+    or fresh ones. Raises UsageError for a checkpoint of another recipe."""
+    state = {"step": 0, "time_s": 0.0, "history": [], "restarts": 0}
+    ck = load_checkpoint(path)
+    if ck is not None:
+        check_resume(ck, recipe, path)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        last_used = ck["last_used"].to(last_used.device)
+        torch.set_rng_state(ck["rng"])
+        state = ck["state"]
+        log(f"resuming VQ training at step {state['step']}/{steps}")
+    return state, last_used
+
+
+def _vq_step(
+    model: VQModel, opt: torch.optim.Optimizer, train: VQTrainConfig, step: int, x: torch.Tensor, seed: int
+) -> tuple[torch.Tensor, dict, torch.Tensor, torch.Tensor]:
+    """Optimiser step ``step`` (0-based: its learning rate and entropy-sample seed) on images x in
+    [-1, 1]; returns :func:`vq_loss`'s (loss, parts, codes, restart pool)."""
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
+    gen = torch.Generator().manual_seed(vq_step_seed(seed, step))
+    loss, parts, codes, pool = vq_loss(
+        model,
+        x,
+        train.l1_weight,
+        train.entropy_weight,
+        train.entropy_temperature,
+        train.entropy_sample,
+        train.bf16,
+        gen,
+    )
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss, parts, codes, pool
+
+
+def _restart_codes(
+    model: VQModel,
+    opt: torch.optim.Optimizer,
+    train: VQTrainConfig,
+    step: int,
+    last_used: torch.Tensor,
+    codes: torch.Tensor,
+    pool: torch.Tensor,
+) -> int:
+    """:func:`reinit_dead_codes` after 1-based ``step``, drawing pool rows as ``train.restart_pick``
+    says; returns the number of restarted codes."""
+    weights = None
+    if train.restart_pick == "error":
+        weights = (pool - model.quantize.codebook().detach()[codes.flatten()]).pow(2).sum(1)
+    return reinit_dead_codes(model, last_used, step, train.dead_after, pool, opt, weights)
+
+
+def _vq_stats(state: dict, train: VQTrainConfig) -> dict:
+    """What :func:`train_vq` returns besides the model (see there)."""
+    tail = state["history"][-50:]
+    keys = [k for k in ("loss", "mse", "l1", "codebook", "commit", "entropy") if tail and k in tail[-1]]
+    final = {k: sum(h[k] for h in tail) / len(tail) for k in keys} if tail else {}
+    return {
+        "steps": train.steps,
+        "batch_size": train.batch_size,
+        "images_seen": train.steps * train.batch_size,
+        "train_time_s": state["time_s"],
+        "code_restarts": state["restarts"],
+        "final_train": final,
+    }
+
+
 def train_vq(
     vq_config: VQConfig,
     train: VQTrainConfig,
@@ -183,78 +257,36 @@ def train_vq(
     model = VQModel(vq_config).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=train.lr, betas=(0.9, 0.99), weight_decay=train.weight_decay)
     last_used = torch.zeros(vq_config.codebook_size, dtype=torch.long, device=device)
-    state = {"step": 0, "time_s": 0.0, "history": [], "restarts": 0}
-    ck = load_checkpoint(path)
-    if ck is not None:
-        check_resume(ck, recipe, path)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        last_used = ck["last_used"].to(device)
-        torch.set_rng_state(ck["rng"])
-        state = ck["state"]
-        log(f"resuming VQ training at step {state['step']}/{train.steps}")
-
-    def checkpoint():
-        save_checkpoint(
-            path,
-            recipe=recipe,
-            model=model.state_dict(),
-            optimizer=opt.state_dict(),
-            last_used=last_used.cpu(),
-            rng=torch.get_rng_state(),
-            state=state,
-        )
-
+    state, last_used = _resume_vq(path, recipe, model, opt, last_used, train.steps, log)
     model.train()
     stop_reinit = int(train.steps * (1 - train.reinit_stop))
     bar = tqdm(total=train.steps, initial=state["step"], desc="VQ", disable=not progress, mininterval=5)
     t0 = time.perf_counter()
     while state["step"] < train.steps:
         step = state["step"]
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, train.lr, train.warmup, train.steps, train.min_lr_ratio)
         x = images[batch_indices(step, train.batch_size, images.shape[0], seed)].to(device) * 2 - 1
-        gen = torch.Generator().manual_seed(vq_step_seed(seed, step))
-        loss, parts, codes, pool = vq_loss(
-            model,
-            x,
-            train.l1_weight,
-            train.entropy_weight,
-            train.entropy_temperature,
-            train.entropy_sample,
-            train.bf16,
-            gen,
-        )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss, parts, codes, pool = _vq_step(model, opt, train, step, x, seed)
         last_used[codes.unique()] = step + 1
         state["step"] = step = step + 1
         if step % train.reinit_every == 0 and step <= stop_reinit:
-            weights = None
-            if train.restart_pick == "error":
-                weights = (pool - model.quantize.codebook().detach()[codes.flatten()]).pow(2).sum(1)
-            state["restarts"] += reinit_dead_codes(model, last_used, step, train.dead_after, pool, opt, weights)
+            state["restarts"] += _restart_codes(model, opt, train, step, last_used, codes, pool)
         state["history"].append({"step": step, "loss": loss.item(), **parts})
         bar.update(1)
         bar.set_postfix(mse=f"{parts['mse']:.4f}", l1=f"{parts['l1']:.3f}", refresh=False)
         if step % train.ckpt_every == 0 or step == train.steps:
             state["time_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            checkpoint()
+            save_checkpoint(
+                path,
+                recipe=recipe,
+                model=model.state_dict(),
+                optimizer=opt.state_dict(),
+                last_used=last_used.cpu(),
+                rng=torch.get_rng_state(),
+                state=state,
+            )
     bar.close()
-    tail = state["history"][-50:]
-    keys = [k for k in ("loss", "mse", "l1", "codebook", "commit", "entropy") if tail and k in tail[-1]]
-    final = {k: sum(h[k] for h in tail) / len(tail) for k in keys} if tail else {}
-    stats = {
-        "steps": train.steps,
-        "batch_size": train.batch_size,
-        "images_seen": train.steps * train.batch_size,
-        "train_time_s": state["time_s"],
-        "code_restarts": state["restarts"],
-        "final_train": final,
-    }
-    return model.eval(), stats
+    return model.eval(), _vq_stats(state, train)
 
 
 @torch.no_grad()

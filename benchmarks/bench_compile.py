@@ -31,23 +31,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
 
-from ambiguity.cli import (  # noqa: E402
-    ArgumentParser,
-    add_device_args,
-    add_out_arg,
-    add_threads_arg,
-    cli_main,
-    device_from_args,
-    int_list,
-    positive_int,
-    set_threads,
-)
-from ambiguity.errors import UsageError  # noqa: E402
-from ambiguity.models.registry import load_model  # noqa: E402
-from lantern.engine.decode import compile_forwards  # noqa: E402
+from ambiguity.cli import ArgumentParser, add_device_args, cli_main, int_list, positive_int
+from ambiguity.errors import UsageError
+from ambiguity.models.registry import load_model
+from benchmarks.common import add_results_arg, threads_and_device, torch_facts
+from lantern.engine.decode import compile_forwards
 
 
 def _sync(device: torch.device) -> None:
@@ -96,17 +86,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", default="1,8,32", help="comma-separated images per forward (default: %(default)s)")
     ap.add_argument("--gamma", type=positive_int, default=4, help="draft length: gamma + 1 tokens per forward")
     ap.add_argument("--repeats", type=positive_int, default=40, help="timed forwards per cell and variant")
-    add_device_args(ap, what="the model")
-    add_threads_arg(ap, 1)
-    add_out_arg(
-        ap,
-        "results directory (default: runs/benchmarks/bench_compile)",
-        default=str(ROOT / "runs" / "benchmarks" / "bench_compile"),
-    )
+    add_device_args(ap, threads=1, what="the model")
+    add_results_arg(ap, "bench_compile")
     args = ap.parse_args(argv)
-    set_threads(args.threads)
     sizes = int_list(args.batch_sizes, "--batch-sizes", 1)
-    device, dtype = device_from_args(args)
+    device, dtype = threads_and_device(args)
     eager = load_model(args.model, device=device, dtype=dtype)
     compiled = load_model(args.model, device=device, dtype=dtype)
     compile_forwards(compiled)  # one line, exit 2, for a model whose forward cannot be compiled
@@ -157,14 +141,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(out / "compile.parquet")
-    info = {
-        "settings": vars(args),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "device": str(device),
-        "dtype": str(dtype).replace("torch.", ""),
-        "cells": summary,
-    }
+    info = {"settings": vars(args), **torch_facts(device, dtype), "cells": summary}
     (out / "compile.json").write_text(json.dumps(info, indent=1))
     print(f"wrote {out / 'compile.parquet'}, {out / 'compile.json'}")
     return 0

@@ -433,13 +433,13 @@ def main(argv=None) -> int:
     tables = {name: table for name, c in configs if c.speculative and c.rule.relaxed}
     for t in temps:
         sampling = SamplingConfig(guidance=guidance, temperature=t, top_k=args.top_k, top_p=args.top_p)
-        holds = lambda r: {"temperature": t, "round": r}  # noqa: E731
+        holds = lambda r: {"temperature": t, "round": r}
         done = [
             p.tables["rows"]
             for r in range(args.repeats)
             if (p := run.read_part(f"timing-T{t:g}-r{r}", holds(r))) is not None
         ]
-        save = lambda r, rows, _: run.write_part(f"timing-T{t:g}-r{r}", holds(r), tables={"rows": rows})  # noqa: E731
+        save = lambda r, rows, _: run.write_part(f"timing-T{t:g}-r{r}", holds(r), tables={"rows": rows})
         rows = interleaved_timing(
             model,
             named,

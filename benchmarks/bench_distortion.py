@@ -19,14 +19,16 @@ the min-max spread of the seconds per position, and the ratio, and writes ``--ou
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
+
 from ambiguity.cli import (
     ArgumentParser,
-    add_out_arg,
     add_threads_arg,
     check_out_file,
     cli_main,
@@ -38,9 +40,8 @@ from ambiguity.cli import (
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 from ambiguity.neighbourhood import build_neighbourhoods
+from benchmarks.common import add_results_arg
 from lantern.rules.acceptance import AcceptanceRule, output_distribution, output_distributions
-
-OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "bench_distortion"  # untracked
 
 
 def one_by_one(p, q, table, rules):
@@ -62,12 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--deltas", default="0.05,0.1,0.2,0.4", help="TVD bounds in [0, 1]")
     ap.add_argument("--positions", type=positive_int, default=2, help="(p, q) pairs per call (default 2)")
     ap.add_argument("--repeats", type=positive_int, default=5)
-    add_out_arg(
-        ap,
-        "results JSON (default: runs/benchmarks/bench_distortion/distortion_cost.json)",
-        default=str(OUT / "distortion_cost.json"),
-        metavar="FILE",
-    )
+    add_results_arg(ap, "bench_distortion", "distortion_cost.json")
     args = ap.parse_args(argv)
     out = check_out_file(args.out)
     V = args.vocab

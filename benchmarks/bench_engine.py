@@ -29,12 +29,13 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 
+from reference.decode import decode_one_by_one  # noqa: E402
+
 from ambiguity.models.registry import load_model  # noqa: E402
 from ambiguity.sampling import SamplingConfig  # noqa: E402
 from lantern.drafter.model import load_drafter  # noqa: E402
 from lantern.engine.decode import DecodeConfig, decode, neighbour_table  # noqa: E402
 from lantern.methods.tree.spec import TreeSpec  # noqa: E402
-from reference.decode import decode_one_by_one  # noqa: E402
 
 
 def configs(V: int) -> dict[str, DecodeConfig]:
@@ -79,7 +80,9 @@ def main(argv=None) -> int:
             for m, i in pairs:
                 t0 = time.perf_counter()
                 impls[i](cfgs[m], tables[m])
-                rows.append(dict(model=name, method=m, impl=i, round=r, s_per_image=(time.perf_counter() - t0) / len(labels)))
+                rows.append(
+                    dict(model=name, method=m, impl=i, round=r, s_per_image=(time.perf_counter() - t0) / len(labels))
+                )
             print(f"{name}: round {r + 1}/{args.rounds}", file=sys.stderr)
     df = pd.DataFrame(rows)
     wide = df.pivot_table(index=["model", "method", "round"], columns="impl", values="s_per_image").reset_index()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -35,9 +36,10 @@ import faiss
 import pandas as pd
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
+
 from ambiguity.cli import (
     ArgumentParser,
-    add_out_arg,
     add_threads_arg,
     check_out_file,
     cli_main,
@@ -48,6 +50,7 @@ from ambiguity.cli import (
 from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 from ambiguity.knn import drop_self, exact_knn, faiss_search, to_distance
+from benchmarks.common import add_results_arg
 
 SHAPES = {"llamagen-vq16": (16384, 8), "chameleon-vqgan": (8192, 256), "emu3-vq": (32768, 4)}
 
@@ -145,25 +148,21 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "bench_neighbourhood"  # untracked
-
-
-@cli_main
-def main(argv=None) -> int:
+def build_parser() -> ArgumentParser:
+    """The options of ``python benchmarks/bench_neighbourhood.py``."""
     ap = ArgumentParser(prog="python benchmarks/bench_neighbourhood.py", description=__doc__.split("\n")[0])
     ap.add_argument("--k", type=positive_int, default=1000)
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names from: " + ", ".join(SHAPES))
     add_threads_arg(ap, 2)
     ap.add_argument("--official-bytes", type=finite_float, default=4.5e9, help="memory for one official block (bytes)")
     ap.add_argument("--skip", default="", help="comma-separated methods to skip: official, sklearn, drop")
-    add_out_arg(
-        ap,
-        "results JSON (default: runs/benchmarks/bench_neighbourhood/bench_neighbourhood.json)",
-        default=str(OUT / "bench_neighbourhood.json"),
-        metavar="FILE",
-    )
-    args = ap.parse_args(argv)
-    check_out_file(args.out)
+    add_results_arg(ap, "bench_neighbourhood", "bench_neighbourhood.json")
+    return ap
+
+
+def check_args(args) -> tuple[list[str], set[str]]:
+    """(codebook shapes, methods to skip) of the options. Raises UsageError for an unknown shape or
+    method, a k not below every codebook size, no thread count or too small an official block."""
     shapes = [s for s in args.shapes.split(",") if s]
     bad = [s for s in shapes if s not in SHAPES] + [
         s for s in args.skip.split(",") if s and s not in ("official", "sklearn", "drop")
@@ -179,71 +178,78 @@ def main(argv=None) -> int:
         raise UsageError("--threads must be >= 1 here: the timings are reported for a stated thread count")
     if args.official_bytes < 1e6:
         raise UsageError(f"--official-bytes must be at least 1e6, got {args.official_bytes:g}")
+    return shapes, {s for s in args.skip.split(",") if s}
 
-    set_threads(args.threads)
+
+def limit_threads(n: int) -> None:
+    """torch, faiss and (when threadpoolctl is there) the BLAS pools to ``n`` threads."""
+    set_threads(n)
     try:
         from threadpoolctl import threadpool_limits
 
-        threadpool_limits(args.threads)
+        threadpool_limits(n)
     except ImportError:
         pass
-    skip = {s for s in args.skip.split(",") if s}
-    exact_knn(torch.randn(64, 4), 8)  # warm-up: imports, thread pools
-    records = []
-    for name in shapes:
-        n, d = SHAPES[name]
-        x = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
-        rec = {"codebook": name, "n": n, "d": d, "k": args.k, "load_before": os.getloadavg()[0]}
-        (I, D), rec["ours_s"] = timed(lambda: exact_knn(x, args.k, "l2", progress=False))
-        print(f"{name}: ours {rec['ours_s']:.2f} s", flush=True)
-        if "drop" not in skip:
-            rec.update(drop_costs(x, args.k))
-            print(
-                f"{name}: faiss {rec['faiss_s']:.2f} s (CPU {rec['faiss_cpu_s']:.2f} s), drop self "
-                f"{rec['drop_s']:.2f} s (CPU {rec['drop_cpu_s']:.2f} s), re-sorting {rec['drop_resort_s']:.2f} s "
-                f"(CPU {rec['drop_resort_cpu_s']:.2f} s), same table: {rec['drop_same_table']}",
-                flush=True,
-            )
-        if "official" not in skip:
-            (Io, Do, how), rec["official_s"] = timed(lambda: official_knn(x, args.k, int(args.official_bytes)))
-            rec["official_how"] = how
-            rec["official_check"] = same_sets(x, I, Io)
-            rec["official_max_abs_distance_diff"] = float((D - Do).abs().max())
-            del Io, Do
-            print(f"{name}: official {rec['official_s']:.2f} s ({how})", flush=True)
-        if "sklearn" not in skip:
-            (Is, Ds), rec["sklearn_s"] = timed(lambda: sklearn_knn(x, args.k))
-            rec["sklearn_check"] = same_sets(x, I, Is)
-            rec["sklearn_max_abs_distance_diff"] = float((D - Ds).abs().max())
-            del Is, Ds
-            print(f"{name}: sklearn {rec['sklearn_s']:.2f} s", flush=True)
-        rec["load_after"] = os.getloadavg()[0]
-        records.append(rec)
 
+
+def time_codebook(name: str, k: int, official_bytes: int, skip: set[str]) -> dict:
+    """The record of one random codebook of shape ``SHAPES[name]``: our seconds and, unless
+    skipped, the self-removal costs and the official and sklearn baselines with their checks."""
+    n, d = SHAPES[name]
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
+    rec = {"codebook": name, "n": n, "d": d, "k": k, "load_before": os.getloadavg()[0]}
+    (I, D), rec["ours_s"] = timed(lambda: exact_knn(x, k, "l2", progress=False))
+    print(f"{name}: ours {rec['ours_s']:.2f} s", flush=True)
+    if "drop" not in skip:
+        rec.update(drop_costs(x, k))
+        print(
+            f"{name}: faiss {rec['faiss_s']:.2f} s (CPU {rec['faiss_cpu_s']:.2f} s), drop self "
+            f"{rec['drop_s']:.2f} s (CPU {rec['drop_cpu_s']:.2f} s), re-sorting {rec['drop_resort_s']:.2f} s "
+            f"(CPU {rec['drop_resort_cpu_s']:.2f} s), same table: {rec['drop_same_table']}",
+            flush=True,
+        )
+    if "official" not in skip:
+        (Io, Do, how), rec["official_s"] = timed(lambda: official_knn(x, k, official_bytes))
+        rec["official_how"] = how
+        rec["official_check"] = same_sets(x, I, Io)
+        rec["official_max_abs_distance_diff"] = float((D - Do).abs().max())
+        del Io, Do
+        print(f"{name}: official {rec['official_s']:.2f} s ({how})", flush=True)
+    if "sklearn" not in skip:
+        (Is, Ds), rec["sklearn_s"] = timed(lambda: sklearn_knn(x, k))
+        rec["sklearn_check"] = same_sets(x, I, Is)
+        rec["sklearn_max_abs_distance_diff"] = float((D - Ds).abs().max())
+        del Is, Ds
+        print(f"{name}: sklearn {rec['sklearn_s']:.2f} s", flush=True)
+    rec["load_after"] = os.getloadavg()[0]
+    return rec
+
+
+TABLE_COLUMNS = (
+    "codebook",
+    "n",
+    "d",
+    "k",
+    "ours_s",
+    "faiss_s",
+    "drop_s",
+    "drop_resort_s",
+    "official_s",
+    "sklearn_s",
+    "official/ours",
+    "sklearn/ours",
+    "official_how",
+    "load_before",
+)
+
+
+def print_results(records: list[dict]) -> None:
+    """The seconds and ratios of every codebook, then how far each baseline's sets differ from ours."""
     df = pd.DataFrame(records)
     for m in ("official", "sklearn"):
         if f"{m}_s" in df:
             df[f"{m}/ours"] = df[f"{m}_s"] / df["ours_s"]
-    cols = [
-        c
-        for c in (
-            "codebook",
-            "n",
-            "d",
-            "k",
-            "ours_s",
-            "faiss_s",
-            "drop_s",
-            "drop_resort_s",
-            "official_s",
-            "sklearn_s",
-            "official/ours",
-            "sklearn/ours",
-            "official_how",
-            "load_before",
-        )
-        if c in df
-    ]
+    cols = [c for c in TABLE_COLUMNS if c in df]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     for r in records:
         for m in ("official", "sklearn"):
@@ -253,6 +259,17 @@ def main(argv=None) -> int:
                     f"{r['codebook']} vs {m}: {c['rows_differing']} rows differ, {c['rows_not_ties']} not explained "
                     f"by ties at the k-th distance"
                 )
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    check_out_file(args.out)
+    shapes, skip = check_args(args)
+    limit_threads(args.threads)
+    exact_knn(torch.randn(64, 4), 8)  # warm-up: imports, thread pools
+    records = [time_codebook(name, args.k, int(args.official_bytes), skip) for name in shapes]
+    print_results(records)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {

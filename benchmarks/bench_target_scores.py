@@ -32,24 +32,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-OUT = ROOT / "runs" / "benchmarks" / "bench_target_scores"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
 
-from ambiguity.cli import (  # noqa: E402
-    ArgumentParser,
-    add_device_args,
-    add_out_arg,
-    add_threads_arg,
-    cli_main,
-    device_from_args,
-    int_list,
-    positive_int,
-    set_threads,
-)
-from ambiguity.errors import UsageError  # noqa: E402
-from ambiguity.models.registry import load_model  # noqa: E402
-from lantern.run_reader import target_scores  # noqa: E402
+from ambiguity.cli import ArgumentParser, add_device_args, cli_main, int_list, positive_int
+from ambiguity.errors import UsageError
+from ambiguity.models.registry import load_model
+from benchmarks.common import add_results_arg, threads_and_device
+from lantern.run_reader import target_scores
 
 
 def former_target_scores(model, images: pd.DataFrame, batch_size: int = 64) -> pd.DataFrame:
@@ -97,17 +86,15 @@ def parse_args(argv=None):
     )
     p.add_argument("--repeats", type=positive_int, default=3, help="interleaved rounds (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random tokens (default: 0)")
-    add_device_args(p, dtype=False)
-    add_threads_arg(p)
-    add_out_arg(p, "output directory (default: runs/benchmarks/bench_target_scores)", default=str(OUT))
+    add_device_args(p, dtype=False, threads=0)
+    add_results_arg(p, "bench_target_scores", what="output directory")
     return p.parse_args(argv)
 
 
 @cli_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    set_threads(args.threads)
-    model = load_model(args.model, args.weights, device=device_from_args(args)[0])
+    model = load_model(args.model, args.weights, device=threads_and_device(args)[0])
     if model.kind != "c2i" or not model.num_classes:
         raise UsageError(f"--model {args.model} is {model.kind}; target_scores' class passes need a c2i model")
     g = torch.Generator().manual_seed(args.seed)

@@ -14,7 +14,7 @@ method; the table reports the median over repeats and the spread (min, max). Tre
 ``sd-dynamic`` (EAGLE-2 dynamic tree ``--total-tokens``, ``--depth``, ``--tree-top-k``), batched
 like the chains (:mod:`lantern.engine.loop`). ``--methods`` also takes ``sjd``, ``gsd``, ``scd``
 (batched Jacobi decoding with the official windows, no drafter:
-:func:`lantern.methods.jacobi.method.batched_jacobi_decode`). A model's drafter loads only for the drafting
+:func:`lantern.methods.jacobi.method.Jacobi`). A model's drafter loads only for the drafting
 methods, its LANTERN neighbour table (which needs a VQ codebook) only for the ``lantern`` ones, so
 ``--models text-twin --methods ar,sd`` runs. ``--device`` / ``--dtype`` as every model command
 (default: auto). The machine may be shared: compare ratios measured in one run, not absolute
@@ -43,31 +43,19 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
 
-from ambiguity.cli import (  # noqa: E402
-    ArgumentParser,
-    add_device_args,
-    add_out_arg,
-    add_threads_arg,
-    cli_main,
-    device_from_args,
-    finite_float,
-    int_list,
-    positive_int,
-    set_threads,
-)
-from ambiguity.errors import UsageError  # noqa: E402
-from ambiguity.models.registry import load_model  # noqa: E402
-from ambiguity.profile import profile_model  # noqa: E402
-from ambiguity.runs import RunOptions  # noqa: E402
-from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
-from lantern.drafter.model import load_drafter  # noqa: E402
-from lantern.engine.decode import DecodeConfig, compile_forwards, decode, neighbour_table  # noqa: E402
-from lantern.methods.tree.spec import STATIC_TREES, TreeSpec  # noqa: E402
+from ambiguity.cli import ArgumentParser, add_device_args, cli_main, finite_float, int_list, positive_int
+from ambiguity.errors import UsageError
+from ambiguity.models.registry import load_model
+from ambiguity.profile import profile_model
+from ambiguity.runs import RunOptions
+from ambiguity.sampling import SamplingConfig, default_guidance
+from benchmarks.common import add_results_arg, threads_and_device, torch_facts
+from lantern.drafter.model import load_drafter
+from lantern.engine.decode import DecodeConfig, compile_forwards, decode, neighbour_table
+from lantern.methods.tree.spec import STATIC_TREES, TreeSpec
 
 METHODS = ("ar", "sd", "lantern", "lantern-static", "lantern-dynamic", "sd-dynamic")
 JACOBI = ("sjd", "gsd", "scd")  # accepted by --methods, not in the default
@@ -142,15 +130,9 @@ def main(argv=None) -> int:
         action="store_true",
         help="also time a torch.compile-d copy of every model and drafter, interleaved with the eager one",
     )
-    add_device_args(ap, what="the models and drafters")
-    add_threads_arg(ap, 2)
-    add_out_arg(
-        ap,
-        "results directory (default runs/benchmarks/bench_throughput)",
-        default=str(ROOT / "runs" / "benchmarks" / "bench_throughput"),
-    )
+    add_device_args(ap, threads=2, what="the models and drafters")
+    add_results_arg(ap, "bench_throughput")
     args = ap.parse_args(argv)
-    set_threads(args.threads)
     sizes = int_list(args.batch_sizes, "--batch-sizes", 1)
     methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in methods if m not in (*METHODS, *JACOBI, "profile")]
@@ -159,7 +141,7 @@ def main(argv=None) -> int:
             f"unknown method {unknown[0] if unknown else '(none)'!r} in --methods; "
             f"choose from {', '.join([*METHODS, *JACOBI, 'profile'])}"
         )
-    device, dtype = device_from_args(args)
+    device, dtype = threads_and_device(args)
     variants = (False, True) if args.compile else (False,)
     rows, loaded, warm = [], {}, {}
     for name in args.models.split(","):
@@ -243,10 +225,7 @@ def main(argv=None) -> int:
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     summary = {
         "settings": vars(args),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "device": str(device),
-        "dtype": str(dtype).replace("torch.", ""),
+        **torch_facts(device, dtype),
         "note": "the machine may be shared; compare ratios within this run",
         "cells": table.to_dict(orient="records"),
     }

@@ -32,17 +32,18 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
 
-from ambiguity import plots  # noqa: E402
-from ambiguity.cli import (  # noqa: E402
+from ambiguity import plots
+from ambiguity.cli import (
     ArgumentParser,
     add_guidance_arg,
     add_out_arg,
@@ -52,24 +53,24 @@ from ambiguity.cli import (  # noqa: E402
     positive_int,
     seed_int,
 )
-from ambiguity.conditions import generation_conditions  # noqa: E402
-from ambiguity.errors import UsageError  # noqa: E402
-from ambiguity.models.registry import get_spec, load_model  # noqa: E402
-from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
-from ambiguity.seeding import image_generator  # noqa: E402
-from lantern.distortion import real_pairs  # noqa: E402
-from lantern.drafter.model import load_drafter  # noqa: E402
-from lantern.engine.decode import DecodeConfig, decode, neighbour_table  # noqa: E402
-from lantern.evaluate import score_images  # noqa: E402
-from reference.jacobi import jacobi_decode
-from lantern.methods.tree.spec import TreeSpec  # noqa: E402
-from lantern.quality.scoring import QualityProtocol  # noqa: E402
-from lantern.quality.tables import flat_scores  # noqa: E402
-from lantern.replay import ambiguity_bins, with_wilson  # noqa: E402
-from lantern.rules.acceptance import AcceptanceRule, output_distribution  # noqa: E402
-from lantern.rules.divergences import tvd  # noqa: E402
-from lantern.rules.jacobi import gsd_output_distribution  # noqa: E402
-from lantern.timing import interleaved_timing, speedup_table  # noqa: E402
+from ambiguity.conditions import generation_conditions
+from ambiguity.errors import UsageError
+from ambiguity.models.registry import get_spec, load_model
+from ambiguity.sampling import SamplingConfig, default_guidance
+from lantern.distortion import real_pairs
+from lantern.drafter.model import load_drafter
+from lantern.engine.decode import DecodeConfig, decode, neighbour_table
+from lantern.engine.loop import run
+from lantern.evaluate import score_images
+from lantern.methods.jacobi.method import Jacobi
+from lantern.methods.tree.spec import TreeSpec
+from lantern.quality.scoring import QualityProtocol
+from lantern.quality.tables import flat_scores
+from lantern.replay import ambiguity_bins, with_wilson
+from lantern.rules.acceptance import AcceptanceRule, output_distribution
+from lantern.rules.divergences import tvd
+from lantern.rules.jacobi import gsd_output_distribution
+from lantern.timing import interleaved_timing, speedup_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,14 +129,7 @@ def gsd_distortion(model, conditions, sampling, config, seed) -> float:
     vals = []
     for i, c in enumerate(conditions):
         pairs = []
-        jacobi_decode(
-            model,
-            model.make_prompt([c], guided=sampling.guided),
-            sampling,
-            config,
-            image_generator(seed, i, model.device),
-            pairs=pairs,
-        )
+        run(model, Jacobi(config, model, pairs=pairs), [c], sampling, np.array([i]), seed)
         p = torch.stack([a for a, _ in pairs]).double()
         q = torch.stack([b for _, b in pairs]).double()
         out = gsd_output_distribution(p, q, config.group, config.prob_gap)
@@ -149,6 +143,111 @@ def quality_row(pixels, reference: str, bootstrap: int) -> dict:
     min(bootstrap, N) groups, :func:`lantern.evaluate.score_images`)."""
     q = score_images(pixels, reference=reference, extractors=["fmnist"], protocol=QualityProtocol(bootstrap=bootstrap))
     return {k: v for k, v in flat_scores(q).items() if k.split("_")[0] in QUALITY}
+
+
+def _speed_panel(ax, table: pd.DataFrame, colors: list, batch_size: int) -> None:
+    """Bars of tokens per target forward, latency speed-up at batch 1 and (when the table has it)
+    throughput against AR at ``batch_size`` with its spread over rounds."""
+    methods = list(table.index)
+    x = np.arange(len(table))
+    measures = [("tokens_per_forward", "tokens / target forward", dict(alpha=0.35))]
+    measures.append(("speedup", "latency speed-up vs AR (batch 1)", {}))
+    if "throughput_vs_ar" in table.columns:
+        measures.append(
+            ("throughput_vs_ar", f"throughput vs AR (batch {batch_size})", dict(hatch="////", edgecolor="w"))
+        )
+    w = 0.8 / len(measures)
+    for k, (col, label, kw) in enumerate(measures):
+        off = (k - (len(measures) - 1) / 2) * w
+        ax.bar(x + off, table[col], w, color=colors, lw=0, **kw)
+        ax.bar([np.nan], [np.nan], color="0.45", label=label, **kw)  # legend key in grey
+    if "throughput_vs_ar" in table.columns:  # the spread over rounds
+        k = len(measures) - 1
+        v = table["throughput_vs_ar"]
+        ax.errorbar(
+            x + (k - (len(measures) - 1) / 2) * w,
+            v,
+            yerr=np.vstack([v - table["throughput_vs_ar_min"], table["throughput_vs_ar_max"] - v]),
+            fmt="none",
+            ecolor="k",
+            elinewidth=0.6,
+            capsize=1.2,
+        )
+    ax.set_xticks(x, methods, rotation=40, ha="right")
+    for tick, c in zip(ax.get_xticklabels(), colors):
+        tick.set_color(c)
+    ax.axhline(1, color="k", lw=0.5)
+    top = table[[c for c, _, _ in measures] + (["throughput_vs_ar_max"] if len(measures) == 3 else [])]
+    ax.set_ylim(0, 1.35 * float(np.nanmax(top.to_numpy(dtype=float))))
+    ax.set_ylabel("ratio (AR = 1)")
+    ax.legend(frameon=False, fontsize=6, loc="upper left")
+    ax.set_title("speed", fontsize=8)
+
+
+def _acceptance_panels(fig, acc, cnt, bins: pd.DataFrame, methods: list, min_drafts: int, level: float) -> None:
+    """Acceptance rate by the target's top-1 probability (``acc``) over the reached drafts per bin
+    (``cnt``), with the figure's legend of the methods."""
+    named = [m for m in methods if m in set(bins["method"])]
+    plots.binned_rates(acc, bins, cnt, named, min_count=min_drafts)
+    acc.set_xlim(0, 1)
+    acc.set_ylabel("acceptance rate of reached drafts")
+    acc.set_title(f"acceptance vs ambiguity ({100 * level:g} % Wilson)", fontsize=8)
+    handles, labels = acc.get_legend_handles_labels()
+    fig.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncol=len(labels),
+        fontsize=6,
+        frameon=False,
+        title="acceptance panel: method",
+        title_fontsize=6,
+    )
+    cnt.set_xlim(0, 1)
+    cnt.set_yscale("log")
+    cnt.set_xlabel("target top-1 probability at the draft's position")
+    cnt.set_ylabel("reached drafts\nper bin")
+
+
+def _quality_panels(fa, pr, table: pd.DataFrame, colors: list) -> None:
+    """FID (``fa``) and precision / recall (``pr``) per method with their jackknife intervals."""
+    methods = list(table.index)
+    x = np.arange(len(table))
+    fid, fid_lo, fid_hi = table["fid_fmnist"], table["fid_fmnist_lo"], table["fid_fmnist_hi"]
+    for j in range(len(x)):
+        fa.errorbar(
+            x[j],
+            fid.iloc[j],
+            yerr=[[fid.iloc[j] - fid_lo.iloc[j]], [fid_hi.iloc[j] - fid.iloc[j]]],
+            fmt="o",
+            ms=3,
+            capsize=2,
+            color=colors[j],
+        )
+    fa.set_xticks(x, [])
+    fa.set_ylabel("FID (fmnist features)")
+    fa.set_title("image quality (95 % jackknife)", fontsize=8)
+    for k, (metric, marker, fill) in enumerate((("precision", "o", "full"), ("recall", "s", "none"))):
+        v = table[f"{metric}_fmnist"]
+        lo, hi = v - table[f"{metric}_fmnist_lo"], table[f"{metric}_fmnist_hi"] - v
+        for j in range(len(x)):
+            pr.errorbar(
+                x[j] + (k - 0.5) * 0.25,
+                v.iloc[j],
+                yerr=[[lo.iloc[j]], [hi.iloc[j]]],
+                fmt=marker,
+                fillstyle=fill,
+                ms=2.8,
+                capsize=1.5,
+                color=colors[j],
+            )
+        pr.plot([], [], marker, fillstyle=fill, color="0.45", ms=2.8, label=metric)  # legend key
+    pr.set_xticks(x, methods, rotation=40, ha="right", fontsize=6)
+    for tick, c in zip(pr.get_xticklabels(), colors):
+        tick.set_color(c)
+    pr.set_ylim(0, 1.05)
+    pr.set_ylabel("precision / recall")
+    pr.legend(frameon=False, fontsize=5.5, ncol=2, loc="lower left")
 
 
 def plot_comparison(
@@ -168,104 +267,16 @@ def plot_comparison(
     jackknife intervals. Bins with fewer than ``min_drafts`` reached drafts are left out. Each
     method has its :func:`ambiguity.plots.method_color` in every panel. PNG + PDF."""
     has_q = "fid_fmnist" in table.columns
-    methods = list(table.index)
     ncol = 3 if has_q else 2
     with plots.style():
         fig = plt.figure(figsize=(3.4 * ncol, 4.8), layout="constrained")
         gs = fig.add_gridspec(2, ncol, height_ratios=[2.2, 1])
-        ax = fig.add_subplot(gs[:, 0])
-        x = np.arange(len(table))
-        colors = [plots.method_color(m) for m in methods]
-        measures = [("tokens_per_forward", "tokens / target forward", dict(alpha=0.35))]
-        measures.append(("speedup", "latency speed-up vs AR (batch 1)", {}))
-        if "throughput_vs_ar" in table.columns:
-            measures.append(
-                ("throughput_vs_ar", f"throughput vs AR (batch {batch_size})", dict(hatch="////", edgecolor="w"))
-            )
-        w = 0.8 / len(measures)
-        for k, (col, label, kw) in enumerate(measures):
-            off = (k - (len(measures) - 1) / 2) * w
-            ax.bar(x + off, table[col], w, color=colors, lw=0, **kw)
-            ax.bar([np.nan], [np.nan], color="0.45", label=label, **kw)  # legend key in grey
-        if "throughput_vs_ar" in table.columns:  # the spread over rounds
-            k = len(measures) - 1
-            v = table["throughput_vs_ar"]
-            ax.errorbar(
-                x + (k - (len(measures) - 1) / 2) * w,
-                v,
-                yerr=np.vstack([v - table["throughput_vs_ar_min"], table["throughput_vs_ar_max"] - v]),
-                fmt="none",
-                ecolor="k",
-                elinewidth=0.6,
-                capsize=1.2,
-            )
-        ax.set_xticks(x, methods, rotation=40, ha="right")
-        for tick, c in zip(ax.get_xticklabels(), colors):
-            tick.set_color(c)
-        ax.axhline(1, color="k", lw=0.5)
-        top = table[[c for c, _, _ in measures] + (["throughput_vs_ar_max"] if len(measures) == 3 else [])]
-        ax.set_ylim(0, 1.35 * float(np.nanmax(top.to_numpy(dtype=float))))
-        ax.set_ylabel("ratio (AR = 1)")
-        ax.legend(frameon=False, fontsize=6, loc="upper left")
-        ax.set_title("speed", fontsize=8)
+        colors = [plots.method_color(m) for m in table.index]
+        _speed_panel(fig.add_subplot(gs[:, 0]), table, colors, batch_size)
         acc, cnt = fig.add_subplot(gs[0, 1]), fig.add_subplot(gs[1, 1])
-        named = [m for m in methods if m in set(bins["method"])]
-        plots.binned_rates(acc, bins, cnt, named, min_count=min_drafts)
-        acc.set_xlim(0, 1)
-        acc.set_ylabel("acceptance rate of reached drafts")
-        acc.set_title(f"acceptance vs ambiguity ({100 * level:g} % Wilson)", fontsize=8)
-        handles, labels = acc.get_legend_handles_labels()
-        fig.legend(
-            handles,
-            labels,
-            loc="outside lower center",
-            ncol=len(labels),
-            fontsize=6,
-            frameon=False,
-            title="acceptance panel: method",
-            title_fontsize=6,
-        )
-        cnt.set_xlim(0, 1)
-        cnt.set_yscale("log")
-        cnt.set_xlabel("target top-1 probability at the draft's position")
-        cnt.set_ylabel("reached drafts\nper bin")
+        _acceptance_panels(fig, acc, cnt, bins, list(table.index), min_drafts, level)
         if has_q:
-            fa, pr = fig.add_subplot(gs[0, 2]), fig.add_subplot(gs[1, 2])
-            fid, fid_lo, fid_hi = table["fid_fmnist"], table["fid_fmnist_lo"], table["fid_fmnist_hi"]
-            for j in range(len(x)):
-                fa.errorbar(
-                    x[j],
-                    fid.iloc[j],
-                    yerr=[[fid.iloc[j] - fid_lo.iloc[j]], [fid_hi.iloc[j] - fid.iloc[j]]],
-                    fmt="o",
-                    ms=3,
-                    capsize=2,
-                    color=colors[j],
-                )
-            fa.set_xticks(x, [])
-            fa.set_ylabel("FID (fmnist features)")
-            fa.set_title("image quality (95 % jackknife)", fontsize=8)
-            for k, (metric, marker, fill) in enumerate((("precision", "o", "full"), ("recall", "s", "none"))):
-                v = table[f"{metric}_fmnist"]
-                lo, hi = v - table[f"{metric}_fmnist_lo"], table[f"{metric}_fmnist_hi"] - v
-                for j in range(len(x)):
-                    pr.errorbar(
-                        x[j] + (k - 0.5) * 0.25,
-                        v.iloc[j],
-                        yerr=[[lo.iloc[j]], [hi.iloc[j]]],
-                        fmt=marker,
-                        fillstyle=fill,
-                        ms=2.8,
-                        capsize=1.5,
-                        color=colors[j],
-                    )
-                pr.plot([], [], marker, fillstyle=fill, color="0.45", ms=2.8, label=metric)  # legend key
-            pr.set_xticks(x, methods, rotation=40, ha="right", fontsize=6)
-            for tick, c in zip(pr.get_xticklabels(), colors):
-                tick.set_color(c)
-            pr.set_ylim(0, 1.05)
-            pr.set_ylabel("precision / recall")
-            pr.legend(frameon=False, fontsize=5.5, ncol=2, loc="lower left")
+            _quality_panels(fig.add_subplot(gs[0, 2]), fig.add_subplot(gs[1, 2]), table, colors)
         fig.suptitle(textwrap.fill(title, int(fig.get_figwidth() / 0.06)), fontsize=8)  # ~0.06 in a character
         return plots.save_figure(fig, path)
 
@@ -287,8 +298,8 @@ def replot(model: str, batch_size: int = 8, out: Path = Path("benchmarks/results
     return 0
 
 
-@cli_main
-def main(argv=None) -> int:
+def build_parser() -> ArgumentParser:
+    """The ``compare_jacobi.py`` options."""
     ap = ArgumentParser(prog="compare_jacobi.py", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--num-images", type=positive_int, default=32, help="images for the statistics and quality")
@@ -309,11 +320,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bootstrap", type=positive_int, default=32, help="jackknife groups of the quality intervals")
     ap.add_argument("--no-quality", action="store_true")
     ap.add_argument("--only", default=None, help="comma-separated subset of methods (ar always included)")
-    ap.add_argument(
-        "--replot",
-        action="store_true",
-        help="only redraw --figure from the tables saved in --out",
-    )
+    ap.add_argument("--replot", action="store_true", help="only redraw --figure from the tables saved in --out")
     ap.add_argument(
         "--figure",
         default=None,
@@ -327,12 +334,11 @@ def main(argv=None) -> int:
         "benchmarks/results)",
         default=str(ROOT / "runs" / "benchmarks" / "compare_jacobi"),
     )
-    args = ap.parse_args(argv)
-    out = check_out_dir(args.out)
-    figure = Path(args.figure) if args.figure else Path(out) / f"compare_jacobi_{args.model}"
-    check_out_file(figure, "--figure")
-    if args.replot:
-        return replot(args.model, args.batch_size, out, figure)
+    return ap
+
+
+def check_args(args) -> None:
+    """Refuse ``--only`` naming an unknown method and quality on fewer than 4 images (UsageError)."""
     if args.only:
         unknown = sorted(set(args.only.split(",")) - set(configs()))
         if unknown:
@@ -342,7 +348,27 @@ def main(argv=None) -> int:
             f"quality needs --num-images >= 4 (precision / recall use k = 3 neighbours), "
             f"got {args.num_images}; pass more images or --no-quality"
         )
-    model = load_model(args.model)
+
+
+class Plan(NamedTuple):
+    """What one comparison decodes: the sampling settings; ``conditions`` for the statistics and
+    quality, the first ``timed`` of them for the latency timing over ``rounds`` rounds at batch 1;
+    ``throughput`` (the first ``n_tp`` of the pool) for ``throughput_rounds`` rounds at
+    ``batch_size`` (None at batch 1: no throughput timing); whether image quality is scored.
+    (A NamedTuple, not a dataclass: the tests load this script from its file, outside sys.modules.)"""
+
+    sampling: SamplingConfig
+    conditions: list
+    timed: list
+    rounds: int
+    throughput: Optional[list]
+    throughput_rounds: int
+    batch_size: int
+    quality: bool
+
+
+def make_plan(args, model) -> Plan:
+    """The :class:`Plan` of the options for the loaded ``model``."""
     kind = get_spec(args.model).kind
     sampling = SamplingConfig(guidance=args.cfg if args.cfg is not None else default_guidance(kind), temperature=1.0)
     n_tp = args.throughput_images or 2 * args.batch_size
@@ -350,113 +376,125 @@ def main(argv=None) -> int:
     conditions = pool[: args.num_images]
     timed = conditions[: max(1, min(args.timing_images, len(conditions)))]
     quality = not args.no_quality and kind != "text" and model.can_decode
-    cfgs = configs()
-    if args.only:
-        keep = {"ar", *args.only.split(",")}
-        cfgs = {k: v for k, v in cfgs.items() if k in keep}
-    drafter = load_drafter(model, None)
+    throughput = pool[:n_tp] if args.batch_size > 1 else None
+    return Plan(sampling, conditions, timed, args.rounds, throughput, args.throughput_rounds, args.batch_size, quality)
+
+
+def time_methods(model, cfgs: dict, plan: Plan, drafter, seed: int):
+    """(latency speed-ups per method at batch 1, throughput rows of every round or None, the
+    :func:`throughput_table` of them or None): interleaved rounds, :mod:`lantern.timing`."""
     timing = interleaved_timing(
-        model, cfgs, sampling, timed, [(0, len(timed))] * args.rounds, drafter, seed=args.seed, progress=True
+        model, cfgs, plan.sampling, plan.timed, [(0, len(plan.timed))] * plan.rounds, drafter, seed=seed, progress=True
     )
     speed = speedup_table(timing).set_index("config")
-    tp = None
-    if args.batch_size > 1:
-        tp_timing = interleaved_timing(  # every method batches (chains, trees, Jacobi windows)
-            model,
-            cfgs,
-            sampling,
-            pool[:n_tp],
-            [(0, n_tp)] * args.throughput_rounds,
-            drafter,
-            seed=args.seed,
-            progress=True,
-            batch_size=args.batch_size,
-            desc=f"throughput at batch {args.batch_size}",
-        )
-        tp = throughput_table(tp_timing)
+    if plan.throughput is None:
+        return speed, None, None
+    n_tp = len(plan.throughput)
+    tp_timing = interleaved_timing(  # every method batches (chains, trees, Jacobi windows)
+        model,
+        cfgs,
+        plan.sampling,
+        plan.throughput,
+        [(0, n_tp)] * plan.throughput_rounds,
+        drafter,
+        seed=seed,
+        progress=True,
+        batch_size=plan.batch_size,
+        desc=f"throughput at batch {plan.batch_size}",
+    )
+    return speed, tp_timing, throughput_table(tp_timing)
+
+
+def method_row(name: str, summary: dict, speed: pd.DataFrame, tp: Optional[pd.DataFrame]) -> dict:
+    """The table row of method ``name`` from its decode summary and timings."""
+    row = {
+        "method": name,
+        "tokens_per_forward": summary["tokens_per_forward"],
+        "tau": summary["tau"],
+        "acceptance_rate": summary["acceptance_rate"],
+        "speedup": speed.loc[name, "speedup"],
+        "ms_per_image": speed.loc[name, "ms_per_image"],
+    }
+    if tp is not None:
+        have = name in tp.index
+        for col in ("images_per_s", "images_per_s_min", "images_per_s_max", "vs_ar", "vs_ar_min", "vs_ar_max"):
+            key = col if col.startswith("images") else f"throughput_{col}"
+            row[key] = tp.loc[name, col] if have else float("nan")
+    return row
+
+
+def decode_methods(model, cfgs: dict, plan: Plan, drafter, speed, tp, args):
+    """Decode the plan's conditions with every method -> (rows, acceptance bins per method, AR tokens)."""
     rows, bins = [], []
-    nb = neighbour_table(model, cfgs["lantern"]) if "lantern" in cfgs else None
     ar_tokens = None
     edges = np.linspace(0, 1, 11)
     for name, c in cfgs.items():
         d = decode(  # statistics and quality in batches: each image's tokens come from its own stream
             model,
-            conditions,
+            plan.conditions,
             c,
-            sampling,
+            plan.sampling,
             drafter if c.speculative else None,
             seed=args.seed,
-            pixels=quality,
+            pixels=plan.quality,
             batch_size=args.batch_size,
         )
         if name == "ar":
             ar_tokens = d.tokens
-        s = d.summary()
+        summary = d.summary()
         _, drafts, _ = d.frames()
         if len(drafts):
             bins.append(with_wilson(ambiguity_bins(drafts, "p_top1", edges)).assign(method=name))
-        row = {
-            "method": name,
-            "tokens_per_forward": s["tokens_per_forward"],
-            "tau": s["tau"],
-            "acceptance_rate": s["acceptance_rate"],
-            "speedup": speed.loc[name, "speedup"],
-            "ms_per_image": speed.loc[name, "ms_per_image"],
-        }
-        if tp is not None:
-            have = name in tp.index
-            for col in ("images_per_s", "images_per_s_min", "images_per_s_max", "vs_ar", "vs_ar_min", "vs_ar_max"):
-                key = col if col.startswith("images") else f"throughput_{col}"
-                row[key] = tp.loc[name, col] if have else float("nan")
-        if quality:
+        row = method_row(name, summary, speed, tp)
+        if plan.quality:
             row.update(quality_row(d.pixels, args.reference, args.bootstrap))
         rows.append(row)
         print(name, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
-    table = pd.DataFrame(rows).set_index("method")
-    table.insert(5, "distortion_tvd", 0.0)
-    if nb is not None and ar_tokens is not None:
-        p, q = real_pairs(model, drafter, ar_tokens, conditions, sampling)
-        for name, method, kw in (
-            ("lantern", "lantern", dict(delta=RULE.delta)),
-            ("lantern++", "lantern++", dict(lam=RULE.lam)),
-        ):
-            if name in table.index:
-                rule = AcceptanceRule(method, k=RULE.k, **kw)
-                n = max(1, (1 << 28) // (24 * p.shape[-1] * RULE.k))  # positions per chunk: ~256 MB working set
-                t = torch.cat(
-                    [
-                        tvd(output_distribution(p[i : i + n], q[i : i + n], nb[:, : RULE.k].cpu(), rule), p[i : i + n])
-                        for i in range(0, len(p), n)
-                    ]
-                )
-                table.loc[name, "distortion_tvd"] = float(t.mean())
-    if "gsd" in cfgs:
-        table.loc["gsd", "distortion_tvd"] = gsd_distortion(model, conditions, sampling, cfgs["gsd"].jacobi, args.seed)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / f"compare_jacobi_{args.model}.csv")
-    b = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame()
-    if len(b):
-        b.to_csv(out / f"compare_jacobi_{args.model}_ambiguity.csv", index=False)
-    if tp is not None:
-        tp_timing.assign(batch_size=args.batch_size).to_csv(
-            out / f"compare_jacobi_{args.model}_throughput.csv", index=False
-        )
+    return rows, bins, ar_tokens
+
+
+def lantern_distortion(model, drafter, ar_tokens, plan: Plan, nb, methods) -> dict:
+    """Mean exact TVD(out, p) of one LANTERN / LANTERN++ verification (those of ``methods``) over
+    the drafter's (p, q) pairs along the AR samples -> {method: value}."""
+    p, q = real_pairs(model, drafter, ar_tokens, plan.conditions, plan.sampling)
+    found = {}
+    for name, method, kw in (
+        ("lantern", "lantern", dict(delta=RULE.delta)),
+        ("lantern++", "lantern++", dict(lam=RULE.lam)),
+    ):
+        if name in methods:
+            rule = AcceptanceRule(method, k=RULE.k, **kw)
+            n = max(1, (1 << 28) // (24 * p.shape[-1] * RULE.k))  # positions per chunk: ~256 MB working set
+            t = torch.cat(
+                [
+                    tvd(output_distribution(p[i : i + n], q[i : i + n], nb[:, : RULE.k].cpu(), rule), p[i : i + n])
+                    for i in range(0, len(p), n)
+                ]
+            )
+            found[name] = float(t.mean())
+    return found
+
+
+def markdown(args, plan: Plan, table: pd.DataFrame, bins: pd.DataFrame) -> str:
+    """The ``.md`` report: the sample sizes, the table, the quality intervals and the acceptance bins."""
+    tp = plan.throughput is not None
     head = (
-        f"{args.model}: statistics{' and quality' if quality else ''} over {len(conditions)} images, timing "
-        f"over the first {len(timed)} x {args.rounds} interleaved rounds at batch 1"
+        f"{args.model}: statistics{' and quality' if plan.quality else ''} over {len(plan.conditions)} images, timing "
+        f"over the first {len(plan.timed)} x {args.rounds} interleaved rounds at batch 1"
         + (
             f", throughput (images/s at batch {args.batch_size}, median [min, max] over {args.throughput_rounds} "
-            f"interleaved rounds of {n_tp} images; throughput_vs_ar: median per-round ratio to AR at the same batch)"
-            if tp is not None
+            f"interleaved rounds of {len(plan.throughput)} images; throughput_vs_ar: median per-round ratio to AR "
+            f"at the same batch)"
+            if tp
             else ""
         )
-        + f"; cfg {sampling.guidance}, temperature 1, shared 2-core CPU"
+        + f"; cfg {plan.sampling.guidance}, temperature 1, shared 2-core CPU"
     )
     parts = [
         head,
         table.drop(columns=[c for c in table.columns if c.split("_")[0] in QUALITY]).to_markdown(floatfmt=".3g"),
     ]
-    if quality:
+    if plan.quality:
         cells = {
             m: [
                 f"{table.loc[m, f'{k}_fmnist']:.4g} [{table.loc[m, f'{k}_fmnist_lo']:.4g}, "
@@ -467,29 +505,74 @@ def main(argv=None) -> int:
         }
         qt = pd.DataFrame.from_dict(cells, orient="index", columns=[f"{k}_fmnist" for k in QUALITY])
         parts += [
-            f"Image quality against {args.reference}, fmnist features, {len(conditions)} images per method, "
+            f"Image quality against {args.reference}, fmnist features, {len(plan.conditions)} images per method, "
             f"95 % jackknife intervals over min({args.bootstrap}, n) groups:",
             qt.to_markdown(),
         ]
-    if len(b):
+    if len(bins):
         parts += [
             "Acceptance rate of reached drafts by the target's top-1 probability at the draft's position: "
             "rate [95 % Wilson interval] (reached drafts):",
-            bins_table(b).to_markdown(),
+            bins_table(bins).to_markdown(),
         ]
-    md = "\n\n".join(parts) + "\n"
-    (out / f"compare_jacobi_{args.model}.md").write_text(md)
-    print(md)
-    title = (
-        f"{args.model}: {len(conditions)} images (latency: first {len(timed)} x {args.rounds} rounds at batch 1"
+    return "\n\n".join(parts) + "\n"
+
+
+def figure_title(args, plan: Plan) -> str:
+    """The figure's title: the sample sizes of the statistics, latency and throughput."""
+    return (
+        f"{args.model}: {len(plan.conditions)} images (latency: first {len(plan.timed)} x {args.rounds} rounds at "
+        f"batch 1"
         + (
-            f"; throughput: {n_tp} images x {args.throughput_rounds} rounds at batch {args.batch_size}"
-            if tp is not None
+            f"; throughput: {len(plan.throughput)} images x {args.throughput_rounds} rounds at batch {args.batch_size}"
+            if plan.throughput is not None
             else ""
         )
-        + f"), CFG {sampling.guidance:g}, temperature 1, shared 2-core CPU"
+        + f"), CFG {plan.sampling.guidance:g}, temperature 1, shared 2-core CPU"
     )
-    plot_comparison(table, b, title, figure, batch_size=args.batch_size)
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    out = check_out_dir(args.out)
+    figure = Path(args.figure) if args.figure else Path(out) / f"compare_jacobi_{args.model}"
+    check_out_file(figure, "--figure")
+    if args.replot:
+        return replot(args.model, args.batch_size, out, figure)
+    check_args(args)
+    model = load_model(args.model)
+    plan = make_plan(args, model)
+    cfgs = configs()
+    if args.only:
+        keep = {"ar", *args.only.split(",")}
+        cfgs = {k: v for k, v in cfgs.items() if k in keep}
+    drafter = load_drafter(model, None)
+    speed, tp_timing, tp = time_methods(model, cfgs, plan, drafter, args.seed)
+    nb = neighbour_table(model, cfgs["lantern"]) if "lantern" in cfgs else None
+    rows, bins, ar_tokens = decode_methods(model, cfgs, plan, drafter, speed, tp, args)
+    table = pd.DataFrame(rows).set_index("method")
+    table.insert(5, "distortion_tvd", 0.0)
+    if nb is not None and ar_tokens is not None:
+        for name, value in lantern_distortion(model, drafter, ar_tokens, plan, nb, table.index).items():
+            table.loc[name, "distortion_tvd"] = value
+    if "gsd" in cfgs:
+        table.loc["gsd", "distortion_tvd"] = gsd_distortion(
+            model, plan.conditions, plan.sampling, cfgs["gsd"].jacobi, args.seed
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / f"compare_jacobi_{args.model}.csv")
+    b = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame()
+    if len(b):
+        b.to_csv(out / f"compare_jacobi_{args.model}_ambiguity.csv", index=False)
+    if tp is not None:
+        tp_timing.assign(batch_size=args.batch_size).to_csv(
+            out / f"compare_jacobi_{args.model}_throughput.csv", index=False
+        )
+    md = markdown(args, plan, table, b)
+    (out / f"compare_jacobi_{args.model}.md").write_text(md)
+    print(md)
+    plot_comparison(table, b, figure_title(args, plan), figure, batch_size=args.batch_size)
     return 0
 
 

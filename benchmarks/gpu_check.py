@@ -30,24 +30,16 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
 
-from ambiguity.cli import (  # noqa: E402
-    ArgumentParser,
-    add_device_args,
-    add_out_arg,
-    cli_main,
-    device_from_args,
-    int_list,
-    positive_int,
-)
-from ambiguity.models.gpt import GPT, GPTConfig, gpt_config_from_official  # noqa: E402
-from ambiguity.models.llamagen import LlamaGenModel  # noqa: E402
-from ambiguity.sampling import SamplingConfig  # noqa: E402
-from lantern.drafter.model import Drafter  # noqa: E402
-from lantern.engine.decode import DecodeConfig, decode  # noqa: E402
-from lantern.methods.tree.spec import TreeSpec  # noqa: E402
+from ambiguity.cli import ArgumentParser, add_device_args, cli_main, device_from_args, int_list, positive_int
+from ambiguity.models.gpt import GPT, GPTConfig, gpt_config_from_official
+from ambiguity.models.llamagen import LlamaGenModel
+from ambiguity.sampling import SamplingConfig
+from benchmarks.common import ROOT, add_results_arg
+from lantern.drafter.model import Drafter
+from lantern.engine.decode import DecodeConfig, decode
+from lantern.methods.tree.spec import TreeSpec
 
 
 def random_target(smoke: bool, device: torch.device, dtype: torch.dtype) -> LlamaGenModel:
@@ -129,12 +121,7 @@ def main(argv=None) -> int:
     add_device_args(ap, what="for the models (default: cuda when visible; dtype bf16 on CUDA, fp32 on CPU)")
     ap.add_argument("--latency-images", type=positive_int, default=3, help="images per latency measurement (median)")
     ap.add_argument("--batch-sizes", default=None, help="default 1,8,32 (smoke: 1,4)")
-    add_out_arg(
-        ap,
-        "results file (default runs/benchmarks/gpu_check/gpu_check.json)",
-        default=str(ROOT / "runs" / "benchmarks" / "gpu_check" / "gpu_check.json"),
-        metavar="FILE",
-    )
+    add_results_arg(ap, "gpu_check", "gpu_check.json", what="results file")
     args = ap.parse_args(argv)
     device, dtype = device_from_args(args)
     sizes = int_list(args.batch_sizes or ("1,4" if args.smoke else "1,8,32"), "--batch-sizes", 1)
@@ -175,7 +162,7 @@ def main(argv=None) -> int:
         model,
         [i % (model.num_classes or 1) for i in range(n)],
         cfg,
-        sampling,  # noqa: E731
+        sampling,
         drafter if cfg.speculative else None,
         table,
         seed=0,

@@ -17,16 +17,18 @@ this is what drives the target NLL up in ``bench_decoding.py`` even at δ = 0.05
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
 
 import lantern.engine.decode as decoding
 import lantern.methods.chain as chain
 from ambiguity.cli import (
     ArgumentParser,
     add_guidance_arg,
-    add_out_arg,
     check_out_file,
     cli_main,
     float_list,
@@ -38,40 +40,27 @@ from ambiguity.io import write_json
 from ambiguity.memory import check_count
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
+from benchmarks.common import add_results_arg
 from lantern.drafter.model import load_drafter
 from lantern.rules.acceptance import AcceptanceRule, output_distributions
 from lantern.rules.divergences import tvd
 
-OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "probe_distortion"  # untracked
 
-
-@cli_main
-def main(argv=None) -> int:
+def build_parser() -> ArgumentParser:
+    """The options of ``python benchmarks/probe_distortion.py``."""
     ap = ArgumentParser(prog="python benchmarks/probe_distortion.py", description=__doc__.splitlines()[0])
     ap.add_argument("--num-images", type=positive_int, default=20)
     add_guidance_arg(ap, 4.0)
     ap.add_argument("--ks", default="8,32,128")
     ap.add_argument("--deltas", default="0.05,0.1,0.2,0.4")
     ap.add_argument("--seed", type=seed_int, default=0)
-    add_out_arg(
-        ap,
-        "results JSON (default: runs/benchmarks/probe_distortion/distortion.json)",
-        default=str(OUT / "distortion.json"),
-        metavar="FILE",
-    )
-    args = ap.parse_args(argv)
-    ks, deltas = int_list(args.ks, "--ks", 1, 1023), float_list(args.deltas, "--deltas", 0.0, 1.0)
-    SamplingConfig(guidance=args.cfg)  # one-line error for a bad --cfg before any work
-    out = check_out_file(args.out)
+    add_results_arg(ap, "probe_distortion", "distortion.json")
+    return ap
 
-    model = load_model("embedded", device="cpu")
-    check_count(
-        args.num_images,
-        model.num_tokens * 2 * 4 * model.vocab_size,
-        "--num-images",
-        "the recorded (p, q) pairs (two distributions a token)",
-    )
-    drafter = load_drafter(model)
+
+def recorded_pairs(model, drafter, args) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode ``args.num_images`` images with SD (γ = 4) and record (p, q) of the first draft of
+    every step -> (p (P, V), q (P, V))."""
     pairs = []
     accept = chain.accept  # the chain decoder looks accept up in its own module
 
@@ -94,32 +83,42 @@ def main(argv=None) -> int:
         )
     finally:
         chain.accept = accept
-    p = torch.cat([a for a, _ in pairs])
-    q = torch.cat([b for _, b in pairs])
+    return torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
+
+
+def tvd_row(what: str, t: torch.Tensor, k: int = 0, delta: float = 0.0) -> dict:
+    """Mean, median and max of the per-position TVDs ``t``."""
+    return {
+        "k": k,
+        "delta": delta,
+        "what": what,
+        "mean": float(t.mean()),
+        "median": float(t.median()),
+        "max": float(t.max()),
+    }
+
+
+@cli_main
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    ks, deltas = int_list(args.ks, "--ks", 1, 1023), float_list(args.deltas, "--deltas", 0.0, 1.0)
+    SamplingConfig(guidance=args.cfg)  # one-line error for a bad --cfg before any work
+    out = check_out_file(args.out)
+
+    model = load_model("embedded", device="cpu")
+    check_count(
+        args.num_images,
+        model.num_tokens * 2 * 4 * model.vocab_size,
+        "--num-images",
+        "the recorded (p, q) pairs (two distributions a token)",
+    )
+    drafter = load_drafter(model)
+    p, q = recorded_pairs(model, drafter, args)
     table = decoding.neighbour_table(model, decoding.DecodeConfig.of("lantern", k=max(ks)))
-    rows = [
-        {
-            "k": 0,
-            "delta": 0.0,
-            "what": "TVD(q, p)",
-            "mean": float(tvd(q, p).mean()),
-            "median": float(tvd(q, p).median()),
-            "max": float(tvd(q, p).max()),
-        }
-    ]
+    rows = [tvd_row("TVD(q, p)", tvd(q, p))]
     rules = [AcceptanceRule("lantern", k=k, delta=d) for k in ks for d in deltas]
     for rule, emitted in zip(rules, output_distributions(p, q, table, rules)):
-        t = tvd(emitted, p)
-        rows.append(
-            {
-                "k": rule.k,
-                "delta": rule.delta,
-                "what": "TVD(out, p)",
-                "mean": float(t.mean()),
-                "median": float(t.median()),
-                "max": float(t.max()),
-            }
-        )
+        rows.append(tvd_row("TVD(out, p)", tvd(emitted, p), rule.k, rule.delta))
     print(f"embedded, {p.shape[0]} positions (first draft of each SD step), cfg {args.cfg}, temperature 1")
     for r in rows:
         print(

@@ -113,7 +113,7 @@ def sibling_output_distribution(
     (``q.topk(m).indices``: an EAGLE-2 dynamic tree, EAGLE-2 Sec. 4); neighbours: (V, >= k + 1)
     int64 table (nearest first; None when the rule is not relaxed).
 
-    As :func:`lantern.methods.tree.single_walk.walk_tree` judges them: child ``i`` is a point-mass draft,
+    As ``tests/reference/tree_decoding.py:walk_tree`` judges them: child ``i`` is a point-mass draft,
     accepted with probability ``a_i = min(1, p̃_i(c_i))`` where ``p̃_i`` grows the proximity set on
     ``r_{i-1}``, the target after the earlier rejections (``r_0 = p``; ``r_i`` is
     :func:`lantern.rules.acceptance.residual` of ``r_{i-1}`` with ``q = None``: ``c_i`` zeroed for

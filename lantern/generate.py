@@ -172,7 +172,7 @@ def add_decoding_args(p) -> None:
 
 
 def add_jacobi_args(p) -> None:
-    """SJD / GSD / SCD knobs (lantern.methods.jacobi.method; official defaults, no drafter; --batch-size batches them)."""
+    """SJD / GSD / SCD knobs (lantern.methods.jacobi.method; official defaults, no drafter)."""
     _J = JacobiConfig()
     p.add_argument(
         "--window",

@@ -133,7 +133,8 @@ def interleaved_timing(
     or name -> drafter; only: the rounds to run (default all; e.g. a shard's share);
     rounds_of: name -> number of leading rounds the configuration takes part in (default all:
     a large grid can join the first rounds of a long measurement); batch_size: images per forward
-    of every decode (:func:`lantern.engine.decode.decode`; throughput rather than latency); tables: name -> neighbour table
+    of every decode (:func:`lantern.engine.decode.decode`; throughput rather than latency); tables: name ->
+    neighbour table
     (default :func:`neighbour_tables`, built before timing); done: rows of rounds already timed
     (skipped: a resumed measurement); on_round: called as ``on_round(r, frame, decodes)`` after
     each new round with its timing rows and ``{name: Decoded}`` (e.g. to save them as run parts:

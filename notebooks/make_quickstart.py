@@ -47,7 +47,7 @@ Concentration: how much of the target's probability falls inside `B_k(top-1)` co
 tokens and with the best possible k tokens."""),
     ("code", """nb = amb.model_neighbourhoods(model, k=16, metric="l2")
 print(nb.indices.shape, "neighbours of code 0:", nb.indices[0, :8].tolist())
-positions, conc = amb.run_concentration(model, ks=[1, 4, 16, 64], num_images=8, batch_size=8, progress=False)
+positions, conc = amb.run_concentration(model, ks=[1, 4, 16, 64], num_images=8, batch_size=8, options=amb.RunOptions(progress=False))
 conc.pivot(index="k", columns="set", values="mean").round(4)   # mean target mass of each k-token set"""),
     ("markdown", """## 3. LANTERN decoding
 Draft γ tokens with the shipped EAGLE drafter, verify with the target, accept losslessly (`sd`) or with

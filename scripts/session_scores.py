@@ -152,7 +152,7 @@ def summarise(per_image: pd.DataFrame, baseline: str = "ar") -> pd.DataFrame:
 
 def markdown(summary: pd.DataFrame) -> str:
     """The summary as a Markdown table: mean [interval] and Δ vs AR [interval] per metric."""
-    cells = lambda r, m, f: (  # noqa: E731
+    cells = lambda r, m, f: (
         f"{r[m]:{f}} [{r[m + '_lo']:{f}}, {r[m + '_hi']:{f}}] | "
         f"{r[m + '_diff']:+{f}} [{r[m + '_diff_lo']:+{f}}, {r[m + '_diff_hi']:+{f}}]"
     )

@@ -34,6 +34,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -84,21 +85,20 @@ def variant_of(args) -> str:
 EVAL_SUBSET_SEED = 0  # the per-epoch test subset is the same for every run and --seed
 
 
-def parse_args(argv=None):
-    p = ArgumentParser(prog="train_embedded.py", description=__doc__.split("\n")[0])
-    add_data_arg(p)
-    add_out_arg(p, "where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
-    p.add_argument(
-        "--run-dir", default=None, help="checkpoints and caches (default runs/<recipe>, runs/<recipe>-quick)"
-    )
-    p.add_argument(
-        "--recipe",
-        choices=sorted(RECIPES),
-        default="embedded",
-        help="embedded (1024 codes, 8x8 tokens), embedded-16 (16384 codes, 16x16 tokens) or "
-        "embedded-16-long (embedded-16 by epochs with early stop, into a staging directory)",
-    )
-    e = p.add_argument_group("embedded-16-long only")
+class StagePlaces(NamedTuple):
+    """Where and how a training stage runs: the Fashion-MNIST folder, the weights folder, the run
+    folder (checkpoints, token caches, stage records), the device and whether bars are shown.
+    (A NamedTuple, not a dataclass: the tests load this script from its file, outside sys.modules.)"""
+
+    data: Path
+    out: Path
+    run: Path
+    device: torch.device
+    progress: bool
+
+
+def add_long_args(e) -> None:
+    """The options of the embedded-16-long recipe (epochs, stop rule, evaluation, warm restart, snapshot)."""
     e.add_argument(
         "--epochs",
         type=finite_float,
@@ -156,6 +156,23 @@ def parse_args(argv=None):
         help="write the model of the run's latest checkpoint to PATH (fp16, its epochs recorded; parent "
         "directories are created) and exit; a later run continues from it with --init-from PATH",
     )
+
+
+def parse_args(argv=None):
+    p = ArgumentParser(prog="train_embedded.py", description=__doc__.split("\n")[0])
+    add_data_arg(p)
+    add_out_arg(p, "where the weight files go (default ambiguity/weights; with --quick <run-dir>/weights)")
+    p.add_argument(
+        "--run-dir", default=None, help="checkpoints and caches (default runs/<recipe>, runs/<recipe>-quick)"
+    )
+    p.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="embedded",
+        help="embedded (1024 codes, 8x8 tokens), embedded-16 (16384 codes, 16x16 tokens) or "
+        "embedded-16-long (embedded-16 by epochs with early stop, into a staging directory)",
+    )
+    add_long_args(p.add_argument_group("embedded-16-long only"))
     p.add_argument(
         "--stage",
         choices=["vq", "gpt", "all"],
@@ -231,9 +248,10 @@ def cached_tokens(
     return torch.cat(parts).long(), seconds
 
 
-def run_vq(args, recipe, data, out: Path, run: Path, device, progress: bool) -> dict:
-
+def run_vq(args, recipe, places: StagePlaces) -> dict:
+    """The VQ stage: train (or resume) the tokenizer, ship it, measure it on the test split."""
     vq_cfg, vq_train = recipe[:2]
+    data, out, run, device, progress = places.data, places.out, places.run, places.device, places.progress
     VQ_FILE, _, _, size = VARIANTS[VARIANT_OF.get(args.recipe, args.recipe)]
     done = read_json(run / "vq_done.json")
     if stage_done(done, out / VQ_FILE, vq_cfg, vq_train, args.seed):
@@ -369,54 +387,81 @@ def snapshot(args, recipe, run: Path) -> int:
     return 0
 
 
-def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool, init=None) -> dict:
-    """The GPT stage; ``init``: :func:`warm_start`'s result (checked before any work by ``main``)."""
+def staged_vq(args, out: Path, vq_file: str) -> Path:
+    """The VQ file the GPT stage tokenizes with: ``out/vq_file`` (for a full-size
+    embedded-16-long run the shipped VQ is copied there first, so the staging directory holds a
+    loadable model). Raises UsageError when there is none."""
+    if args.recipe == LONG and not args.quick and not (out / vq_file).is_file() and (WEIGHTS_DIR / vq_file).is_file():
+        shutil.copyfile(WEIGHTS_DIR / vq_file, out / vq_file)  # the staging directory holds a loadable model
+        print(f"copied the shipped VQ {WEIGHTS_DIR / vq_file} to {out}")
+    if not (out / vq_file).is_file():
+        raise UsageError(f"{out / vq_file} not found; run with --stage vq (or all) first")
+    return out / vq_file
 
+
+def matching_vq(args, path: Path, gpt_cfg, device):
+    """The VQ at ``path`` on ``device``. Raises UsageError when its codebook does not fit the GPT's vocabulary."""
+    vq, _ = load_vq(path, device)
+    if vq.config.codebook_size != gpt_cfg.vocab_size:
+        fix = "delete it or pass another --out" if args.recipe == LONG else "retrain the VQ with --stage all --fresh"
+        raise UsageError(f"{path} has {vq.config.codebook_size} codes but the GPT expects {gpt_cfg.vocab_size}; {fix}")
+    return vq
+
+
+def gpt_sequences(args, vq, vq_sha: str, places: StagePlaces, size: int):
+    """Token sequences of the training and test images under ``vq`` (cached in the run directory)
+    -> (train tokens, train labels, test tokens, test labels, tokenizing seconds)."""
+    images, labels = load_split("train", places.data, limit=64 if args.quick else None, size=size)
+    test, test_labels = load_split("test", places.data, limit=32 if args.quick else None, size=size)
+    run, progress = places.run, places.progress
+    tokens, t_train = cached_tokens(vq, images, run / "tokens_train.pt", vq_sha, progress, "tokenize train")
+    test_tokens, t_test = cached_tokens(vq, test, run / "tokens_test.pt", vq_sha, progress, "tokenize test")
+    print(f"tokens: train {tuple(tokens.shape)}, test {tuple(test_tokens.shape)}", flush=True)
+    return tokens, labels, test_tokens, test_labels, t_train + t_test
+
+
+def long_run(args, gpt_train, n_train: int, test_tokens, test_labels, init):
+    """What the embedded-16-long recipe adds to GPT training: (the training config with its step
+    budget and learning rate, the per-evaluation test NLL, the stop rule, the curve's facts)."""
+    epochs, stop, k = long_settings(args)
+    steps = steps_for_epochs(epochs, n_train, gpt_train.batch_size)
+    gpt_train = replace(gpt_train, steps=steps, lr=args.lr if args.lr is not None else gpt_train.lr)
+    sub = eval_subset(test_tokens.shape[0], k)
+    sub_tokens, sub_labels = test_tokens[sub], test_labels[sub]
+
+    def evaluate(model):
+        return gpt_nll(model, sub_tokens, sub_labels, progress=False)["nll_bits_per_token"]
+
+    info = {
+        "init_from": None if init is None else {"file": str(args.init_from), "sha": init[0], "epochs": init[2]},
+        "recipe": args.recipe,
+        "max_epochs": epochs,  # this run's; with --init-from they come on top of its epochs
+        "max_total_epochs": epochs + (0.0 if init is None else init[2]),
+        "eval_images": int(sub.numel()),
+        "eval_subset_seed": EVAL_SUBSET_SEED,
+        "seed": args.seed,
+        "test_nll": "teacher-forced, true labels, no CFG, bits/token, on the fixed test subset",
+    }
+    return gpt_train, evaluate, stop, info
+
+
+def run_gpt(args, recipe, places: StagePlaces, init=None) -> dict:
+    """The GPT stage; ``init``: :func:`warm_start`'s result (checked before any work by ``main``)."""
     _, _, gpt_cfg, gpt_train = recipe[:4]
     VQ_FILE, GPT_FILE, _, size = VARIANTS[VARIANT_OF.get(args.recipe, args.recipe)]
-    if args.recipe == LONG and not args.quick and not (out / VQ_FILE).is_file() and (WEIGHTS_DIR / VQ_FILE).is_file():
-        shutil.copyfile(WEIGHTS_DIR / VQ_FILE, out / VQ_FILE)  # the staging directory holds a loadable model
-        print(f"copied the shipped VQ {WEIGHTS_DIR / VQ_FILE} to {out}")
-    if not (out / VQ_FILE).is_file():
-        raise UsageError(f"{out / VQ_FILE} not found; run with --stage vq (or all) first")
-    vq_sha = file_sha(out / VQ_FILE)
+    out, run, device = places.out, places.run, places.device
+    vq_sha = file_sha(staged_vq(args, out, VQ_FILE))
     done = read_json(run / "gpt_done.json")
     if stage_done(done, out / GPT_FILE, gpt_cfg, gpt_train, args.seed) and done.get("vq_sha") == vq_sha:
         print(f"GPT stage already done ({out / GPT_FILE}); pass --fresh to retrain")
         return done["metrics"]
-    vq, _ = load_vq(out / VQ_FILE, device)
-    if vq.config.codebook_size != gpt_cfg.vocab_size:
-        fix = "delete it or pass another --out" if args.recipe == LONG else "retrain the VQ with --stage all --fresh"
-        raise UsageError(
-            f"{out / VQ_FILE} has {vq.config.codebook_size} codes but the GPT expects {gpt_cfg.vocab_size}; {fix}"
-        )
-    images, labels = load_split("train", data, limit=64 if args.quick else None, size=size)
-    test, test_labels = load_split("test", data, limit=32 if args.quick else None, size=size)
-    tokens, t_train = cached_tokens(vq, images, run / "tokens_train.pt", vq_sha, progress, "tokenize train")
-    test_tokens, t_test = cached_tokens(vq, test, run / "tokens_test.pt", vq_sha, progress, "tokenize test")
-    print(f"tokens: train {tuple(tokens.shape)}, test {tuple(test_tokens.shape)}", flush=True)
-    del images, test  # ~1.1 GB of 64 x 64 float images not needed while the GPT trains
+    vq = matching_vq(args, out / VQ_FILE, gpt_cfg, device)
+    tokens, labels, test_tokens, test_labels, t_tokens = gpt_sequences(args, vq, vq_sha, places, size)
     evaluate, stop, long_info = None, None, {}
     if args.recipe == LONG:
-        epochs, stop, k = long_settings(args)
-        steps = steps_for_epochs(epochs, tokens.shape[0], gpt_train.batch_size)
-        gpt_train = replace(gpt_train, steps=steps, lr=args.lr if args.lr is not None else gpt_train.lr)
-        sub = eval_subset(test_tokens.shape[0], k)
-        sub_tokens, sub_labels = test_tokens[sub], test_labels[sub]
-
-        def evaluate(model):
-            return gpt_nll(model, sub_tokens, sub_labels, progress=False)["nll_bits_per_token"]
-
-        long_info = {
-            "init_from": None if init is None else {"file": str(args.init_from), "sha": init[0], "epochs": init[2]},
-            "recipe": args.recipe,
-            "max_epochs": epochs,  # this run's; with --init-from they come on top of its epochs
-            "max_total_epochs": epochs + (0.0 if init is None else init[2]),
-            "eval_images": int(sub.numel()),
-            "eval_subset_seed": EVAL_SUBSET_SEED,
-            "seed": args.seed,
-            "test_nll": "teacher-forced, true labels, no CFG, bits/token, on the fixed test subset",
-        }
+        gpt_train, evaluate, stop, long_info = long_run(
+            args, gpt_train, tokens.shape[0], test_tokens, test_labels, init
+        )
     gpt, stats = train_gpt(
         gpt_cfg,
         gpt_train,
@@ -425,32 +470,23 @@ def run_gpt(args, recipe, data, out: Path, run: Path, device, progress: bool, in
         run,
         args.seed,
         device,
-        progress,
+        places.progress,
         evaluate=evaluate,
         stop=stop,
         curve_info=long_info,
         init=init if args.recipe == LONG else None,
     )
-    save_module(
-        gpt,
-        gpt_cfg,
-        out / GPT_FILE,
-        seed=args.seed,
-        stage="gpt",
-        vq_sha=vq_sha,
-        variant=variant_of(args),
-        recipe=args.recipe,
-        epochs=stats["epochs"],
-    )
+    meta = dict(seed=args.seed, stage="gpt", vq_sha=vq_sha, variant=variant_of(args), recipe=args.recipe)
+    save_module(gpt, gpt_cfg, out / GPT_FILE, **meta, epochs=stats["epochs"])
     shipped, _ = load_gpt(out / GPT_FILE, device)
     t0 = time.perf_counter()
-    nll = gpt_nll(shipped, test_tokens, test_labels, progress=progress)
+    nll = gpt_nll(shipped, test_tokens, test_labels, progress=places.progress)
     metrics = {
         "config": asdict(gpt_cfg),
         "train": asdict(gpt_train),
         "parameters": count_params(gpt),
         **stats,
-        "tokenize_time_s": t_train + t_test,
+        "tokenize_time_s": t_tokens,
         "eval_time_s": time.perf_counter() - t0,
         "train_sequences": int(tokens.shape[0]),
         "test": nll,
@@ -545,7 +581,7 @@ def main(argv=None) -> int:
     if args.snapshot:
         return snapshot(args, recipe, run)
     init = warm_start(args, recipe[2]) if args.recipe == LONG and args.stage != "vq" else None
-    progress = not args.no_progress
+    places = StagePlaces(data, out, run, device, not args.no_progress)
     metrics = read_json(out / METRICS_FILE)
     metrics.update(
         seed=args.seed,
@@ -561,12 +597,12 @@ def main(argv=None) -> int:
     if quick_vq:
         print(f"--quick: training a quick VQ into {out} (the shipped one has another codebook size)")
     if args.stage in ("vq", "all") or quick_vq:
-        metrics["vq"] = run_vq(args, recipe, data, out, run, device, progress)
+        metrics["vq"] = run_vq(args, recipe, places)
         if args.stage == "vq":
             metrics.pop("gpt", None)  # a new VQ invalidates the old GPT's numbers
         write_json(metrics, out / METRICS_FILE)
     if args.stage in ("gpt", "all"):
-        metrics["gpt"] = run_gpt(args, recipe, data, out, run, device, progress, init)
+        metrics["gpt"] = run_gpt(args, recipe, places, init)
         metrics["token_budget"] = metrics["gpt"]["token_budget"]
     metrics["files"] = {f: (out / f).stat().st_size for f in (VQ_FILE, GPT_FILE) if (out / f).is_file()}
     metrics["total_size_bytes"] = sum(metrics["files"].values())

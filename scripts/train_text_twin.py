@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ambiguity.cli import (  # noqa: E402
+from ambiguity.cli import (
     ArgumentParser,
     add_device_args,
     add_out_arg,
@@ -52,18 +52,17 @@ from ambiguity.cli import (  # noqa: E402
     positive_int,
     seed_int,
 )
-from ambiguity.data import text_corpus as tc  # noqa: E402
-from ambiguity.errors import UsageError  # noqa: E402
-from ambiguity.io import atomic_path, ensure_writable_dir, save_tensors, write_json  # noqa: E402
-from ambiguity.models.base import resolve_device  # noqa: E402
-from ambiguity.models.checkpoints import save_module  # noqa: E402
-from ambiguity.models.embedded import GPT_FILE, WEIGHTS_DIR, load_gpt  # noqa: E402
-from ambiguity.models.embedded import METRICS_FILE as IMAGE_METRICS  # noqa: E402
-from ambiguity.models.gpt import GPTConfig  # noqa: E402
-from ambiguity.models.text_twin import HELDOUT_FILE, METRICS_FILE, TOKENIZER_FILE, TWIN_FILE, twin_config  # noqa: E402
-from ambiguity.seeding import holdout_seed  # noqa: E402
-from ambiguity.train import GPTTrainConfig, gpt_nll, train_gpt  # noqa: E402
-from ambiguity.train_loop import count_params  # noqa: E402
+from ambiguity.data import text_corpus as tc
+from ambiguity.errors import UsageError
+from ambiguity.io import atomic_path, ensure_writable_dir, save_tensors, write_json
+from ambiguity.models.base import resolve_device
+from ambiguity.models.checkpoints import save_module
+from ambiguity.models.embedded import GPT_FILE, WEIGHTS_DIR, load_gpt
+from ambiguity.models.embedded import METRICS_FILE as IMAGE_METRICS
+from ambiguity.models.text_twin import HELDOUT_FILE, METRICS_FILE, TOKENIZER_FILE, TWIN_FILE, twin_config
+from ambiguity.seeding import holdout_seed
+from ambiguity.train import GPTTrainConfig, embedded_recipe, gpt_nll, train_gpt
+from ambiguity.train_loop import count_params
 
 HELDOUT_SHIPPED = 512  # held-out passages shipped for --source dataset (64 KB as int16)
 
@@ -96,17 +95,7 @@ def image_reference(weights: Path):
 def quick_reference():
     """A tiny stand-in for the image model (``--quick``): vocabulary 300, the smallest size a
     byte-level BPE over a toy corpus supports comfortably; 8 steps of batch 8."""
-    cfg = GPTConfig(
-        dim=32,
-        n_layer=2,
-        n_head=2,
-        multiple_of=32,
-        num_classes=10,
-        class_dropout_prob=0.1,
-        vocab_size=300,
-        block_size=64,
-        rope="2d",
-    )
+    cfg = dataclasses.replace(embedded_recipe(quick=True)[2], vocab_size=300)  # the quick image GPT, a text vocabulary
     return cfg, GPTTrainConfig(steps=8, batch_size=8, warmup=1, ckpt_every=4), {}
 
 
@@ -220,6 +209,51 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+def reference_and_corpus(args):
+    """(image GPTConfig, GPTTrainConfig, image metrics, corpus chapters) of the options: the
+    ``--quick`` stand-ins and synthetic corpus, or the shipped image model and the KJV (or ``--corpus``)."""
+    if args.quick:
+        return (*quick_reference(), tc.read_text_file(args.corpus) if args.corpus else tc.synthetic_corpus())
+    return (*image_reference(Path(args.image_weights or WEIGHTS_DIR)), tc.load_corpus(args.corpus))
+
+
+def ship_twin(gpt, cfg, data: dict, out: Path, corpus: str, seed: int, token_budget: int) -> None:
+    """Write the shipped files: the twin (fp16, tokenizer hash and budget in its metadata), its
+    tokenizer and the first held-out passages for ``--source dataset``."""
+    tok_json = data["tokenizer"].to_str()
+    meta = {
+        "tokenizer_sha256": hashlib.sha256(tok_json.encode()).hexdigest(),
+        "seed": seed,
+        "stage": "text-twin",
+        "corpus": corpus,
+        "token_budget": token_budget,
+    }
+    save_module(gpt, cfg, out / TWIN_FILE, **meta)
+    with atomic_path(out / TOKENIZER_FILE) as tmp:
+        tmp.write_text(tok_json)
+    save_tensors(
+        {"tokens": data["heldout"][:HELDOUT_SHIPPED].to(torch.int16 if cfg.vocab_size < 2**15 else torch.int32)},
+        out / HELDOUT_FILE,
+        {
+            "description": "held-out passages (chapters never trained on) for --source dataset",
+            "corpus": corpus,
+            "tokenizer_sha256": meta["tokenizer_sha256"],
+        },
+    )
+
+
+def shipped_nll(out: Path, data: dict, device, progress: bool) -> tuple[dict, dict, float]:
+    """Test metrics with the fp16 file as shipped, the same measure as the image model's:
+    (held-out NLL, NLL of as many training passages, seconds)."""
+    shipped, _ = load_gpt(out / TWIN_FILE, device)
+    t0 = time.perf_counter()
+    held = data["heldout"]
+    heldout = gpt_nll(shipped, held, bos_labels(held.shape[0]), progress=progress)
+    seen = data["train_disjoint"][: held.shape[0]]
+    train_nll = gpt_nll(shipped, seen, bos_labels(seen.shape[0]), progress=progress)
+    return heldout, train_nll, time.perf_counter() - t0
+
+
 @cli_main
 def main(argv=None) -> int:
     """Entry point; see the module docstring. Returns 0; UsageErrors exit 2 with one line."""
@@ -233,12 +267,7 @@ def main(argv=None) -> int:
     out = ensure_writable_dir(args.out or (run_dir / "weights" if args.quick else WEIGHTS_DIR))
     if args.drafter_tokens:
         check_out_dir(args.drafter_tokens, "--drafter-tokens")
-    if args.quick:
-        image_cfg, train_cfg, image_metrics = quick_reference()
-        chapters = tc.read_text_file(args.corpus) if args.corpus else tc.synthetic_corpus()
-    else:
-        image_cfg, train_cfg, image_metrics = image_reference(Path(args.image_weights or WEIGHTS_DIR))
-        chapters = tc.load_corpus(args.corpus)
+    image_cfg, train_cfg, image_metrics, chapters = reference_and_corpus(args)
     cfg = twin_config(image_cfg)
     length = cfg.block_size
     if args.token_budget:  # same batch and schedule shape, as many steps as the budget needs
@@ -253,40 +282,14 @@ def main(argv=None) -> int:
     gpt, stats = train_gpt(
         cfg, train_cfg, train_x, bos_labels(train_x.shape[0]), run_dir, args.seed, device, progress=not args.no_progress
     )
-
-    tok_json = data["tokenizer"].to_str()
     corpus = str(args.corpus or ("synthetic" if args.quick else "kjv"))
-    meta = {
-        "tokenizer_sha256": hashlib.sha256(tok_json.encode()).hexdigest(),
-        "seed": args.seed,
-        "stage": "text-twin",
-        "corpus": corpus,
-        "token_budget": stats["token_budget"],
-    }
-    save_module(gpt, cfg, out / TWIN_FILE, **meta)
-    with atomic_path(out / TOKENIZER_FILE) as tmp:
-        tmp.write_text(tok_json)
-    held = data["heldout"]
-    save_tensors(
-        {"tokens": held[:HELDOUT_SHIPPED].to(torch.int16 if cfg.vocab_size < 2**15 else torch.int32)},
-        out / HELDOUT_FILE,
-        {
-            "description": "held-out passages (chapters never trained on) for --source dataset",
-            "corpus": corpus,
-            "tokenizer_sha256": meta["tokenizer_sha256"],
-        },
-    )
+    ship_twin(gpt, cfg, data, out, corpus, args.seed, stats["token_budget"])
     if args.drafter_tokens:
         write_drafter_tokens(
             Path(args.drafter_tokens), data, args.drafter_test_size, args.drafter_train_size, args.seed
         )
-
-    # test metrics with the fp16 file as shipped, the same measure as the image model's
-    shipped, _ = load_gpt(out / TWIN_FILE, device)
-    t0 = time.perf_counter()
-    heldout = gpt_nll(shipped, held, bos_labels(held.shape[0]), progress=not args.no_progress)
-    seen = data["train_disjoint"][: held.shape[0]]
-    train_nll = gpt_nll(shipped, seen, bos_labels(seen.shape[0]), progress=not args.no_progress)
+    heldout, train_nll, eval_s = shipped_nll(out, data, device, not args.no_progress)
+    held = data["heldout"]
     image_gpt = image_metrics.get("gpt", {})
     metrics = {
         "config": dataclasses.asdict(cfg),
@@ -306,7 +309,7 @@ def main(argv=None) -> int:
         "image_test_nll_bits_per_token": image_gpt.get("test", {}).get("nll_bits_per_token"),
         "image_token_budget": image_metrics.get("token_budget"),
         "data_time_s": t_data,
-        "eval_time_s": time.perf_counter() - t0,
+        "eval_time_s": eval_s,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "files": {f: (out / f).stat().st_size for f in (TWIN_FILE, TOKENIZER_FILE, HELDOUT_FILE)},

@@ -10,6 +10,7 @@ from ambiguity.analyses import concentration as conc
 from ambiguity.analyses import interchangeability as inter
 from ambiguity.errors import UsageError
 from ambiguity.neighbourhood import build_neighbourhoods
+from ambiguity.runs import RunOptions
 
 # A codebook on a line: code i sits at i. l2 neighbours of code 3 are 2, 4, 1, 5, 0, 6, 7 (ties -> lower index).
 LINE = torch.arange(8, dtype=torch.float32)[:, None]
@@ -105,7 +106,8 @@ def tiny(tmp_path_factory):
 def test_concentration_on_a_model_invariants_and_resume(tiny, tmp_path, monkeypatch):
     _, model = tiny
     ks = [1, 4, 16, 63]
-    kw = dict(num_images=3, batch_size=2, seed=3, out_dir=tmp_path, cache_dir=tmp_path / "c", progress=False)
+    opts = RunOptions(out=tmp_path, progress=False)
+    kw = dict(num_images=3, batch_size=2, seed=3, cache_dir=tmp_path / "c", options=opts)
     pos, summary = conc.run_concentration(model, ks, ["l2", "cosine"], **kw)
     assert len(pos) == 3 * 16 * 5 * len(ks)  # images x positions x sets x ks
     wide = pos.pivot_table(index=["image", "position", "k"], columns="set", values="mass")
@@ -140,8 +142,8 @@ def test_concentration_teacher_forced_real_tokens(tiny, tmp_path):
         anchor="sampled",
         conditions=[1, 2, 3],
         images=images,
-        progress=False,
         cache_dir=tmp_path,
+        options=RunOptions(progress=False),
     )
     real = model.encode_images(images).reshape(3, 16)
     one = pos[(pos["set"] == "top-k") & (pos["k"] == 2)].sort_values(["image", "position"])
@@ -161,9 +163,9 @@ def test_real_images_need_a_matching_model(tiny):
 def test_concentration_bad_inputs(tiny):
     _, model = tiny
     with pytest.raises(UsageError, match=r"--ks must lie in 1\.\.63"):
-        conc.run_concentration(model, [0, 4], num_images=1, progress=False, cache_dir=None)
+        conc.run_concentration(model, [0, 4], num_images=1, cache_dir=None, options=RunOptions(progress=False))
     with pytest.raises(UsageError, match="--metrics"):
-        conc.run_concentration(model, [4], ["random"], num_images=1, progress=False)
+        conc.run_concentration(model, [4], ["random"], num_images=1, options=RunOptions(progress=False))
 
 
 # --------------------------------------------------------------------------- interchangeability
@@ -230,7 +232,7 @@ def test_replace_tokens_counts_and_membership():
 
 def test_interchangeability_on_a_model_resume_and_grid(tiny, tmp_path, monkeypatch):
     _, model = tiny
-    kw = dict(num_images=2, batch_size=2, out_dir=tmp_path, cache_dir=tmp_path / "c", progress=False)
+    kw = dict(num_images=2, batch_size=2, cache_dir=tmp_path / "c", options=RunOptions(out=tmp_path, progress=False))
     codes, nb, per_image, summary = inter.run_interchangeability(model, [1, 4], [0.5, 1.0], **kw)
     assert codes.shape == (2, 4, 4) and nb.k == 4
     assert len(summary) == 2 * 2 + 2 and len(per_image) == 6 * 2

@@ -1425,6 +1425,63 @@ def _reseal(run: Path, name: str) -> None:
     (run / RUN_FILE).write_text(json.dumps(record))
 
 
+# --------------------------------------------------------------------------- token ids and LlamaGen grids
+def negative_tokens(tmp: Path) -> None:
+    """A setup: ``{tmp}/tokens.safetensors`` whose codes hold one -1 (indexed as the last code before)."""
+    import torch
+    from safetensors.torch import save_file
+
+    tokens = torch.zeros(40, 64, dtype=torch.long)
+    tokens[7, 3] = -1
+    save_file({"tokens": tokens, "labels": torch.zeros(40, dtype=torch.long)}, str(tmp / "tokens.safetensors"))
+
+
+def janus_word_beyond_vocab(tmp: Path) -> None:
+    """A setup: a tiny Janus in ``{tmp}/janus`` whose tokenizer maps "zebra" past the embedding table,
+    and ``{tmp}/caps.txt`` asking for a zebra."""
+    from hf_tiny import save, tiny_janus
+
+    model, tok = tiny_janus()
+    tok.add_tokens(["zebra"])
+    save(model, tok, tmp / "janus")
+    write(tmp / "caps.txt", "a zebra\n")
+
+
+STAGE2_NAME = files(t2i_XL_stage2_512__pt="not read: the names are checked first")
+CASES += [
+    C(
+        "td-tokens-negative",
+        T,
+        ["--tokens", "{tmp}/tokens.safetensors", "--test-size", "5"],
+        negative_tokens,
+        "image code -1 is outside the valid range 0..1023",
+    ),
+    C(
+        "prof-caption-word-beyond-vocab",
+        P,
+        ["--model", "janus-pro-1b", "--weights", "{tmp}/janus", "--captions", "{tmp}/caps.txt", "--num-images", "1"],
+        janus_word_beyond_vocab,
+        "token id 105 ('zebra'), outside the valid range 0..104",
+    ),
+    C("td-image-size-not-llamagen", T, ["--image-size", "256"], expect="drop --image-size"),
+    C("td-image-size-zero", T, ["--image-size", "0"], expect="--image-size"),
+    C(
+        "td-image-size-against-file-name",
+        T,
+        ["--model", "llamagen-t2i-stage2", "--weights", "{tmp}/t2i_XL_stage2_512.pt", "--image-size", "256"],
+        STAGE2_NAME,
+        "--image-size 256 says 256 px but the file name t2i_XL_stage2_512.pt says 512 px",
+    ),
+    C(
+        "td-image-size-not-multiple-of-16",
+        T,
+        ["--model", "llamagen-t2i-stage2", "--weights", "{tmp}/t2i_XL_stage2_512.pt", "--image-size", "500"],
+        STAGE2_NAME,
+        "multiple of 16",
+    ),
+]
+
+
 # --------------------------------------------------------------------------- running and judging
 def _env(tmp: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "FASHION_MNIST", "AMBIGUITY_"))}

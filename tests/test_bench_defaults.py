@@ -13,7 +13,7 @@ import pytest
 from ambiguity.cli import ArgumentParser
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
+SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "common")  # common: no script
 
 
 class _Parsed(Exception):

@@ -201,7 +201,7 @@ def test_cli_writes_table_and_figures_and_resumes(tiny, tmp_path, capsys, monkey
         raise AssertionError("a finished model was profiled again")
 
     with monkeypatch.context() as m:
-        m.setattr(cmp, "profile", refuse)
+        m.setattr(cmp, "profile_model", refuse)
         assert cmp.main(_args(tiny, out, "--cfg", "2.0")) == 0
     again = pd.read_parquet(out / "compare.parquet").set_index("model")
     pd.testing.assert_frame_equal(again, df)

@@ -338,6 +338,27 @@ def test_replay_and_evaluate_refuse_final_files_the_run_did_not_write(how, gener
     assert_same_tables(run, generate_runs / "clean", ["steps.parquet", "drafts.parquet", "images.parquet"])
 
 
+def test_a_merge_without_figures_keeps_the_seal_of_the_images(generate_runs, tmp_path, capsys):
+    """``ambiguity merge RUN --no-figures`` rewrites the tables only: the PNGs' SHA-256 stay sealed, so
+    a PNG duplicated after the merge is still refused (it was scored before: FID 121.86, exit 0)."""
+    from ambiguity.merge import main as merge_main
+    from ambiguity.runs import RUN_FILE, SEAL_KEY
+    from lantern.replay import main as replay_main
+
+    run = fresh_copy(generate_runs / "clean", tmp_path / "run")
+    before = json.loads((run / RUN_FILE).read_text())[SEAL_KEY]
+    assert merge_main([str(run), "--no-figures"]) == 0
+    after = json.loads((run / RUN_FILE).read_text())[SEAL_KEY]
+    pngs = {f"images/{i:05d}.png" for i in range(3)}
+    assert set(after) == set(before) and pngs <= set(after)  # every checksum kept (summary.json's wall time differs)
+    assert {k: after[k] for k in pngs} == {k: before[k] for k in pngs}
+    shutil.copy(run / "images" / "00000.png", run / "images" / "00002.png")
+    capsys.readouterr()
+    assert replay_main([str(run), "--out", str(tmp_path / "replay")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "00002.png" in err and "not the file this run wrote" in err, err
+
+
 def _same_generate_outputs(run: Path, clean: Path) -> None:
     assert_same_tables(run, clean, ["steps.parquet", "drafts.parquet", "images.parquet"])
     for i in range(3):

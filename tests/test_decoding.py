@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from reference.chain import autoregressive_decode, speculative_decode
 
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
@@ -30,7 +31,6 @@ from lantern.drafter.model import Drafter, target_fingerprint
 from lantern.engine.decode import DecodeConfig, check_drafter, decode, neighbour_table
 from lantern.engine.records import accept_histogram
 from lantern.methods.chain import accept
-from reference.chain import autoregressive_decode, speculative_decode
 from lantern.rules.acceptance import AcceptanceRule
 
 

@@ -268,7 +268,7 @@ def test_loading_for_another_target_is_refused(model, tmp_path):
     path = Drafter.for_target(model, seed=0).save(tmp_path / "d.safetensors")
     with pytest.raises(UsageError, match=r"trained for embedded, not other.*--model other"):
         Drafter.load(path, tiny_model(0, name="other"))
-    with pytest.raises(UsageError, match=r"other weights.*train_drafter --model embedded"):
+    with pytest.raises(UsageError, match=r"other weights.*lantern.drafter.train --model embedded"):
         Drafter.load(path, tiny_model(seed=5))  # same name and shapes, different checkpoint
     with pytest.raises(UsageError, match="does not exist"):
         Drafter.load(tmp_path / "nope.safetensors", model)

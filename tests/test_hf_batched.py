@@ -18,8 +18,8 @@ import pytest
 import torch
 from hf_tiny import tiny_emu3, tiny_janus, tiny_llama
 from reference.decode import decode_one_by_one
-from test_engine import _same_records
 from test_chameleon import adapter, tiny_config
+from test_engine import _same_records
 from transformers import ChameleonForConditionalGeneration
 
 from ambiguity.errors import UsageError

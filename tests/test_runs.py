@@ -173,7 +173,7 @@ def test_shard_units_and_assemble_units_split_resume_and_merge(tmp_path):
 
     units = [(f"u{i}", {"i": i}) for i in range(5)]
     run = RunDir(tmp_path / "r", {"s": 1}, command="test").open(shards=3)
-    table = lambda i: pd.DataFrame({"i": [i]})  # noqa: E731
+    table = lambda i: pd.DataFrame({"i": [i]})
     for index in range(3):
         shard = Shard(index, 3)
         seen = [(i, part) for i, part in shard_units(run, units, shard)]
@@ -258,20 +258,16 @@ def test_open_shared_records_the_shard_count_and_a_merge_never_clears(tmp_path):
     free.open_shared(Shard(2, 3), any_count=True)  # any number of shards may continue it
 
 
-def test_run_options_take_a_path_options_or_the_old_keywords():
+def test_run_options_take_a_path_or_options():
     from ambiguity.distributed import SINGLE, Shard
     from ambiguity.runs import RunOptions
 
     assert RunOptions.of("runs/x") == RunOptions(out="runs/x", overwrite=False, progress=True, shard=SINGLE)
-    assert RunOptions.of(None, out="o", overwrite=True, progress=False, shard=Shard(1, 2)) == RunOptions(
-        "o", True, False, Shard(1, 2)
-    )
-    assert RunOptions.of(RunOptions(out="o"), progress=False) == RunOptions("o", False, False, SINGLE)
+    opts = RunOptions("o", True, False, Shard(1, 2))
+    assert RunOptions.of(opts) is opts
     assert RunOptions.of() == RunOptions()
-    with pytest.raises(TypeError, match="'outdir'"):
-        RunOptions.of("o", outdir="p")
-    with pytest.raises(TypeError, match="given twice"):
-        RunOptions.of("o", out="p")
+    with pytest.raises(TypeError):  # the old keywords are gone (no shims)
+        RunOptions.of(None, out="o")
 
     class Args:
         out, overwrite, no_progress = "a", True, True
@@ -303,3 +299,49 @@ def test_a_record_made_before_the_weights_digest_continues_and_a_foreign_digest_
         RunDir(d2, other, command="test").open()
     with pytest.raises(UsageError, match="model.weights_digest: 'aaaa' there, None now"):
         RunDir(d2, legacy, command="test").open()  # dropping a recorded digest is no legacy case
+
+
+def test_a_later_seal_keeps_the_checksums_of_the_files_it_does_not_name(tmp_path):
+    """A pass that rewrites some outputs (a merge with --no-figures) reseals those and keeps the rest."""
+    from ambiguity.runs import RUN_FILE, SEAL_KEY
+
+    run = RunDir(tmp_path / "r", {"a": 1}, command="test").open()
+    (run.path / "t.csv").write_text("x\n1\n")
+    (run.path / "img.png").write_bytes(b"png bytes")
+    run.seal(["t.csv", "img.png"])
+    (run.path / "t.csv").write_text("x\n2\n")
+    run.seal(["t.csv"])
+    sealed = json.loads((run.path / RUN_FILE).read_text())[SEAL_KEY]
+    assert sealed == {"t.csv": file_sha256(run.path / "t.csv"), "img.png": file_sha256(run.path / "img.png")}
+    assert sealed["t.csv"] != sealed["img.png"]
+
+
+def test_a_resumed_run_sweeps_the_debris_of_a_killed_write(tmp_path):
+    """A process killed inside atomic_path (while writing a figure) leaves ``.<name>.*.tmp``; resuming
+    the run removes it, and keeps the temporary file of a writer that is still alive."""
+    import os
+    import subprocess
+    import sys
+
+    from ambiguity.io import _writer
+
+    run = RunDir(tmp_path / "r", {"a": 1}, command="test", outputs=("figures",)).open()
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from ambiguity.io import atomic_path\n"
+            "with atomic_path(sys.argv[1]) as tmp:\n    tmp.write_bytes(b'half a png'); os._exit(9)",
+            str(run.path / "figures" / "grid.png"),
+        ],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert killed.returncode == 9
+    (debris,) = (run.path / "figures").glob(".grid.png.*.tmp")
+    old = run.path / ".summary.json.k3x_9abc.tmp"  # named before writers were recorded
+    old.write_text("{")
+    live = run.path / "figures" / f".other.png.{_writer()}.abcd1234.tmp"  # this process, writing now
+    live.write_bytes(b"...")
+    RunDir(tmp_path / "r", {"a": 1}, command="test", outputs=("figures",)).open()
+    assert not debris.exists() and not old.exists() and live.exists()
+    assert not (run.path / "figures" / "grid.png").exists()

@@ -18,6 +18,8 @@ from collections import defaultdict
 
 import pytest
 import torch
+from reference.tree_decoding import tree_decode, walk_official_greedy, walk_tree
+from reference.trees import Tree
 
 from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
@@ -28,9 +30,7 @@ from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from lantern.distortion import sibling_output_distribution
 from lantern.drafter.model import Drafter
 from lantern.engine.decode import DecodeConfig, decode
-from reference.trees import Tree
 from lantern.methods.tree.draft import log_q, top_log_q
-from reference.tree_decoding import tree_decode, walk_official_greedy, walk_tree
 from lantern.methods.tree.spec import STATIC_TREES, TreeSpec, check_paths, parse_tree
 from lantern.rules.acceptance import AcceptanceRule
 

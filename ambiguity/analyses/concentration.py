@@ -33,17 +33,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.analyses.common import add_analysis_args, analysis_inputs, batches, digest, generate_grids, print_table
-from ambiguity.cli import ArgumentParser, check_out_dir, cli_main, default_out, int_list, sampling_from_args
-from ambiguity.conditions import parse_classes
+from ambiguity.analyses import common
+from ambiguity.cli import cli_main, int_list
 from ambiguity.distributed import SINGLE
 from ambiguity.errors import UsageError
-from ambiguity.io import write_table
 from ambiguity.knn import METRICS
 from ambiguity.memory import check_run_size
-from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.neighbourhood import MATRICES, Neighbourhoods, build_neighbourhoods, model_matrix
-from ambiguity.runs import RunDir, shard_units
+from ambiguity.runs import RunOptions, shard_units
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 
 __all__ = [
@@ -160,7 +157,95 @@ def summarize_concentration(positions):
 
 
 COMMAND = "python -m ambiguity.analyses concentration"
+DESCRIPTION = (
+    "Probability mass the target puts on the latent neighbours of its top-1 token "
+    "(LANTERN Sec. 4.1), against k random tokens and the best k tokens."
+)
 OUTPUTS = ("concentration.parquet", "concentration_positions.parquet", "concentration.png", "concentration.pdf")
+
+
+def _check_metrics(metrics: Sequence[str], anchor: str) -> list[str]:
+    """The distinct metrics, in order. Raises UsageError for a bad metric or anchor."""
+    if anchor not in ("top1", "sampled"):
+        raise UsageError(f"--anchor must be top1 or sampled, got {anchor!r}")
+    metrics = list(dict.fromkeys(metrics))
+    bad = [m for m in metrics if m not in METRICS or m == "random"]
+    if bad or not metrics:
+        raise UsageError(
+            f"--metrics must name some of l2, l2-normalized, cosine (random is always added), got {metrics}"
+        )
+    return metrics
+
+
+def _image_conditions(model, conditions: Optional[list], num_images: int) -> list:
+    """One condition per image (default ``model.default_conditions``). Raises UsageError when too few."""
+    conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
+    if len(conds) < num_images:
+        raise UsageError(f"{len(conds)} conditions for --num-images {num_images}; give one per image")
+    return conds[:num_images]
+
+
+def _concentration_tables(
+    model, matrix: str, metrics: list[str], kmax: int, seed: int, cache_dir, progress: bool
+) -> tuple[dict[str, Neighbourhoods], Neighbourhoods]:
+    """(metric -> neighbourhood table of the ``matrix`` rows, the ``random`` control's table), k = ``kmax``."""
+    rows = model_matrix(model, matrix)
+    tables = {
+        m: build_neighbourhoods(
+            rows,
+            kmax,
+            m,
+            image_token_ids=model.image_token_ids,
+            source=f"{model.name}:{matrix}",
+            cache_dir=cache_dir,
+            progress=progress,
+        )
+        for m in metrics
+    }
+    rtable = build_neighbourhoods(rows, kmax, "random", seed=seed, cache_dir=cache_dir, progress=progress)
+    return tables, rtable
+
+
+def _generated_masses(model, conditions, sampling, seed: int, first: int, anchor: str, tables, rtable, ks):
+    """Sample the images ``first ..`` and measure every curve at each step ->
+    (set -> (B*T, len(ks)) masses, anchors (B*T,), anchor probabilities (B*T,), T)."""
+    steps = []
+
+    def hook(t, logits, p, x):
+        a = p.argmax(-1) if anchor == "top1" else x
+        steps.append((position_masses(p.float(), a, tables, rtable, ks), a, p.gather(1, a[:, None])[:, 0]))
+
+    common.generate_grids(model, conditions, sampling, seed, first, on_step=hook)
+    masses = {n: torch.stack([m[n] for m, _, _ in steps], 1).reshape(-1, len(ks)) for n in steps[0][0]}
+    anchors = torch.stack([a for _, a, _ in steps], 1).reshape(-1)
+    anchor_p = torch.stack([q for _, _, q in steps], 1).reshape(-1)
+    return masses, anchors, anchor_p, len(steps)
+
+
+def _forced_masses(model, conditions, images, sampling, anchor: str, tables, rtable, ks):
+    """Teacher-force the VQ codes of ``images`` and measure every curve; returns as
+    :func:`_generated_masses` (``"sampled"`` anchors are the real tokens)."""
+    prompt = model.make_prompt(conditions, guided=sampling.guided)
+    codes = model.encode_images(images).reshape(len(conditions), -1)
+    step = model.teacher_force(prompt, expand_rows(codes, prompt.guided))
+    p = distribution(step.logits, sampling, prompt.guided)  # (B, T, V)
+    T = p.shape[1]
+    p = p.reshape(-1, model.vocab_size)
+    anchors = p.argmax(-1) if anchor == "top1" else codes.reshape(-1).to(p.device)
+    anchor_p = p.gather(1, anchors[:, None])[:, 0]
+    return position_masses(p, anchors, tables, rtable, ks), anchors, anchor_p, T
+
+
+def _batch_frame(masses, anchors, anchor_p, T: int, images: slice, conditions, ks):
+    """The per-position table (:func:`concentration_frame`) of the images ``images``."""
+    meta = {
+        "image": np.repeat(np.arange(images.start, images.stop), T),
+        "position": np.tile(np.arange(T), len(conditions)),
+        "condition": np.repeat(np.asarray([str(c) for c in conditions], dtype=object), T),
+        "anchor": anchors.cpu().numpy(),
+        "anchor_p": anchor_p.float().cpu().numpy(),
+    }
+    return concentration_frame(masses, ks, meta)
 
 
 @torch.no_grad()
@@ -177,10 +262,8 @@ def run_concentration(
     anchor: str = "top1",
     conditions: Optional[list] = None,
     images: Optional[torch.Tensor] = None,
-    out_dir: Optional[str | Path] = None,
-    overwrite: bool = False,
     cache_dir=None,
-    progress: bool = True,
+    options: Optional[RunOptions] = None,
 ):
     """Measure neighbourhood concentration on generated (or, with ``images``, real) token grids.
 
@@ -197,106 +280,49 @@ def run_concentration(
         conditions: one per image (default: classes round-robin / ``default_conditions``).
         images: (num_images, C, H, W) real images in [0, 1] to teacher-force (their VQ codes)
             instead of generating; ``conditions`` are then their labels.
-        out_dir: a run directory (:class:`ambiguity.runs.RunDir`): each finished batch is a
-            part, reused on a rerun with the same settings; other settings are refused unless
-            ``overwrite``.
+        cache_dir: the neighbourhood cache folder (None: the default).
+        options: :class:`~ambiguity.runs.RunOptions`: ``out`` a run directory (each finished batch
+            a part, reused on a rerun with the same settings; other settings refused unless
+            ``overwrite``), ``progress`` bars; one process (no ``shard``).
     Returns (positions DataFrame (see :func:`concentration_frame`), summary DataFrame).
-    Raises UsageError for bad ks, metrics, matrix or anchor.
+    Raises UsageError for bad ks, metrics, matrix or anchor, too few conditions or a sharded ``options``.
     """
+    opts = RunOptions.of(options)
     sampling = sampling or SamplingConfig()
-    if anchor not in ("top1", "sampled"):
-        raise UsageError(f"--anchor must be top1 or sampled, got {anchor!r}")
-    metrics = list(dict.fromkeys(metrics))
-    bad = [m for m in metrics if m not in METRICS or m == "random"]
-    if bad or not metrics:
-        raise UsageError(
-            f"--metrics must name some of l2, l2-normalized, cosine (random is always added), got {metrics}"
-        )
-    V = model.vocab_size
-    ks = _check_ks(ks if ks is not None else default_ks(V), V - 1)
+    metrics = _check_metrics(metrics, anchor)
+    ks = _check_ks(ks if ks is not None else default_ks(model.vocab_size), model.vocab_size - 1)
     check_run_size(model, num_images, batch_size, sampling.guided)
-    rows = model_matrix(model, matrix)
-    tables = {
-        m: build_neighbourhoods(
-            rows,
-            ks[-1],
-            m,
-            image_token_ids=model.image_token_ids,
-            source=f"{model.name}:{matrix}",
-            cache_dir=cache_dir,
-            progress=progress,
-        )
-        for m in metrics
+    tables, rtable = _concentration_tables(model, matrix, metrics, ks[-1], seed, cache_dir, opts.progress)
+    conds = _image_conditions(model, conditions, num_images)
+    settings = {
+        "analysis": "concentration",
+        "model": model.describe(),
+        "matrix": matrix,
+        "metrics": metrics,
+        "ks": ks,
+        "sampling": sampling.as_dict(),
+        "seed": seed,
+        "anchor": anchor,
+        "real_images": images is not None,
+        "batch_size": batch_size,
+        "num_images": num_images,
+        "conditions": common.digest(conds),
+        "matrix_key": tables[metrics[0]].key,
     }
-    rtable = build_neighbourhoods(rows, ks[-1], "random", seed=seed, cache_dir=cache_dir, progress=progress)
-    conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
-    if len(conds) < num_images:
-        raise UsageError(f"{len(conds)} conditions for --num-images {num_images}; give one per image")
-    conds = conds[:num_images]
-    run = None
-    if out_dir is not None:
-        run = RunDir(
-            out_dir,
-            {
-                "analysis": "concentration",
-                "model": model.describe(),
-                "matrix": matrix,
-                "metrics": metrics,
-                "ks": ks,
-                "sampling": sampling.as_dict(),
-                "seed": seed,
-                "anchor": anchor,
-                "real_images": images is not None,
-                "batch_size": batch_size,
-                "num_images": num_images,
-                "conditions": digest(conds),
-                "matrix_key": tables[metrics[0]].key,
-            },
-            command=COMMAND,
-            outputs=OUTPUTS,
-        )
-        run.open(overwrite)
+    run = common.open_analysis_run(opts, settings, COMMAND, OUTPUTS)
     frames = []
-    units = [(f"batch_{b:05d}", {"images": [sl.start, sl.stop]}) for b, sl in batches(num_images, batch_size)]
-    for b, part in tqdm(
-        shard_units(run, units, SINGLE), total=len(units), desc="concentration", unit="batch", disable=not progress
-    ):
+    units = [(f"batch_{b:05d}", {"images": [sl.start, sl.stop]}) for b, sl in common.batches(num_images, batch_size)]
+    bar = dict(total=len(units), desc="concentration", unit="batch", disable=not opts.progress)
+    for b, part in tqdm(shard_units(run, units, SINGLE), **bar):
         sl = slice(*units[b][1]["images"])
         if part is not None:
             frames.append(part.tables["positions"])
             continue
-        cond_b = conds[sl]
         if images is None:
-            steps = []
-
-            def hook(t, logits, p, x, steps=steps):
-                a = p.argmax(-1) if anchor == "top1" else x
-                steps.append((position_masses(p.float(), a, tables, rtable, ks), a, p.gather(1, a[:, None])[:, 0]))
-
-            generate_grids(model, cond_b, sampling, seed, sl.start, on_step=hook)
-            T = len(steps)
-            masses = {n: torch.stack([m[n] for m, _, _ in steps], 1).reshape(-1, len(ks)) for n in steps[0][0]}
-            anchors = torch.stack([a for _, a, _ in steps], 1).reshape(-1)
-            anchor_p = torch.stack([q for _, _, q in steps], 1).reshape(-1)
+            found = _generated_masses(model, conds[sl], sampling, seed, sl.start, anchor, tables, rtable, ks)
         else:
-            prompt = model.make_prompt(cond_b, guided=sampling.guided)
-            codes = model.encode_images(images[sl]).reshape(len(cond_b), -1)
-            step = model.teacher_force(prompt, expand_rows(codes, prompt.guided))
-            p = distribution(step.logits, sampling, prompt.guided)  # (B, T, V)
-            T = p.shape[1]
-            p = p.reshape(-1, V)
-            anchors = p.argmax(-1) if anchor == "top1" else codes.reshape(-1).to(p.device)
-            anchor_p = p.gather(1, anchors[:, None])[:, 0]
-            masses = position_masses(p, anchors, tables, rtable, ks)
-        B = len(cond_b)
-        meta = {
-            "image": np.repeat(np.arange(sl.start, sl.stop), T),
-            "position": np.tile(np.arange(T), B),
-            "condition": np.repeat(np.asarray([str(c) for c in cond_b], dtype=object), T),
-            "anchor": anchors.cpu().numpy(),
-            "anchor_p": anchor_p.float().cpu().numpy(),
-        }
-        frame = concentration_frame(masses, ks, meta)
+            found = _forced_masses(model, conds[sl], images[sl], sampling, anchor, tables, rtable, ks)
+        frame = _batch_frame(*found, sl, conds[sl], ks)
         if run is not None:
             run.write_part(*units[b], tables={"positions": frame})
         frames.append(frame)
@@ -352,12 +378,7 @@ def plot_concentration(summary, path: str | Path, title: str = "") -> list[Path]
 @cli_main
 def main(argv=None) -> int:
     """``python -m ambiguity.analyses.concentration``: mass near the top-1 token vs random and top-k."""
-    ap = ArgumentParser(
-        prog="python -m ambiguity.analyses.concentration",
-        description="Probability mass the target puts on the latent neighbours of its top-1 token "
-        "(LANTERN Sec. 4.1), against k random tokens and the best k tokens.",
-    )
-    add_analysis_args(ap, num_images=32, batch_size=16, out_help="output folder (default: runs/concentration/<model>)")
+    ap = common.analysis_parser("concentration", DESCRIPTION, num_images=32, batch_size=16)
     ap.add_argument("--ks", default=None, help="comma-separated set sizes (default: 1,2,4,...,V-1)")
     ap.add_argument("--metrics", default="l2", help="comma-separated: l2, l2-normalized, cosine (default: %(default)s)")
     ap.add_argument("--matrix", default="codebook", choices=MATRICES)
@@ -365,48 +386,28 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     ks = int_list(args.ks, "--ks", minimum=1) if args.ks else None
-    out = check_out_dir(args.out or default_out("concentration", args.model))
-    if args.cache_dir is not None:
-        check_out_dir(args.cache_dir, "--cache-dir")
-    check_spec_options(args.model, args.weights, classes=parse_classes(args.classes), captions=args.captions)
-    model = load_model(args.model, weights=args.weights, device=args.device)
-    sampling = sampling_from_args(args, "c2i")
-    conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)
+    setup = common.load_analysis(args, "concentration")
+    model, out = setup.model, setup.out
     positions, summary = run_concentration(
         model,
         ks,
         [m for m in args.metrics.split(",") if m],
         args.matrix,
-        num_images=args.num_images,
-        batch_size=args.batch_size,
-        sampling=sampling,
-        seed=args.seed,
         anchor=args.anchor,
-        conditions=conds,
-        images=images,
-        out_dir=out,
-        overwrite=args.overwrite,
-        cache_dir=args.cache_dir,
-        progress=not args.no_progress,
+        **common.run_arguments(args, setup),
     )
-    summary.insert(0, "model", model.name)
-    summary.insert(1, "matrix", args.matrix)
-    write_table(summary, out / "concentration.parquet")
-    write_table(positions, out / "concentration_positions.parquet")
-    src = "real images" if images is not None else "generated"
+    tables = common.write_results(
+        summary, positions, out, "concentration", "positions", {"model": model.name, "matrix": args.matrix}
+    )
+    src = "real images" if setup.images is not None else "generated"
     figs = plot_concentration(
         summary, out / "concentration", title=f"{model.name}, {args.matrix}, {args.num_images} {src} images"
     )
-    print_table(
-        summary,
-        ["set", "k", "mean", "q25", "q50", "q75", "over_random"],
-        title=f"neighbourhood concentration ({model.name}, {args.matrix} rows, anchor {args.anchor}, "
-        f"{summary['positions'].iloc[0]} positions):",
+    title = (
+        f"neighbourhood concentration ({model.name}, {args.matrix} rows, anchor {args.anchor}, "
+        f"{summary['positions'].iloc[0]} positions):"
     )
-    print(
-        f"wrote {out / 'concentration.parquet'}, {out / 'concentration_positions.parquet'}, "
-        f"{', '.join(str(f) for f in figs)}"
-    )
+    common.print_table(summary, ["set", "k", "mean", "q25", "q50", "q75", "over_random"], title, tables + figs)
     return 0
 
 

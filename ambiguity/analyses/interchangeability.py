@@ -36,26 +36,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ambiguity import plots
-from ambiguity.analyses.common import add_analysis_args, analysis_inputs, batches, digest, generate_grids, print_table
-from ambiguity.cli import (
-    ArgumentParser,
-    check_out_dir,
-    cli_main,
-    default_out,
-    float_list,
-    int_list,
-    positive_int,
-    sampling_from_args,
-)
-from ambiguity.conditions import parse_classes
+from ambiguity.analyses import common
+from ambiguity.cli import ArgumentParser, cli_main, float_list, int_list, positive_int
 from ambiguity.distributed import SINGLE
 from ambiguity.errors import UsageError
-from ambiguity.io import write_table
 from ambiguity.knn import METRICS
 from ambiguity.memory import RECORD_BYTES, check_count, check_run_size
-from ambiguity.models.registry import check_spec_options, load_model
 from ambiguity.neighbourhood import MATRICES, Neighbourhoods, build_neighbourhoods, model_matrix
-from ambiguity.runs import RunDir, shard_units
+from ambiguity.runs import RunDir, RunOptions, shard_units
 from ambiguity.sampling import SamplingConfig
 from ambiguity.seeding import replacement_seed
 
@@ -322,9 +310,46 @@ def plot_psnr(summary, path: str | Path, title: str = "") -> list[Path]:
 
 
 COMMAND = "python -m ambiguity.analyses interchangeability"
+DESCRIPTION = (
+    "Replace a fraction of tokens by latent neighbours (or random tokens), decode, "
+    "and measure the pixel error (LANTERN Sec. 4.1, Fig. 3)."
+)
 OUTPUTS = ("interchangeability.parquet", "interchangeability_images.parquet") + tuple(
     f"interchangeability_{f}.{x}" for f in ("grid", "psnr") for x in ("png", "pdf")
 )
+
+
+def _check_settings(ks: Optional[Sequence[int]], rates: Sequence[float], repeats: int, V: int):
+    """(sorted distinct ks, sorted distinct rates); ks default: those of 1, 4, 16, 64, 256 below
+    ``V``. Raises UsageError for ks outside 1..V-1, rates outside [0, 1] or repeats < 1."""
+    ks = sorted({int(k) for k in (ks if ks is not None else [k for k in (1, 4, 16, 64, 256) if k < V])})
+    if not ks or ks[0] < 1 or ks[-1] > V - 1:
+        raise UsageError(f"--ks must lie in 1..{V - 1}, got {ks}")
+    rates = sorted({float(r) for r in rates})
+    if not rates or rates[0] < 0 or rates[-1] > 1:
+        raise UsageError(f"--rates must lie in [0, 1], got {rates}")
+    if repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {repeats}")
+    return ks, rates
+
+
+def _token_grids(model, run: Optional[RunDir], conditions, images, sampling, seed: int, batch_size: int):
+    """(B, h, w) int64 code grids: generated (or the VQ codes of real ``images``) per batch, kept
+    as the run's ``codes`` part and read from it on a rerun."""
+    holds = {"images": len(conditions)}
+    part = run.read_part("codes", holds) if run is not None else None
+    if part is not None:
+        return part.tensors["codes"]["codes"].to(model.device)
+    grids = []
+    for _, sl in common.batches(len(conditions), batch_size):
+        if images is not None:
+            grids.append(model.encode_images(images[sl]))
+        else:
+            grids.append(common.generate_grids(model, conditions[sl], sampling, seed, sl.start).view(-1, *model.grid))
+    codes = torch.cat(grids)
+    if run is not None:
+        run.write_part("codes", holds, tensors={"codes": {"codes": codes}})
+    return codes
 
 
 @torch.no_grad()
@@ -342,32 +367,24 @@ def run_interchangeability(
     repeats: int = 1,
     conditions: Optional[list] = None,
     images: Optional[torch.Tensor] = None,
-    out_dir: Optional[str | Path] = None,
-    overwrite: bool = False,
     cache_dir=None,
-    progress: bool = True,
+    options: Optional[RunOptions] = None,
 ):
     """Token grids (generated with ``sampling``, or the VQ codes of real ``images``) -> replacement errors.
 
     ks default: those of 1, 4, 16, 64, 256 below V. Image ``i`` is generated from its own
-    stream (:mod:`ambiguity.seeding`). With ``out_dir`` (a :class:`ambiguity.runs.RunDir`) the
-    grids and every finished setting are parts, so a rerun resumes; other settings are refused
-    unless ``overwrite``.
+    stream (:mod:`ambiguity.seeding`). ``cache_dir``: the neighbourhood cache folder.
+    ``options`` (:class:`~ambiguity.runs.RunOptions`): with ``out`` (a run directory) the grids and
+    every finished setting are parts, so a rerun resumes; other settings are refused unless
+    ``overwrite``; ``progress`` shows progress bars; one process (no ``shard``).
     Returns (codes (B, h, w) int64, neighbourhoods, per-image DataFrame, summary DataFrame).
     Raises UsageError for a model that cannot decode, bad ks/rates or a bad matrix/metric.
     """
     if not model.can_decode:
         raise UsageError(f"{model.name} cannot decode tokens to pixels (no VQ decoder weights); load its tokenizer")
+    opts = RunOptions.of(options)
     sampling = sampling or SamplingConfig()
-    V = model.vocab_size
-    ks = sorted({int(k) for k in (ks if ks is not None else [k for k in (1, 4, 16, 64, 256) if k < V])})
-    if not ks or ks[0] < 1 or ks[-1] > V - 1:
-        raise UsageError(f"--ks must lie in 1..{V - 1}, got {ks}")
-    rates = sorted({float(r) for r in rates})
-    if not rates or rates[0] < 0 or rates[-1] > 1:
-        raise UsageError(f"--rates must lie in [0, 1], got {rates}")
-    if repeats < 1:
-        raise UsageError(f"--repeats must be >= 1, got {repeats}")
+    ks, rates = _check_settings(ks, rates, repeats, model.vocab_size)
     check_run_size(model, num_images, batch_size, sampling.guided)
     check_count(
         repeats,
@@ -384,61 +401,62 @@ def run_interchangeability(
         image_token_ids=model.image_token_ids,
         source=f"{model.name}:{matrix}",
         cache_dir=cache_dir,
-        progress=progress,
+        progress=opts.progress,
     )
     conds = list(conditions) if conditions is not None else model.default_conditions(num_images)
     conds = conds[:num_images]
-    run = None
-    if out_dir is not None:
-        run = RunDir(
-            out_dir,
-            {
-                "analysis": "interchangeability",
-                "model": model.describe(),
-                "matrix": matrix,
-                "metric": metric,
-                "sampling": sampling.as_dict(),
-                "seed": seed,
-                "real_images": images is not None,
-                "num_images": num_images,
-                "conditions": digest(conds),
-                "key": nb.key,
-            },
-            command=COMMAND,
-            outputs=OUTPUTS,
-        )
-        run.open(overwrite)
-    holds = {"images": num_images}
-    part = run.read_part("codes", holds) if run is not None else None
-    if part is not None:
-        codes = part.tensors["codes"]["codes"].to(model.device)
-    else:
-        grids = []
-        for _, sl in batches(num_images, batch_size):
-            if images is not None:
-                grids.append(model.encode_images(images[sl]))
-            else:
-                grids.append(generate_grids(model, conds[sl], sampling, seed, sl.start).view(-1, *model.grid))
-        codes = torch.cat(grids)
-        if run is not None:
-            run.write_part("codes", holds, tensors={"codes": {"codes": codes}})
+    settings = {
+        "analysis": "interchangeability",
+        "model": model.describe(),
+        "matrix": matrix,
+        "metric": metric,
+        "sampling": sampling.as_dict(),
+        "seed": seed,
+        "real_images": images is not None,
+        "num_images": num_images,
+        "conditions": common.digest(conds),
+        "key": nb.key,
+    }
+    run = common.open_analysis_run(opts, settings, COMMAND, OUTPUTS)
+    codes = _token_grids(model, run, conds, images, sampling, seed, batch_size)
     per_image = interchangeability(
-        model, codes, nb, rows, ks, rates, seed=seed, repeats=repeats, batch_size=batch_size, run=run, progress=progress
+        model,
+        codes,
+        nb,
+        rows,
+        ks,
+        rates,
+        seed=seed,
+        repeats=repeats,
+        batch_size=batch_size,
+        run=run,
+        progress=opts.progress,
     )
     return codes, nb, per_image, summarize_interchangeability(per_image)
 
 
-@cli_main
-def main(argv=None) -> int:
-    """``python -m ambiguity.analyses.interchangeability``: decode errors of neighbour vs random swaps."""
-    ap = ArgumentParser(
-        prog="python -m ambiguity.analyses.interchangeability",
-        description="Replace a fraction of tokens by latent neighbours (or random tokens), decode, "
-        "and measure the pixel error (LANTERN Sec. 4.1, Fig. 3).",
+def _write_figures(setup, codes, nb, summary, grid_k: int, rates, args) -> list[Path]:
+    """The replacement grid and the PSNR plot of a CLI run; returns the written files."""
+    model = setup.model
+    src = "real" if setup.images is not None else "generated"
+    fig = replacement_grid(
+        model,
+        codes,
+        nb,
+        grid_k,
+        sorted(set(rates)),
+        seed=args.seed,
+        show=args.show,
+        title=f"{model.name}: {src} tokens, {args.metric} neighbours of the {args.matrix}",
     )
-    add_analysis_args(
-        ap, num_images=16, batch_size=16, out_help="output folder (default: runs/interchangeability/<model>)"
-    )
+    figs = plots.save_figure(fig, setup.out / "interchangeability_grid")
+    title = f"{model.name}, {args.matrix}, {args.metric}"
+    return figs + plot_psnr(summary, setup.out / "interchangeability_psnr", title=title)
+
+
+def _parser() -> ArgumentParser:
+    """The ``python -m ambiguity.analyses.interchangeability`` options."""
+    ap = common.analysis_parser("interchangeability", DESCRIPTION, num_images=16, batch_size=16)
     ap.add_argument("--ks", default=None, help="comma-separated neighbourhood sizes (default: 1,4,16,64,256 below V)")
     ap.add_argument(
         "--rates", default="0.1,0.25,0.5,1", help="comma-separated fractions replaced (default: %(default)s)"
@@ -450,68 +468,40 @@ def main(argv=None) -> int:
         "--grid-k", type=positive_int, default=None, help="k shown in the image grid (default: the largest k)"
     )
     ap.add_argument("--show", type=positive_int, default=6, help="images per grid row (default: %(default)s)")
-    args = ap.parse_args(argv)
+    return ap
 
+
+@cli_main
+def main(argv=None) -> int:
+    """``python -m ambiguity.analyses.interchangeability``: decode errors of neighbour vs random swaps."""
+    args = _parser().parse_args(argv)
     ks = int_list(args.ks, "--ks", minimum=1) if args.ks else None
     rates = float_list(args.rates, "--rates", 0.0, 1.0)
     if args.grid_k is not None and ks is not None and args.grid_k > max(ks):
         raise UsageError(f"--grid-k must be in 1..{max(ks)} (the largest of --ks), got {args.grid_k}")
-    out = check_out_dir(args.out or default_out("interchangeability", args.model))
-    if args.cache_dir is not None:
-        check_out_dir(args.cache_dir, "--cache-dir")
-    check_spec_options(args.model, args.weights, classes=parse_classes(args.classes), captions=args.captions)
-    model = load_model(args.model, weights=args.weights, device=args.device)
-    sampling = sampling_from_args(args, "c2i")
-    conds, images = analysis_inputs(model, args.num_images, args.seed, args.classes, args.captions, args.data)
+    setup = common.load_analysis(args, "interchangeability")
+    model = setup.model
     codes, nb, per_image, summary = run_interchangeability(
         model,
         ks,
         rates,
         args.metric,
         args.matrix,
-        num_images=args.num_images,
-        batch_size=args.batch_size,
-        sampling=sampling,
-        seed=args.seed,
         repeats=args.repeats,
-        conditions=conds,
-        images=images,
-        out_dir=out,
-        overwrite=args.overwrite,
-        cache_dir=args.cache_dir,
-        progress=not args.no_progress,
+        **common.run_arguments(args, setup),
     )
     grid_k = args.grid_k or int(summary["k"].max())
     if not 1 <= grid_k <= nb.k:
         raise UsageError(f"--grid-k must be in 1..{nb.k}, got {grid_k}")
-    summary.insert(0, "model", model.name)
-    summary.insert(1, "matrix", args.matrix)
-    summary.insert(2, "metric", args.metric)
-    write_table(summary, out / "interchangeability.parquet")
-    write_table(per_image, out / "interchangeability_images.parquet")
-    src = "real" if images is not None else "generated"
-    fig = replacement_grid(
-        model,
-        codes,
-        nb,
-        grid_k,
-        sorted(set(rates)),
-        seed=args.seed,
-        show=args.show,
-        title=f"{model.name}: {src} tokens, {args.metric} neighbours of the {args.matrix}",
+    columns = {"model": model.name, "matrix": args.matrix, "metric": args.metric}
+    tables = common.write_results(summary, per_image, setup.out, "interchangeability", "images", columns)
+    figs = _write_figures(setup, codes, nb, summary, grid_k, rates, args)
+    src = "real" if setup.images is not None else "generated"
+    title = (
+        f"latent interchangeability ({model.name}, {codes.shape[0]} {src} grids, {args.repeats} draw(s) per setting):"
     )
-    figs = plots.save_figure(fig, out / "interchangeability_grid")
-    figs += plot_psnr(summary, out / "interchangeability_psnr", title=f"{model.name}, {args.matrix}, {args.metric}")
-    print_table(
-        summary,
-        ["mode", "k", "rate", "mse", "psnr", "psnr_median", "latent_distance", "n"],
-        title=f"latent interchangeability ({model.name}, {codes.shape[0]} {src} grids, "
-        f"{args.repeats} draw(s) per setting):",
-    )
-    print(
-        f"wrote {out / 'interchangeability.parquet'}, {out / 'interchangeability_images.parquet'}, "
-        f"{', '.join(str(f) for f in figs)}"
-    )
+    columns = ["mode", "k", "rate", "mse", "psnr", "psnr_median", "latent_distance", "n"]
+    common.print_table(summary, columns, title, tables + figs)
     return 0
 
 

@@ -41,7 +41,16 @@ import torch.nn as nn
 
 from ambiguity.errors import UsageError
 
-__all__ = ["Prompt", "Step", "TokenModel", "DraftLayer", "resolve_device", "compile_refusal", "COMPILING_MODELS"]
+__all__ = [
+    "Prompt",
+    "Step",
+    "TokenModel",
+    "DraftLayer",
+    "resolve_device",
+    "compile_refusal",
+    "check_ids",
+    "COMPILING_MODELS",
+]
 
 
 #: image tokens whose embedding and head rows :meth:`TokenModel.weights_digest` reads
@@ -57,6 +66,28 @@ def compile_refusal(name: str) -> str:
         f"--compile works for the LlamaGen-architecture models ({COMPILING_MODELS}); "
         f"{name} runs eager only, drop --compile"
     )
+
+
+def check_ids(ids: torch.Tensor, n: int, source: str, what: str = "image code", fix: str = "") -> None:
+    """Refuse token ids outside ``0..n-1`` where they enter a model (the embedding would raise an
+    ``IndexError``, or silently wrap a negative id to the end of the table).
+
+    Args:
+        ids: integer tensor of any shape (any device; read once, a host sync on CUDA).
+        n: the size of the table the ids index (image codes V, or the embedding rows).
+        source: where the ids come from, e.g. ``"the codes given to embedded.embed"`` or a file name.
+        what: the kind of id for the message (``"image code"``, ``"token id"``).
+        fix: what the user should do, appended after ``"; "`` (default: pass ids of this model).
+
+    Raises :class:`ambiguity.errors.UsageError` (one line naming the first bad id, ``source`` and
+    the valid range) for an id < 0 or >= n, or a tensor that does not hold integers.
+    """
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise UsageError(f"{source} are {str(ids.dtype).replace('torch.', '')} values; {what}s must be integers")
+    bad = ids[(ids < 0) | (ids >= n)]
+    if bad.numel():
+        hint = fix or f"pass {what}s of this model (made by its own tokenizer)"
+        raise UsageError(f"{source}: {what} {int(bad.reshape(-1)[0])} is outside the valid range 0..{n - 1}; {hint}")
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -201,7 +232,14 @@ class TokenModel(abc.ABC):
         return self.grid[0] * self.grid[1]
 
     def to_vocab_ids(self, codes: torch.Tensor) -> torch.Tensor:
-        """Code indices (any shape, int64) -> vocabulary ids, same shape."""
+        """Code indices (any shape, int64) -> vocabulary ids, same shape. Raises UsageError for a
+        code outside ``0..V-1`` (:func:`check_ids`)."""
+        check_ids(codes, self.vocab_size, f"the codes given to {self.name}.to_vocab_ids")
+        return self.lookup_vocab_ids(codes)
+
+    def lookup_vocab_ids(self, codes: torch.Tensor) -> torch.Tensor:
+        """:meth:`to_vocab_ids` without the range check, for codes known to be in ``0..V-1``
+        (sampled by the model, or checked where they entered)."""
         return self.image_token_ids.to(codes.device)[codes]
 
     def to_code_indices(self, vocab_ids: torch.Tensor) -> torch.Tensor:
@@ -322,8 +360,10 @@ class TokenModel(abc.ABC):
         """Logits and hidden states (rows, N, .) for known sequences tokens (rows, N).
 
         Position ``t`` predicts ``tokens[:, t]`` from the prefix and ``tokens[:, :t]``.
-        The default runs prefill plus one extend over ``tokens[:, :-1]``.
+        The default runs prefill plus one extend over ``tokens[:, :-1]``. Raises UsageError for a
+        code outside ``0..V-1`` (:func:`check_ids`).
         """
+        check_ids(tokens, self.vocab_size, f"the codes given to {self.name}.teacher_force")
         cache = self.new_cache(prompt, tokens.shape[1])
         first = self.prefill(prompt, cache)
         if tokens.shape[1] == 1:
@@ -332,9 +372,17 @@ class TokenModel(abc.ABC):
         return Step(torch.cat([first.logits, rest.logits], 1), torch.cat([first.hidden, rest.hidden], 1))
 
     # ------------------------------------------------------ drafter support
-    @abc.abstractmethod
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Frozen input embeddings of image tokens: (rows, T) code indices -> (rows, T, H)."""
+        """Frozen input embeddings of image tokens: (rows, T) int64 code indices -> (rows, T, H) in
+        the model's dtype. Raises UsageError for a code outside ``0..V-1`` (:func:`check_ids`); codes
+        the model produced itself (decoding) go through :meth:`embed_codes` unchecked."""
+        check_ids(tokens, self.vocab_size, f"the codes given to {self.name}.embed")
+        return self.embed_codes(tokens)
+
+    @abc.abstractmethod
+    def embed_codes(self, tokens: torch.Tensor) -> torch.Tensor:
+        """:meth:`embed` without the range check, for codes known to be in ``0..V-1`` (sampled by the
+        model, or checked where they entered): (rows, T) int64 -> (rows, T, H)."""
 
     @abc.abstractmethod
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -359,7 +407,7 @@ class TokenModel(abc.ABC):
 
     def input_embeddings(self) -> torch.Tensor:
         """Rows of the AR model's input embedding for image tokens, (V, H) float32."""
-        return self.embed(torch.arange(self.vocab_size, device=self.device)[None])[0].float()
+        return self.embed_codes(torch.arange(self.vocab_size, device=self.device)[None])[0].float()
 
     def output_embeddings(self) -> torch.Tensor:
         """Rows of the AR model's output head for image tokens, (V, H) float32."""
@@ -390,7 +438,7 @@ class TokenModel(abc.ABC):
         in every process on one device type and dtype (which :meth:`describe` also records).
         """
         rows = torch.linspace(0, self.vocab_size - 1, DIGEST_ROWS).round().long().to(self.device)
-        emb = self.embed(rows[None])[0].float().cpu()
+        emb = self.embed_codes(rows[None])[0].float().cpu()
         try:
             out = self.output_embeddings()[rows].float().cpu()
         except NotImplementedError:

@@ -219,16 +219,14 @@ class ChameleonModel(HFTokenModel):
             return self.tokenizer.encode(
                 self.template.text.replace("{caption}", condition), add_special_tokens=False
             ).ids
-        ids = [int(i) for i in (condition.tolist() if torch.is_tensor(condition) else condition)]
-        if any(i < 0 or i >= self.lm.config.vocab_size for i in ids):
-            raise UsageError(f"caption token ids must lie in 0..{self.lm.config.vocab_size - 1}")
-        return ids
+        return [int(i) for i in (condition.tolist() if torch.is_tensor(condition) else condition)]
 
     def make_prompt(self, conditions: Sequence, guided: bool = False) -> Prompt:
         """Captions (strings, or lists of text token ids) -> left-padded prefix ids and mask.
 
         ``inputs``: ``{"ids": (rows, P) int64, "mask": (rows, P) int64}``; with ``guided`` the
-        unconditional rows follow the conditional ones. Raises UsageError for no captions.
+        unconditional rows follow the conditional ones. Raises UsageError for no captions, or a token id
+        beyond the embedding table (:meth:`~ambiguity.models.hf_common.HFTokenModel.check_prompt_ids`).
         """
         conditions = list(conditions)
         if not conditions:
@@ -236,14 +234,15 @@ class ChameleonModel(HFTokenModel):
         rows = [self.template.conditional(self.text_ids(c)) for c in conditions]
         if guided:
             rows += [self.template.unconditional()] * len(rows)
-        ids, mask = left_pad_ids(rows, self.template.pad, self.device)
         shown = [c if isinstance(c, str) else f"<token ids {i}>" for i, c in enumerate(conditions)]
+        self.check_prompt_ids(rows, shown)
+        ids, mask = left_pad_ids(rows, self.template.pad, self.device)
         return Prompt({"ids": ids, "mask": mask}, len(conditions), guided, shown)
 
     # ------------------------------------------------------------------ drafter
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_codes(self, tokens: torch.Tensor) -> torch.Tensor:
         """Input embeddings of image tokens: (rows, T) code indices -> (rows, T, H) in the model dtype."""
-        return self.lm.model.embed_tokens(self.to_vocab_ids(tokens.to(self.device)))
+        return self.lm.model.embed_tokens(self.lookup_vocab_ids(tokens.to(self.device)))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Image-token logits (..., V) float32 = hidden @ lm_head.weight[image_token_ids].T, computed in

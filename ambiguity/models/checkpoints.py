@@ -28,6 +28,7 @@ __all__ = [
     "load_strict",
     "save_module",
     "load_module",
+    "load_checkpoint",
     "first_non_finite",
     "check_finite",
 ]
@@ -39,6 +40,14 @@ def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
 
     Raises UsageError for a missing, unreadable or truncated file, or one that holds no state dict.
     """
+    return load_checkpoint(path)[0]
+
+
+def load_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """:func:`load_checkpoint_state` and what the file keeps beside the state dict: (state, extras),
+    extras = the other top-level entries of a ``{"model": sd, ...}`` file (e.g. a training
+    ``"args"`` or ``"config"`` dict; ``{}`` for a bare state dict). Raises UsageError as
+    :func:`load_checkpoint_state`."""
     path = Path(path)
     if path.is_file():  # torch.load materialises the whole file in CPU memory
         check_weights_fit([path], torch.float32, "cpu", str(path))
@@ -53,13 +62,15 @@ def load_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
         ) from None
     if not isinstance(obj, dict):
         raise UsageError(f"{path} is not a state-dict checkpoint; pass the official .pt file")
+    extras = {}
     for key in ("model", "module", "state_dict"):
         if key in obj and isinstance(obj[key], dict):
+            extras = {k: v for k, v in obj.items() if k != key}
             obj = obj[key]
             break
     if not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise UsageError(f"{path} is not a state-dict checkpoint (it holds non-tensor values); pass the weights file")
-    return obj
+    return obj, extras
 
 
 def read_safetensors(path: str | Path, fix: str = "re-create or re-download it") -> tuple[dict, dict]:

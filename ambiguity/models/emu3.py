@@ -154,7 +154,7 @@ class Emu3Model(HFTokenModel):
     # ------------------------------------------------------------------ prompt
     def prompt_ids(self, text: str) -> list[int]:
         """``<bos>`` + text + ``<|image start|>`` + ``"h*w"`` + ``<|image token|>`` as token ids."""
-        enc = lambda s: list(self.tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+        enc = lambda s: list(self.tokenizer(s, add_special_tokens=False)["input_ids"])
         head = [self.bos_id] if self.bos_id is not None else []
         return head + enc(text) + [self.boi_id] + enc(f"{self.grid[0]}*{self.grid[1]}") + [self.img_id]
 
@@ -165,13 +165,14 @@ class Emu3Model(HFTokenModel):
         seqs = [self.prompt_ids(c + self.positive_suffix) for c in captions]
         if guided:
             seqs += [self.prompt_ids(self.negative_prompt)] * len(captions)
+        self.check_prompt_ids(seqs, captions)
         ids, mask = left_pad_ids(seqs, self.pad_id, self.device)
         return Prompt({"ids": ids, "mask": mask}, len(captions), guided, captions)
 
     # ----------------------------------------------------------------- drafter
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_codes(self, tokens: torch.Tensor) -> torch.Tensor:
         """Codes (rows, T) -> text-embedding rows of their visual tokens (rows, T, H)."""
-        return self.text_embeddings(self.to_vocab_ids(tokens.to(self.device)))
+        return self.text_embeddings(self.lookup_vocab_ids(tokens.to(self.device)))
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """``lm_head`` rows of the visual tokens: (..., H) -> float32 logits (..., V) in code order."""

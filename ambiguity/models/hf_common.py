@@ -47,7 +47,7 @@ import torch.nn as nn
 
 from ambiguity.errors import UsageError
 from ambiguity.memory import check_weights_fit
-from ambiguity.models.base import Prompt, Step, TokenModel
+from ambiguity.models.base import Prompt, Step, TokenModel, check_ids
 from ambiguity.models.hf_cache import (
     HFCache,
     additive_mask,
@@ -68,6 +68,7 @@ __all__ = [
     "load_tokenizer",
     "rows_of",
     "token_id",
+    "token_name",
     "local_dir",
 ]
 
@@ -143,19 +144,31 @@ def token_id(tokenizer, token: str, what: str) -> int:
     return int(i)
 
 
+def token_name(tokenizer, i: int) -> str:
+    """`` ('word')``: the string a tokenizer (transformers or ``tokenizers``) maps id ``i`` to; ``""``
+    when there is no tokenizer or it has no such id."""
+    if tokenizer is None:
+        return ""
+    try:
+        name = tokenizer.id_to_token(i) if hasattr(tokenizer, "id_to_token") else tokenizer.convert_ids_to_tokens(i)
+    except (IndexError, KeyError, OverflowError, TypeError, ValueError):
+        return ""
+    return f" ({name!r})" if isinstance(name, str) else ""
+
+
 # --------------------------------------------------------------------------- the protocol's decoding half
 class HFTokenModel(TokenModel):
     """Decoding calls of :class:`TokenModel` for adapters over a transformers decoder.
 
     Subclasses set ``self.decoder`` (the base model returning ``last_hidden_state``),
     ``self.text_embeddings`` (the ``nn.Embedding`` of prompt tokens) and implement
-    :meth:`embed`, :meth:`head` and :meth:`make_prompt` (``prompt.inputs`` = ``{"ids": (rows, P),
+    :meth:`embed_codes`, :meth:`head` and :meth:`make_prompt` (``prompt.inputs`` = ``{"ids": (rows, P),
     "mask": (rows, P)}``, left-padded vocabulary ids); ``eol_id`` when every row of image tokens is
     followed by an end-of-row token. Image tokens enter the decoder through :meth:`expand`, which
     inserts those separators (and :meth:`cache_positions` counts them). Used by the Chameleon
     (Anole, Lumina-mGPT), Janus, Emu3 and Hugging Face text adapters.
 
-    Batched decoding (:mod:`lantern.engine.loop`, :func:`lantern.methods.jacobi.method.batched_jacobi_decode`) runs on
+    Batched decoding (:mod:`lantern.engine.loop`, :func:`lantern.methods.jacobi.method.Jacobi`) runs on
     an :class:`HFSlotsCache`: per-row prompts of any length (left-padded in one prefix region),
     per-row position ids and a 4D additive attention mask; in float64 every image's tokens equal
     one-image decoding's (``tests/test_hf_batched.py``). Draft trees stay refused for layouts with
@@ -180,7 +193,7 @@ class HFTokenModel(TokenModel):
         T = tokens.shape[1]
         t = torch.arange(T, device=tokens.device)
         if self.eol_id is None:
-            return self.embed(tokens), t
+            return self.embed_codes(tokens), t
         w = self.grid[1]
         slot = t + (start + t) // w - start // w  # separators of the rows completed before token t
         ids = torch.full(
@@ -189,8 +202,29 @@ class HFTokenModel(TokenModel):
             dtype=torch.long,
             device=tokens.device,
         )
-        ids[:, slot] = self.to_vocab_ids(tokens)
+        ids[:, slot] = self.lookup_vocab_ids(tokens)
         return self.text_embeddings(ids), slot + ((start + t + 1) % w == 0).long()
+
+    def check_prompt_ids(self, seqs: Sequence[Sequence[int]], shown: Sequence[str]) -> None:
+        """Refuse prompt token ids beyond the text embedding table before they reach it.
+
+        seqs: the token ids of every prompt row (conditional rows, then unconditional ones); shown:
+        what the user gave for each condition (row ``r < len(shown)``; later rows are unconditional).
+        A tokenizer whose ``tokenizer.json`` belongs to another model maps words past the
+        checkpoint's embedding rows (an ``IndexError`` deep in the decoder otherwise). Raises
+        UsageError naming the id, its token and prompt, and the valid range.
+        """
+        n = int(self.text_embeddings.num_embeddings)
+        for r, ids in enumerate(seqs):
+            bad = next((int(i) for i in ids if not 0 <= int(i) < n), None)
+            if bad is None:
+                continue
+            what = shown[r] if r < len(shown) else "the unconditional prompt"
+            raise UsageError(
+                f"prompt {str(what)[:40]!r} of {self.name}: the tokenizer gives token id {bad}"
+                f"{token_name(getattr(self, 'tokenizer', None), bad)}, outside the valid range 0..{n - 1} of "
+                f"the model's embedding table; use the tokenizer files of this checkpoint"
+            )
 
     def cache_positions(self, n: int) -> int:
         """Cache positions taken by the first ``n`` image tokens (end-of-row tokens included)."""
@@ -328,7 +362,7 @@ class HFTokenModel(TokenModel):
 
     def move_slots(self, cache: HFSlotsCache, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy each row's keys/values at image slots ``src`` (rows, m) to ``dst`` (rows, m) (see TokenModel)."""
-        at = lambda x: cache.prefix + self.cache_positions(x.to(self.device))  # noqa: E731 - slot -> entry
+        at = lambda x: cache.prefix + self.cache_positions(x.to(self.device))
         cache.kv.move(at(src), at(dst))
 
     def _entries(self, S: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -372,7 +406,7 @@ class HFTokenModel(TokenModel):
         # a token sees the visible slots' entries, but not the separator after its own slot (it comes later)
         own_sep = entry_sep[None, None] & (entry_slot[None, None] == slots[:, :, None])
         seen = visible[:, :, entry_slot] & ~own_sep  # (R, T, E)
-        embeds = self.embed(tokens)
+        embeds = self.embed_codes(tokens)
         write = P + self.cache_positions(slots)
         pos = cache.start[:, None] + self.cache_positions(positions)
         src = valid = None
@@ -417,7 +451,9 @@ class HFTokenModel(TokenModel):
 
     @torch.no_grad()
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
-        """One full forward (no cache) over the prompt and ``tokens[:, :-1]``; see TokenModel."""
+        """One full forward (no cache) over the prompt and ``tokens[:, :-1]``; see TokenModel. Raises
+        UsageError for a code outside ``0..V-1`` (:func:`~ambiguity.models.base.check_ids`)."""
+        check_ids(tokens, self.vocab_size, f"the codes given to {self.name}.teacher_force")
         ids, mask = prompt.inputs["ids"], prompt.inputs["mask"]
         P = ids.shape[1]
         embeds, pick = self.expand(tokens[:, :-1].to(self.device), 0)

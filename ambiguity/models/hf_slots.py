@@ -47,7 +47,7 @@ class SlotKV:
         self.span = 0
 
     def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        shape = lambda x: (self.rows, x.shape[1], self.capacity, x.shape[3])  # noqa: E731
+        shape = lambda x: (self.rows, x.shape[1], self.capacity, x.shape[3])
         self.keys.append(key_states.new_zeros(shape(key_states)))
         self.values.append(value_states.new_zeros(shape(value_states)))
 

@@ -93,10 +93,11 @@ class HFCausalLM(HFTokenModel):
         for text in prompts:
             ids = list(self.tokenizer(text)["input_ids"])
             seqs.append(ids or [self.start_id])
+        self.check_prompt_ids(seqs, prompts)
         ids, mask = left_pad_ids(seqs, self.pad_id, self.device)
         return Prompt({"ids": ids, "mask": mask}, len(prompts), False, prompts)
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_codes(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (rows, T) -> input embeddings (rows, T, H) in the model dtype."""
         return self.text_embeddings(tokens.to(self.device))
 

@@ -116,11 +116,12 @@ class JanusModel(HFTokenModel):
         seqs = [self.prompt_ids(c) for c in captions]
         if guided:
             seqs = seqs + [self.unconditional_ids(s) for s in seqs]
+        self.check_prompt_ids(seqs, captions)
         ids, mask = left_pad_ids(seqs, self.pad_id, self.device)
         return Prompt({"ids": ids, "mask": mask}, len(captions), guided, captions)
 
     # ----------------------------------------------------------------- drafter
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_codes(self, tokens: torch.Tensor) -> torch.Tensor:
         """Codes (rows, T) -> gen_aligner(gen_embed(codes)) (rows, T, H) in the model dtype."""
         return self.model.prepare_embeddings_for_image_generation(tokens.to(self.device))
 

@@ -8,6 +8,7 @@ small configs. Image-token ids equal code indices (LlamaGen's vocabulary *is* th
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
@@ -15,8 +16,8 @@ from typing import Optional
 import torch
 
 from ambiguity.errors import UsageError
-from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel
-from ambiguity.models.checkpoints import load_checkpoint_state, load_strict
+from ambiguity.models.base import DraftLayer, Prompt, Step, TokenModel, check_ids
+from ambiguity.models.checkpoints import load_checkpoint, load_checkpoint_state, load_strict
 from ambiguity.models.gpt import GPT, GPTConfig, KVCache, TransformerBlock, gpt_config_from_official, rope_table
 from ambiguity.models.hub import find_weight, require_weight
 from ambiguity.models.text_encoders import T5CaptionEncoder
@@ -322,15 +323,19 @@ class LlamaGenModel(TokenModel):
         return cache.kv.length - cache.prefix
 
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
+        """One full forward over the prefix and ``tokens[:, :-1]`` (rows, N) int64; see TokenModel.
+        Raises UsageError for a code outside ``0..V-1`` (:func:`~ambiguity.models.base.check_ids`)."""
         if prompt.inputs.get("mask") is not None and not bool(prompt.inputs["mask"].all()):
-            return super().teacher_force(prompt, tokens)  # padded captions need the masked cache path
+            return super().teacher_force(prompt, tokens)  # padded captions need the masked cache path (checks too)
+        check_ids(tokens, self.vocab_size, f"the codes given to {self.name}.teacher_force")
         prefix = self.prefix_embeddings(prompt)
         h = torch.cat([prefix, self.gpt.embed_tokens(tokens[:, :-1])], dim=1)
         hidden = self.gpt.forward(h)[:, prefix.shape[1] - 1 :]
         return Step(self.gpt.head(hidden), hidden)
 
     # ------------------------------------------------------------------ drafter
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_codes(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Input embeddings (rows, T, dim) of codes (rows, T) int64 in 0..V-1 (code = vocabulary id), unchecked."""
         return self.gpt.embed_tokens(tokens)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -382,8 +387,15 @@ class LlamaGenModel(TokenModel):
         with torch.no_grad():
             return self.vq.encode(images.to(w.device, w.dtype) * 2 - 1)
 
+    #: where the grid of an official checkpoint came from (:func:`load_llamagen`): "declared (--image-size)",
+    #: "read" (its file name or stored config) or "assumed" (the model name's size); None for other builds
+    image_size_from: Optional[str] = None
+
     def describe(self) -> dict:
+        """TokenModel facts plus parameter counts and, for official checkpoints, ``image_size_from``."""
         d = super().describe()
+        if self.image_size_from is not None:
+            d["image_size_from"] = self.image_size_from
         d["parameters"] = sum(p.numel() for p in self.gpt.parameters())
         if self.vq is not None:
             d["tokenizer_parameters"] = sum(p.numel() for p in self.vq.parameters())
@@ -441,6 +453,69 @@ def check_checkpoint_name(path: str | Path, name: str, stage: Optional[int], res
             f"{fname} is a {r.group(1)} px checkpoint but --model {name} generates {resolution} px; "
             f"pick the model name with -{r.group(1)} or the matching file"
         )
+
+
+#: the image size of each official text-to-image stage (its file names say the stage)
+STAGE_SIZES = {1: 256, 2: 512}
+
+
+def llamagen_image_size(
+    path: str | Path,
+    name: str,
+    resolution: int,
+    declared: Optional[int] = None,
+    stored: Optional[int] = None,
+    stage: Optional[int] = None,
+) -> tuple[int, Optional[str]]:
+    """The image size (px) of the LlamaGen checkpoint ``path``, which sets its token grid.
+
+    A LlamaGen state dict does not record its grid (the official model keeps the rotary
+    frequencies outside it), so a Stage II file (512 px, 32 x 32) loads into a Stage I model
+    (16 x 16) without a word. The size comes from what says it: ``declared`` (``--image-size``),
+    ``stored`` (an ``image_size`` the checkpoint file keeps beside its weights) and the file name
+    (``..._384.pt``, ``..._stage2_...``); they must agree. When none says it, the model name's
+    ``resolution`` is assumed.
+
+    Returns (size, note): note is the one-line text saying which grid was assumed and from what
+    (None when the size was declared or read). Raises UsageError when two sources disagree, or
+    a declared size is not a positive multiple of 16.
+    """
+    fname = Path(path).name
+    if declared is not None and (declared < 16 or declared % 16):
+        raise UsageError(f"--image-size must be a positive multiple of 16 (LlamaGen's VQ downsampling), got {declared}")
+    said = []  # (size, where)
+    if declared is not None:
+        said.append((int(declared), f"--image-size {declared}"))
+    if stored is not None:
+        said.append((int(stored), f"the image_size {stored} stored in {fname}"))
+    r, m = _RES.search(fname), _STAGE.search(fname)
+    if r:
+        said.append((int(r.group(1)), f"the file name {fname}"))
+    elif m and stage is not None and int(m.group(1)) in STAGE_SIZES:
+        said.append((STAGE_SIZES[int(m.group(1))], f"the file name {fname} (Stage {m.group(1)})"))
+    for size, where in said[1:]:
+        if size != said[0][0]:
+            raise UsageError(
+                f"{said[0][1]} says {said[0][0]} px but {where} says {size} px; pass the --image-size the "
+                f"checkpoint was trained at, or the matching file"
+            )
+    if said:
+        return said[0][0], None
+    g = resolution // 16
+    return resolution, (
+        f"{name}: {fname} does not record its image size; assuming {resolution} px ({g} x {g} tokens) from the "
+        f"model name; pass --image-size if it was trained at another size"
+    )
+
+
+def stored_image_size(extras: dict) -> Optional[int]:
+    """The ``image_size`` a checkpoint keeps beside its weights (its training ``"args"`` or ``"config"``
+    dict, :func:`~ambiguity.models.checkpoints.load_checkpoint`), or None."""
+    for key in ("args", "config"):
+        size = extras.get(key, {}).get("image_size") if isinstance(extras.get(key), dict) else None
+        if isinstance(size, int) and not isinstance(size, bool):
+            return size
+    return None
 
 
 def class_labels(conditions: Sequence | torch.Tensor, name: str) -> torch.Tensor:
@@ -509,21 +584,34 @@ def load_llamagen(
     repo: str,
     stage: Optional[int] = None,
     name: str = "llamagen",
+    image_size: Optional[int] = None,
 ) -> LlamaGenModel:
     """Load an official LlamaGen GPT + VQ-16 pair (see :data:`ambiguity.models.catalog`).
+
+    ``image_size`` (``--image-size``) declares the checkpoint's image size in pixels, and so its
+    token grid (``image_size // 16``), which its file does not record; without it the size comes
+    from the file name, else the model name's ``resolution`` is assumed with a ``note:``
+    (:func:`llamagen_image_size`). The loaded model's :meth:`~LlamaGenModel.describe` records the
+    size and where it came from.
 
     ``weights``: the GPT checkpoint file, or a directory with the official file names; else
     the local Hugging Face cache of ``repo``. The VQ checkpoint is optional (no pixels without
     it); t2i models also need flan-t5-xl in the local cache for text captions.
     """
     gpt_path = require_weight(gpt_file, repo, weights, primary=True, model=name)
-    check_checkpoint_name(gpt_path, name, stage, resolution)
-    config = official_gpt_config(preset, model_type, resolution)
+    if image_size is not None:  # a declared size replaces the model name's; the file name must agree
+        llamagen_image_size(gpt_path, name, resolution, image_size, None, stage)
+    check_checkpoint_name(gpt_path, name, stage, resolution if image_size is None else image_size)
+    state, extras = load_checkpoint(gpt_path)  # the names first: a wrong file is refused before it is read
+    size, note = llamagen_image_size(gpt_path, name, resolution, image_size, stored_image_size(extras), stage)
+    if note:
+        warnings.warn(note, stacklevel=2)
+    config = official_gpt_config(preset, model_type, size)
     with torch.device("meta"):
         gpt = GPT(config)
     gpt = gpt.to_empty(device="cpu")
     gpt.rope = rope_table(config)
-    load_strict(gpt, load_checkpoint_state(gpt_path), f"{gpt_path.name}")
+    load_strict(gpt, state, f"{gpt_path.name}")
     gpt = gpt.to(device=device, dtype=dtype).eval()
     vq = None
     vq_path = find_weight(vq_file, repo, weights) or find_weight(vq_file, repo)
@@ -534,4 +622,6 @@ def load_llamagen(
     encoder = None
     if model_type == "t2i":
         encoder = T5CaptionEncoder(T5_REPO, device=device, dtype=dtype, lazy=True)
-    return LlamaGenModel(gpt, vq, name=name, caption_encoder=encoder)
+    model = LlamaGenModel(gpt, vq, name=name, caption_encoder=encoder)
+    model.image_size_from = "declared (--image-size)" if image_size is not None else ("assumed" if note else "read")
+    return model

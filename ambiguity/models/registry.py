@@ -32,6 +32,8 @@ __all__ = [
     "spec_sizes",
     "check_spec_options",
     "check_compile",
+    "check_image_size",
+    "SIZED_LOADER",
 ]
 
 DEFAULT_MODEL = "embedded"
@@ -163,6 +165,20 @@ def check_spec_options(
         )
 
 
+#: the loader whose checkpoints need ``--image-size`` (their files do not record the token grid)
+SIZED_LOADER = "ambiguity.models.llamagen:load_llamagen"
+
+
+def check_image_size(name: str, image_size: Optional[int]) -> None:
+    """Refuse ``--image-size`` for a model other than the official LlamaGen checkpoints (whose files
+    alone do not record their grid); None passes. Raises UsageError (one line), before any weights load."""
+    if image_size is not None and get_spec(name).loader != SIZED_LOADER:
+        raise UsageError(
+            f"--image-size is for the LlamaGen checkpoints (llamagen-*), whose files do not record their "
+            f"token grid; {name} knows its own, drop --image-size"
+        )
+
+
 def check_compile(name: str) -> None:
     """Refuse ``--compile`` for the model ``name`` before its weights load when the registry knows
     its adapter runs eager only (:attr:`ModelSpec.compiles` False: the transformers adapters and
@@ -172,14 +188,22 @@ def check_compile(name: str) -> None:
         raise UsageError(compile_refusal(spec.name if not name.startswith("hf:") else name))
 
 
-def load_model(name: str = DEFAULT_MODEL, weights=None, device="auto", dtype=None) -> TokenModel:
+def load_model(
+    name: str = DEFAULT_MODEL, weights=None, device="auto", dtype=None, image_size: Optional[int] = None
+) -> TokenModel:
     """Build the named model on ``device`` ("auto", "cpu", "cuda"). See :func:`get_spec`.
 
-    Raises UsageError (unknown name, bad dtype) or WeightsNotFoundError (checkpoint absent).
+    image_size: the image size (px) an official LlamaGen checkpoint was trained at (``--image-size``;
+    its file does not record its token grid, :func:`ambiguity.models.llamagen.llamagen_image_size`).
+    Raises UsageError (unknown name, bad dtype, ``image_size`` for another family) or
+    WeightsNotFoundError (checkpoint absent).
     """
     spec = get_spec(name)
+    check_image_size(name, image_size)
     dev = resolve_device(device)
-    model = spec.resolve_loader()(weights=weights, device=dev, dtype=resolve_dtype(dtype, dev), **spec.options)
+    extra = {"image_size": int(image_size)} if image_size is not None else {}
+    loader = spec.resolve_loader()
+    model = loader(weights=weights, device=dev, dtype=resolve_dtype(dtype, dev), **spec.options, **extra)
     model.name = spec.name if not name.startswith("hf:") else name
     check_finite(
         {k: v for k, v in vars(model).items() if isinstance(v, nn.Module)},

@@ -36,7 +36,7 @@ import torch
 from ambiguity.data.text_corpus import load_tokenizer
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.io import load_tensors
-from ambiguity.models.base import Prompt, Step
+from ambiguity.models.base import Prompt, Step, check_ids
 from ambiguity.models.embedded import load_gpt, weights_dir
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.llamagen import GPTCache, LlamaGenModel
@@ -156,7 +156,8 @@ class TextTwinModel(LlamaGenModel):
 
         ``inputs``: ``cond`` (rows,) zeros (the BOS class), ``ids`` (rows, P) left-padded prompt
         tokens, ``mask`` (rows, 1 + P) bool key mask or None when no row is padded.
-        Raises UsageError for an empty batch or a prompt of ``block_size`` tokens or more.
+        Raises UsageError for an empty batch, a prompt of ``block_size`` tokens or more, or a token id
+        outside the vocabulary (:func:`~ambiguity.models.base.check_ids`).
         """
         if isinstance(conditions, str):
             conditions = [conditions]
@@ -197,6 +198,9 @@ class TextTwinModel(LlamaGenModel):
         for i, r in enumerate(rows):
             if r:
                 ids[i, P - len(r) :] = torch.tensor(r, dtype=torch.long)
+        check_ids(
+            ids, self.vocab_size, f"the prompts given to {self.name}", "token id", "use this model's tokenizer.json"
+        )
         mask = torch.arange(P + 1)[None] >= (P - lengths)[:, None]
         inputs = {
             "cond": torch.zeros(len(rows), dtype=torch.long, device=self.device),

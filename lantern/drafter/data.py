@@ -51,7 +51,7 @@ from ambiguity.errors import UsageError
 from ambiguity.generation import sample_tokens
 from ambiguity.io import load_tensors, save_tensors
 from ambiguity.memory import check_run_size
-from ambiguity.models.base import TokenModel
+from ambiguity.models.base import TokenModel, check_ids
 from ambiguity.runs import RunDir, assemble_units, shard_units
 from ambiguity.seeding import holdout_seed, image_generators, uncond_rows_seed
 
@@ -243,12 +243,12 @@ def check_tokens(ts: TokenSet, model: TokenModel) -> None:
         raise UsageError("no training sequences; give at least a few hundred")
     if not 2 <= L <= model.num_tokens:
         raise UsageError(f"sequences have {L} tokens; {model.name} takes 2..{model.num_tokens} image tokens a sequence")
-    lo, hi = int(ts.tokens.min()), int(ts.tokens.max())
-    if lo < 0 or hi >= V:
-        raise UsageError(
-            f"token codes span {lo}..{hi} but {model.name} has {V} image tokens; "
-            f"store code indices (not vocabulary ids) made by this model's tokenizer"
-        )
+    check_ids(
+        ts.tokens,
+        V,
+        f"the token sequences of {ts.source or 'the data'} (for {model.name})",
+        fix=f"store code indices (not vocabulary ids) of the {V} image tokens, made by this model's tokenizer",
+    )
     if model.kind == "c2i":
         if not all(isinstance(c, int) for c in ts.conditions):
             raise UsageError(f"{model.name} is class-conditional; conditions must be integer class labels")

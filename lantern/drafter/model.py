@@ -144,7 +144,7 @@ def target_fingerprint(model: TokenModel) -> dict:
     probe = probe / probe.pow(2).mean().sqrt()
     logits = model.head(probe.to(model.device, model.dtype)[None])[0].float().cpu()
     at = torch.linspace(0, V - 1, _PROBES).round().long()
-    emb = model.embed(torch.tensor([[V // 2]], device=model.device))[0, 0, :_PROBES].float().cpu()
+    emb = model.embed_codes(torch.tensor([[V // 2]], device=model.device))[0, 0, :_PROBES].float().cpu()
     return {
         "name": model.name,
         "kind": model.kind,
@@ -252,7 +252,7 @@ class Drafter(nn.Module):
         """Predicted features for ``T`` consecutive image-token positions.
 
         Args:
-            model: the target (its frozen ``embed`` is used; it is not modified).
+            model: the target (its frozen ``embed_codes`` is used; it is not modified).
             tokens: (rows, T) int64 code indices ``x_{start} .. x_{start+T-1}``.
             features: (rows, T, H) any float dtype; position ``i`` holds ``f_{start+i-1}``, the
                 target's last hidden state at the position that predicted ``x_{start+i}`` (or the
@@ -267,7 +267,7 @@ class Drafter(nn.Module):
             (rows, T, H) predicted features ``f_{start} .. f_{start+T-1}`` in the drafter's dtype.
         """
         with torch.no_grad():
-            emb = model.embed(tokens.to(model.device))
+            emb = model.embed_codes(tokens.to(model.device))
         x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
         return self.layer(self.fc(x), cache, start, positions, attend)
 
@@ -296,7 +296,7 @@ class Drafter(nn.Module):
         (rows, T, H) as in :meth:`forward`. Returns (rows, T, H) in the drafter's dtype. Raises
         NotImplementedError when the layer cannot batch."""
         with torch.no_grad():
-            emb = model.embed(tokens.to(model.device))
+            emb = model.embed_codes(tokens.to(model.device))
         x = torch.cat([emb.to(self.dtype), features.to(self.device, self.dtype)], dim=-1)
         return self.layer.forward_slots(self.fc(x), cache, slots, positions, visible)
 

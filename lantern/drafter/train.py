@@ -64,15 +64,17 @@ from ambiguity.cli import (
     finite_float,
     nonneg_int,
     positive_int,
+    print_written,
     sampling_from_args,
     seed_int,
+    shown_path,
 )
 from ambiguity.conditions import parse_classes
 from ambiguity.distributed import SINGLE, Shard, shard_from_args
 from ambiguity.errors import FieldError, UsageError
 from ambiguity.io import write_table
 from ambiguity.models.base import TokenModel
-from ambiguity.models.registry import check_spec_options, get_spec, load_model
+from ambiguity.models.registry import check_image_size, check_spec_options, get_spec, load_model
 from ambiguity.runs import RunDir
 from ambiguity.seeding import drafter_epoch_seed, drafter_init_seed
 from ambiguity.train_loop import lr_at as ambiguity_lr_at
@@ -83,7 +85,17 @@ from lantern.drafter.objective import KS, drafter_loss, evaluate, forward_rows
 from lantern.drafter.report import plot_accuracy, summary
 from lantern.drafter.sequences import check_sizes, data_settings, training_sequences
 
-__all__ = ["TrainConfig", "lr_at", "train_step", "train_drafter", "build_parser", "main", "COMMAND", "top1_stalled"]
+__all__ = [
+    "TrainConfig",
+    "lr_at",
+    "train_step",
+    "train_drafter",
+    "warmup_note",
+    "build_parser",
+    "main",
+    "COMMAND",
+    "top1_stalled",
+]
 
 COMMAND = "python -m lantern.drafter.train"
 OUTPUTS = (
@@ -234,102 +246,38 @@ def train_drafter(
     Raises UsageError for a run dir holding another run.
     """
     config = config or TrainConfig()
-    data = {
-        "train_source": train.source,
-        "test_source": test.source,
-        "train_sequences": len(train),
-        "test_sequences": len(test),
-        "sequence_length": int(train.tokens.shape[1]),
-        "train_digest": token_digest(train),
-        "test_digest": token_digest(test),
-    }
+    data = _data_facts(train, test)
     if isinstance(run_dir, RunDir):
         run = run_dir
     else:
         run = RunDir(run_dir, _run_record(model, config, data), command=COMMAND, outputs=OUTPUTS)
         run.open_shared(shard, overwrite, any_count=True)
-    run_dir = run.path
     batch = max(1, config.batch_size)
     uncond = config.uncond_fraction if model.kind != "text" else 0.0  # text LMs have no guidance stream
     train_paths = build_feature_cache(model, train, run, "train", batch, uncond, config.seed, progress, shard)
     test_paths = build_feature_cache(model, test, run, "test", batch, 0.0, config.seed, progress, shard)
     steps_per_epoch = sum(math.ceil(r / config.batch_size) for r in shard_rows(train_paths))  # batches stay in a part
-    total = steps_per_epoch * config.epochs
 
     drafter = Drafter.for_target(model, dtype=torch.float32, seed=config.seed)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
-    rows, step = [], 0
-    if run.read_part("checkpoint", load=False) is not None:
-        state = torch.load(run_dir / "checkpoint.pt", map_location=model.device, weights_only=True)
-        drafter.load_state_dict(state["drafter"])
-        optimizer.load_state_dict(state["optimizer"])
-        rows, step = state["rows"], state["step"]
+    rows, step = _resume(run, drafter, optimizer, model.device)
     ddp = _data_parallel(drafter, shard)
     if not rows:
         t0 = time.perf_counter()
         ev = evaluate(drafter, model, test_paths, config.batch_size, shard=shard)
-        rows.append(
-            {
-                "model": model.name,
-                "epoch": 0,
-                **ev,
-                "train_loss": float("nan"),
-                "train_smooth_l1": float("nan"),
-                "train_ce": float("nan"),
-                "lr": 0.0,
-                "steps": 0,
-                "train_rows": 0,
-                "seconds": time.perf_counter() - t0,
-            }
-        )
+        rows.append(_epoch_row(model, 0, ev, torch.zeros(4, dtype=torch.float64), 0.0, 0, t0))
         _save_progress(run, shard, drafter, optimizer, rows, step)
 
     for epoch in range(rows[-1]["epoch"] + 1, config.epochs + 1):
         if top1_stalled(rows, config.patience):
             break
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(drafter_epoch_seed(config.seed, epoch))
-        sums = torch.zeros(4, dtype=torch.float64)  # loss, smooth_l1, ce (row-weighted), rows
-        bar = tqdm(
-            total=steps_per_epoch,
-            desc=f"epoch {epoch}/{config.epochs}",
-            unit="step",
-            disable=not progress or shard.index != 0,
+        sums, lr, step = _train_epoch(
+            drafter, model, optimizer, ddp, train_paths, config, epoch, step, steps_per_epoch, progress, shard
         )
-        lr = config.lr
-        for tokens, hidden, _ in iterate_batches(train_paths, config.batch_size, gen, model.device):
-            lr = lr_at(step, total, config)
-            mine = _rank_rows(tokens.shape[0], shard)
-            n_mine = len(mine)
-            scale = shard.count * n_mine / tokens.shape[0]
-            if n_mine == 0:  # fewer rows than ranks: join the gradient all-reduce with a zero gradient
-                mine = torch.arange(1)
-            stats = train_step(drafter, model, optimizer, tokens[mine], hidden[mine], config, lr, scale, ddp)
-            sums += torch.tensor(
-                [stats["loss"] * n_mine, stats["smooth_l1"] * n_mine, stats["ce"] * n_mine, n_mine], dtype=torch.float64
-            )
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{stats['loss']:.4f}", ce=f"{stats['ce']:.3f}")
-        bar.close()
-        sums = shard.all_sum(sums)
-        n = max(int(sums[3]), 1)
         ev = evaluate(drafter, model, test_paths, config.batch_size, shard=shard)
-        rows.append(
-            {
-                "model": model.name,
-                "epoch": epoch,
-                **ev,
-                "train_loss": float(sums[0]) / n,
-                "train_smooth_l1": float(sums[1]) / n,
-                "train_ce": float(sums[2]) / n,
-                "lr": lr,
-                "steps": step,
-                "train_rows": int(sums[3]),
-                "seconds": time.perf_counter() - t0,
-            }
-        )
+        rows.append(_epoch_row(model, epoch, ev, sums, lr, step, t0))
         _save_progress(run, shard, drafter, optimizer, rows, step, data, config)
         if progress and shard.index == 0:
             tqdm.write(
@@ -340,6 +288,105 @@ def train_drafter(
             print(f"stopping after epoch {epoch}: {top1_stalled(rows, config.patience)}", flush=True)
     drafter.info.update(_training_info(data, config, rows))
     return drafter.eval(), pd.DataFrame(rows)
+
+
+def warmup_note(steps: int, config: TrainConfig) -> Optional[str]:
+    """The ``note:`` text for a run whose ``steps`` optimiser steps all fell inside the learning-rate
+    warm-up (``config.warmup_steps``): the rate never reached its peak, so the drafter may stay near
+    its random-init accuracy. None when the warm-up ended (or no step was taken)."""
+    if steps == 0 or steps >= config.warmup_steps:
+        return None
+    return (
+        f"training took {steps} optimiser steps, all inside the {config.warmup_steps}-step learning-rate warm-up "
+        f"(the rate reached {lr_at(steps - 1, steps, config):.3g} of its peak {config.lr:g}), so the drafter may "
+        f"stay near its random-init accuracy; train more --epochs or on more sequences"
+    )
+
+
+def _data_facts(train: TokenSet, test: TokenSet) -> dict:
+    """What the run record and the drafter's info say about the training and test sequences."""
+    return {
+        "train_source": train.source,
+        "test_source": test.source,
+        "train_sequences": len(train),
+        "test_sequences": len(test),
+        "sequence_length": int(train.tokens.shape[1]),
+        "train_digest": token_digest(train),
+        "test_digest": token_digest(test),
+    }
+
+
+def _resume(run: RunDir, drafter: Drafter, optimizer, device) -> tuple[list, int]:
+    """(rows, step) of the run's checkpoint, loaded into ``drafter`` and ``optimizer``; ([], 0) for a new run."""
+    if run.read_part("checkpoint", load=False) is None:
+        return [], 0
+    state = torch.load(run.path / "checkpoint.pt", map_location=device, weights_only=True)
+    drafter.load_state_dict(state["drafter"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["rows"], state["step"]
+
+
+def _train_epoch(
+    drafter: Drafter,
+    model: TokenModel,
+    optimizer,
+    ddp,
+    train_paths,
+    config: TrainConfig,
+    epoch: int,
+    step: int,
+    steps_per_epoch: int,
+    progress: bool,
+    shard: Shard,
+) -> tuple[torch.Tensor, float, int]:
+    """One pass (``steps_per_epoch`` optimiser steps) over the training rows from optimiser step
+    ``step``. Returns (sums, lr, step): sums (4,) float64 = row-weighted loss, smooth_l1, ce and the
+    rows, summed over the ranks; the last learning rate; the step count after the epoch."""
+    gen = torch.Generator().manual_seed(drafter_epoch_seed(config.seed, epoch))
+    sums = torch.zeros(4, dtype=torch.float64)  # loss, smooth_l1, ce (row-weighted), rows
+    total = steps_per_epoch * config.epochs
+    bar = tqdm(
+        total=steps_per_epoch,
+        desc=f"epoch {epoch}/{config.epochs}",
+        unit="step",
+        disable=not progress or shard.index != 0,
+    )
+    lr = config.lr
+    for tokens, hidden, _ in iterate_batches(train_paths, config.batch_size, gen, model.device):
+        lr = lr_at(step, total, config)
+        mine = _rank_rows(tokens.shape[0], shard)
+        n_mine = len(mine)
+        scale = shard.count * n_mine / tokens.shape[0]
+        if n_mine == 0:  # fewer rows than ranks: join the gradient all-reduce with a zero gradient
+            mine = torch.arange(1)
+        stats = train_step(drafter, model, optimizer, tokens[mine], hidden[mine], config, lr, scale, ddp)
+        sums += torch.tensor(
+            [stats["loss"] * n_mine, stats["smooth_l1"] * n_mine, stats["ce"] * n_mine, n_mine], dtype=torch.float64
+        )
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.4f}", ce=f"{stats['ce']:.3f}")
+    bar.close()
+    return shard.all_sum(sums), lr, step
+
+
+def _epoch_row(model: TokenModel, epoch: int, ev: dict, sums: torch.Tensor, lr: float, step: int, t0: float) -> dict:
+    """One row of the accuracy table: the evaluation ``ev`` and the epoch's summed training losses
+    ``sums`` (NaN for epoch 0, the random init)."""
+    n = int(sums[3])
+    mean = (lambda i: float(sums[i]) / n) if n else (lambda i: float("nan"))
+    return {
+        "model": model.name,
+        "epoch": epoch,
+        **ev,
+        "train_loss": mean(0),
+        "train_smooth_l1": mean(1),
+        "train_ce": mean(2),
+        "lr": lr,
+        "steps": step,
+        "train_rows": n,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _rank_rows(rows: int, shard: Shard) -> torch.Tensor:
@@ -410,7 +457,7 @@ def build_parser() -> ArgumentParser:
         description="Train an EAGLE drafter on the target's teacher-forced hidden states and report "
         "its test accuracy per epoch (LANTERN Fig. 2b).",
     )
-    add_model_args(p)
+    add_model_args(p, image_size=True)
     d = p.add_argument_group("data (default for the embedded model: Fashion-MNIST train / test images)")
     d.add_argument(
         "--tokens",
@@ -498,6 +545,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     sampling_from_args(args, get_spec(args.model).kind)  # validates --cfg/--temperature/--top-k/--top-p
     check_spec_options(args.model, args.weights, classes=parse_classes(args.classes))  # before any weights
+    check_image_size(args.model, args.image_size)
     device, dtype = device_from_args(args)
     run_dir = check_out_dir(args.run_dir or default_out(f"drafter-{args.model}"), "--run-dir")
     out = Path(args.out) if args.out else run_dir / "drafter.safetensors"
@@ -511,7 +559,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             "train data-parallel launch with torchrun --nproc_per_node=N instead"
         )
     torch.manual_seed(drafter_init_seed(args.seed))
-    model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
+    model = load_model(
+        args.model, weights=args.weights, device=shard.device(device), dtype=dtype, image_size=args.image_size
+    )
     check_sizes(args, model)
     record = _run_record(model, config, data_settings(args))
     run = RunDir(run_dir, record, command=COMMAND, flag="--run-dir", outputs=OUTPUTS)
@@ -519,15 +569,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     data = training_sequences(args, model, run, shard)
     if data is None:
         print(
-            f"{shard.label} done: its --self-generate batches are parts of {run_dir}; after every shard, train "
-            f"with the same command without --shard-index/--num-shards (or under torchrun)"
+            f"{shard.label} done: its --self-generate batches are parts of {shown_path(run_dir)}; after every "
+            f"shard, train with the same command without --shard-index/--num-shards (or under torchrun)"
         )
         return 0
     train, test = data
     if shard.index == 0:
         print(
             f"target {model.name}: {len(train)} training and {len(test)} test sequences of "
-            f"{train.tokens.shape[1]} tokens; run dir {run_dir}" + (f"; {shard.count} ranks" if shard.group else "")
+            f"{train.tokens.shape[1]} tokens; run dir {shown_path(run_dir)}"
+            + (f"; {shard.count} ranks" if shard.group else "")
         )
     drafter, table = train_drafter(model, train, test, run, config, progress=not args.no_progress, shard=shard)
     if shard.index != 0:
@@ -540,10 +591,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     print(summary(table))
     print(f"stop: {drafter.info['stop_reason']}")
-    print(
-        f"drafter: {out} ({out.stat().st_size / 2**20:.2f} MB)  table: {accuracy_table_path(out)}  "
-        f"figure: {', '.join(map(str, figs))}"
-    )
+    note = warmup_note(int(table["steps"].iloc[-1]), config)
+    if note:
+        print(f"note: {note}")  # under the table that shows it
+    print_written([out, accuracy_table_path(out), *figs], f" (drafter {out.stat().st_size / 2**20:.2f} MB)")
     return 0
 
 

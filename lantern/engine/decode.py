@@ -79,7 +79,7 @@ class DecodeConfig:
     trees). metric / matrix: the latent distance and the rows it is measured on
     (:data:`ambiguity.neighbourhood.METRICS`, :data:`ambiguity.neighbourhood.MATRICES`; default
     ``"l2"`` on the quantiser's codebook; ``"codebook-raw"`` is what the official code measures
-    for LlamaGen). tree: a static or dynamic :class:`lantern.methods.tree.single.TreeSpec`, or None for a chain.
+    for LlamaGen). tree: a static or dynamic :class:`lantern.methods.tree.spec.TreeSpec`, or None for a chain.
     Build one with :meth:`of`: ``DecodeConfig.of("lantern", gamma=4, k=64, delta=0.2)``.
     Raises :class:`UsageError` for γ < 1, an unknown metric or matrix.
     """

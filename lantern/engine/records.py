@@ -28,7 +28,8 @@ One decode of ``B`` images gives three tables (columns listed in :data:`STEP_COL
   ambiguity of ``p`` there: top-1 probability and entropy (nats); ``q``'s top-1; and the tree
   coordinates ``node``, ``parent``, ``depth`` (1 = the first draft), ``sibling`` (trial order);
   ``proposed_step``: the step whose forward proposed the draft (its own step for a drafter; the
-  previous Jacobi iteration for SJD/GSD/SCD, -1 for an initialised window position, :mod:`lantern.methods.jacobi.method`).
+  previous Jacobi iteration for SJD/GSD/SCD, -1 for an initialised window position,
+  :mod:`lantern.methods.jacobi.method`).
 * **images** — one row per image: condition, seed, tokens, target forwards (prefill
   included), drafted/accepted totals and seconds.
 
@@ -168,7 +169,12 @@ def chain_rows(host: dict, images, steps, n, g, a) -> Optional[dict]:
         return None
     rep = lambda x: np.broadcast_to(np.asarray(x)[:, None], valid.shape)[valid]  # per row -> per draft
     idx = np.broadcast_to(t, valid.shape)[valid]
-    cols = {"image": rep(images), "step": rep(steps), "draft_index": idx, "token": host["token"][valid].astype(np.int64)}
+    cols = {
+        "image": rep(images),
+        "step": rep(steps),
+        "draft_index": idx,
+        "token": host["token"][valid].astype(np.int64),
+    }
     cols["position"] = rep(n) + idx
     for c in CHAIN_VALUES:
         cols[c] = np.asarray(host[c])[valid].astype(np.float64)
@@ -269,7 +275,7 @@ class Book:
 
 
 def tree_rows(d: dict) -> dict:
-    """Columns of one tree step, given complete per-node arrays (see ``lantern.methods.tree.single_walk``)."""
+    """Columns of one tree step, given complete per-node arrays (see ``tests/reference/tree_decoding.py``)."""
     rows = {c: np.asarray(v) for c, v in d.items() if c in DRAFT_COLUMNS}
     for c in _TREE_INT:
         rows[c] = rows[c].astype(np.int64)

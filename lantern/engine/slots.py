@@ -9,8 +9,8 @@ condition is admitted into it, so one slow image never holds the others; once no
 left and at most half the slots are busy, the empty slots are dropped from the caches
 (:func:`drain`: one copy), so a draining batch does not compute them. :func:`verify_chains` is
 the target forward over every slot's last token and chain (drafts or a Jacobi window). Both batched decoders use
-it: AR / chains / draft trees (:func:`lantern.engine.loop.batched_decode`) and the Jacobi methods
-(:func:`lantern.methods.jacobi.method.batched_jacobi_decode`).
+it: AR / chains / draft trees (:func:`lantern.engine.loop.run`) and the Jacobi methods
+(:func:`lantern.methods.jacobi.method.Jacobi`).
 
 Chains and draft trees also share: :class:`Streams` (image ``i`` draws from its own generator
 :func:`ambiguity.seeding.image_generator` ``(seed, i)``, whatever its slot),
@@ -225,7 +225,7 @@ class GeneratorDraws:
 # --------------------------------------------------------------------------- what chains and trees share
 class Streams:
     """Each slot's source of random numbers: its image's generator (empty slots: an idle one), or,
-    for exact enumeration in tests, a :class:`lantern.methods.tree.single.Draws` given for that image."""
+    for exact enumeration in tests, a :class:`lantern.engine.slots.Draws` given for that image."""
 
     def __init__(self, B: int, device, draws: Optional[dict] = None):
         self.device, self.draws = device, dict(draws or {})
@@ -244,7 +244,7 @@ class Streams:
 
     def block(self, slot: int, k: int) -> torch.Tensor:
         """The next k float64 uniforms (k,) of the slot's stream: the numbers k one-at-a-time
-        draws of :class:`lantern.methods.tree.single.GeneratorDraws` give (a CPU generator draws the same
+        draws of :class:`lantern.engine.slots.GeneratorDraws` give (a CPU generator draws the same
         numbers k at once; other devices draw them one by one)."""
         g = self.gens[slot]
         if torch.device(self.device).type == "cpu" or k == 0:
@@ -253,7 +253,7 @@ class Streams:
 
     def each(self, mask) -> torch.Tensor:
         """One float64 uniform (B,) from the stream of every slot where ``mask`` (B,) bool (host)
-        says so (as one :class:`lantern.methods.tree.single.GeneratorDraws` draw); 0.5 for the other slots and
+        says so (as one :class:`lantern.engine.slots.GeneratorDraws` draw); 0.5 for the other slots and
         for scripted ones (their Draws decide)."""
         half = torch.full((), 0.5, dtype=torch.float64, device=self.device)
         return torch.stack(

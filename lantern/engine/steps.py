@@ -1,7 +1,5 @@
-"""Pieces every decoding loop shares: the prefill, the distribution acceptance compares, timing, records.
-
-Used by :mod:`lantern.methods.chain` (chain drafts) and :mod:`lantern.methods.tree.single_walk` (draft trees).
-"""
+"""What every round of the engine shares: the distribution acceptance compares (:func:`target_distribution`)
+and the wall-clock sections of a step (:class:`Timer`)."""
 
 from __future__ import annotations
 
@@ -10,14 +8,11 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
-from ambiguity.errors import UsageError
-from ambiguity.models.base import Prompt, Step, TokenModel
 from ambiguity.sampling import SamplingConfig, distribution
 
-__all__ = ["Timer", "elapsed_since", "prefill", "target_distribution", "check_prompt", "image_row"]
+__all__ = ["Timer", "elapsed_since", "target_distribution"]
 
 
 class Timer:
@@ -51,16 +46,6 @@ def elapsed_since(timer: Timer, before: dict) -> dict:
     return {k: v - before.get(k, 0.0) for k, v in timer.seconds.items()}
 
 
-def prefill(model: TokenModel, prompt: Prompt, num_tokens: int) -> tuple[object, Step]:
-    """A fresh target KV cache for ``num_tokens`` image tokens and the prefix forward.
-
-    Returns ``(cache, step)``: step.logits (rows, 1, V) float32 for ``x_0``, step.hidden
-    (rows, 1, H) = ``h_{-1}``.
-    """
-    cache = model.new_cache(prompt, num_tokens)
-    return cache, model.prefill(prompt, cache)
-
-
 def target_distribution(
     logits: torch.Tensor, sampling: SamplingConfig, guided: bool, convention: str = "exact"
 ) -> torch.Tensor:
@@ -75,37 +60,3 @@ def target_distribution(
     if sampling.greedy:
         return distribution(logits, SamplingConfig(guidance=sampling.guidance), guided)
     return distribution(logits, sampling, guided, order="pk")
-
-
-def check_prompt(prompt: Prompt, sampling: SamplingConfig) -> None:
-    """Raise UsageError unless ``prompt`` is one condition whose guidance rows match ``sampling``."""
-    if prompt.guided != sampling.guided:
-        raise UsageError(
-            "the prompt's guidance rows must match the sampling config; build it with "
-            "model.make_prompt(conditions, guided=sampling.guided)"
-        )
-    if prompt.batch_size != 1:
-        raise UsageError(
-            "decoding takes one condition at a time (rows accept different numbers of tokens); "
-            "use lantern.engine.decode.decode for several images"
-        )
-
-
-def image_row(image: int, prompt: Prompt, seed, N: int, steps_n: int, steps: dict, seconds: dict, total: float) -> dict:
-    """The images-table row (dict of length-1 arrays) of one decoded image (:mod:`lantern.engine.records`)."""
-    cond = prompt.conditions[0] if prompt.conditions else ""
-    return {
-        "image": np.array([image]),
-        "condition": np.array([str(cond)]),
-        "seed": np.array([-1 if seed is None else int(seed)]),
-        "tokens": np.array([N]),
-        "target_forwards": np.array([1 + steps_n]),
-        "steps": np.array([steps_n]),
-        "drafted": np.array([int(np.sum(steps["drafted"])) if steps_n else 0]),
-        "accepted": np.array([int(np.sum(steps["accepted"])) if steps_n else 0]),
-        "target_s": np.array([seconds.get("target", 0.0)]),
-        "drafter_s": np.array([seconds.get("drafter", 0.0)]),
-        "acceptance_s": np.array([seconds.get("acceptance", 0.0)]),
-        "proximity_s": np.array([seconds.get("proximity", 0.0)]),
-        "total_s": np.array([total]),
-    }

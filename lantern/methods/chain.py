@@ -64,12 +64,6 @@ class Acceptance:
     u: Optional[torch.Tensor]
 
 
-
-
-
-
-
-
 def accept(
     p: torch.Tensor,
     q: Optional[torch.Tensor],

@@ -44,7 +44,7 @@ def pending_features(st: BatchState, n, d, drafting) -> torch.Tensor:
 
 
 def draft_chains(st: BatchState, n, d, g) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draft a chain for every slot in ``max(g)`` drafter steps (:func:`lantern.chain.draft`, per row).
+    """Draft a chain for every slot in ``max(g)`` drafter steps (:func:`lantern.methods.chain.draft`, per row).
 
     The first forward covers each row's pending positions ``d_b..n_b-1`` (padded to the longest;
     each row's last real output drafts ``x̂_{n_b}``); row b draws only its first ``g_b`` drafts

@@ -41,13 +41,19 @@ def decode_one_by_one(
         gen = image_generator(seed, i, model.device)
         kw = dict(image=i, seed=image_seed(seed, i))
         if config.jacobi is not None:
-            out = jacobi_decode(model, prompt, sampling, config.jacobi, gen, num_tokens, draws=(draws or {}).get(i), **kw)
+            out = jacobi_decode(
+                model, prompt, sampling, config.jacobi, gen, num_tokens, draws=(draws or {}).get(i), **kw
+            )
         elif rule is None:
             out = autoregressive_decode(model, prompt, sampling, gen, num_tokens, **kw)
         elif config.tree is None:
-            out = speculative_decode(model, drafter, prompt, sampling, rule, neighbours, config.gamma, gen, num_tokens, **kw)
+            out = speculative_decode(
+                model, drafter, prompt, sampling, rule, neighbours, config.gamma, gen, num_tokens, **kw
+            )
         else:
             d = (draws or {}).get(i)
-            out = tree_decode(model, drafter, prompt, sampling, rule, neighbours, config.tree, gen, num_tokens, draws=d, **kw)
+            out = tree_decode(
+                model, drafter, prompt, sampling, rule, neighbours, config.tree, gen, num_tokens, draws=d, **kw
+            )
         parts.append(out)
     return Decoded.concat(parts)

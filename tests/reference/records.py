@@ -123,5 +123,3 @@ def _chain_rows(d: dict) -> dict:
             else d[c].detach().double().cpu().numpy()
         )
     return rows
-
-

@@ -1,7 +1,7 @@
 """Batched draft trees: every image in flight drafts, verifies, walks and commits its own tree in one step.
 
-:func:`lantern.engine.loop.batched_decode` with ``tree=`` (EAGLE-1 static or EAGLE-2 dynamic
-:class:`lantern.methods.tree.single.TreeSpec`, both conventions) runs :func:`tree_round` once per batch step
+:func:`lantern.engine.loop.run` with ``tree=`` (EAGLE-1 static or EAGLE-2 dynamic
+:class:`lantern.methods.tree.spec.TreeSpec`, both conventions) runs :func:`tree_round` once per batch step
 on the slots of :mod:`lantern.engine.slots`: each step every image drafts its own tree, all trees are
 verified in one target forward (padded to the widest tree; column ``t`` of image ``b`` at cache
 slot ``n_b - 1 + t``, image position ``n_b - 1 + depth_t``, seeing its image's committed slots and
@@ -24,9 +24,9 @@ static-tree level when sampling, and one transfer of the step's outcomes and rec
 
 Randomness: a tree draws its children (static trees, sampling), coins and next token from the
 image's stream (:class:`lantern.engine.slots.Streams`), one float64 uniform each in one-image
-decoding's order (the numbers its :class:`lantern.methods.tree.single.GeneratorDraws` draws). In float64
+decoding's order (the numbers its :class:`lantern.engine.slots.GeneratorDraws` draws). In float64
 tokens and every record (steps, per-node draft rows) equal
-:func:`lantern.methods.tree.single_walk.tree_decode`'s (``tests/test_batched_decoding.py``).
+``tests/reference/tree_decoding.py:tree_decode``'s (``tests/test_engine.py``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _draft_trees(st: BatchState, n, d, drafting) -> Trees:
     images (an image's level-l nodes at its own drafter slots after ``n_b``, seeing its
     committed positions and their tree ancestors). The drafter's tree entries are simply left
     behind (recomputed from true features next round, as
-    :func:`lantern.methods.tree.single_walk.tree_decode` rolls its drafter cache back)."""
+    ``tests/reference/tree_decoding.py:tree_decode`` rolls its drafter cache back)."""
     dev = st.device
     root = st.tokens.gather(1, torch.as_tensor(n - 1, device=dev)[:, None])  # (B, 1)
     if not drafting.any():
@@ -106,7 +106,7 @@ def _sibling_rank(parent: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
 
 
 def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> Trees:
-    """EAGLE-2 dynamic trees of all slots at once (:func:`lantern.methods.tree.single.tree_steps`, ``"dynamic"``,
+    """EAGLE-2 dynamic trees of all slots at once (``tests/reference/trees.py:tree_steps``, ``"dynamic"``,
     the same candidates, scores and ties): the root's top-k children form each beam; every round
     expands all beams in one drafter forward ((B, k) nodes), scores the (B, k, k) children by
     cumulative float64 log-probability and keeps each row's k best (a stable descending sort: ties
@@ -120,7 +120,7 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> Trees:
     rounds = np.where(room > 0, np.minimum(spec.depth, room - 1), 0)
     n_t = torch.as_tensor(n, device=dev)
     ninf = torch.tensor(float("-inf"), dtype=torch.float64, device=dev)
-    top_values, top_indices = top_log_q(root_q, k)  # as lantern.methods.tree.single.tree_steps scores candidates
+    top_values, top_indices = top_log_q(root_q, k)  # as tests/reference/trees.py:tree_steps scores candidates
     beam_score = torch.where(torch.as_tensor(room > 0, device=dev)[:, None], top_values, ninf)
     toks, scores = [top_indices], [beam_score]
     pars, depths = [torch.full((B, k), -1, device=dev)], [torch.ones(B, k, dtype=torch.long, device=dev)]
@@ -202,7 +202,7 @@ def _static_shape(paths: tuple) -> dict:
 
 
 def _draft_static(st: BatchState, n, room, root, f_root, root_q) -> Trees:
-    """EAGLE-1 static trees of all slots at once (:func:`lantern.methods.tree.single.tree_steps`, ``"static"``):
+    """EAGLE-1 static trees of all slots at once (``tests/reference/trees.py:tree_steps``, ``"static"``):
     level by level, every parent's children are its top ranks (greedy) or drawn from its q
     without replacement in rank order (:func:`_draw_children`: each slot's uniforms from its own
     stream in one-image decoding's order); a parent has ``min(children, tokens with mass)``
@@ -277,7 +277,7 @@ def _draw_children(st: BatchState, qp: torch.Tensor, m: torch.Tensor, M: int) ->
     distributions, m (B, P) int64 children per parent -> (B, P, M) int64 tokens (rank r of parent
     u: inverse CDF of the mass not yet drawn; columns r >= m[b, u] unused). Slot b uses the next
     ``sum(m[b])`` uniforms of its stream in one-image decoding's order (parent by parent, rank by
-    rank: :func:`lantern.methods.tree.single._choose` with :class:`lantern.methods.tree.single.GeneratorDraws`); a scripted
+    rank: ``tests/reference/trees.py:_choose`` with :class:`lantern.engine.slots.GeneratorDraws`); a scripted
     slot calls its Draws. The one host read of a level: m."""
     B, P, V = qp.shape
     dev = qp.device

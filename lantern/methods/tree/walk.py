@@ -4,8 +4,8 @@ at once, and the step's one host transfer of outcomes and per-node draft records
 :func:`lantern.methods.tree.draft.tree_round` drafts the trees (:class:`Trees`), verifies them in one
 target forward, then calls :func:`walk_trees` (or :func:`walk_official_greedy` for the official
 greedy convention), :func:`tree_host` and :func:`tree_draft_columns` from here. Same verdicts,
-draws and records as one-image decoding (:func:`lantern.methods.tree.single_walk.walk_tree`); in float64 the
-batched and one-image records are equal (``tests/test_batched_decoding.py``).
+draws and records as one-image decoding (``tests/reference/tree_decoding.py:walk_tree``); in float64 the
+batched and one-image records are equal (``tests/test_engine.py``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class Trees:
     included (0 without a tree); depth_max: the deepest node any row may hold (host int).
 
     Layouts: a dynamic tree is packed (a row's drafts fill its columns ``1..drafted`` in the
-    order of :func:`lantern.methods.tree.single.tree_steps`, ascending candidate index); a static tree keeps
-    its shape's order (column t is path t of :attr:`lantern.methods.tree.single.TreeSpec.paths`, truncated to
+    order of ``tests/reference/trees.py:tree_steps``, ascending candidate index); a static tree keeps
+    its shape's order (column t is path t of :attr:`lantern.methods.tree.spec.TreeSpec.paths`, truncated to
     the deepest level any row may draft), so a child a row did not draw (fewer tokens with mass
     than ranks, or the image's last tokens) is padding in that row. A row's node number in the
     records is the count of its nodes before the column (one-image decoding's node index).
@@ -78,7 +78,7 @@ TRIALS = ("p_tilde", "spent", "q_draft", "accept_prob", "u")
 
 
 def walk_trees(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor, active, drafting) -> dict:
-    """All images' acceptance walks at once (:func:`lantern.methods.tree.single_walk.walk_tree`: the same
+    """All images' acceptance walks at once (``tests/reference/tree_decoding.py:walk_tree``: the same
     verdicts, residuals, draws and records), one trial per image per round.
 
     From the root, each walking image judges the child of rank r of its current node against its
@@ -192,7 +192,7 @@ def walk_trees(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor,
 
 
 def walk_official_greedy(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor, active, drafting) -> dict:
-    """:func:`lantern.methods.tree.single_walk.walk_official_greedy` for all images at once: every node
+    """``tests/reference/tree_decoding.py:walk_official_greedy`` for all images at once: every node
     passes or fails on its own against the target at its parent; a node's path passes when it
     and its ancestors pass; each leaf's longest passing prefix, the first leaf with the longest
     winning (static trees: leaves in lexicographic path order, so the winner is the first
@@ -255,7 +255,7 @@ def tree_host(trees: Trees, p: torch.Tensor, walk: dict) -> dict:
     Per image (B,) int64: m, kind, next, drafted, forwards; per column (B, T) numpy: the
     :data:`NODE_COLUMNS` (``draft``: the column is a draft; node / parent: one-image node
     numbers; p_draft, p_top1, p_entropy: the target at the node's parent; q_top1: the drafter's
-    top probability there, NaN for dynamic trees) as :func:`lantern.methods.tree.single_walk.tree_draft_columns`
+    top probability there, NaN for dynamic trees) as ``tests/reference/tree_decoding.py:tree_draft_columns``
     computes them."""
     B, T, V = p.shape
     nodes, parent = trees.nodes, trees.parent
