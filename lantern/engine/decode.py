@@ -44,13 +44,10 @@ from lantern.engine.loop import run
 from lantern.engine.method import Method
 from lantern.engine.records import Decoded
 from lantern.engine.slots import check_batching, image_indices
-from lantern.methods.ar import AR
-from lantern.methods.chain import Chain
 from lantern.methods.jacobi.config import JACOBI_METHODS, JacobiConfig, check_jacobi
-from lantern.methods.jacobi.method import Jacobi
-from lantern.methods.tree.method import Tree
+from lantern.methods.registry import METHODS as BUILDERS
 from lantern.methods.tree.spec import TreeSpec
-from lantern.rules.acceptance import RULES, AcceptanceRule
+from lantern.rules.acceptance import AcceptanceRule
 
 __all__ = [
     "METHODS",
@@ -65,7 +62,7 @@ __all__ = [
     "compile_forwards",
 ]
 
-METHODS = ("ar",) + RULES + JACOBI_METHODS  # sjd / gsd / scd: no drafter (lantern.methods.jacobi.method)
+METHODS = tuple(BUILDERS)  # lantern.methods.registry: the one place a method is named
 DEFAULT_METRIC = "l2"  # the official LANTERN code: Euclidean distance between codebook vectors (torch.cdist)
 
 
@@ -335,16 +332,12 @@ def build_method(
     check_depth(config, model, num_tokens)
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
-        return Jacobi(config.jacobi, model)
-    rule = config.rule
-    if rule is None:
-        return AR()
-    if drafter is None:
-        raise UsageError(f"method {config.method} needs a drafter; pass --drafter or use --method ar")
-    check_drafter(drafter, model)
-    if neighbours is None:
-        neighbours = neighbour_table(model, config)
-    table = rule.prepare_table(neighbours, model.vocab_size, model.device)
-    if config.tree is not None:
-        return Tree(rule, config.tree, drafter, table)
-    return Chain(rule, config.gamma, drafter, table)
+    table = None
+    if config.speculative:
+        if drafter is None:
+            raise UsageError(f"method {config.method} needs a drafter; pass --drafter or use --method ar")
+        check_drafter(drafter, model)
+        if neighbours is None:
+            neighbours = neighbour_table(model, config)
+        table = config.rule.prepare_table(neighbours, model.vocab_size, model.device)
+    return BUILDERS[config.method](config, model, drafter, table)

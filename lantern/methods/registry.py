@@ -1,0 +1,41 @@
+"""The one place a decoding method is named: each ``--method`` value and how its plug-in is built.
+
+A builder takes the checked configuration (:class:`lantern.engine.decode.DecodeConfig`), the
+target, the drafter (None for methods without one) and the prepared neighbour table (None where
+the rule uses none) and returns the :class:`~lantern.engine.method.Method` the engine runs.
+Adding a method is its module plus one line here.
+"""
+
+from __future__ import annotations
+
+from lantern.methods.ar import AR
+from lantern.methods.chain import Chain
+from lantern.methods.jacobi.method import Jacobi
+from lantern.methods.tree.method import Tree
+
+__all__ = ["METHODS", "DRAFTED"]
+
+
+def _drafted(config, model, drafter, table):
+    """A drafter method: a draft tree per round when the config has one, else a chain of γ."""
+    if config.tree is not None:
+        return Tree(config.rule, config.tree, drafter, table)
+    return Chain(config.rule, config.gamma, drafter, table)
+
+
+def _jacobi(config, model, drafter, table):
+    return Jacobi(config.jacobi, model)
+
+
+# --method -> builder(config, model, drafter, table)
+METHODS = {
+    "ar": lambda config, model, drafter, table: AR(),
+    "sd": _drafted,
+    "lantern": _drafted,
+    "lantern-jsd": _drafted,
+    "lantern++": _drafted,
+    "sjd": _jacobi,
+    "gsd": _jacobi,
+    "scd": _jacobi,
+}
+DRAFTED = tuple(m for m, build in METHODS.items() if build is _drafted)  # the methods that need a drafter
