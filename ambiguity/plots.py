@@ -40,7 +40,12 @@ __all__ = [
     "method_color",
     "series_colors",
     "binned_rates",
+    "interval_note",
+    "mark_quick",
+    "QUICK_MARK",
 ]
+
+QUICK_MARK = "QUICK MODE: a handful of images per measurement; shows that the pipeline runs, not the real measurement"
 
 # Paper-ready defaults: small fonts at 1:1 size for a single column (~3.3 in), TrueType fonts in PDFs.
 STYLE: dict = {
@@ -241,6 +246,30 @@ def save_figure(fig, path: str | Path, formats: Sequence[str] = ("png", "pdf"), 
                 fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.02, metadata=_METADATA.get(fmt))
             written.append(target)
     return written
+
+
+def interval_note(ax, values, lo, hi, y: float = 0.06) -> Optional[str]:
+    """Say on the panel why its interval bars do not show: every interval of zero width (each
+    jackknife resample gave the same value, e.g. recall 1 at small n) or none finite (too few
+    images). values, lo, hi: sequences of the plotted points; y: height of the text's bottom in
+    axes units. Returns the text written, or None."""
+    v, a, b = (np.asarray(x, dtype=float) for x in (values, lo, hi))
+    shown = np.isfinite(v)
+    if not shown.any():
+        return None
+    if not (np.isfinite(a) & np.isfinite(b))[shown].any():
+        text = "no intervals: too few images"
+    elif np.all(np.abs(b - a)[shown & np.isfinite(a) & np.isfinite(b)] < 1e-12):
+        text = "intervals of zero width: every jackknife\nresample gives the same value"
+    else:
+        return None
+    ax.text(0.5, y, text, transform=ax.transAxes, ha="center", va="bottom", fontsize=5.5, color="0.35")
+    return text
+
+
+def mark_quick(fig, text: str = QUICK_MARK) -> None:
+    """Write ``text`` in red across the top of ``fig``, above its title (a figure of a ``--quick`` run)."""
+    fig.text(0.5, 1.0, text, ha="center", va="bottom", fontsize=6.5, color="#c0392b", fontweight="bold")
 
 
 def _as_numpy_images(images) -> np.ndarray:

@@ -22,10 +22,16 @@ Outputs in ``--out`` (a run directory, :mod:`ambiguity.runs`): ``metrics.parquet
 run and metric: run, label, metric, extractor, value, ci_low, ci_high, n, bootstrap (jackknife groups),
 reference_images), ``paired.parquet`` (with ``--paired-with``), ``sweep.parquet`` and
 ``quality_sweep.png`` / ``.pdf`` (when LANTERN runs are given, :mod:`lantern.quality.report`),
-``evaluation.json`` (the protocol — reference set and split, image count,
-caption rule, resize and crop rule, extractors with their weights' SHA-256, CLIP scale, seeds —
-the runs and their results) and the printed table. Each (run, extractor) pair is saved as a part
-when it is done, so an interrupted evaluation resumes and adding runs reuses the others;
+``evaluation.json`` (the protocol — reference set and split, image count, the
+caption rule each set's prompts came from (with the captions file's SHA-256 a generate run
+records), resize and crop rule, extractors with their weights' SHA-256, CLIP scale, seeds, the
+intervals' measured coverage — the runs with their image count n and distinct images, and their
+results) and the printed table. A run's label names its method, k, δ (or λ) and drafting shape
+(``chain γ=4``, ``static tree NAME``, ``dynamic tree (59,4,10)``); a set holding repeated images
+(greedy decoding with CFG) gets a ``note:`` saying how many are distinct, a negative KID one saying
+why; the ``quality_sweep`` figure needs two or more LANTERN settings (else a note). Each (run,
+extractor) pair is saved as a part when it is done, so an interrupted evaluation resumes and adding
+runs reuses the others;
 reference statistics are cached per (reference, extractor, protocol) under ``--cache``.
 
 FID is biased upward at small n: compare numbers only at equal n, and read them with the
@@ -80,15 +86,15 @@ from lantern.quality.checks import (
     read_class_names,
 )
 from lantern.quality.features import EXTRACTORS, OFFLINE, default_extractors, load_extractors, locate_weights
-from lantern.quality.report import plot_quality_sweep, sweep_frame
+from lantern.quality.report import plot_quality_sweep, sweep_frame, sweep_settings
 from lantern.quality.scoring import PAPER_SAMPLE_SIZES, QualityProtocol, protocol_record
-from lantern.quality.set_scoring import score_set
-from lantern.quality.sources import ImageSet, load_source, parse_spec
+from lantern.quality.set_scoring import caption_rule, score_set
+from lantern.quality.sources import ImageSet, distinct_images, duplicate_note, load_source, parse_spec
 from lantern.quality.tables import paired_table, speed_quality_table, wide_table
 from lantern.quality.text import CLIP_SCALES
-from lantern.run_reader import load_run, run_label
+from lantern.run_reader import drafting_shape, load_run, run_label
 
-__all__ = ["evaluate_runs", "score_images", "build_parser", "main", "COMMAND", "OUTPUTS"]
+__all__ = ["evaluate_runs", "score_images", "kid_notes", "build_parser", "main", "COMMAND", "OUTPUTS"]
 
 COMMAND = "python -m lantern.evaluate"
 MERGE = "lantern.evaluate:merge_run"
@@ -103,15 +109,101 @@ OUTPUTS = (
 
 
 def _labels(sets: Sequence[ImageSet]) -> None:
+    """Legend text of every set: a run's method, k, δ and drafting shape (chain γ, static or
+    dynamic tree) and its subset; a label that repeats gets its folder's name."""
     for s in sets:
         if s.info.get("kind") == "run":
-            s.label = run_label({"method": s.info.get("method"), "rule": s.info.get("rule") or {}})
+            rule = {**(s.info.get("rule") or {}), "method": s.info.get("method")}
+            s.label = " ".join(
+                x for x in (run_label({"method": s.info.get("method"), "rule": rule}), drafting_shape(rule)) if x
+            )
             k = parse_spec(s.spec)[1]
             s.label += "" if k is None else f" @{k}" if k > 0 else f" @:{-k}"
     seen = [s.label for s in sets]
     for s in sets:
         if seen.count(s.label) > 1:
             s.label = f"{s.label} ({Path(s.spec).name})"
+
+
+def _load_sets(runs, protocol: QualityProtocol, extractors, weights, data, paired_with):
+    """The generated sets and the reference, every input checked (UsageError) before any work."""
+    if not runs:
+        raise UsageError("name at least one run to evaluate")
+    check_run_names(runs, paired_with)
+    if not 0.0 < protocol.level < 1.0:
+        raise UsageError(f"--level must be strictly between 0 and 1 (the intervals' coverage), got {protocol.level}")
+    sets = [load_source(r, protocol.seed, data, what="run") for r in runs]
+    ref = load_source(protocol.reference, protocol.seed, data, resize_to=sets[0].hw, what="reference")
+    check_sizes(sets, ref)
+    check_counts(sets, ref, extractors)
+    check_bootstrap(protocol.bootstrap, max(s.n for s in sets))
+    if protocol.clip_score:
+        locate_weights("clip", (weights or {}).get("clip") or protocol.clip_model)
+    _labels(sets)
+    return sets, ref
+
+
+def _extractors(sets, ref: ImageSet, extractors, weights, device) -> tuple[list, list[str]]:
+    """The loaded extractors and the notes so far: the sources' own, repeated images, skipped extractors."""
+    notes: list[str] = [n for s in (*sets, ref) for n in s.info.get("notes", [])]
+    notes += [n for n in (duplicate_note(s) for s in sets) if n]
+    if extractors is None:
+        extractors, skipped = default_extractors(weights)
+        notes += skipped
+    return load_extractors(extractors, weights, device), notes
+
+
+def _caption_rules(sets, protocol: QualityProtocol, class_names) -> dict:
+    """{spec: the caption rule applied to that set} (:func:`lantern.quality.set_scoring.caption_rule`)."""
+    return {s.spec: caption_rule(s, protocol, class_names) for s in sets}
+
+
+def _open_run_dir(opts: RunOptions, record: dict, ref: ImageSet, data, request) -> Optional[RunDir]:
+    """The evaluation's run directory (None without ``out``), opened for this shard."""
+    if opts.shard.count > 1 and opts.out is None:
+        raise UsageError("a sharded evaluation needs --out: the shards meet in its parts")
+    if opts.out is None:
+        return None
+    run_dir = RunDir(
+        opts.out,
+        {
+            "protocol": {k: v for k, v in record.items() if k != "reference_set"},
+            "reference_fingerprint": ref.fingerprint,
+            "data": data,
+        },
+        command=COMMAND,
+        outputs=OUTPUTS,
+        merge=MERGE,
+    )
+    run_dir.open_shared(opts.shard, opts.overwrite, {"request": request or {}})  # whichever shard starts records it
+    return run_dir
+
+
+def kid_notes(df: pd.DataFrame) -> list[str]:
+    """A note for every KID row whose value or interval lies below 0: KID is an unbiased estimate of
+    MMD² (>= 0), negative when the two sets are closer than its noise at this n."""
+    out = []
+    for r in df[df["metric"].str.startswith("kid") & (df["value"] < 0)].itertuples():
+        below = "its whole interval" if r.ci_high < 0 else "its value"
+        out.append(
+            f"{r.label}: {r.metric} = {r.value:.3g} [{r.ci_low:.3g}, {r.ci_high:.3g}], {below} below 0: KID is an "
+            f"unbiased estimate of MMD² >= 0 whose noise at n = {r.n} exceeds the distance; read it as "
+            f"no difference detected from the reference at this n, not as a negative distance"
+        )
+    return out
+
+
+def _run_entry(s: ImageSet, rules: dict) -> dict:
+    """A set's entry in ``evaluation.json``'s ``runs``: spec, label, image count, distinct images, facts."""
+    return {
+        "spec": s.spec,
+        "label": s.label,
+        "images": s.n,
+        "distinct_images": distinct_images(s.images),
+        "caption_rule": rules[s.spec],
+        "fingerprint": s.fingerprint,
+        **{k: v for k, v in s.info.items() if k not in ("class_names", "seeds", "image_indices")},
+    }
 
 
 def evaluate_runs(
@@ -133,62 +225,85 @@ def evaluate_runs(
     """Score generation runs (or image folders, or data-set splits) against ``protocol.reference``.
 
     runs: source specs (:mod:`lantern.quality.sources`); extractors: names of
-    :data:`lantern.quality.features.EXTRACTORS` (None: the offline ones whose weights are present,
-    :func:`lantern.quality.features.default_extractors`, with a note on what was skipped);
-    weights: {extractor or "clip"/"hps": path};
-    options: :class:`~ambiguity.runs.RunOptions`, or just ``out``: ``out`` the run directory for
-    resumable parts and the outputs (None: nothing written but the reference cache); cache:
-    reference-statistics cache (False: none); proxy_reference: a generate run for PSNR / token
-    match; target_scores_model: a loaded TokenModel for NLL and class consistency; paired_with:
-    one of ``runs`` whose metrics every other set of the same n is compared with by a paired
-    bootstrap (``record["paired"]``, ``paired.parquet``).
-    The shard (:mod:`ambiguity.distributed`): every set's images are split into chunks of whole
-    extractor batches; shard i extracts the chunks ``c % n == i`` as parts of ``out`` and the
-    merging process computes every metric from all chunks (equal to one process's). request:
-    stored with the run for ``python -m ambiguity merge`` (the CLI's arguments). Returns
-    (metrics DataFrame, the evaluation record), (None, None) on a shard that does not merge.
-    Every input is checked before anything is computed; raises UsageError (module docstring).
+    :data:`lantern.quality.features.EXTRACTORS` (None: :func:`lantern.quality.features.default_extractors`,
+    with a note on what was skipped); weights: {extractor or "clip"/"hps": path}; options:
+    :class:`~ambiguity.runs.RunOptions` or just ``out``, the run directory of resumable parts and
+    outputs (None: nothing written but the reference cache); cache: reference-statistics cache
+    (False: none); proxy_reference: a generate run for PSNR / token match; target_scores_model: a
+    loaded TokenModel for NLL and class consistency; paired_with: one of ``runs`` that every other
+    set of the same n is compared with (``record["paired"]``, ``paired.parquet``). A shard
+    (:mod:`ambiguity.distributed`) extracts its chunks ``c % n == i`` of whole extractor batches as
+    parts of ``out``; the merging process computes every metric (equal to one process's). request:
+    the CLI's arguments, stored for ``python -m ambiguity merge``. Returns (metrics DataFrame, the
+    evaluation record: each run's ``images`` (n), ``distinct_images`` (a note when fewer) and
+    ``caption_rule``), (None, None) on a shard that does not merge. Every input is checked before
+    anything is computed; raises UsageError (module docstring).
     """
     t0 = time.perf_counter()
     opts = RunOptions.of(options)
-    out, shard = opts.out, opts.shard
-    if not runs:
-        raise UsageError("name at least one run to evaluate")
-    check_run_names(runs, paired_with)
-    if not 0.0 < protocol.level < 1.0:
-        raise UsageError(f"--level must be strictly between 0 and 1 (the intervals' coverage), got {protocol.level}")
-    sets = [load_source(r, protocol.seed, data, what="run") for r in runs]
-    ref = load_source(protocol.reference, protocol.seed, data, resize_to=sets[0].hw, what="reference")
-    check_sizes(sets, ref)
-    check_counts(sets, ref, extractors)
-    check_bootstrap(protocol.bootstrap, max(s.n for s in sets))
-    if protocol.clip_score:
-        locate_weights("clip", (weights or {}).get("clip") or protocol.clip_model)
-    notes: list[str] = [n for s in (*sets, ref) for n in s.info.get("notes", [])]
-    if extractors is None:
-        extractors, skipped = default_extractors(weights)
-        notes += skipped
-    exs = load_extractors(extractors, weights, device)
+    sets, ref = _load_sets(runs, protocol, extractors, weights, data, paired_with)
+    exs, notes = _extractors(sets, ref, extractors, weights, device)
     proxy = load_run(proxy_reference) if proxy_reference else None
-    _labels(sets)
-    record = protocol_record(protocol, ref)
-    run_dir = None
-    if shard.count > 1 and out is None:
-        raise UsageError("a sharded evaluation needs --out: the shards meet in its parts")
-    if out is not None:
-        run_dir = RunDir(
-            out,
-            {
-                "protocol": {k: v for k, v in record.items() if k != "reference_set"},
-                "reference_fingerprint": ref.fingerprint,
-                "data": data,
-            },
-            command=COMMAND,
-            outputs=OUTPUTS,
-            merge=MERGE,
-        )
-        extra = {"request": request or {}}  # whichever shard starts the run records the command
-        run_dir.open_shared(shard, opts.overwrite, extra)
+    rules = _caption_rules(sets, protocol, class_names)
+    record = protocol_record(protocol, ref, "; ".join(dict.fromkeys(rules.values())))
+    run_dir = _open_run_dir(opts, record, ref, data, request)
+    frames, boot = _score_sets(
+        sets,
+        ref,
+        exs,
+        protocol,
+        opts,
+        run_dir,
+        cache,
+        batch_size,
+        weights,
+        device,
+        class_names,
+        proxy,
+        target_scores_model,
+        notes,
+    )
+    if not opts.shard.merges:
+        return None, None
+    df = pd.concat(frames, ignore_index=True)
+    paired = paired_table(df, boot, paired_with, protocol.level) if paired_with else pd.DataFrame()
+    df = df[
+        ["run", "label", "metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
+        + [c for c in ("reference_images",) if c in df]
+    ]
+    notes += kid_notes(df) + _small_n_notes(sets[0].n)
+    rec = {
+        "command": COMMAND,
+        "protocol": record,
+        "extractors": [e.describe() for e in exs],
+        "runs": [_run_entry(s, rules) for s in sets],
+        "results": df.to_dict(orient="records"),
+        "paired": paired.to_dict(orient="records"),
+        "notes": list(dict.fromkeys(notes)),
+        "wall_time_s": round(time.perf_counter() - t0, 2),
+    }
+    if run_dir is not None:
+        _write_outputs(run_dir.path, df, paired, rec)
+    return df, rec
+
+
+def _score_sets(
+    sets,
+    ref,
+    exs,
+    protocol,
+    opts: RunOptions,
+    run_dir,
+    cache,
+    batch_size,
+    weights,
+    device,
+    class_names,
+    proxy,
+    target,
+    notes,
+):
+    """Every set's metric rows and resampled values (:func:`lantern.quality.set_scoring.score_set`)."""
     frames, boot = [], {}
     for s in tqdm(sets, desc="evaluate", unit="run", disable=not opts.progress):
         f, boot[s.spec] = score_set(
@@ -203,49 +318,32 @@ def evaluate_runs(
             device=device,
             class_names=class_names,
             proxy_reference=proxy,
-            target=target_scores_model,
+            target=target,
             notes=notes,
-            shard=shard,
+            shard=opts.shard,
         )
         frames.append(f)
-    if not shard.merges:
-        return None, None
-    df = pd.concat(frames, ignore_index=True)
-    paired = paired_table(df, boot, paired_with, protocol.level) if paired_with else pd.DataFrame()
-    df = df[
-        ["run", "label", "metric", "extractor", "value", "ci_low", "ci_high", "n", "bootstrap"]
-        + [c for c in ("reference_images",) if c in df]
+    return frames, boot
+
+
+def _write_outputs(out: Path, df: pd.DataFrame, paired: pd.DataFrame, rec: dict) -> None:
+    """metrics.parquet, paired.parquet (when there are paired rows) and evaluation.json."""
+    write_table(df, out / "metrics.parquet")
+    if len(paired):
+        write_table(paired, out / "paired.parquet")
+    write_json(rec, out / "evaluation.json")
+
+
+def _small_n_notes(n: int) -> list[str]:
+    """The small-n bias note of FID / KID (none from 5,000 images on)."""
+    if n >= 5000:
+        return []
+    return [
+        f"FID/KID at n = {n} are biased upward (FID strongly); compare only at equal n; "
+        f"papers use 5k-50k images ({', '.join(f'{k}: {v}' for k, v in PAPER_SAMPLE_SIZES.items())}); "
+        f"their 95 % intervals cover 0.915-0.935 in a simulation, the misses above them (evaluation.json: "
+        f"protocol.bootstrap_scheme)"
     ]
-    if sets[0].n < 5000:
-        notes.append(
-            f"FID/KID at n = {sets[0].n} are biased upward (FID strongly); compare only at equal n; "
-            f"papers use 5k-50k images ({', '.join(f'{k}: {v}' for k, v in PAPER_SAMPLE_SIZES.items())})"
-        )
-    rec = {
-        "command": COMMAND,
-        "protocol": record,
-        "extractors": [e.describe() for e in exs],
-        "runs": [
-            {
-                "spec": s.spec,
-                "label": s.label,
-                "images": s.n,
-                "fingerprint": s.fingerprint,
-                **{k: v for k, v in s.info.items() if k not in ("class_names", "seeds", "image_indices")},
-            }
-            for s in sets
-        ],
-        "results": df.to_dict(orient="records"),
-        "paired": paired.to_dict(orient="records"),
-        "notes": list(dict.fromkeys(notes)),
-        "wall_time_s": round(time.perf_counter() - t0, 2),
-    }
-    if run_dir is not None:
-        write_table(df, run_dir.path / "metrics.parquet")
-        if len(paired):
-            write_table(paired, run_dir.path / "paired.parquet")
-        write_json(rec, run_dir.path / "evaluation.json")
-    return df, rec
 
 
 def score_images(
@@ -310,7 +408,9 @@ def score_images(
         r["metric"]: {k: r[k] for k in ("value", "ci_low", "ci_high", "n", "bootstrap")}
         for r in df.to_dict(orient="records")
     }
-    out.update(protocol=protocol_record(p, ref), extractors=[e.describe() for e in exs], notes=notes)
+    notes += [n for n in (duplicate_note(s),) if n]
+    record = protocol_record(p, ref, caption_rule(s, p, class_names))
+    out.update(protocol=record, extractors=[e.describe() for e in exs], notes=notes)
     return out
 
 
@@ -340,6 +440,15 @@ def build_parser() -> ArgumentParser:
         metavar="NAME=PATH",
         help="weights of an extractor (or clip / hps), e.g. mobilenet=~/mobilenet_v2-b0353104.pth",
     )
+    _add_interval_args(p)
+    _add_text_args(p)
+    _add_proxy_args(p)
+    _add_output_args(p)
+    return p
+
+
+def _add_interval_args(p: ArgumentParser) -> None:
+    """The intervals and the k-NN metrics: --bootstrap, --level, --nearest-k, --prdc-reference, --seed."""
     p.add_argument(
         "--bootstrap",
         type=nonneg_int,
@@ -362,6 +471,10 @@ def build_parser() -> ArgumentParser:
         help="precision/recall reference: a seeded subset of the run's size, or all (default: matched)",
     )
     p.add_argument("--seed", type=seed_int, default=0, help="seed of subsets and resamples (default: 0)")
+
+
+def _add_text_args(p: ArgumentParser) -> None:
+    """CLIP score and HPS: --clip-score, --clip-model, --clip-scale, --prompt, --class-names, --hps."""
     p.add_argument("--clip-score", action="store_true", help="CLIP score of images vs captions / class prompts")
     p.add_argument(
         "--clip-model", default=QualityProtocol.clip_model, help="CLIP repository in the HF cache or a directory"
@@ -375,6 +488,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--prompt", default=QualityProtocol.prompt_template, help="prompt template for class labels")
     p.add_argument("--class-names", default=None, metavar="FILE", help="class names, one per line (c2i CLIP score)")
     p.add_argument("--hps", action="store_true", help="HPS v2.1 (needs open_clip and HPS_v2.1_compressed.pt)")
+
+
+def _add_proxy_args(p: ArgumentParser) -> None:
+    """The offline proxies and paired differences: --proxy-reference, --target-scores, --paired-with."""
     p.add_argument(
         "--proxy-reference",
         default=None,
@@ -389,6 +506,10 @@ def build_parser() -> ArgumentParser:
         help="one of the runs (e.g. runs/ar): print every metric's difference to it with a paired "
         "jackknife interval (same image indices = same seeds and classes)",
     )
+
+
+def _add_output_args(p: ArgumentParser) -> None:
+    """Data, cache, device, batch size, outputs, resume and shards."""
     add_data_arg(p)
     p.add_argument("--cache", default=None, metavar="DIR", help="reference-statistics cache")
     add_device_args(p, dtype=False, what="for the extractors and --target-scores")
@@ -404,7 +525,6 @@ def build_parser() -> ArgumentParser:
     add_overwrite_arg(p)
     add_progress_arg(p)
     add_shard_args(p)
-    return p
 
 
 @cli_main
@@ -427,6 +547,25 @@ def merge_run(path: str | Path, figures: bool = True) -> int:
     kept = [a for i, a in enumerate(argv) if a not in drop and (i == 0 or argv[i - 1] not in drop)]
     args = build_parser().parse_args(kept)
     return _run(args, merging_shard(int(record.get("shards") or 1)), {"argv": kept})
+
+
+def _print_tables(df: pd.DataFrame, rec: dict, args) -> None:
+    """The printed tables: speed and quality, one table per extractor, the paired differences."""
+    with pd.option_context("display.width", 250, "display.max_columns", 50):
+        print(
+            f"speed and quality against {args.reference} (jackknife over min({args.bootstrap}, n) groups, "
+            f"{100 * args.level:g} % intervals):"
+        )
+        print(speed_quality_table(df, rec).to_string())
+        for ex in [""] + [e["name"] for e in rec["extractors"]]:
+            sub = df[df["extractor"] == ex]
+            if len(sub):
+                print(f"\n== {ex or 'per-image scores'} ==")
+                print(wide_table(sub).to_string())
+        if rec["paired"]:
+            pt = pd.DataFrame(rec["paired"]).rename(columns={"diff": "value"})
+            print(f"\n== difference to {args.paired_with} (paired jackknife over image indices) ==")
+            print(wide_table(pt.assign(n=pt["n"])).to_string())
 
 
 def _run(args, shard: Shard, request: dict) -> int:
@@ -484,29 +623,19 @@ def _run(args, shard: Shard, request: dict) -> int:
             + ("" if shard.group else f"; after every shard, run python -m ambiguity merge {out}")
         )
         return 0
-    with pd.option_context("display.width", 250, "display.max_columns", 50):
-        print(
-            f"speed and quality against {args.reference} (jackknife over min({args.bootstrap}, n) groups, "
-            f"{100 * args.level:g} % intervals):"
-        )
-        print(speed_quality_table(df, rec).to_string())
-        names = [e["name"] for e in rec["extractors"]]
-        for ex in [""] + names:
-            sub = df[df["extractor"] == ex]
-            if len(sub):
-                print(f"\n== {ex or 'per-image scores'} ==")
-                print(wide_table(sub).to_string())
-        if rec["paired"]:
-            pt = pd.DataFrame(rec["paired"]).rename(columns={"diff": "value"})
-            print(f"\n== difference to {args.paired_with} (paired jackknife over image indices) ==")
-            print(wide_table(pt.assign(n=pt["n"])).to_string())
+    _print_tables(df, rec, args)
     for note in rec["notes"]:
         print(f"note: {note}")
     files = []
     if any(r.get("method") in ("lantern", "lantern-jsd") for r in rec["runs"]):
         frame = sweep_frame(df, rec)
         write_table(frame, out / "sweep.parquet")
-        files = plot_quality_sweep(frame, args.figure or out / "quality_sweep", names)
+        if sweep_settings(frame) > 1:
+            files = plot_quality_sweep(
+                frame, args.figure or out / "quality_sweep", [e["name"] for e in rec["extractors"]]
+            )
+        else:
+            print("note: one LANTERN setting (k, δ) only: no quality_sweep figure, a sweep needs two or more")
     print(f"wrote {out}/metrics.parquet, {out}/evaluation.json" + "".join(f", {f}" for f in files))
     return 0
 

@@ -61,7 +61,7 @@ from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import check_compile, check_spec_options, get_spec, load_model
 from ambiguity.neighbourhood import MATRICES
-from ambiguity.runs import RunDir, RunOptions, assemble_units, read_units, shard_units
+from ambiguity.runs import RunDir, RunOptions, assemble_units, file_sha256, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
 from lantern.cli_flags import check_flags_apply, given_options
 from lantern.drafter.model import DraftModel, drafter_digest, load_drafter
@@ -79,6 +79,7 @@ from lantern.engine.slots import check_batching
 from lantern.methods.jacobi.config import COUPLINGS, INITS, JacobiConfig, check_jacobi
 from lantern.methods.tree.spec import STATIC_TREES, TreeSpec, parse_tree
 from lantern.rules.acceptance import CONVENTIONS, AcceptanceRule
+from lantern.run_reader import drafting_shape, run_label
 
 __all__ = ["build_parser", "main", "run_generate", "decode_config_from_args", "COMMAND", "OUTPUTS"]
 
@@ -306,8 +307,9 @@ def _write_png(image: np.ndarray, path: Path) -> None:
         img.save(tmp, format="PNG")
 
 
-def _save_image(run: RunDir, i: int, condition, decoded: Decoded) -> None:
-    """One image's records as a part (steps, drafts, the image row with its codes, and its PNG)."""
+def _save_image(run: RunDir, i: int, condition, decoded: Decoded, computed_with: dict) -> None:
+    """One image's records as a part (steps, drafts, the image row with its codes, and its PNG);
+    ``computed_with``: the batch size it was decoded in and whether the forwards were compiled."""
     steps, drafts, images = decoded.frames()
     files = []
     if decoded.pixels is not None:
@@ -321,6 +323,7 @@ def _save_image(run: RunDir, i: int, condition, decoded: Decoded) -> None:
         {"image": i, "condition": str(condition)},
         tables={"steps": steps, "drafts": drafts, "image": images},
         files=files,
+        meta={"computed_with": computed_with},
     )
 
 
@@ -348,8 +351,12 @@ def run_generate(
     refuse the run rather than resume it. batch_size: images decoded together
     (:func:`lantern.engine.decode.decode`); the parts are written after every ``16 * batch_size``
     images (a batch then drains, so resuming loses at most that many). compiled: whether the
-    forwards run through torch.compile (``--compile``; recorded with ``batch_size`` in the summary,
-    whose seconds per image then include the compilation).
+    forwards run through torch.compile (``--compile``; seconds per image then include the
+    compilation). Each image's part records the batch size it was decoded in (at most the images
+    decoded together) and ``compiled``; the summary's ``batch_size`` / ``compile`` are those the
+    images share (None when mixed), ``computed_with`` lists each setting with its image count, and
+    a note says when this call asked for other ones (:func:`computed_with_record`). A run with
+    ``captions`` in its settings records the file's SHA-256 (``captions_sha256``).
     Returns ``(steps, drafts, images, summary)``: the three DataFrames of the images of these
     conditions and the summary dict also written to ``summary.json``; None on a shard that does
     not merge. Raises UsageError as :func:`lantern.engine.decode.decode`, or for an ``out`` holding a
@@ -360,6 +367,26 @@ def run_generate(
     if opts.out is None:
         raise TypeError("run_generate needs a run directory: options=RunOptions(out=...) or out=...")
     shard = opts.shard
+    run = _open_run(model, config, sampling, opts, drafter, seed, settings)
+    check_depth(config, model)
+    facts = _facts(model, config, sampling, drafter, conditions, batch_size, compiled)
+    if shard.index == 0:  # what the merge needs to know: how many images, their conditions, the facts
+        run.write_part("request", {"num_images": len(conditions)}, meta=facts)
+    units = _image_units(conditions)
+    todo = [i for i, done in shard_units(run, units, shard, load=False) if not _complete(done, facts["pixels"])]
+    if todo:  # a finished run builds no neighbour table
+        _decode_images(run, model, conditions, todo, config, sampling, drafter, seed, opts, batch_size, compiled)
+    parts = assemble_units(run, units, shard, None, lambda part: part)  # the tables are the parts'
+    if parts is None:
+        return None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
+    return _assemble(run, facts, parts, len(todo), t0)
+
+
+def _open_run(
+    model: TokenModel, config: DecodeConfig, sampling: SamplingConfig, opts: RunOptions, drafter, seed, settings
+) -> RunDir:
+    """The run directory, opened for this shard, with the run record: the settings (default: model,
+    decoding config, sampling, seed), the weights digests and the captions file's SHA-256."""
     record = (
         {**settings, "weights_digest": model.weights_digest()}  # the command line names files, not their contents
         if settings is not None
@@ -367,20 +394,25 @@ def run_generate(
     )
     if drafter is not None:  # a target or drafter retrained in place must not continue another's run
         record["drafter_digest"] = drafter_digest(drafter)
-    run = RunDir(opts.out, record, command=COMMAND, outputs=OUTPUTS, merge=MERGE).open_shared(shard, opts.overwrite)
-    pixels = model.can_decode
-    check_depth(config, model)
-    neighbours = neighbour_table(
-        model, config, progress=opts.progress
-    )  # built once; decode() checks the drafter before any image
-    facts = {
+    if record.get("captions"):  # the file's contents, not only its path, decide the conditions
+        record["captions_sha256"] = file_sha256(Path(record["captions"]))
+    return RunDir(opts.out, record, command=COMMAND, outputs=OUTPUTS, merge=MERGE).open_shared(
+        opts.shard, opts.overwrite
+    )
+
+
+def _facts(
+    model: TokenModel, config: DecodeConfig, sampling: SamplingConfig, drafter, conditions, batch_size, compiled
+) -> dict:
+    """What the summary and the merge need besides the parts (this call's requested batch size and compile)."""
+    return {
         "model": model.describe(),
         "class_names": model.class_names,
         "method": config.method,
         "gamma": config.draft_depth,
         "sampling": sampling.as_dict(),
         "rule": config.as_dict(),
-        "pixels": pixels,
+        "pixels": model.can_decode,
         "batch_size": batch_size,
         "compile": bool(compiled),
         "drafter": None
@@ -388,11 +420,26 @@ def run_generate(
         else {"target": drafter.target.get("name"), "training": getattr(drafter, "info", {})},
         "conditions": [str(c) for c in conditions],
     }
-    if shard.index == 0:  # what the merge needs to know: how many images, their conditions, the facts
-        run.write_part("request", {"num_images": len(conditions)}, meta=facts)
-    units = _image_units(conditions)
-    todo = [i for i, done in shard_units(run, units, shard, load=False) if not _complete(done, pixels)]
+
+
+def _decode_images(
+    run: RunDir,
+    model: TokenModel,
+    conditions: list,
+    todo: list[int],
+    config: DecodeConfig,
+    sampling: SamplingConfig,
+    drafter,
+    seed: int,
+    opts: RunOptions,
+    batch_size: int,
+    compiled: bool,
+) -> None:
+    """Decode the images ``todo`` in chunks of ``16 * batch_size`` and save each as its part, with
+    the batch size it was decoded in (at most the chunk's images) and ``compiled``."""
+    neighbours = neighbour_table(model, config, progress=opts.progress)  # built once; decode() checks the drafter
     chunk = 1 if batch_size == 1 else 16 * batch_size
+    shard = opts.shard
     bar = tqdm(
         total=len(todo),
         desc=f"{config.method} images" + (f" ({shard.label})" if shard.count > 1 else ""),
@@ -409,18 +456,15 @@ def run_generate(
             drafter,
             neighbours,
             seed=seed,
-            pixels=pixels,
+            pixels=model.can_decode,
             indices=these,
             batch_size=batch_size,
         )
+        used = {"batch_size": min(batch_size, len(these)), "compile": bool(compiled)}  # not the requested size
         for i, one in zip(these, d.split()):
-            _save_image(run, i, conditions[i], one)
+            _save_image(run, i, conditions[i], one, used)
         bar.update(len(these))
     bar.close()
-    parts = assemble_units(run, units, shard, None, lambda part: part)  # the tables are the parts'
-    if parts is None:
-        return None  # rank 0 (torchrun) or `python -m ambiguity merge` writes the outputs
-    return _assemble(run, facts, parts, len(todo), t0)
 
 
 def _image_units(conditions: list) -> list[tuple[str, dict]]:
@@ -438,8 +482,10 @@ def _assemble(run: RunDir, facts: dict, parts: list, computed: int, t0: float):
     conditions = facts["conditions"]
     if facts["pixels"] and not all(_complete(p, True) for p in parts):
         raise UsageError(f"{run.path} has image parts without their PNG; rerun the generate command to repair them")
-    cat = lambda what: pd.concat([p.tables[what] for p in parts], ignore_index=True)  # noqa: E731
-    steps, drafts, images = cat("steps"), cat("drafts"), cat("image")
+    steps, drafts, images = (
+        pd.concat([p.tables[w] for p in parts], ignore_index=True) for w in ("steps", "drafts", "image")
+    )
+    computed_with = computed_with_record(parts)
     summary = {
         "model": facts["model"],
         "settings": run.settings,
@@ -448,8 +494,7 @@ def _assemble(run: RunDir, facts: dict, parts: list, computed: int, t0: float):
         "sampling": facts["sampling"],
         "rule": facts["rule"],
         "drafter": facts["drafter"],
-        "batch_size": facts.get("batch_size"),
-        "compile": facts.get("compile"),
+        **computed_with,
         **summarize_decode(steps, drafts, images, facts["gamma"]),
         "images_resumed": len(conditions) - computed,
         "images_computed": computed,
@@ -458,17 +503,65 @@ def _assemble(run: RunDir, facts: dict, parts: list, computed: int, t0: float):
     }
     if facts.get("compile") and computed:
         summary["notes"] = [*summary["notes"], COMPILE_NOTE]
+    asked = {"batch_size": facts.get("batch_size"), "compile": facts.get("compile")}
+    if any(asked[k] != v for part in computed_with["computed_with"] for k, v in part.items() if k in asked):
+        summary["notes"] = [*summary["notes"], settings_note(asked, computed, computed_with)]
     write_table(steps, run.path / "steps.parquet")
     write_table(drafts, run.path / "drafts.parquet")
     write_table(images, run.path / "images.parquet")
     if facts["pixels"]:
-        _grid(facts["class_names"], run.path, images)
+        _grid(facts["class_names"], run.path, images, grid_title(summary, len(images)))
     write_json(summary, run.path / "summary.json")
     run.seal(
         ["steps.parquet", "drafts.parquet", "images.parquet", "summary.json"]  # lantern.runs.load_run checks them
         + ([f"images/{int(i):05d}.png" for i in images["image"]] if facts["pixels"] else [])
     )
     return steps, drafts, images, summary
+
+
+def computed_with_record(parts: list) -> dict:
+    """What the images were computed with, from their parts: ``batch_size`` and ``compile`` (the
+    value every image shares, None when they differ or a part predates the record) and
+    ``computed_with``: [{batch_size, compile, images}] per distinct setting (batch size used: at
+    most the images decoded together, never the requested size)."""
+    groups: dict = {}
+    for part in parts:
+        w = (part.meta or {}).get("computed_with") or {"batch_size": None, "compile": None}
+        key = (w.get("batch_size"), w.get("compile"))
+        groups[key] = groups.get(key, 0) + 1
+    one = len(groups) == 1
+    return {
+        "batch_size": next(iter(groups))[0] if one else None,
+        "compile": next(iter(groups))[1] if one else None,
+        "computed_with": [{"batch_size": b, "compile": c, "images": n} for (b, c), n in groups.items()],
+    }
+
+
+def settings_note(asked: dict, computed: int, computed_with: dict) -> str:
+    """The summary's note when this call's speed settings (batch size, compile) differ from those
+    the images were computed with: its timings are the images' own."""
+    said = ", ".join(
+        f"{w['images']} image(s) with batch size {w['batch_size']}, compile {w['compile']}"
+        for w in computed_with["computed_with"]
+    )
+    return (
+        f"this call asked for batch size {asked['batch_size']}, compile {asked['compile']} and decoded "
+        f"{computed} image(s); the images were computed with: {said} (unknown: computed before this was "
+        f"recorded); the timings are those of each image's own settings"
+    )
+
+
+def grid_title(summary: dict, n: int) -> str:
+    """The grid's title: method with k and δ (or λ), the drafting shape, sampling and image count."""
+    rule = {**(summary.get("rule") or {}), "method": summary.get("method")}
+    samp = summary.get("sampling") or {}
+    what = " ".join(x for x in (run_label({"method": summary.get("method"), "rule": rule}), drafting_shape(rule)) if x)
+    how = (
+        f"cfg {samp.get('guidance', 1.0):g}, temperature {samp.get('temperature', 1.0):g}"
+        + (f", top-k {samp['top_k']}" if samp.get("top_k") else "")
+        + (f", top-p {samp['top_p']:g}" if samp.get("top_p", 1.0) < 1.0 else "")
+    )
+    return f"{what} — {how} — {n} images"
 
 
 def merge_run(path: str | Path, figures: bool = True):
@@ -486,7 +579,7 @@ def merge_run(path: str | Path, figures: bool = True):
     return summary
 
 
-def _grid(class_names, out: Path, images) -> None:
+def _grid(class_names, out: Path, images, title: str) -> None:
     arr = [
         np.asarray(Image.open(out / "images" / f"{int(i):05d}.png"), dtype=np.float32) / 255.0 for i in images["image"]
     ]
@@ -495,7 +588,7 @@ def _grid(class_names, out: Path, images) -> None:
         class_names[int(c)] if class_names and str(c).isdigit() and int(c) < len(class_names) else str(c)
         for c in images["condition"]
     ]
-    fig = plots.image_grid(x, ncol=min(8, len(x)), titles=titles)
+    fig = plots.image_grid(x, ncol=min(8, len(x)), titles=titles, title=title)
     plots.save_figure(fig, out / "grid")
 
 

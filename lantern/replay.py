@@ -27,8 +27,10 @@ CLI::
     python -m lantern.replay runs/sd runs/lantern-* --reference runs/ar --quality --extractors fmnist,mobilenet
 
 writes ``acceptance_by_ambiguity.parquet``, ``image_quality.parquet``, ``quality.parquet`` (with
-``--quality``; resumable parts in ``<out>/quality``), ``replay.png`` / ``.pdf`` and prints the
-tables. The run readers and proxies live in :mod:`lantern.run_reader` and are re-exported here.
+``--quality``; resumable parts in ``<out>/quality``), ``replay.png`` / ``.pdf`` (acceptance by
+ambiguity; with ``--reference`` PSNR vs acceptance per image; with ``--quality`` FID and recall of
+the first extractor against each run's τ, with their intervals) and prints the tables. The run
+readers and proxies live in :mod:`lantern.run_reader`.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ __all__ = [
     "acceptance_by_ambiguity",
     "with_wilson",
     "plot_replay",
+    "quality_speed_frame",
+    "build_parser",
     "run_quality",
     "main",
     "AMBIGUITY_COLUMNS",
@@ -146,15 +150,58 @@ def with_wilson(bins: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     return bins.assign(ci_low=[c[0] for c in ci], ci_high=[c[1] for c in ci])
 
 
+def quality_speed_frame(metrics: pd.DataFrame, runs: Sequence[Mapping], labels: Sequence[str]) -> pd.DataFrame:
+    """``--quality``'s metric rows beside each run's speed: one row per (run, metric) with method
+    (the replay label), metric, value, ci_low, ci_high, n and tau (the run's mean accepted length,
+    bonus token counted; NaN where its summary has none). Rows of sets that are not among ``runs``
+    (the reference run) are left out."""
+    label_of = {str(r["path"]): lab for r, lab in zip(runs, labels)}
+    tau_of = {str(r["path"]): r["summary"].get("tau", r["summary"].get("mean_accepted_length", np.nan)) for r in runs}
+    rows = metrics[metrics["run"].isin(list(label_of))]
+    return pd.DataFrame(
+        {
+            "method": rows["run"].map(label_of),
+            "metric": rows["metric"],
+            "value": rows["value"],
+            "ci_low": rows["ci_low"],
+            "ci_high": rows["ci_high"],
+            "n": rows["n"],
+            "tau": rows["run"].map(tau_of).astype(float),
+        }
+    ).reset_index(drop=True)
+
+
+def _quality_panel(ax, speed: pd.DataFrame, metric: str, colors: Mapping) -> None:
+    """One point per run: ``metric`` (with its interval) against the run's τ."""
+    rows = speed[speed["metric"] == metric]
+    for m in dict.fromkeys(rows["method"]):
+        r = rows[rows["method"] == m]
+        err = np.vstack([(r["value"] - r["ci_low"]).clip(lower=0), (r["ci_high"] - r["value"]).clip(lower=0)])
+        ax.errorbar(r["tau"], r["value"], yerr=err, fmt="o", ms=3.5, capsize=2, color=colors[m], label=m)
+    plots.interval_note(ax, rows["value"], rows["ci_low"], rows["ci_high"])
+    name, _, extractor = metric.partition("_")
+    n = int(rows["n"].max()) if len(rows) else 0
+    ax.set_xlabel("τ (mean accepted length)")
+    ax.set_ylabel(name.upper() if name in ("fid", "kid") else name)
+    ax.set_title(f"{name.upper() if name in ('fid', 'kid') else name} ({extractor}, n = {n}) vs speed", fontsize=7)
+
+
 def plot_replay(
-    bins, quality=None, path: str | Path = "figures/lantern_replay", min_drafts: int = 20, level: float = 0.95
+    bins,
+    quality=None,
+    path: str | Path = "figures/lantern_replay",
+    min_drafts: int = 20,
+    level: float = 0.95,
+    speed: Optional[pd.DataFrame] = None,
 ) -> list[Path]:
     """Acceptance rate vs top-1 probability and vs entropy of p per method, with the Wilson
     ``level`` interval of each bin (:func:`lantern.quality.metrics.wilson_interval` over its
     reached drafts, which treats drafts as independent: within one image they are not, so read
     it as a lower bound on the uncertainty) and, below, the reached drafts per bin;
     bins with fewer than ``min_drafts`` drafts are left out. When ``quality`` (image_quality rows
-    with a ``method`` column) is given, PSNR against the reference vs per-image acceptance rate.
+    with a ``method`` column) is given, PSNR against the reference vs per-image acceptance rate;
+    when ``speed`` (:func:`quality_speed_frame` of ``--quality``'s rows) is given, FID and recall of
+    its first extractor against each run's τ, with their jackknife intervals.
     Each run in its method's colour (:func:`ambiguity.plots.series_colors`); the panels are drawn by
     :func:`ambiguity.plots.binned_rates` with :func:`with_wilson`. One legend below the panels. PNG + PDF."""
     import matplotlib.ticker as mticker
@@ -163,10 +210,15 @@ def plot_replay(
     n = len(cols) + (quality is not None and len(quality) > 0)
     methods = list(dict.fromkeys(bins["method"]))
     colors = plots.series_colors(methods + ([] if quality is None else list(quality["method"])))
+    panels = _speed_metrics(speed)
+    n += len(panels)
     with plots.style():
         fig, axes = plots.new_figure(
             2, n, width=2.6 * n, height=3.6, squeeze=False, gridspec_kw={"height_ratios": [2.2, 1]}
         )
+        for j, metric in enumerate(panels):
+            _quality_panel(axes[0, n - len(panels) + j], speed, metric, colors)
+            axes[1, n - len(panels) + j].set_visible(False)
         for c, col in enumerate(cols):
             ax, cnt = axes[0, c], axes[1, c]
             plots.binned_rates(
@@ -183,23 +235,33 @@ def plot_replay(
                 cnt.set_xlim(0, 1)
             else:
                 cnt.set_xlim(*ax.get_xlim())
-        if n > len(cols):
-            ax = axes[0, -1]
+        if quality is not None and len(quality):
+            ax = axes[0, len(cols)]
             for m in dict.fromkeys(quality["method"]):
                 q = quality[(quality["method"] == m) & np.isfinite(quality["psnr"])]
                 ax.scatter(q["acceptance_rate"], q["psnr"], s=6, color=colors[m], alpha=0.7)
             ax.set_xlabel("acceptance rate of the image")
             ax.set_ylabel("PSNR vs reference (dB)")
             ax.set_title("per image: PSNR vs acceptance", fontsize=7)
-            axes[1, -1].set_visible(False)
+            axes[1, len(cols)].set_visible(False)
         fig.suptitle(
             f"Acceptance by ambiguity of the target's p (bars: {100 * level:g} % Wilson intervals per bin; "
-            f"bins with >= {min_drafts} drafts)",
+            f"bins with >= {min_drafts} drafts)"
+            + (f"; image quality vs τ with {100 * level:g} % jackknife intervals" if panels else ""),
             fontsize=7.5,
         )
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=6, frameon=False)
         return plots.save_figure(fig, path)
+
+
+def _speed_metrics(speed: Optional[pd.DataFrame]) -> list[str]:
+    """The quality metrics drawn against speed: FID and recall of the first extractor."""
+    if speed is None or not len(speed):
+        return []
+    metrics = list(dict.fromkeys(speed["metric"]))
+    extractor = next((m.partition("_")[2] for m in metrics if m.startswith("fid_")), None)
+    return [m for m in (f"fid_{extractor}", f"recall_{extractor}") if m in metrics]
 
 
 def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out: Path) -> pd.DataFrame:
@@ -235,9 +297,8 @@ def run_quality(runs: Sequence[Mapping], reference: Optional[Mapping], args, out
     return df
 
 
-@cli_main
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m lantern.replay RUN [RUN ...] [--reference RUN]``: tables + figure (module docstring)."""
+def build_parser() -> ArgumentParser:
+    """The argument parser of ``python -m lantern.replay``."""
     ap = ArgumentParser(
         prog="python -m lantern.replay",
         description="Relate acceptance of draft tokens to the ambiguity of p and to image quality.",
@@ -272,7 +333,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--bootstrap", type=nonneg_int, default=100, help="jackknife groups of --quality's intervals (default: 100)"
     )
     add_progress_arg(ap)  # bars of --quality's feature extraction
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _print_scores(runs, ref, labels, args, out: Path) -> None:
+    """``--scores``: the target's NLL (and class consistency) of every run's tokens, printed and saved."""
+    s = (ref or runs[0])["summary"].get("settings", {})
+    model = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=args.device)
+    scores = pd.concat(
+        [target_scores(model, r["images"]).assign(method=lab) for lab, r in zip(labels, runs)]
+        + ([target_scores(model, ref["images"]).assign(method="reference")] if ref else []),
+        ignore_index=True,
+    )
+    write_table(scores, out / "target_scores.parquet")
+    cols = ["nll"] + (["consistent"] if "consistent" in scores else [])
+    print(scores.groupby("method")[cols].mean().to_string(float_format="%.4g"))
+
+
+@cli_main
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m lantern.replay RUN [RUN ...] [--reference RUN]``: tables + figure (module docstring)."""
+    args = build_parser().parse_args(argv)
     if args.bins > 1000:
         raise UsageError(f"--bins must be at most 1000 (bins of the ambiguity axes), got {args.bins}")
     out = check_out_dir(args.out)
@@ -295,16 +376,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             [image_quality(r, ref).assign(method=lab) for lab, r in zip(labels, runs)], ignore_index=True
         )
     if args.scores:
-        s = (ref or runs[0])["summary"].get("settings", {})
-        model = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=args.device)
-        scores = pd.concat(
-            [target_scores(model, r["images"]).assign(method=lab) for lab, r in zip(labels, runs)]
-            + ([target_scores(model, ref["images"]).assign(method="reference")] if ref else []),
-            ignore_index=True,
-        )
-        write_table(scores, out / "target_scores.parquet")
-        cols = ["nll"] + (["consistent"] if "consistent" in scores else [])
-        print(scores.groupby("method")[cols].mean().to_string(float_format="%.4g"))
+        _print_scores(runs, ref, labels, args, out)
     if quality is not None:
         write_table(quality, out / "image_quality.parquet")
         table = quality.assign(identical=quality["mse"] == 0, psnr=quality["psnr"].replace([np.inf], np.nan))
@@ -316,11 +388,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             .mean()
             .to_string(float_format="%.4g")
         )
+    speed = None
     if args.quality:
-        write_table(run_quality(runs, ref, args, out), out / "quality.parquet")
+        metrics = run_quality(runs, ref, args, out)
+        write_table(metrics, out / "quality.parquet")
+        speed = quality_speed_frame(metrics, runs, labels)
     wide = bins.pivot_table(index=["by", "mid"], columns="method", values="acceptance_rate")
     print(wide.to_string(float_format="%.3f"))
-    files = plot_replay(bins, quality, args.figure or out / "replay")
+    files = plot_replay(bins, quality, args.figure or out / "replay", speed=speed)
     print(
         f"wrote {out}/acceptance_by_ambiguity.parquet"
         + (", image_quality.parquet" if quality is not None else "")

@@ -3,7 +3,7 @@
 A run is a directory written by ``python -m lantern.generate`` (``summary.json``,
 ``steps.parquet``, ``drafts.parquet``, ``images.parquet``, ``images/NNNNN.png``).
 
-* :func:`load_run`, :func:`read_images`, :func:`run_label` read a run;
+* :func:`load_run`, :func:`read_images`, :func:`run_label`, :func:`drafting_shape` read a run;
 * :func:`image_quality` compares each image with the reference run's image of the same index
   (same seed and condition; typically ``--method ar``): pixel MSE / PSNR (dB, data range 1),
   the fraction of equal tokens and the first differing position;
@@ -13,7 +13,7 @@ A run is a directory written by ``python -m lantern.generate`` (``summary.json``
 * :func:`reference_notes` says what makes a run and its reference less comparable.
 
 These are proxies; the distribution metrics (FID, KID, precision / recall, ...) are in
-:mod:`lantern.evaluate`. :mod:`lantern.replay` re-exports every name here.
+:mod:`lantern.evaluate`; :mod:`lantern.replay` relates them to acceptance.
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from PIL import Image
 from ambiguity.errors import UsageError
 from ambiguity.io import read_table
 from ambiguity.runs import check_sealed
+from lantern.methods.jacobi.config import JACOBI_METHODS
 
 __all__ = [
     "load_run",
     "run_label",
+    "drafting_shape",
     "read_images",
     "image_quality",
     "check_comparable",
@@ -97,12 +99,29 @@ def run_label(summary: Mapping) -> str:
     """Short legend text of a run: ``"ar"``, ``"sd"``, ``"lantern k=64 δ=0.2"``, ``"lantern++ k=64 λ=2"``."""
     m = summary.get("method", "?")
     rule = summary.get("rule") if isinstance(summary.get("rule"), dict) else {}
-    g = lambda x: f"{x:g}" if isinstance(x, (int, float)) else str(x)  # noqa: E731 - a damaged summary shows "None"
+    g = lambda x: f"{x:g}" if isinstance(x, (int, float)) else str(x)  # a damaged summary shows "None"
     if m == "lantern++":
         return f"{m} k={rule.get('k')} λ={g(rule.get('lam'))}"
     if m in ("lantern", "lantern-jsd"):
         return f"{m} k={rule.get('k')} δ={g(rule.get('delta'))}"
     return str(m)
+
+
+def drafting_shape(rule: Mapping) -> str:
+    """How a speculative run drafts, from its summary's ``rule`` (:meth:`lantern.engine.decode.DecodeConfig.as_dict`):
+    ``"chain γ=4"``, ``"static tree eagle-default"`` or ``"dynamic tree (59,4,10)"`` (total tokens,
+    depth, children per node); ``""`` when the rule does not say (AR, Jacobi and older summaries)."""
+    if not isinstance(rule, Mapping) or rule.get("method") in ("ar", *JACOBI_METHODS):
+        return ""  # no drafter: nothing is drafted in a chain or tree
+    tree = rule.get("tree")
+    if tree == "chain" or (isinstance(tree, Mapping) and tree.get("kind") == "chain"):
+        return f"chain γ={rule.get('gamma')}" if rule.get("gamma") is not None else "chain"
+    if not isinstance(tree, Mapping):
+        return ""
+    if tree.get("kind") == "dynamic":
+        return f"dynamic tree ({tree.get('total_tokens')},{tree.get('depth')},{tree.get('top_k')})"
+    paths = tree.get("paths") or []
+    return f"static tree {tree.get('name') or f'({len(paths)} paths)'}"
 
 
 def read_images(run_dir: str | Path, images) -> np.ndarray:

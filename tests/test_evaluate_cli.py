@@ -144,10 +144,10 @@ def test_cli_outputs_protocol_and_resume(sets, clf, capsys):
 def test_other_protocol_is_refused_then_overwritten(sets, clf, capsys):
     tmp, ref, good, _ = sets
     assert main([str(good), *_args(tmp, ref, clf)]) == 0
-    assert main([str(good), *_args(tmp, ref, clf, "--k", "5")]) == 2
+    assert main([str(good), *_args(tmp, ref, clf, "--nearest-k", "5")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error:" in err and "--overwrite" in err
-    assert main([str(good), *_args(tmp, ref, clf, "--k", "5", "--overwrite")]) == 0
+    assert main([str(good), *_args(tmp, ref, clf, "--nearest-k", "5", "--overwrite")]) == 0
 
 
 @pytest.mark.parametrize(
@@ -381,3 +381,134 @@ def test_a_subset_larger_than_its_source_is_said(sets, clf, capsys):
     assert f"note: {ref}@500: only 60 images exist, so all 60 are used" in out
     df = pd.read_parquet(tmp / "eval" / "metrics.parquet")
     assert (df["n"] == 30).all()
+
+
+def _set_summary(run, **changes):
+    s = json.loads((run / "summary.json").read_text())
+    s.update(changes)
+    (run / "summary.json").write_text(json.dumps(s))
+
+
+def test_duplicates_are_counted_and_labels_name_the_drafting_shape(sets, clf, capsys):
+    """A set of 10 distinct images repeated to 30 (greedy decoding with CFG) is said to hold 10
+    distinct images; labels carry the chain's γ or the tree's shape next to k and δ."""
+    tmp, ref, _, _ = sets
+    arr = _images(10, 16, 7)
+    greedy = _fake_run(tmp / "greedy", np.concatenate([arr, arr, arr]))
+    _set_summary(greedy, rule={"method": "lantern", "k": 64, "delta": 0.2, "gamma": 4, "tree": "chain"})
+    tree = _fake_run(tmp / "tree", _images(30, 16, 8))
+    dyn = {"kind": "dynamic", "paths": [], "name": "", "total_tokens": 59, "depth": 4, "top_k": 10}
+    _set_summary(tree, rule={"method": "lantern", "k": 64, "delta": 0.2, "gamma": 4, "tree": dyn})
+    assert main([str(greedy), str(tree), *_args(tmp, ref, clf)]) == 0
+    out = capsys.readouterr().out
+    assert "lantern k=64 δ=0.2 chain γ=4: only 10 distinct images among its n = 30" in out
+    rec = json.loads((tmp / "eval" / "evaluation.json").read_text())
+    assert [(r["label"], r["images"], r["distinct_images"]) for r in rec["runs"]] == [
+        ("lantern k=64 δ=0.2 chain γ=4", 30, 10),
+        ("lantern k=64 δ=0.2 dynamic tree (59,4,10)", 30, 30),
+    ]
+
+
+def test_drafting_shape_of_static_trees_and_methods_without_drafts():
+    from lantern.run_reader import drafting_shape
+
+    static = {"kind": "static", "paths": [[0], [1], [0, 0]], "name": "", "total_tokens": 59, "depth": 4, "top_k": 10}
+    assert drafting_shape({"method": "sd", "gamma": 4, "tree": static}) == "static tree (3 paths)"
+    assert drafting_shape({"method": "sd", "tree": {**static, "name": "eagle"}}) == "static tree eagle"
+    assert drafting_shape({"method": "ar", "gamma": 4, "tree": "chain"}) == ""
+    assert drafting_shape({"method": "sjd", "gamma": 4, "tree": "chain"}) == ""
+    assert drafting_shape({"k": 64, "delta": 0.2}) == ""  # an older summary does not say
+
+
+def test_caption_rule_is_the_one_applied_and_digit_captions_stay_captions(sets):
+    """The protocol records the rule each set's prompts came from (not a constant), with the
+    captions file's digest; a text-to-image run's caption "1984" is a caption, not class 1984."""
+    from lantern.quality.set_scoring import caption_rule, conditions_are_labels
+    from lantern.quality.sources import load_source
+    from lantern.quality.text import prompts_for
+
+    tmp, ref, good, _ = sets
+    _set_summary(
+        good,
+        model={"model": "tiny-t2i", "kind": "t2i"},
+        settings={"model": "tiny-t2i", "seed": 3, "captions": "/data/caps.txt", "captions_sha256": "ab" * 32},
+    )
+    s = load_source(str(good))
+    assert conditions_are_labels(s) is False
+    assert prompts_for(["1984", "a red dress"], None, labels=False) == ["1984", "a red dress"]
+    assert prompts_for(["1984", "a red dress"], None) is None  # told by form: "1984" is a label without a name
+    assert prompts_for(["3"], ["a", "b", "c", "d"], "a photo of a {}", labels=True) == ["a photo of a d"]
+    p = QualityProtocol(clip_score=True)
+    assert caption_rule(s, p) == (
+        "each image's caption as generated: a seeded subset (lantern.generate --seed 3) of /data/caps.txt "
+        "(one caption per line; sha256 abababababababab)"
+    )
+    assert caption_rule(s, QualityProtocol()) == "none: no text metric was asked for (--clip-score, --hps)"
+    data = load_source(str(ref))  # a folder: no conditions
+    assert caption_rule(data, p) == "none: no captions or class names for its images (CLIP score / HPS skipped)"
+
+
+def test_evaluation_json_records_the_applied_caption_rule(sets, clf):
+    tmp, ref, good, _ = sets
+    df, rec = evaluate_runs(
+        [str(good)], QualityProtocol(reference=str(ref), bootstrap=5), ["fmnist"], {"fmnist": clf}, cache=False
+    )
+    assert rec["protocol"]["caption_rule"] == "none: no text metric was asked for (--clip-score, --hps)"
+    assert rec["runs"][0]["caption_rule"] == rec["protocol"]["caption_rule"]
+    assert "0.915-0.935 at nominal 0.95" in rec["protocol"]["bootstrap_scheme"]
+
+
+def test_negative_kid_is_explained():
+    from lantern.evaluate import kid_notes
+
+    df = pd.DataFrame(
+        {
+            "label": ["a", "b", "c"],
+            "metric": ["kid_fmnist", "kid_fmnist", "fid_fmnist"],
+            "value": [-0.74, 0.3, -1.0],
+            "ci_low": [-1.45, -0.1, 0.0],
+            "ci_high": [-0.02, 0.7, 2.0],
+            "n": [10, 10, 10],
+        }
+    )
+    assert kid_notes(df) == [
+        "a: kid_fmnist = -0.74 [-1.45, -0.02], its whole interval below 0: KID is an unbiased estimate of "
+        "MMD² >= 0 whose noise at n = 10 exceeds the distance; read it as no difference detected from the "
+        "reference at this n, not as a negative distance"
+    ]
+
+
+def test_one_lantern_run_draws_no_sweep(sets, clf, capsys):
+    tmp, ref, good, _ = sets
+    assert main([str(good), *_args(tmp, ref, clf)]) == 0
+    out = capsys.readouterr().out
+    assert "note: one LANTERN setting (k, δ) only: no quality_sweep figure" in out
+    assert not (tmp / "eval" / "quality_sweep.png").exists() and (tmp / "eval" / "sweep.parquet").is_file()
+
+
+def test_replay_quality_draws_quality_next_to_speed(sets, clf, monkeypatch):
+    """``lantern.replay --quality`` adds FID and recall vs τ panels (without it: none)."""
+    import ambiguity.plots as plots
+    from lantern.replay import main as replay_main
+
+    tmp, ref, good, bad = sets
+    _set_summary(bad, tau=2.5)
+    figs = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, **kw: figs.append(fig) or [])
+    args = [str(good), str(bad), "--out", str(tmp / "replay"), "--extractors", "fmnist", "--weights", f"fmnist={clf}"]
+    assert replay_main(args + ["--quality", "--quality-reference", str(ref), "--bootstrap", "10"]) == 0
+    assert replay_main(args) == 0
+    titles = [[a.get_title() for a in f.axes if a.get_visible()] for f in figs]
+    assert "FID (fmnist, n = 30) vs speed" in titles[0] and "recall (fmnist, n = 30) vs speed" in titles[0]
+    assert not any("vs speed" in t for t in titles[1])
+    q = pd.read_parquet(tmp / "replay" / "quality.parquet")
+    from lantern.replay import quality_speed_frame
+    from lantern.run_reader import load_run
+
+    runs = [load_run(good), load_run(bad)]
+    frame = quality_speed_frame(q, runs, ["a", "b"]).set_index(["method", "metric"])
+    assert frame.loc[("a", "fid_fmnist"), "tau"] == 3.1 and frame.loc[("b", "fid_fmnist"), "tau"] == 2.5
+    assert (
+        frame.loc[("b", "fid_fmnist"), "value"]
+        == q[(q["run"] == str(bad)) & (q["metric"] == "fid_fmnist")]["value"].iloc[0]
+    )

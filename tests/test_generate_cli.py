@@ -438,3 +438,52 @@ def test_a_run_is_refused_once_its_weights_or_its_drafter_file_changed(tiny, tmp
     shutil.copy(tiny / "other_drafter.safetensors", d)  # with its own drafter
     assert main(args()) == 2
     assert f"other settings (weights_digest: '{record['weights_digest']}' there, '" in (capsys.readouterr().err)
+
+
+def test_summary_records_the_batch_size_used_and_what_resumed_images_were_computed_with(tiny, tmp_path, capsys):
+    """A batch size above the image count records the images decoded together; a resume with other
+    speed settings decodes nothing and keeps the images' own settings, with a note."""
+    out = tmp_path / "run"
+    assert main(_args(tiny, out, "--method", "sd", "--num-images", "4", "--batch-size", "100000000000")) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["batch_size"] == 4 and summary["compile"] is False
+    assert summary["computed_with"] == [{"batch_size": 4, "compile": False, "images": 4}]
+    timings = summary["seconds_per_image"]
+    assert main(_args(tiny, out, "--method", "sd", "--num-images", "4", "--batch-size", "2")) == 0
+    assert "0 images computed, 4 resumed" in capsys.readouterr().out
+    again = json.loads((out / "summary.json").read_text())
+    assert again["batch_size"] == 4 and again["seconds_per_image"] == timings
+    assert again["notes"][-1] == (
+        "this call asked for batch size 2, compile False and decoded 0 image(s); the images were computed with: "
+        "4 image(s) with batch size 4, compile False (unknown: computed before this was recorded); the timings "
+        "are those of each image's own settings"
+    )
+
+
+def test_run_records_its_captions_digest_and_the_grid_is_titled(tiny, tmp_path):
+    import hashlib
+
+    from ambiguity.runs import RunOptions
+    from ambiguity.sampling import SamplingConfig
+    from lantern.engine.decode import DecodeConfig
+    from lantern.generate import grid_title, run_generate
+
+    caps = tmp_path / "caps.txt"
+    caps.write_text("a red dress\n1984\n")
+    model = load_embedded(tiny / "weights")
+    config, sampling = DecodeConfig.of("ar"), SamplingConfig(guidance=2.0, temperature=0.0)
+    settings = {"model": "embedded", "captions": str(caps), "seed": 0}
+    summary = run_generate(
+        model, [1, 2], config, sampling, RunOptions(out=tmp_path / "g", progress=False), settings=settings
+    )[3]
+    assert summary["settings"]["captions_sha256"] == hashlib.sha256(caps.read_bytes()).hexdigest()
+    assert grid_title(summary, 2) == "ar — cfg 2, temperature 0 — 2 images"
+    lantern = {
+        "method": "lantern",
+        "rule": {"method": "lantern", "k": 8, "delta": 0.3, "gamma": 3, "tree": "chain"},
+        "sampling": {"guidance": 4.0, "temperature": 1.0, "top_k": 100, "top_p": 0.9},
+    }
+    assert (
+        grid_title(lantern, 16)
+        == "lantern k=8 δ=0.3 chain γ=3 — cfg 4, temperature 1, top-k 100, top-p 0.9 — 16 images"
+    )

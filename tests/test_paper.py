@@ -307,3 +307,28 @@ def test_interrupted_batched_session_keeps_each_finished_method(tmp_path, monkey
     for r in range(QUICK["main_images"]):
         a, b = (load_file(p / f"round_{r:05d}.tokens.safetensors") for p in (parts, whole))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resumed_run_loads_only_what_its_unfinished_items_need(tmp_path, monkeypatch):
+    """A finished run resumes without loading any model (their digests were recorded); an unfinished
+    item loads its model, whose digest is checked against the record as it loads."""
+    import lantern.paper.context
+    from ambiguity.models.base import TokenModel
+
+    config = PaperConfig(**{**QUICK, "models": ("embedded",)})
+    opts = RunOptions(out=tmp_path / "r", progress=False)
+    run_paper(config, opts, only="distortion")
+    record = json.loads((tmp_path / "r" / "run.json").read_text())["settings"]["weights_digest"]
+    assert set(record) == {"embedded", "embedded drafter"}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished run loads no model")
+
+    monkeypatch.setattr(lantern.paper.context, "load_model", refuse)
+    assert "## Distortion" in run_paper(config, opts, only="distortion").read_text()
+    monkeypatch.undo()
+    for f in (tmp_path / "r" / "parts").glob("item_distortion.*"):
+        f.unlink()
+    monkeypatch.setattr(TokenModel, "weights_digest", lambda self: "0123456789abcdef")
+    with pytest.raises(UsageError, match="the weights of embedded changed since .* 0123456789abcdef now"):
+        run_paper(config, opts, only="distortion")

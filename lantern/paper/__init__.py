@@ -41,7 +41,7 @@ from typing import Optional
 from tqdm.auto import tqdm
 
 from ambiguity.errors import UsageError
-from ambiguity.run_records import versions
+from ambiguity.run_records import normalise, versions
 from ambiguity.runs import RunDir, RunOptions, shard_units
 from lantern.paper.config import PaperConfig
 from lantern.paper.context import Context
@@ -94,14 +94,7 @@ def run_paper(
     if not opts.overwrite:
         run.check(only=("config",))  # another run's settings: refused before anything loads (digests after)
     ctx = Context(config, run, shard, opts.progress)
-    _preflight(ctx, names)  # every model, drafter and codebook loads before anything is written
-    run = ctx.run = RunDir(
-        opts.out,
-        {"config": config.settings(), "weights_digest": ctx.weights_digests()},
-        command=COMMAND,
-        outputs=OUTPUTS,
-    )
-    run.open_shared(shard, opts.overwrite, any_count=True)
+    run = ctx.run = _open(ctx, names, opts.overwrite)
     timings = {}
     units = [item_unit(n) for n in names]
     bar = tqdm(total=len(names), desc="paper", unit="item", disable=not opts.progress or not shard.merges, position=0)
@@ -132,14 +125,52 @@ def run_paper(
     return report
 
 
+def _resumed_digests(run: RunDir, config: PaperConfig, overwrite: bool) -> Optional[dict]:
+    """The weights digests a run of this configuration recorded (None for a new run, or one that
+    ``overwrite`` discards)."""
+    stored = None if overwrite else run.stored()
+    settings = (stored or {}).get("settings") or {}
+    if settings.get("config") != normalise(config.settings()) or not isinstance(settings.get("weights_digest"), dict):
+        return None
+    return settings["weights_digest"]
+
+
+def _open(ctx: Context, names: list[str], overwrite: bool) -> RunDir:
+    """Open the run directory with the weights digests in its record. A new run loads every model,
+    drafter and codebook before anything is written (:func:`_preflight`); a resumed one loads only
+    what its unfinished items need, and each model or drafter checks its digest against the
+    recorded one when it loads (:class:`lantern.paper.context.Context`), so a finished run loads none."""
+    digests = _resumed_digests(ctx.run, ctx.config, overwrite)
+    resumed = digests is not None
+    if not resumed:
+        _preflight(ctx, names)
+        digests = ctx.weights_digests()
+    run = RunDir(
+        ctx.run.path,
+        {"config": ctx.config.settings(), "weights_digest": digests},
+        command=COMMAND,
+        outputs=OUTPUTS,
+    )
+    if resumed:
+        ctx.expected_digests = digests
+        _preflight(ctx, [n for n in names if item_of(run, run.read_part(*item_unit(n), load=False)) is None])
+    run.open_shared(ctx.shard, overwrite, any_count=True)
+    return run
+
+
+MODEL_ITEMS = {"fig2a", "fig2b", "fig2c"}  # the items that read every model of --models
+DECODING_ITEMS = {"fig2b", "fig3", "fig4", "fig5", "table2", "table3", "f1", "f2", "distortion"}
+
+
 def _preflight(ctx: Context, names: list[str]) -> None:
-    """Fail before any work: every model loads, decoding experiments have a drafter and a codebook."""
-    decoding = {"fig2b", "fig3", "fig4", "fig5", "table2", "table3", "f1", "f2", "distortion"}
-    for m in ctx.config.models:
-        ctx.model(m)
-        if "fig2a" in names:
-            ctx.drafter(m)
-    if decoding & set(names):
+    """Fail before the work of ``names``: the models they read load, decoding experiments have a
+    drafter and a codebook (nothing loads for no names)."""
+    if MODEL_ITEMS & set(names):
+        for m in ctx.config.models:
+            ctx.model(m)
+            if "fig2a" in names:
+                ctx.drafter(m)
+    if DECODING_ITEMS & set(names):
         model = ctx.model(ctx.primary)
         ctx.drafter(ctx.primary)
         try:

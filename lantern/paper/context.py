@@ -23,13 +23,16 @@ __all__ = ["Context"]
 @dataclass
 class Context:
     """One paper run: ``config``, the run directory ``run`` (``runs/paper/<name>``), this process's
-    ``shard`` and lazily loaded models and drafters (one copy each per process)."""
+    ``shard`` and lazily loaded models and drafters (one copy each per process); ``expected_digests``:
+    a resumed run's recorded weights digests, which every model and trained drafter is checked
+    against as it loads (UsageError when they differ)."""
 
     config: PaperConfig
     run: RunDir
     shard: Shard = SINGLE
     progress: bool = True
     sessions: dict = field(default_factory=dict)  # the primary model's decoding sessions by temperature
+    expected_digests: Optional[dict] = None  # a resumed run's recorded weights digests, checked as models load
     _models: dict = field(default_factory=dict)
     _drafters: dict = field(default_factory=dict)
 
@@ -73,9 +76,23 @@ class Context:
                 device=self.device,
                 dtype=resolve_dtype(self.config.dtype, self.device),
             )
+            self._check_digest(name, lambda: self._models[name].weights_digest())
             if self.config.compile:
                 compile_forwards(self._models[name])
         return self._models[name]
+
+    def _check_digest(self, key: str, digest) -> None:
+        """Raise UsageError when a resumed run recorded another weights digest for ``key`` (a model
+        name or ``"<primary> drafter"``) than ``digest()`` gives now: retrained weights must not
+        continue the run."""
+        if self.expected_digests is None or key not in self.expected_digests:
+            return
+        now = digest()
+        if now != self.expected_digests[key]:
+            raise UsageError(
+                f"the weights of {key} changed since {self.path} was started ({self.expected_digests[key]} there, "
+                f"{now} now); pass --overwrite to start over, or another --out"
+            )
 
     def drafter(self, name: str, which: str = "trained"):
         """The model's trained drafter (``--drafter MODEL=FILE`` or the shipped one) or, with
@@ -87,6 +104,7 @@ class Context:
                 self._drafters[key] = Drafter.for_target(model, dtype=model.dtype, seed=self.config.seed).eval()
             else:
                 self._drafters[key] = load_drafter(model, self.config.drafters.get(name))
+                self._check_digest(f"{name} drafter", lambda: drafter_digest(self._drafters[key]))
             if self.config.compile:
                 compile_forwards(model, self._drafters[key])
         return self._drafters[key]

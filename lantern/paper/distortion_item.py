@@ -20,7 +20,7 @@ from lantern.paper.methods import item_settings, quick_notes, savefig
 from lantern.paper.report import Item
 from lantern.paper.sessions import Method, Session, SessionData, run_session
 
-__all__ = ["pairs_session", "distortion"]
+__all__ = ["pairs_session", "distortion", "plot_distortion"]
 
 
 def pairs_session(ctx: Context) -> Optional[SessionData]:
@@ -36,6 +36,46 @@ def pairs_session(ctx: Context) -> Optional[SessionData]:
         ctx.config.pairs_images,
     )
     return run_session(ctx, s)
+
+
+def plot_distortion(df: pd.DataFrame, ks: list[int], deltas, m: int, n: int, primary: str):
+    """The distortion figure: mean TVD(output, p) against δ per k, for drafts sampled from q and for
+    the tree's top-``m`` siblings, with bands, the line TVD = δ and TVD(q, p); n: the images. Returns
+    the matplotlib figure."""
+    with plots.style():
+        fig, ax = plots.new_figure(width=3.6, height=2.4)
+        for what, ls, marker, kind in (
+            ("TVD(out, p)", "-", "o", "drafts ~ q"),
+            (TREE_ROW, "--", "s", f"tree top-{m}"),
+        ):
+            d = df[df["what"] == what]
+            for i, k in enumerate(ks):
+                dk = d[d["k"] == k].sort_values("delta")
+                color = plots.color_for(f"k{k}", i)
+                ax.fill_between(dk["delta"], dk["ci_low"], dk["ci_high"], color=color, alpha=0.2, lw=0)
+                ax.plot(
+                    dk["delta"],
+                    dk["mean"],
+                    ls=ls,
+                    marker=marker,
+                    markersize=2.5,
+                    color=color,
+                    label=f"k={k}, {kind}",
+                )
+        xs = np.array(sorted(deltas))
+        ax.plot(xs, xs, color="0.5", ls=":", lw=0.8, label="δ")
+        own = df.iloc[0]  # TVD(q, p)
+        ax.axhspan(float(own["ci_low"]), float(own["ci_high"]), color="0.3", alpha=0.12, lw=0)
+        ax.axhline(float(own["mean"]), color="0.3", ls="--", lw=0.8, label="TVD(q, p)")
+        ax.set_xlabel("δ (TVD bound per draft)")
+        ax.set_ylabel("mean TVD(output, p)")
+        ax.set_title(
+            f"{primary}, temperature 1: one LANTERN step's output vs p ({n} images)\n"
+            "bands: 95 % image-bootstrap interval of the mean",
+            fontsize=6,
+        )
+        ax.legend(fontsize=5, ncol=2)
+    return fig
 
 
 def distortion(ctx: Context) -> Item:
@@ -54,39 +94,7 @@ def distortion(ctx: Context) -> Item:
         ks = sorted({ctx.k(ctx.primary, k) for k in c.ks})
         table = neighbour_table(model, DecodeConfig.of("lantern", k=max(ks)), progress=ctx.bars)
         df = distortion_table(p, q, table, ks, c.deltas, groups=groups, seed=c.seed, tree_siblings=(m,))
-        with plots.style():
-            fig, ax = plots.new_figure(width=3.6, height=2.4)
-            for what, ls, marker, kind in (
-                ("TVD(out, p)", "-", "o", "drafts ~ q"),
-                (TREE_ROW, "--", "s", f"tree top-{m}"),
-            ):
-                d = df[df["what"] == what]
-                for i, k in enumerate(ks):
-                    dk = d[d["k"] == k].sort_values("delta")
-                    color = plots.color_for(f"k{k}", i)
-                    ax.fill_between(dk["delta"], dk["ci_low"], dk["ci_high"], color=color, alpha=0.2, lw=0)
-                    ax.plot(
-                        dk["delta"],
-                        dk["mean"],
-                        ls=ls,
-                        marker=marker,
-                        markersize=2.5,
-                        color=color,
-                        label=f"k={k}, {kind}",
-                    )
-            xs = np.array(sorted(c.deltas))
-            ax.plot(xs, xs, color="0.5", ls=":", lw=0.8, label="δ")
-            own = df.iloc[0]  # TVD(q, p)
-            ax.axhspan(float(own["ci_low"]), float(own["ci_high"]), color="0.3", alpha=0.12, lw=0)
-            ax.axhline(float(own["mean"]), color="0.3", ls="--", lw=0.8, label="TVD(q, p)")
-            ax.set_xlabel("δ (TVD bound per draft)")
-            ax.set_ylabel("mean TVD(output, p)")
-            ax.set_title(
-                f"{ctx.primary}, temperature 1: one LANTERN step's output vs p ({n} images)\n"
-                "bands: 95 % image-bootstrap interval of the mean",
-                fontsize=6,
-            )
-            ax.legend(fontsize=5, ncol=2)
+        fig = plot_distortion(df, ks, c.deltas, m, n, ctx.primary)
         figs.append(savefig(ctx, fig, "distortion", "distortion"))
     notes = quick_notes(
         ctx,

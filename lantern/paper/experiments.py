@@ -30,6 +30,7 @@ from ambiguity.analyses.interchangeability import plot_psnr, replacement_rows, r
 from ambiguity.compare import CompareSettings, compare_models, plot_ambiguity
 from ambiguity.errors import UsageError
 from ambiguity.io import read_table
+from ambiguity.runs import RunOptions
 from lantern.drafter.model import accuracy_table_path, shipped_drafter_path
 from lantern.paper import published as P
 from lantern.paper.context import Context
@@ -56,7 +57,7 @@ from lantern.paper.report import Item
 from lantern.paper.sessions import Session, batch_note, pixels, run_session, sampling_for
 from lantern.timing import speedup_curve
 
-__all__ = ["EXPERIMENTS", "TITLES"]
+__all__ = ["EXPERIMENTS", "TITLES", "plot_f1"]
 
 
 # --------------------------------------------------------------------------- Fig. 2
@@ -249,8 +250,7 @@ def fig3(ctx: Context) -> Item:
             num_images=ctx.config.interchange_images,
             seed=ctx.config.seed,
             sampling=sampling_for(ctx, ctx.primary, 1.0),
-            out_dir=ctx.subdir("fig3", "run"),
-            progress=ctx.progress,
+            options=RunOptions(out=ctx.subdir("fig3", "run"), progress=ctx.progress),
         )
         k = ctx.k(ctx.primary, ctx.config.paper_k)
         images, labels = replacement_rows(
@@ -347,9 +347,9 @@ def fig5(ctx: Context) -> Item:
 
 
 # --------------------------------------------------------------------------- Tables 2 and 3
-def table2(ctx: Context) -> Item:
-    """AR, EAGLE-2 and LANTERN at the paper's setting, temperature 0 and 1: τ, speed-up, quality;
-    and the precision/recall grid over k and δ (review discussion)."""
+def _table2_rows(ctx: Context) -> tuple[pd.DataFrame, list]:
+    """Table 2's method rows (AR, EAGLE-2, LANTERN at the paper's setting) at temperature 0 and 1,
+    and the (temperature, rounds) of the sessions they come from."""
     frames, timed = [], []
     for t in (0.0, 1.0):
         data = main_session(ctx, t)
@@ -365,6 +365,12 @@ def table2(ctx: Context) -> Item:
             )
         )
     ours = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return ours, timed
+
+
+def _precision_recall_grid(ctx: Context) -> pd.DataFrame:
+    """Precision and recall of AR and of every published and measured (k, δ) cell at temperature 1,
+    next to the published values (empty when the model cannot decode pixels)."""
     pr = pd.DataFrame()
     data = main_session(ctx, 1.0)
     if data is not None and ctx.model(ctx.primary).can_decode:
@@ -401,10 +407,12 @@ def table2(ctx: Context) -> Item:
                 }
             )
         pr = pd.DataFrame(rows)
-    pub = pd.DataFrame(
-        [{"temperature": t, "method": m, "speedup": v} for t, d in P.SPEEDUP.items() for m, v in d.items()]
-    )
-    notes = quick_notes(
+    return pr
+
+
+def _table2_notes(ctx: Context, timed: list) -> list[str]:
+    """Table 2's notes: mapped k, the speed-up's definition and spread, timing, batching, τ, sources."""
+    return quick_notes(
         ctx,
         [
             k_note(ctx),
@@ -424,6 +432,17 @@ def table2(ctx: Context) -> Item:
         ]
         + prdc_note(min(ctx.config.grid_images, ctx.config.main_images)),
     )
+
+
+def table2(ctx: Context) -> Item:
+    """AR, EAGLE-2 and LANTERN at the paper's setting, temperature 0 and 1: τ, speed-up, quality;
+    and the precision/recall grid over k and δ (review discussion)."""
+    ours, timed = _table2_rows(ctx)
+    pr = _precision_recall_grid(ctx)
+    pub = pd.DataFrame(
+        [{"temperature": t, "method": m, "speedup": v} for t, d in P.SPEEDUP.items() for m, v in d.items()]
+    )
+    notes = _table2_notes(ctx, timed)
     tables = {"ours": ours, "published": pub}
     if len(pr):
         tables["precision_recall"] = pr
@@ -490,6 +509,34 @@ def table3(ctx: Context) -> Item:
 F1_MIN_BAND = 5  # F.1 draws bootstrap bands from this many images on
 
 
+def plot_f1(curves: dict, ns: list[int], n: int, primary: str):
+    """App. F.1's figure: speed-up on the first n images per method ({label: speedup_curve frame with
+    n, speedup, ci_low, ci_high}), with its 95 % bootstrap band from :data:`F1_MIN_BAND` images on,
+    which the title says. Returns the matplotlib figure."""
+    with plots.style():
+        fig, ax = plots.new_figure(width=3.6, height=2.4)
+        for i, (label, c) in enumerate(curves.items()):
+            col = plots.color_for(label, i)
+            ax.plot(c["n"], c["speedup"], marker="o", markersize=2.5, color=col, label=label)
+            band = c[c["n"] >= F1_MIN_BAND]  # a bootstrap over a handful of images says nothing
+            ax.fill_between(band["n"], band["ci_low"], band["ci_high"], color=col, alpha=0.2, linewidth=0)
+        ax.axhline(1.0, color="0.5", lw=0.7, ls=":")
+        ax.set_xscale("log")
+        ticks = ns if len(ns) <= 10 else [x for x in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if x <= n]
+        ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
+        ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(mticker.NullFormatter())
+        ax.set_xlabel("images measured (n)")
+        ax.set_ylabel("speed-up over AR\n(ratio of total latencies)")
+        ax.set_title(
+            f"{primary}, temperature 1: speed-up on the first n images\n"
+            f"bands: 95 % bootstrap over the images, from n = {F1_MIN_BAND} on (fewer: too few to resample)",
+            fontsize=7,
+        )
+        ax.legend(fontsize=6, loc="best")
+    return fig
+
+
 def f1(ctx: Context) -> Item:
     """Speed-up over AR measured on the first n images, for n up to ``main_images``."""
     data = main_session(ctx, 1.0)
@@ -503,25 +550,7 @@ def f1(ctx: Context) -> Item:
             for label, name in (("EAGLE-2", "eagle2"), ("LANTERN", lantern))
         }
         df = pd.concat([c.assign(method=label) for label, c in curves.items()], ignore_index=True)
-        with plots.style():
-            fig, ax = plots.new_figure(width=3.6, height=2.4)
-            for i, (label, c) in enumerate(curves.items()):
-                col = plots.color_for(label, i)
-                ax.plot(c["n"], c["speedup"], marker="o", markersize=2.5, color=col, label=label)
-                band = c[c["n"] >= F1_MIN_BAND]  # a bootstrap over a handful of images says nothing
-                ax.fill_between(band["n"], band["ci_low"], band["ci_high"], color=col, alpha=0.2, linewidth=0)
-            ax.axhline(1.0, color="0.5", lw=0.7, ls=":")
-            ax.set_xscale("log")
-            ticks = (
-                ns if len(ns) <= 10 else [x for x in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if x <= n]
-            )
-            ax.xaxis.set_major_locator(mticker.FixedLocator(ticks))
-            ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.xaxis.set_minor_formatter(mticker.NullFormatter())
-            ax.set_xlabel("images measured (n)")
-            ax.set_ylabel("speed-up over AR\n(ratio of total latencies)")
-            ax.set_title(f"{ctx.primary}, temperature 1: speed-up on the first n images", fontsize=7)
-            ax.legend(fontsize=6, loc="best")
+        fig = plot_f1(curves, ns, n, ctx.primary)
         figs.append(savefig(ctx, fig, "f1", "f1"))
     notes = quick_notes(
         ctx,

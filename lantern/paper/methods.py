@@ -290,8 +290,11 @@ def k_note(ctx: Context) -> str:
 
 
 def savefig(ctx: Context, fig, name: str, stem: str) -> str:
-    """Write ``fig`` as ``<name>/<stem>.png`` and ``.pdf`` in the run directory; returns the PNG's path
-    relative to it, as an item lists its figures."""
+    """Write ``fig`` as ``<name>/<stem>.png`` and ``.pdf`` in the run directory, marked QUICK MODE in
+    red above its title for a ``--quick`` run (:func:`ambiguity.plots.mark_quick`); returns the PNG's
+    path relative to it, as an item lists its figures."""
+    if ctx.config.quick:  # the README's promise: a quick run's figures say so in the image
+        plots.mark_quick(fig)
     plots.save_figure(fig, ctx.subdir(name) / stem)
     return f"{name}/{stem}.png"
 

@@ -48,7 +48,7 @@ def compact(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     empty columns dropped. The CSV next to it keeps every column."""
     out = df.drop(columns=[c for c in ("name",) if c in df.columns])
     out = out[[c for c in out.columns if not out[c].isna().all()]]
-    num = lambda v: "" if v is None or pd.isna(v) else (f"{v:.{digits}g}" if isinstance(v, float) else str(v))  # noqa: E731
+    num = lambda v: "" if v is None or pd.isna(v) else (f"{v:.{digits}g}" if isinstance(v, float) else str(v))
     for c in list(out.columns):
         for lo, hi in ((f"{c}_lo", f"{c}_hi"), (f"{c}_q25", f"{c}_q75")):
             if lo in out.columns and hi in out.columns:

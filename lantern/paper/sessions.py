@@ -174,12 +174,10 @@ def _step_counts(d: Decoded) -> pd.DataFrame:
     return steps.fillna({"reached": 0, "committed": 0})
 
 
-def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
-    """Run (or resume) ``session``; returns its data on the merging process, None on other shards."""
-    model = ctx.model(session.model)
-    sampling = sampling_for(ctx, session.model, session.temperature)
-    speculative = [m for m in session.methods if m.config.speculative]
-    drafters = {m.name: ctx.drafter(session.model, m.drafter) for m in speculative}
+def _session_run(ctx: Context, session: Session, model, sampling: SamplingConfig, drafters: dict) -> RunDir:
+    """The session's run directory under ``sessions/<name>``, opened for any number of shards (its
+    rounds are independent units), with the record: model, sampling, seed, each method's config and
+    drafter digest, captions."""
     settings = {
         "model": model.describe(),
         "sampling": sampling.as_dict(),
@@ -192,26 +190,92 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
         "captions": ctx.config.captions,
     }
     run = RunDir(ctx.path / "sessions" / session.name, settings, command=COMMAND, outputs=())
-    # rounds are independent units (each timed within one process): any number of shards may continue a session
     run.open_shared(ctx.shard, any_count=True)
+    return run
+
+
+def _save_round(run: RunDir, unit: tuple[str, dict], timing: pd.DataFrame, decodes: dict) -> None:
+    """One round's part: its timing rows, step and image records per method, and tokens."""
+    steps = pd.concat([_step_counts(d).assign(method=name) for name, d in decodes.items()], ignore_index=True)
+    images = pd.concat([d.frames()[2].assign(method=name) for name, d in decodes.items()], ignore_index=True)
+    run.write_part(
+        *unit,
+        tables={"timing": timing, "steps": steps, "images": images},
+        tensors={"tokens": {name: d.tokens for name, d in decodes.items()}},
+    )
+
+
+def _untimed(ctx: Context, s: SessionData, rounds: list[int], drafters: dict, tables: dict, B: int, save) -> None:
+    """Decode the untimed ``rounds`` in chunks of 16 batches of B, method by method, each method's
+    chunk kept as a pending part until the chunk's round parts are written (``save(r, timing, decodes)``)."""
+    model = ctx.model(s.session.model)
+    for at in range(0, len(rounds), 16 * B):
+        chunk = rounds[at : at + 16 * B]
+        per_round: dict = {r: {} for r in chunk}
+        pending = []
+        for m in s.session.methods:
+            rs = [r for r in chunk if m.rounds is None or r < m.rounds]
+            if not rs:
+                continue
+            name, holds = f"pending_{rs[0]:05d}_{m.name}", {"method": m.name, "rounds": rs}
+            pending.append(name)
+            d = _read_pending(s.run.read_part(name, holds))
+            if d is None:
+                d = decode(
+                    model,
+                    [s.conditions[r] for r in rs],
+                    m.config,
+                    s.sampling,
+                    drafters.get(m.name),
+                    tables.get(m.name),
+                    seed=ctx.config.seed,
+                    indices=rs,
+                    batch_size=B,
+                    progress=ctx.progress,
+                )
+                _write_pending(s.run, name, holds, d)
+            for r, one in zip(rs, d.split()):
+                per_round[r][m.name] = one
+        for r in chunk:
+            save(r, pd.DataFrame(columns=list(TIMING_COLUMNS)), per_round[r])
+        for name in pending:  # the chunk's round parts hold them now
+            s.run.drop_part(name)
+
+
+def _session_data(s: SessionData, parts: list) -> SessionData:
+    """The session's data from every round's part, in round order."""
+    cat = lambda key: pd.concat([p.tables[key] for p in parts], ignore_index=True)
+    tokens = {
+        m.name: torch.cat([p.tensors["tokens"][m.name] for p in parts if m.name in p.tensors["tokens"]])
+        for m in s.session.methods
+    }
+    timed_parts = [p.tables["timing"] for p in parts if len(p.tables["timing"])]  # untimed rounds have none
+    timing = (pd.concat(timed_parts, ignore_index=True) if timed_parts else pd.DataFrame(columns=list(TIMING_COLUMNS)))[
+        list(TIMING_COLUMNS)
+    ]
+    return SessionData(s.session, s.run, s.sampling, s.conditions, timing, cat("steps"), cat("images"), tokens)
+
+
+def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
+    """Run (or resume) ``session``; returns its data on the merging process, None on other shards."""
+    model = ctx.model(session.model)
+    sampling = sampling_for(ctx, session.model, session.temperature)
+    speculative = [m for m in session.methods if m.config.speculative]
+    drafters = {m.name: ctx.drafter(session.model, m.drafter) for m in speculative}
+    run = _session_run(ctx, session, model, sampling, drafters)
     conditions = (
         generation_conditions(model, session.rounds, ctx.config.seed, None, ctx.config.captions)
         if model.kind != "text"
         else model.default_conditions(session.rounds, ctx.config.seed)
     )
+    empty = pd.DataFrame()
+    shell = SessionData(session, run, sampling, conditions, empty, empty, empty, {})
     configs = {m.name: m.config for m in session.methods}
-    rounds_of = {m.name: m.rounds for m in session.methods if m.rounds is not None}
     units = _round_units(session)
     mine = [r for r, done in shard_units(run, units, ctx.shard, load=False) if done is None]
 
     def save(r: int, timing: pd.DataFrame, decodes: dict) -> None:
-        steps = pd.concat([_step_counts(d).assign(method=name) for name, d in decodes.items()], ignore_index=True)
-        images = pd.concat([d.frames()[2].assign(method=name) for name, d in decodes.items()], ignore_index=True)
-        run.write_part(
-            *units[r],
-            tables={"timing": timing, "steps": steps, "images": images},
-            tensors={"tokens": {name: d.tokens for name, d in decodes.items()}},
-        )
+        _save_round(run, units[r], timing, decodes)
 
     B = int(getattr(ctx.config, "batch_size", 1))
     timed = mine if B == 1 else [r for r in mine if r < ctx.config.timing_images]
@@ -231,55 +295,13 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
             seed=ctx.config.seed,
             progress=ctx.progress,
             only=timed,
-            rounds_of=rounds_of,
+            rounds_of={m.name: m.rounds for m in session.methods if m.rounds is not None},
             on_round=save,
             desc=session.name,
         )
-    untimed = [r for r in mine if r not in set(timed)]
-    for at in range(0, len(untimed), 16 * B):  # the other rounds in chunks of 16 batches, method by method
-        chunk = untimed[at : at + 16 * B]
-        per_round: dict = {r: {} for r in chunk}
-        pending = []
-        for m in session.methods:
-            rs = [r for r in chunk if m.rounds is None or r < m.rounds]
-            if not rs:
-                continue
-            name, holds = f"pending_{rs[0]:05d}_{m.name}", {"method": m.name, "rounds": rs}
-            pending.append(name)
-            d = _read_pending(run.read_part(name, holds))
-            if d is None:
-                d = decode(
-                    model,
-                    [conditions[r] for r in rs],
-                    m.config,
-                    sampling,
-                    drafters.get(m.name),
-                    tables.get(m.name),
-                    seed=ctx.config.seed,
-                    indices=rs,
-                    batch_size=B,
-                    progress=ctx.progress,
-                )
-                _write_pending(run, name, holds, d)
-            for r, one in zip(rs, d.split()):
-                per_round[r][m.name] = one
-        for r in chunk:
-            save(r, pd.DataFrame(columns=list(TIMING_COLUMNS)), per_round[r])
-        for name in pending:  # the chunk's round parts hold them now
-            run.drop_part(name)
+    _untimed(ctx, shell, [r for r in mine if r not in set(timed)], drafters, tables, B, save)
     parts = assemble_units(run, units, ctx.shard, None, lambda part: part)  # the session's data are the parts'
-    if parts is None:
-        return None
-    cat = lambda key: pd.concat([p.tables[key] for p in parts], ignore_index=True)  # noqa: E731
-    tokens = {
-        m.name: torch.cat([p.tensors["tokens"][m.name] for p in parts if m.name in p.tensors["tokens"]])
-        for m in session.methods
-    }
-    timed_parts = [p.tables["timing"] for p in parts if len(p.tables["timing"])]  # untimed rounds have none
-    timing = (pd.concat(timed_parts, ignore_index=True) if timed_parts else pd.DataFrame(columns=list(TIMING_COLUMNS)))[
-        list(TIMING_COLUMNS)
-    ]
-    return SessionData(session, run, sampling, conditions, timing, cat("steps"), cat("images"), tokens)
+    return None if parts is None else _session_data(shell, parts)
 
 
 def _write_pending(run: RunDir, name: str, holds: dict, d: Decoded) -> None:
@@ -298,7 +320,7 @@ def _read_pending(part) -> Optional[Decoded]:
     """The decode :func:`_write_pending` kept (tables and tokens, as the round parts need them), or None."""
     if part is None:
         return None
-    cols = lambda df: {c: df[c].to_numpy() for c in df.columns}  # noqa: E731
+    cols = lambda df: {c: df[c].to_numpy() for c in df.columns}
     t = part.tables
     return Decoded(part.tensors["tokens"]["tokens"], cols(t["steps"]), cols(t["drafts"]), cols(t["images"]))
 

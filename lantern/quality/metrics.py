@@ -46,7 +46,6 @@ from typing import Optional
 
 import faiss
 import numpy as np
-from scipy import stats
 
 from ambiguity.errors import UsageError
 from ambiguity.memory import check_count
@@ -74,8 +73,16 @@ __all__ = [
     "jackknife_interval",
     "wilson_interval",
     "RANGES",
+    "COVERAGE_NOTE",
     "mean_values",
 ]
+
+# What the jackknife intervals of the distribution metrics cover, measured (docs/evaluate.md cites it)
+COVERAGE_NOTE = (
+    "measured coverage of the FID and KID jackknife intervals: 0.915-0.935 at nominal 0.95 (an independent "
+    "simulation, 1,000 replications at n = 100 and 500), every miss with the true value above the interval "
+    "(the statistic's right skew makes the symmetric t interval short on the high side)"
+)
 
 
 def as_f64(x) -> np.ndarray:
@@ -375,7 +382,15 @@ def jackknife_interval(
     """Interval (lo, hi) for the expected value of a statistic at its n from its G leave-one-group-out
     values (G,) float: ``estimate ± t_{G-1, (1+level)/2} · se`` with the delete-a-group jackknife
     standard error ``se = sqrt((G-1)/G · Σ_g (v_g - mean v)²)`` (Efron & Stein 1981: conservative
-    for any symmetric statistic), clipped to ``bounds`` (the metric's range). NaN without values."""
+    for any symmetric statistic), clipped to ``bounds`` (the metric's range). NaN without values.
+
+    Measured coverage (:data:`COVERAGE_NOTE`): for FID and KID an independent simulation (1,000
+    replications, n = 100 and 500) covered the expected value 0.915-0.935 of the time at nominal
+    0.95, every miss with the truth above the interval: read a 95 % interval of FID or KID as about
+    a 92 % one, short on its upper side. Precision / recall / density / coverage are checked in
+    ``tests/test_evaluate_metrics.py``."""
+    from scipy import stats  # here, not at the top: its import takes a second that a resumed run need not pay
+
     v = np.asarray(values, np.float64)
     v = v[np.isfinite(v)]
     g = len(v)
@@ -390,6 +405,8 @@ def jackknife_interval(
 def wilson_interval(p_hat: float, n: int, level: float = 0.95) -> tuple[float, float]:
     """Wilson score interval (Wilson 1927) for a proportion ``p_hat`` of n independent 0/1
     outcomes: inside [0, 1], and not degenerate at p_hat = 0 or 1 (e.g. 4 of 4: [0.51, 1])."""
+    from scipy import stats  # here, not at the top: its import takes a second that a resumed run need not pay
+
     if n < 1 or not np.isfinite(p_hat):
         return float("nan"), float("nan")
     z = float(stats.norm.ppf((1 + level) / 2))

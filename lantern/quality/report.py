@@ -20,7 +20,7 @@ import pandas as pd
 
 from ambiguity import plots
 
-__all__ = ["sweep_frame", "plot_quality_sweep", "replot", "DEFAULT_PANELS", "TITLES"]
+__all__ = ["sweep_frame", "sweep_settings", "plot_quality_sweep", "replot", "DEFAULT_PANELS", "TITLES"]
 
 DEFAULT_PANELS = ("fid", "precision", "recall")
 _SPEED = ("acceptance_rate", "tau", "tokens_per_forward")
@@ -43,6 +43,12 @@ def sweep_frame(df: pd.DataFrame, record: dict) -> pd.DataFrame:
         }
     extra = pd.DataFrame([info[s] for s in df["run"]], index=df.index)
     return pd.concat([df, extra], axis=1)
+
+
+def sweep_settings(frame: pd.DataFrame) -> int:
+    """How many distinct LANTERN settings (k, δ) a :func:`sweep_frame` holds (a sweep figure needs 2 or more)."""
+    lan = frame[frame["method"] == "lantern"]
+    return len(lan[["k", "delta"]].drop_duplicates())
 
 
 TITLES = {

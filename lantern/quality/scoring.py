@@ -20,7 +20,6 @@ from typing import Optional
 
 import numpy as np
 import torch
-from scipy import stats
 
 from ambiguity.run_records import settings_digest
 from ambiguity.runs import RunDir
@@ -83,8 +82,12 @@ class QualityProtocol:
     hps: bool = False
 
 
-def protocol_record(p: QualityProtocol, reference: Optional[ImageSet] = None) -> dict:
-    """The protocol as recorded in results: settings, seeds and the reference's facts."""
+def protocol_record(
+    p: QualityProtocol, reference: Optional[ImageSet] = None, caption_rule: Optional[str] = None
+) -> dict:
+    """The protocol as recorded in results: settings, seeds, the interval scheme with its measured
+    coverage, the caption rule that was applied (``caption_rule``; without one: none, unless a text
+    metric is asked for) and the reference's facts."""
     rec = asdict(p)
     rec["seeds"] = {
         "subsets": f"derived_seed({p.seed}, {SEED_TAGS['quality-subset']})",
@@ -96,9 +99,13 @@ def protocol_record(p: QualityProtocol, reference: Optional[ImageSet] = None) ->
         "one left out at a time; reference fixed; k-NN radii from the full sets): estimate "
         "± t_(G-1) jackknife SE, clipped to the metric's range; precision (and 0/1 per-image "
         "values): Wilson score interval; for the metric's expected value at this n, not a "
-        "small-n bias correction"
+        f"small-n bias correction; {M.COVERAGE_NOTE}"
     )
-    rec["caption_rule"] = "longest MS-COCO caption per image, seeded subset (ambiguity.data.captions), as generated"
+    rec["caption_rule"] = caption_rule or (
+        "none: no text metric was asked for (--clip-score, --hps)"
+        if not (p.clip_score or p.hps)
+        else "captions as each set's images were generated; class labels through the prompt template"
+    )
     if reference is not None:
         rec["reference_set"] = {
             "spec": reference.spec,
@@ -287,6 +294,8 @@ def paired_differences(base: dict, other: dict, level: float = 0.95) -> dict:
     separate intervals. Returns {diff, ci_low, ci_high, p_greater} (p_greater: the t
     approximation of P(difference > 0), ``t_{G-1}`` cdf of diff / se); NaN without resamples.
     """
+    from scipy import stats  # here, not at the top: its import takes a second that a resumed run need not pay
+
     d = float(other["value"]) - float(base["value"])
     a, b = np.asarray(base["resamples"], np.float64), np.asarray(other["resamples"], np.float64)
     if len(a) < 2 or len(a) != len(b):

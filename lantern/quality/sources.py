@@ -39,7 +39,17 @@ from ambiguity.runs import file_sha256
 from ambiguity.seeding import SEED_TAGS, derived_seed
 from lantern.run_reader import load_run, read_images
 
-__all__ = ["ImageSet", "load_source", "parse_spec", "subset_indices", "IMAGE_SUFFIXES", "DATASETS", "SUBSET_TAG"]
+__all__ = [
+    "ImageSet",
+    "distinct_images",
+    "duplicate_note",
+    "load_source",
+    "parse_spec",
+    "subset_indices",
+    "IMAGE_SUFFIXES",
+    "DATASETS",
+    "SUBSET_TAG",
+]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 DATASETS = ("fashion-mnist:test", "fashion-mnist:train")
@@ -149,6 +159,25 @@ def _folder(path: Path, k: Optional[int], seed: int, resize_to: Optional[tuple[i
     return ImageSet(str(path), path.name, torch.from_numpy(np.stack(arrays)), None, h.hexdigest()[:16], fix)
 
 
+def distinct_images(images: torch.Tensor) -> int:
+    """How many of the images (N, C, H, W) differ from each other (byte-equal images count once)."""
+    x = images.detach().cpu().contiguous().numpy()
+    return len({hashlib.sha256(a.tobytes()).digest() for a in x})
+
+
+def duplicate_note(s: ImageSet) -> Optional[str]:
+    """A note when ``s`` holds the same image more than once (greedy decoding with CFG repeats one
+    image per condition), else None: every metric counts all n images, so its n and interval
+    overstate how many independent samples there are."""
+    d = distinct_images(s.images)
+    if d == s.n:
+        return None
+    return (
+        f"{s.label}: only {d} distinct images among its n = {s.n} (repeats, as greedy decoding gives one image "
+        f"per condition); the metrics count all {s.n}, so they describe {d} samples and their intervals are too narrow"
+    )
+
+
 _OLD_KEYS = {"tau": "mean_accepted_length", "tokens_per_forward": "step_compression"}  # summaries before the rename
 
 
@@ -183,7 +212,9 @@ def _run(path: Path, k: Optional[int], seed: int) -> ImageSet:
         "model": model,
         "sampling": s.get("sampling"),
         "seed": settings.get("seed"),
+        "model_kind": (s.get("model") or {}).get("kind") if isinstance(s.get("model"), dict) else None,
         "captions": settings.get("captions"),
+        "captions_sha256": settings.get("captions_sha256"),
         "classes": settings.get("classes"),
         "seeds": [int(v) for v in images["seed"]] if "seed" in images else None,
         "image_indices": [int(v) for v in images["image"]],

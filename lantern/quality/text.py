@@ -49,17 +49,26 @@ HPS_REPO, HPS_FILE = "xswu/HPSv2", "HPS_v2.1_compressed.pt"
 
 
 def prompts_for(
-    conditions: Optional[Sequence], class_names: Optional[Sequence[str]], template: str = "a photo of a {}"
+    conditions: Optional[Sequence],
+    class_names: Optional[Sequence[str]],
+    template: str = "a photo of a {}",
+    labels: Optional[bool] = None,
 ) -> Optional[list[str]]:
     """One prompt per image: captions as they are, class labels through ``template`` and
-    ``class_names``; None when the conditions are unknown or a label has no name."""
+    ``class_names``; None when the conditions are unknown or a label has no name.
+
+    labels: True when the conditions are class labels (a class-conditional run, a data set),
+    False when they are captions (a text-to-image run: a caption made of digits, e.g. "1984",
+    stays a caption), None to tell each condition by its form (an integer, or a string of digits,
+    is a label)."""
     if conditions is None:
         return None
     out = []
     for c in conditions:
         s = str(c)
-        if s.lstrip("-").isdigit():
-            if not class_names or not 0 <= int(s) < len(class_names):
+        label = s.lstrip("-").isdigit() if labels is None else labels
+        if label:
+            if not class_names or not s.lstrip("-").isdigit() or not 0 <= int(s) < len(class_names):
                 return None
             out.append(template.format(class_names[int(s)]))
         else:
