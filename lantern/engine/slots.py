@@ -269,16 +269,22 @@ class Streams:
     def categorical(self, probs: torch.Tensor, slots: Sequence[int], draw=None) -> torch.Tensor:
         """One token per row of probs (k, V) for ``slots`` (k,): inverse CDF with one float64 uniform
         of the slot's stream where ``draw`` (k,) bool says so (default all), the argmax elsewhere."""
-        draw = np.ones(len(slots), dtype=bool) if draw is None else np.asarray(draw, dtype=bool)
-        u = row_uniforms([self.gens[s] for s in slots], draw.astype(int), torch.float64, self.device)
-        out = torch.where(
-            torch.as_tensor(draw, device=probs.device),
-            invert(probs, u[:, 0] if u.shape[1] else u.new_zeros(len(slots))),
-            probs.argmax(-1),
-        )
-        for r, s in enumerate(slots):
-            if self.scripted[s] is not None and draw[r]:
-                out[r] = self.scripted[s].categorical(probs[r])
+        gens = [self.gens[s] for s in slots]
+        if draw is None or bool(np.all(draw)):  # every row draws (the usual case): no argmax, no select
+            u = torch.cat([torch.rand(1, generator=g, device=self.device, dtype=torch.float64) for g in gens])
+            out = invert(probs, u)
+        else:
+            draw = np.asarray(draw, dtype=bool)
+            u = row_uniforms(gens, draw.astype(int), torch.float64, self.device)
+            out = torch.where(
+                torch.as_tensor(draw, device=probs.device),
+                invert(probs, u[:, 0] if u.shape[1] else u.new_zeros(len(slots))),
+                probs.argmax(-1),
+            )
+        if self.draws:  # scripted images (exact enumeration) draw through their Draws
+            for r, s in enumerate(slots):
+                if self.scripted[s] is not None and (draw is None or draw[r]):
+                    out[r] = self.scripted[s].categorical(probs[r])
         return out
 
     def uniforms(self, counts, dtype, accept_prob: Optional[torch.Tensor]) -> torch.Tensor:
