@@ -6,15 +6,15 @@ moves a CDF boundary past a uniform and changes an image from that token on. Thi
 images (labels ``i % 10``, seed 0, one image per stream) at batch 1 and at each ``--batch-sizes``
 and counts, per method, the images whose tokens equal batch 1's::
 
-    python benchmarks/batch_identity.py --model embedded --num-images 32 --batch-sizes 8,32
+    python benchmarks/batch_identity.py --model embedded --num-images 32 --batch-sizes 8,32 \
+        --out benchmarks/results/batch_identity.csv
 
-Writes ``--out`` (default ``benchmarks/results/batch_identity.csv``): one row per method and batch
+Writes ``--out`` (default ``runs/benchmarks/batch_identity/batch_identity.csv``): one row per method and batch
 size with the conditions (model, dtype, CFG, threads) and the count of identical images.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -23,21 +23,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ambiguity.models.registry import load_model  # noqa: E402
-from ambiguity.sampling import SamplingConfig, default_guidance  # noqa: E402
-from lantern.drafter.model import load_drafter  # noqa: E402
-from lantern.engine.decode import DecodeConfig, decode  # noqa: E402
+from ambiguity.cli import ArgumentParser, add_threads_arg, cli_main, int_list, positive_int, set_threads
+from ambiguity.models.registry import load_model
+from ambiguity.sampling import SamplingConfig, default_guidance
+from benchmarks.common import add_results_arg
+from lantern.drafter.model import load_drafter
+from lantern.engine.decode import DecodeConfig, decode
 
 
+def build_parser() -> ArgumentParser:
+    ap = ArgumentParser(prog="python benchmarks/batch_identity.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="embedded", help="registry name (default: %(default)s)")
+    ap.add_argument("--num-images", type=positive_int, default=32, help="images (default: %(default)s)")
+    ap.add_argument("--batch-sizes", type=int_list, default=[8, 32], help="comma-separated (default: 8,32)")
+    add_threads_arg(ap)
+    add_results_arg(ap, "batch_identity", "batch_identity.csv", "results CSV")
+    return ap
+
+
+@cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="embedded")
-    ap.add_argument("--num-images", type=int, default=32)
-    ap.add_argument("--batch-sizes", default="8,32")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results/batch_identity.csv")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = build_parser().parse_args(argv)
+    set_threads(args.threads or 1)
     model = load_model(args.model)
     drafter = load_drafter(model)
     sampling = SamplingConfig(guidance=default_guidance(model.kind))
@@ -52,7 +59,7 @@ def main(argv=None) -> int:
     rows = []
     for name, config in configs.items():
         one = decode(model, labels, config, sampling, drafter, seed=0).tokens
-        for B in map(int, args.batch_sizes.split(",")):
+        for B in args.batch_sizes:
             many = decode(model, labels, config, sampling, drafter, seed=0, batch_size=B).tokens
             same = int((one == many).all(1).sum())
             rows.append(
@@ -61,7 +68,7 @@ def main(argv=None) -> int:
                     dtype=str(next(model.gpt.parameters()).dtype).replace("torch.", ""),
                     method=name,
                     guidance=sampling.guidance,
-                    threads=args.threads,
+                    threads=torch.get_num_threads(),
                     batch_size=B,
                     images=len(labels),
                     identical_to_batch_1=same,

@@ -8,7 +8,8 @@ and method: median seconds per image of each implementation and the median and q
 the per-round ratio engine / reference (below 1: the engine is faster). The tokens are checked
 equal (the engine and the references draw the same random numbers).
 
-    python benchmarks/bench_engine.py --models embedded,embedded-16 --rounds 5 --images 2
+    python benchmarks/bench_engine.py --models embedded,embedded-16 --rounds 5 --images 2 \
+        --out benchmarks/results/engine_batch1.csv
 
 Settings are the paper's sampling (CFG 3, temperature 1, top-k 2000 and k = 1000 scaled to the
 vocabulary: ``V * 2000 / 16384``, ``V * 1000 / 16384``), δ = 0.1, γ = 4, EAGLE-2 dynamic tree
@@ -17,7 +18,6 @@ vocabulary: ``V * 2000 / 16384``, ``V * 1000 / 16384``), δ = 0.1, γ = 4, EAGLE
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
@@ -29,13 +29,15 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 
-from reference.decode import decode_one_by_one  # noqa: E402
+from reference.decode import decode_one_by_one
 
-from ambiguity.models.registry import load_model  # noqa: E402
-from ambiguity.sampling import SamplingConfig  # noqa: E402
-from lantern.drafter.model import load_drafter  # noqa: E402
-from lantern.engine.decode import DecodeConfig, decode, neighbour_table  # noqa: E402
-from lantern.methods.tree.spec import TreeSpec  # noqa: E402
+from ambiguity.cli import ArgumentParser, add_threads_arg, cli_main, positive_int, set_threads
+from ambiguity.models.registry import load_model
+from ambiguity.sampling import SamplingConfig
+from benchmarks.common import add_results_arg
+from lantern.drafter.model import load_drafter
+from lantern.engine.decode import DecodeConfig, decode, neighbour_table
+from lantern.methods.tree.spec import TreeSpec
 
 
 def configs(V: int) -> dict[str, DecodeConfig]:
@@ -50,14 +52,20 @@ def configs(V: int) -> dict[str, DecodeConfig]:
     }
 
 
+def build_parser() -> ArgumentParser:
+    ap = ArgumentParser(prog="python benchmarks/bench_engine.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="embedded,embedded-16", help="comma-separated (default: %(default)s)")
+    ap.add_argument("--rounds", type=positive_int, default=5, help="interleaved rounds (default: %(default)s)")
+    ap.add_argument("--images", type=positive_int, default=2, help="images per decode (default: %(default)s)")
+    add_threads_arg(ap)
+    add_results_arg(ap, "bench_engine", "engine_batch1.csv", "results CSV")
+    return ap
+
+
+@cli_main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="embedded,embedded-16")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--images", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results/engine_batch1.csv")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    args = build_parser().parse_args(argv)
+    set_threads(args.threads or 1)
     rows = []
     for name in args.models.split(","):
         model = load_model(name)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 T0 = time.perf_counter()  # before the heavy imports below
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
 PROFILE = os.environ.get("PAPER_RESUME_PROFILE")  # a path: cProfile statistics of the whole start written there
 if PROFILE:
     import cProfile
@@ -39,17 +40,13 @@ def _stop(what: str):
     return wrapper
 
 
-OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "paper_resume" / "quick"
-
-
 def main(argv: Optional[list[str]] = None) -> None:
     """Resume the paper run ``--out`` (with its other options after ``--``) up to its first new work."""
     from ambiguity.cli import ArgumentParser
+    from benchmarks.common import add_results_arg
 
     ap = ArgumentParser(prog="python benchmarks/paper_resume.py", description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--out", default=str(OUT), help="the interrupted lantern.paper run directory (default: %(default)s)"
-    )
+    add_results_arg(ap, "paper_resume", "quick", "the interrupted lantern.paper run directory")
     ap.add_argument("paper_args", nargs="*", help="the run's other lantern.paper options, after --, e.g. -- --quick")
     args = ap.parse_args(argv)
     import lantern.paper.sessions as sessions
