@@ -441,7 +441,9 @@ def merge_run(path: str | Path, figures: bool = True) -> tuple[list[Path], list[
     summary = _summary(key, settings, table, nb, nb, time.perf_counter() - t0)
     model = None
     if figures and settings.get("model"):
-        model = load_model(settings["model"], weights=settings.get("weights"), device="cpu")
+        model = load_model(
+            settings["model"], weights=settings.get("weights"), device="cpu", image_size=settings.get("image_size")
+        )
     files, notes = write_outputs(model, table, summary, run.path, figures=model is not None, started=t0)
     print_summary(summary, run.path, files, notes)
     return files, notes
@@ -456,7 +458,7 @@ def build_parser() -> cli.ArgumentParser:
         "probability, top-10 mass, entropy and the chosen token's probability and rank "
         "at every token, guided and conditional-only.",
     )
-    cli.add_model_args(p)
+    cli.add_model_args(p, image_size=True)
     cli.add_condition_args(p, num_images=64, batch_size=32)
     p.add_argument(
         "--source",
@@ -487,7 +489,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     out, settings = check_arguments(args)  # nothing is loaded or written before the options are valid
     device, _ = cli.device_from_args(args)
     shard = shard_from_args(args, device)
-    model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=settings["dtype"])
+    model = load_model(
+        args.model,
+        weights=args.weights,
+        device=shard.device(device),
+        dtype=settings["dtype"],
+        image_size=args.image_size,
+    )
     sampling = cli.sampling_from_args(args, model.kind)
     check_run_size(model, args.num_images, args.batch_size, sampling.guided)  # before any per-image list is built
     conditions, tokens, images = resolve_inputs(args, model, settings["classes"])
@@ -540,6 +548,7 @@ def check_arguments(args) -> tuple[Path, dict]:
     settings = {
         "model": args.model,
         "weights": abspath(args.weights),
+        **({"image_size": args.image_size} if args.image_size else {}),  # a declared LlamaGen grid
         "device": device.type,
         "dtype": str(dtype).replace("torch.", ""),
         "num_images": args.num_images,

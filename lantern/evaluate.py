@@ -600,7 +600,9 @@ def _run(args, shard: Shard, request: dict) -> int:
                 "--target-scores needs a lantern.generate run among the runs (its model scores the tokens)"
             )
         s = load_run(gen[0])["summary"].get("settings", {})
-        target = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=device)
+        target = load_model(
+            s.get("model", "embedded"), weights=s.get("weights"), device=device, image_size=s.get("image_size")
+        )
     df, rec = evaluate_runs(
         args.runs,
         protocol,

@@ -242,7 +242,7 @@ def build_parser() -> ArgumentParser:
         description="Generate images with AR, speculative (sd), LANTERN (lantern, lantern++, lantern-jsd) or "
         "Jacobi (sjd, gsd, scd: no drafter) decoding and record every draft token.",
     )
-    add_model_args(p)
+    add_model_args(p, image_size=True)
     add_decoding_args(p)
     add_condition_args(p, num_images=8, batch_size=None)
     p.add_argument(
@@ -274,6 +274,7 @@ def _settings(args, config: DecodeConfig, sampling: SamplingConfig, device, dtyp
     return {
         "model": args.model,
         "weights": abspath(args.weights),
+        **({"image_size": args.image_size} if args.image_size else {}),  # a declared LlamaGen grid
         "device": device.type,
         "dtype": str(dtype).replace("torch.", ""),
         **config.as_dict(),
@@ -634,7 +635,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         RunDir(out, settings, command=COMMAND).check(only=tuple(settings))
 
     shard = shard_from_args(args, device)
-    model = load_model(args.model, weights=args.weights, device=shard.device(device), dtype=dtype)
+    model = load_model(
+        args.model, weights=args.weights, device=shard.device(device), dtype=dtype, image_size=args.image_size
+    )
     check_run_size(model, args.num_images)  # steps and drafts rows of every image; before the conditions list
     check_depth(config, model)
     if config.jacobi is not None:

@@ -339,7 +339,9 @@ def build_parser() -> ArgumentParser:
 def _print_scores(runs, ref, labels, args, out: Path) -> None:
     """``--scores``: the target's NLL (and class consistency) of every run's tokens, printed and saved."""
     s = (ref or runs[0])["summary"].get("settings", {})
-    model = load_model(s.get("model", "embedded"), weights=s.get("weights"), device=args.device)
+    model = load_model(
+        s.get("model", "embedded"), weights=s.get("weights"), device=args.device, image_size=s.get("image_size")
+    )
     scores = pd.concat(
         [target_scores(model, r["images"]).assign(method=lab) for lab, r in zip(labels, runs)]
         + ([target_scores(model, ref["images"]).assign(method="reference")] if ref else []),
