@@ -443,7 +443,7 @@ TRUNC_GPT = embedded_weights(lambda d: truncated(d / "fashion_gpt.safetensors", 
 TEXT_GPT = embedded_weights(lambda d: write(d / "fashion_gpt.safetensors", "not weights\n"))
 EMPTY_VQ = embedded_weights(lambda d: write(d / "fashion_vq.safetensors", b""))
 SWAPPED = embedded_weights(swap_weights)
-TRUNC_DRAFTER = lambda tmp: truncated(LW / "embedded_drafter.safetensors", tmp / "d.safetensors")  # noqa: E731
+TRUNC_DRAFTER = lambda tmp: truncated(LW / "embedded_drafter.safetensors", tmp / "d.safetensors")
 CAPS = captions("a photo of a cat\na dog\n")
 
 CASES: list[Case] = [
@@ -453,6 +453,7 @@ CASES: list[Case] = [
     C("analyses-unknown-command", "ambiguity.analyses", ["concentrate"], expect="unknown command"),
     C("amb-merge-no-run", "ambiguity", ["merge"], expect="run"),
     # ---------------------------------------------------------------- ambiguity.profile
+    C("profile-image-size-not-llamagen", P, ["--image-size", "256"], expect="drop --image-size"),
     C("profile-weights-truncated", P, ["--num-images", "1", *EMB_W], TRUNC_GPT, "fashion_gpt.safetensors"),
     C("profile-weights-text-file", P, ["--num-images", "1", *EMB_W], TEXT_GPT, "fashion_gpt.safetensors"),
     C("profile-weights-empty-vq", P, ["--num-images", "1", *EMB_W], EMPTY_VQ, "fashion_vq.safetensors"),
@@ -814,6 +815,7 @@ CASES: list[Case] = [
     C("gen-gamma-huge", G, ["--gamma", "1000000000", "--num-images", "1"], expect="--gamma"),
     C("gen-k-too-large", G, ["--k", "1024", "--num-images", "1"], expect="--k"),
     C("gen-k-negative", G, ["--k", "-1"], expect="--k"),
+    C("gen-image-size-not-llamagen", G, ["--image-size", "256"], expect="drop --image-size"),
     C("gen-delta-negative", G, ["--delta", "-0.1"], expect="--delta"),
     C("gen-delta-above-one", G, ["--delta", "1.5"], expect="--delta"),
     C("gen-delta-nan", G, ["--delta", "nan"], expect="--delta"),
