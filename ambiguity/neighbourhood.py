@@ -34,7 +34,7 @@ support and the matrix lives on a CUDA device, else the CPU index) while k + 1 <
 GPU limit, and where its heaps win), and a blocked torch sort on the matrix's device above
 (k close to N, where a full sort beats heaps). Queries run in row blocks whose working memory is
 bounded by ``block_bytes``; no N x N matrix is ever formed (the output itself is N x k).
-The search itself is :func:`ambiguity.knn.exact_knn` (re-exported here).
+The search itself is :func:`ambiguity.knn.exact_knn`.
 
 Cache
 -----

@@ -57,7 +57,7 @@ from ambiguity.io import (
     write_json,
     write_table,
 )
-from ambiguity.run_records import (  # the records themselves; re-exported (drivers import them from here)
+from ambiguity.run_records import (
     later_keys_missing,
     normalise,
     settings_difference,

@@ -2,7 +2,6 @@
 across transformers releases (the cache argument's name, construction, crop, row selection), the
 additive attention mask, whether a decoder fits the per-image slots cache, and :class:`HFCache`
 (a ``DynamicCache`` plus the 2D attention mask of everything it holds; rollback crops both).
-:mod:`ambiguity.models.hf_common` re-exports every name.
 """
 
 from __future__ import annotations

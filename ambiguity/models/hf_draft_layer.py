@@ -3,7 +3,6 @@ initialised decoder layer of the target's own architecture (built from its confi
 the :class:`~ambiguity.models.base.DraftLayer` interface with its own ``DynamicCache`` and
 rotary positions, and a :class:`~ambiguity.models.hf_slots.SlotKV` for batched decoding
 (EAGLE, Li et al. 2024, arXiv 2401.15077, Sec. 4.1: the draft head is one decoder layer).
-:mod:`ambiguity.models.hf_common` re-exports every name.
 """
 
 from __future__ import annotations

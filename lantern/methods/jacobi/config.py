@@ -1,6 +1,6 @@
 """What a Jacobi decoder (:mod:`lantern.methods.jacobi.method`: SJD, GSD, SCD) runs with: the methods, the
 initialisations and couplings, the official default windows, :class:`JacobiConfig` and the
-check of a config against a model (:func:`check_jacobi`). :mod:`lantern.methods.jacobi.method` re-exports every name.
+check of a config against a model (:func:`check_jacobi`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What shape a draft tree has: the :class:`TreeSpec` of a chain, an EAGLE-1 static tree (child-rank
 paths, the official shapes by name in :data:`STATIC_TREES`) or an EAGLE-2 dynamic tree (total
 tokens, depth, top-k; Li et al. 2024, arXiv 2406.16858, Sec. 4), the checks of a static shape,
-and ``--tree`` parsing. :mod:`lantern.methods.tree.draft` drafts the trees and re-exports every name.
+and ``--tree`` parsing. :mod:`lantern.methods.tree.draft` drafts the trees.
 """
 
 from __future__ import annotations
