@@ -259,16 +259,10 @@ def int_list(
 ) -> list[int]:
     """``"1,2,4"`` -> [1, 2, 4] (a sequence of ints passes through). Raises UsageError naming ``what``
     for non-integers, an empty list or values outside [minimum, maximum]."""
-    if isinstance(text, str):
-        try:
-            out = [int(v) for v in text.replace(" ", "").split(",") if v]
-        except ValueError:
-            raise UsageError(f"{what} must be comma-separated integers like 1,4,16, got {text!r}") from None
-    else:
-        out = [int(v) for v in text]
+    out = _split_list(text, int, what, "integers like 1,4,16") if isinstance(text, str) else [int(v) for v in text]
     if not out:
         raise UsageError(f"{what} is empty; give comma-separated integers like 1,4,16")
-    bad = [v for v in out if (minimum is not None and v < minimum) or (maximum is not None and v > maximum)]
+    bad = _outside(out, minimum, maximum)
     if bad:
         lo = "" if minimum is None else f">= {minimum}"
         hi = "" if maximum is None else f"<= {maximum}"
@@ -284,20 +278,31 @@ def float_list(
 ) -> list[float]:
     """``"0.1,0.5"`` -> [0.1, 0.5]; finite values only. Raises UsageError as :func:`int_list`."""
     if isinstance(text, str):
-        try:
-            out = [_finite(v) for v in text.replace(" ", "").split(",") if v]
-        except ValueError:
-            raise UsageError(f"{what} must be comma-separated finite numbers like 0.1,0.5, got {text!r}") from None
+        out = _split_list(text, _finite, what, "finite numbers like 0.1,0.5")
     else:
         out = [float(v) for v in text]
         if not all(math.isfinite(v) for v in out):
             raise UsageError(f"{what} must hold finite numbers, got {out}")
     if not out:
         raise UsageError(f"{what} is empty; give comma-separated numbers like 0.1,0.5")
-    bad = [v for v in out if (minimum is not None and v < minimum) or (maximum is not None and v > maximum)]
+    bad = _outside(out, minimum, maximum)
     if bad:
         raise UsageError(f"{what} values must lie in [{minimum}, {maximum}], got {bad[0]:g}")
     return out
+
+
+def _split_list(text: str, parse: Callable[[str], float], what: str, kind: str) -> list:
+    """Comma-separated ``text`` (spaces ignored) parsed item by item; a ValueError of ``parse``
+    becomes UsageError naming ``what`` and the expected ``kind`` (e.g. "integers like 1,4,16")."""
+    try:
+        return [parse(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise UsageError(f"{what} must be comma-separated {kind}, got {text!r}") from None
+
+
+def _outside(values: list, minimum: Optional[float], maximum: Optional[float]) -> list:
+    """The values below ``minimum`` or above ``maximum`` (a None bound: no bound), in order."""
+    return [v for v in values if (minimum is not None and v < minimum) or (maximum is not None and v > maximum)]
 
 
 def parse_mapping(

@@ -33,6 +33,7 @@ __all__ = [
     "parse_classes",
     "check_labels",
     "generation_conditions",
+    "model_conditions",
     "fashion_mnist_subset",
     "ImageFiles",
     "image_files_subset",
@@ -85,13 +86,20 @@ def generation_conditions(
         )
     if captions is not None:
         return sample_captions(read_captions(captions), n, seed)
+    what = "captions" if model.kind == "t2i" else "prompts"
+    return model_conditions(
+        model, n, seed, f"{model.name} needs {what}: pass --captions FILE (one per line, or an MS-COCO captions_*.json)"
+    )
+
+
+def model_conditions(model: TokenModel, n: int, seed: int, missing: str) -> list:
+    """``model.default_conditions(n, seed)`` as a list (n conditions drawn with ``seed``).
+    Raises UsageError with the message ``missing`` when the model has none (its
+    ``default_conditions`` raises NotImplementedError: captions or prompts must be given)."""
     try:
         return list(model.default_conditions(n, seed))
     except NotImplementedError:
-        what = "captions" if model.kind == "t2i" else "prompts"
-        raise UsageError(
-            f"{model.name} needs {what}: pass --captions FILE (one per line, or an MS-COCO captions_*.json)"
-        ) from None
+        raise UsageError(missing) from None
 
 
 def _subset(n_total: int, n: int, seed: int) -> list[int]:

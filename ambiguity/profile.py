@@ -49,7 +49,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ambiguity import cli
-from ambiguity.conditions import fashion_mnist_subset, generation_conditions, image_files_subset, parse_classes
+from ambiguity.conditions import (
+    fashion_mnist_subset,
+    generation_conditions,
+    image_files_subset,
+    model_conditions,
+    parse_classes,
+)
 from ambiguity.data.captions import read_captions
 from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
@@ -238,12 +244,8 @@ def _profile_conditions(
         raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
     check_run_size(model, num_images, batch_size, guided)
     if conditions is None:
-        try:
-            conditions = model.default_conditions(num_images, seed)
-        except NotImplementedError:
-            raise UsageError(
-                f"{model.name} has no default conditions; pass conditions=[...] (captions or prompts, one per image)"
-            ) from None
+        missing = f"{model.name} has no default conditions; pass conditions=[...] (captions or prompts, one per image)"
+        conditions = model_conditions(model, num_images, seed, missing)
     conditions = list(conditions)
     available = min(len(conditions), len(given)) if given is not None else len(conditions)
     if available < num_images:

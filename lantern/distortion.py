@@ -192,44 +192,64 @@ def distortion_table(
         raise ValueError(f"groups has {len(groups)} entries for {len(p)} (p, q) pairs; pass one image per pair")
 
     def stats(t: torch.Tensor) -> dict:
-        v = t.double().numpy()
-        lo, hi = bootstrap_mean_ci(v, groups, n_boot=n_boot, seed=seed, level=level)
-        return {
-            "mean": float(v.mean()),
-            "median": float(np.median(v)),
-            "q90": float(np.quantile(v, 0.9)),
-            "max": float(v.max()),
-            "positions": int(v.size),
-            "ci_low": lo,
-            "ci_high": hi,
-        }
+        return _summary(t, groups, n_boot, seed, level)
 
     rows = [{"what": "TVD(q, p)", "k": 0, "delta": 0.0, "siblings": 0, **stats(tvd(q, p))}]
     rules = [AcceptanceRule(method, k=int(k), delta=float(d), convention=convention) for k in ks for d in deltas]
     n = _positions_per_chunk(p.shape[-1], max((int(k) for k in ks), default=0), convention, chunk, max_bytes)
-    per_rule = [[] for _ in rules]
-    for i in range(0, len(p), n):
-        for acc, out in zip(per_rule, output_distributions(p[i : i + n], q[i : i + n], neighbours, rules)):
-            acc.append(tvd(out, p[i : i + n]))
-    for rule, parts in zip(rules, per_rule):
-        rows.append({"what": "TVD(out, p)", "k": rule.k, "delta": rule.delta, "siblings": 0, **stats(torch.cat(parts))})
+    for rule, t in zip(rules, _step_tvds(p, q, neighbours, rules, n)):
+        rows.append({"what": "TVD(out, p)", "k": rule.k, "delta": rule.delta, "siblings": 0, **stats(t)})
     for m in tree_siblings:
-        per_tree = [[] for _ in rules]
-        for i in range(0, len(p), chunk):  # (chunk, m, k) gathers: no (P, V, k) working set
-            pi = p[i : i + chunk]
-            children = q[i : i + chunk].topk(int(m), dim=-1).indices  # once per chunk, shared by the rules
-            for acc, rule in zip(per_tree, rules):
-                acc.append(tvd(sibling_output_distribution(pi, children, neighbours, rule), pi))
-        for rule, parts in zip(rules, per_tree):
-            rows.append(
-                {"what": TREE_ROW, "k": rule.k, "delta": rule.delta, "siblings": int(m), **stats(torch.cat(parts))}
-            )
+        for rule, t in zip(rules, _tree_tvds(p, q, neighbours, rules, int(m), chunk)):
+            rows.append({"what": TREE_ROW, "k": rule.k, "delta": rule.delta, "siblings": int(m), **stats(t)})
     per = [_drivers(p[i : i + chunk], q[i : i + chunk]) for i in range(0, len(p), chunk)]  # no (P, V) temporaries
     rows += [
         {"what": what, "k": 0, "delta": 0.0, "siblings": 0, **stats(torch.cat([d[what] for d in per]))}
         for what, _ in DRIVERS
     ]
     return pd.DataFrame(rows)
+
+
+def _summary(t: torch.Tensor, groups: Optional[torch.Tensor], n_boot: int, seed: int, level: float) -> dict:
+    """One row's statistics of a (P,) per-position quantity: mean, median, q90, max, positions and
+    the bootstrap interval of the mean (:func:`bootstrap_mean_ci`, images resampled when ``groups``)."""
+    v = t.double().numpy()
+    lo, hi = bootstrap_mean_ci(v, groups, n_boot=n_boot, seed=seed, level=level)
+    return {
+        "mean": float(v.mean()),
+        "median": float(np.median(v)),
+        "q90": float(np.quantile(v, 0.9)),
+        "max": float(v.max()),
+        "positions": int(v.size),
+        "ci_low": lo,
+        "ci_high": hi,
+    }
+
+
+def _step_tvds(
+    p: torch.Tensor, q: torch.Tensor, neighbours: torch.Tensor, rules: list[AcceptanceRule], n: int
+) -> list[torch.Tensor]:
+    """Per rule, the (P,) TVD of one verification step's exact output distribution from p, n
+    positions at a time (:func:`~lantern.rules.acceptance.output_distributions`)."""
+    per_rule = [[] for _ in rules]
+    for i in range(0, len(p), n):
+        for acc, out in zip(per_rule, output_distributions(p[i : i + n], q[i : i + n], neighbours, rules)):
+            acc.append(tvd(out, p[i : i + n]))
+    return [torch.cat(parts) for parts in per_rule]
+
+
+def _tree_tvds(
+    p: torch.Tensor, q: torch.Tensor, neighbours: torch.Tensor, rules: list[AcceptanceRule], m: int, chunk: int
+) -> list[torch.Tensor]:
+    """Per rule, the (P,) TVD from p of a deterministic tree node whose children are the drafter's
+    top-m tokens (:func:`sibling_output_distribution`), ``chunk`` positions at a time."""
+    per_tree = [[] for _ in rules]
+    for i in range(0, len(p), chunk):  # (chunk, m, k) gathers: no (P, V, k) working set
+        pi = p[i : i + chunk]
+        children = q[i : i + chunk].topk(m, dim=-1).indices  # once per chunk, shared by the rules
+        for acc, rule in zip(per_tree, rules):
+            acc.append(tvd(sibling_output_distribution(pi, children, neighbours, rule), pi))
+    return [torch.cat(parts) for parts in per_tree]
 
 
 def _drivers(p: torch.Tensor, q: torch.Tensor) -> dict:

@@ -247,22 +247,9 @@ def evaluate_runs(
     rules = _caption_rules(sets, protocol, class_names)
     record = protocol_record(protocol, ref, "; ".join(dict.fromkeys(rules.values())))
     run_dir = _open_run_dir(opts, record, ref, data, request)
-    frames, boot = _score_sets(
-        sets,
-        ref,
-        exs,
-        protocol,
-        opts,
-        run_dir,
-        cache,
-        batch_size,
-        weights,
-        device,
-        class_names,
-        proxy,
-        target_scores_model,
-        notes,
-    )
+    options = dict(cache=cache, batch_size=batch_size, run_dir=run_dir, weights=dict(weights or {}), device=device)
+    options.update(class_names=class_names, proxy_reference=proxy, target=target_scores_model, notes=notes)
+    frames, boot = _score_sets(sets, ref, exs, protocol, opts, options)
     if not opts.shard.merges:
         return None, None
     df = pd.concat(frames, ignore_index=True)
@@ -287,41 +274,12 @@ def evaluate_runs(
     return df, rec
 
 
-def _score_sets(
-    sets,
-    ref,
-    exs,
-    protocol,
-    opts: RunOptions,
-    run_dir,
-    cache,
-    batch_size,
-    weights,
-    device,
-    class_names,
-    proxy,
-    target,
-    notes,
-):
-    """Every set's metric rows and resampled values (:func:`lantern.quality.set_scoring.score_set`)."""
+def _score_sets(sets, ref, exs, protocol, opts: RunOptions, options: dict):
+    """Every set's metric rows and resampled values (:func:`lantern.quality.set_scoring.score_set`
+    with the keyword arguments ``options``: cache, batch_size, run_dir, weights, device, ...)."""
     frames, boot = [], {}
     for s in tqdm(sets, desc="evaluate", unit="run", disable=not opts.progress):
-        f, boot[s.spec] = score_set(
-            s,
-            ref,
-            exs,
-            protocol,
-            cache=cache,
-            batch_size=batch_size,
-            run_dir=run_dir,
-            weights=dict(weights or {}),
-            device=device,
-            class_names=class_names,
-            proxy_reference=proxy,
-            target=target,
-            notes=notes,
-            shard=opts.shard,
-        )
+        f, boot[s.spec] = score_set(s, ref, exs, protocol, shard=opts.shard, **options)
         frames.append(f)
     return frames, boot
 
@@ -391,19 +349,9 @@ def score_images(
         extractors, skipped = default_extractors(weights)
         notes += skipped
     exs = load_extractors(extractors, weights, device)
-    df, _ = score_set(
-        s,
-        ref,
-        exs,
-        p,
-        cache=cache,
-        batch_size=batch_size,
-        run_dir=None,
-        weights=dict(weights or {}),
-        device=device,
-        class_names=class_names,
-        notes=notes,
-    )
+    options = dict(cache=cache, batch_size=batch_size, run_dir=None, weights=dict(weights or {}), device=device)
+    options.update(class_names=class_names, notes=notes)
+    (df,), _ = _score_sets([s], ref, exs, p, RunOptions(progress=False), options)
     out = {
         r["metric"]: {k: r[k] for k in ("value", "ci_low", "ci_high", "n", "bootstrap")}
         for r in df.to_dict(orient="records")

@@ -144,7 +144,7 @@ def interleaved_timing(
     tables = dict(tables) if tables is not None else neighbour_tables(model, configs)
     names = list(configs)
     drafters = drafter if isinstance(drafter, Mapping) else {name: drafter for name in names}
-    active = lambda r: [n for n in names if rounds_of is None or r < rounds_of.get(n, len(schedule))]  # noqa: E731
+    active = lambda r: [n for n in names if rounds_of is None or r < rounds_of.get(n, len(schedule))]
     finished = set() if done is None or not len(done) else set(int(r) for r in done["round"])
     todo = [r for r in (range(len(schedule)) if only is None else only) if r not in finished]
     if warmup and todo:

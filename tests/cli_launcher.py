@@ -31,7 +31,7 @@ def _preload() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
+    import matplotlib.pyplot
     import numpy  # noqa: F401
     import pandas  # noqa: F401
     import pyarrow.parquet  # noqa: F401

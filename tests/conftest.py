@@ -7,10 +7,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # reference statistics of lantern.evaluate go to a per-session folder, never the user's cache
 os.environ.setdefault("LANTERN_EVAL_CACHE", tempfile.mkdtemp(prefix="lantern-eval-cache-"))
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(1)
 try:

@@ -161,7 +161,7 @@ def test_paper_items_under_torchrun_equal_one_process(tmp_path):
 def test_independent_shards_killed_shard_rerun_and_merge(tmp_path):
     ref, out = tmp_path / "ref", tmp_path / "sharded"
     run(*PROFILE, "--out", ref)
-    shard = lambda i, **kw: run(*PROFILE, "--out", out, "--shard-index", i, "--num-shards", 2, **kw)  # noqa: E731
+    shard = lambda i, **kw: run(*PROFILE, "--out", out, "--shard-index", i, "--num-shards", 2, **kw)
     done = shard(0)
     assert "shard 1/2 done" in done.stdout and "python -m ambiguity merge" in done.stdout
     assert not (out / "tokens.parquet").exists()

@@ -6,7 +6,7 @@ them, so an offset-based map would fail. The grid is 3 x 4 (rows of 4 codes + en
 
 import pytest
 import torch
-from hf_tiny import save, save_to_hf_cache, tiny_emu3, use_hf_cache  # noqa: F401
+from hf_tiny import save, save_to_hf_cache, tiny_emu3, use_hf_cache
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens

@@ -273,7 +273,7 @@ def test_independent_shards_resume_a_damaged_image_and_merge_to_the_one_process_
     args = ("--method", "lantern", "--delta", "0.3", "--num-images", "3")
     assert main(_args(tiny, tmp_path / "one", *args)) == 0
     out = tmp_path / "sharded"
-    shard = lambda i: main(_args(tiny, out, *args, "--shard-index", str(i), "--num-shards", "2"))  # noqa: E731
+    shard = lambda i: main(_args(tiny, out, *args, "--shard-index", str(i), "--num-shards", "2"))
     assert shard(1) == 0 and shard(0) == 0
     assert "shard 1/2 done" in capsys.readouterr().out and not (out / "images.parquet").exists()
     (out / "parts" / "image_00002.steps.parquet").write_bytes(b"PAR1 torn")

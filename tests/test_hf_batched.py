@@ -65,7 +65,7 @@ def test_extend_slots_gives_each_row_its_teacher_forced_logits(models, name):
     N = m.num_tokens
     codes = _codes(3, N, m.vocab_size, seed=1)
     cache = m.new_slots_cache(3, True, N, 4)
-    rows = lambda slots: torch.tensor(slots + [s + 3 for s in slots])  # noqa: E731 - CFG rows of slots
+    rows = lambda slots: torch.tensor(slots + [s + 3 for s in slots])  # CFG rows of slots
     firsts = {}
     first = m.prefill_slots(cache, rows([2, 0]), m.make_prompt([conds[0], conds[1]], guided=True))
     firsts[2], firsts[0] = first.logits[[0, 2]], first.logits[[1, 3]]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from hf_tiny import save, save_to_hf_cache, tiny_janus, use_hf_cache  # noqa: F401
+from hf_tiny import save, save_to_hf_cache, tiny_janus, use_hf_cache
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens

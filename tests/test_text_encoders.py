@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from hf_tiny import save, save_to_hf_cache, tiny_t5, use_hf_cache  # noqa: F401
+from hf_tiny import save, save_to_hf_cache, tiny_t5, use_hf_cache
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens

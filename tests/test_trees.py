@@ -385,7 +385,7 @@ def test_official_greedy_static_tie_goes_to_the_first_sorted_path():
     m = tiny(vocab=V, block=16, dim=16)
     spec = TreeSpec("static", ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)))
     d = TokenDrafter(L)
-    q_of = lambda logits: torch.softmax(logits[0].double(), -1)  # noqa: E731
+    q_of = lambda logits: torch.softmax(logits[0].double(), -1)
     tree = draft_tree(
         d, m, d.new_cache(1), torch.tensor([[3, 1]]), torch.zeros(1, 2, 4), 0, spec, 10, q_of, True, None, False
     )
@@ -464,7 +464,7 @@ def test_dynamic_tree_is_eagle2_beam_search_then_rerank():
     m = tiny(vocab=V, block=16, dim=16)
     from reference.trees import draft_tree
 
-    q_of = lambda logits: torch.softmax(logits[0].double(), -1)  # noqa: E731 - (rows, F, V) -> (F, V)
+    q_of = lambda logits: torch.softmax(logits[0].double(), -1)  # (rows, F, V) -> (F, V)
     for total, depth, k in ((8, 2, 3), (12, 3, 2), (5, 1, 4)):
         spec = TreeSpec("dynamic", total_tokens=total, depth=depth, top_k=k)
         d = TokenDrafter(L)

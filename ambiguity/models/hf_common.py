@@ -110,6 +110,23 @@ def run_decoder(
     return out.last_hidden_state
 
 
+def _attend_decoder(
+    decoder: nn.Module, embeds: torch.Tensor, allowed: torch.Tensor, pos: torch.Tensor, kv: Any
+) -> torch.Tensor:
+    """One call of a transformers decoder whose queries attend to chosen keys: ``embeds`` (rows,
+    T, H), ``allowed`` (rows, T, keys) bool (query t of a row may see key s, the cached keys
+    first), ``pos`` (rows, T) int64 position ids, ``kv`` the cache the call appends to. Returns
+    the hidden states (rows, T, H), ``last_hidden_state`` in the model's dtype."""
+    kwargs: dict[str, Any] = dict(
+        inputs_embeds=embeds,
+        attention_mask=additive_mask(allowed[:, None], embeds.dtype),
+        position_ids=pos,
+        use_cache=True,
+    )
+    kwargs[cache_kwarg(decoder.forward)] = kv
+    return decoder(**kwargs).last_hidden_state
+
+
 def left_pad_ids(seqs: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token id lists -> (ids (rows, P) int64, mask (rows, P) int64), left-padded with ``pad_id``."""
     P = max(len(s) for s in seqs)
@@ -281,14 +298,7 @@ class HFTokenModel(TokenModel):
             ],
             2,
         )
-        kwargs: dict[str, Any] = dict(
-            inputs_embeds=embeds,
-            attention_mask=additive_mask(allowed[:, None], embeds.dtype),
-            position_ids=pos,
-            use_cache=True,
-        )
-        kwargs[cache_kwarg(self.decoder.forward)] = cache.kv
-        h = self.decoder(**kwargs).last_hidden_state
+        h = _attend_decoder(self.decoder, embeds, allowed, pos, cache.kv)
         cache.mask = torch.cat([past, torch.ones(rows, T, dtype=past.dtype, device=past.device)], 1)
         return Step(self.head(h), h)
 
@@ -430,14 +440,7 @@ class HFTokenModel(TokenModel):
         Tq = embeds.shape[1]
         allowed = torch.cat([cache.key_mask[:, None, :].expand(R, Tq, P), seen], 2)
         cache.kv.write, cache.kv.span = write, P + seen.shape[-1]
-        kwargs: dict[str, Any] = dict(
-            inputs_embeds=embeds,
-            attention_mask=additive_mask(allowed[:, None], embeds.dtype),
-            position_ids=pos,
-            use_cache=True,
-        )
-        kwargs[cache_kwarg(self.decoder.forward)] = cache.kv
-        h = self.decoder(**kwargs).last_hidden_state
+        h = _attend_decoder(self.decoder, embeds, allowed, pos, cache.kv)
         if src is not None:  # a row-ending token's next-token distribution comes from its separator
             out = h[:, :T].clone()
             r = torch.arange(R, device=dev)[:, None].expand_as(src)

@@ -142,15 +142,22 @@ class Encoder(nn.Module):
     def forward(self, x):
         h = self.conv_in(x)
         for level in self.conv_blocks:
-            for i, block in enumerate(level.res):
-                h = block(h)
-                if len(level.attn):
-                    h = level.attn[i](h)
+            h = _level_blocks(level, h)
             if hasattr(level, "downsample"):
                 h = level.downsample(h)
         for block in self.mid:
             h = block(h)
         return self.conv_out(F.silu(self.norm_out(h)))
+
+
+def _level_blocks(level: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """A resolution level's residual blocks on h (N, C, H, W), each followed by its attention
+    block when the level has them; the level's down- or upsampling is the caller's."""
+    for i, block in enumerate(level.res):
+        h = block(h)
+        if len(level.attn):
+            h = level.attn[i](h)
+    return h
 
 
 class Decoder(nn.Module):
@@ -183,10 +190,7 @@ class Decoder(nn.Module):
         for block in self.mid:
             h = block(h)
         for level in self.conv_blocks:
-            for i, block in enumerate(level.res):
-                h = block(h)
-                if len(level.attn):
-                    h = level.attn[i](h)
+            h = _level_blocks(level, h)
             if hasattr(level, "upsample"):
                 h = level.upsample(h)
         return self.conv_out(F.silu(self.norm_out(h)))

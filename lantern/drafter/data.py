@@ -45,6 +45,7 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from ambiguity.conditions import model_conditions
 from ambiguity.data.fashion_mnist import load_split, model_image_size
 from ambiguity.distributed import SINGLE, Shard
 from ambiguity.errors import UsageError
@@ -352,13 +353,10 @@ def self_generate(
         raise UsageError("sharded self-generation needs a run directory: the shards meet in its parts")
     check_run_size(model, n, batch_size, sampling.guided, "--self-generate", "--gen-batch-size")
     if conditions is None:
-        try:
-            conditions = model.default_conditions(n, seed)
-        except NotImplementedError:
-            raise UsageError(
-                f"{model.name} needs conditions for --self-generate; pass --conditions FILE "
-                f"(one caption or prompt a line)"
-            ) from None
+        missing = (
+            f"{model.name} needs conditions for --self-generate; pass --conditions FILE (one caption or prompt a line)"
+        )
+        conditions = model_conditions(model, n, seed, missing)
     conds = [conditions[i % len(conditions)] for i in range(n)]
     info = {"sampling": sampling.as_dict(), "seed": seed, "model": model.name}
     batches = math.ceil(n / batch_size)

@@ -10,7 +10,7 @@ from ambiguity import plots
 from ambiguity.io import read_table
 from lantern.drafter.objective import KS
 
-__all__ = ["PAPER_TOP1", "plot_accuracy", "summary"]
+__all__ = ["PAPER_TOP1", "plot_accuracy", "plot_topk_curves", "summary"]
 
 # LANTERN (arXiv 2410.03355) Sec. 3 / Fig. 2b: top-1 test accuracy of EAGLE drafters.
 PAPER_TOP1 = {"LlamaGen (paper)": 0.3880, "Anole (paper)": 0.2760}
@@ -27,15 +27,7 @@ def plot_accuracy(table, path: str | Path, title: str = "", references: Optional
     refs = PAPER_TOP1 if references is None else references
     with plots.style():
         fig, ax = plots.new_figure(width=4.2, height=3.0)
-        for i, k in enumerate(KS):
-            ax.plot(
-                df["epoch"],
-                100 * df[f"top{k}"],
-                marker="o",
-                markersize=3,
-                color=plots.color_for(f"top-{k}", i),
-                label=f"top-{k}",
-            )
+        plot_topk_curves(ax, df, markersize=3)
         for (label, value), style in zip(refs.items(), ("--", ":", "-.")):
             ax.axhline(100 * value, color="0.45", ls=style, lw=0.9, label=f"{label} top-1")
         ax.set_xticks(list(df["epoch"]))
@@ -46,6 +38,22 @@ def plot_accuracy(table, path: str | Path, title: str = "", references: Optional
         ax.set_title(title or "Drafter test accuracy (target top-1 in drafter top-k)", fontsize=9)
         ax.legend(fontsize=7, loc="best")
         return plots.save_figure(fig, Path(path))
+
+
+def plot_topk_curves(ax, table, markersize: float) -> None:
+    """Draw the top-1/2/3 (:data:`~lantern.drafter.objective.KS`) test accuracy (%) per epoch of a
+    training table (a DataFrame with ``epoch`` and ``top1``, ``top2``, ``top3`` fractions) on the
+    matplotlib axes ``ax``: one line with round markers of ``markersize`` points per k, labelled
+    ``top-k``. Raises KeyError when a column is missing."""
+    for i, k in enumerate(KS):
+        ax.plot(
+            table["epoch"],
+            100 * table[f"top{k}"],
+            marker="o",
+            markersize=markersize,
+            color=plots.color_for(f"top-{k}", i),
+            label=f"top-{k}",
+        )
 
 
 def summary(table) -> str:

@@ -450,6 +450,17 @@ def _save_checkpoint(run: RunDir, drafter: Drafter, optimizer, rows: list, step:
     run.write_part("checkpoint", {"epoch": int(rows[-1]["epoch"])}, files=[path])
 
 
+# the training options of the command line: the TrainConfig field (flag --field-name), its type and help
+_TRAINING_OPTIONS = (
+    ("epochs", nonneg_int, "most epochs (sets the cosine schedule)"),
+    ("patience", nonneg_int, "stop once test top-1 has not risen for this many epochs (0: train all --epochs)"),
+    ("batch_size", positive_int, "sequences per step"),
+    ("lr", finite_float, "peak learning rate (warmup, cosine decay)"),
+    ("uncond_fraction", finite_float, "share of rows from the unconditional (guidance) stream"),
+    ("seed", seed_int, None),
+)
+
+
 def build_parser() -> ArgumentParser:
     """The CLI's argument parser (one-line errors, exit status 2)."""
     p = ArgumentParser(
@@ -497,22 +508,8 @@ def build_parser() -> ArgumentParser:
     d.add_argument("--test-size", type=positive_int, default=1000, help="held-out test sequences (default 1000)")
     t = p.add_argument_group("training")
     defaults = TrainConfig()
-    t.add_argument("--epochs", type=nonneg_int, default=defaults.epochs, help="most epochs (sets the cosine schedule)")
-    t.add_argument(
-        "--patience",
-        type=nonneg_int,
-        default=defaults.patience,
-        help="stop once test top-1 has not risen for this many epochs (0: train all --epochs)",
-    )
-    t.add_argument("--batch-size", type=positive_int, default=defaults.batch_size, help="sequences per step")
-    t.add_argument("--lr", type=finite_float, default=defaults.lr, help="peak learning rate (warmup, cosine decay)")
-    t.add_argument(
-        "--uncond-fraction",
-        type=finite_float,
-        default=defaults.uncond_fraction,
-        help="share of rows from the unconditional (guidance) stream",
-    )
-    t.add_argument("--seed", type=seed_int, default=defaults.seed)
+    for field, kind, text in _TRAINING_OPTIONS:
+        t.add_argument("--" + field.replace("_", "-"), type=kind, default=getattr(defaults, field), help=text)
     o = p.add_argument_group("output")
     o.add_argument("--run-dir", default=None, help="features, checkpoints, tables (default runs/drafter-<model>)")
     add_out_arg(
@@ -535,14 +532,7 @@ def build_parser() -> ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
     args = build_parser().parse_args(argv)
-    config = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        uncond_fraction=args.uncond_fraction,
-        seed=args.seed,
-        patience=args.patience,
-    )
+    config = TrainConfig(**{field: getattr(args, field) for field, _, _ in _TRAINING_OPTIONS})
     sampling_from_args(args, get_spec(args.model).kind)  # validates --cfg/--temperature/--top-k/--top-p
     check_spec_options(args.model, args.weights, classes=parse_classes(args.classes))  # before any weights
     check_image_size(args.model, args.image_size)

@@ -93,26 +93,21 @@ STEP_COLUMNS = (
     "batch_step",
     "active",
 )
+# a draft's verdict columns and the target / drafter summaries at its position, shared by the
+# draft rows (DRAFT_COLUMNS) and a chain's host values (CHAIN_VALUES)
+_VERDICT = ("p_draft", "q_draft", "p_tilde", "j_star", "spent", "accept_prob", "u", "accepted")
+_SUMMARIES = ("p_top1", "p_entropy", "q_top1")
 DRAFT_COLUMNS = (
     "image",
     "step",
     "draft_index",
     "position",
     "token",
-    "p_draft",
-    "q_draft",
-    "p_tilde",
-    "j_star",
-    "spent",
-    "accept_prob",
-    "u",
-    "accepted",
+    *_VERDICT,
     "reached",
     "committed",
     "out_of_support",
-    "p_top1",
-    "p_entropy",
-    "q_top1",
+    *_SUMMARIES,
     "node",
     "parent",
     "depth",
@@ -138,19 +133,7 @@ IMAGE_COLUMNS = (
 NEXT_KINDS = ("target", "bonus", "residual")  # how the token sampled by a verification forward was drawn
 SECTIONS = ("target", "drafter", "acceptance", "proximity")  # timed sections of a step (seconds)
 # the per-draft value columns a chain (or a Jacobi window) brings, (k, width) host arrays
-CHAIN_VALUES = (
-    "p_draft",
-    "q_draft",
-    "p_tilde",
-    "j_star",
-    "spent",
-    "accept_prob",
-    "u",
-    "accepted",
-    "p_top1",
-    "p_entropy",
-    "q_top1",
-)
+CHAIN_VALUES = (*_VERDICT, *_SUMMARIES)
 
 
 def chain_rows(host: dict, images, steps, n, g, a) -> Optional[dict]:
@@ -332,7 +315,7 @@ class Decoded:
         for j, image in enumerate(np.asarray(self.images["image"])):
             pick = lambda tab, image=image: {
                 c: np.asarray(v)[np.asarray(tab["image"]) == image] for c, v in tab.items()
-            }  # noqa: E731
+            }
             out.append(
                 Decoded(
                     self.tokens[j : j + 1],

@@ -104,7 +104,7 @@ def accept(
     B, g = drafts.shape
     rows = torch.arange(B, device=p.device)
     if choose is None or greedy:
-        choose = lambda probs: pick(probs, greedy, generator)  # noqa: E731 - one draw per row
+        choose = lambda probs: pick(probs, greedy, generator)
     if g == 0:
         nxt = choose(p[:, 0])
         return Acceptance(

@@ -32,6 +32,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import read_table
 from ambiguity.runs import RunOptions
 from lantern.drafter.model import accuracy_table_path, shipped_drafter_path
+from lantern.drafter.report import plot_topk_curves
 from lantern.paper import published as P
 from lantern.paper.context import Context
 from lantern.paper.distortion_item import distortion
@@ -54,7 +55,7 @@ from lantern.paper.methods import (
 )
 from lantern.paper.quality_speed import plot_quality_speed
 from lantern.paper.report import Item
-from lantern.paper.sessions import Session, batch_note, pixels, run_session, sampling_for
+from lantern.paper.sessions import Session, pixels, run_session, sampling_for
 from lantern.timing import speedup_curve
 
 __all__ = ["EXPERIMENTS", "TITLES", "plot_f1"]
@@ -101,8 +102,7 @@ def fig2a(ctx: Context) -> Item:
             "values are not published as numbers.",
             "On this toolkit's embedded pair the gap does not appear: 64-token Fashion-MNIST images are "
             "more predictable than natural images (see Fig. 2c).",
-        ]
-        + batch_note(ctx, ctx.config.models),
+        ],
     )
     return Item(
         "fig2a",
@@ -151,15 +151,7 @@ def fig2b(ctx: Context) -> Item:
             axes = np.atleast_1d(axes)
             for ax, model in zip(axes, models):
                 d = acc[acc["model"] == model]
-                for i, k in enumerate((1, 2, 3)):
-                    ax.plot(
-                        d["epoch"],
-                        100 * d[f"top{k}"],
-                        marker="o",
-                        markersize=2.5,
-                        color=plots.color_for(f"top-{k}", i),
-                        label=f"top-{k}",
-                    )
+                plot_topk_curves(ax, d, markersize=2.5)
                 for j, (name, v) in enumerate(P.DRAFTER_TOP1.items()):
                     ax.axhline(100 * v, color="0.5", ls=("--", ":")[j % 2], lw=0.8, label=f"{name} top-1 (paper)")
                 ax.set_title(model, fontsize=8)
@@ -424,7 +416,6 @@ def _table2_notes(ctx: Context, timed: list) -> list[str]:
             "a 'flag' column appears where the speed-up exceeds the tokens per target forward (a slow "
             "baseline loop).",
             *timing_note(ctx, timed),
-            *batch_note(ctx, [ctx.primary]),
             "τ counts the bonus token; the paper writes τ for the temperature, here 'temperature'.",
             f"Published speed-ups are LlamaGen-XL Stage I on a GPU ({P.SOURCES['table2']}); {P.SOURCES['abstract']}.",
             "CLIP score and HPS v2 need captions: not available for a class-conditional model "

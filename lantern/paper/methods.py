@@ -23,7 +23,7 @@ from lantern.engine.decode import DecodeConfig
 from lantern.methods.tree.spec import TreeSpec
 from lantern.paper import published as P
 from lantern.paper.context import Context
-from lantern.paper.sessions import Method, Session, SessionData, quality, run_session, session_batch_size
+from lantern.paper.sessions import Method, Session, SessionData, quality, run_session
 from lantern.quality.scoring import QualityProtocol
 
 __all__ = [
@@ -269,7 +269,7 @@ def timing_note(ctx: Context, sessions: Sequence[tuple[float, int]]) -> list[str
     )
     if int(c.batch_size) == 1:
         return compiled
-    B = session_batch_size(ctx, ctx.primary)[0]
+    B = int(c.batch_size)
     return [
         f"temperature {t:g}: speed-ups from the first {min(c.timing_images, n)} rounds, timed at batch 1, "
         f"interleaved; statistics and quality over {n} images at batch {B}."

@@ -14,10 +14,7 @@ other rounds are decoded per method in batches of B images (:mod:`lantern.engine
 included) and stored as the same round parts without timing rows: statistics, samples and quality
 use every round, speed-ups the timed ones. Untimed rounds go in chunks of 16 batches, method by
 method; each method's decode of a chunk is kept as a ``pending_*`` part until the chunk's round
-parts are written, so an interrupted session loses at most the method it was decoding. A model
-that cannot decode several images per forward (``can_batch_decode`` false, e.g. text-twin)
-decodes its untimed rounds at batch 1
-(:func:`session_batch_size`; the items' notes say so, :func:`batch_note`).
+parts are written, so an interrupted session loses at most the method it was decoding.
 """
 
 from __future__ import annotations
@@ -45,8 +42,6 @@ __all__ = [
     "Session",
     "SessionData",
     "sampling_for",
-    "session_batch_size",
-    "batch_note",
     "run_session",
     "pixels",
     "quality",
@@ -87,31 +82,6 @@ def sampling_for(ctx: Context, model: str, temperature: float) -> SamplingConfig
         return SamplingConfig(guidance=1.0, temperature=temperature)
     c = ctx.config
     return SamplingConfig(guidance=c.guidance, temperature=temperature, top_k=ctx.k(model, c.top_k), top_p=c.top_p)
-
-
-def session_batch_size(ctx: Context, model: str) -> tuple[int, Optional[str]]:
-    """(images per forward of ``model``'s untimed rounds, why it is 1 although ``--batch-size`` > 1,
-    else None): ``--batch-size`` when the model can decode several images per forward
-    (``can_batch_decode``, :func:`lantern.engine.slots.check_batching`), else 1 with the model's reason."""
-    B = int(getattr(ctx.config, "batch_size", 1))
-    m = ctx.model(model)
-    if B == 1 or getattr(m, "can_batch_decode", False):
-        return B, None
-    return 1, getattr(m, "batch_limit", None) or "it cannot decode several images per forward"
-
-
-def batch_note(ctx: Context, models: Sequence[str]) -> list[str]:
-    """One note line per model of ``models`` whose untimed rounds are decoded at batch 1 although
-    ``--batch-size`` > 1 (:func:`session_batch_size`); [] when there is none."""
-    out = []
-    for name in models:
-        b, why = session_batch_size(ctx, name)
-        if why is not None:
-            out.append(
-                f"{name}: rounds after the first {ctx.config.timing_images} decoded at batch 1, not --batch-size "
-                f"{ctx.config.batch_size} (it cannot decode several images per forward: {why})."
-            )
-    return out
 
 
 @dataclass
@@ -279,9 +249,6 @@ def run_session(ctx: Context, session: Session) -> Optional[SessionData]:
 
     B = int(getattr(ctx.config, "batch_size", 1))
     timed = mine if B == 1 else [r for r in mine if r < ctx.config.timing_images]
-    if B > 1 and any(not hasattr(d, "forward_slots") for d in drafters.values()):
-        B = 1  # a drafter that cannot run several images per forward (lantern.engine.slots.check_batching)
-    B = min(B, session_batch_size(ctx, session.model)[0])  # e.g. text-twin: its untimed rounds one by one
     tables = neighbour_tables(model, configs, progress=ctx.bars) if mine else {}
     if timed:
         interleaved_timing(

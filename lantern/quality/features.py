@@ -329,18 +329,9 @@ def _clip(path: Path, device) -> Extractor:
         out = model.get_image_features(pixel_values=x)
         return getattr(out, "pooler_output", out)
 
-    return Extractor(
-        "clip",
-        int(model.config.projection_dim),
-        size,
-        3,
-        "bicubic",
-        forward,
-        CLIP_MEAN,
-        CLIP_STD,
-        device=torch.device(device),
-        info={"network": f"CLIP image embedding ({path.name})"},
-    )
+    network = f"CLIP image embedding ({path.name})"
+    dim = int(model.config.projection_dim)
+    return _vision_extractor("clip", dim, size, forward, CLIP_MEAN, CLIP_STD, device, network)
 
 
 def _dinov2(path: Path, device) -> Extractor:
@@ -353,17 +344,18 @@ def _dinov2(path: Path, device) -> Extractor:
     def forward(x):
         return model(pixel_values=x).pooler_output
 
+    network = f"DINOv2 CLS token after the final norm ({path.name})"
+    dim = int(model.config.hidden_size)
+    return _vision_extractor("dinov2", dim, size, forward, IMAGENET_MEAN, IMAGENET_STD, device, network)
+
+
+def _vision_extractor(
+    name: str, dim: int, size: int, forward, mean: tuple, std: tuple, device, network: str
+) -> Extractor:
+    """The extractor of a transformers vision model: RGB input resized (bicubic) to size x size,
+    normalised by mean / std, ``forward`` giving (N, dim) features; ``network`` is its record."""
     return Extractor(
-        "dinov2",
-        int(model.config.hidden_size),
-        size,
-        3,
-        "bicubic",
-        forward,
-        IMAGENET_MEAN,
-        IMAGENET_STD,
-        device=torch.device(device),
-        info={"network": f"DINOv2 CLS token after the final norm ({path.name})"},
+        name, dim, size, 3, "bicubic", forward, mean, std, device=torch.device(device), info={"network": network}
     )
 
 

@@ -61,7 +61,7 @@ def group_masses(
     order = torch.sort(p, dim=-1, stable=True).indices  # ascending
     ps, qs = p.gather(-1, order), q.gather(-1, order)
     h = group // 2
-    pad = lambda t, v: torch.nn.functional.pad(t, (h, group - h - 1), value=v)  # noqa: E731
+    pad = lambda t, v: torch.nn.functional.pad(t, (h, group - h - 1), value=v)
     win_p = pad(ps, float("nan")).unfold(-1, group, 1)  # (..., V, group): ranks r-h .. r-h+group-1
     win_q = pad(qs, 0.0).unfold(-1, group, 1)
     keep = ~torch.isnan(win_p) & ((torch.nan_to_num(win_p, nan=2.0) - ps.unsqueeze(-1)).abs() < prob_gap)
@@ -75,7 +75,7 @@ def group_masses(
     pg = (torch.nan_to_num(win_p, nan=0.0) * keep).sum(-1)
     qg = (win_q * keep).sum(-1)
     count = keep.sum(-1)
-    back = lambda t: torch.empty_like(t).scatter_(-1, order, t)  # noqa: E731 - rank order -> vocabulary order
+    back = lambda t: torch.empty_like(t).scatter_(-1, order, t)  # rank order -> vocabulary order
     return back(pg), back(qg), back(count)
 
 

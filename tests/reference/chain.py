@@ -173,7 +173,7 @@ def accept(
     B, g = drafts.shape
     rows = torch.arange(B, device=p.device)
     if choose is None or greedy:
-        choose = lambda probs: pick(probs, greedy, generator)  # noqa: E731 - one draw per row
+        choose = lambda probs: pick(probs, greedy, generator)  # one draw per row
     if g == 0:
         nxt = choose(p[:, 0])
         return Acceptance(
@@ -256,7 +256,7 @@ def speculative_decode(
         x0 = pick(target_distribution(first.logits[:, -1], sampling, guided, rule.convention), greedy, generator)
     tokens = torch.empty(1, N, dtype=torch.long, device=model.device)
     tokens[:, 0] = x0
-    row_tokens = lambda a, b: expand_rows(tokens[:, a:b], guided)  # noqa: E731 - per-row view of tokens a..b-1
+    row_tokens = lambda a, b: expand_rows(tokens[:, a:b], guided)  # per-row view of tokens a..b-1
     feats = first.hidden.new_empty(prompt.rows, N, first.hidden.shape[-1])  # feats[:, i] = h_{i-1}
     feats[:, 0] = first.hidden[:, -1]
     dcache = drafter.new_cache(prompt.rows)

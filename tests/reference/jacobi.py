@@ -234,7 +234,7 @@ class _Image:
         right up to the first rejection; commit the accepted prefix and the next token (residual or
         bonus); sample the next drafts. Returns the accepted length a."""
         n, g, w, V, draws, greedy = self.n, self.g, self.window, self.V, self.draws, self.greedy
-        q_of = lambda j: w.q[j] if w.q[j] is not None else _point(V, w.tokens[j], p)  # noqa: E731
+        q_of = lambda j: w.q[j] if w.q[j] is not None else _point(V, w.tokens[j], p)
         cols, a = [], g
         for j in range(g):  # verify left to right; stop at the first rejection
             q = q_of(j)
@@ -369,7 +369,7 @@ def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> d
     the first rejection were not judged (NaN verdict columns, ``accepted`` False)."""
     g = p.shape[0]
     nan = float("nan")
-    pad = lambda key, fill: [c[key] for c in cols] + [fill] * (g - len(cols))  # noqa: E731
+    pad = lambda key, fill: [c[key] for c in cols] + [fill] * (g - len(cols))
     qs = window.q[:g]  # None: a point mass (an initialised draft)
     q_top1 = torch.tensor([float(q.max()) if q is not None else 1.0 for q in qs], dtype=torch.float64)
     toks = torch.tensor(window.tokens[:g], dtype=torch.long)
@@ -377,7 +377,7 @@ def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> d
         [float(q[t]) if q is not None else 1.0 for q, t in zip(qs, window.tokens[:g])], dtype=torch.float64
     )
     p_cpu = p.detach().double().cpu()
-    f = lambda key: torch.tensor(pad(key, nan), dtype=torch.float64)  # noqa: E731
+    f = lambda key: torch.tensor(pad(key, nan), dtype=torch.float64)
     return dict(
         token=toks,
         p_draft=p_cpu.gather(-1, toks[:, None])[:, 0],

@@ -242,7 +242,7 @@ def tree_decode(
     N = int(num_tokens or model.num_tokens)
     guided, greedy, conv = prompt.guided, sampling.greedy, rule.convention
     draws = draws or GeneratorDraws(generator, model.device)
-    q_of = lambda logits: target_distribution(logits, sampling, guided, conv)[0]  # noqa: E731 - (rows, F, V) -> (F, V)
+    q_of = lambda logits: target_distribution(logits, sampling, guided, conv)[0]  # (rows, F, V) -> (F, V)
     timer, log = Timer(model.device), StepLog(image)
     t_start = time.perf_counter()
     with timer("target"):

@@ -100,74 +100,35 @@ def walk_trees(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor,
     if st.sampling.greedy and st.convention == "official":
         return walk_official_greedy(st, trees, p, anc, active, drafting)
     dev, (B, T, _) = st.device, p.shape
-    greedy, rule, table = st.sampling.greedy, st.rule, st.table
+    greedy = st.sampling.greedy
     rows = torch.arange(B, device=dev)
-    nodes = trees.nodes
-    kid = torch.full((B, T * (T + 1)), -1, dtype=torch.long, device=dev)  # [b, u (T + 1) + r]: child r of u
-    kid.scatter_(
-        1, trees.parent * (T + 1) + torch.where(nodes, trees.rank, T), torch.arange(T, device=dev).expand(B, T)
-    )
-    kid[:, T :: T + 1] = -1  # the padding's column
+    kid = _child_table(trees)
     cur, r = rows.new_zeros(B), rows.new_zeros(B)
     walking = torch.as_tensor(active, device=dev)
     rejected = torch.zeros(B, dtype=torch.bool, device=dev)
     target = p[:, 0]
-    sampled = trees.sampled and not greedy
-    left = trees.q[:, 0].double() if sampled else None
+    left = trees.q[:, 0].double() if trees.sampled and not greedy else None
     path = rows.new_zeros(B, trees.depth_max + 1)
     m, nxt, kind = rows.new_zeros(B), rows.new_zeros(B), rows.new_zeros(B)
     trials, judged = [], []  # per round: (B, 8) trial values and (B,) the column each image judged
-    scripted = [b for b, d in enumerate(st.streams.scripted) if d is not None]
-    below_one = float(np.nextafter(1.0, 0.0))
-    one = torch.ones(B, dtype=torch.float64, device=dev)
     walking_h = np.asarray(active, dtype=bool)
     while walking_h.any():
         c = kid.gather(1, (cur * (T + 1) + r)[:, None])[:, 0]
         has = walking & (c >= 0)
         cc = c.clamp(min=0)
         x = trees.tokens.gather(1, cc[:, None])[:, 0]
-        with st.timer("proximity"):
-            prox = proximity(target, x, table, rule)
-        q_cond = None
-        if greedy:
-            ok = judge_greedy(target, x, table, rule, False, prox).accepted & has
-            qx, prob, u, u_rec = one, ok.double(), None, torch.full_like(one, float("nan"))
-        else:
-            u = st.streams.each(walking_h)  # one draw per walking image: a coin, or its next token
-            if left is not None:
-                q_cond = (left / left.sum(-1, keepdim=True)).to(p.dtype)
-                qx = q_cond.gather(1, x[:, None])[:, 0].double()
-            else:
-                qx = one
-            pt = prox[1].double()
-            prob = torch.where(qx > 0, (pt / torch.where(qx > 0, qx, one)).clamp(max=1.0), (pt > 0).double())
-            u_rec = u.clone()
-            if scripted:  # a scripted image's coin: its Draws decides (exact enumeration in tests)
-                has_h, prob_h = has.cpu().numpy(), prob.cpu().numpy()
-                for b in scripted:
-                    if has_h[b]:
-                        d = st.streams.scripted[b]
-                        u[b] = 0.0 if d.coin(float(prob_h[b])) else below_one
-                        u_rec[b] = getattr(d, "last_u", float("nan"))
-            ok = has & (u < prob)
+        ok, u, q_cond, trial = _judge_round(st, target, x, has, walking_h, left, p.dtype)
         bad = has & ~ok
-        trial = (prox[1].double(), prox[3].double(), qx, prob, u_rec, prox[2].double(), ok.double(), has.double())
-        trials.append(torch.stack(trial, 1))
+        trials.append(trial)
         judged.append(torch.where(has, c, T))  # the column judged this round (T: none)
         if not greedy:
-            target = torch.where(bad[:, None], residual(target, q_cond, x, table, rule, validate=False), target)
+            target = torch.where(bad[:, None], residual(target, q_cond, x, st.table, st.rule, validate=False), target)
             if left is not None:
                 left = torch.where(bad[:, None], left.scatter(1, x[:, None], 0.0), left)
         done = walking & ~has
         done_h = done.cpu().numpy()  # the round's host read: who stops walking (and draws its next token)
         if done_h.any():  # the next token of the images that stop, from their current target (rows alone)
-            stop = np.flatnonzero(done_h)
-            at = torch.as_tensor(stop, device=dev)
-            token = target[at].argmax(-1) if greedy else invert(target[at], u[at])
-            if scripted and not greedy:
-                for i, b in enumerate(stop):
-                    if st.streams.scripted[b] is not None:
-                        token[i] = st.streams.scripted[b].categorical(target[b])
+            at, token = _stop_tokens(st, target, u, np.flatnonzero(done_h))
             nxt = nxt.index_put((at,), token)
             kind = kind.index_put((at,), 1 + rejected[at].long())  # NEXT_KINDS: bonus, residual
         m = m + ok.long()
@@ -181,6 +142,89 @@ def walk_trees(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor,
         walking = walking & ~done
         walking_h = walking_h & ~done_h  # who walks on (and draws)
     kind = torch.where(torch.as_tensor(drafting, device=dev), kind, 0)  # one token left: a target step
+    return dict(m=m, path=path, next=nxt, kind=kind, **_trial_records(trials, judged, B, T, dev))
+
+
+def _child_table(trees: Trees) -> torch.Tensor:
+    """(B, T (T + 1)) int64: ``[b, u (T + 1) + r]`` is the column of child r of column u in row b
+    (the child of rank r among u's children), -1 where u has no such child (and for the padding)."""
+    (B, T), dev = trees.tokens.shape, trees.tokens.device
+    kid = torch.full((B, T * (T + 1)), -1, dtype=torch.long, device=dev)
+    kid.scatter_(
+        1, trees.parent * (T + 1) + torch.where(trees.nodes, trees.rank, T), torch.arange(T, device=dev).expand(B, T)
+    )
+    kid[:, T :: T + 1] = -1  # the padding's column
+    return kid
+
+
+def _judge_round(
+    st: BatchState, target: torch.Tensor, x: torch.Tensor, has: torch.Tensor, walking_h: np.ndarray, left, dtype
+) -> tuple:
+    """One round's trials: every image with a child left (has, (B,) bool) judges its draft x (B,)
+    int64 against its target (B, V). Greedy: :func:`~lantern.rules.acceptance.judge_greedy`;
+    sampling: one uniform per walking image (walking_h, host bool) from its own stream and the
+    coin ``u < min(1, p̃/q)``, q the conditional drafter mass not yet drawn (left, (B, V) float64,
+    for sampled static trees; None: 1), a scripted image's coin from its Draws.
+
+    Returns ok (B,) bool, u ((B,) float64 or None when greedy), q_cond ((B, V) in ``dtype`` or
+    None) and the round's (B, 8) float64 trial values (:data:`TRIALS`, then j_star, ok, has)."""
+    one = torch.ones(len(x), dtype=torch.float64, device=x.device)
+    with st.timer("proximity"):
+        prox = proximity(target, x, st.table, st.rule)
+    q_cond = None
+    if st.sampling.greedy:
+        ok = judge_greedy(target, x, st.table, st.rule, False, prox).accepted & has
+        qx, prob, u, u_rec = one, ok.double(), None, torch.full_like(one, float("nan"))
+    else:
+        u = st.streams.each(walking_h)  # one draw per walking image: a coin, or its next token
+        if left is not None:
+            q_cond = (left / left.sum(-1, keepdim=True)).to(dtype)
+            qx = q_cond.gather(1, x[:, None])[:, 0].double()
+        else:
+            qx = one
+        pt = prox[1].double()
+        prob = torch.where(qx > 0, (pt / torch.where(qx > 0, qx, one)).clamp(max=1.0), (pt > 0).double())
+        u_rec = _scripted_coins(st, has, prob, u)
+        ok = has & (u < prob)
+    trial = (prox[1].double(), prox[3].double(), qx, prob, u_rec, prox[2].double(), ok.double(), has.double())
+    return ok, u, q_cond, torch.stack(trial, 1)
+
+
+def _scripted_coins(st: BatchState, has: torch.Tensor, prob: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """A scripted image's coin (exact enumeration in tests): its Draws decides, written into u
+    (0 to accept, the float below 1 to reject). Returns the (B,) float64 uniforms to record
+    (a scripted image's ``last_u``; the others' u)."""
+    u_rec = u.clone()
+    scripted = [b for b, d in enumerate(st.streams.scripted) if d is not None]
+    if scripted:
+        below_one = float(np.nextafter(1.0, 0.0))
+        has_h, prob_h = has.cpu().numpy(), prob.cpu().numpy()
+        for b in scripted:
+            if has_h[b]:
+                d = st.streams.scripted[b]
+                u[b] = 0.0 if d.coin(float(prob_h[b])) else below_one
+                u_rec[b] = getattr(d, "last_u", float("nan"))
+    return u_rec
+
+
+def _stop_tokens(st: BatchState, target: torch.Tensor, u, stop: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token of the images that stop walking (stop: host int64 rows), from their current
+    target (B, V): its argmax when greedy, else its inverse CDF at the round's uniform u (B,) (a
+    scripted image: its Draws' categorical). Returns the rows on the device and their int64 tokens."""
+    at = torch.as_tensor(stop, device=target.device)
+    if st.sampling.greedy:
+        return at, target[at].argmax(-1)
+    token = invert(target[at], u[at])
+    for i, b in enumerate(stop):
+        if st.streams.scripted[b] is not None:
+            token[i] = st.streams.scripted[b].categorical(target[b])
+    return at, token
+
+
+def _trial_records(trials: list, judged: list, B: int, T: int, dev) -> dict:
+    """The per-column (B, T) trial records from the rounds' (B, 8) trial values and judged columns
+    (T: none that round): :data:`TRIALS` float64 (NaN where not judged), j_star int64, accepted
+    and reached bool."""
     nan = float("nan")
     book = torch.tensor([nan] * len(TRIALS) + [0.0, 0.0, 0.0], dtype=torch.float64, device=dev)
     book = book.expand(B, T + 1, -1).clone()  # (B, T + 1, 8); column T takes the rounds without a trial
@@ -188,7 +232,7 @@ def walk_trees(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor,
         book.scatter_(1, torch.stack(judged, 1)[..., None].expand(-1, -1, 8), torch.stack(trials, 1))
     rec = {c: book[:, :T, i] for i, c in enumerate(TRIALS)}
     rec.update(j_star=book[:, :T, 5].long(), accepted=book[:, :T, 6] > 0, reached=book[:, :T, 7] > 0)
-    return dict(m=m, path=path, next=nxt, kind=kind, **rec)
+    return rec
 
 
 def walk_official_greedy(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor, active, drafting) -> dict:
