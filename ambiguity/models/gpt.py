@@ -318,7 +318,7 @@ class Attention(nn.Module):
         """x (R, T, dim). slots: (R, T) int64 cache positions each row writes its T keys/values to
         (batched decoding, in place); the keys are then the first ``span`` cache positions
         (default ``mask.shape[-1]``) and ``mask`` (R, 1, T, span) bool says which each query sees
-        (None with T = 1: all of them). Without slots the T entries are written at ``cache.length``."""
+        (None with T = 1: all of them, every row writing slot ``span - 1``). Without slots the T entries are written at ``cache.length``."""
         config = self.config
         R, T, _ = x.shape
         kv = config.kv_heads * config.head_dim
@@ -327,10 +327,14 @@ class Attention(nn.Module):
         k = apply_rope(k.view(R, T, config.kv_heads, config.head_dim), rope).transpose(1, 2)
         v = v.view(R, T, config.kv_heads, config.head_dim).transpose(1, 2)
         if slots is not None:
-            span = mask.shape[-1] if mask is not None else span
-            at = slot_index(layer, slots, config.kv_heads)
-            cache.k.index_put_(at, k.transpose(1, 2))  # (R, T, kv_heads, head_dim) into each row's slots
-            cache.v.index_put_(at, v.transpose(1, 2))
+            if mask is None and not torch.compiler.is_compiling():  # every row writes slot span - 1: a slice
+                cache.k[layer, :, :, span - 1 : span] = k
+                cache.v[layer, :, :, span - 1 : span] = v
+            else:
+                span = mask.shape[-1] if mask is not None else span
+                at = slot_index(layer, slots, config.kv_heads)
+                cache.k.index_put_(at, k.transpose(1, 2))  # (R, T, kv_heads, head_dim) into each row's slots
+                cache.v.index_put_(at, v.transpose(1, 2))
             k = cache.k[layer, :, :, :span]
             v = cache.v[layer, :, :, :span]
         elif cache is not None:
