@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import importlib
 
+from ambiguity.openmp import passive_wait_for_commands
+
+passive_wait_for_commands()  # python -m <command> only: OpenMP waits passively on a shared CPU
+
 # public name -> the module that defines it
 _API = {
     "AcceptanceRule": "lantern.rules.acceptance",

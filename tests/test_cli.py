@@ -1,5 +1,6 @@
 """Shared command-line plumbing (ambiguity.cli) and the package entry points."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +195,19 @@ def test_evaluate_nearest_k_and_device_defaults():
     p = build_parser()
     assert p.parse_args(["r"]).k == 3 and p.parse_args(["r"]).device == "auto"
     assert p.parse_args(["r", "--nearest-k", "5"]).k == 5
+
+
+@pytest.mark.parametrize("package", ["ambiguity", "lantern"])
+def test_importing_the_library_sets_no_environment_variable_but_a_command_launch_waits_passively(package):
+    """A plain import leaves OMP_WAIT_POLICY alone; while ``python -m <package>.<command>`` is being
+    located (sys.argv[0] == "-m") the face sets it to PASSIVE unless it is set."""
+    show = f"import os, sys; {{}}import {package}; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+
+    def run(code, **extra):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env={**env, **extra})
+        return r.stdout.strip()
+
+    assert run(show.format("")) == "None"
+    assert run(show.format("sys.argv[0] = '-m'; ")) == "PASSIVE"
+    assert run(show.format("sys.argv[0] = '-m'; "), OMP_WAIT_POLICY="ACTIVE") == "ACTIVE"
