@@ -318,7 +318,8 @@ class Attention(nn.Module):
         """x (R, T, dim). slots: (R, T) int64 cache positions each row writes its T keys/values to
         (batched decoding, in place); the keys are then the first ``span`` cache positions
         (default ``mask.shape[-1]``) and ``mask`` (R, 1, T, span) bool says which each query sees
-        (None with T = 1: all of them, every row writing slot ``span - 1``). Without slots the T entries are written at ``cache.length``."""
+        (None with T = 1: all of them, every row writing slot ``span - 1``). Without slots the T
+        entries are written at ``cache.length``."""
         config = self.config
         R, T, _ = x.shape
         kv = config.kv_heads * config.head_dim
