@@ -1,21 +1,18 @@
-"""The slots of batched decoding: which image each holds, its random stream, the shared state.
+"""The engine's slots: which image each holds, its random stream, the batch state, the verify forward.
 
-A batched decoder keeps ``B`` *slots* (two model rows each with guidance: ``[conditional slots,
-unconditional slots]``, the layout of :class:`ambiguity.models.base.Prompt`); each holds one
-image at its own position. Continuous batching (:class:`Slots` and its free functions): the
-first ``B`` conditions are admitted into the slots (:func:`admit`, prefilled by
-:func:`prefill_admitted`); a finished image leaves its slot (:func:`release`) and the next
-condition is admitted into it, so one slow image never holds the others; once no condition is
-left and at most half the slots are busy, the empty slots are dropped from the caches
-(:func:`drain`: one copy), so a draining batch does not compute them. :func:`verify_chains` is
-the target forward over every slot's last token and chain (drafts or a Jacobi window). Both batched decoders use
-it: AR / chains / draft trees (:func:`lantern.engine.loop.run`) and the Jacobi methods
-(:func:`lantern.methods.jacobi.method.Jacobi`).
-
-Chains and draft trees also share: :class:`Streams` (image ``i`` draws from its own generator
-:func:`ambiguity.seeding.image_generator` ``(seed, i)``, whatever its slot),
-:class:`BatchState` (models, caches, token and feature buffers) and :func:`pending_features`
-(the drafter over every slot's pending positions).
+The engine (:func:`lantern.engine.loop.run`) keeps ``B`` *slots* (two model rows each with
+guidance: ``[conditional slots, unconditional slots]``, the layout of
+:class:`ambiguity.models.base.Prompt`); each holds one image at its own position. Continuous
+batching (:class:`Slots` and its free functions): the first ``B`` conditions are admitted into the
+slots (:func:`admit`, prefilled by :func:`prefill_admitted`); a finished image leaves its slot
+(:func:`release`) and the next condition is admitted into it, so one slow image never holds the
+others; once no condition is left and at most half the slots are busy, the empty slots are dropped
+from the caches (:func:`drain`: one copy), so a draining batch does not compute them.
+:func:`verify_chains` is the target forward over every slot's last token and chain (drafts or a
+Jacobi window). :class:`Streams` gives image ``i`` its own generator
+:func:`ambiguity.seeding.image_generator` ``(seed, i)`` whatever its slot (or a scripted
+:class:`Draws` for exact enumeration); :class:`BatchState` holds the models, caches, token and
+feature buffers and the per-slot positions every method's round reads and writes.
 """
 
 from __future__ import annotations
@@ -376,10 +373,6 @@ class BatchState:
             self.feats = self.feats[rows]
         self.n, self.d, self.step, self.image = self.n[live], self.d[live], self.step[live], self.image[live]
         self.streams.keep(live)
-
-    def on_rows(self, x) -> torch.Tensor:
-        """A per-slot host array (B, ...) as a tensor on the device, one row per model row (R, ...)."""
-        return expand_rows(torch.as_tensor(x, device=self.device), self.guided)
 
     def target(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits (R, ..., V) -> the sampling distribution (B, ..., V) (guidance, temperature, top-k/top-p)."""
