@@ -2,9 +2,9 @@
 
 A flag given for a method or ``--tree`` that does not read it is refused in one line (exit 2)
 instead of being silently ignored: :data:`FLAG_METHODS` (dest -> methods) and :data:`FLAG_TREES`
-(dest -> tree kinds) say who reads what, :func:`given_options` finds the flags actually typed
-(default values included) and :func:`check_flags_apply` raises the
-:class:`~ambiguity.errors.UsageError`.
+(dest -> tree kinds) say who reads what, :func:`record_typed` makes the parser record the flags
+actually typed (default values included; no second parse of the command line) and
+:func:`check_flags_apply` raises the :class:`~ambiguity.errors.UsageError`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ambiguity.errors import UsageError
 from lantern.methods.jacobi.config import JACOBI_METHODS
 from lantern.rules.acceptance import BOUNDS, RULES
 
-__all__ = ["RELAXED", "FLAG_METHODS", "FLAG_TREES", "tree_kind", "given_options", "check_flags_apply"]
+__all__ = ["RELAXED", "FLAG_METHODS", "FLAG_TREES", "tree_kind", "record_typed", "check_flags_apply"]
 
 
 # the decoding options each method reads (dest -> methods); one given for another method is refused.
@@ -41,13 +41,21 @@ def tree_kind(tree: str) -> str:
     return tree if tree in ("chain", "dynamic") else "static"
 
 
-def given_options(parser: argparse.ArgumentParser, argv: Optional[list[str]]) -> set[str]:
-    """The dests of the options on the command line ``argv`` (None: ``sys.argv[1:]``), given at
-    their default value or not: a second parse of ``argv`` with every default suppressed.
-    ``parser`` is changed (use a fresh one)."""
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(argv)))
+class _Typed(argparse._StoreAction):
+    """``store`` that also records its dest in the namespace's ``typed`` set: the flags the user
+    actually typed, at their default value or not (:func:`record_typed`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        namespace.typed = getattr(namespace, "typed", set()) | {self.dest}
+
+
+def record_typed(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make every value option added to ``parser`` from now on record itself in ``args.typed`` when
+    typed (no second parse of the command line). Call before adding the options; returns ``parser``."""
+    parser.register("action", None, _Typed)
+    parser.register("action", "store", _Typed)
+    return parser
 
 
 def check_flags_apply(method: str, given: set[str], tree: str = "chain", k: Optional[int] = None) -> None:

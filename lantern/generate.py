@@ -63,7 +63,7 @@ from ambiguity.models.registry import check_compile, check_spec_options, get_spe
 from ambiguity.neighbourhood import MATRICES
 from ambiguity.runs import RunDir, RunOptions, assemble_units, file_sha256, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
-from lantern.cli_flags import check_flags_apply, given_options
+from lantern.cli_flags import check_flags_apply, record_typed
 from lantern.drafter.model import DraftModel, drafter_digest, load_drafter
 from lantern.engine.decode import (
     DEFAULT_METRIC,
@@ -243,6 +243,7 @@ def build_parser() -> ArgumentParser:
         "Jacobi (sjd, gsd, scd: no drafter) decoding and record every draft token.",
     )
     add_model_args(p, image_size=True)
+    record_typed(p)  # the decoding flags record themselves when typed: check_flags_apply refuses another method's
     add_decoding_args(p)
     add_condition_args(p, num_images=8, batch_size=None)
     p.add_argument(
@@ -612,7 +613,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for a UsageError."""
     args = build_parser().parse_args(argv)
     # cheap checks first: nothing is loaded or written before the settings are known to be valid
-    check_flags_apply(args.method, given_options(build_parser(), argv), args.tree, k=args.k)
+    check_flags_apply(args.method, getattr(args, "typed", set()), args.tree, k=args.k)
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)

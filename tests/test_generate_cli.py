@@ -487,3 +487,14 @@ def test_run_records_its_captions_digest_and_the_grid_is_titled(tiny, tmp_path):
         grid_title(lantern, 16)
         == "lantern k=8 δ=0.3 chain γ=3 — cfg 4, temperature 1, top-k 100, top-p 0.9 — 16 images"
     )
+
+
+def test_the_parser_records_the_flags_typed_even_at_their_default():
+    """``lantern.generate``'s parser records each value option the user typed (``args.typed``), at its
+    default value or not, so ``check_flags_apply`` refuses another method's flag without parsing twice."""
+    from lantern.generate import build_parser
+
+    args = build_parser().parse_args(["--method", "ar", "--gamma", "4", "--num-images", "2"])
+    assert args.gamma == 4 and {"method", "gamma", "num_images"} <= args.typed
+    assert not {"k", "delta", "tree", "window"} & args.typed
+    assert not hasattr(build_parser().parse_args([]), "typed")  # nothing typed: nothing recorded
