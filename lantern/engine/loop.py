@@ -99,7 +99,9 @@ def run(
         seconds = elapsed_since(st.timer, before)
         book.record(st, sl.image_of, live, r, seconds, time.perf_counter() - t0)
         st.n = np.where(active, st.n + r.accepted + 1, st.n)
-        _finish(st, method, sl, book, conds, live[st.n[live] >= N], seed)
+        finished = live[st.n[live] >= N]
+        _finish(st, method, sl, book, finished)
+        _fill(st, method, sl, book, conds, finished, seed)
         _drain(st, method, sl)
     sl.bar.close()
     return book.decoded(method.name, method.depth)
@@ -126,10 +128,16 @@ def _open_state(model: TokenModel, method: Method, B: int, sampling: SamplingCon
 
 def _fill(st: BatchState, method: Method, sl: Slots, book: Book, conds: list, free, seed: int) -> None:
     """Admit the next conditions into the ``free`` slots: prefill, then each image's first token
-    (:meth:`Method.start`); an image of one token is complete at once."""
+    (:meth:`Method.start`); an image of one token is complete at once and its slot takes the next."""
+    while len(free):
+        free = _admit(st, method, sl, book, conds, free, seed)
+
+
+def _admit(st: BatchState, method: Method, sl: Slots, book: Book, conds: list, free, seed: int) -> np.ndarray:
+    """One admission into the ``free`` slots; returns the slots whose images are already complete."""
     take = admit(sl, free)
     if not take:
-        return
+        return np.zeros(0, dtype=np.int64)
     t0, before = time.perf_counter(), st.timer.snapshot()
     first, slots_t, rows = prefill_admitted(st.model, st.cache, sl, take, conds, st.timer)
     slots = [s for s, _ in take]
@@ -145,11 +153,13 @@ def _fill(st: BatchState, method: Method, sl: Slots, book: Book, conds: list, fr
     st.tokens[slots_t, 0] = x0
     st.feats[rows, 0] = first.hidden[:, -1]
     book.admitted([j for _, j in take], elapsed_since(st.timer, before), time.perf_counter() - t0)
-    _finish(st, method, sl, book, conds, np.asarray([s for s in slots if st.n[s] >= st.N], dtype=np.int64), seed)
+    done = np.asarray([s for s in slots if st.n[s] >= st.N], dtype=np.int64)
+    _finish(st, method, sl, book, done)
+    return done
 
 
-def _finish(st: BatchState, method: Method, sl: Slots, book: Book, conds: list, finished: np.ndarray, seed) -> None:
-    """The images of ``finished`` slots are complete: keep their tokens, free the slots, admit the next."""
+def _finish(st: BatchState, method: Method, sl: Slots, book: Book, finished: np.ndarray) -> None:
+    """The images of ``finished`` slots are complete: keep their tokens and free the slots."""
     if not len(finished):
         return
     book.finished(sl.image_of[finished], st.tokens[torch.as_tensor(finished, device=st.device), : st.N])
@@ -159,7 +169,6 @@ def _finish(st: BatchState, method: Method, sl: Slots, book: Book, conds: list, 
         st.streams.free(int(s))
         st.image[s] = -1
     st.n[finished], st.d[finished] = 1, 0
-    _fill(st, method, sl, book, conds, finished, seed)
 
 
 def _drain(st: BatchState, method: Method, sl: Slots) -> None:
