@@ -23,6 +23,7 @@ from ambiguity.seeding import random_control_seed
 
 __all__ = [
     "METRICS",
+    "DEFAULT_METRIC",
     "FAISS_MAX_K",
     "DEFAULT_BLOCK_BYTES",
     "RANDOM_CHUNK",
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 METRICS = ("l2", "l2-normalized", "cosine", "random")
+DEFAULT_METRIC = "l2"  # the official LANTERN code: Euclidean distance between codebook vectors (torch.cdist)
 FAISS_MAX_K = 2048  # faiss GPU selects at most 2048 results per query
 DEFAULT_BLOCK_BYTES = 256 * 2**20
 RANDOM_CHUNK = 256  # rows per seeded chunk of the random control (fixed: results do not depend on memory)

@@ -10,7 +10,7 @@ writes into ``--out`` (a run directory, :mod:`ambiguity.runs`):
 * ``steps.parquet`` (one row per verification step), ``drafts.parquet`` (one row per draft
   token), ``images.parquet`` (one row per image, with its code grid in ``codes``) — the columns
   are documented in :mod:`lantern.engine.records`;
-* ``summary.json`` (settings, model, drafter, and :func:`lantern.engine.records.summarize`), also
+* ``summary.json`` (settings, model, drafter, and :func:`lantern.engine.records.summarize_decode`), also
   printed as a table.
 
 Image ``i`` draws from its own random stream seeded by ``(--seed, i)`` (:mod:`ambiguity.seeding`),
@@ -19,8 +19,8 @@ hold each image's records, checked on resume), ``--num-images`` can be raised la
 and LANTERN runs with the same seed are comparable image by image (:mod:`lantern.replay`).
 A rerun with other settings into the same ``--out`` is refused unless ``--overwrite``. Bad
 parameters (δ < 0, λ < 1, k >= the vocabulary size, γ < 1, a drafter built for another model,
-an unknown method, a flag the method or tree does not read: :data:`~lantern.cli_flags.FLAG_METHODS`,
-:data:`~lantern.cli_flags.FLAG_TREES`; ``--compile`` for an eager-only model, before its weights load) end with one
+an unknown method, an option of another method or draft shape: each method declares its options,
+:data:`lantern.methods.registry.OPTIONS`; ``--compile`` for an eager-only model, before its weights load) end with one
 line on stderr and exit status 2. ``summary.json`` also records ``batch_size`` and ``compile``.
 """
 
@@ -47,8 +47,6 @@ from ambiguity.cli import (
     cli_main,
     default_out,
     device_from_args,
-    finite_float,
-    nonneg_int,
     positive_int,
     sampling_from_args,
 )
@@ -56,17 +54,13 @@ from ambiguity.conditions import generation_conditions, parse_classes
 from ambiguity.distributed import shard_from_args
 from ambiguity.errors import UsageError
 from ambiguity.io import abspath, atomic_path, write_json, write_table
-from ambiguity.knn import METRICS
 from ambiguity.memory import check_run_size
 from ambiguity.models.base import TokenModel
 from ambiguity.models.registry import check_compile, check_spec_options, get_spec, load_model
-from ambiguity.neighbourhood import MATRICES
 from ambiguity.runs import RunDir, RunOptions, assemble_units, file_sha256, read_units, shard_units
 from ambiguity.sampling import SamplingConfig
-from lantern.cli_flags import check_flags_apply, record_typed
 from lantern.drafter.model import DraftModel, drafter_digest, load_drafter
 from lantern.engine.decode import (
-    DEFAULT_METRIC,
     METHODS,
     DecodeConfig,
     check_depth,
@@ -74,11 +68,12 @@ from lantern.engine.decode import (
     decode,
     neighbour_table,
 )
+from lantern.engine.options import add_method_options, check_method_options
 from lantern.engine.records import Decoded, summarize_decode, summary_table
 from lantern.engine.slots import check_batching
-from lantern.methods.jacobi.config import COUPLINGS, INITS, JacobiConfig, check_jacobi
-from lantern.methods.tree.spec import STATIC_TREES, TreeSpec, parse_tree
-from lantern.rules.acceptance import CONVENTIONS, AcceptanceRule
+from lantern.methods.jacobi.config import check_jacobi
+from lantern.methods.registry import OPTIONS
+from lantern.methods.tree.spec import parse_tree
 from lantern.run_reader import drafting_shape, run_label
 
 __all__ = ["build_parser", "main", "run_generate", "decode_config_from_args", "COMMAND", "OUTPUTS"]
@@ -87,127 +82,20 @@ COMMAND = "python -m lantern.generate"
 MERGE = "lantern.generate:merge_run"
 OUTPUTS = ("steps.parquet", "drafts.parquet", "images.parquet", "summary.json", "grid.png", "grid.pdf", "images")
 COMPILE_NOTE = "compiled (--compile): the first images' seconds include the compilation"
-_RULE = AcceptanceRule()  # the rule's defaults are the command's defaults
 
 
 def add_decoding_args(p) -> None:
-    """``--method --gamma --k --delta --lam --metric --matrix --convention --drafter``."""
+    """``--method``, ``--drafter`` and every method's own options, one group per method family
+    (:data:`lantern.methods.registry.OPTIONS`; another method's option is refused by
+    :func:`~lantern.engine.options.check_method_options`)."""
     p.add_argument("--method", default="lantern", choices=METHODS, help="decoding method (default: lantern)")
-    p.add_argument(
-        "--gamma", type=positive_int, default=4, help="draft tokens per verification step of a chain, >= 1 (default: 4)"
-    )
-    p.add_argument(
-        "--tree",
-        default="chain",
-        metavar="SHAPE",
-        help=f"chain (γ drafts), dynamic (EAGLE-2), a static EAGLE-1 tree ({', '.join(STATIC_TREES)}) or "
-        f"a .json list of child-rank paths (default: chain)",
-    )
-    _TREE = TreeSpec()
-    p.add_argument(
-        "--total-tokens",
-        type=positive_int,
-        default=_TREE.total_tokens,
-        help=f"dynamic tree: nodes incl. the root (official {_TREE.total_tokens})",
-    )
-    p.add_argument(
-        "--depth",
-        type=positive_int,
-        default=_TREE.depth,
-        help=f"dynamic tree: expansion rounds; the deepest draft is depth + 1 (official {_TREE.depth})",
-    )
-    p.add_argument(
-        "--tree-top-k",
-        type=positive_int,
-        default=_TREE.top_k,
-        help=f"dynamic tree: children per node and beam width (official {_TREE.top_k})",
-    )
-    p.add_argument(
-        "--k",
-        type=nonneg_int,
-        default=_RULE.k,
-        help=f"latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = plain SD (then --metric and "
-        f"--matrix are refused) (default: {_RULE.k})",
-    )
-    p.add_argument(
-        "--delta",
-        type=finite_float,
-        default=_RULE.delta,
-        help=f"bound δ: TVD (lantern) or JSD in nats (lantern-jsd), in [0, 1] (default: {_RULE.delta:g})",
-    )
-    p.add_argument(
-        "--lam",
-        type=finite_float,
-        default=_RULE.lam,
-        help=f"relative bound λ >= 1 of lantern++ (default: {_RULE.lam:g})",
-    )
-    p.add_argument(
-        "--metric",
-        default=DEFAULT_METRIC,
-        choices=METRICS,
-        help="latent distance on the VQ codebook (default: l2, as the official LANTERN code)",
-    )
-    p.add_argument(
-        "--matrix",
-        default="codebook",
-        choices=MATRICES,
-        help="rows the distance is measured on: codebook (as the quantiser compares codes), "
-        "codebook-raw (the stored weights, as the official code for LlamaGen) (default: codebook)",
-    )
-    p.add_argument(
-        "--convention",
-        dest="convention",
-        default="exact",
-        choices=CONVENTIONS,
-        help="exact: lossless at δ = 0 (residual norm(max(p-q,0)), recursive over tree siblings); "
-        "official: what the official LANTERN code does (its residuals, greedy test and filter "
-        "order) (default: exact)",
-    )
     p.add_argument(
         "--drafter",
         default=None,
         metavar="FILE",
         help="drafter .safetensors (default: lantern/weights/<model>_drafter)",
     )
-    add_jacobi_args(p)
-
-
-def add_jacobi_args(p) -> None:
-    """SJD / GSD / SCD knobs (lantern.methods.jacobi.method; official defaults, no drafter)."""
-    _J = JacobiConfig()
-    p.add_argument(
-        "--window",
-        type=int,
-        default=None,
-        help="sjd/gsd/scd: tokens per Jacobi forward, 1 <= L <= tokens per image "
-        "(official 16 for sjd, gsd; 32 for scd)",
-    )
-    p.add_argument(
-        "--jacobi-init",
-        default=_J.init,
-        choices=INITS,
-        help="sjd/gsd/scd: new window positions (official: random for Lumina-mGPT)",
-    )
-    p.add_argument("--gsd-group", type=int, default=_J.group, help=f"gsd: ranks in a group, 1..V (official {_J.group})")
-    p.add_argument(
-        "--gsd-prob-gap",
-        type=finite_float,
-        default=_J.prob_gap,
-        help=f"gsd: keep group members with |p(y) - p(x)| below this (official {_J.prob_gap:g})",
-    )
-    p.add_argument(
-        "--gsd-distance",
-        type=finite_float,
-        default=None,
-        help="gsd: also a squared-L2 input-embedding bound (official 0.5 on Chameleon; default off)",
-    )
-    p.add_argument(
-        "--scd-coupling",
-        default=_J.coupling,
-        choices=COUPLINGS,
-        help="scd: gumbel or maximal coupling of successive drafts (maximal-official: the official "
-        "bookkeeping, not lossless) (default: gumbel)",
-    )
+    add_method_options(p, OPTIONS)
 
 
 def decode_config_from_args(args) -> DecodeConfig:
@@ -243,7 +131,6 @@ def build_parser() -> ArgumentParser:
         "Jacobi (sjd, gsd, scd: no drafter) decoding and record every draft token.",
     )
     add_model_args(p, image_size=True)
-    record_typed(p)  # the decoding flags record themselves when typed: check_flags_apply refuses another method's
     add_decoding_args(p)
     add_condition_args(p, num_images=8, batch_size=None)
     p.add_argument(
@@ -611,9 +498,10 @@ def histogram_text(hist: list[int], limit: int = 17) -> str:
 @cli_main
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry point; returns 0, or 2 with one line on stderr for a UsageError."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     # cheap checks first: nothing is loaded or written before the settings are known to be valid
-    check_flags_apply(args.method, getattr(args, "typed", set()), args.tree, k=args.k)
+    check_method_options(parser, args)
     config = decode_config_from_args(args)
     sampling = sampling_from_args(args, get_spec(args.model).kind)  # `--cfg 4` = the c2i default
     check_tree_support(get_spec(args.model), config)

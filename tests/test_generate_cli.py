@@ -13,9 +13,9 @@ from ambiguity.models.embedded import load_embedded
 from ambiguity.models.gpt import GPT, GPTConfig
 from ambiguity.models.vq import VQConfig, VQModel
 from ambiguity.seeding import image_seed
-from lantern.cli_flags import RELAXED
 from lantern.drafter.model import Drafter
-from lantern.generate import main
+from lantern.generate import build_parser, main
+from lantern.methods.drafting import RELAXED
 from lantern.replay import main as replay_main
 from lantern.rules.acceptance import RULES
 
@@ -315,25 +315,68 @@ def test_run_generate_takes_run_options_or_the_old_keywords(tiny, tmp_path):
         run_generate(model, [1], config, sampling, options=RunOptions(progress=False))
 
 
-def test_flags_each_rule_reads_follow_its_bound():
-    """FLAG_METHODS from lantern.rules.acceptance.BOUNDS: sd reads no neighbourhood flag, δ bounds
-    lantern and lantern-jsd, λ bounds lantern++; --convention and the tree flags go with every rule."""
-    from lantern.cli_flags import FLAG_METHODS
+def _groups_of(parser) -> dict:
+    """dest -> the methods of the option group that declared it."""
+    return {a.dest: a.group.methods for a in parser._actions if getattr(a, "group", None) is not None}
 
+
+def test_each_option_is_declared_by_the_methods_that_read_it():
+    """The groups follow lantern.rules.acceptance.BOUNDS: sd reads no neighbourhood option, δ bounds
+    lantern and lantern-jsd, λ bounds lantern++; --convention and the tree options go with every
+    rule; the Jacobi window with sjd/gsd/scd, each knob with its own method."""
+    groups = _groups_of(build_parser())
     assert RELAXED == ("lantern", "lantern-jsd", "lantern++")
-    assert FLAG_METHODS["delta"] == ("lantern", "lantern-jsd") and FLAG_METHODS["lam"] == ("lantern++",)
-    assert FLAG_METHODS["k"] == FLAG_METHODS["metric"] == FLAG_METHODS["matrix"] == RELAXED
-    assert FLAG_METHODS["convention"] == FLAG_METHODS["gamma"] == FLAG_METHODS["depth"] == RULES
+    assert groups["delta"] == ("lantern", "lantern-jsd") and groups["lam"] == ("lantern++",)
+    assert groups["k"] == groups["metric"] == groups["matrix"] == RELAXED
+    assert groups["convention"] == groups["gamma"] == groups["depth"] == groups["tree"] == RULES
+    assert groups["window"] == groups["jacobi_init"] == ("sjd", "gsd", "scd")
+    assert groups["gsd_group"] == ("gsd",) and groups["scd_coupling"] == ("scd",)
+    assert "drafter" not in groups and "method" not in groups  # read by every method
 
 
-def test_flags_a_run_reads_are_accepted(tiny, tmp_path):
-    """The flags each method and tree reads pass the check (at their default values too)."""
-    from lantern.cli_flags import check_flags_apply
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--method", "sd", "--gamma", "4", "--convention", "exact", "--drafter", "x.safetensors"],
+        [
+            "--method",
+            "lantern",
+            "--k",
+            "3",
+            "--delta",
+            "0.1",
+            "--metric",
+            "l2",
+            "--matrix",
+            "codebook",
+            "--tree",
+            "mc_sim_7b_63",
+        ],
+        [
+            "--method",
+            "lantern++",
+            "--lam",
+            "2",
+            "--total-tokens",
+            "9",
+            "--depth",
+            "2",
+            "--tree-top-k",
+            "3",
+            "--tree",
+            "dynamic",
+        ],
+        ["--method", "lantern-jsd", "--delta", "0.1", "--gamma", "2"],
+        ["--method", "gsd", "--window", "4", "--jacobi-init", "random", "--gsd-group", "3", "--gsd-prob-gap", "0.1"],
+        ["--method", "scd", "--scd-coupling", "maximal"],
+    ],
+)
+def test_options_a_method_reads_are_accepted(argv):
+    """The options each method and tree reads pass the check (typed at their default values too)."""
+    from lantern.engine.options import check_method_options
 
-    check_flags_apply("sd", {"gamma", "convention", "drafter"}, "chain")
-    check_flags_apply("lantern", {"k", "delta", "metric", "matrix", "tree"}, "mc_sim_7b_63")
-    check_flags_apply("lantern++", {"lam", "total_tokens", "depth", "tree_top_k", "tree"}, "dynamic")
-    check_flags_apply("lantern-jsd", {"delta", "gamma"}, "chain")
+    parser = build_parser()
+    check_method_options(parser, parser.parse_args(argv))
 
 
 def test_compile_on_an_eager_model_is_refused_before_its_weights_load(tmp_path, capsys, monkeypatch):
@@ -491,10 +534,9 @@ def test_run_records_its_captions_digest_and_the_grid_is_titled(tiny, tmp_path):
 
 def test_the_parser_records_the_flags_typed_even_at_their_default():
     """``lantern.generate``'s parser records each value option the user typed (``args.typed``), at its
-    default value or not, so ``check_flags_apply`` refuses another method's flag without parsing twice."""
-    from lantern.generate import build_parser
+    default value or not, so ``check_method_options`` refuses another method's option without parsing twice."""
 
     args = build_parser().parse_args(["--method", "ar", "--gamma", "4", "--num-images", "2"])
-    assert args.gamma == 4 and {"method", "gamma", "num_images"} <= args.typed
+    assert args.gamma == 4 and args.typed == {"gamma"}  # the options a method declares record themselves
     assert not {"k", "delta", "tree", "window"} & args.typed
     assert not hasattr(build_parser().parse_args([]), "typed")  # nothing typed: nothing recorded

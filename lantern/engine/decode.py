@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ambiguity.errors import FieldError, UsageError
-from ambiguity.knn import METRICS
+from ambiguity.knn import DEFAULT_METRIC, METRICS
 from ambiguity.memory import PREFIX_ROOM, check_batch, check_count, kv_bytes_per_token
 from ambiguity.models.base import TokenModel
 from ambiguity.neighbourhood import MATRICES, model_neighbourhoods
@@ -51,7 +51,6 @@ from lantern.rules.acceptance import AcceptanceRule
 
 __all__ = [
     "METHODS",
-    "DEFAULT_METRIC",
     "DecodeConfig",
     "neighbour_table",
     "check_drafter",
@@ -63,7 +62,6 @@ __all__ = [
 ]
 
 METHODS = tuple(BUILDERS)  # lantern.methods.registry: the one place a method is named
-DEFAULT_METRIC = "l2"  # the official LANTERN code: Euclidean distance between codebook vectors (torch.cdist)
 
 
 @dataclass(frozen=True)

@@ -33,18 +33,20 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ambiguity.cli import positive_int
 from ambiguity.models.base import Step
 from ambiguity.sampling import Generators, expand_rows, pick
 from ambiguity.stats import entropy, top1_prob
 from lantern.drafter.model import DraftModel
 from lantern.engine.method import Method, Round
+from lantern.engine.options import OptionGroup
 from lantern.engine.records import CHAIN_VALUES, chain_rows
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.engine.steps import Timer
 from lantern.methods.drafting import draft_chains
-from lantern.rules.acceptance import AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual
+from lantern.rules.acceptance import RULES, AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual
 
-__all__ = ["Acceptance", "accept", "Chain"]
+__all__ = ["Acceptance", "accept", "Chain", "OPTIONS"]
 
 
 @dataclass
@@ -272,3 +274,20 @@ def _to_host(res, p, q, drafts, gmax: int, greedy: bool) -> dict:
     for i, name in enumerate(["token", *CHAIN_VALUES] if gmax else []):
         host[name] = flat[:, 3 + i * gmax : 3 + (i + 1) * gmax]
     return host
+
+
+# --------------------------------------------------------------------------- command-line options
+def _add_gamma(g) -> None:
+    g.add_argument(
+        "--gamma", type=positive_int, default=4, help="draft tokens per verification step of a chain, >= 1 (default: 4)"
+    )
+
+
+def _not_a_chain(args) -> Optional[str]:
+    if args.tree == "chain":
+        return None
+    static = " (static)" if args.tree != "dynamic" else ""
+    return f"to --tree {args.tree}{static} (a tree sets its own depth), only to --tree chain"
+
+
+OPTIONS = (OptionGroup("chain", RULES, _add_gamma, _not_a_chain),)

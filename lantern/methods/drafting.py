@@ -1,16 +1,23 @@
 """What the drafter methods (chains, draft trees) share: the drafter over every slot's pending
-positions (EAGLE's re-run on accepted tokens, :func:`pending_features`) and a chain of drafts
-(:func:`draft_chains`)."""
+positions (EAGLE's re-run on accepted tokens, :func:`pending_features`), a chain of drafts
+(:func:`draft_chains`) and the acceptance rule's command-line options (:data:`RULE_OPTIONS`)."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 import torch
 
+from ambiguity.cli import finite_float, nonneg_int
+from ambiguity.knn import DEFAULT_METRIC, METRICS
+from ambiguity.neighbourhood import MATRICES
 from ambiguity.sampling import expand_rows
+from lantern.engine.options import OptionGroup
 from lantern.engine.slots import BatchState
+from lantern.rules.acceptance import BOUNDS, CONVENTIONS, RULES, AcceptanceRule
 
-__all__ = ["pending_features", "draft_chains"]
+__all__ = ["pending_features", "draft_chains", "RELAXED", "RULE_OPTIONS"]
 
 
 def pending_features(st: BatchState, n, d, drafting) -> torch.Tensor:
@@ -73,3 +80,83 @@ def draft_chains(st: BatchState, n, d, g) -> tuple[torch.Tensor, torch.Tensor]:
                 expand_rows(vis, guided),
             )
     return torch.stack(xs, 1), torch.stack(qs, 1)
+
+
+# --------------------------------------------------------------------------- the acceptance rule's options
+RELAXED = tuple(m for m in RULES if BOUNDS[m] is not None)  # the rules with a latent neighbourhood
+_RULE = AcceptanceRule()  # the rule's defaults are the command's defaults
+
+
+def _no_neighbourhood(args) -> Optional[str]:
+    if args.k == 0:
+        return f"with --k 0 (no latent neighbourhood: {args.method} accepts as sd), only with --k >= 1"
+    return None
+
+
+def _bounded_by(method: str) -> str:
+    return f" ({method} is bounded by --{BOUNDS[method].parameter})" if method in RELAXED else ""
+
+
+def _add_convention(g) -> None:
+    g.add_argument(
+        "--convention",
+        default="exact",
+        choices=CONVENTIONS,
+        help="exact: lossless at δ = 0 (residual norm(max(p-q,0)), recursive over tree siblings); "
+        "official: what the official LANTERN code does (its residuals, greedy test and filter "
+        "order) (default: exact)",
+    )
+
+
+def _add_k(g) -> None:
+    g.add_argument(
+        "--k",
+        type=nonneg_int,
+        default=_RULE.k,
+        help=f"latent neighbourhood size |B_k|, 0 <= k < vocabulary size; 0 = plain SD (then --metric and "
+        f"--matrix are refused) (default: {_RULE.k})",
+    )
+
+
+def _add_geometry(g) -> None:
+    g.add_argument(
+        "--metric",
+        default=DEFAULT_METRIC,
+        choices=METRICS,
+        help="latent distance on the VQ codebook (default: l2, as the official LANTERN code)",
+    )
+    g.add_argument(
+        "--matrix",
+        default="codebook",
+        choices=MATRICES,
+        help="rows the distance is measured on: codebook (as the quantiser compares codes), "
+        "codebook-raw (the stored weights, as the official code for LlamaGen) (default: codebook)",
+    )
+
+
+_BOUND_HELP = {
+    "delta": f"bound δ: TVD (lantern) or JSD in nats (lantern-jsd), in [0, 1] (default: {_RULE.delta:g})",
+    "lam": f"relative bound λ >= 1 of lantern++ (default: {_RULE.lam:g})",
+}
+
+
+def _bound_group(parameter: str) -> OptionGroup:
+    """The group of one bound parameter: read by the rules of :data:`BOUNDS` it bounds."""
+    methods = tuple(m for m in RELAXED if BOUNDS[m].parameter == parameter)
+
+    def add(g):
+        g.add_argument(
+            f"--{parameter}", type=finite_float, default=getattr(_RULE, parameter), help=_BOUND_HELP.get(parameter)
+        )
+
+    return OptionGroup(f"bound {parameter}", methods, add, _no_neighbourhood, _bounded_by)
+
+
+# the options of the rule every drafted method judges with; a relaxed rule's bound parameter gets
+# its group from BOUNDS, so a new rule entry brings its flag (and the flag's refusal) with it
+RULE_OPTIONS = (
+    OptionGroup("acceptance rule", RULES, _add_convention),
+    OptionGroup("latent neighbourhood", RELAXED, _add_k),
+    OptionGroup("latent distance", RELAXED, _add_geometry, _no_neighbourhood),
+    *(_bound_group(p) for p in dict.fromkeys(BOUNDS[m].parameter for m in RELAXED)),
+)

@@ -1,4 +1,4 @@
-"""The one place a decoding method is named: each ``--method`` value and how its plug-in is built.
+"""The one place a decoding method is named: each ``--method`` value, its builder and its options.
 
 A builder takes the checked configuration (:class:`lantern.engine.decode.DecodeConfig`), the
 target, the drafter (None for methods without one) and the prepared neighbour table (None where
@@ -8,12 +8,15 @@ Adding a method is its module plus one line here.
 
 from __future__ import annotations
 
+from lantern.methods import chain, drafting
 from lantern.methods.ar import AR
 from lantern.methods.chain import Chain
+from lantern.methods.jacobi import config as jacobi_config
 from lantern.methods.jacobi.method import Jacobi
+from lantern.methods.tree import spec as tree_spec
 from lantern.methods.tree.method import Tree
 
-__all__ = ["METHODS", "DRAFTED"]
+__all__ = ["METHODS", "DRAFTED", "OPTIONS"]
 
 
 def _drafted(config, model, drafter, table):
@@ -39,3 +42,5 @@ METHODS = {
     "scd": _jacobi,
 }
 DRAFTED = tuple(m for m, build in METHODS.items() if build is _drafted)  # the methods that need a drafter
+# every method's command-line options (lantern.engine.options), in --help order
+OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS)

@@ -1,6 +1,6 @@
 """What a Jacobi decoder (:mod:`lantern.methods.jacobi.method`: SJD, GSD, SCD) runs with: the methods, the
 initialisations and couplings, the official default windows, :class:`JacobiConfig` and the
-check of a config against a model (:func:`check_jacobi`).
+check of a config against a model (:func:`check_jacobi`) and their command-line options (:data:`OPTIONS`).
 """
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from ambiguity.cli import finite_float
 from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
+from lantern.engine.options import OptionGroup
 
-__all__ = ["JACOBI_METHODS", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "JacobiConfig", "check_jacobi"]
+__all__ = ["JACOBI_METHODS", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "JacobiConfig", "check_jacobi", "OPTIONS"]
 
 JACOBI_METHODS = ("sjd", "gsd", "scd")
 INITS = ("random", "repeat-horizon")
@@ -98,3 +100,52 @@ def check_jacobi(config: JacobiConfig, model: TokenModel) -> None:
             f"--jacobi-init repeat-horizon copies the token to the left in the image grid, but "
             f"{model.name} has no 2-D token grid; use --jacobi-init random"
         )
+
+
+# --------------------------------------------------------------------------- command-line options
+_J = JacobiConfig()
+
+
+def _add_window(g) -> None:
+    g.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="tokens per Jacobi forward, 1 <= L <= tokens per image (official 16 for sjd, gsd; 32 for scd)",
+    )
+    g.add_argument(
+        "--jacobi-init", default=_J.init, choices=INITS, help="new window positions (official: random for Lumina-mGPT)"
+    )
+
+
+def _add_gsd(g) -> None:
+    g.add_argument("--gsd-group", type=int, default=_J.group, help=f"ranks in a group, 1..V (official {_J.group})")
+    g.add_argument(
+        "--gsd-prob-gap",
+        type=finite_float,
+        default=_J.prob_gap,
+        help=f"keep group members with |p(y) - p(x)| below this (official {_J.prob_gap:g})",
+    )
+    g.add_argument(
+        "--gsd-distance",
+        type=finite_float,
+        default=None,
+        help="also a squared-L2 input-embedding bound (official 0.5 on Chameleon; default off)",
+    )
+
+
+def _add_scd(g) -> None:
+    g.add_argument(
+        "--scd-coupling",
+        default=_J.coupling,
+        choices=COUPLINGS,
+        help="gumbel or maximal coupling of successive drafts (maximal-official: the official "
+        "bookkeeping, not lossless) (default: gumbel)",
+    )
+
+
+OPTIONS = (
+    OptionGroup("Jacobi window", JACOBI_METHODS, _add_window),
+    OptionGroup("GSD groups", ("gsd",), _add_gsd),
+    OptionGroup("SCD coupling", ("scd",), _add_scd),
+)

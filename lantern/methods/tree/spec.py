@@ -11,9 +11,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from ambiguity.cli import positive_int
 from ambiguity.errors import FieldError, UsageError
+from lantern.engine.options import OptionGroup
+from lantern.rules.acceptance import RULES
 
-__all__ = ["STATIC_TREES", "TREE_KINDS", "TreeSpec", "check_paths", "parse_tree"]
+__all__ = ["STATIC_TREES", "TREE_KINDS", "TreeSpec", "check_paths", "parse_tree", "tree_kind", "OPTIONS"]
 
 # The official trees (jadohu/LANTERN models/drafters/choices.py, from EAGLE/Medusa): child-rank paths.
 # fmt: off
@@ -181,3 +184,56 @@ def parse_tree(text: str, total_tokens: int = 59, depth: int = 4, top_k: int = 1
         raise UsageError(f"--tree {text} does not exist; give a .json file of paths like [[0], [1], [0, 0]]")
     static = ", ".join(n for n in STATIC_TREES if n != "chain")
     raise UsageError(f"unknown --tree {text!r}; use chain, dynamic, one of {static} or a .json file of paths")
+
+
+def tree_kind(tree: str) -> str:
+    """``--tree`` text -> ``"chain"``, ``"dynamic"`` or ``"static"`` (a named or .json tree)."""
+    return tree if tree in ("chain", "dynamic") else "static"
+
+
+# --------------------------------------------------------------------------- command-line options
+def _add_tree(g) -> None:
+    g.add_argument(
+        "--tree",
+        default="chain",
+        metavar="SHAPE",
+        help=f"chain (γ drafts), dynamic (EAGLE-2), a static EAGLE-1 tree ({', '.join(STATIC_TREES)}) or "
+        f"a .json list of child-rank paths (default: chain)",
+    )
+
+
+def _add_dynamic(g) -> None:
+    d = TreeSpec()
+    g.add_argument(
+        "--total-tokens",
+        type=positive_int,
+        default=d.total_tokens,
+        help=f"nodes incl. the root (official {d.total_tokens})",
+    )
+    g.add_argument(
+        "--depth",
+        type=positive_int,
+        default=d.depth,
+        help=f"expansion rounds; the deepest draft is depth + 1 (official {d.depth})",
+    )
+    g.add_argument(
+        "--tree-top-k",
+        type=positive_int,
+        default=d.top_k,
+        help=f"children per node and beam width (official {d.top_k})",
+    )
+
+
+def _not_dynamic(args) -> Optional[str]:
+    kind = tree_kind(args.tree)
+    if kind == "dynamic":
+        return None
+    shape = "--tree chain" if kind == "chain" else f"--tree {args.tree} (static)"
+    return f"to {shape}, only to --tree dynamic"
+
+
+# --tree is read by every drafted method; the EAGLE-2 knobs size a dynamic tree only (a static tree is its paths)
+OPTIONS = (
+    OptionGroup("draft shape", RULES, _add_tree),
+    OptionGroup("EAGLE-2 dynamic tree", RULES, _add_dynamic, _not_dynamic),
+)
