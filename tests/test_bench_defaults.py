@@ -1,7 +1,7 @@
 """Every script in benchmarks/ writes, by default, under the git-ignored ``runs/benchmarks/`` (a casual run
 never overwrites the committed ``benchmarks/results/`` or ``figures/``): its parser's ``--out`` default,
 read without running anything, and no default of any option lies under ``figures/``; the figures of
-bench_decoding and compare_jacobi go into ``--out`` unless ``--figure`` names a path."""
+bench_decoding and compare_methods go into ``--out`` unless ``--figure`` names a path."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_no_default_writes_into_the_committed_figures(name, monkeypatch):
             assert figures not in Path(d).resolve().parents and Path(d).resolve() != figures, (action.dest, d)
 
 
-@pytest.mark.parametrize("name", ["bench_decoding", "compare_jacobi"])
+@pytest.mark.parametrize("name", ["bench_decoding", "compare_methods"])
 def test_the_figure_goes_into_out_unless_named(name, monkeypatch):
     _, parser = _parser(name, monkeypatch)
     assert parser.get_default("figure") is None  # resolved after parsing: <out>/<stem>

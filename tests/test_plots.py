@@ -1,5 +1,5 @@
 """ambiguity.plots: binned rates with interval bars (the acceptance-vs-ambiguity panels of
-lantern.replay and benchmarks/compare_jacobi.py) and the colour of each series."""
+lantern.replay and benchmarks/compare_methods.py) and the colour of each series."""
 
 from __future__ import annotations
 

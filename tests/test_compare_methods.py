@@ -1,4 +1,4 @@
-"""benchmarks/compare_jacobi.py's pure helpers: the bin table (with lantern.replay.with_wilson's Wilson
+"""benchmarks/compare_methods.py's pure helpers: the bin table (with lantern.replay.with_wilson's Wilson
 intervals per ambiguity bin), the throughput table and the method colours of its figure."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 
 def _module():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_jacobi.py"
-    spec = importlib.util.spec_from_file_location("compare_jacobi", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "compare_methods.py"
+    spec = importlib.util.spec_from_file_location("compare_methods", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -119,3 +119,20 @@ def test_every_method_keeps_its_colour_in_the_figure(tmp_path, monkeypatch):
         assert len(curves) == n - 1
         for c, m in zip(curves, [m for m in methods if m != "ar"]):
             assert mcolors.to_hex(c.lines[0].get_color()) == METHOD_COLORS[m], m
+
+
+def test_configs_and_sampling_follow_the_paper_mapped_to_the_codebook():
+    """k 1000 and top-k 2000 of LlamaGen's 16384 codes become 62 and 125 of embedded's 1024 (rounded
+    fractions); δ 0.1, CFG 3; a text model samples without guidance or filters; every published row
+    names a method the comparison knows."""
+    cm = _module()
+    cfgs = cm.configs(1024)
+    assert cfgs["lantern"].rule.k == 62 and cfgs["lantern"].rule.delta == 0.1 and cfgs["lantern++"].rule.k == 62
+    assert cfgs["eagle-2"].tree.kind == "dynamic" and cfgs["sjd"].method == "sjd"
+    assert cm.configs(16384)["lantern"].rule.k == 1000
+    s = cm.paper_sampling("c2i", 1024, None)
+    assert (s.guidance, s.temperature, s.top_k) == (3.0, 1.0, 125)
+    assert cm.paper_sampling("text", 1024, None).top_k == 0
+    published = cm.published_table()
+    assert set(published["method"]) <= set(cm.NAMES)
+    assert published.set_index("method").loc["lantern", "speedup"] == "1.69"
