@@ -48,7 +48,7 @@ def configs(V: int) -> dict[str, DecodeConfig]:
         "lantern-dynamic": DecodeConfig.of(
             "lantern", k=k, delta=0.1, tree=TreeSpec("dynamic", total_tokens=60, depth=6, top_k=10)
         ),
-        "sjd": DecodeConfig.of("sjd", jacobi=dict(window=16)),
+        "sjd": DecodeConfig.of("sjd", window=16),
     }
 
 

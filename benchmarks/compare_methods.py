@@ -639,7 +639,7 @@ def main(argv=None) -> int:
             table.loc[name, "distortion_tvd"] = value
     if "gsd" in cfgs:
         table.loc["gsd", "distortion_tvd"] = gsd_distortion(
-            model, plan.conditions, plan.sampling, cfgs["gsd"].jacobi, args.seed
+            model, plan.conditions, plan.sampling, cfgs["gsd"].params, args.seed
         )
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / f"compare_methods_{args.model}.csv")

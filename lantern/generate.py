@@ -64,6 +64,7 @@ from lantern.engine.decode import (
     METHODS,
     DecodeConfig,
     check_depth,
+    check_params,
     compile_forwards,
     decode,
     neighbour_table,
@@ -71,7 +72,7 @@ from lantern.engine.decode import (
 from lantern.engine.options import add_method_options, check_method_options
 from lantern.engine.records import Decoded, summarize_decode, summary_table
 from lantern.engine.slots import check_batching
-from lantern.methods.jacobi.config import check_jacobi
+from lantern.methods.registry import METHODS as PLUGINS
 from lantern.methods.registry import OPTIONS
 from lantern.methods.tree.spec import parse_tree
 from lantern.run_reader import drafting_shape, run_label
@@ -99,28 +100,12 @@ def add_decoding_args(p) -> None:
 
 
 def decode_config_from_args(args) -> DecodeConfig:
-    """:class:`~lantern.engine.decode.DecodeConfig` from the decoding options (UsageError for bad values)."""
-    tree = parse_tree(args.tree, args.total_tokens, args.depth, args.tree_top_k)
-    jacobi = dict(
-        window=args.window,
-        init=args.jacobi_init,
-        group=args.gsd_group,
-        prob_gap=args.gsd_prob_gap,
-        distance=args.gsd_distance,
-        coupling=args.scd_coupling,
-    )
-    return DecodeConfig.of(
-        args.method,
-        args.gamma,
-        args.metric,
-        args.matrix,
-        tree,
-        jacobi=jacobi,
-        k=args.k,
-        delta=args.delta,
-        lam=args.lam,
-        convention=args.convention,
-    )
+    """:class:`~lantern.engine.decode.DecodeConfig` from the decoding options: the method's plug-in
+    reads its own (:attr:`lantern.methods.registry.Plugin.from_args`). UsageError for bad values."""
+    plugin = PLUGINS[args.method]
+    tree = parse_tree(args.tree, args.total_tokens, args.depth, args.tree_top_k) if plugin.drafter else None
+    fields = plugin.from_args(args) if plugin.from_args is not None else {}
+    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, tree, **fields)
 
 
 def build_parser() -> ArgumentParser:
@@ -529,8 +514,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     check_run_size(model, args.num_images)  # steps and drafts rows of every image; before the conditions list
     check_depth(config, model)
-    if config.jacobi is not None:
-        check_jacobi(config.jacobi, model)
+    check_params(config, model)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
     if args.compile:
         compile_forwards(model, drafter)

@@ -48,7 +48,7 @@ def _joint(m, config, sampling, label=1):
     stats = defaultdict(int)
 
     def run(draws):
-        out = decode(m, [label], DecodeConfig(None, jacobi=config), sampling, draws={0: draws})
+        out = decode(m, [label], DecodeConfig(None, params=config), sampling, draws={0: draws})
         stats["accepted"] += int(out.steps["accepted"].sum())
         stats["rejected"] += int((out.drafts["reached"] & ~out.drafts["accepted"]).sum())
         return tuple(out.tokens[0].tolist())
@@ -117,7 +117,7 @@ def test_maximal_coupling_bookkeeping():
         cfg = JacobiConfig("scd", window=4, coupling=coupling)
         got, _ = enumerate_outcomes(
             lambda d, cfg=cfg: tuple(
-                decode(m, [1], DecodeConfig(None, jacobi=cfg), s, num_tokens=5, draws={0: d}).tokens[0].tolist()
+                decode(m, [1], DecodeConfig(None, params=cfg), s, num_tokens=5, draws={0: d}).tokens[0].tolist()
             )
         )
         assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
@@ -158,7 +158,7 @@ def test_scd_gumbel_matches_the_ar_joint_by_chi_square():
     def counts(config, n=2000):
         c = defaultdict(int)
         for i in range(n):
-            out = decode(m, [1], DecodeConfig(None, jacobi=config), s, seed=0, first_index=i)
+            out = decode(m, [1], DecodeConfig(None, params=config), s, seed=0, first_index=i)
             c[tuple(out.tokens[0].tolist())] += 1
         return np.array([c[k] for k in seqs])
 
@@ -181,7 +181,7 @@ def test_greedy_jacobi_equals_greedy_ar():
             JacobiConfig("sjd", window=5, init="repeat-horizon"),
             JacobiConfig("sjd", window=1),
         ):
-            out = decode(m, [label], DecodeConfig(None, jacobi=cfg), s)
+            out = decode(m, [label], DecodeConfig(None, params=cfg), s)
             assert torch.equal(out.tokens, ar), (cfg, guidance)
             accepted += int(out.steps["accepted"].sum())
     assert accepted > 0
@@ -247,7 +247,7 @@ def test_gsd_output_distribution_exact():
 def test_records_and_decode_dispatch():
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
     s = SamplingConfig(guidance=2.0, temperature=1.0)
-    d = decode(m, [0, 3], DecodeConfig.of("sjd", jacobi={"window": 4}), s, seed=1)
+    d = decode(m, [0, 3], DecodeConfig.of("sjd", window=4), s, seed=1)
     steps, drafts, images = d.frames()
     assert d.method == "sjd" and d.gamma == 3 and d.settings["jacobi_window"] == 4
     assert (images["target_forwards"] == 1 + images["steps"]).all()
@@ -260,7 +260,7 @@ def test_records_and_decode_dispatch():
     assert len(kept) and (kept["proposed_step"] == kept["step"] - 1).all()
     assert drafts["committed"].sum() == steps["accepted"].sum()
     # the same seed and condition give the same image whatever else is in the batch
-    again = decode(m, [3], DecodeConfig.of("sjd", jacobi={"window": 4}), s, seed=1, first_index=1)
+    again = decode(m, [3], DecodeConfig.of("sjd", window=4), s, seed=1, first_index=1)
     assert torch.equal(again.tokens[0], d.tokens[1])
 
 
@@ -379,7 +379,7 @@ def test_float64_batched_jacobi_equals_batch_one(config):
 
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
     labels = [0, 3, 5, 7, 1, 9, 4]
-    cfg = DecodeConfig(None, jacobi=config)
+    cfg = DecodeConfig(None, params=config)
     ragged = spread = 0
     for s in BATCH_SAMPLINGS:
         one = decode_one_by_one(m, labels, cfg, s, seed=11, first_index=5)  # the reference loop
@@ -413,8 +413,8 @@ def test_batched_jacobi_images_keep_their_streams_and_drain(monkeypatch):
     )
     s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=16)
     cfg = JacobiConfig("scd", window=4)
-    full = decode(m, list(range(9)), DecodeConfig(None, jacobi=cfg), s, batch_size=4, seed=4)
-    part = decode(m, [6, 3], DecodeConfig(None, jacobi=cfg), s, batch_size=2, seed=4, indices=[6, 3])
+    full = decode(m, list(range(9)), DecodeConfig(None, params=cfg), s, batch_size=4, seed=4)
+    part = decode(m, [6, 3], DecodeConfig(None, params=cfg), s, batch_size=2, seed=4, indices=[6, 3])
     assert torch.equal(part.tokens, full.tokens[[6, 3]])
     assert kept and all(k % 2 == 0 and k <= 4 for k in kept)
     one = torch.cat(
@@ -431,7 +431,7 @@ def test_greedy_batched_jacobi_equals_greedy_ar():
     labels = [2, 6, 8, 0, 3]
     for guidance, method in itertools.product((1.0, 3.0), ("sjd", "scd")):
         s = SamplingConfig(guidance=guidance, temperature=0.0)
-        out = decode(m, labels, DecodeConfig.of(method, jacobi={"window": 6}), s, batch_size=2)
+        out = decode(m, labels, DecodeConfig.of(method, window=6), s, batch_size=2)
         ar = torch.cat([sample_tokens(m, m.make_prompt([c], guided=s.guided), s) for c in labels])
         assert torch.equal(out.tokens, ar), (guidance, method)
 
@@ -442,7 +442,7 @@ def test_batched_jacobi_short_images():
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
     s = SamplingConfig(guidance=2.0, temperature=1.0)
     for N in (1, 2, 5):
-        cfg = DecodeConfig.of("sjd", jacobi={"window": 4})
+        cfg = DecodeConfig.of("sjd", window=4)
         one = decode(m, [1, 2, 3, 4, 5], cfg, s, seed=2, num_tokens=N)
         many = decode(m, [1, 2, 3, 4, 5], cfg, s, seed=2, num_tokens=N, batch_size=2)
         assert torch.equal(one.tokens, many.tokens) and many.tokens.shape == (5, N)
@@ -461,7 +461,7 @@ def test_exact_batched_sjd_is_ar_sampling_for_a_late_image():
 
     def run(draws):
         out = decode(
-            m, [1, 2, 1], DecodeConfig(None, jacobi=JacobiConfig("sjd", window=3)), s, batch_size=2, draws={2: draws}
+            m, [1, 2, 1], DecodeConfig(None, params=JacobiConfig("sjd", window=3)), s, batch_size=2, draws={2: draws}
         )
         mine = out.steps["image"] == 2
         late.append(out.steps["batch_step"][mine].min() > 1)
@@ -491,7 +491,7 @@ def test_jacobi_config_checks_on_the_engine():
     with pytest.raises(UsageError, match="cannot decode on the slot engine"):
         decode(plain, [1, 2], DecodeConfig.of("sjd"), s, batch_size=1)
     with pytest.raises(UsageError, match="--gsd-group 40 exceeds the vocabulary size 32"):
-        decode(m, [1, 2], DecodeConfig.of("gsd", jacobi={"group": 40}), s, batch_size=2)
+        decode(m, [1, 2], DecodeConfig.of("gsd", group=40), s, batch_size=2)
 
 
 def test_generate_cli_batches_jacobi(tmp_path, capsys):
@@ -522,7 +522,7 @@ def test_float64_batched_jacobi_equals_batch_one_on_cuda():
     m.device, m.image_token_ids = torch.device("cuda"), m.image_token_ids.cuda()
     s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=12)
     for method in ("sjd", "gsd", "scd"):
-        cfg = DecodeConfig.of(method, jacobi={"window": 5})
+        cfg = DecodeConfig.of(method, window=5)
         one = decode(m, [0, 3, 5, 7, 1], cfg, s, seed=3)
         many = decode(m, [0, 3, 5, 7, 1], cfg, s, seed=3, batch_size=2)
         assert torch.equal(one.tokens, many.tokens), method

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -44,8 +44,7 @@ from lantern.engine.loop import run
 from lantern.engine.method import Method
 from lantern.engine.records import Decoded
 from lantern.engine.slots import check_batching, image_indices
-from lantern.methods.jacobi.config import JACOBI_METHODS, JacobiConfig, check_jacobi
-from lantern.methods.registry import METHODS as BUILDERS
+from lantern.methods.registry import METHODS as PLUGINS
 from lantern.methods.tree.spec import TreeSpec
 from lantern.rules.acceptance import AcceptanceRule
 
@@ -55,27 +54,32 @@ __all__ = [
     "neighbour_table",
     "check_drafter",
     "check_depth",
+    "check_params",
     "check_batch_size",
     "decode",
     "build_method",
     "compile_forwards",
 ]
 
-METHODS = tuple(BUILDERS)  # lantern.methods.registry: the one place a method is named
+METHODS = tuple(PLUGINS)  # lantern.methods.registry: the one place a method is named
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """What to decode with: the acceptance rule (None: plain AR decoding), the draft length and the
-    latent geometry of the rule's neighbour table.
+    """What to decode with: the drafted family's config (the acceptance rule, the draft length or
+    tree and the latent geometry of the rule's neighbour table), or a method's own config
+    (``params``), or neither (plain AR decoding).
 
-    rule: a :class:`lantern.rules.acceptance.AcceptanceRule` (method, k, δ, λ, convention), or None
-    for ``"ar"``. gamma: draft tokens per verification of a chain (γ >= 1; unused by AR and
+    rule: a :class:`lantern.rules.acceptance.AcceptanceRule` (method, k, δ, λ, convention) for the
+    drafted methods, else None. gamma: draft tokens per verification of a chain (γ >= 1; unused by AR and
     trees). metric / matrix: the latent distance and the rows it is measured on
     (:data:`ambiguity.neighbourhood.METRICS`, :data:`ambiguity.neighbourhood.MATRICES`; default
     ``"l2"`` on the quantiser's codebook; ``"codebook-raw"`` is what the official code measures
     for LlamaGen). tree: a static or dynamic :class:`lantern.methods.tree.spec.TreeSpec`, or None for a chain.
-    Build one with :meth:`of`: ``DecodeConfig.of("lantern", gamma=4, k=64, delta=0.2)``.
+    params: the config dataclass of a method that has its own (:attr:`lantern.methods.registry.Plugin.params`,
+    e.g. :class:`lantern.methods.jacobi.config.JacobiConfig`), else None.
+    Build one with :meth:`of`: ``DecodeConfig.of("lantern", gamma=4, k=64, delta=0.2)``,
+    ``DecodeConfig.of("sjd", window=16)``.
     Raises :class:`UsageError` for γ < 1, an unknown metric or matrix.
     """
 
@@ -84,7 +88,7 @@ class DecodeConfig:
     metric: str = DEFAULT_METRIC
     matrix: str = "codebook"
     tree: Optional[TreeSpec] = None
-    jacobi: Optional[JacobiConfig] = None
+    params: Optional[Any] = None
 
     def __post_init__(self):
         if isinstance(self.gamma, bool) or int(self.gamma) != self.gamma or self.gamma < 1:
@@ -104,30 +108,26 @@ class DecodeConfig:
         metric: str = DEFAULT_METRIC,
         matrix: str = "codebook",
         tree: Optional[TreeSpec] = None,
-        jacobi: Optional[dict] = None,
-        **rule,
+        **fields,
     ) -> DecodeConfig:
-        """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
-        lam, convention), ignored for ``"ar"``; tree: None (a chain of ``gamma``) or a
-        :class:`TreeSpec`; jacobi: the :class:`lantern.methods.jacobi.method.JacobiConfig` fields for ``"sjd"``,
-        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored). Raises UsageError for an
-        unknown method and the rule's own checks."""
+        """``method`` in :data:`METHODS`; ``fields``: the method's config fields — the
+        :class:`AcceptanceRule` fields (k, delta, lam, convention) of a drafted method, the fields of
+        a method's own config (:attr:`lantern.methods.registry.Plugin.params`, e.g. window for
+        ``"sjd"``), ignored for ``"ar"``; tree: None (a chain of ``gamma``) or a :class:`TreeSpec`
+        (drafted methods). Raises UsageError for an unknown method and the config's own checks."""
         if method not in METHODS:
             raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
-        if method in JACOBI_METHODS:  # jacobi: the JacobiConfig knobs (window, init, group, ...)
-            return cls(None, gamma, metric, matrix, None, JacobiConfig(method, **(jacobi or {})))
-        return cls(
-            None if method == "ar" else AcceptanceRule(method, **rule),
-            gamma,
-            metric,
-            matrix,
-            None if method == "ar" else tree,
-        )
+        plugin = PLUGINS[method]
+        if plugin.params is not None:
+            return cls(None, gamma, metric, matrix, None, plugin.params(**fields))
+        if not plugin.drafter:
+            return cls(None, gamma, metric, matrix)
+        return cls(AcceptanceRule(method, **fields), gamma, metric, matrix, tree)
 
     @property
     def method(self) -> str:
-        if self.jacobi is not None:
-            return self.jacobi.method
+        if self.params is not None:
+            return self.params.method
         return "ar" if self.rule is None else self.rule.method
 
     @property
@@ -136,17 +136,17 @@ class DecodeConfig:
 
     @property
     def draft_depth(self) -> int:
-        """The longest possible accepted run: γ for chains, the tree's deepest draft, L - 1 for a
-        Jacobi window, 0 for AR."""
-        if self.jacobi is not None:
-            return int(self.jacobi.window) - 1
+        """The longest possible accepted run: γ for chains, the tree's deepest draft, the method's own
+        ``depth`` (L - 1 for a Jacobi window), 0 for AR."""
+        if self.params is not None:
+            return int(self.params.depth)
         if self.rule is None:
             return 0
         return self.tree.max_depth if self.tree is not None else self.gamma
 
     def as_dict(self) -> dict:
         """Flat JSON-able record: method, gamma, metric, matrix, tree and the rule's fields."""
-        rule = self.rule.as_dict() if self.rule is not None else (self.jacobi.as_dict() if self.jacobi else {})
+        rule = self.rule.as_dict() if self.rule is not None else (self.params.as_dict() if self.params else {})
         rule.pop("method", None)
         return {
             "method": self.method,
@@ -217,6 +217,14 @@ def check_depth(config: DecodeConfig, model: TokenModel, num_tokens: Optional[in
         "the key/value cache and distributions of the tree's nodes",
         device=model.device,
     )
+
+
+def check_params(config: DecodeConfig, model: TokenModel) -> None:
+    """Raise UsageError when ``model`` cannot run the method's own config (``config.params``; its
+    plug-in's :attr:`~lantern.methods.registry.Plugin.check`, e.g. a Jacobi window longer than an image)."""
+    check = PLUGINS[config.method].check
+    if config.params is not None and check is not None:
+        check(config.params, model)
 
 
 def check_batch_size(batch_size) -> None:
@@ -328,8 +336,7 @@ def build_method(
     drafter against the model (fingerprint), the neighbour table (built when None and needed).
     Raises UsageError naming the fix."""
     check_depth(config, model, num_tokens)
-    if config.jacobi is not None:
-        check_jacobi(config.jacobi, model)
+    check_params(config, model)
     table = None
     if config.speculative:
         if drafter is None:
@@ -338,4 +345,4 @@ def build_method(
         if neighbours is None:
             neighbours = neighbour_table(model, config)
         table = config.rule.prepare_table(neighbours, model.vocab_size, model.device)
-    return BUILDERS[config.method](config, model, drafter, table)
+    return PLUGINS[config.method].build(config, model, drafter, table)

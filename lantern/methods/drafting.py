@@ -17,7 +17,7 @@ from lantern.engine.options import OptionGroup
 from lantern.engine.slots import BatchState
 from lantern.rules.acceptance import BOUNDS, CONVENTIONS, RULES, AcceptanceRule
 
-__all__ = ["pending_features", "draft_chains", "RELAXED", "RULE_OPTIONS"]
+__all__ = ["pending_features", "draft_chains", "RELAXED", "RULE_OPTIONS", "rule_from_args"]
 
 
 def pending_features(st: BatchState, n, d, drafting) -> torch.Tensor:
@@ -160,3 +160,8 @@ RULE_OPTIONS = (
     OptionGroup("latent distance", RELAXED, _add_geometry, _no_neighbourhood),
     *(_bound_group(p) for p in dict.fromkeys(BOUNDS[m].parameter for m in RELAXED)),
 )
+
+
+def rule_from_args(args) -> dict:
+    """The :class:`~lantern.rules.acceptance.AcceptanceRule` fields from the parsed :data:`RULE_OPTIONS`."""
+    return dict(k=args.k, delta=args.delta, lam=args.lam, convention=args.convention)

@@ -1,22 +1,48 @@
-"""The one place a decoding method is named: each ``--method`` value, its builder and its options.
+"""The one place a decoding method is named: each ``--method`` value, its plug-in and its options.
 
-A builder takes the checked configuration (:class:`lantern.engine.decode.DecodeConfig`), the
-target, the drafter (None for methods without one) and the prepared neighbour table (None where
-the rule uses none) and returns the :class:`~lantern.engine.method.Method` the engine runs.
-Adding a method is its module plus one line here.
+A :class:`Plugin` says how the engine gets one ``--method``: ``build(config, model, drafter,
+table)`` returns the :class:`~lantern.engine.method.Method` the engine runs, from the checked
+configuration (:class:`lantern.engine.decode.DecodeConfig`), the target, the drafter (None for
+methods without one) and the prepared neighbour table (None where the rule uses none). A method
+with a config of its own (the training-free ones) names its dataclass (``params``), how its
+fields come from the parsed options (``from_args``) and what a model must have to run it
+(``check``); the drafted methods share the family's config (an acceptance rule of
+:data:`lantern.rules.acceptance.BOUNDS`, γ, the draft tree). Adding a method is its module plus
+one line here.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Optional
 
 from lantern.methods import chain, drafting
 from lantern.methods.ar import AR
 from lantern.methods.chain import Chain
 from lantern.methods.jacobi import config as jacobi_config
+from lantern.methods.jacobi.config import JacobiConfig, check_jacobi
 from lantern.methods.jacobi.method import Jacobi
 from lantern.methods.tree import spec as tree_spec
 from lantern.methods.tree.method import Tree
 
-__all__ = ["METHODS", "DRAFTED", "OPTIONS"]
+__all__ = ["Plugin", "METHODS", "DRAFTED", "OPTIONS"]
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One ``--method``: build: ``(config, model, drafter, table) -> Method``; drafter: whether it
+    drafts with an EAGLE drafter (its config is then the family's: rule, γ, tree); params: its own
+    config dataclass (keyword fields -> instance, with ``method``, ``depth``, ``as_dict()``), None
+    for AR and the drafted family; from_args: ``parsed options -> params' keyword fields``; check:
+    ``(params, model) -> None``, UsageError where the model cannot run it."""
+
+    build: Callable
+    drafter: bool = False
+    params: Optional[Callable] = None
+    from_args: Optional[Callable] = None
+    check: Optional[Callable] = None
 
 
 def _drafted(config, model, drafter, table):
@@ -26,21 +52,26 @@ def _drafted(config, model, drafter, table):
     return Chain(config.rule, config.gamma, drafter, table)
 
 
-def _jacobi(config, model, drafter, table):
-    return Jacobi(config.jacobi, model)
+def _jacobi(method: str) -> Plugin:
+    return Plugin(
+        lambda config, model, drafter, table: Jacobi(config.params, model),
+        params=partial(JacobiConfig, method),
+        from_args=jacobi_config.from_args,
+        check=check_jacobi,
+    )
 
 
-# --method -> builder(config, model, drafter, table)
+DRAFTED_PLUGIN = Plugin(_drafted, drafter=True, from_args=drafting.rule_from_args)
 METHODS = {
-    "ar": lambda config, model, drafter, table: AR(),
-    "sd": _drafted,
-    "lantern": _drafted,
-    "lantern-jsd": _drafted,
-    "lantern++": _drafted,
-    "sjd": _jacobi,
-    "gsd": _jacobi,
-    "scd": _jacobi,
+    "ar": Plugin(lambda config, model, drafter, table: AR()),
+    "sd": DRAFTED_PLUGIN,
+    "lantern": DRAFTED_PLUGIN,
+    "lantern-jsd": DRAFTED_PLUGIN,
+    "lantern++": DRAFTED_PLUGIN,
+    "sjd": _jacobi("sjd"),
+    "gsd": _jacobi("gsd"),
+    "scd": _jacobi("scd"),
 }
-DRAFTED = tuple(m for m, build in METHODS.items() if build is _drafted)  # the methods that need a drafter
+DRAFTED = tuple(m for m, plugin in METHODS.items() if plugin.drafter)  # the methods that need a drafter
 # every method's command-line options (lantern.engine.options), in --help order
 OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS)

@@ -40,9 +40,9 @@ def decode_one_by_one(
         prompt = model.make_prompt([c], guided=sampling.guided)
         gen = image_generator(seed, i, model.device)
         kw = dict(image=i, seed=image_seed(seed, i))
-        if config.jacobi is not None:
+        if config.params is not None:
             out = jacobi_decode(
-                model, prompt, sampling, config.jacobi, gen, num_tokens, draws=(draws or {}).get(i), **kw
+                model, prompt, sampling, config.params, gen, num_tokens, draws=(draws or {}).get(i), **kw
             )
         elif rule is None:
             out = autoregressive_decode(model, prompt, sampling, gen, num_tokens, **kw)

@@ -13,7 +13,16 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
 from lantern.engine.options import OptionGroup
 
-__all__ = ["JACOBI_METHODS", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "JacobiConfig", "check_jacobi", "OPTIONS"]
+__all__ = [
+    "JACOBI_METHODS",
+    "INITS",
+    "COUPLINGS",
+    "DEFAULT_WINDOW",
+    "JacobiConfig",
+    "check_jacobi",
+    "OPTIONS",
+    "from_args",
+]
 
 JACOBI_METHODS = ("sjd", "gsd", "scd")
 INITS = ("random", "repeat-horizon")
@@ -58,6 +67,11 @@ class JacobiConfig:
             raise UsageError(f"--gsd-distance must be >= 0 (squared L2), got {self.distance}")
         if self.coupling not in COUPLINGS:
             raise UsageError(f"--scd-coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+
+    @property
+    def depth(self) -> int:
+        """The longest accepted run of one forward: the window's L - 1 drafts."""
+        return int(self.window) - 1
 
     def as_dict(self) -> dict:
         """The knobs that matter for ``method`` (JSON-able), prefixed ``jacobi_``."""
@@ -149,3 +163,15 @@ OPTIONS = (
     OptionGroup("GSD groups", ("gsd",), _add_gsd),
     OptionGroup("SCD coupling", ("scd",), _add_scd),
 )
+
+
+def from_args(args) -> dict:
+    """The :class:`JacobiConfig` fields from the parsed :data:`OPTIONS`."""
+    return dict(
+        window=args.window,
+        init=args.jacobi_init,
+        group=args.gsd_group,
+        prob_gap=args.gsd_prob_gap,
+        distance=args.gsd_distance,
+        coupling=args.scd_coupling,
+    )
