@@ -6,7 +6,7 @@ cache holds ``x_0..x_{n-2}``, the root of the tree is ``x_{n-1}``):
 1. :func:`lantern.trees.draft_tree`: the drafter re-runs the pending positions with true target
    features, then drafts a static or dynamic tree (tree attention inside its own cache); its
    cache is rolled back to the ``n`` committed positions right after.
-2. :meth:`~ambiguity.models.base.TokenModel.extend_tree`: the target verifies all nodes in one
+2. :meth:`~reference.cache.OneImageCache.extend_tree`: the target verifies all nodes in one
    forward (each node at its own position, attending to its ancestors) -> ``p`` at every node.
 3. :func:`walk_tree`: from the root, the children of the accepted node are judged in order
    (:class:`lantern.acceptance.AcceptanceRule`); the first accepted child is followed; after a
