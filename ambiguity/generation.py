@@ -33,7 +33,10 @@ def sample_tokens(
 ) -> torch.Tensor:
     """Sample ``num_tokens`` (default: one image, ``model.num_tokens``) tokens per condition.
 
-    One target forward per token, with the KV cache. ``prompt.guided`` must equal
+    One target forward per token on the model's slot cache (``new_slots_cache`` for the batch,
+    ``prefill_slots``, then ``extend_slots`` of every image's last token at slot ``t``, all slots
+    ``0..t`` visible): the forwards of the decoding engine's autoregressive method, so
+    ``lantern``'s AR decoding of image ``i`` gives these tokens. ``prompt.guided`` must equal
     ``sampling.guided`` (build the prompt with ``model.make_prompt(c, guided=sampling.guided)``).
     ``generator``: one per image (``ambiguity.seeding.image_generators``; each image's tokens
     then depend only on its own stream) or one for the whole batch (see
@@ -43,8 +46,8 @@ def sample_tokens(
     if prompt.guided != sampling.guided:
         raise ValueError("prompt.guided must equal sampling.guided")
     n = num_tokens or model.num_tokens
-    cache = model.new_cache(prompt, n)
-    step = model.prefill(prompt, cache)
+    cache = model.new_slots_cache(prompt.batch_size, prompt.guided, n)
+    step = model.prefill_slots(cache, torch.arange(prompt.rows, device=model.device), prompt)
     out = torch.empty(prompt.batch_size, n, dtype=torch.long, device=model.device)
     for t in range(n):
         logits = step.logits[:, -1]
@@ -54,5 +57,6 @@ def sample_tokens(
             on_step(t, logits, p, x)
         out[:, t] = x
         if t + 1 < n:
-            step = model.extend(cache, expand_rows(x, prompt.guided)[:, None])
+            at = torch.full((prompt.rows, 1), t, dtype=torch.long, device=model.device)
+            step = model.extend_slots(cache, expand_rows(x, prompt.guided)[:, None], at, at, t + 1)
     return out

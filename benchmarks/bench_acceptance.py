@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.common
@@ -52,6 +53,7 @@ from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from benchmarks.common import add_results_arg, threads_and_device
 from lantern.drafter.model import Drafter
+from lantern.engine.slots import verify_chains
 from lantern.rules.acceptance import AcceptanceRule, judge, relaxed_mass, residual
 
 
@@ -106,17 +108,20 @@ def time_forwards(
     logits, the γ random drafts)."""
     g, rows, V = args.gamma, 2, model.vocab_size
     prompt = model.make_prompt([207], guided=True)
-    cache = model.new_cache(prompt, model.num_tokens)
-    model.prefill(prompt, cache)
+    cache = model.new_slots_cache(1, True, model.num_tokens)
+    model.prefill_slots(cache, torch.arange(rows, device=device), prompt)
     ctx = torch.randint(0, V, (1, args.position + 1), device=device)
-    model.extend(cache, expand_rows(ctx[:, :-1], True))  # the image so far
+    if args.position:  # the image so far, at slots 0 .. position - 1
+        at = torch.arange(args.position, device=device)
+        causal = (at[None, :] <= at[:, None])[None].expand(rows, -1, -1)
+        where = at[None].expand(rows, -1)
+        model.extend_slots(cache, expand_rows(ctx[:, :-1], True), where, where, causal)
     drafts = torch.randint(0, V, (1, g), device=device)
-    last = ctx[:, -1:]
+    chain = torch.cat([ctx[:, -1:], drafts], 1)  # the last committed token, then the drafts
+    n = np.array([args.position + 1])
 
-    def target_forward():
-        out = model.extend(cache, expand_rows(torch.cat([last, drafts], 1), True))
-        model.rollback(cache, args.position)
-        return out
+    def target_forward():  # the engine's verification forward (its slots past n are never seen again)
+        return verify_chains(model, cache, chain, n, model.num_tokens, True)
 
     logits = target_forward().logits
     seconds = {"target_forward": timed(target_forward, device, args.repeats)}

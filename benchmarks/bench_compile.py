@@ -7,8 +7,9 @@ For every B the forward is the one batched decoding runs once per step
 (:meth:`ambiguity.models.llamagen.LlamaGenModel.extend_slots`: ``B`` images, ``2 B`` rows with
 CFG, ``--gamma`` + 1 tokens per row, every row at its own cache slots), on two copies of the model:
 eager, and compiled with :func:`lantern.engine.decode.compile_forwards` (in-place KV writes, the natural
-attended span, symbolic sizes). ``append`` rows (printed "batch-1 extend") time batch-1 decoding's
-forward (``extend``, 2 rows with CFG). The first compiled call of each cell is timed separately as
+attended span, symbolic sizes); B = 1 is one image's forward (the models have no other cache than
+the slot cache; the committed results' ``append`` rows timed the former batch-1 ``extend``). The
+first compiled call of each cell is timed separately as
 ``compile_s``; with symbolic sizes only the first cell compiles, later cells reuse its graph (cold unless inductor's
 on-disk cache already holds the graph; set ``TORCHINDUCTOR_CACHE_DIR`` to a new directory for a cold
 number). Then ``--repeats`` rounds, eager and compiled interleaved, each at a new cache position
@@ -63,22 +64,6 @@ def slots_forward(model, B: int, T: int):
     return f
 
 
-def append_forward(model, T: int):
-    """A callable ``f(n)``: batch-1 decoding's verification forward (``extend`` of ``T`` tokens after
-    ``n`` image tokens, 2 rows with CFG)."""
-    prompt = model.make_prompt(model.default_conditions(1), guided=True)
-    cache = model.new_cache(prompt)
-    model.prefill(prompt, cache)
-    gen = torch.Generator().manual_seed(0)
-
-    def f(n: int) -> torch.Tensor:
-        cache.kv.length = cache.prefix + n  # (earlier entries are whatever earlier calls wrote)
-        tokens = torch.randint(0, model.vocab_size, (2, T), generator=gen).to(model.device)
-        return model.extend(cache, tokens).logits
-
-    return f
-
-
 @cli_main
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="bench_compile.py", description=__doc__.split("\n")[0])
@@ -98,12 +83,11 @@ def main(argv=None) -> int:
     N = eager.num_tokens
     if N < T + 2:
         raise UsageError(f"{args.model} has {N} image tokens; use --gamma below {N - 2}")
-    cells = [("append", 1)] + [("slots", B) for B in sizes]
+    cells = [("slots", B) for B in sizes]
     rows, summary = [], []
     with torch.no_grad():
         for kind, B in cells:
-            make = (lambda m: append_forward(m, T)) if kind == "append" else (lambda m: slots_forward(m, B, T))
-            fe, fc = make(eager), make(compiled)
+            fe, fc = slots_forward(eager, B, T), slots_forward(compiled, B, T)
             t0 = time.perf_counter()
             fc(2)
             _sync(device)
@@ -132,7 +116,7 @@ def main(argv=None) -> int:
                     "compile_s": compile_s,
                 }
             )
-            label = "batch-1 extend" if kind == "append" else f"slots B = {B}"
+            label = f"slots B = {B}"
             first = f"{compile_s:.1f} s" if compile_s >= 0.5 else "reused an earlier graph"
             print(
                 f"{label:15s} eager {e:7.2f} ms  compiled {c:7.2f} ms  x{e / c:.2f}  (first call: {first})",

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from reference.cache import OneImageCache
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration
@@ -136,7 +137,7 @@ def test_image_token_map_from_vocabulary_names(lm):
 def test_image_logits_are_finite_and_equal_hidden_times_head_rows(lm):
     model = adapter(lm)
     prompt = model.make_prompt(["w26 w27 w28"])
-    step = model.prefill(prompt, model.new_cache(prompt))
+    step = OneImageCache(model, prompt, model.num_tokens).prefill()
     assert step.logits.shape == (1, 1, V) and step.logits.dtype == torch.float32
     assert torch.isfinite(step.logits).all()
     with torch.no_grad():
@@ -193,26 +194,26 @@ def test_prefill_and_chunked_extend_equal_teacher_force(lm, style):
     x = tokens(2, 16, seed=1)
     rows = torch.cat([x, x])
     full = model.teacher_force(prompt, rows)
-    cache = model.new_cache(prompt)
-    parts = [model.prefill(prompt, cache)]
+    cache = OneImageCache(model, prompt, model.num_tokens)
+    parts = [cache.prefill()]
     for a, b in ((0, 1), (1, 4), (4, 9), (9, 15)):  # chunks crossing row ends (width 4)
-        parts.append(model.extend(cache, rows[:, a:b]))
+        parts.append(cache.extend(rows[:, a:b]))
     logits = torch.cat([s.logits for s in parts], 1)
     hidden = torch.cat([s.hidden for s in parts], 1)
-    assert logits.shape == (4, 16, V) and model.cache_tokens(cache) == 15
+    assert logits.shape == (4, 16, V) and cache.n == 15
     torch.testing.assert_close(logits, full.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(hidden, full.hidden, atol=1e-5, rtol=0)
-    eol = 15 // 4 if style == "lumina" else 0
-    assert cache.kv.get_seq_length() == prompt.inputs["ids"].shape[1] + 15 + eol
+    eol = 16 // 4 if style == "lumina" else 0  # the slots cache: prefix region, 16 slots and their separators
+    assert cache.cache.kv.capacity == prompt.inputs["ids"].shape[1] + 16 + eol + 1  # + the scratch entry
 
 
 def test_lumina_end_of_row_tokens_are_inserted_transparently(lm):
     model = adapter(lm, "lumina")
     prompt = model.make_prompt([[26, 27]])
     x = tokens(1, 6, seed=2)
-    cache = model.new_cache(prompt)
-    model.prefill(prompt, cache)
-    step = model.extend(cache, x)
+    cache = OneImageCache(model, prompt, model.num_tokens)
+    cache.prefill()
+    step = cache.extend(x)
     v = [CODE_IDS[c] for c in x[0].tolist()]
     seq = prompt.inputs["ids"][0].tolist() + v[:4] + [8] + v[4:]  # 8 = <reserved08799> after the 4-token row
     with torch.no_grad():
@@ -227,19 +228,18 @@ def test_rollback_then_reextend_equals_a_fresh_run(lm, style, keep):
     model = adapter(lm, style)
     prompt = model.make_prompt([[26, 27]], guided=True)
     first, second = tokens(1, 10, seed=3), tokens(1, 5, seed=4)
-    cache = model.new_cache(prompt)
-    model.prefill(prompt, cache)
-    model.extend(cache, torch.cat([first, first]))
-    model.rollback(cache, keep)
-    assert model.cache_tokens(cache) == keep
-    again = model.extend(cache, torch.cat([second, second]))
-    fresh_cache = model.new_cache(prompt)
-    model.prefill(prompt, fresh_cache)
-    ref = model.extend(fresh_cache, torch.cat([torch.cat([first[:, :keep], second], 1)] * 2))
+    cache = OneImageCache(model, prompt, model.num_tokens)
+    cache.prefill()
+    cache.extend(torch.cat([first, first]))
+    cache.rollback(keep)  # the rejected slots are never visible again, then overwritten
+    assert cache.n == keep
+    again = cache.extend(torch.cat([second, second]))
+    fresh = OneImageCache(model, prompt, model.num_tokens)
+    fresh.prefill()
+    ref = fresh.extend(torch.cat([torch.cat([first[:, :keep], second], 1)] * 2))
     torch.testing.assert_close(again.logits, ref.logits[:, keep:], atol=1e-5, rtol=0)
-    assert cache.kv.get_seq_length() == fresh_cache.kv.get_seq_length()
     with pytest.raises(ValueError):
-        model.rollback(cache, keep + 6)
+        cache.rollback(keep + 6)
 
 
 # --------------------------------------------------------------------------- profile path and drafter
@@ -451,7 +451,7 @@ def test_lumina_per_shard_qk_norms_are_expanded_per_head(lm):
     assert set(vq_state) == {k[len("model.vqmodel.") :] for k in state if k.startswith("model.vqmodel.")}
     lumina = ChameleonModel(new, make_template(tiny_vocab(), 1, "lumina", 8, 2), None, name="lumina")
     prompt = lumina.make_prompt([[26]])
-    assert torch.isfinite(lumina.prefill(prompt, lumina.new_cache(prompt)).logits).all()
+    assert torch.isfinite(OneImageCache(lumina, prompt, lumina.num_tokens).prefill().logits).all()
     state["model.layers.0.self_attn.q_norm.weight"] = state["model.layers.0.self_attn.q_norm.weight"][:, :3]
     with pytest.raises(UsageError, match="shape mismatch"):
         build_lm(lm.config, state)

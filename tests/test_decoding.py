@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from reference.cache import OneImageCache
 from reference.chain import autoregressive_decode, speculative_decode
 
 from ambiguity.errors import UsageError
@@ -69,17 +70,17 @@ class CopyDrafter:
         self.target = target_fingerprint(model)
 
     def new_cache(self, rows):
-        cache = self.model.new_cache(self.prompt, self.model.num_tokens)
-        self.model.prefill(self.prompt, cache)
+        cache = OneImageCache(self.model, self.prompt, self.model.num_tokens)
+        cache.prefill()
         return cache
 
     def rollback(self, cache, n):
-        self.model.rollback(cache, n)
+        cache.rollback(n)
 
     def __call__(self, model, tokens, features, cache, start):
-        if self.model.cache_tokens(cache) != start:
-            self.model.rollback(cache, start)
-        return self.model.extend(cache, tokens).hidden
+        if cache.n != start:
+            cache.rollback(start)
+        return cache.extend(tokens).hidden
 
     def logits(self, model, f):
         return model.head(f) + self.noise * (f.float() @ self.R)

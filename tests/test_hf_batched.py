@@ -12,6 +12,8 @@ LMs): tiny random-weight models in float64, no download.
 * draft trees on an end-of-row layout are refused in one line (batched as at batch 1).
 """
 
+import copy
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -224,18 +226,20 @@ def test_generate_batch_size_on_a_transformers_adapter(tmp_path, monkeypatch):
     assert pd.read_parquet(tmp_path / "b2" / "steps.parquet")["active"].max() == 2
 
 
-def test_sliding_window_text_lm_is_refused_by_the_engine(tmp_path, capsys):
-    """A decoder with sliding-window layers (a tiny Mistral) cannot use the slots cache the engine
-    decodes on: ``lantern.generate`` ends with one line naming why and exits 2, at any batch size
-    (its profile runs: ``python -m ambiguity.profile`` does not decode on the engine)."""
+def test_chunked_attention_text_lm_is_refused_in_one_line(tmp_path, capsys):
+    """A decoder with chunked-attention layers (a tiny Llama given ``attention_chunk_size``, as Llama 4's
+    layers) cannot use the slots cache every decode runs on: ``lantern.generate`` at any batch size and
+    ``python -m ambiguity.profile`` end with one line naming why and exit 2. (Sliding-window layers
+    decode: ``tests/test_hf_text.py``.)"""
     from hf_tiny import char_tokenizer, save
-    from transformers import MistralConfig, MistralForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
+    from ambiguity.profile import main as profile_main
     from lantern.generate import main
 
     tok = char_tokenizer([], bos="<s>", eos="</s>", pad="<pad>", prepend_bos=True)
     torch.manual_seed(0)
-    cfg = MistralConfig(
+    cfg = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=32,
         num_hidden_layers=2,
@@ -243,33 +247,32 @@ def test_sliding_window_text_lm_is_refused_by_the_engine(tmp_path, capsys):
         num_key_value_heads=2,
         intermediate_size=48,
         max_position_embeddings=256,
-        sliding_window=4,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
     )
-    src = save(MistralForCausalLM(cfg).eval(), tok, tmp_path / "mistral")
-    assert not HFCausalLM(MistralForCausalLM(cfg).eval(), tok).can_batch_decode
+    cfg.attention_chunk_size = 4
+    src = save(LlamaForCausalLM(cfg).eval(), tok, tmp_path / "chunked")
+    why = "its decoder has chunked-attention layers, which the per-image slots cache does not model"
     (tmp_path / "prompts.txt").write_text("ab\nhello\n")
-    common = ["--model", f"hf:{src}", "--method", "ar", "--captions", str(tmp_path / "prompts.txt")]
-    common += ["--num-images", "2", "--cfg", "1", "--device", "cpu"]
+    common = ["--model", f"hf:{src}", "--captions", str(tmp_path / "prompts.txt"), "--num-images", "2"]
+    common += ["--cfg", "1", "--device", "cpu"]
     for B in ("2", "1"):
         capsys.readouterr()
-        assert main([*common, "--batch-size", B, "--out", str(tmp_path / f"b{B}")]) == 2
+        assert main([*common, "--method", "ar", "--batch-size", B, "--out", str(tmp_path / f"b{B}")]) == 2
         err = capsys.readouterr().err.strip().splitlines()  # transformers' weight-loading bars, then the error
-        assert err[-1] == (
-            f"error: hf:{src} cannot decode on the slot engine: its decoder has DynamicSlidingWindowLayer "
-            f"cache layers, which the per-image slots cache does not model"
-        )
+        assert err[-1] == f"error: hf:{src} cannot decode on the slot engine: {why}"
+    assert profile_main([*common, "--out", str(tmp_path / "profile"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"error: hf:{src} cannot decode: {why}"
 
 
 def test_batch_limit_is_decided_once_per_decoder_config(monkeypatch):
     """``batch_limit`` builds one empty DynamicCache per decoder config (not one per access) and keeps
-    its answer: '' for a full-attention Llama; for a sliding-window Mistral the layer kind named; a
-    decoder given a new config is decided again."""
+    its answer: '' for a full-attention Llama and for a sliding-window Mistral (its windows kept); a
+    decoder given a new config is decided again (chunked attention: refused in one line)."""
     from transformers import MistralConfig, MistralForCausalLM
 
-    import ambiguity.models.hf_cache as hf  # slots_cache_limit builds its probe cache there
+    import ambiguity.models.hf_cache as hf  # slots_cache_plan builds its probe cache there
 
     built = []
     real = hf.new_dynamic_cache
@@ -289,8 +292,13 @@ def test_batch_limit_is_decided_once_per_decoder_config(monkeypatch):
     built.clear()
     assert [llama.batch_limit, llama.batch_limit, llama.can_batch_decode] == ["", "", True]
     assert built == [llama.decoder.config]
-    why = "its decoder has DynamicSlidingWindowLayer cache layers, which the per-image slots cache does not model"
-    assert [mistral.batch_limit, mistral.batch_limit, mistral.can_batch_decode] == [why, why, False]
+    assert [mistral.batch_limit, mistral.batch_limit, mistral.can_batch_decode] == ["", "", True]
+    assert mistral._plan()[1] == (4, 4)  # every layer windowed
     assert built == [llama.decoder.config, mistral.decoder.config]
-    llama.decoder.config = mistral.decoder.config
-    assert llama.batch_limit == why and len(built) == 3
+    chunked = copy.deepcopy(lm.config)
+    chunked.attention_chunk_size = 4
+    llama.decoder.config = chunked
+    why = "its decoder has chunked-attention layers, which the per-image slots cache does not model"
+    assert [llama.batch_limit, llama.can_batch_decode] == [why, False] and len(built) == 3
+    with pytest.raises(UsageError, match=f"^{llama.name} cannot decode: {why}$"):
+        llama.new_slots_cache(1, False, 4)

@@ -2,13 +2,16 @@
 
 import pytest
 import torch
-from hf_tiny import save, save_to_hf_cache, tiny_gpt2, tiny_llama, use_hf_cache
+from hf_tiny import char_tokenizer, save, save_to_hf_cache, tiny_gpt2, tiny_llama, use_hf_cache
+from reference.cache import OneImageCache
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
 from ambiguity.models.hf_text import HFCausalLM, load_hf_causal_lm, read_prompts
 from ambiguity.models.registry import load_model
-from ambiguity.sampling import SamplingConfig
+from ambiguity.sampling import SamplingConfig, distribution, pick
+from ambiguity.seeding import image_generator
+from lantern.engine.decode import DecodeConfig, decode
 
 PROMPTS = ["hello there, old friend", "hi"]
 L = 6
@@ -67,13 +70,13 @@ def test_prefill_extend_rollback_and_padding(tiny):
     p = lm.make_prompt(PROMPTS)
     tokens, other = _ids(lm, 2, L, seed=1), _ids(lm, 2, L, seed=2)
     tf = lm.teacher_force(p, tokens)
-    cache = lm.new_cache(p)
-    steps = [lm.prefill(p, cache), lm.extend(cache, tokens[:, :2]), lm.extend(cache, tokens[:, 2:5])]
+    cache = OneImageCache(lm, p, L)
+    steps = [cache.prefill(), cache.extend(tokens[:, :2]), cache.extend(tokens[:, 2:5])]
     torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), tf.logits, atol=1e-5, rtol=0)
-    lm.rollback(cache, 1)
-    lm.extend(cache, torch.cat([tokens[:, 1:2], other[:, 2:4]], 1))  # one accepted, two rejected
-    lm.rollback(cache, 2)
-    torch.testing.assert_close(lm.extend(cache, tokens[:, 2:5]).logits, tf.logits[:, 3:6], atol=1e-5, rtol=0)
+    cache.rollback(1)
+    cache.extend(torch.cat([tokens[:, 1:2], other[:, 2:4]], 1))  # one accepted, two rejected
+    cache.rollback(2)
+    torch.testing.assert_close(cache.extend(tokens[:, 2:5]).logits, tf.logits[:, 3:6], atol=1e-5, rtol=0)
     alone = lm.teacher_force(lm.make_prompt(PROMPTS[1:]), tokens[1:])  # the left-padded row, unpadded
     torch.testing.assert_close(tf.logits[1:], alone.logits, atol=1e-5, rtol=0)
 
@@ -164,3 +167,69 @@ def test_bf16_draft_layer_keeps_the_targets_rotary_frequencies():
     x = torch.randn(1, 4, 32, generator=torch.Generator().manual_seed(5)).bfloat16()
     with torch.no_grad():
         assert torch.isfinite(layer(x, None, 6000).float()).all()
+
+
+# --------------------------------------------------------------------------- sliding-window attention
+WINDOW_PROMPTS = ["hello there", "ab", "a longer prompt than the window"]
+
+
+def _windowed(kind: str):
+    """A tiny float64 text LM whose attention sees 3 positions: Mistral (every layer windowed) or Qwen 2
+    (layer 0 full, layer 1 windowed: a decoder that takes one mask per layer type)."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tok = char_tokenizer([], bos="<s>", eos="</s>", pad="<pad>", prepend_bos=True)
+    torch.manual_seed(0)
+    size = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    size.update(intermediate_size=48, max_position_embeddings=256, vocab_size=len(tok))
+    if kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(sliding_window=3, **size))
+    else:
+        cfg = Qwen2Config(use_sliding_window=True, sliding_window=3, max_window_layers=1, **size)
+        assert cfg.layer_types == ["full_attention", "sliding_attention"]
+        model = Qwen2ForCausalLM(cfg)
+    return model.eval().double(), tok
+
+
+def _ar_without_cache(model, lm, prompt: str, index: int, n: int) -> list[int]:
+    """Plain AR sampling, one full forward (no cache) of the prompt and the tokens so far per token,
+    drawing from image ``index``'s stream of seed 0 as the engine does."""
+    ids = list(lm.make_prompt([prompt]).inputs["ids"][0].tolist())
+    g, out = image_generator(0, index), []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids + out])).logits[:, -1].float()
+        out.append(int(pick(distribution(logits, SamplingConfig()), False, [g])[0]))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
+def test_sliding_window_decodes_on_the_engine_as_full_forwards_do(kind):
+    """Sliding-window layers on the slots cache: the engine's AR decoding (batch 1 and a batch of 2
+    with a prompt admitted later) and the profile's sampler give every prompt the tokens of plain AR
+    sampling with full forwards, in float64; the window matters (a full-attention mask differs)."""
+    model, tok = _windowed(kind)
+    lm = HFCausalLM(model, tok, name=f"hf:tiny-{kind}", length=8)
+    assert lm.can_batch_decode and lm.batch_limit == ""
+    want = [_ar_without_cache(model, lm, p, i, 8) for i, p in enumerate(WINDOW_PROMPTS)]
+    for B in (1, 2):
+        got = decode(lm, WINDOW_PROMPTS, DecodeConfig.of("ar"), SamplingConfig(), batch_size=B).tokens
+        assert got.tolist() == want, B
+    from ambiguity.seeding import image_generators
+
+    gens = image_generators(0, range(3))
+    assert sample_tokens(lm, lm.make_prompt(WINDOW_PROMPTS), SamplingConfig(), gens).tolist() == want
+    p = lm.make_prompt(WINDOW_PROMPTS[2:])
+    codes = torch.tensor([want[2]])
+    with torch.no_grad():
+        ids = torch.cat([p.inputs["ids"], codes[:, :-1]], 1)
+        windowed = model(input_ids=ids).logits[:, -8:].float()
+    tf = lm.teacher_force(p, codes).logits
+    torch.testing.assert_close(tf, windowed, atol=1e-10, rtol=0)
+    cache = OneImageCache(lm, p, 8)
+    steps = [cache.prefill(), cache.extend(codes[:, :3]), cache.extend(codes[:, 3:7])]
+    torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), windowed, atol=1e-10, rtol=0)
+    lm._plan_of = (lm.decoder.config, "", (None, None))  # the same cache without the window
+    full = OneImageCache(lm, p, 8)
+    steps = [full.prefill(), full.extend(codes[:, :7])]
+    assert (torch.cat([s.logits for s in steps], 1) - windowed).abs().max() > 1e-3

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hf_tiny import save, save_to_hf_cache, tiny_janus, use_hf_cache
+from reference.cache import OneImageCache
 
 from ambiguity.errors import UsageError, WeightsNotFoundError
 from ambiguity.generation import sample_tokens
@@ -79,14 +80,9 @@ def test_prefill_extend_equals_teacher_force_with_cfg_and_padding(tiny):
     p = jm.make_prompt(CAPTIONS, guided=True)
     tokens = _codes(2, 16, seed=1).repeat(2, 1)
     tf = jm.teacher_force(p, tokens)
-    cache = jm.new_cache(p, 16)
-    steps = [
-        jm.prefill(p, cache),
-        jm.extend(cache, tokens[:, :5]),
-        jm.extend(cache, tokens[:, 5:6]),
-        jm.extend(cache, tokens[:, 6:15]),
-    ]
-    assert jm.cache_tokens(cache) == 15
+    cache = OneImageCache(jm, p, 16)
+    steps = [cache.prefill(), cache.extend(tokens[:, :5]), cache.extend(tokens[:, 5:6]), cache.extend(tokens[:, 6:15])]
+    assert cache.n == 15
     torch.testing.assert_close(torch.cat([s.logits for s in steps], 1), tf.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat([s.hidden for s in steps], 1), tf.hidden, atol=1e-5, rtol=0)
 
@@ -96,16 +92,16 @@ def test_rollback_then_reextend_equals_fresh_run(tiny):
     p = jm.make_prompt(CAPTIONS)
     tokens = _codes(2, 16, seed=2)
     other = _codes(2, 16, seed=3)
-    cache = jm.new_cache(p, 16)
-    jm.prefill(p, cache)
-    jm.extend(cache, torch.cat([tokens[:, :6], other[:, 6:12]], 1))  # 6 accepted, 6 rejected drafts
-    jm.rollback(cache, 6)
-    assert jm.cache_tokens(cache) == 6 and cache.length == p.inputs["ids"].shape[1] + 6
-    again = jm.extend(cache, tokens[:, 6:10])
+    cache = OneImageCache(jm, p, 16)
+    cache.prefill()
+    cache.extend(torch.cat([tokens[:, :6], other[:, 6:12]], 1))  # 6 accepted, 6 rejected drafts
+    cache.rollback(6)
+    assert cache.n == 6
+    again = cache.extend(tokens[:, 6:10])
     fresh = jm.teacher_force(p, tokens[:, :11])
     torch.testing.assert_close(again.logits, fresh.logits[:, 7:11], atol=1e-5, rtol=0)
     with pytest.raises(ValueError):
-        jm.rollback(cache, 11)
+        cache.rollback(11)
 
 
 def test_expand_rows_equal_their_prompts_run_alone(tiny):

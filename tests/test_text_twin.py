@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference.cache import OneImageCache
 
 from ambiguity.data import text_corpus as tc
 from ambiguity.errors import UsageError, WeightsNotFoundError
@@ -163,13 +164,12 @@ def test_prompt_errors(twin):
 def test_left_padding_changes_nothing(twin):
     texts = ["The king went up to", "", "a"]
     batch = twin.make_prompt(texts)
-    cache = twin.new_cache(batch, 4)
-    first = twin.prefill(batch, cache)
+    first = OneImageCache(twin, batch, 4).prefill()
     x = torch.randint(0, 300, (3, 5), generator=torch.Generator().manual_seed(1))
     forced = twin.teacher_force(batch, x)
     for i, t in enumerate(texts):
         one = twin.make_prompt([t])
-        ref = twin.prefill(one, twin.new_cache(one, 4))
+        ref = OneImageCache(twin, one, 4).prefill()
         torch.testing.assert_close(first.logits[i], ref.logits[0], atol=1e-5, rtol=0)
         torch.testing.assert_close(forced.logits[i], twin.teacher_force(one, x[i : i + 1]).logits[0], atol=1e-5, rtol=0)
 
@@ -179,19 +179,20 @@ def test_teacher_force_equals_cached_decoding(twin):
     p = twin.make_prompt(["", "The river"])
     x = torch.randint(0, 300, (2, 6), generator=torch.Generator().manual_seed(2))
     forced = twin.teacher_force(p, x).logits
-    cache = twin.new_cache(p, 6)
-    steps = [twin.prefill(p, cache).logits]
+    cache = OneImageCache(twin, p, 6)
+    steps = [cache.prefill().logits]
     for t in range(5):
-        steps.append(twin.extend(cache, x[:, t : t + 1]).logits)
+        steps.append(cache.extend(x[:, t : t + 1]).logits)
     torch.testing.assert_close(forced, torch.cat(steps, 1), atol=1e-5, rtol=0)
-    twin.rollback(cache, 2)
-    assert twin.cache_tokens(cache) == 2
+    for i in range(2):  # each row alone, unpadded: one full forward
+        alone = twin.teacher_force(twin.make_prompt([["", "The river"][i]]), x[i : i + 1]).logits
+        torch.testing.assert_close(forced[i : i + 1], alone, atol=1e-5, rtol=0)
 
 
 @torch.no_grad()
 def test_guidance_with_bos_prompts_is_the_identity(twin):
     p = twin.make_prompt(["", ""], guided=True)
-    logits = twin.prefill(p, twin.new_cache(p, 1)).logits[:, -1]
+    logits = OneImageCache(twin, p, 1).prefill().logits[:, -1]
     guided = distribution(logits, SamplingConfig(guidance=3.0))
     plain = distribution(logits[:2], SamplingConfig())
     torch.testing.assert_close(guided, plain, atol=1e-6, rtol=0)
@@ -261,10 +262,10 @@ def test_quick_training_then_load_and_generate(tmp_path, capsys):
 
 
 def test_twin_reuses_llamagen_decoding_through_the_prefix_hooks():
-    """No copy of LlamaGen's cache / prefill / teacher forcing: only the two prefix hooks differ."""
+    """No copy of LlamaGen's prefix cache / teacher forcing: only the two prefix hooks differ."""
     from ambiguity.models.llamagen import LlamaGenModel
     from ambiguity.models.text_twin import TextTwinModel
 
-    for name in ("new_cache", "prefill", "teacher_force"):
+    for name in ("prefix_cache", "teacher_force"):
         assert name not in TextTwinModel.__dict__ and name in LlamaGenModel.__dict__
     assert {"prefix_length", "prefix_embeddings"} <= set(TextTwinModel.__dict__)

@@ -18,6 +18,7 @@ from collections import defaultdict
 
 import pytest
 import torch
+from reference.cache import OneImageCache
 from reference.tree_decoding import tree_decode, walk_official_greedy, walk_tree
 from reference.trees import Tree
 
@@ -104,28 +105,28 @@ def _check_tree_attention(model, prompt, n, guided, gen):
         parents, depths = _random_tree(6, gen)
     toks = torch.cat([prefix[:, -1:], torch.randint(0, V, (1, 5), generator=gen)], 1)
     tree = Tree(toks[0], parents, depths)
-    cache = model.new_cache(prompt, model.num_tokens + 8)
-    model.prefill(prompt, cache)
+    cache = OneImageCache(model, prompt, model.num_tokens, 8)
+    cache.prefill()
     if n > 1:
-        model.extend(cache, expand_rows(prefix[:, :-1], guided))
-    out = model.extend_tree(cache, expand_rows(toks, guided), torch.tensor(depths), tree.ancestors())
+        cache.extend(expand_rows(prefix[:, :-1], guided))
+    out = cache.extend_tree(expand_rows(toks, guided), torch.tensor(depths), tree.ancestors())
     for t in range(6):
         path = tree.path_to(t)
-        ref_cache = model.new_cache(prompt, model.num_tokens)
-        model.prefill(prompt, ref_cache)
+        ref_cache = OneImageCache(model, prompt, model.num_tokens)
+        ref_cache.prefill()
         chain = torch.cat([prefix[:, :-1], toks[:, path]], 1)
-        ref = model.extend(ref_cache, expand_rows(chain, guided))
+        ref = ref_cache.extend(expand_rows(chain, guided))
         torch.testing.assert_close(out.logits[:, t], ref.logits[:, -1], atol=1e-4, rtol=1e-4)
     # keep the path to node 5: the cache now equals that chain's cache (next logits agree)
     path = tree.path_to(5)
-    model.keep_path(cache, n - 1, torch.tensor(path))
-    assert model.cache_tokens(cache) == n - 1 + len(path)
+    cache.keep_path(n - 1, torch.tensor(path))
+    assert cache.n == n - 1 + len(path)
     nxt = torch.randint(0, V, (1, 1), generator=gen)
     if n - 1 + len(path) < model.num_tokens:
-        a = model.extend(cache, expand_rows(nxt, guided))
-        ref_cache = model.new_cache(prompt, model.num_tokens)
-        model.prefill(prompt, ref_cache)
-        b = model.extend(ref_cache, expand_rows(torch.cat([prefix[:, :-1], toks[:, path], nxt], 1), guided))
+        a = cache.extend(expand_rows(nxt, guided))
+        ref_cache = OneImageCache(model, prompt, model.num_tokens)
+        ref_cache.prefill()
+        b = ref_cache.extend(expand_rows(torch.cat([prefix[:, :-1], toks[:, path], nxt], 1), guided))
         torch.testing.assert_close(a.logits[:, -1], b.logits[:, -1], atol=1e-4, rtol=1e-4)
 
 

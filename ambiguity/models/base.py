@@ -22,10 +22,15 @@ Every call returns per-row outputs; :func:`ambiguity.sampling.split_rows` and
 
 Decoding calls
 --------------
-``cache = model.new_cache(prompt)``; ``step = model.prefill(prompt, cache)`` gives the
-distribution of the first image token; ``model.extend(cache, tokens)`` appends ``T`` tokens
-and returns, for each, the distribution of the *next* token; ``model.rollback(cache, n)`` keeps
-the prefix and the first ``n`` image tokens (KV-cache rollback after a rejected draft).
+One cache protocol, the slot cache of the decoding engine (:mod:`lantern.engine.loop`): ``cache =
+model.new_slots_cache(B, guided, N, spare)`` holds ``B`` images, each at its own position;
+``model.prefill_slots(cache, rows, prompt)`` runs a prompt's prefix into chosen rows and gives the
+distribution of the first image token; ``model.extend_slots(cache, tokens, slots, positions,
+visible)`` writes every row's tokens at its own image slots and returns, for each, the distribution
+of the *next* token, each token attending to the slots ``visible`` allows (a rejected draft is
+simply never visible again; a draft tree's nodes see their ancestors); ``select_slots`` drops rows
+(a draining batch) and ``move_slots`` copies entries (the accepted path of a tree).
+:func:`ambiguity.generation.sample_tokens` and :meth:`TokenModel.teacher_force` decode on it too.
 """
 
 from __future__ import annotations
@@ -152,8 +157,9 @@ class DraftLayer(nn.Module, abc.ABC):
     positions ``start..start+T-1`` -> (rows, T, H), written at cache positions ``start..``; with
     ``positions`` (T,) int64 (draft-tree nodes) the inputs take those positions, are appended
     after the cache and see the cache positions ``attend`` (T, cache length + T) bool allows.
-    ``new_cache(rows, spare)`` (room for ``spare`` draft-tree nodes beyond one image) and
-    ``rollback(cache, n)`` mirror :class:`TokenModel`.
+    ``new_cache(rows, spare)``: a cache for ``rows`` rows with room for one image and ``spare``
+    draft-tree nodes; ``rollback(cache, n)`` keeps its first ``n`` positions. The layer's
+    batched decoding is :meth:`forward_slots` (the target's slot protocol, see :class:`TokenModel`).
     """
 
     @abc.abstractmethod
@@ -265,46 +271,6 @@ class TokenModel(abc.ABC):
             return [i % self.num_classes for i in range(n)]
         raise NotImplementedError(f"{self.name} needs explicit conditions (captions or prompts)")
 
-    # ------------------------------------------------------------- decoding
-    @abc.abstractmethod
-    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> Any:
-        """A fresh KV cache for ``prompt.rows`` rows and up to ``max_new_tokens`` image tokens."""
-
-    @abc.abstractmethod
-    def prefill(self, prompt: Prompt, cache: Any) -> Step:
-        """Run the prefix; returns a Step with T = 1: the distribution of the first image token."""
-
-    @abc.abstractmethod
-    def extend(self, cache: Any, tokens: torch.Tensor) -> Step:
-        """Append tokens (rows, T) int64 code indices; returns T next-token distributions."""
-
-    @abc.abstractmethod
-    def rollback(self, cache: Any, n: int) -> None:
-        """Keep the prefix and the first ``n`` image tokens of every row; drop the rest."""
-
-    @abc.abstractmethod
-    def cache_tokens(self, cache: Any) -> int:
-        """Number of image tokens currently held by the cache (after the prefix)."""
-
-    def extend_tree(self, cache: Any, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> Step:
-        """Verify a draft tree in one forward: tokens (rows, T) int64 code indices of the T nodes
-        (node 0 the root: the last committed token, not yet in the cache), depths (T,) int64
-        (root 0), ancestors (T, T) bool (``[t, s]`` true when node s is t or an ancestor of t).
-
-        Node t sits at image position ``cache_tokens(cache) + depths[t]`` (its own rotary
-        position: a 2D grid cell for LlamaGen) and attends to the cached prefix and image tokens
-        and to its ancestors only. Returns a Step (rows, T, .): logits[:, t] is the distribution
-        of the token after node t. The T nodes are appended to the cache; follow with
-        :meth:`keep_path`. Raises NotImplementedError when the adapter cannot verify trees.
-        """
-        raise NotImplementedError(f"{self.name} does not verify draft trees; use chain drafting")
-
-    def keep_path(self, cache: Any, n: int, nodes: torch.Tensor) -> None:
-        """After :meth:`extend_tree` on a cache holding ``n`` image tokens: keep those and then the
-        tree nodes ``nodes`` (m,) int64 (the accepted path, root first) as image tokens
-        ``n .. n+m-1``; every other node is dropped."""
-        raise NotImplementedError(f"{self.name} does not verify draft trees; use chain drafting")
-
     # ------------------------------------------------- compiled forwards
     def compile_forwards(self) -> None:
         """Run the cached target forwards through ``torch.compile`` from now on (``--compile``;
@@ -312,8 +278,10 @@ class TokenModel(abc.ABC):
         only the LlamaGen-architecture models, whose KV cache is a static buffer, can)."""
         raise UsageError(compile_refusal(self.name))
 
-    # ------------------------------------------------- batched decoding (many images in flight)
+    # ------------------------------------------------- decoding: the slot cache (many images in flight)
     #: whether :meth:`new_slots_cache`, :meth:`prefill_slots` and :meth:`extend_slots` work, and why not
+    #: (every adapter of the toolkit decodes on them; a transformers decoder with layers the slot
+    #: cache does not model names them in ``batch_limit``)
     can_batch_decode: bool = False
     batch_limit: str = "its adapter has no per-image cache positions and 2D attention masks"
 
@@ -352,7 +320,7 @@ class TokenModel(abc.ABC):
     def move_slots(self, cache: Any, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Batched draft trees: copy each row's keys/values at image slots ``src`` (rows, m) int64 to
         ``dst`` (rows, m) (all read before any is written; the accepted path of a verified tree moved
-        behind its image's committed tokens, as :meth:`keep_path` does for one image). A pair with
+        behind its image's committed tokens). A pair with
         ``src == dst`` leaves that slot as it is. Raises NotImplementedError when the adapter cannot batch."""
         raise NotImplementedError(f"{self.name} cannot decode several images per forward")
 
@@ -360,15 +328,20 @@ class TokenModel(abc.ABC):
         """Logits and hidden states (rows, N, .) for known sequences tokens (rows, N).
 
         Position ``t`` predicts ``tokens[:, t]`` from the prefix and ``tokens[:, :t]``.
-        The default runs prefill plus one extend over ``tokens[:, :-1]``. Raises UsageError for a
-        code outside ``0..V-1`` (:func:`check_ids`).
+        The default runs on the slot cache: :meth:`prefill_slots`, then one :meth:`extend_slots` of
+        ``tokens[:, :-1]`` at slots and positions ``0..N-2``, causally visible. Raises UsageError for
+        a code outside ``0..V-1`` (:func:`check_ids`).
         """
         check_ids(tokens, self.vocab_size, f"the codes given to {self.name}.teacher_force")
-        cache = self.new_cache(prompt, tokens.shape[1])
-        first = self.prefill(prompt, cache)
-        if tokens.shape[1] == 1:
+        N = tokens.shape[1]
+        cache = self.new_slots_cache(prompt.batch_size, prompt.guided, N)
+        first = self.prefill_slots(cache, torch.arange(prompt.rows, device=self.device), prompt)
+        if N == 1:
             return first
-        rest = self.extend(cache, tokens[:, :-1])
+        at = torch.arange(N - 1, device=self.device)
+        where = at[None].expand(prompt.rows, -1)
+        visible = (at[None, :] <= at[:, None])[None].expand(prompt.rows, -1, -1)
+        rest = self.extend_slots(cache, tokens[:, :-1].to(self.device), where, where, visible)
         return Step(torch.cat([first.logits, rest.logits], 1), torch.cat([first.hidden, rest.hidden], 1))
 
     # ------------------------------------------------------ drafter support

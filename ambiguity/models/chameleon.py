@@ -206,7 +206,7 @@ class ChameleonModel(HFTokenModel):
         # (V, H) output rows of the image tokens, at least float32 (float64 stays float64: a float32 matmul's
         # rounding depends on the batch shape and the CPU's kernels, which broke batched == batch-1 exactness)
         self._head = w.detach()[self.image_token_ids].to(torch.promote_types(w.dtype, torch.float32))
-        # decoding (prefill / extend / rollback / teacher_force) is HFTokenModel's over the base model;
+        # decoding (the slots cache, teacher_force) is HFTokenModel's over the base model;
         # Lumina-mGPT's end-of-row token enters through HFTokenModel.expand
         self.decoder, self.text_embeddings, self.eol_id = lm.model, lm.model.embed_tokens, template.eol
 

@@ -9,9 +9,9 @@ read from the checkpoint's own ``vocabulary_map`` (never an offset), and logits 
 An image of h x w codes is written row by row with an end-of-row token after every row
 (``<|extra_200|>``, the ``eol_token_id`` of transformers' ``Emu3ImageVocabularyMapping``), then
 ``<|extra_201|>`` (end of frame) and ``<|image end|>``. The adapter hides the end-of-row tokens:
-:meth:`Emu3Model.extend` inserts one after each completed row in the same decoder call and
+:meth:`Emu3Model.extend_slots` inserts one after each completed row in the same decoder call and
 returns, for the row's last code, the distribution *after* the end-of-row token (i.e. of the next
-row's first code); :meth:`rollback` keeps ``n`` codes plus their ``n // w`` end-of-row tokens.
+row's first code); image slot ``n`` sits after ``n`` codes and their ``n // w`` end-of-row tokens.
 So the decoder's positions match Emu3's generation exactly while the toolkit sees only codes.
 
 Prompt (as Emu3's processor builds it for generation): ``<bos>`` + caption + ``<|image start|>``

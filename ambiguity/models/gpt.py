@@ -13,8 +13,9 @@ Two behaviours of the official model are kept on purpose because checkpoints dep
 * classifier-free guidance uses the extra "null" class row (``c2i``) or the learned
   ``uncond_embedding`` buffer (``t2i``).
 
-The KV cache is a static buffer in the style of gpt-fast; :meth:`KVCache.crop` rolls it back
-after a rejected speculative draft.
+The KV cache is a static buffer in the style of gpt-fast: batched decoding writes each row's
+entries in place at its own slots (:meth:`GPT.forward_rows`); :meth:`KVCache.crop` rolls back an
+appending cache (the EAGLE drafter layer's) after a rejected speculative draft.
 """
 
 from __future__ import annotations
@@ -256,17 +257,6 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
         self.length = length
-
-    def keep(self, start: int, indices: torch.Tensor) -> None:
-        """Keep positions ``0..start-1`` and then the entries at ``indices`` (m,) (absolute cache
-        positions >= start, e.g. the accepted path of a draft tree), moved to ``start..start+m-1``."""
-        idx = indices.to(self.k.device, torch.long)
-        m = int(idx.numel())
-        if m and (int(idx.min()) < start or int(idx.max()) >= self.length):
-            raise ValueError(f"keep indices must lie in {start}..{self.length - 1}")
-        self.k[:, :, :, start : start + m] = self.k[:, :, :, idx].clone()
-        self.v[:, :, :, start : start + m] = self.v[:, :, :, idx].clone()
-        self.length = start + m
 
     def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Per row, copy the entries at cache positions ``src`` (rows, m) int64 to ``dst`` (rows, m),

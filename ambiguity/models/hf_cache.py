@@ -1,23 +1,22 @@
 """KV caches of transformers decoders as the adapters use them: ``DynamicCache`` helpers that hold
-across transformers releases (the cache argument's name, construction, crop, row selection), the
-additive attention mask, whether a decoder fits the per-image slots cache, and :class:`HFCache`
-(a ``DynamicCache`` plus the 2D attention mask of everything it holds; rollback crops both).
+across transformers releases (the cache argument's name, construction, crop), the additive attention
+mask, and which attention layers a decoder has (:func:`slots_cache_plan`: full attention, a sliding
+window, or kinds the per-image slots cache does not model).
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Optional
 
 import torch
 
 __all__ = [
-    "HFCache",
     "cache_kwarg",
     "new_dynamic_cache",
-    "select_dynamic_cache",
     "additive_mask",
     "crop_dynamic_cache",
-    "slots_cache_limit",
+    "slots_cache_plan",
 ]
 
 
@@ -36,14 +35,6 @@ def new_dynamic_cache(config=None):
         return DynamicCache(config=config) if config is not None else DynamicCache()
     except TypeError:  # older transformers without the config argument
         return DynamicCache()
-
-
-def select_dynamic_cache(kv, index: torch.Tensor) -> None:
-    """Keep the cached positions ``index`` (L',) int64 of every layer of a DynamicCache, in that order."""
-    for layer in getattr(kv, "layers", []):
-        if getattr(layer, "keys", None) is not None and layer.keys.numel():
-            i = index.to(layer.keys.device)
-            layer.keys, layer.values = layer.keys[..., i, :], layer.values[..., i, :]
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -65,39 +56,30 @@ def crop_dynamic_cache(kv, length: int) -> None:
         kv.crop(length - held)
 
 
-def slots_cache_limit(config) -> str:
-    """Why a decoder with this config cannot run on the slots cache, '' when it can: the layer kinds of
-    an empty ``DynamicCache`` built from ``config`` (:func:`new_dynamic_cache`) must all be
-    ``DynamicLayer`` (full attention)."""
-    kinds = {type(layer).__name__ for layer in new_dynamic_cache(config).layers}
-    other = sorted(kinds - {"DynamicLayer"})
-    if not other:
-        return ""
-    return f"its decoder has {', '.join(other)} cache layers, which the per-image slots cache does not model"
+def slots_cache_plan(config) -> tuple[str, tuple[Optional[int], ...]]:
+    """The attention of each layer of a decoder with this config, as the slots cache models it.
 
-
-class HFCache:
-    """A ``DynamicCache`` of a transformers decoder plus what the adapter needs around it.
-
-    Attributes:
-        kv: the ``transformers.DynamicCache``.
-        mask: (rows, L) int64 attention mask of the L cached positions (0 at left padding).
-        prefix: number of cached positions that belong to the prompt (the padded prefix length).
-        tokens: number of image tokens held after the prefix.
+    Reads the layer kinds of an empty ``DynamicCache`` built from ``config`` (:func:`new_dynamic_cache`,
+    one build): a ``DynamicLayer`` attends to every earlier position (window None), a
+    ``DynamicSlidingWindowLayer`` to the positions ``j`` with ``i - j < w`` (its ``sliding_window`` w;
+    the transformers sliding-window mask). Returns ``(limit, windows)``: ``limit`` is '' when the
+    slots cache can decode this decoder, else one clause naming why not (chunked attention, recurrent
+    or other layer kinds, several window sizes, or full and windowed layers without
+    ``config.layer_types`` to give each its mask); ``windows`` has one entry per layer (empty when
+    ``limit`` is not '').
     """
-
-    def __init__(self, kv, rows: int, device: torch.device):
-        self.kv = kv
-        self.mask = torch.zeros(rows, 0, dtype=torch.long, device=device)
-        self.prefix = 0
-        self.tokens = 0
-
-    @property
-    def length(self) -> int:
-        """Cached positions, prefix included."""
-        return int(self.mask.shape[1])
-
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` cached positions (KV tensors and mask)."""
-        crop_dynamic_cache(self.kv, length)
-        self.mask = self.mask[:, :length]
+    layers = list(new_dynamic_cache(config).layers)
+    kinds = {type(layer).__name__ for layer in layers}
+    other = sorted(kinds - {"DynamicLayer", "DynamicSlidingWindowLayer"})
+    if other:
+        return f"its decoder has {', '.join(other)} cache layers, which the per-image slots cache does not model", ()
+    types = list(getattr(config, "layer_types", None) or [])
+    if "chunked_attention" in types or (getattr(config, "attention_chunk_size", None) and not types):
+        return "its decoder has chunked-attention layers, which the per-image slots cache does not model", ()
+    windows = tuple(getattr(layer, "sliding_window", None) for layer in layers)
+    sizes = {w for w in windows if w is not None}
+    if len(sizes) > 1:
+        return f"its decoder has sliding windows of {len(sizes)} sizes; the slots cache masks one window size", ()
+    if sizes and None in windows and not types:
+        return "its decoder mixes full and sliding-window layers without config.layer_types to mask each", ()
+    return "", windows

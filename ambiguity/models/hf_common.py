@@ -5,22 +5,18 @@ adapters over a transformers *decoder* (the base model that returns the last hid
 after the final norm: ``LlamaModel``, ``Emu3TextModel``, ``GPT2Model`` ...). What they share
 lives here so the Chameleon/Anole adapter can use it too:
 
-* :class:`HFCache` - a ``transformers.DynamicCache`` plus the 2D attention mask of everything it
-  holds; rollback crops both (:meth:`HFCache.crop`, counted in cache positions); it and the
-  ``DynamicCache`` helpers live in :mod:`ambiguity.models.hf_cache`.
-* :func:`run_decoder` - one decoder call with left-padding-aware position ids, with or without
-  a cache.
-* :class:`HFTokenModel` - the decoding half of :class:`~ambiguity.models.base.TokenModel`
-  (``new_cache``/``prefill``/``extend``/``rollback``/``teacher_force``) for any adapter that can
-  embed its prefix and its image tokens; adapters that insert layout tokens between image tokens
-  (Emu3's end-of-row) override :meth:`HFTokenModel.expand` and
-  :meth:`HFTokenModel.cache_positions`.
-* batched decoding (many images in flight) on the slot caches of :mod:`ambiguity.models.hf_slots`
-  (:class:`~ambiguity.models.hf_slots.SlotKV`, :class:`~ambiguity.models.hf_slots.HFSlotsCache`):
-  keys and values preallocated per row and written in place at per-row cache indices, a 4D
-  additive attention mask built from each row's ``visible`` slots, per-row position ids
+* :func:`run_decoder` - one full decoder call (no past) with left-padding-aware position ids,
+  optionally keeping its keys and values in a ``DynamicCache`` (the ``DynamicCache`` helpers live in
+  :mod:`ambiguity.models.hf_cache`).
+* :class:`HFTokenModel` - the decoding half of :class:`~ambiguity.models.base.TokenModel` for any
+  adapter that can embed its prefix and its image tokens: the slot caches of
+  :mod:`ambiguity.models.hf_slots` (:class:`~ambiguity.models.hf_slots.SlotKV`,
+  :class:`~ambiguity.models.hf_slots.HFSlotsCache`): keys and values preallocated per row and
+  written in place at per-row cache indices, a 4D additive attention mask built from each row's
+  ``visible`` slots (and, for sliding-window layers, each query's window), per-row position ids
   (:meth:`HFTokenModel.new_slots_cache`, ``prefill_slots``, ``extend_slots``, ``select_slots``,
-  ``move_slots``).
+  ``move_slots``), and ``teacher_force``. Adapters that insert layout tokens between image tokens
+  (Emu3's end-of-row) set ``eol_id`` (:meth:`HFTokenModel.expand`, :meth:`HFTokenModel.cache_positions`).
 * :class:`HFDraftLayer` - one freshly initialised decoder layer of the target's architecture
   (built from its config) wrapped to the :class:`~ambiguity.models.base.DraftLayer` interface,
   with its own ``DynamicCache`` and rotary positions (and a
@@ -48,14 +44,7 @@ import torch.nn as nn
 from ambiguity.errors import UsageError
 from ambiguity.memory import check_weights_fit
 from ambiguity.models.base import Prompt, Step, TokenModel, check_ids
-from ambiguity.models.hf_cache import (
-    HFCache,
-    additive_mask,
-    cache_kwarg,
-    new_dynamic_cache,
-    select_dynamic_cache,
-    slots_cache_limit,
-)
+from ambiguity.models.hf_cache import additive_mask, cache_kwarg, new_dynamic_cache, slots_cache_plan
 from ambiguity.models.hf_slots import HFSlotsCache
 from ambiguity.models.hub import hf_snapshot_dir
 
@@ -73,56 +62,42 @@ __all__ = [
 ]
 
 
-def position_ids(mask: torch.Tensor, past: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Position ids (rows, T) int64 for new positions with mask (rows, T) after ``past`` (rows, L).
+def position_ids(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids (rows, T) int64 of positions with mask (rows, T) (1 real, 0 padding).
 
-    A position's id is the number of attended positions before it, so left padding does not shift
+    A position's id is the number of real positions before it, so left padding does not shift
     the positions of real tokens; padded positions get 0.
     """
-    before = past.sum(1, keepdim=True) if past is not None and past.numel() else 0
-    return (before + mask.cumsum(1) - 1).clamp(min=0)
+    return (mask.cumsum(1) - 1).clamp(min=0)
 
 
-def run_decoder(
-    decoder: nn.Module, embeds: torch.Tensor, mask: Optional[torch.Tensor] = None, cache: Optional[HFCache] = None
-) -> torch.Tensor:
-    """One call of a transformers decoder on ``embeds`` (rows, T, H); returns hidden (rows, T, H).
+def run_decoder(decoder: nn.Module, embeds: torch.Tensor, mask: Optional[torch.Tensor] = None, kv=None) -> torch.Tensor:
+    """One full call of a transformers decoder on ``embeds`` (rows, T, H); returns hidden (rows, T, H).
 
-    ``mask`` (rows, T) marks real (1) and padded (0) positions (all real when None). With a
-    ``cache`` the new positions attend to everything cached (its mask is extended in place);
-    without one the call is a plain full forward. The hidden states are the decoder's
-    ``last_hidden_state`` (after the final norm), in the model's dtype.
+    ``mask`` (rows, T) marks real (1) and padded (0) positions (all real when None); the decoder
+    builds its own causal (and sliding-window) masks from it. ``kv``: an empty ``DynamicCache`` that
+    keeps the call's keys and values (a prompt prefilled for the slots cache), or None. The hidden
+    states are the decoder's ``last_hidden_state`` (after the final norm), in the model's dtype.
     """
     rows, T = embeds.shape[:2]
     if mask is None:
         mask = torch.ones(rows, T, dtype=torch.long, device=embeds.device)
     mask = mask.long()
-    past = cache.mask if cache is not None else None
-    full = torch.cat([past, mask], 1) if past is not None else mask
     kwargs: dict[str, Any] = dict(
-        inputs_embeds=embeds, attention_mask=full, position_ids=position_ids(mask, past), use_cache=cache is not None
+        inputs_embeds=embeds, attention_mask=mask, position_ids=position_ids(mask), use_cache=kv is not None
     )
-    if cache is not None:
-        kwargs[cache_kwarg(decoder.forward)] = cache.kv
-    out = decoder(**kwargs)
-    if cache is not None:
-        cache.mask = full
-    return out.last_hidden_state
+    if kv is not None:
+        kwargs[cache_kwarg(decoder.forward)] = kv
+    return decoder(**kwargs).last_hidden_state
 
 
-def _attend_decoder(
-    decoder: nn.Module, embeds: torch.Tensor, allowed: torch.Tensor, pos: torch.Tensor, kv: Any
-) -> torch.Tensor:
+def _attend_decoder(decoder: nn.Module, embeds: torch.Tensor, mask, pos: torch.Tensor, kv: Any) -> torch.Tensor:
     """One call of a transformers decoder whose queries attend to chosen keys: ``embeds`` (rows,
-    T, H), ``allowed`` (rows, T, keys) bool (query t of a row may see key s, the cached keys
-    first), ``pos`` (rows, T) int64 position ids, ``kv`` the cache the call appends to. Returns
-    the hidden states (rows, T, H), ``last_hidden_state`` in the model's dtype."""
-    kwargs: dict[str, Any] = dict(
-        inputs_embeds=embeds,
-        attention_mask=additive_mask(allowed[:, None], embeds.dtype),
-        position_ids=pos,
-        use_cache=True,
-    )
+    T, H), ``mask`` the decoder's ``attention_mask`` (an additive (rows, 1, T, keys) mask, or a dict
+    of them by layer type: :meth:`HFTokenModel.attention_masks`), ``pos`` (rows, T) int64 position
+    ids, ``kv`` the cache the call writes. Returns the hidden states (rows, T, H),
+    ``last_hidden_state`` in the model's dtype."""
+    kwargs: dict[str, Any] = dict(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, use_cache=True)
     kwargs[cache_kwarg(decoder.forward)] = kv
     return decoder(**kwargs).last_hidden_state
 
@@ -185,11 +160,12 @@ class HFTokenModel(TokenModel):
     inserts those separators (and :meth:`cache_positions` counts them). Used by the Chameleon
     (Anole, Lumina-mGPT), Janus, Emu3 and Hugging Face text adapters.
 
-    Batched decoding (:mod:`lantern.engine.loop`, :func:`lantern.methods.jacobi.method.Jacobi`) runs on
-    an :class:`HFSlotsCache`: per-row prompts of any length (left-padded in one prefix region),
-    per-row position ids and a 4D additive attention mask; in float64 every image's tokens equal
-    one-image decoding's (``tests/test_hf_batched.py``). Draft trees stay refused for layouts with
-    end-of-row tokens (batched as in :meth:`extend_tree`).
+    Decoding (the engine, :mod:`lantern.engine.loop`; :func:`ambiguity.generation.sample_tokens`)
+    runs on an :class:`HFSlotsCache`: per-row prompts of any length (left-padded in one prefix
+    region), per-row position ids and a 4D additive attention mask (windowed for sliding-window
+    layers); in float64 every image's tokens equal one-image decoding's (``tests/test_hf_batched.py``)
+    and a full forward's (``tests/test_hf_text.py``). Draft trees stay refused for layouts with
+    end-of-row tokens.
     """
 
     decoder: nn.Module
@@ -247,133 +223,108 @@ class HFTokenModel(TokenModel):
         """Cache positions taken by the first ``n`` image tokens (end-of-row tokens included)."""
         return n + (n // self.grid[1] if self.eol_id is not None else 0)
 
-    # ----------------------------------------------------------------- calls
-    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> HFCache:
-        """An empty :class:`HFCache` for ``prompt.rows`` rows. UsageError when the prompt plus
-        ``max_new_tokens`` image tokens (default: one image) exceed the model's positions."""
-        n = self.num_tokens if max_new_tokens is None else int(max_new_tokens)
-        need = prompt.inputs["ids"].shape[1] + self.cache_positions(n)
+    # ------------------------------------------------------- decoding on the slots cache (many images in flight)
+    def check_positions(self, prompt: Prompt, n: int) -> None:
+        """Raise UsageError when ``prompt`` (its padded length) plus ``n`` image tokens (with their
+        layout tokens) exceed the model's positions (``max_positions``)."""
+        need = prompt.inputs["ids"].shape[1] + self.cache_positions(int(n))
         if self.max_positions and need > self.max_positions:
             raise UsageError(
                 f"{self.name}: prompt plus {n} tokens need {need} positions but the model has "
                 f"{self.max_positions}; shorten the prompts or generate fewer tokens"
             )
-        return HFCache(new_dynamic_cache(getattr(self.decoder, "config", None)), prompt.rows, self.device)
 
     @torch.no_grad()
-    def prefill(self, prompt: Prompt, cache: HFCache) -> Step:
-        """Run the (left-padded) prompt; Step with T = 1: logits (rows, 1, V) float32, hidden (rows, 1, H)."""
-        cache.crop(0)
+    def prefix_cache(self, prompt: Prompt) -> tuple[Any, Step]:
+        """Run the (left-padded) prompt alone, as every image's decoding starts: a ``DynamicCache``
+        holding the keys and values of all its positions (full layers, whatever the decoder's
+        attention: its sliding-window masks apply within the prompt) and the Step (rows, 1, .) of
+        the first image token: logits float32, hidden in the model's dtype."""
         ids, mask = prompt.inputs["ids"], prompt.inputs["mask"]
-        h = run_decoder(self.decoder, self.text_embeddings(ids), mask, cache)[:, -1:]
-        cache.prefix, cache.tokens = ids.shape[1], 0
-        return Step(self.head(h), h)
+        kv = new_dynamic_cache()
+        h = run_decoder(self.decoder, self.text_embeddings(ids), mask, kv)[:, -1:]
+        return kv, Step(self.head(h), h)
 
-    @torch.no_grad()
-    def extend(self, cache: HFCache, tokens: torch.Tensor) -> Step:
-        """Append code indices (rows, T) (plus any layout tokens); T next-token distributions."""
-        embeds, pick = self.expand(tokens.to(self.device), cache.tokens)
-        h = run_decoder(self.decoder, embeds, None, cache)[:, pick]
-        cache.tokens += tokens.shape[1]
-        return Step(self.head(h), h)
+    def _plan(self) -> tuple[str, tuple]:
+        """``(batch_limit, windows)`` of the decoder's config (:func:`slots_cache_plan`), decided once per
+        config (an empty ``DynamicCache`` built from it on the first call)."""
+        config = getattr(self.decoder, "config", None)
+        known = getattr(self, "_plan_of", None)
+        if known is None or known[0] is not config:
+            self._plan_of = (config, *slots_cache_plan(config))
+        return self._plan_of[1], self._plan_of[2]
 
-    @torch.no_grad()
-    def extend_tree(self, cache: HFCache, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> Step:
-        """Verify a draft tree in one forward with a 4D attention mask and per-node position ids
-        (see :meth:`TokenModel.extend_tree`). Not for layouts with end-of-row tokens."""
-        if self.eol_id is not None:
-            raise UsageError(
-                f"{self.name} inserts end-of-row tokens, which draft trees do not model yet; "
-                f"use chain drafting (--tree chain)"
-            )
-        rows, T = tokens.shape
-        embeds = self.embed(tokens.to(self.device))
-        past = cache.mask
-        before = past.sum(1, keepdim=True)
-        pos = before + depths.to(self.device)[None]
-        allowed = torch.cat(
-            [
-                past.bool()[:, None, :].expand(rows, T, past.shape[1]),
-                ancestors.to(self.device).bool()[None].expand(rows, T, T),
-            ],
-            2,
-        )
-        h = _attend_decoder(self.decoder, embeds, allowed, pos, cache.kv)
-        cache.mask = torch.cat([past, torch.ones(rows, T, dtype=past.dtype, device=past.device)], 1)
-        return Step(self.head(h), h)
-
-    def keep_path(self, cache: HFCache, n: int, nodes: torch.Tensor) -> None:
-        """Keep the prompt, ``n`` image tokens and the tree nodes ``nodes`` (see TokenModel)."""
-        base = cache.prefix + self.cache_positions(n)
-        index = torch.cat([torch.arange(base), base + nodes.to(torch.long).cpu()])
-        select_dynamic_cache(cache.kv, index)
-        cache.mask = cache.mask[:, index.to(cache.mask.device)]
-        cache.tokens = n + int(nodes.numel())
-
-    def rollback(self, cache: HFCache, n: int) -> None:
-        """Keep the prompt and the first ``n`` image tokens (``DynamicCache`` crop by
-        :meth:`cache_positions`); ValueError when ``n`` exceeds what the cache holds."""
-        if not 0 <= n <= cache.tokens:
-            raise ValueError(f"rollback to {n} image tokens but the cache holds {cache.tokens}")
-        cache.crop(cache.prefix + self.cache_positions(n))
-        cache.tokens = n
-
-    # ------------------------------------------------------- batched decoding (many images in flight)
     @property
     def batch_limit(self) -> str:
-        """Why this adapter cannot decode several images per forward, '' when it can: every layer of
-        its decoder must keep a full-attention cache (a ``transformers`` ``DynamicLayer``); sliding-window,
-        chunked or recurrent layers (Mistral, Gemma 2 ...) are not modelled by the slots cache.
-
-        Decided once per decoder config (an empty ``DynamicCache`` built from it on the first access)."""
-        config = getattr(self.decoder, "config", None)
-        known = getattr(self, "_batch_limit_of", None)
-        if known is None or known[0] is not config:
-            self._batch_limit_of = (config, slots_cache_limit(config))
-        return self._batch_limit_of[1]
+        """Why this adapter cannot decode on the slots cache, '' when it can: every layer of its decoder
+        must attend to all earlier positions (a ``transformers`` ``DynamicLayer``) or to a sliding
+        window of them (``DynamicSlidingWindowLayer``: Mistral, Gemma 2, Qwen 2 ...); chunked or
+        recurrent layers (Llama 4, hybrid linear-attention models) are not modelled
+        (:func:`~ambiguity.models.hf_cache.slots_cache_plan`)."""
+        return self._plan()[0]
 
     @property
     def can_batch_decode(self) -> bool:
         """True when :attr:`batch_limit` is empty: per-row prompts of any length (left-padded), per-row
-        position ids and a 4D attention mask over full-attention layers."""
+        position ids and a 4D attention mask over full-attention and sliding-window layers."""
         return not self.batch_limit
+
+    def attention_masks(self, allowed: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype):
+        """The decoder's ``attention_mask`` for queries at position ids ``pos`` (R, T) that may see the
+        keys ``allowed`` (R, T, K) bool, whose position ids are ``keys`` (R, K) int64.
+
+        Full-attention layers see ``allowed``; a sliding-window layer of window w only the allowed keys
+        with ``pos - key position < w`` (transformers' sliding-window mask). Returns one additive
+        (R, 1, T, K) mask in ``dtype`` when every layer has the same attention, else a dict by layer
+        type (``"full_attention"``, ``"sliding_attention"``: the masks a decoder with
+        ``config.layer_types`` takes as given)."""
+        windows = self._plan()[1]
+        full = additive_mask(allowed[:, None], dtype)
+        w = next((w for w in windows if w is not None), None)
+        if w is None:
+            return full
+        near = additive_mask((allowed & (pos[:, :, None] - keys[:, None, :] < w))[:, None], dtype)
+        return near if None not in windows else {"full_attention": full, "sliding_attention": near}
 
     def new_slots_cache(self, slots: int, guided: bool, num_tokens: int, spare: int = 0) -> HFSlotsCache:
         """An :class:`HFSlotsCache` for ``slots`` images (``2 * slots`` rows with guidance), each
         with ``num_tokens + spare`` image slots; keys and values are allocated by the first
-        :meth:`prefill_slots` (their shapes come from the decoder) and updated in place."""
+        :meth:`prefill_slots` (their shapes come from the decoder) and updated in place. Raises
+        UsageError (one line, :attr:`batch_limit`) for a decoder the slots cache does not model."""
+        if self.batch_limit:
+            raise UsageError(f"{self.name} cannot decode: {self.batch_limit}")
         width = int(num_tokens) + int(spare)
         return HFSlotsCache(slots * (1 + bool(guided)), num_tokens, width, self.cache_positions(width), self.device)
 
     @torch.no_grad()
     def prefill_slots(self, cache: HFSlotsCache, rows: torch.Tensor, prompt: Prompt) -> Step:
-        """Run ``prompt``'s (left-padded) prefix as :meth:`prefill` does and copy its keys/values into
-        cache rows ``rows`` (prompt.rows,) int64, right-aligned in the prefix region (widened when
+        """Run ``prompt``'s (left-padded) prefix alone (:meth:`prefix_cache`) and copy its keys/values
+        into cache rows ``rows`` (prompt.rows,) int64, right-aligned in the prefix region (widened when
         this prompt is longer). Returns the Step (prompt.rows, 1, .) of the first image token.
         Raises UsageError when the prompt plus one image exceed the model's positions."""
-        own = self.new_cache(prompt, cache.num_tokens)
-        step = self.prefill(prompt, own)
-        P = own.prefix
+        self.check_positions(prompt, cache.num_tokens)
+        own, step = self.prefix_cache(prompt)
+        mask = prompt.inputs["mask"].to(self.device)
+        P = mask.shape[1]
         cache.widen(P)
         rows = rows.to(self.device)
         at = cache.prefix - P
-        for i, layer in enumerate(own.kv.layers):
+        for i, layer in enumerate(own.layers):
             cache.kv.put(i, rows, at, layer.keys, layer.values)
         cache.key_mask[rows] = False
-        cache.key_mask[rows, at:] = own.mask.bool()
-        cache.start[rows] = own.mask.sum(1)
+        cache.key_mask[rows, at:] = mask.bool()
+        cache.positions[rows, at : at + P] = position_ids(mask.long())
+        cache.start[rows] = mask.long().sum(1)
         return step
 
     def select_slots(self, cache: HFSlotsCache, rows: torch.Tensor) -> None:
         """Keep only the cache rows ``rows`` (int64, in this order)."""
-        rows = rows.to(self.device)
-        cache.kv.select_rows(rows)
-        cache.key_mask, cache.start = cache.key_mask[rows], cache.start[rows]
+        cache.select_rows(rows.to(self.device))
 
     def move_slots(self, cache: HFSlotsCache, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy each row's keys/values at image slots ``src`` (rows, m) to ``dst`` (rows, m) (see TokenModel)."""
         at = lambda x: cache.prefix + self.cache_positions(x.to(self.device))
-        cache.kv.move(at(src), at(dst))
+        cache.move(at(src), at(dst))
 
     def _entries(self, S: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The image entries covering slots ``0..S-1``: (slot of each entry (E,) int64, whether it is an
@@ -388,6 +339,35 @@ class HFTokenModel(TokenModel):
             slot[c[ends] + 1], sep[c[ends] + 1] = ends, True
         return slot, sep
 
+    def _separators(self, cache: HFSlotsCache, embeds, write, pos, seen, where, entry_slot):
+        """The end-of-row separators of a slots forward (``eol_id`` layouts): every token that ends a
+        grid row at its own slot brings its separator as an extra input, appended after the T tokens
+        (rows padded to the most separators; padding writes the scratch entry). ``where`` = (slots,
+        positions, visible) of :meth:`extend_slots`. Returns (embeds, write, pos, seen) with the
+        separators appended, src (R, K) int64 (the token each separator follows) and valid (R, K)
+        bool (real separators), or None twice when no token ends a row. Raises UsageError for
+        draft-tree positions (``positions`` other than the slots)."""
+        slots, positions, visible = where
+        if bool((positions != slots.clamp(max=cache.num_tokens - 1)).any()):
+            raise UsageError(
+                f"{self.name} inserts end-of-row tokens, which draft trees do not model yet; "
+                f"use chain drafting (--tree chain)"
+            )
+        need = ((positions + 1) % self.grid[1] == 0) & (positions == slots)
+        k = need.sum(1)
+        K = int(k.max())
+        if not K:
+            return embeds, write, pos, seen, None, None
+        R, S = slots.shape[0], visible.shape[-1]
+        src = torch.sort((~need).to(torch.int8), dim=1, stable=True).indices[:, :K]  # tokens with a separator
+        valid = torch.arange(K, device=slots.device)[None] < k[:, None]
+        ids = torch.full((R, K), int(self.eol_id), dtype=torch.long, device=slots.device)
+        embeds = torch.cat([embeds, self.text_embeddings(ids).to(embeds.dtype)], 1)
+        write = torch.cat([write, torch.where(valid, write.gather(1, src) + 1, cache.scratch)], 1)
+        pos = torch.cat([pos, pos.gather(1, src) + 1], 1)
+        seen = torch.cat([seen, visible.gather(1, src[..., None].expand(-1, -1, S))[:, :, entry_slot]], 1)
+        return embeds, write, pos, seen, src, valid
+
     @torch.no_grad()
     def extend_slots(
         self,
@@ -401,11 +381,12 @@ class HFTokenModel(TokenModel):
         :meth:`TokenModel.extend_slots`): keys/values written in place at entry ``prefix +
         cache_positions(slot)``, position ids ``start + cache_positions(position)`` per row (one-image
         decoding's positions), a 4D additive mask = the row's real prompt tokens + the entries of its
-        ``visible`` slots. With end-of-row tokens (Emu3, Lumina-mGPT) a token at the end of a grid row
-        brings its separator as an extra input (rows padded to the most separators; padding writes the
-        scratch entry) and the separator's output is the token's; the separator after slot ``s`` is
-        visible with ``s`` to later tokens. Returns Step (rows, T, .). Raises UsageError for draft-tree
-        positions (``positions`` other than the slots) in a layout with end-of-row tokens."""
+        ``visible`` slots (within the window of a sliding-window layer, :meth:`attention_masks`). With
+        end-of-row tokens (Emu3, Lumina-mGPT) a token at the end of a grid row brings its separator as
+        an extra input (:meth:`_separators`) and the separator's output is the token's; the separator
+        after slot ``s`` is visible with ``s`` to later tokens. Returns Step (rows, T, .). Raises
+        UsageError for draft-tree positions (``positions`` other than the slots) in a layout with
+        end-of-row tokens."""
         dev = self.device
         if isinstance(visible, int):
             visible = torch.ones(*tokens.shape, visible, dtype=torch.bool, device=dev)
@@ -421,36 +402,21 @@ class HFTokenModel(TokenModel):
         pos = cache.start[:, None] + self.cache_positions(positions)
         src = valid = None
         if self.eol_id is not None:
-            if bool((positions != slots.clamp(max=cache.num_tokens - 1)).any()):
-                raise UsageError(
-                    f"{self.name} inserts end-of-row tokens, which draft trees do not model yet; "
-                    f"use chain drafting (--tree chain)"
-                )
-            need = ((positions + 1) % self.grid[1] == 0) & (positions == slots)
-            k = need.sum(1)
-            K = int(k.max())
-            if K:
-                src = torch.sort((~need).to(torch.int8), dim=1, stable=True).indices[:, :K]  # tokens with a separator
-                valid = torch.arange(K, device=dev)[None] < k[:, None]
-                ids = torch.full((R, K), int(self.eol_id), dtype=torch.long, device=dev)
-                embeds = torch.cat([embeds, self.text_embeddings(ids).to(embeds.dtype)], 1)
-                write = torch.cat([write, torch.where(valid, write.gather(1, src) + 1, cache.scratch)], 1)
-                pos = torch.cat([pos, pos.gather(1, src) + 1], 1)
-                seen = torch.cat([seen, visible.gather(1, src[..., None].expand(-1, -1, S))[:, :, entry_slot]], 1)
+            embeds, write, pos, seen, src, valid = self._separators(
+                cache, embeds, write, pos, seen, (slots, positions, visible), entry_slot
+            )
         Tq = embeds.shape[1]
         allowed = torch.cat([cache.key_mask[:, None, :].expand(R, Tq, P), seen], 2)
+        cache.positions.scatter_(1, write, pos)
         cache.kv.write, cache.kv.span = write, P + seen.shape[-1]
-        h = _attend_decoder(self.decoder, embeds, allowed, pos, cache.kv)
+        mask = self.attention_masks(allowed, pos, cache.positions[:, : allowed.shape[-1]], embeds.dtype)
+        h = _attend_decoder(self.decoder, embeds, mask, pos, cache.kv)
         if src is not None:  # a row-ending token's next-token distribution comes from its separator
             out = h[:, :T].clone()
             r = torch.arange(R, device=dev)[:, None].expand_as(src)
             out[r[valid], src[valid]] = h[:, T:][valid]
             h = out
         return Step(self.head(h), h)
-
-    def cache_tokens(self, cache: HFCache) -> int:
-        """Image tokens held after the prompt (layout tokens not counted)."""
-        return cache.tokens
 
     @torch.no_grad()
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:

@@ -110,7 +110,9 @@ class HFSlotsCache:
     Attributes: ``kv`` (:class:`SlotKV`, one scratch entry at the end for unused separator inputs);
     ``prefix`` (int); ``key_mask`` (rows, prefix) bool, the real prompt tokens; ``start`` (rows,)
     int64, each row's prompt length (the position id of its first image token, as one-image
-    decoding counts: left padding does not count); ``num_tokens`` (N, tokens per image);
+    decoding counts: left padding does not count); ``positions`` (rows, capacity) int64, the
+    position id of every written entry (a draft-tree node's is its depth's, not its slot's; a
+    sliding-window layer compares them with the query's); ``num_tokens`` (N, tokens per image);
     ``width`` (image slots per row: N plus the spare slots of a padded chain or tree).
     """
 
@@ -119,6 +121,7 @@ class HFSlotsCache:
         self.prefix = 0
         self.key_mask = torch.zeros(rows, 0, dtype=torch.bool, device=device)
         self.start = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, entries + 1, dtype=torch.long, device=device)
         self.num_tokens, self.width = int(num_tokens), int(width)
 
     @property
@@ -133,4 +136,17 @@ class HFSlotsCache:
             self.kv.grow(self.kv.capacity + extra, left=extra)
             pad = torch.zeros(self.key_mask.shape[0], extra, dtype=torch.bool, device=self.key_mask.device)
             self.key_mask = torch.cat([pad, self.key_mask], 1)
+            self.positions = torch.cat([pad.long(), self.positions], 1)
             self.prefix = int(prefix)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the rows ``rows`` (int64 on the cache's device, in this order)."""
+        self.kv.select_rows(rows)
+        self.key_mask, self.start, self.positions = self.key_mask[rows], self.start[rows], self.positions[rows]
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Per row, copy the entries ``src`` (rows, m) int64 to ``dst`` (rows, m): keys, values and
+        position ids, all read before any is written."""
+        self.kv.move(src, dst)
+        at = torch.arange(src.shape[0], device=src.device)[:, None]
+        self.positions[at, dst] = self.positions[at, src]

@@ -1,7 +1,7 @@
 """Indexed copies inside key/value caches, shared by the LlamaGen GPT's static :class:`KVCache
 <ambiguity.models.gpt.KVCache>` and the transformers adapters' :class:`SlotKV
 <ambiguity.models.hf_slots.SlotKV>` (batched draft trees move each image's accepted path behind its
-committed tokens, as ``keep_path`` does for one image)."""
+committed tokens)."""
 
 from __future__ import annotations
 

@@ -207,35 +207,16 @@ class LlamaGenModel(TokenModel):
         """The condition prefix: (rows, :meth:`prefix_length`, dim) in the model dtype."""
         return self.gpt.embed_condition(prompt.inputs["cond"])
 
-    def new_cache(self, prompt: Prompt, max_new_tokens: Optional[int] = None) -> GPTCache:
-        prefix = self.prefix_length(prompt)
-        n = self.gpt.config.block_size if max_new_tokens is None else max_new_tokens
-        kv = self.gpt.new_cache(prompt.rows, prefix + n)
+    def prefix_cache(self, prompt: Prompt) -> tuple[KVCache, Step]:
+        """Run ``prompt``'s condition prefix alone, as every image's decoding starts: a KV cache of
+        ``prompt.rows`` rows holding the :meth:`prefix_length` prefix positions (padded caption
+        tokens masked), and the Step (rows, 1, .) of the first image token. :meth:`prefill_slots`
+        copies it into the slot cache."""
+        kv = self.gpt.new_cache(prompt.rows, self.prefix_length(prompt))
         if prompt.inputs.get("mask") is not None:
             kv.set_prefix_mask(prompt.inputs["mask"])
-        return GPTCache(kv, prefix)
-
-    def prefill(self, prompt: Prompt, cache: GPTCache) -> Step:
-        cache.kv.crop(0)
-        h = self.gpt.forward(self.prefix_embeddings(prompt), cache.kv)[:, -1:]
-        return Step(self.gpt.head(h), h)
-
-    def extend(self, cache: GPTCache, tokens: torch.Tensor) -> Step:
-        if self.compiled is not None:
-            h = self._append(cache.kv, self.gpt.embed_tokens(tokens))
-        else:
-            h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv)
-        return Step(self.gpt.head(h), h)
-
-    def extend_tree(self, cache: GPTCache, tokens: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> Step:
-        L = cache.kv.length
-        positions = L + depths.to(torch.long).cpu()  # prefix offset + image position of each node
-        attend = torch.cat([torch.ones(len(depths), L, dtype=torch.bool), ancestors.cpu().bool()], 1)
-        if self.compiled is not None:
-            h = self._append(cache.kv, self.gpt.embed_tokens(tokens), positions, attend)
-        else:
-            h = self.gpt.forward(self.gpt.embed_tokens(tokens), cache.kv, L, positions, attend)
-        return Step(self.gpt.head(h), h)
+        h = self.gpt.forward(self.prefix_embeddings(prompt), kv)[:, -1:]
+        return kv, Step(self.gpt.head(h), h)
 
     # ------------------------------------------------------- compiled forwards
     compiled = None  # torch.compile(gpt.forward_rows) once compile_forwards() ran
@@ -243,40 +224,16 @@ class LlamaGenModel(TokenModel):
     def compile_forwards(self) -> None:
         """Run the target's cached forwards through ``torch.compile`` from now on (idempotent).
 
-        Every cached call (``extend``, ``extend_tree``, ``extend_slots``; the prefill stays eager)
-        then goes through one compiled :meth:`GPT.forward_rows` that writes the static KV cache in
-        place (:func:`~ambiguity.models.gpt.slot_index`; the buffer keeps its shape). Rows, tokens
-        per forward and the attended span are symbolic sizes (``dynamic=True``): one graph for every
+        Every cached call (:meth:`extend_slots`; the prefill stays eager) then goes through one
+        compiled :meth:`GPT.forward_rows` that writes the static KV cache in place
+        (:func:`~ambiguity.models.gpt.slot_index`; the buffer keeps its shape). Rows, tokens per
+        forward and the attended span are symbolic sizes (``dynamic=True``): one graph for every
         batch size, draft length and position, another for one token per forward (padding the mask
         to the whole cache, for static shapes, made the forward slower on the CPU). Compilation
         happens on the first calls.
         """
         if self.compiled is None:
             self.compiled = torch.compile(self.gpt.forward_rows, dynamic=True)
-
-    def _append(
-        self, kv: KVCache, h: torch.Tensor, positions: Optional[torch.Tensor] = None, attend=None
-    ) -> torch.Tensor:
-        """``gpt.forward(h, kv, kv.length, positions, attend)`` through the compiled rows forward (same
-        computation, with an explicit mask and in-place slot writes)."""
-        R, T, _ = h.shape
-        L = kv.length
-        if L + T > kv.max_len:
-            raise ValueError(f"KV cache holds {kv.max_len} positions; cannot write {L}..{L + T}")
-        slots, mask = append_slots(R, T, L, kv, attend)
-        # rotary rows: a tensor of their own even when they equal the slots (aliased inputs are another graph)
-        rows = slots.clone() if positions is None else positions.to(slots.device)[None].repeat(R, 1)
-        self.gpt.rope_at(int(rows.max()), 1)  # extends a 1D table / checks the 2D grid
-        out = self.compiled(h, kv, slots, rows, mask)
-        kv.length = L + T
-        return out
-
-    def keep_path(self, cache: GPTCache, n: int, nodes: torch.Tensor) -> None:
-        base = cache.prefix + n
-        cache.kv.keep(base, base + nodes.to(torch.long))
-
-    def rollback(self, cache: GPTCache, n: int) -> None:
-        cache.kv.crop(cache.prefix + n)
 
     can_batch_decode = True  # a fixed condition prefix (cls_token_num), then per-image slots
 
@@ -288,13 +245,12 @@ class LlamaGenModel(TokenModel):
         return cache
 
     def prefill_slots(self, cache: GPTCache, rows: torch.Tensor, prompt: Prompt) -> Step:
-        own = self.new_cache(prompt, 0)  # the prefix alone, as batch-1 decoding computes it
-        step = self.prefill(prompt, own)
+        own, step = self.prefix_cache(prompt)
         P = cache.prefix
         rows = rows.to(self.device)
-        cache.kv.k[:, rows, :, :P] = own.kv.k[:, :, :, :P]
-        cache.kv.v[:, rows, :, :P] = own.kv.v[:, :, :, :P]
-        cache.kv.key_mask[rows, :P] = own.kv.key_mask[:, :P]
+        cache.kv.k[:, rows, :, :P] = own.k[:, :, :, :P]
+        cache.kv.v[:, rows, :, :P] = own.v[:, :, :, :P]
+        cache.kv.key_mask[rows, :P] = own.key_mask[:, :P]
         cache.padded = cache.padded or prompt.inputs.get("mask") is not None
         return step
 
@@ -319,14 +275,11 @@ class LlamaGenModel(TokenModel):
         h = rows(self.gpt.embed_tokens(tokens), cache.kv, P + slots, P + positions, mask)
         return Step(self.gpt.head(h), h)
 
-    def cache_tokens(self, cache: GPTCache) -> int:
-        return cache.kv.length - cache.prefix
-
     def teacher_force(self, prompt: Prompt, tokens: torch.Tensor) -> Step:
         """One full forward over the prefix and ``tokens[:, :-1]`` (rows, N) int64; see TokenModel.
         Raises UsageError for a code outside ``0..V-1`` (:func:`~ambiguity.models.base.check_ids`)."""
         if prompt.inputs.get("mask") is not None and not bool(prompt.inputs["mask"].all()):
-            return super().teacher_force(prompt, tokens)  # padded captions need the masked cache path (checks too)
+            return super().teacher_force(prompt, tokens)  # padded captions: the slot cache's masked prefix (checks too)
         check_ids(tokens, self.vocab_size, f"the codes given to {self.name}.teacher_force")
         prefix = self.prefix_embeddings(prompt)
         h = torch.cat([prefix, self.gpt.embed_tokens(tokens[:, :-1])], dim=1)
@@ -403,8 +356,8 @@ class LlamaGenModel(TokenModel):
 
 
 def append_slots(R: int, T: int, start: int, cache: KVCache, attend=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots and mask of ``T`` tokens appended at ``start`` in every row (batch-1 decoding through the
-    compiled rows forward): slots (R, T) int64 ``start..start+T-1`` and mask (R, 1, T, start + T)
+    """Slots and mask of ``T`` tokens appended at ``start`` in every row (a drafter layer's one-image
+    cache through the compiled rows forward): slots (R, T) int64 ``start..start+T-1`` and mask (R, 1, T, start + T)
     bool as :meth:`GPT.attention_mask` (default causal), both materialised (the batched path's
     strides: one graph for both)."""
     dev = cache.k.device

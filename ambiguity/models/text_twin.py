@@ -220,7 +220,7 @@ class TextTwinModel(LlamaGenModel):
         return torch.where(at_bos[..., None], bos, shifted)
 
     def prefix_length(self, prompt: Prompt) -> int:
-        """BOS + the (left-padded) prompt tokens: ``1 + P``. LlamaGen's cache, prefill and teacher
+        """BOS + the (left-padded) prompt tokens: ``1 + P``. LlamaGen's prefix cache and teacher
         forcing use this and :meth:`prefix_embeddings` (its hooks)."""
         return 1 + prompt.inputs["ids"].shape[1]
 
@@ -237,13 +237,12 @@ class TextTwinModel(LlamaGenModel):
         return cache
 
     def prefill_slots(self, cache: GPTCache, rows: torch.Tensor, prompt: Prompt) -> Step:
-        own = self.new_cache(prompt, 0)  # the prefix alone, as decoding this prompt alone computes it
-        step = self.prefill(prompt, own)
-        L, rows = own.prefix, rows.to(self.device)
-        cache.kv.k[:, rows, :, :L] = own.kv.k[:, :, :, :L]
-        cache.kv.v[:, rows, :, :L] = own.kv.v[:, :, :, :L]
+        own, step = self.prefix_cache(prompt)  # the prefix alone, as decoding this prompt alone computes it
+        L, rows = self.prefix_length(prompt), rows.to(self.device)
+        cache.kv.k[:, rows, :, :L] = own.k[:, :, :, :L]
+        cache.kv.v[:, rows, :, :L] = own.v[:, :, :, :L]
         cache.kv.key_mask[rows, : cache.prefix] = False
-        cache.kv.key_mask[rows, :L] = own.kv.key_mask[:, :L]
+        cache.kv.key_mask[rows, :L] = own.key_mask[:, :L]
         cache.lengths[rows] = L
         return step
 

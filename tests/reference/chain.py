@@ -24,7 +24,7 @@ true target features, and positions ``d..n-1`` are *pending*. A round:
    ``n .. n+γ`` (the last is the bonus position) and ``h_{n-1} .. h_{n+γ-1}``.
 3. :func:`accept`: ``a`` accepted drafts, next token ``y`` from the residual at the first
    rejection or from the bonus position.
-4. Rollback: the target keeps ``x_0..x_{n+a-1}`` (``model.rollback(cache, n + a)``), the drafter
+4. Rollback: the target keeps ``x_0..x_{n+a-1}`` (``cache.rollback(n + a)``), the drafter
    keeps positions ``0..n-1`` (``drafter.rollback(dcache, n)``): positions ``n..`` used drafter
    features and are recomputed next round with ``h_{n-1}..h_{n+a-1}``.
 
@@ -130,7 +130,7 @@ def verify(model: TokenModel, cache, last: torch.Tensor, drafts: torch.Tensor, g
     (j = 0: the first draft's position; j = γ: the bonus position); hidden[:, j] the matching
     target features. The cache grows by γ + 1 tokens; roll it back after :func:`accept`.
     """
-    return model.extend(cache, expand_rows(torch.cat([last, drafts], 1), guided))
+    return cache.extend(expand_rows(torch.cat([last, drafts], 1), guided))
 
 
 def accept(
@@ -298,7 +298,7 @@ def speculative_decode(
         tokens[:, n + a] = res.next_token
         feats[:, n : n + a + 1] = out.hidden[:, : a + 1]  # h_{n-1} .. h_{n+a-1}: true features of what was kept
         with timer("target"):
-            model.rollback(cache, n + a)  # keep x_0..x_{n+a-1}; the new token x_{n+a} is fed next round
+            cache.rollback(n + a)  # keep x_0..x_{n+a-1}; the new token x_{n+a} is fed next round
         kind = NEXT_KINDS[int(res.next_kind[0])]
         log.add_step(
             step_no,
@@ -369,7 +369,7 @@ def autoregressive_decode(
         before = timer.snapshot()
         if t > 0:
             with timer("target"):
-                out = model.extend(cache, expand_rows(tokens[:, t - 1 : t], guided))
+                out = cache.extend(expand_rows(tokens[:, t - 1 : t], guided))
         with timer("acceptance"):
             x = pick(distribution(out.logits[:, -1], sampling, guided), greedy, generator)
         tokens[:, t] = x

@@ -329,7 +329,7 @@ def jacobi_decode(
 ) -> Decoded:
     """Decode one image with SJD, GSD or SCD (module docstring): batch 1, CFG rows, any sampling.
 
-    model: the target (:class:`TokenModel`: new_cache / prefill / extend / rollback); prompt: one
+    model: the target (:class:`TokenModel`, decoded on a :class:`~reference.cache.OneImageCache`); prompt: one
     condition (two rows with guidance); config: the method and its knobs; generator: the image's
     stream; draws: a :class:`lantern.trees.Draws` instead (exact enumeration in the tests; SCD's
     Gumbel noise still comes from ``generator``); pairs: a list that receives ``(p, q)`` (V,)
@@ -354,11 +354,11 @@ def jacobi_decode(
         with timer("acceptance"):
             fed = torch.tensor([img.prepare()], dtype=torch.long, device=model.device)
         with timer("target"):
-            out = model.extend(cache, expand_rows(fed, guided))
+            out = cache.extend(expand_rows(fed, guided))
         with timer("acceptance"):
             a = img.verify(target_distribution(out.logits, sampling, guided)[0])  # (g + 1, V): positions n .. n + g
         with timer("target"):
-            model.rollback(cache, img.n + a)  # keep x_0 .. x_{n+a-1}; x_{n+a} is fed next iteration
+            cache.rollback(img.n + a)  # keep x_0 .. x_{n+a-1}; x_{n+a} is fed next iteration
         img.commit(elapsed_since(timer, before))
     cond = prompt.conditions[0] if prompt.conditions else ""
     return img.result(cond, seed, timer.seconds, time.perf_counter() - t_start)

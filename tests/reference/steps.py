@@ -16,6 +16,7 @@ import torch
 from ambiguity.errors import UsageError
 from ambiguity.models.base import Prompt, Step, TokenModel
 from ambiguity.sampling import SamplingConfig, distribution
+from reference.cache import OneImageCache
 
 __all__ = ["Timer", "elapsed_since", "prefill", "target_distribution", "check_prompt", "image_row"]
 
@@ -51,14 +52,15 @@ def elapsed_since(timer: Timer, before: dict) -> dict:
     return {k: v - before.get(k, 0.0) for k, v in timer.seconds.items()}
 
 
-def prefill(model: TokenModel, prompt: Prompt, num_tokens: int) -> tuple[object, Step]:
-    """A fresh target KV cache for ``num_tokens`` image tokens and the prefix forward.
+def prefill(model: TokenModel, prompt: Prompt, num_tokens: int, spare: int = 0) -> tuple[OneImageCache, Step]:
+    """A fresh target cache (:class:`~reference.cache.OneImageCache`) for ``num_tokens`` image tokens
+    and ``spare`` further slots, and the prefix forward.
 
     Returns ``(cache, step)``: step.logits (rows, 1, V) float32 for ``x_0``, step.hidden
     (rows, 1, H) = ``h_{-1}``.
     """
-    cache = model.new_cache(prompt, num_tokens)
-    return cache, model.prefill(prompt, cache)
+    cache = OneImageCache(model, prompt, num_tokens, spare)
+    return cache, cache.prefill()
 
 
 def target_distribution(

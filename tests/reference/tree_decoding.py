@@ -6,7 +6,7 @@ cache holds ``x_0..x_{n-2}``, the root of the tree is ``x_{n-1}``):
 1. :func:`lantern.trees.draft_tree`: the drafter re-runs the pending positions with true target
    features, then drafts a static or dynamic tree (tree attention inside its own cache); its
    cache is rolled back to the ``n`` committed positions right after.
-2. :meth:`~ambiguity.models.base.TokenModel.extend_tree`: the target verifies all nodes in one
+2. :meth:`~reference.cache.OneImageCache.extend_tree`: the target verifies all nodes in one
    forward (each node at its own position, attending to its ancestors) -> ``p`` at every node.
 3. :func:`walk_tree`: from the root, the children of the accepted node are judged in order
    (:class:`lantern.acceptance.AcceptanceRule`); the first accepted child is followed; after a
@@ -16,7 +16,7 @@ cache holds ``x_0..x_{n-2}``, the root of the tree is ``x_{n-1}``):
    residual after a rejection, else ``p`` at the node: the bonus token). Greedy ``"official"``
    instead takes the longest accepted root-to-leaf path, as the official code does
    (:func:`walk_official_greedy`).
-4. :meth:`~ambiguity.models.base.TokenModel.keep_path`: the target's cache keeps the root and
+4. :meth:`~reference.cache.OneImageCache.keep_path`: the target's cache keeps the root and
    the accepted nodes; the next token is fed in the next round.
 """
 
@@ -246,7 +246,7 @@ def tree_decode(
     timer, log = Timer(model.device), StepLog(image)
     t_start = time.perf_counter()
     with timer("target"):
-        cache, first = prefill(model, prompt, N + spec.nodes)  # room for one verified tree beyond the image
+        cache, first = prefill(model, prompt, N, spec.nodes)  # room for one verified tree beyond the image
     with timer("acceptance"):
         p0 = q_of(first.logits)[0]
         x0 = int(p0.argmax()) if greedy else draws.categorical(p0)
@@ -262,7 +262,7 @@ def tree_decode(
         room = N - 1 - n  # drafts deeper than this would pass the image's last token
         if room == 0:  # one token left: a plain target forward
             with timer("target"):
-                out = model.extend(cache, expand_rows(tokens[:, n - 1 : n], guided))
+                out = cache.extend(expand_rows(tokens[:, n - 1 : n], guided))
             with timer("acceptance"):
                 p = q_of(out.logits)[0]
                 y = int(p.argmax()) if greedy else draws.categorical(p)
@@ -290,8 +290,7 @@ def tree_decode(
         d = n
         with timer("target"):
             # all nodes in one forward; node t at image position n-1+depth[t], seeing its ancestors only
-            out = model.extend_tree(
-                cache,
+            out = cache.extend_tree(
                 expand_rows(tree.tokens[None], guided),
                 torch.tensor(tree.depths, dtype=torch.long),
                 tree.ancestors(),
@@ -305,7 +304,7 @@ def tree_decode(
         tokens[0, n + m] = outcome.token
         feats[:, n : n + m + 1] = out.hidden[:, path]  # h_{n-1} .. h_{n+m-1}: root and accepted nodes
         with timer("target"):
-            model.keep_path(cache, n - 1, path)  # keep x_0..x_{n+m-1}; the new token is fed next round
+            cache.keep_path(n - 1, path)  # keep x_0..x_{n+m-1}; the new token is fed next round
         max_drafted = max(max_drafted, max(tree.depths))
         log.add_step(
             step_no,

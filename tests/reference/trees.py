@@ -2,7 +2,7 @@
 
 A draft tree replaces the chain of :func:`lantern.decoding.draft`: several candidates per
 position, verified by the target in one forward with tree attention
-(:meth:`ambiguity.models.base.TokenModel.extend_tree`). Node 0 is the *root*, the last committed
+(:meth:`reference.cache.OneImageCache.extend_tree`). Node 0 is the *root*, the last committed
 token ``x_{n-1}``; a node at depth ``d`` is a candidate for ``x_{n-1+d}``.
 
 * **Dynamic** (EAGLE-2, Li et al. 2024, arXiv 2406.16858, Sec. 4; LANTERN's default; official
