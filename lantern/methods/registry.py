@@ -34,6 +34,8 @@ METHODS = {
     "lantern": _drafted,
     "lantern-jsd": _drafted,
     "lantern++": _drafted,
+    "cool-sd": _drafted,
+    "fly": _drafted,
     "sjd": _jacobi,
     "gsd": _jacobi,
     "scd": _jacobi,
