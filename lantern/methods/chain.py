@@ -87,8 +87,9 @@ def accept(
     :func:`lantern.rules.acceptance.judge` (each draft's place ``j`` in its row's chain and the chain's
     length reach the rule: Cool-SD's annealed schedule); the accepted prefix length ``a`` is the
     number of leading accepted drafts after the rule's walk (:func:`lantern.rules.acceptance.walk`:
-    FLy defers some rejections, and the verdict's ``accepted`` then records its deferrals); the next token is drawn from the residual at position ``a``
-    (:func:`lantern.rules.acceptance.residual`) when ``a < γ``, else from the bonus ``p[:, γ]``.
+    FLy defers some rejections, and the verdict's ``accepted`` then records its deferrals); the
+    next token is drawn from the residual at position ``a`` (:func:`lantern.rules.acceptance.residual`)
+    when ``a < γ``, else from the bonus ``p[:, γ]``.
     Greedy: :func:`lantern.rules.acceptance.judge_greedy`; the next token is ``argmax p[:, a]``
     (the rejected position's argmax, or the bonus argmax). γ = 0: the next token is drawn from
     ``p[:, 0]``. ``validate=False``: the table was checked once by the caller
