@@ -18,6 +18,15 @@ Rules (``AcceptanceRule.method``; each relaxed rule is one entry of :data:`BOUND
   ``p`` and that moved distribution stays ``<= δ`` (closed form: :func:`lantern.rules.divergences.moved_jsd`).
 * ``"lantern++"`` — the relative bound of LANTERN++ (arXiv 2502.06352): grown while
   ``S_j <= (λ - 1) p(x̂)``, i.e. ``p̃(x̂) <= λ p(x̂)``.
+* ``"cool-sd"`` — Cool-SD (arXiv 2601.09212; :mod:`lantern.rules.cool_sd`): no neighbourhood;
+  ``p̃(x̂) = ω p(x̂)`` with ω annealed over the draft's place in its chain, and the TV-optimal
+  residual ``norm(max(p - min(q, ω p), 0))``.
+* ``"fly"`` — FLy (arXiv 2511.22972; :mod:`lantern.rules.fly`): the ``"sd"`` test, then a walk
+  over the chain that defers a rejection where the target's top-3 entropy is high and the
+  following drafts agree.
+
+The last two are entries of :data:`RELAXATIONS` (their :data:`BOUNDS` entry is None: no
+neighbourhood); their rules need the chain (:func:`judge`'s positions, :func:`walk`).
 
 For the relaxed rules ``p̃(x̂) = p(x̂) + S_j*`` and the draft is accepted with probability
 ``min(1, p̃(x̂) / q(x̂))``. "Grown while" means the prefix stops at the first ``j`` that breaks
@@ -207,7 +216,8 @@ RELAXATIONS: dict[str, Relaxation] = {
 class AcceptanceRule:
     """Configuration of one acceptance rule (see the module docstring for the rules).
 
-    method: a key of :data:`BOUNDS`: ``"sd"`` | ``"lantern"`` | ``"lantern-jsd"`` | ``"lantern++"``.
+    method: a key of :data:`BOUNDS`: ``"sd"`` | ``"lantern"`` | ``"lantern-jsd"`` | ``"lantern++"`` |
+       ``"cool-sd"`` | ``"fly"``.
     k: neighbourhood size ``|B_k|`` (>= 0; 0 turns every rule into ``"sd"``); must be smaller
        than the vocabulary size, checked when the rule meets a distribution. ``"sd"`` ignores it.
     delta: the bound δ of ``"lantern"`` (TVD, a probability) and ``"lantern-jsd"`` (JSD, nats);
@@ -348,7 +358,8 @@ class Verdict:
     spent: the divergence of the move, in the units of the rule's bound (:data:`BOUNDS`):
     ``S_j*`` (TVD, a probability) for ``"lantern"``, the JSD in nats for ``"lantern-jsd"``, the
     relative mass ``S_j* / p(x̂)`` (compare with λ - 1) for ``"lantern++"``, 0 for ``"sd"`` and
-    when ``j* = 0``.
+    when ``j* = 0``; Cool-SD's factor ω for ``"cool-sd"``, the target's top-3 entropy (nats,
+    compare with θ) for ``"fly"`` (:data:`RELAXATIONS`).
     """
 
     accepted: torch.Tensor
