@@ -21,6 +21,7 @@ from test_trees import TREES, tiny
 
 from ambiguity.errors import UsageError
 from ambiguity.sampling import SamplingConfig
+from lantern.distortion import chain_place_tvds
 from lantern.drafter.model import Drafter
 from lantern.engine.decode import DecodeConfig, decode
 from lantern.engine.records import Decoded
@@ -123,6 +124,15 @@ def test_output_distribution_by_hand_and_its_tvd():
     # δ = 1, ν = 0 is SD
     one = AcceptanceRule("cool-sd", cool_delta=1.0, cool_nu=0.0)
     assert torch.allclose(output_distribution(P, Q, None, one, positions=0, lengths=3), P, atol=1e-15)
+
+
+def test_tvd_at_each_place_of_a_chain():
+    rule = AcceptanceRule("cool-sd", cool_delta=1.5, cool_nu=math.log(2.0))  # ω = (2, 1) on a chain of 2
+    assert torch.allclose(chain_place_tvds(P, Q, rule, 2), t([0.2, 0.0]), atol=1e-15)
+    batch = chain_place_tvds(torch.stack([P, Q]), torch.stack([Q, Q]), rule, 2)
+    assert batch.shape == (2, 2) and torch.allclose(batch[:, 0], t([0.2, 0.0]), atol=1e-15)
+    with pytest.raises(UsageError, match="gamma must be an integer >= 1"):
+        chain_place_tvds(P, Q, rule, 0)
 
 
 @pytest.mark.parametrize("omega", [0.4, 0.9, 1.0, 1.7, 3.0])

@@ -22,6 +22,7 @@ from test_trees import TREES, tiny
 
 from ambiguity.errors import UsageError
 from ambiguity.sampling import SamplingConfig
+from lantern.distortion import chain_place_tvds
 from lantern.drafter.model import Drafter
 from lantern.engine.decode import DecodeConfig, decode
 from lantern.engine.records import Decoded
@@ -116,6 +117,14 @@ def test_output_distribution_by_hand():
     # a draft the target cannot emit is never deferred: p = (0.6, 0.4, 0), q = (0.2, 0.2, 0.6)
     p0 = t([0.6, 0.4, 0.0])
     assert torch.allclose(output_distribution(p0, Q, None, rule, window_pass=1.0), p0, atol=1e-15)
+
+
+def test_tvd_at_each_place_of_a_chain():
+    rule = AcceptanceRule("fly", fly_entropy=0.0, fly_window=1)
+    # places 0 and 1 have a window inside a chain of 3: π TVD(p, q) = 0.5 * 0.4; place 2 defers nothing
+    assert torch.allclose(chain_place_tvds(P, Q, rule, 3, window_pass=0.5), t([0.2, 0.2, 0.0]), atol=1e-15)
+    with pytest.raises(UsageError, match="pass window_pass"):
+        chain_place_tvds(P, Q, rule, 3)
 
 
 def test_greedy_output_by_hand():
