@@ -292,7 +292,7 @@ class AcceptanceRule:
         w = self.fly_window
         if isinstance(w, bool) or not isinstance(w, (int, float)) or int(w) != w or w < 1:
             raise FieldError(
-                "AcceptanceRule", "fly_window", f"must be an integer >= 1 (drafts after a deferral), got {w}"
+                "AcceptanceRule", "fly_window", f"must be an integer >= 1 (drafts checked after a rejection), got {w}"
             )
         if self.method in RELAXATIONS and self.convention != "exact":
             raise UsageError(
@@ -709,8 +709,8 @@ def output_distribution(
     ``"fly"``: ``window_pass`` (float or (...) in [0, 1], required) is the probability that the
     ``W`` drafts after this one are all natively accepted; a native rejection of x is then
     deferred with probability ``window_pass`` when ``H_3(p) >= θ`` and ``p(x) > 0``, so with the
-    gate open and ``q << p`` ``out = p + window_pass (q - p)`` and ``TVD(out, p) = window_pass
-    TVD(q, p)``. (For drafts drawn from context-free p and q, ``window_pass = β^W`` with
+    gate open and ``q`` putting no mass where ``p`` has none, ``out = p + window_pass (q - p)``
+    and ``TVD(out, p) = window_pass TVD(q, p)``. (For drafts drawn from context-free p and q, ``window_pass = β^W`` with
     ``β = Σ min(p, q)``.)
     Raises :class:`UsageError` as :func:`judge`, for ``"cool-sd"`` without positions / lengths and
     for ``"fly"`` without ``window_pass`` or with one outside [0, 1].
