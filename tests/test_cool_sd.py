@@ -277,3 +277,11 @@ def test_trees_refuse_cool_sd(model, drafter):
     s = SamplingConfig(guidance=2.0, temperature=1.0)
     with pytest.raises(UsageError, match="judges chains only"):
         decode(model, [0], DecodeConfig.of("cool-sd", tree=TREES["dynamic"]), s, drafter, seed=0)
+
+
+def test_records_name_the_knobs_of_their_own_rule_only():
+    """Runs of the other rules keep their settings record (resume across the upgrade)."""
+    assert AcceptanceRule("lantern").as_dict() == dict(method="lantern", k=64, delta=0.2, lam=2.0, convention="exact")
+    cool = AcceptanceRule("cool-sd", cool_delta=2.0).as_dict()
+    assert cool["cool_delta"] == 2.0 and cool["cool_nu"] == 0.7 and "fly_window" not in cool
+    assert DecodeConfig.of("fly", 5, fly_window=3).as_dict()["fly_window"] == 3

@@ -311,7 +311,14 @@ class AcceptanceRule:
         return self.lam - 1.0 if self.method == "lantern++" else float(self.delta)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a flat dict; the knobs of :data:`RELAXATIONS` only for the method that reads
+        them, so the record (and settings digest) of any other rule is what it was before they existed."""
+        record = asdict(self)
+        for method, relax in RELAXATIONS.items():
+            if method != self.method:
+                for name in relax.parameters:
+                    record.pop(name)
+        return record
 
     def table_for(self, p: torch.Tensor, neighbours) -> Optional[torch.Tensor]:
         """Validate the neighbour table against ``p`` (..., V) float and this rule; see :meth:`prepare_table`.
