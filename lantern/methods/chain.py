@@ -121,7 +121,7 @@ def accept(
     if not validate and timer is not None:  # the decoder (table checked once): time the proximity sets alone
         with timer("proximity"):
             prox = proximity(p[:, :g], drafts, neighbours if rule.relaxed else None, rule)
-    chain = g if lengths is None else lengths  # (B,) each row's chain length: the places a schedule reads
+    chain = g if lengths is None else lengths  # each row's chain length (g, or (B,)): Cool-SD's schedule reads it
     at_chain = chain if lengths is None else chain[:, None]
     if greedy:
         v = judge_greedy(p[:, :g], drafts, neighbours, rule, validate, prox, lengths=at_chain)
