@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 from test_engine import _same_records
-from test_trees import TREES, tiny
+from test_trees import TREES, enumerate_outcomes, exact_joint, tiny
 
 from ambiguity.errors import UsageError
 from ambiguity.sampling import SamplingConfig
@@ -285,3 +285,37 @@ def test_records_name_the_knobs_of_their_own_rule_only():
     cool = AcceptanceRule("cool-sd", cool_delta=2.0).as_dict()
     assert cool["cool_delta"] == 2.0 and cool["cool_nu"] == 0.7 and "fly_window" not in cool
     assert DecodeConfig.of("fly", 5, fly_window=3).as_dict()["fly_window"] == 3
+
+
+# ----------------------------------------------------------------------------- exact enumeration
+def _enumerated_joint(rule, sampling, image=0):
+    """{tokens: probability} of one image of a real batched decode (V = 4, 2 x 2 tokens, γ = 2, 3
+    images in 2 slots), every coin and categorical draw branched with its probability; and the AR joint."""
+    m = tiny()
+    d = Drafter.for_target(m, seed=3).eval()
+
+    def run(draws):
+        out = decode(m, [1, 2, 1], DecodeConfig(rule, 2), sampling, d, seed=9, batch_size=2, draws={image: draws})
+        return tuple(out.tokens[image].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
+    return got, exact_joint(m, 1, sampling)
+
+
+@pytest.mark.slow  # ~1 min each: every branch is a full batched decode of 3 images
+def test_exact_decoding_with_unit_factor_is_ar_sampling():
+    got, want = _enumerated_joint(
+        AcceptanceRule("cool-sd", cool_delta=1.0, cool_nu=0.0), SamplingConfig(guidance=2.0, temperature=0.7, top_k=3)
+    )
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+
+
+@pytest.mark.slow
+def test_relaxed_decoding_is_not_ar_sampling():
+    """Power check: δ = 3 moves the joint away from AR."""
+    got, want = _enumerated_joint(
+        AcceptanceRule("cool-sd", cool_delta=3.0), SamplingConfig(guidance=1.0, temperature=1.0)
+    )
+    assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) > 1e-3

@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 from test_engine import _same_records
-from test_trees import TREES, tiny
+from test_trees import TREES, enumerate_outcomes, exact_joint, tiny
 
 from ambiguity.errors import UsageError
 from ambiguity.sampling import SamplingConfig
@@ -266,3 +266,40 @@ def test_bad_uses_raise_usage_errors(model, drafter):
     s = SamplingConfig(guidance=2.0, temperature=1.0)
     with pytest.raises(UsageError, match="judges chains only"):
         decode(model, [0], DecodeConfig.of("fly", tree=TREES["static"]), s, drafter, seed=0)
+
+
+# ----------------------------------------------------------------------------- exact enumeration
+def _enumerated_joint(rule, sampling, image=0):
+    """{tokens: probability} of one image of a real batched decode (V = 4, 2 x 2 tokens, γ = 2, 3
+    images in 2 slots), every coin and categorical draw branched with its probability; and the AR joint."""
+    m = tiny()
+    d = Drafter.for_target(m, seed=3).eval()
+
+    def run(draws):
+        out = decode(m, [1, 2, 1], DecodeConfig(rule, 2), sampling, d, seed=9, batch_size=2, draws={image: draws})
+        return tuple(out.tokens[image].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
+    return got, exact_joint(m, 1, sampling)
+
+
+@pytest.mark.slow  # ~1 min each: every branch is a full batched decode of 3 images
+@pytest.mark.parametrize(
+    "rule",
+    [AcceptanceRule("fly", fly_entropy=100.0, fly_window=1), AcceptanceRule("fly", fly_entropy=0.0, fly_window=2)],
+)
+def test_exact_decoding_without_deferrals_is_ar_sampling(rule):
+    """A shut gate, or a window as long as the chain (γ = 2, W = 2): FLy is SD, lossless."""
+    got, want = _enumerated_joint(rule, SamplingConfig(guidance=2.0, temperature=0.7, top_k=3))
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+
+
+@pytest.mark.slow
+def test_deferring_decoding_is_not_ar_sampling():
+    """Power check: θ = 0 and W = 1 defer the first draft of a chain whenever the second agrees."""
+    got, want = _enumerated_joint(
+        AcceptanceRule("fly", fly_entropy=0.0, fly_window=1), SamplingConfig(guidance=1.0, temperature=1.0)
+    )
+    assert max(abs(got.get(k, 0.0) - v) for k, v in want.items()) > 1e-3
