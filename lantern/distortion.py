@@ -20,6 +20,8 @@ from p. This module measures that distance with no sampling:
   ``min(1, p̃(x̂))`` instead of ``min(1, p̃(x̂) / q(x̂))``. Each child then adds at most δ of
   excess mass, ``TVD(out, p) <= m δ``, whatever the drafter's distance from p; with drafts
   sampled from ``q`` (chains, EAGLE-1 static trees) the bound is ``Σ_y min(max(q(y) - p(y), 0), δ)``.
+* :func:`chain_place_tvds` — ``TVD(out, p)`` of one step at each place of a chain, for the rules
+  whose law depends on the place (Cool-SD's annealed factor, FLy's window).
 """
 
 from __future__ import annotations
@@ -37,10 +39,18 @@ from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import bootstrap_mean_ci, entropy
 from lantern.drafter.model import DraftModel
 from lantern.engine.steps import target_distribution
-from lantern.rules.acceptance import AcceptanceRule, output_distributions, proximity, residual
+from lantern.rules.acceptance import AcceptanceRule, output_distribution, output_distributions, proximity, residual
 from lantern.rules.divergences import tvd
 
-__all__ = ["real_pairs", "image_groups", "sibling_output_distribution", "distortion_table", "DRIVERS", "TREE_ROW"]
+__all__ = [
+    "real_pairs",
+    "image_groups",
+    "sibling_output_distribution",
+    "chain_place_tvds",
+    "distortion_table",
+    "DRIVERS",
+    "TREE_ROW",
+]
 
 TREE_ROW = "TVD(out, p), tree"  # distortion_table's rows of the deterministic tree (``siblings`` = m)
 
@@ -138,6 +148,40 @@ def sibling_output_distribution(
         target = residual(target, None, x, table, rule, validate=False)
         reach = reach * (1.0 - accept)
     return out + reach.unsqueeze(-1) * target
+
+
+def chain_place_tvds(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    rule: AcceptanceRule,
+    gamma: int,
+    window_pass=None,
+    neighbours: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``TVD(out_i, p)`` of one verification step at each place ``i = 0..γ-1`` of a chain of γ
+    drafts, for the rules whose law depends on the place (:data:`lantern.rules.acceptance.RELAXATIONS`):
+    (γ, ...) p's dtype, exact (no sampling).
+
+    p, q: (..., V) float, e.g. the real pairs of :func:`real_pairs`; gamma: γ >= 1. ``"cool-sd"``:
+    the step with Cool-SD's factor ``ω_i`` of a γ-chain (arXiv 2601.09212). ``"fly"``: window_pass
+    (float in [0, 1], required) is the probability that the W drafts after place i are all natively
+    accepted where the window fits in the chain (``i + W < γ``); a place whose window does not fit
+    defers nothing and is lossless (arXiv 2511.22972). Any other rule (neighbours: its table): the
+    same step at every place.
+    Raises :class:`~ambiguity.errors.UsageError` for ``gamma < 1`` and as
+    :func:`lantern.rules.acceptance.output_distribution`.
+    """
+    if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
+        raise UsageError(f"gamma must be an integer >= 1 (drafts per chain), got {gamma}")
+    rows = []
+    for i in range(int(gamma)):
+        kw = {}
+        if rule.method == "cool-sd":
+            kw = dict(positions=i, lengths=int(gamma))
+        elif rule.method == "fly":
+            kw = dict(window_pass=window_pass if i + rule.fly_window < gamma else 0.0)
+        rows.append(tvd(output_distribution(p, q, neighbours, rule, **kw), p))
+    return torch.stack(rows)
 
 
 def distortion_table(

@@ -12,6 +12,8 @@ import torch
 
 from ambiguity.errors import UsageError
 from lantern.rules.acceptance import (
+    BOUNDS,
+    RELAXATIONS,
     AcceptanceRule,
     judge,
     judge_greedy,
@@ -19,6 +21,7 @@ from lantern.rules.acceptance import (
     output_distributions,
     relaxed_mass,
     residual,
+    walk,
 )
 from lantern.rules.divergences import jsd, moved_jsd, tvd
 
@@ -532,6 +535,35 @@ def test_batched_matches_per_element(rule, mode):
             assert torch.equal(g.accepted[b, i], judge_greedy(p[b, i], draft[b, i], table, rule).accepted)
             assert torch.allclose(r[b, i], residual(p[b, i], q[b, i], draft[b, i], table, rule), atol=1e-7)
             assert torch.allclose(out[b, i], output_distribution(p[b, i], q[b, i], table, rule), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- relaxations
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.method}-k{r.k}")
+def test_places_and_walk_leave_the_neighbourhood_rules_unchanged(rule):
+    """The chain arguments of judge / residual and the walk are identities for the rules of BOUNDS."""
+    gen = torch.Generator().manual_seed(9)
+    B, G, V = 2, 3, 8
+    p = torch.softmax(torch.randn(B, G, V, generator=gen, dtype=F64) * 2, -1)
+    q = torch.softmax(torch.randn(B, G, V, generator=gen, dtype=F64), -1)
+    draft = torch.randint(V, (B, G), generator=gen)
+    u = torch.rand(B, G, generator=gen, dtype=F64)
+    table = random_case(gen, V)[2]
+    lengths = torch.tensor([[3], [1]])
+    v = judge(p, q, draft, u, table, rule)
+    w = judge(p, q, draft, u, table, rule, positions=torch.arange(G).expand(B, G), lengths=lengths)
+    for name in ("accepted", "accept_prob", "p_draft", "q_draft", "p_tilde", "j_star", "spent"):
+        assert torch.equal(getattr(v, name), getattr(w, name)), name
+    assert walk(v.accepted, v, rule) is v.accepted
+    at = torch.tensor([0, 2])
+    r = residual(p[:, 0], q[:, 0], draft[:, 0], table, rule, positions=at, lengths=lengths[:, 0])
+    assert torch.equal(r, residual(p[:, 0], q[:, 0], draft[:, 0], table, rule))
+
+
+def test_relaxations_have_no_neighbourhood_and_default_knobs():
+    assert set(RELAXATIONS) <= set(BOUNDS) and all(BOUNDS[m] is None for m in RELAXATIONS)
+    for method, relax in RELAXATIONS.items():
+        rule = AcceptanceRule(method)
+        assert not rule.relaxed and all(hasattr(rule, name) for name in relax.parameters)
 
 
 # ----------------------------------------------------------------------------- bad input

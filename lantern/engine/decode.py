@@ -46,7 +46,7 @@ from lantern.engine.records import Decoded
 from lantern.engine.slots import check_batching, image_indices
 from lantern.methods.registry import METHODS as PLUGINS
 from lantern.methods.tree.spec import TreeSpec
-from lantern.rules.acceptance import AcceptanceRule
+from lantern.rules.acceptance import RELAXATIONS, AcceptanceRule
 
 __all__ = [
     "METHODS",
@@ -99,6 +99,18 @@ class DecodeConfig:
             raise FieldError("DecodeConfig", "metric", f"must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if self.matrix not in MATRICES:
             raise FieldError("DecodeConfig", "matrix", f"must be one of {', '.join(MATRICES)}, got {self.matrix!r}")
+        if self.rule is not None and self.rule.method in RELAXATIONS and self.tree is not None:
+            raise UsageError(
+                f"--method {self.rule.method} relaxes by the draft's place in a chain and has no draft tree; "
+                f"use --tree chain"
+            )
+        if self.rule is not None and self.rule.method == "fly" and self.gamma < 2:
+            raise UsageError(f"--method fly needs --gamma >= 2 (a deferral needs a following draft), got {self.gamma}")
+        if self.rule is not None and self.rule.method == "fly" and self.rule.fly_window >= self.gamma:
+            raise UsageError(
+                f"--fly-window {self.rule.fly_window} must be < --gamma {self.gamma} (the drafts after a rejection "
+                f"within one chain; a longer window defers nothing); use --fly-window {max(1, self.gamma - 1)}"
+            )
 
     @classmethod
     def of(

@@ -27,7 +27,7 @@ the sets A), the residual, the next token and the commit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -44,7 +44,7 @@ from lantern.engine.records import CHAIN_VALUES, chain_rows
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.engine.steps import Timer
 from lantern.methods.drafting import draft_chains
-from lantern.rules.acceptance import RULES, AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual
+from lantern.rules.acceptance import RULES, AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual, walk
 
 __all__ = ["Acceptance", "accept", "Chain", "OPTIONS"]
 
@@ -86,9 +86,12 @@ def accept(
     position; q: (B, γ, V) drafter distributions (unused when greedy); drafts: (B, γ) int64;
     neighbours: (V, K >= k) int64 table (None for ``"sd"``).
     Sampling: uniforms ``u`` (B, γ) from ``generator``; each draft is judged by
-    :func:`lantern.rules.acceptance.judge`; the accepted prefix length ``a`` is the number of leading
-    accepted drafts; the next token is drawn from the residual at position ``a``
-    (:func:`lantern.rules.acceptance.residual`) when ``a < γ``, else from the bonus ``p[:, γ]``.
+    :func:`lantern.rules.acceptance.judge` (each draft's place ``j`` in its row's chain and the chain's
+    length reach the rule: Cool-SD's annealed schedule); the accepted prefix length ``a`` is the
+    number of leading accepted drafts after the rule's walk (:func:`lantern.rules.acceptance.walk`:
+    FLy defers some rejections, and the verdict's ``accepted`` then records its deferrals); the
+    next token is drawn from the residual at position ``a`` (:func:`lantern.rules.acceptance.residual`)
+    when ``a < γ``, else from the bonus ``p[:, γ]``.
     Greedy: :func:`lantern.rules.acceptance.judge_greedy`; the next token is ``argmax p[:, a]``
     (the rejected position's argmax, or the bonus argmax). γ = 0: the next token is drawn from
     ``p[:, 0]``. ``validate=False``: the table was checked once by the caller
@@ -120,26 +123,29 @@ def accept(
     if not validate and timer is not None:  # the decoder (table checked once): time the proximity sets alone
         with timer("proximity"):
             prox = proximity(p[:, :g], drafts, neighbours if rule.relaxed else None, rule)
+    chain = g if lengths is None else lengths  # each row's chain length (g, or (B,)): Cool-SD's schedule reads it
+    at_chain = chain if lengths is None else chain[:, None]
     if greedy:
-        v = judge_greedy(p[:, :g], drafts, neighbours, rule, validate, prox)
+        v = judge_greedy(p[:, :g], drafts, neighbours, rule, validate, prox, lengths=at_chain)
         u = None
     else:
         u = _uniforms(drafts.shape, generator, p) if u is None else u
-        v = judge(p[:, :g], q, drafts, u, neighbours, rule, validate, prox)
+        v = judge(p[:, :g], q, drafts, u, neighbours, rule, validate, prox, lengths=at_chain)
     ok = v.accepted if lengths is None else v.accepted & (torch.arange(g, device=p.device) < lengths[:, None])
-    a = ok.long().cumprod(-1).sum(-1)  # (B,)
-    rejected = a < (g if lengths is None else lengths)
+    walked = walk(ok, v, rule)  # the rule's walk over the chain (FLy defers rejections); else ok itself
+    a = walked.long().cumprod(-1).sum(-1)  # (B,)
+    rejected = a < chain
     target = p[rows, a]  # (B, V): bonus position where all were accepted, else the rejected position
     if greedy or (lengths is None and not bool(rejected.any())):
         nxt = choose(target)
     else:
         at = a.clamp(max=g - 1)
-        res = residual(p[rows, at], q[rows, at], drafts[rows, at], neighbours, rule, validate)
+        res = residual(p[rows, at], q[rows, at], drafts[rows, at], neighbours, rule, validate, at, chain)
         nxt = choose(torch.where(rejected[:, None], res, target))
     kind = torch.where(rejected, 2, 1).long()
     if lengths is not None:
         kind = torch.where(lengths == 0, 0, kind)
-    return Acceptance(a, nxt, kind, v, u)
+    return Acceptance(a, nxt, kind, v if walked is ok else replace(v, accepted=walked), u)
 
 
 def _uniforms(shape, generator: Generators, like: torch.Tensor) -> torch.Tensor:

@@ -9,13 +9,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ambiguity.cli import finite_float, nonneg_int
+from ambiguity.cli import finite_float, nonneg_int, positive_int
 from ambiguity.knn import DEFAULT_METRIC, METRICS
 from ambiguity.neighbourhood import MATRICES
 from ambiguity.sampling import expand_rows
 from lantern.engine.options import OptionGroup
 from lantern.engine.slots import BatchState
-from lantern.rules.acceptance import BOUNDS, CONVENTIONS, RULES, AcceptanceRule
+from lantern.rules.acceptance import BOUNDS, CONVENTIONS, RELAXATIONS, RULES, AcceptanceRule
 
 __all__ = ["pending_features", "draft_chains", "RELAXED", "RULE_OPTIONS", "rule_from_args"]
 
@@ -152,6 +152,39 @@ def _bound_group(parameter: str) -> OptionGroup:
     return OptionGroup(f"bound {parameter}", methods, add, _no_neighbourhood, _bounded_by)
 
 
+def _add_cool(g) -> None:
+    g.add_argument(
+        "--cool-delta",
+        type=finite_float,
+        default=_RULE.cool_delta,
+        help=f"δ >= 1: the mean over a chain of the annealed factor ω on p(x̂) (default: {_RULE.cool_delta:g}; "
+        f"the paper's fastest row: 2)",
+    )
+    g.add_argument(
+        "--cool-nu",
+        type=finite_float,
+        default=_RULE.cool_nu,
+        help=f"ν >= 0: ω's decay per chain place (default: {_RULE.cool_nu:g})",
+    )
+
+
+def _add_fly(g) -> None:
+    g.add_argument(
+        "--fly-entropy",
+        type=finite_float,
+        default=_RULE.fly_entropy,
+        help=f"θ >= 0 nats: a rejection is deferred only where the target's top-3 entropy reaches θ "
+        f"(default: {_RULE.fly_entropy:g})",
+    )
+    g.add_argument(
+        "--fly-window",
+        type=positive_int,
+        default=_RULE.fly_window,
+        help=f"W < γ: the following drafts that must pass for a rejection to be deferred (default: {_RULE.fly_window}, "
+        f"vLLM's min(6, γ - 1) at γ 4)",
+    )
+
+
 # the options of the rule every drafted method judges with; a relaxed rule's bound parameter gets
 # its group from BOUNDS, so a new rule entry brings its flag (and the flag's refusal) with it
 RULE_OPTIONS = (
@@ -159,9 +192,14 @@ RULE_OPTIONS = (
     OptionGroup("latent neighbourhood", RELAXED, _add_k),
     OptionGroup("latent distance", RELAXED, _add_geometry, _no_neighbourhood),
     *(_bound_group(p) for p in dict.fromkeys(BOUNDS[m].parameter for m in RELAXED)),
+    OptionGroup("Cool-SD annealing", ("cool-sd",), _add_cool),
+    OptionGroup("FLy deferral", ("fly",), _add_fly),
 )
 
 
 def rule_from_args(args) -> dict:
     """The :class:`~lantern.rules.acceptance.AcceptanceRule` fields from the parsed :data:`RULE_OPTIONS`."""
-    return dict(k=args.k, delta=args.delta, lam=args.lam, convention=args.convention)
+    fields = dict(k=args.k, delta=args.delta, lam=args.lam, convention=args.convention)
+    for parameter in RELAXATIONS[args.method].parameters if args.method in RELAXATIONS else ():
+        fields[parameter] = getattr(args, parameter)
+    return fields

@@ -68,6 +68,8 @@ METHODS = {
     "lantern": DRAFTED_PLUGIN,
     "lantern-jsd": DRAFTED_PLUGIN,
     "lantern++": DRAFTED_PLUGIN,
+    "cool-sd": DRAFTED_PLUGIN,
+    "fly": DRAFTED_PLUGIN,
     "sjd": _jacobi("sjd"),
     "gsd": _jacobi("gsd"),
     "scd": _jacobi("scd"),

@@ -18,6 +18,15 @@ Rules (``AcceptanceRule.method``; each relaxed rule is one entry of :data:`BOUND
   ``p`` and that moved distribution stays ``<= δ`` (closed form: :func:`lantern.rules.divergences.moved_jsd`).
 * ``"lantern++"`` — the relative bound of LANTERN++ (arXiv 2502.06352): grown while
   ``S_j <= (λ - 1) p(x̂)``, i.e. ``p̃(x̂) <= λ p(x̂)``.
+* ``"cool-sd"`` — Cool-SD (arXiv 2601.09212; :mod:`lantern.rules.cool_sd`): no neighbourhood;
+  ``p̃(x̂) = ω p(x̂)`` with ω annealed over the draft's place in its chain, and the TV-optimal
+  residual ``norm(max(p - min(q, ω p), 0))``.
+* ``"fly"`` — FLy (arXiv 2511.22972; :mod:`lantern.rules.fly`): the ``"sd"`` test, then a walk
+  over the chain that defers a rejection where the target's top-3 entropy is high and the
+  following drafts agree.
+
+The last two are entries of :data:`RELAXATIONS` (their :data:`BOUNDS` entry is None: no
+neighbourhood); their rules need the chain (:func:`judge`'s positions, :func:`walk`).
 
 For the relaxed rules ``p̃(x̂) = p(x̂) + S_j*`` and the draft is accepted with probability
 ``min(1, p̃(x̂) / q(x̂))``. "Grown while" means the prefix stops at the first ``j`` that breaks
@@ -94,13 +103,17 @@ from typing import Optional
 import torch
 
 from ambiguity.errors import FieldError, UsageError
+from lantern.rules.cool_sd import annealed_weights
 from lantern.rules.divergences import moved_jsd
+from lantern.rules.fly import deferred, top_entropy
 
 __all__ = [
     "RULES",
     "CONVENTIONS",
     "BOUNDS",
     "Bound",
+    "RELAXATIONS",
+    "Relaxation",
     "AcceptanceRule",
     "Verdict",
     "grow_proximity_set",
@@ -108,6 +121,7 @@ __all__ = [
     "judge",
     "proximity",
     "judge_greedy",
+    "walk",
     "residual",
     "output_distribution",
     "output_distributions",
@@ -153,15 +167,57 @@ BOUNDS: dict[str, Optional[Bound]] = {
         lambda r, a, moved, spent: moved <= (r.lam - 1.0) * a,
         "relative mass S/p(x̂), bounded by λ - 1",
     ),
+    "cool-sd": None,  # no neighbourhood: a relaxation (RELAXATIONS)
+    "fly": None,
 }
 RULES = tuple(BOUNDS)
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """How a lossy rule without a latent neighbourhood departs from ``"sd"`` (one entry of :data:`RELAXATIONS`).
+
+    parameters: the :class:`AcceptanceRule` fields it reads; scale: ``(rule, positions, lengths) ->
+    ω`` (...) float64, the factor on ``p(x̂)`` in the acceptance test (``p̃(x̂) = ω p(x̂)``) and in
+    the residual (:func:`residual`), from each draft's 0-based place in its chain and the chain's
+    length, or None (ω = 1); spent: ``p (..., V) -> (...)``, what :attr:`Verdict.spent` records
+    for each draft, or None (then ω, or 0); walk: ``(rule, native (B, γ) bool, verdict) -> (B, γ)
+    bool``, the drafts accepted once the whole chain's native verdicts are known (:func:`walk`),
+    or None (the native verdicts); units: of ``spent``.
+    """
+
+    parameters: tuple
+    scale: Optional[Callable[[AcceptanceRule, torch.Tensor, torch.Tensor], torch.Tensor]]
+    spent: Optional[Callable[[torch.Tensor], torch.Tensor]]
+    walk: Optional[Callable[[AcceptanceRule, torch.Tensor, Verdict], torch.Tensor]]
+    units: str
+
+
+# method -> its relaxation, for the rules of BOUNDS without a neighbourhood bound (None there) other than "sd"
+RELAXATIONS: dict[str, Relaxation] = {
+    "cool-sd": Relaxation(
+        ("cool_delta", "cool_nu"),
+        lambda r, positions, lengths: annealed_weights(positions, lengths, r.cool_delta, r.cool_nu),
+        None,
+        None,
+        "ω, the annealed factor on p(x̂)",
+    ),
+    "fly": Relaxation(
+        ("fly_entropy", "fly_window"),
+        None,
+        top_entropy,
+        lambda r, native, v: deferred(native, v.spent, v.p_draft, r.fly_entropy, r.fly_window),
+        "top-3 entropy of p (nats), compared with θ",
+    ),
+}
 
 
 @dataclass(frozen=True)
 class AcceptanceRule:
     """Configuration of one acceptance rule (see the module docstring for the rules).
 
-    method: a key of :data:`BOUNDS`: ``"sd"`` | ``"lantern"`` | ``"lantern-jsd"`` | ``"lantern++"``.
+    method: a key of :data:`BOUNDS`: ``"sd"`` | ``"lantern"`` | ``"lantern-jsd"`` | ``"lantern++"`` |
+       ``"cool-sd"`` | ``"fly"``.
     k: neighbourhood size ``|B_k|`` (>= 0; 0 turns every rule into ``"sd"``); must be smaller
        than the vocabulary size, checked when the rule meets a distribution. ``"sd"`` ignores it.
     delta: the bound δ of ``"lantern"`` (TVD, a probability) and ``"lantern-jsd"`` (JSD, nats);
@@ -169,11 +225,24 @@ class AcceptanceRule:
        here that is ``method="lantern++", lam=...``.
     lam: λ >= 1 of ``"lantern++"`` (``p̃(x̂) <= λ p(x̂)``); 1 is lossless.
     convention: ``"exact"`` | ``"official"`` — what happens after a rejection, and the greedy
-       test (module docstring).
+       test (module docstring); ``"cool-sd"`` and ``"fly"`` have only ``"exact"``.
+    cool_delta: δ >= 1 of ``"cool-sd"``, the mean of its annealed factor ω over a chain
+       (:mod:`lantern.rules.cool_sd`; the paper's main setting 1.1, its 2.72x LlamaGen row 2);
+       with ``cool_nu = 0`` and ``cool_delta = 1`` the rule is lossless ``"sd"``.
+    cool_nu: ν >= 0 of ``"cool-sd"``, the decay of ω per place in the chain (the paper's 0.7;
+       0 is the uniform relaxation ω = δ).
+    fly_entropy: θ >= 0 of ``"fly"``, nats: a rejection at a draft whose target top-3 entropy is
+       at least θ may be deferred (:mod:`lantern.rules.fly`; official 0.3).
+    fly_window: W >= 1 of ``"fly"``, how many following drafts must be natively accepted for a
+       deferral (vLLM's default min(6, γ - 1): 3 at the toolkit's γ = 4; vLLM requires W < γ, and a
+       window longer than the chain defers nothing, so :class:`lantern.engine.decode.DecodeConfig`
+       refuses W >= γ).
 
-    The defaults (k = 64, δ = 0.2, λ = 2) are the toolkit's defaults everywhere (CLI included).
-    Raises :class:`UsageError` (one line naming the fix) for an unknown method or convention,
-    ``k < 0`` or non-integer, ``delta < 0`` (or > 1 for the TVD/JSD rules), ``lam < 1``.
+    The defaults (k = 64, δ = 0.2, λ = 2) are the toolkit's defaults everywhere (CLI included);
+    those of Cool-SD and FLy are their papers'. Raises :class:`UsageError` (one line naming the
+    fix) for an unknown method or convention, ``k < 0`` or non-integer, ``delta < 0`` (or > 1 for
+    the TVD/JSD rules), ``lam < 1``, ``cool_delta < 1``, ``cool_nu < 0``, ``fly_entropy < 0``, a
+    non-integer or ``fly_window < 1``, the ``"official"`` convention with ``"cool-sd"`` / ``"fly"``.
     """
 
     method: str = "sd"
@@ -181,6 +250,10 @@ class AcceptanceRule:
     delta: float = 0.2
     lam: float = 2.0
     convention: str = "exact"
+    cool_delta: float = 1.1
+    cool_nu: float = 0.7
+    fly_entropy: float = 0.3
+    fly_window: int = 3
 
     def __post_init__(self):
         if self.method not in BOUNDS:
@@ -204,7 +277,30 @@ class AcceptanceRule:
             )
         if not 1 <= self.lam < float("inf"):
             raise FieldError("AcceptanceRule", "lam", f"must be >= 1 (1 is lossless), got {self.lam}")
+        self._check_relaxations()
         object.__setattr__(self, "k", int(self.k))
+        object.__setattr__(self, "fly_window", int(self.fly_window))
+
+    def _check_relaxations(self) -> None:
+        """The knobs of :data:`RELAXATIONS` (checked whatever the method: their defaults are valid)."""
+        if not 1 <= self.cool_delta < float("inf"):
+            raise FieldError(
+                "AcceptanceRule", "cool_delta", f"must be >= 1 (the mean of Cool-SD's factor ω), got {self.cool_delta}"
+            )
+        if not 0 <= self.cool_nu < float("inf"):
+            raise FieldError("AcceptanceRule", "cool_nu", f"must be >= 0 (0: no annealing), got {self.cool_nu}")
+        if not 0 <= self.fly_entropy < float("inf"):
+            raise FieldError("AcceptanceRule", "fly_entropy", f"must be >= 0 nats, got {self.fly_entropy}")
+        w = self.fly_window
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or int(w) != w or w < 1:
+            raise FieldError(
+                "AcceptanceRule", "fly_window", f"must be an integer >= 1 (drafts checked after a rejection), got {w}"
+            )
+        if self.method in RELAXATIONS and self.convention != "exact":
+            raise UsageError(
+                f"convention {self.convention!r} is the official LANTERN code's; {self.method} has only 'exact' "
+                "(drop --convention)"
+            )
 
     @property
     def relaxed(self) -> bool:
@@ -217,7 +313,14 @@ class AcceptanceRule:
         return self.lam - 1.0 if self.method == "lantern++" else float(self.delta)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a flat dict; the knobs of :data:`RELAXATIONS` only for the method that reads
+        them, so the record (and settings digest) of any other rule is what it was before they existed."""
+        record = asdict(self)
+        for method, relax in RELAXATIONS.items():
+            if method != self.method:
+                for name in relax.parameters:
+                    record.pop(name)
+        return record
 
     def table_for(self, p: torch.Tensor, neighbours) -> Optional[torch.Tensor]:
         """Validate the neighbour table against ``p`` (..., V) float and this rule; see :meth:`prepare_table`.
@@ -264,7 +367,8 @@ class Verdict:
     spent: the divergence of the move, in the units of the rule's bound (:data:`BOUNDS`):
     ``S_j*`` (TVD, a probability) for ``"lantern"``, the JSD in nats for ``"lantern-jsd"``, the
     relative mass ``S_j* / p(x̂)`` (compare with λ - 1) for ``"lantern++"``, 0 for ``"sd"`` and
-    when ``j* = 0``.
+    when ``j* = 0``; Cool-SD's factor ω for ``"cool-sd"``, the target's top-3 entropy (nats,
+    compare with θ) for ``"fly"`` (:data:`RELAXATIONS`).
     """
 
     accepted: torch.Tensor
@@ -345,6 +449,55 @@ def relaxed_mass(
     return j_star, p_tilde, spent
 
 
+def _scale(rule: AcceptanceRule, draft: torch.Tensor, positions, lengths, chain: bool) -> Optional[torch.Tensor]:
+    """ω (...) float64 of each draft for a rule with a scale (:data:`RELAXATIONS`), else None.
+    ``chain``: without positions, the last dim of ``draft`` is the chain (0..γ-1 of length γ)."""
+    relax = RELAXATIONS.get(rule.method)
+    if relax is None or relax.scale is None:
+        return None
+    if positions is None:
+        if not chain:
+            raise UsageError(f"{rule.method} needs each draft's place in its chain: pass positions and lengths")
+        g = draft.shape[-1]
+        positions = torch.arange(g, device=draft.device).expand(draft.shape)
+        lengths = g if lengths is None else lengths
+    if lengths is None:
+        raise UsageError(f"{rule.method} needs the length of each draft's chain: pass lengths with positions")
+    positions = torch.as_tensor(positions, device=draft.device)
+    return relax.scale(rule, positions, torch.as_tensor(lengths, device=draft.device))
+
+
+def _relax(p, draft, p_draft, p_tilde, spent, rule: AcceptanceRule, positions, lengths, greedy: bool):
+    """(p_tilde, spent) of the drafts under the rule's relaxation (:data:`RELAXATIONS`); unchanged for
+    the other rules. Greedy: a scale below 1 does not lower ``p̃`` under ``p(x̂)``."""
+    relax = RELAXATIONS.get(rule.method)
+    if relax is None:
+        return p_tilde, spent
+    omega = _scale(rule, draft, positions, lengths, chain=True)
+    if omega is not None:
+        omega = omega.to(p.dtype).expand(p_draft.shape)
+        p_tilde = p_draft * (omega.clamp_min(1.0) if greedy else omega)
+        spent = omega
+    if relax.spent is not None:
+        spent = relax.spent(p)
+    return p_tilde, spent
+
+
+def walk(native: torch.Tensor, verdict: Verdict, rule: AcceptanceRule) -> torch.Tensor:
+    """The drafts of each chain the rule accepts once every native verdict of the chain is known.
+
+    native: (B, γ) bool, :attr:`Verdict.accepted` of the chain's drafts (False beyond a row's own
+    chain length); verdict: that :class:`Verdict` ((B, γ) fields) -> (B, γ) bool. The accepted
+    prefix is the leading run of True (``out.long().cumprod(-1).sum(-1)``). The rule's walk
+    (:data:`RELAXATIONS`): ``"fly"`` also accepts the rejections it defers
+    (:func:`lantern.rules.fly.deferred`); every other rule returns ``native`` itself.
+    """
+    relax = RELAXATIONS.get(rule.method)
+    if relax is None or relax.walk is None:
+        return native
+    return relax.walk(rule, native, verdict)
+
+
 def judge(
     p: torch.Tensor,
     q: Optional[torch.Tensor],
@@ -354,6 +507,8 @@ def judge(
     rule: AcceptanceRule,
     validate: bool = True,
     proximity_set: Optional[tuple] = None,
+    positions: Optional[torch.Tensor] = None,
+    lengths=None,
 ) -> Verdict:
     """Accept or reject each draft token independently (no prefix logic across positions).
 
@@ -371,6 +526,11 @@ def judge(
     Returns a :class:`Verdict`; sample the rejected position from :func:`residual`.
     ``validate=False`` skips the input checks (the decoder validates once per decode);
     ``proximity_set``: :func:`proximity` of these drafts, when the caller computed (and timed) it.
+    positions: (...) int64, each draft's 0-based place in its chain, and lengths (int64,
+    broadcastable to it) the chain's length: read by rules with a scale (``"cool-sd"``, whose
+    ``p̃(x̂) = ω p(x̂)``, :data:`RELAXATIONS`); by default the last dim of ``draft`` is the chain
+    (positions ``0..γ-1``, lengths ``γ``). ``"fly"`` records its gate, the top-3 entropy of ``p``,
+    as ``spent``; its deferrals need the whole chain (:func:`walk`).
     Raises :class:`UsageError` for mismatched shapes, a missing table, ``k >= V``.
     """
     table = _table(p, neighbours, rule, validate)
@@ -380,6 +540,7 @@ def judge(
         _check_draft(p, draft)
         _check_draft(p, u, "u")
     p_draft, p_tilde, j_star, spent = proximity_set or proximity(p, draft, table, rule)
+    p_tilde, spent = _relax(p, draft, p_draft, p_tilde, spent, rule, positions, lengths, greedy=False)
     q_draft = q.gather(-1, draft.long().unsqueeze(-1)).squeeze(-1) if q is not None else torch.ones_like(p_draft)
     accepted = u * q_draft < p_tilde
     safe_q = torch.where(q_draft > 0, q_draft, torch.ones_like(q_draft))
@@ -410,6 +571,8 @@ def judge_greedy(
     rule: AcceptanceRule,
     validate: bool = True,
     proximity_set: Optional[tuple] = None,
+    positions: Optional[torch.Tensor] = None,
+    lengths=None,
 ) -> Verdict:
     """Greedy (temperature 0) verification: is ``x̂`` the argmax once ``p̃(x̂)`` replaces ``p(x̂)``?
 
@@ -420,7 +583,10 @@ def judge_greedy(
     iff ``p̃(x̂) > p(v)`` for every lower index ``v`` and ``>=`` for every higher one (argmax
     ties go to the lower code index). On rejection the decoder emits ``p.argmax(-1)``. With
     ``"sd"`` (or δ = 0 and no zero-mass neighbours) this accepts exactly when ``x̂`` is an
-    argmax of ``p``. LANTERN Sec. 3 (greedy).
+    argmax of ``p``. LANTERN Sec. 3 (greedy). ``"cool-sd"`` uses ``p̃(x̂) = max(ω, 1) p(x̂)``
+    (positions, lengths as in :func:`judge`): a factor ``ω < 1`` late in a chain would reject the
+    argmax only to emit it again after the rejection, so it never rejects the argmax (our choice;
+    the paper treats sampling only). ``"fly"`` judges as ``"sd"`` here; :func:`walk` defers.
     Returns a :class:`Verdict` with ``q_draft = 1`` and ``accept_prob`` 0. or 1.
     Raises :class:`UsageError` as :func:`judge`.
     """
@@ -429,6 +595,7 @@ def judge_greedy(
         _check_draft(p, draft)
     idx = draft.long().unsqueeze(-1)
     p_draft, p_tilde, j_star, spent = proximity_set or proximity(p, draft, table, rule)
+    p_tilde, spent = _relax(p, draft, p_draft, p_tilde, spent, rule, positions, lengths, greedy=True)
     accepted = p_tilde >= _max_other(p, idx).squeeze(-1)
     if rule.convention == "official":
         accepted &= _beats_lower_indices(p, idx, p_tilde.unsqueeze(-1)).squeeze(-1)
@@ -463,9 +630,15 @@ def _residual(
     j_star: torch.Tensor,
     table: Optional[torch.Tensor],
     rule: AcceptanceRule,
+    omega: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The residual of the rule's convention (module docstring); shapes as :func:`residual`."""
+    """The residual of the rule's convention (module docstring); shapes as :func:`residual`.
+    omega: (...) Cool-SD's factor (None for the other rules): ``norm(max(p - min(q, ω p), 0))``."""
     point = q is None
+    if omega is not None:
+        q = _point_mass(p, draft) if point else q
+        # equal to max(p - q, 0) float for float where ω >= 1: min(q, ωp) = q wherever q <= ωp, and both are 0 elsewhere
+        return _normalise((p - torch.minimum(q, omega.to(p.dtype).unsqueeze(-1) * p)).clamp_min(0.0), p)
     if rule.convention == "exact" and point:
         # max(p - 1[x̂], 0) is p with x̂ zeroed: p <= 1 (a distribution), so p(x̂) - 1 clamps to 0,
         # and p - 0 == p elsewhere; the same floats without the one-hot and two more passes
@@ -488,6 +661,8 @@ def residual(
     neighbours: torch.Tensor | None,
     rule: AcceptanceRule,
     validate: bool = True,
+    positions=None,
+    lengths=None,
 ) -> torch.Tensor:
     """The distribution to sample (or to judge the next sibling against) after rejecting ``draft``:
     (..., V), p's dtype, rows sum to 1.
@@ -497,8 +672,12 @@ def residual(
     the rejected tokens; neighbours as in :func:`judge`. ``rule.convention == "exact"``:
     ``norm(max(p - q, 0))`` (module docstring; for a deterministic draft, ``p`` with ``x̂``
     zeroed), ``p`` when it has no mass; ``"official"``: the official LANTERN code's residual
-    (module docstring), uniform when it has no mass. Call it only where a draft was rejected.
-    Raises :class:`UsageError` as :func:`judge`.
+    (module docstring), uniform when it has no mass. ``"cool-sd"``: the TV-optimal residual of
+    arXiv 2601.09212 (Theorem 2), ``G* = norm(max(p - min(q, ω p), 0))``, ``p`` when it has no
+    mass, with ω the factor of the rejected draft — positions (...) int64 its 0-based place in its
+    chain and lengths the chain's length, both required (for ω >= 1 it is ``norm(max(p - q, 0))``).
+    ``"fly"`` rejects as ``"sd"``. Call it only where a draft was rejected.
+    Raises :class:`UsageError` as :func:`judge`, and for ``"cool-sd"`` without positions / lengths.
     """
     table = _table(p, neighbours, rule, validate)
     if validate:
@@ -507,7 +686,7 @@ def residual(
         _check_draft(p, draft)
     idx = draft.long()
     j_star = grow_proximity_set(p, idx.unsqueeze(-1), table, rule)[2].squeeze(-1)
-    return _residual(p, q, idx, j_star, table, rule)
+    return _residual(p, q, idx, j_star, table, rule, _scale(rule, idx, positions, lengths, chain=False))
 
 
 def output_distribution(
@@ -516,6 +695,9 @@ def output_distribution(
     neighbours: torch.Tensor | None,
     rule: AcceptanceRule,
     greedy: bool = False,
+    positions=None,
+    lengths=None,
+    window_pass=None,
 ) -> torch.Tensor:
     """The exact distribution of the token one verification step emits: (..., V), p's dtype.
 
@@ -529,26 +711,59 @@ def output_distribution(
     ``TVD(out, p) = Σ_y max(α(y) - p(y), 0) <= Σ_y min(max(q(y) - p(y), 0), δ)``, which can
     exceed δ. Memory: (..., V, k) for p̃ of every draft, plus (..., V, V) for ``"official"``
     (its residual depends on x).
-    Raises :class:`UsageError` as :func:`judge`.
+
+    ``"cool-sd"``: the step at place ``positions`` (int or (...) int64, 0-based) of a chain of
+    ``lengths`` drafts, with factor ω: ``P(accept x) = min(1, ω p(x) / q(x))`` and the residual
+    ``G*`` (:func:`residual`); with ω >= 1, ``TVD(out, p) = Σ_y max(min(q(y), ω p(y)) - p(y), 0)``.
+    ``"fly"``: ``window_pass`` (float or (...) in [0, 1], required) is the probability that the
+    ``W`` drafts after this one are all natively accepted; a native rejection of x is then
+    deferred with probability ``window_pass`` when ``H_3(p) >= θ`` and ``p(x) > 0``, so with the
+    gate open and ``q`` putting no mass where ``p`` has none, ``out = p + window_pass (q - p)``
+    and ``TVD(out, p) = window_pass TVD(q, p)``. (For drafts drawn from context-free p and q, ``window_pass = β^W`` with
+    ``β = Σ min(p, q)``.)
+    Raises :class:`UsageError` as :func:`judge`, for ``"cool-sd"`` without positions / lengths and
+    for ``"fly"`` without ``window_pass`` or with one outside [0, 1].
     """
     table = _table(p, neighbours, rule, True)
     _check_q(p, q)
     every = torch.arange(p.shape[-1], device=p.device).expand(p.shape)
     _, p_tilde_all, j_all, _ = grow_proximity_set(p, every, table, rule)
+    omega = _scale(rule, every[..., 0], positions, lengths, chain=False)
+    if omega is not None:
+        factor = omega.to(p.dtype).unsqueeze(-1)
+        p_tilde_all = p * (factor.clamp_min(1.0) if greedy else factor)
     if greedy:
-        accept = (p_tilde_all >= _max_other(p, every)).to(p.dtype)
+        accept = _deferred_all(p, (p_tilde_all >= _max_other(p, every)).to(p.dtype), rule, window_pass)
         rejected = (q * (1 - accept)).sum(-1, keepdim=True)
         top = torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
         return q * accept + rejected * top
     safe_q = torch.where(q > 0, q, torch.ones_like(q))
     accept = torch.where(q > 0, (p_tilde_all / safe_q).clamp(max=1.0), torch.ones_like(q))
+    accept = _deferred_all(p, accept, rule, window_pass)
     out = q * accept
     weight = q * (1 - accept)  # (..., V): probability of drafting x and rejecting it
     if rule.convention == "exact":
-        return out + weight.sum(-1, keepdim=True) * _residual(p, q, every[..., 0], j_all[..., 0], table, rule)
+        res = _residual(p, q, every[..., 0], j_all[..., 0], table, rule, omega)
+        return out + weight.sum(-1, keepdim=True) * res
     rows = p.unsqueeze(-2).expand(*p.shape, p.shape[-1])  # (..., V_x, V_y): the residual after each x
     res = _residual(rows, q.unsqueeze(-2).expand_as(rows), every, j_all, table, rule)
     return out + (weight.unsqueeze(-1) * res).sum(-2)
+
+
+def _deferred_all(p: torch.Tensor, accept: torch.Tensor, rule: AcceptanceRule, window_pass) -> torch.Tensor:
+    """FLy: the probability (..., V) of accepting each draft x once its native rejection may be
+    deferred, ``a + (1 - a) π [H_3(p) >= θ] [p(x) > 0]`` (π = window_pass); ``accept`` itself for
+    the other rules."""
+    if rule.method != "fly":
+        return accept
+    if window_pass is None:
+        raise UsageError("fly's output depends on the drafts after this one: pass window_pass in [0, 1]")
+    pi = torch.as_tensor(window_pass, dtype=p.dtype, device=p.device)
+    if not bool(((pi >= 0) & (pi <= 1)).all()):
+        raise UsageError(f"window_pass must be a probability in [0, 1], got {window_pass}")
+    gate = (top_entropy(p) >= rule.fly_entropy).unsqueeze(-1) & (p > 0)
+    pi = pi.unsqueeze(-1) if pi.ndim else pi
+    return accept + (1 - accept) * pi * gate.to(p.dtype)
 
 
 def output_distributions(

@@ -14,9 +14,9 @@ from typing import Optional
 from ambiguity.cli import positive_int
 from ambiguity.errors import FieldError, UsageError
 from lantern.engine.options import OptionGroup
-from lantern.rules.acceptance import RULES
+from lantern.rules.acceptance import RELAXATIONS, RULES
 
-__all__ = ["STATIC_TREES", "TREE_KINDS", "TreeSpec", "check_paths", "parse_tree", "tree_kind", "OPTIONS"]
+__all__ = ["STATIC_TREES", "TREE_KINDS", "TreeSpec", "check_paths", "parse_tree", "tree_kind", "TREE_RULES", "OPTIONS"]
 
 # The official trees (jadohu/LANTERN models/drafters/choices.py, from EAGLE/Medusa): child-rank paths.
 # fmt: off
@@ -232,8 +232,10 @@ def _not_dynamic(args) -> Optional[str]:
     return f"to {shape}, only to --tree dynamic"
 
 
-# --tree is read by every drafted method; the EAGLE-2 knobs size a dynamic tree only (a static tree is its paths)
+TREE_RULES = tuple(m for m in RULES if m not in RELAXATIONS)  # a chain-place relaxation (cool-sd, fly) has no tree
+# --tree is read by every drafted method but those; the EAGLE-2 knobs size a dynamic tree only
+# (a static tree is its paths)
 OPTIONS = (
-    OptionGroup("draft shape", RULES, _add_tree),
-    OptionGroup("EAGLE-2 dynamic tree", RULES, _add_dynamic, _not_dynamic),
+    OptionGroup("draft shape", TREE_RULES, _add_tree),
+    OptionGroup("EAGLE-2 dynamic tree", TREE_RULES, _add_dynamic, _not_dynamic),
 )
