@@ -275,7 +275,7 @@ def test_bad_knobs_raise_usage_errors(kwargs, needle):
 
 def test_trees_refuse_cool_sd(model, drafter):
     s = SamplingConfig(guidance=2.0, temperature=1.0)
-    with pytest.raises(UsageError, match="judges chains only"):
+    with pytest.raises(UsageError, match="has no draft tree"):
         decode(model, [0], DecodeConfig.of("cool-sd", tree=TREES["dynamic"]), s, drafter, seed=0)
 
 

@@ -264,7 +264,7 @@ def test_bad_uses_raise_usage_errors(model, drafter):
     with pytest.raises(UsageError, match="window_pass must be a probability"):
         output_distribution(P, Q, None, rule, window_pass=1.5)
     s = SamplingConfig(guidance=2.0, temperature=1.0)
-    with pytest.raises(UsageError, match="judges chains only"):
+    with pytest.raises(UsageError, match="has no draft tree"):
         decode(model, [0], DecodeConfig.of("fly", tree=TREES["static"]), s, drafter, seed=0)
 
 
@@ -287,13 +287,23 @@ def _enumerated_joint(rule, sampling, image=0):
 @pytest.mark.slow  # ~1 min each: every branch is a full batched decode of 3 images
 @pytest.mark.parametrize(
     "rule",
-    [AcceptanceRule("fly", fly_entropy=100.0, fly_window=1), AcceptanceRule("fly", fly_entropy=0.0, fly_window=2)],
+    [AcceptanceRule("fly", fly_entropy=100.0, fly_window=1)],
 )
 def test_exact_decoding_without_deferrals_is_ar_sampling(rule):
-    """A shut gate, or a window as long as the chain (γ = 2, W = 2): FLy is SD, lossless."""
+    """A shut gate: FLy is SD, lossless. (A window as long as the chain, which defers nothing either,
+    is refused by DecodeConfig: ``test_a_window_not_shorter_than_the_chain_is_refused``.)"""
     got, want = _enumerated_joint(rule, SamplingConfig(guidance=2.0, temperature=0.7, top_k=3))
     for seq, prob in want.items():
         assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+
+
+def test_a_window_not_shorter_than_the_chain_is_refused():
+    """vLLM requires W < γ: a window of the chain's length or more defers nothing, so it is refused."""
+    with pytest.raises(UsageError, match=r"--fly-window 2 must be < --gamma 2 .*; use --fly-window 1$"):
+        DecodeConfig.of("fly", 2, fly_window=2)
+    with pytest.raises(UsageError, match="needs --gamma >= 2"):
+        DecodeConfig.of("fly", 1, fly_window=1)
+    assert DecodeConfig.of("fly").rule.fly_window == 3  # vLLM's min(6, γ - 1) at the default γ = 4
 
 
 @pytest.mark.slow

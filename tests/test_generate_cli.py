@@ -328,7 +328,9 @@ def test_each_option_is_declared_by_the_methods_that_read_it():
     assert RELAXED == ("lantern", "lantern-jsd", "lantern++")
     assert groups["delta"] == ("lantern", "lantern-jsd") and groups["lam"] == ("lantern++",)
     assert groups["k"] == groups["metric"] == groups["matrix"] == RELAXED
-    assert groups["convention"] == groups["gamma"] == groups["depth"] == groups["tree"] == RULES
+    assert groups["convention"] == groups["gamma"] == RULES
+    assert groups["depth"] == groups["tree"] == tuple(m for m in RULES if m not in ("cool-sd", "fly"))
+    assert groups["cool_delta"] == groups["cool_nu"] == ("cool-sd",) and groups["fly_window"] == ("fly",)
     assert groups["window"] == groups["jacobi_init"] == ("sjd", "gsd", "scd")
     assert groups["gsd_group"] == ("gsd",) and groups["scd_coupling"] == ("scd",)
     assert "drafter" not in groups and "method" not in groups  # read by every method
@@ -369,6 +371,8 @@ def test_each_option_is_declared_by_the_methods_that_read_it():
         ["--method", "lantern-jsd", "--delta", "0.1", "--gamma", "2"],
         ["--method", "gsd", "--window", "4", "--jacobi-init", "random", "--gsd-group", "3", "--gsd-prob-gap", "0.1"],
         ["--method", "scd", "--scd-coupling", "maximal"],
+        ["--method", "cool-sd", "--cool-delta", "2", "--cool-nu", "0.7", "--gamma", "4"],
+        ["--method", "fly", "--fly-entropy", "0.3", "--fly-window", "2", "--gamma", "3"],
     ],
 )
 def test_options_a_method_reads_are_accepted(argv):

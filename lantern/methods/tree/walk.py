@@ -16,11 +16,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ambiguity.errors import UsageError
 from ambiguity.sampling import invert
 from lantern.engine.records import tree_rows
 from lantern.engine.slots import BatchState
-from lantern.rules.acceptance import RELAXATIONS, judge_greedy, proximity, residual
+from lantern.rules.acceptance import judge_greedy, proximity, residual
 
 __all__ = ["NODE_COLUMNS", "TRIALS", "Trees", "tree_draft_columns", "tree_host", "walk_official_greedy", "walk_trees"]
 
@@ -97,10 +96,9 @@ def walk_trees(st: BatchState, trees: Trees, p: torch.Tensor, anc: torch.Tensor,
     path (B, depth_max + 1) columns of the root and the accepted nodes (``path[b, :m_b + 1]``),
     next (B,) int64, kind (B,) index into NEXT_KINDS, and the per-column trial records (B, T):
     reached, accepted (bool), j_star (int64) and p_tilde, spent, q_draft, accept_prob, u
-    (float64, NaN where not judged). Raises UsageError for a rule of
-    :data:`lantern.rules.acceptance.RELAXATIONS` (Cool-SD's schedule and FLy's window are defined on chains)."""
-    if st.rule.method in RELAXATIONS:
-        raise UsageError(f"--method {st.rule.method} judges chains only (its rule reads a chain's places); drop --tree")
+    (float64, NaN where not judged). The rules of :data:`lantern.rules.acceptance.RELAXATIONS` are
+    defined on chains (Cool-SD's schedule, FLy's window): :class:`lantern.engine.decode.DecodeConfig`
+    refuses them with a tree."""
     if st.sampling.greedy and st.convention == "official":
         return walk_official_greedy(st, trees, p, anc, active, drafting)
     dev, (B, T, _) = st.device, p.shape
