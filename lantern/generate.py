@@ -73,6 +73,7 @@ from lantern.engine.records import Decoded, summarize_decode, summary_table
 from lantern.engine.slots import check_batching
 from lantern.methods.jacobi.config import check_jacobi
 from lantern.methods.registry import OPTIONS
+from lantern.methods.sjd_pac.config import check_pac
 from lantern.methods.tree.spec import parse_tree
 from lantern.run_reader import drafting_shape, run_label
 
@@ -116,6 +117,7 @@ def decode_config_from_args(args) -> DecodeConfig:
         args.matrix,
         tree,
         jacobi=jacobi,
+        pac=dict(window=args.window, width=args.pac_width, depth=args.pac_depth, continuation=args.pac_continuation),
         k=args.k,
         delta=args.delta,
         lam=args.lam,
@@ -531,6 +533,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     check_depth(config, model)
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
+    if config.pac is not None:
+        check_pac(config.pac, model)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
     if args.compile:
         compile_forwards(model, drafter)

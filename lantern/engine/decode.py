@@ -46,6 +46,7 @@ from lantern.engine.records import Decoded
 from lantern.engine.slots import check_batching, image_indices
 from lantern.methods.jacobi.config import JACOBI_METHODS, JacobiConfig, check_jacobi
 from lantern.methods.registry import METHODS as BUILDERS
+from lantern.methods.sjd_pac.config import PacConfig, check_pac, pac_tree
 from lantern.methods.tree.spec import TreeSpec
 from lantern.rules.acceptance import AcceptanceRule
 
@@ -85,6 +86,7 @@ class DecodeConfig:
     matrix: str = "codebook"
     tree: Optional[TreeSpec] = None
     jacobi: Optional[JacobiConfig] = None
+    pac: Optional[PacConfig] = None
 
     def __post_init__(self):
         if isinstance(self.gamma, bool) or int(self.gamma) != self.gamma or self.gamma < 1:
@@ -105,17 +107,21 @@ class DecodeConfig:
         matrix: str = "codebook",
         tree: Optional[TreeSpec] = None,
         jacobi: Optional[dict] = None,
+        pac: Optional[dict] = None,
         **rule,
     ) -> DecodeConfig:
         """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
         lam, convention), ignored for ``"ar"``; tree: None (a chain of ``gamma``) or a
         :class:`TreeSpec`; jacobi: the :class:`lantern.methods.jacobi.method.JacobiConfig` fields for ``"sjd"``,
-        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored). Raises UsageError for an
-        unknown method and the rule's own checks."""
+        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored); pac: the
+        :class:`lantern.methods.sjd_pac.config.PacConfig` fields for ``"sjd-pac"``. Raises
+        UsageError for an unknown method and the rule's own checks."""
         if method not in METHODS:
             raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
         if method in JACOBI_METHODS:  # jacobi: the JacobiConfig knobs (window, init, group, ...)
             return cls(None, gamma, metric, matrix, None, JacobiConfig(method, **(jacobi or {})))
+        if method == "sjd-pac":  # pac: the PacConfig knobs (window, width, depth, continuation)
+            return cls(None, gamma, metric, matrix, None, None, PacConfig(**(pac or {})))
         return cls(
             None if method == "ar" else AcceptanceRule(method, **rule),
             gamma,
@@ -128,6 +134,8 @@ class DecodeConfig:
     def method(self) -> str:
         if self.jacobi is not None:
             return self.jacobi.method
+        if self.pac is not None:
+            return "sjd-pac"
         return "ar" if self.rule is None else self.rule.method
 
     @property
@@ -140,6 +148,8 @@ class DecodeConfig:
         Jacobi window, 0 for AR."""
         if self.jacobi is not None:
             return int(self.jacobi.window) - 1
+        if self.pac is not None:
+            return pac_tree(self.pac.window, self.pac.width, self.pac.depth).main - 1
         if self.rule is None:
             return 0
         return self.tree.max_depth if self.tree is not None else self.gamma
@@ -147,6 +157,7 @@ class DecodeConfig:
     def as_dict(self) -> dict:
         """Flat JSON-able record: method, gamma, metric, matrix, tree and the rule's fields."""
         rule = self.rule.as_dict() if self.rule is not None else (self.jacobi.as_dict() if self.jacobi else {})
+        rule = self.pac.as_dict() if self.pac is not None else rule
         rule.pop("method", None)
         return {
             "method": self.method,
@@ -330,6 +341,8 @@ def build_method(
     check_depth(config, model, num_tokens)
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
+    if config.pac is not None:
+        check_pac(config.pac, model)
     table = None
     if config.speculative:
         if drafter is None:

@@ -13,6 +13,8 @@ from lantern.methods.ar import AR
 from lantern.methods.chain import Chain
 from lantern.methods.jacobi import config as jacobi_config
 from lantern.methods.jacobi.method import Jacobi
+from lantern.methods.sjd_pac import config as pac_config
+from lantern.methods.sjd_pac.method import SJDPAC
 from lantern.methods.tree import spec as tree_spec
 from lantern.methods.tree.method import Tree
 
@@ -40,7 +42,8 @@ METHODS = {
     "sjd": _jacobi,
     "gsd": _jacobi,
     "scd": _jacobi,
+    "sjd-pac": lambda config, model, drafter, table: SJDPAC(config.pac),
 }
 DRAFTED = tuple(m for m, build in METHODS.items() if build is _drafted)  # the methods that need a drafter
 # every method's command-line options (lantern.engine.options), in --help order
-OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS)
+OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS, *pac_config.OPTIONS)
