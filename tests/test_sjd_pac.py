@@ -206,7 +206,7 @@ def test_generate_cli(tmp_path, capsys):
     argv = ["--method", "sjd-pac", "--window", "16", "--pac-width", "2", "--num-images", "2", "--batch-size", "2"]
     assert main(argv + ["--out", str(out), "--no-progress"]) == 0
     steps = pd.read_parquet(out / "steps.parquet")
-    assert steps["accepted"].sum() > 0 and (steps["drafted"] == 14).any()  # 2 + 4 tree drafts, 8 more on the chain
+    assert steps["accepted"].sum() > 0 and (steps["drafted"] == 15).any()  # 2 + 4 tree drafts, 9 more on the chain
     for argv, match in (
         (["--method", "sjd-pac", "--pac-depth", "0"], "--pac-depth"),
         (["--method", "sjd", "--pac-width", "2"], "--pac-width does not apply to --method sjd, only to sjd-pac"),

@@ -24,9 +24,10 @@ forward. The first sibling ``x ~ q`` at each such position is kept with probabil
 ``min(1, p(x)/q(x))`` against this forward's (stale) ``p`` there, else redrawn from
 ``norm(max(p - q, 0))`` — a maximal coupling, so the kept-or-redrawn draft is distributed as ``p``
 and is recorded with ``q = p``; the stale ``p`` is read along the accepted path continued by first
-siblings, or along the main chain past the tree. Further siblings are drawn from ``p`` without
-replacement when the position branches in the next forward. New positions draw uniform codes
-(``q`` uniform, as the official code). ``continuation="resample"`` draws every later position
+siblings, or along the main chain past the tree. The position after the deepest node is drawn from
+``p`` there (as SJD does; the official code leaves it to a uniform code). Further siblings are
+drawn from ``p`` without replacement when the position branches in the next forward. New positions
+draw uniform codes (``q`` uniform, as the official code). ``continuation="resample"`` draws every later position
 afresh from ``p`` instead (SJD's rule; the paper's proactive drafting alone).
 
 Exactness: every draft is distributed as the ``q`` it is judged with, given everything the walk
@@ -165,10 +166,11 @@ class _Image:
 
     def _continue(self, p: torch.Tensor, path: list[int]) -> list[_Column]:
         """The next forward's drafts at positions after the committed ones (old levels ``m + 2 ..
-        g``): the first sibling coupled with (adaptive) or drawn from (resample) the stale ``p``
-        read along the accepted path continued by first siblings, then the main chain."""
+        g + 1``): the first sibling coupled with (adaptive) or drawn from (resample) the stale
+        ``p`` read along the accepted path continued by first siblings, then the main chain; the
+        position after the deepest level is drawn from ``p`` there (as SJD does)."""
         tree, m, node, ctx = self.tree, len(path), (path[-1] if path else 0), []
-        for c in range(m + 2, self.g + 1):
+        for c in range(m + 2, self.g + 2):
             kids = tree.children[node]
             node = kids[0] if kids else c - 1  # the first child, or the main chain's node at depth c - 1
             ctx.append(node)
@@ -176,11 +178,11 @@ class _Image:
             return []
         ps = p[torch.tensor(ctx, device=p.device)].clone()  # (C, V) the stale target at each position
         out = []
-        for j, c in enumerate(range(m + 2, self.g + 1)):
-            col, pj = self.columns[c - 1], ps[j]
+        for j, c in enumerate(range(m + 2, self.g + 2)):
+            col, pj = (self.columns[c - 1] if c <= self.g else None), ps[j]
             if self.greedy:
                 token = int(pj.argmax())
-            elif self.config.continuation == "adaptive":
+            elif self.config.continuation == "adaptive" and col is not None:
                 q0, x = self.q_of(col, 0), col.tokens[0]
                 keep = self.draws.coin(float(sjd_accept_prob(pj, q0, torch.tensor(x, device=pj.device))))
                 token = x if keep else self.draws.categorical(sjd_residual(pj, q0))
