@@ -238,12 +238,14 @@ def _first_token(p, q, K, D, draws, longest):
             toks.append(draws.categorical(qs[-1]))
         cols.append((toks, qs))
     chain = draws.categorical(q)
-    resid = [p]
-    for k in range(K - 1):
-        resid.append(sjd_residual(resid[-1], cols[0][1][k]))  # the same q at every depth: one recursion
-    last = lambda: draws.categorical(sjd_residual(resid[K - 1], cols[0][1][K - 1]))
+    resid = []  # per depth, the residual each sibling is judged against (p: the same at every node)
+    for _, qs in cols:
+        resid.append([p])
+        for k in range(K - 1):
+            resid[-1].append(sjd_residual(resid[-1][-1], qs[k]))
+    last = lambda: draws.categorical(sjd_residual(resid[0][K - 1], cols[0][1][K - 1]))
     judge = lambda d, b: draws.coin(
-        float(sjd_accept_prob(resid[b], cols[d - 1][1][b], torch.tensor(cols[d - 1][0][b])))
+        float(sjd_accept_prob(resid[d - 1][b], cols[d - 1][1][b], torch.tensor(cols[d - 1][0][b])))
     )
     if not longest:
         for b in range(K):
