@@ -70,47 +70,46 @@ def _joint(m, pac, s, N=None):
     return got, want, runs, seen
 
 
-CASES = [
-    (dict(vocab=4, block=4), dict(window=4, width=2, depth=2), SamplingConfig(guidance=1.0, temperature=1.0, top_k=2)),
-    (dict(vocab=4, block=4), dict(window=4, width=3, depth=2), SamplingConfig(guidance=2.0, temperature=0.7, top_k=3)),
-    (
+CASES = {  # model, knobs, sampling, tokens decoded (None: the whole 2 x 2 image)
+    "K2-D2": (
+        dict(vocab=4, block=4),
+        dict(window=4, width=2, depth=2),
+        SamplingConfig(guidance=1.0, temperature=1.0, top_k=2),
+        None,
+    ),
+    "K2-D3": (  # two branching levels: the same candidates under every parent, AC into the tree
+        dict(vocab=3, block=9, std=1.0),
+        dict(window=7, width=2, depth=3),
+        SamplingConfig(guidance=2.0, temperature=0.7, top_k=2),
+        5,
+    ),
+    "K3-D2-top-p": (
         dict(vocab=3, block=9, std=1.0),
         dict(window=5, width=3, depth=2),
         SamplingConfig(guidance=1.5, temperature=1.3, top_p=0.8),
+        5,
     ),
-    (
-        dict(vocab=4, block=4),
+    "resample": (
+        dict(vocab=3, block=9, std=1.0),
         dict(window=4, width=2, depth=2, continuation="resample"),
         SamplingConfig(guidance=2.0, temperature=1.0),
+        4,
     ),
-]
+}
 
 
-@pytest.mark.slow  # a few seconds each: a few hundred enumerated decodes
-@pytest.mark.parametrize("model, pac, sampling", CASES)
-def test_sjd_pac_is_exactly_ar_sampling(model, pac, sampling):
-    """Every outcome of the decoder weighted by its probability is the AR joint (2 x 2 tokens, or
-    the first 5 of 3 x 3): siblings after the first are accepted, drafts rejected and kept."""
-    m = tiny(**model)
-    N = None if model["block"] == 4 else 5
-    got, want, runs, seen = _joint(m, pac, sampling, N)
+@pytest.mark.slow  # 1-20 s each: a few hundred to a few thousand enumerated decodes
+@pytest.mark.parametrize("case", CASES)
+def test_sjd_pac_is_exactly_ar_sampling(case):
+    """Every outcome of the decoder weighted by its probability is the AR joint of the tokens
+    decoded: siblings after the first are accepted, drafts rejected and kept."""
+    model, pac, sampling, N = CASES[case]
+    got, want, runs, seen = _joint(tiny(**model), pac, sampling, N)
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 50
     assert set(got) <= set(want)
     for seq, prob in want.items():
         assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
     assert seen["accepted"] > 0 and seen["rejected"] > 0 and seen["later_sibling"] > 0
-
-
-@pytest.mark.slow  # ~3 min: 11340 enumerated decodes
-def test_two_branching_levels_are_exactly_ar_sampling():
-    """K = 2, D = 3 (siblings at two draft levels, the same candidates under every parent) with
-    adaptive continuation into the branching levels: the joint of the first 5 tokens (V = 3) is AR's."""
-    m = tiny(vocab=3, block=9, std=1.0)
-    got, want, runs, seen = _joint(m, dict(window=7, width=2, depth=3), SamplingConfig(guidance=1.0), 5)
-    assert runs > 10000 and sum(got.values()) == pytest.approx(1.0, abs=1e-12) and set(got) <= set(want)
-    for seq, prob in want.items():
-        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
-    assert seen["later_sibling"] > 0 and seen["rejected"] > 0
 
 
 def test_greedy_sjd_pac_equals_greedy_ar():
