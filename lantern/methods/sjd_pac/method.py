@@ -35,9 +35,10 @@ read before it, so the output is distributed as AR sampling (exhaustive enumerat
 ``tests/test_sjd_pac.py``). Deviations from the official code, each of which makes the official
 sampler not exactly lossless: (1) the official verifier takes the *longest* accepted root-to-leaf
 row, so a later sibling whose subtree accepted more wins over an earlier accepted sibling (here the
-first accepted sibling is taken, as recursive rejection sampling requires); (2) at a kept position
-its further siblings are drawn from the residual ``max(p - q_old, 0)`` and judged as if drawn from
-``p`` (here they are drawn from ``p``); (3) when every drafted token of the main chain is accepted
+first accepted sibling is taken, as recursive rejection sampling requires); (2) at a continued
+position its further siblings are drawn from a residual (and at a branching position a rejected
+first draft is redrawn from the residual left after all K siblings) but judged as if drawn from
+``p`` without replacement (here they are); (3) when every drafted token of the main chain is accepted
 the official bonus token is uniform (here it is drawn from ``p``). Greedy decoding (temperature
 0): a sibling is accepted iff it is the argmax of ``p``, drafts are the top-K codes of the stale
 ``p``: greedy SJD-PAC is greedy AR token for token.
