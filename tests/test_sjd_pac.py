@@ -283,3 +283,17 @@ def test_the_official_longest_row_verifier_is_not_lossless():
     exact, official = _law(p, q, 2, 3, False), _law(p, q, 2, 3, True)
     assert (exact - p).abs().max() < 1e-12
     assert float((official - p).abs().sum() / 2) == pytest.approx(0.01795, abs=1e-5)
+
+
+def test_short_images_batch():
+    """Images of 1, 2 and 5 tokens: the tree shrinks to the tokens left (none drafted at the last
+    one); batch 2 gives batch 1's tokens."""
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    s = SamplingConfig(guidance=2.0, temperature=1.0)
+    cfg = DecodeConfig.of("sjd-pac", pac=dict(window=8, width=2, depth=3))
+    for N in (1, 2, 5):
+        one = decode(m, [1, 2, 3, 4, 5], cfg, s, seed=2, num_tokens=N)
+        many = decode(m, [1, 2, 3, 4, 5], cfg, s, seed=2, num_tokens=N, batch_size=2)
+        assert torch.equal(one.tokens, many.tokens) and many.tokens.shape == (5, N)
+        assert list(many.images["steps"]) == list(one.images["steps"])
+        assert (many.steps["drafted"] <= 7).all() and (many.steps["position"] + many.steps["emitted"] <= N).all()
