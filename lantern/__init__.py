@@ -44,6 +44,7 @@ _API = {
     "compile_forwards": "lantern.engine.decode",
     "neighbour_table": "lantern.engine.decode",
     "JacobiConfig": "lantern.methods.jacobi.config",
+    "PacConfig": "lantern.methods.sjd_pac.config",
     "gsd_output_distribution": "lantern.rules.jacobi",
     "DraftModel": "lantern.drafter.model",
     "Drafter": "lantern.drafter.model",

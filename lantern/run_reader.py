@@ -111,7 +111,7 @@ def drafting_shape(rule: Mapping) -> str:
     """How a speculative run drafts, from its summary's ``rule`` (:meth:`lantern.engine.decode.DecodeConfig.as_dict`):
     ``"chain γ=4"``, ``"static tree eagle-default"`` or ``"dynamic tree (59,4,10)"`` (total tokens,
     depth, children per node); ``""`` when the rule does not say (AR, Jacobi and older summaries)."""
-    if not isinstance(rule, Mapping) or rule.get("method") in ("ar", *JACOBI_METHODS):
+    if not isinstance(rule, Mapping) or rule.get("method") in ("ar", *JACOBI_METHODS, "sjd-pac"):
         return ""  # no drafter: nothing is drafted in a chain or tree
     tree = rule.get("tree")
     if tree == "chain" or (isinstance(tree, Mapping) and tree.get("kind") == "chain"):

@@ -323,7 +323,7 @@ def _groups_of(parser) -> dict:
 def test_each_option_is_declared_by_the_methods_that_read_it():
     """The groups follow lantern.rules.acceptance.BOUNDS: sd reads no neighbourhood option, δ bounds
     lantern and lantern-jsd, λ bounds lantern++; --convention and the tree options go with every
-    rule; the Jacobi window with sjd/gsd/scd, each knob with its own method."""
+    rule; the Jacobi window with sjd/gsd/scd/sjd-pac, each knob with its own method."""
     groups = _groups_of(build_parser())
     assert RELAXED == ("lantern", "lantern-jsd", "lantern++")
     assert groups["delta"] == ("lantern", "lantern-jsd") and groups["lam"] == ("lantern++",)
@@ -331,8 +331,9 @@ def test_each_option_is_declared_by_the_methods_that_read_it():
     assert groups["convention"] == groups["gamma"] == RULES
     assert groups["depth"] == groups["tree"] == tuple(m for m in RULES if m not in ("cool-sd", "fly"))
     assert groups["cool_delta"] == groups["cool_nu"] == ("cool-sd",) and groups["fly_window"] == ("fly",)
-    assert groups["window"] == groups["jacobi_init"] == ("sjd", "gsd", "scd")
+    assert groups["window"] == ("sjd", "gsd", "scd", "sjd-pac") and groups["jacobi_init"] == ("sjd", "gsd", "scd")
     assert groups["gsd_group"] == ("gsd",) and groups["scd_coupling"] == ("scd",)
+    assert groups["pac_width"] == groups["pac_depth"] == groups["pac_continuation"] == ("sjd-pac",)
     assert "drafter" not in groups and "method" not in groups  # read by every method
 
 

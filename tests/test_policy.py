@@ -1,5 +1,3 @@
-
-
 def test_calibration_uses_the_distribution_of_the_last_committed_token():
     """Image 0: round 1 at n = 1 drafts positions 1, 2 (the draft at 2 rejected, so x_2 came from
     p at position 2); round 2 at n = 3 drafts 3, 4: its drafts take position 2's target statistics.

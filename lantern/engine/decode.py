@@ -14,7 +14,8 @@ Methods: ``"ar"`` (one target forward per token), ``"sd"`` (lossless speculative
 Leviathan et al. 2023), ``"lantern"`` (TVD bound δ), ``"lantern-jsd"`` (JSD bound δ, nats),
 ``"lantern++"`` (relative bound λ) — the rules of :mod:`lantern.rules.acceptance` (LANTERN, Jang
 et al., ICLR 2025, arXiv 2410.03355, Sec. 3-4; LANTERN++, arXiv 2502.06352) — and the Jacobi
-methods ``"sjd"``, ``"gsd"``, ``"scd"`` (:mod:`lantern.methods.jacobi.method`). Temperature 0 uses
+methods ``"sjd"``, ``"gsd"``, ``"scd"`` (:mod:`lantern.methods.jacobi.method`) and ``"sjd-pac"``
+(:mod:`lantern.methods.sjd_pac.method`). Temperature 0 uses
 the greedy rule (:func:`lantern.rules.acceptance.judge_greedy`): the drafter drafts its argmax,
 and with δ = 0 (or ``"sd"``) the tokens equal greedy AR decoding exactly.
 
@@ -149,9 +150,9 @@ class DecodeConfig:
     @property
     def draft_depth(self) -> int:
         """The longest possible accepted run: γ for chains, the tree's deepest draft, the method's own
-        ``depth`` (L - 1 for a Jacobi window), 0 for AR."""
+        ``draft_depth`` (L - 1 for a Jacobi window), 0 for AR."""
         if self.params is not None:
-            return int(self.params.depth)
+            return int(self.params.draft_depth)
         if self.rule is None:
             return 0
         return self.tree.max_depth if self.tree is not None else self.gamma

@@ -24,6 +24,10 @@ from lantern.methods.chain import Chain
 from lantern.methods.jacobi import config as jacobi_config
 from lantern.methods.jacobi.config import JacobiConfig, check_jacobi
 from lantern.methods.jacobi.method import Jacobi
+from lantern.methods.sjd_pac import config as pac_config
+from lantern.methods.sjd_pac.config import PacConfig, check_pac
+from lantern.methods.sjd_pac.config import from_args as pac_from_args
+from lantern.methods.sjd_pac.method import SJDPAC
 from lantern.methods.tree import spec as tree_spec
 from lantern.methods.tree.method import Tree
 
@@ -34,7 +38,7 @@ __all__ = ["Plugin", "METHODS", "DRAFTED", "OPTIONS"]
 class Plugin:
     """One ``--method``: build: ``(config, model, drafter, table) -> Method``; drafter: whether it
     drafts with an EAGLE drafter (its config is then the family's: rule, γ, tree); params: its own
-    config dataclass (keyword fields -> instance, with ``method``, ``depth``, ``as_dict()``), None
+    config dataclass (keyword fields -> instance, with ``method``, ``draft_depth``, ``as_dict()``), None
     for AR and the drafted family; from_args: ``parsed options -> params' keyword fields``; check:
     ``(params, model) -> None``, UsageError where the model cannot run it."""
 
@@ -73,7 +77,13 @@ METHODS = {
     "sjd": _jacobi("sjd"),
     "gsd": _jacobi("gsd"),
     "scd": _jacobi("scd"),
+    "sjd-pac": Plugin(
+        lambda config, model, drafter, table: SJDPAC(config.params),
+        params=PacConfig,
+        from_args=pac_from_args,
+        check=check_pac,
+    ),
 }
 DRAFTED = tuple(m for m, plugin in METHODS.items() if plugin.drafter)  # the methods that need a drafter
 # every method's command-line options (lantern.engine.options), in --help order
-OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS)
+OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS, *pac_config.OPTIONS)

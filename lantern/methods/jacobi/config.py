@@ -69,7 +69,7 @@ class JacobiConfig:
             raise UsageError(f"--scd-coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
 
     @property
-    def depth(self) -> int:
+    def draft_depth(self) -> int:
         """The longest accepted run of one forward: the window's L - 1 drafts."""
         return int(self.window) - 1
 
@@ -125,8 +125,12 @@ def _add_window(g) -> None:
         "--window",
         type=int,
         default=None,
-        help="tokens per Jacobi forward, 1 <= L <= tokens per image (official 16 for sjd, gsd; 32 for scd)",
+        help="tokens per Jacobi forward, 1 <= L <= tokens per image (official 16 for sjd, gsd; 32 for scd; "
+        "64 for sjd-pac)",
     )
+
+
+def _add_init(g) -> None:
     g.add_argument(
         "--jacobi-init", default=_J.init, choices=INITS, help="new window positions (official: random for Lumina-mGPT)"
     )
@@ -159,7 +163,8 @@ def _add_scd(g) -> None:
 
 
 OPTIONS = (
-    OptionGroup("Jacobi window", JACOBI_METHODS, _add_window),
+    OptionGroup("Jacobi window", (*JACOBI_METHODS, "sjd-pac"), _add_window),
+    OptionGroup("Jacobi initialisation", JACOBI_METHODS, _add_init),
     OptionGroup("GSD groups", ("gsd",), _add_gsd),
     OptionGroup("SCD coupling", ("scd",), _add_scd),
 )
