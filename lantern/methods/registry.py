@@ -37,5 +37,6 @@ METHODS = {
     "sjd": _jacobi,
     "gsd": _jacobi,
     "scd": _jacobi,
+    "entropy-sd": _jacobi,
 }
 DRAFTED = tuple(m for m, build in METHODS.items() if build is _drafted)  # the methods that need a drafter

@@ -1,5 +1,5 @@
-"""What a Jacobi decoder (:mod:`lantern.methods.jacobi.method`: SJD, GSD, SCD) runs with: the methods, the
-initialisations and couplings, the official default windows, :class:`JacobiConfig` and the
+"""What a Jacobi decoder (:mod:`lantern.methods.jacobi.method`: SJD, GSD, SCD, entropy-aware SJD) runs
+with: the methods, the initialisations and couplings, the official default windows, :class:`JacobiConfig` and the
 check of a config against a model (:func:`check_jacobi`).
 """
 
@@ -13,22 +13,28 @@ from ambiguity.models.base import TokenModel
 
 __all__ = ["JACOBI_METHODS", "INITS", "COUPLINGS", "DEFAULT_WINDOW", "JacobiConfig", "check_jacobi"]
 
-JACOBI_METHODS = ("sjd", "gsd", "scd")
+JACOBI_METHODS = ("sjd", "gsd", "scd", "entropy-sd")
 INITS = ("random", "repeat-horizon")
 COUPLINGS = ("gumbel", "maximal", "maximal-official")
-DEFAULT_WINDOW = {"sjd": 16, "gsd": 16, "scd": 32}  # test_lumina_mgpt.py / test_GSD.py / test_SCD_*.py
+# test_lumina_mgpt.py / test_GSD.py / test_SCD_*.py; entropy-sd builds on SJD's Lumina-mGPT setting
+DEFAULT_WINDOW = {"sjd": 16, "gsd": 16, "scd": 32, "entropy-sd": 16}
 
 
 @dataclass(frozen=True)
 class JacobiConfig:
     """A Jacobi method and its knobs (defaults: the official scripts for Lumina-mGPT).
 
-    method: ``"sjd"``, ``"gsd"`` or ``"scd"``; window: tokens per forward L >= 1 (None: 16 for
+    method: ``"sjd"``, ``"gsd"``, ``"scd"`` or ``"entropy-sd"``; window: tokens per forward L >= 1 (None: 16 for
     SJD and GSD, 32 for SCD); init: ``"random"`` or ``"repeat-horizon"``; group: GSD's rank window
     (1 .. V; 1 = SJD); prob_gap: GSD's probability filter in (0, 1]; distance: GSD's optional
     squared-L2 embedding filter (>= 0, None = off); coupling: SCD's ``"gumbel"``, ``"maximal"`` or
-    ``"maximal-official"``. Raises :class:`UsageError` for a bad value (the vocabulary bound of
-    ``group`` is checked by :func:`check_jacobi`).
+    ``"maximal-official"``; entropy_alpha (nats, > 0) and entropy_floor (in (0, 1]): the
+    entropy-aware rule's threshold ``tau(H) = max(floor, exp(-H / alpha))``
+    (:func:`lantern.rules.jacobi.entropy_threshold`; alpha = 3 nats is the official code's entropy
+    scale of its dynamic temperature ``2.5 exp(-H/3) + 0.6``, krennic999/ARsample
+    ``LlamaGen/autoregressive/models/generate.py``; the floor 0.5 is ours: the official release has
+    no speculative-decoding code). Raises :class:`UsageError` for a bad value (the vocabulary bound
+    of ``group`` is checked by :func:`check_jacobi`).
     """
 
     method: str = "sjd"
@@ -38,6 +44,8 @@ class JacobiConfig:
     prob_gap: float = 0.15
     distance: Optional[float] = None
     coupling: str = "gumbel"
+    entropy_alpha: float = 3.0
+    entropy_floor: float = 0.5
 
     def __post_init__(self):
         if self.method not in JACOBI_METHODS:
@@ -56,6 +64,10 @@ class JacobiConfig:
             raise UsageError(f"--gsd-distance must be >= 0 (squared L2), got {self.distance}")
         if self.coupling not in COUPLINGS:
             raise UsageError(f"--scd-coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+        if not float(self.entropy_alpha) > 0.0:
+            raise UsageError(f"--entropy-alpha (nats) must be > 0, got {self.entropy_alpha}")
+        if not 0.0 < float(self.entropy_floor) <= 1.0:
+            raise UsageError(f"--entropy-floor must be in (0, 1] (1 is SJD), got {self.entropy_floor}")
 
     def as_dict(self) -> dict:
         """The knobs that matter for ``method`` (JSON-able), prefixed ``jacobi_``."""
@@ -64,6 +76,8 @@ class JacobiConfig:
             d.update(gsd_group=int(self.group), gsd_prob_gap=float(self.prob_gap), gsd_distance=self.distance)
         if self.method == "scd":
             d.update(scd_coupling=self.coupling)
+        if self.method == "entropy-sd":
+            d.update(entropy_alpha=float(self.entropy_alpha), entropy_floor=float(self.entropy_floor))
         return d
 
     def replace(self, **kw) -> JacobiConfig:
