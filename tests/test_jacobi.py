@@ -323,18 +323,22 @@ def test_histogram_text_stays_short():
 
 
 def test_gumbel_coupling_samples_p_and_repeats_at_a_position():
-    """SCD's Gumbel-max: over many positions the token follows p (chi-square); at one position the
-    same p gives the same token again, and a nearby p usually does (that is the coupling)."""
-    from lantern.methods.jacobi.method import _Gumbel
+    """SCD's Gumbel-max (argmax p exp(g), one noise vector per position): over many positions the
+    token follows p (chi-square); at one position the same p gives the same token again, and a
+    nearby p usually does (that is the coupling); it is argmax(log p + g) token for token."""
+    from lantern.methods.jacobi.method import gumbel_max, race_weights
 
     p = torch.tensor([0.5, 0.25, 0.15, 0.1], dtype=torch.float64)
     near = torch.tensor([0.45, 0.3, 0.15, 0.1], dtype=torch.float64)
-    g = _Gumbel(torch.Generator().manual_seed(0), 4, "cpu")
-    first = [g.sample(p, t) for t in range(4000)]
-    assert _chi2_pvalue(np.bincount(first, minlength=4), p.numpy()) > 1e-3
-    assert [g.sample(p, t) for t in range(4000)] == first
-    same = np.mean([g.sample(near, t) == first[t] for t in range(4000)])
+    u = torch.rand(4000, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    w = race_weights(u)
+    first = gumbel_max(p.expand(4000, 4), w)
+    assert _chi2_pvalue(np.bincount(first.numpy(), minlength=4), p.numpy()) > 1e-3
+    assert torch.equal(first, (p.log() - torch.log(-torch.log(u))).argmax(-1))
+    assert torch.equal(gumbel_max(p.expand(4000, 4), w), first)
+    same = float((gumbel_max(near.expand(4000, 4), w) == first).double().mean())
     assert same > 0.9  # independent draws would agree with probability sum p * near = 0.36
+    assert float(race_weights(torch.tensor([0.5], dtype=torch.float64))) == pytest.approx(1 / np.log(2))
 
 
 def test_generate_cli_runs_scd(tmp_path, capsys):

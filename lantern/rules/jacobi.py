@@ -26,6 +26,7 @@ __all__ = [
     "JACOBI_RULES",
     "sjd_judge",
     "argmax_test",
+    "rank_keys",
     "group_at",
     "gsd_judge",
     "gsd_greedy",
@@ -194,16 +195,42 @@ def argmax_test(p: torch.Tensor, d: WindowDrafts, knobs=None, emb=None) -> torch
     return d.tokens == p.argmax(-1)
 
 
+def rank_keys(p: torch.Tensor) -> Optional[torch.Tensor]:
+    """Distinct int64 keys (..., V) in the order of the stable ascending sort of ``p`` (ties by code
+    index): the float32 bits of ``p >= 0`` (monotone for non-negative floats) above the code index,
+    or None where they do not fit in 63 bits (float64 ``p``)."""
+    if p.dtype != torch.float32:
+        return None
+    shift = max(1, (p.shape[-1] - 1).bit_length())
+    return (p.view(torch.int32).long() << shift) | torch.arange(p.shape[-1], device=p.device)
+
+
+def _window(p: torch.Tensor, x: torch.Tensor, group: int):
+    """The tokens at ranks ``r - group//2 .. r - group//2 + group - 1`` around each draft's rank
+    ``r`` in the stable ascending order of ``p`` (..., group) int64, and whether each rank exists."""
+    V, h = p.shape[-1], group // 2
+    key = rank_keys(p)
+    if key is None:  # one stable sort per row
+        order = torch.sort(p, dim=-1, stable=True).indices
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=p.device).expand_as(order))
+        r = rank.gather(-1, x.unsqueeze(-1)) + torch.arange(group, device=p.device) - h
+        inside = (r >= 0) & (r < V)
+        return order.gather(-1, r.clamp(0, V - 1)), inside
+    kx = key.gather(-1, x.unsqueeze(-1))  # the neighbours by two small top-k's over the keys
+    below = torch.where(key < kx, key, -1).topk(h, -1).values.flip(-1)
+    top = torch.iinfo(torch.int64).max
+    above = torch.where(key > kx, key, top).topk(group - h - 1, -1, largest=False).values
+    keys = torch.cat([below, kx, above], -1)
+    inside = (keys >= 0) & (keys < top)
+    return torch.where(inside, keys & ((1 << max(1, (V - 1).bit_length())) - 1), 0), inside
+
+
 def group_at(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, group: int, prob_gap: float, emb=None, distance=None):
     """GSD's group masses at the drafts only: ``(p(G(x)), q(G(x)), |G(x)|)``, each (...) for
-    p, q (..., V) and drafts x (...) int64 (the group of :func:`group_masses`, evaluated at ``x``
-    instead of at every token: one stable sort per row, then a window of ``group`` ranks)."""
-    order = torch.sort(p, dim=-1, stable=True).indices  # ascending, ties by code index
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(p.shape[-1], device=p.device).expand_as(order))
-    offs = torch.arange(group, device=p.device) - group // 2
-    r = rank.gather(-1, x.unsqueeze(-1)) + offs  # (..., group) ranks around x
-    inside = (r >= 0) & (r < p.shape[-1])
-    members = order.gather(-1, r.clamp(0, p.shape[-1] - 1))  # (..., group) tokens
+    p, q (..., V) and drafts x (...) int64 (the group of :func:`group_masses` evaluated at ``x``
+    instead of at every token, summed in the same rank order: float32 ``p`` finds the window
+    with two top-k's over :func:`rank_keys`, float64 with one stable sort per row)."""
+    members, inside = _window(p, x, group)
     pm, qm = p.gather(-1, members), q.gather(-1, members)
     px = p.gather(-1, x.unsqueeze(-1))
     keep = inside & ((pm - px).abs() < prob_gap)
@@ -224,12 +251,10 @@ def gsd_judge(p: torch.Tensor, d: WindowDrafts, knobs, emb=None) -> dict:
 def gsd_greedy(p: torch.Tensor, d: WindowDrafts, knobs, emb=None) -> torch.Tensor:
     """Greedy GSD (B, g) bool: the argmax of ``p`` is the draft or in the draft's group."""
     top = p.argmax(-1, keepdim=True)
-    order = torch.sort(p, dim=-1, stable=True).indices
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(p.shape[-1], device=p.device).expand_as(order))
+    members, inside = _window(p, d.tokens, knobs.group)
     x = d.tokens.unsqueeze(-1)
-    lo = rank.gather(-1, x) - knobs.group // 2
-    rt = rank.gather(-1, top)
-    ok = (rt >= lo) & (rt < lo + knobs.group) & ((p.gather(-1, top) - p.gather(-1, x)).abs() < knobs.prob_gap)
+    ok = ((members == top) & inside).any(-1, keepdim=True)
+    ok &= (p.gather(-1, top) - p.gather(-1, x)).abs() < knobs.prob_gap
     if knobs.distance is not None:
         e = emb.to(p.device, torch.float64)
         ok &= ((e[top] - e[x]) ** 2).sum(-1) < knobs.distance

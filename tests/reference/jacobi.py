@@ -125,11 +125,11 @@ class _Gumbel:
             return
         u = torch.rand(upto + 1 - lo, self.V, generator=self.generator, device=self.device, dtype=torch.float64)
         for t in range(lo, upto + 1):
-            self.noise[t] = -torch.log(-torch.log(u[t - lo].clamp(1e-300, 1 - 1e-16)))
+            self.noise[t] = 1.0 / -torch.log(u[t - lo].clamp(1e-300, 1 - 1e-16))  # exp of Gumbel noise
 
     def sample(self, p: torch.Tensor, position: int) -> int:
         self.ensure(position)
-        return int((p.double().log() + self.noise[position]).argmax())
+        return int((p.double() * self.noise[position]).argmax())  # argmax(log p + g) = argmax(p exp(g))
 
 
 def _draw(p: torch.Tensor, position: int, greedy: bool, draws: Draws, gumbel: Optional[_Gumbel]) -> int:

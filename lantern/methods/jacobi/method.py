@@ -85,12 +85,19 @@ from lantern.engine.slots import BatchState, verify_chains
 from lantern.methods.jacobi.config import JacobiConfig
 from lantern.rules.jacobi import JACOBI_RULES, WindowDrafts
 
-__all__ = ["Jacobi", "gumbel_noise", "uniform_tokens", "draw_counts"]
+__all__ = ["Jacobi", "race_weights", "gumbel_max", "uniform_tokens", "draw_counts"]
 
 
-def gumbel_noise(u: torch.Tensor) -> torch.Tensor:
-    """Standard Gumbel noise ``-log(-log u)`` (...) from float64 uniforms ``u`` (...) in [0, 1)."""
-    return -torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
+def race_weights(u: torch.Tensor) -> torch.Tensor:
+    """``exp(g)`` of standard Gumbel noise ``g = -log(-log u)``, i.e. ``1 / -log u`` (...) float64,
+    from float64 uniforms ``u`` (...) in [0, 1): :func:`gumbel_max` multiplies by it."""
+    return 1.0 / -torch.log(u.clamp(1e-300, 1 - 1e-16))
+
+
+def gumbel_max(p: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max sampling ``argmax(log p + g)`` computed as ``argmax(p exp(g))`` (the same token,
+    no logarithm of p): p (..., V), weights (..., V) float64 of :func:`race_weights` -> (...) int64."""
+    return (p.double() * weights).argmax(-1)
 
 
 def uniform_tokens(u: torch.Tensor, V: int) -> torch.Tensor:
@@ -116,7 +123,7 @@ class _Windows:
     ``point``); point (B, W) bool, a new position (point-mass q); q_top1 (B, W); proposed (B, W)
     int64 the step that sampled the draft (-1: new). Host (B,) int64: ``length`` drafts carried
     over from the last step, ``noised`` the first position without Gumbel noise (SCD gumbel;
-    ``noise`` (B, L, V) float64 holds position t at row ``t % L``)."""
+    ``noise`` (B, L, V) float64 holds position t's :func:`race_weights` at row ``t % L``)."""
 
     tok: torch.Tensor
     q: torch.Tensor
@@ -199,7 +206,7 @@ def _draw_noise(st: BatchState, win: _Windows, upto: np.ndarray, rows) -> None:
         lo, hi = int(win.noised[b]), int(upto[b]) + 1
         if hi > lo:
             u = torch.rand(hi - lo, V, generator=st.streams.gens[b], device=st.device, dtype=torch.float64)
-            win.noise[b, torch.arange(lo, hi, device=st.device) % L] = gumbel_noise(u)
+            win.noise[b, torch.arange(lo, hi, device=st.device) % L] = race_weights(u)
             win.noised[b] = hi
 
 
@@ -278,7 +285,7 @@ def _next_token(m: Jacobi, st: BatchState, s: _Step, win: _Windows):
     nxt = invert(dist, s.u_draw[rows, a])
     if win.noise is not None:
         at_noise = win.noise[rows, (torch.as_tensor(st.n, device=st.device) + a) % win.noise.shape[1]]
-        nxt = torch.where(rejected, nxt, (pa.double().log() + at_noise).argmax(-1))
+        nxt = torch.where(rejected, nxt, gumbel_max(pa, at_noise))
     for b, d in enumerate(st.streams.scripted):
         if d is not None and st.image[b] >= 0 and not (win.noise is not None and not bool(rejected[b])):
             nxt[b] = d.categorical(dist[b])
@@ -297,10 +304,11 @@ def _samples(m: Jacobi, st: BatchState, s: _Step, win: _Windows, a: torch.Tensor
     if st.sampling.greedy:
         S = P.argmax(-1)
     elif win.noise is not None:
-        at = (
-            torch.as_tensor(st.n, device=st.device)[:, None] + torch.arange(1, T, device=st.device)
-        ) % win.noise.shape[1]
-        S = (P.double().log() + win.noise.gather(1, at[..., None].expand(-1, -1, V))).argmax(-1)
+        L = win.noise.shape[1]
+        at = (torch.as_tensor(st.n, device=st.device)[:, None] + torch.arange(1, T, device=st.device)) % L
+        rows = (torch.arange(B, device=st.device)[:, None] * L + at).reshape(-1)
+        noise = win.noise.reshape(B * L, V).index_select(0, rows).view(B, T - 1, V)
+        S = noise.mul_(P).argmax(-1)
     else:
         S = invert(P, s.u_draw[:, 1:])
         if m.maximal and T > 2:
@@ -440,7 +448,7 @@ class Jacobi(Method):
             return super().start(st, slots, p0)
         _draw_noise(st, self.win, np.zeros(st.B, dtype=np.int64), slots)
         noise = self.win.noise[torch.as_tensor(slots, device=st.device), 0]
-        return (p0.double().log() + noise).argmax(-1)
+        return gumbel_max(p0, noise)
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
         win, greedy = self.win, st.sampling.greedy
