@@ -7,7 +7,10 @@ Reported per model, method and batch size B: the median over rounds of images/s 
 wall seconds of the decode) and of the share of the step seconds spent in verification,
 ``acceptance_s / (acceptance_s + target_s)`` (the decode records' per-section seconds:
 ``target`` = the target forwards, ``acceptance`` = the distributions, the rule, the residual /
-bonus token, the next drafts, the window and the records).
+bonus token, the next drafts, the window and the records), and ``rule_share``: the same without
+the seconds spent turning logits into the sampling distribution (guidance, top-k, softmax:
+:meth:`lantern.engine.slots.BatchState.target`, timed here by a wrapper), i.e. the Jacobi
+verification proper.
 
     python benchmarks/bench_jacobi.py --models embedded-16 --batches 1,8,32 --images 32 --rounds 3
 
@@ -32,6 +35,22 @@ from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from benchmarks.common import add_results_arg
 from lantern.engine.decode import DecodeConfig, decode
+from lantern.engine.slots import BatchState
+
+DISTRIBUTION = {"s": 0.0}  # seconds in BatchState.target during the current decode
+
+
+def _timed_target(target):
+    def wrapper(self, logits):
+        t0 = time.perf_counter()
+        out = target(self, logits)
+        DISTRIBUTION["s"] += time.perf_counter() - t0
+        return out
+
+    return wrapper
+
+
+BatchState.target = _timed_target(BatchState.target)
 
 
 def build_parser() -> ArgumentParser:
@@ -50,6 +69,7 @@ def build_parser() -> ArgumentParser:
 def one_decode(model, method: str, sampling: SamplingConfig, images: int, batch: int) -> dict:
     """Decode ``images`` images (class labels 0..9 in turn, seed 3) with ``method`` at batch size ``batch``:
     images/s (wall clock), target and acceptance seconds (summed over images), target forwards."""
+    DISTRIBUTION["s"] = 0.0
     t0 = time.perf_counter()
     labels = [i % 10 for i in range(images)]
     out = decode(model, labels, DecodeConfig.of(method), sampling, seed=3, batch_size=batch)
@@ -83,8 +103,10 @@ def main(argv=None) -> int:
         images_per_s_min=("images_per_s", "min"),
         images_per_s_max=("images_per_s", "max"),
         acceptance_share=("share", "median"),
+        rule_share=("rule_share", "median"),
         acceptance_s=("acceptance_s", "median"),
         target_s=("target_s", "median"),
+        distribution_s=("distribution_s", "median"),
     )
     table["label"] = args.label
     print(table.to_string(float_format=lambda x: f"{x:.4g}"))
