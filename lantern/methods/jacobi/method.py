@@ -1,4 +1,4 @@
-"""Training-free parallel decoding by Jacobi iteration of the target itself: SJD, GSD and SCD.
+"""Training-free parallel decoding by Jacobi iteration of the target itself: SJD, GSD, SCD, entropy-aware SJD.
 
 No drafter: each target forward reads ``[x_{n-1}, d_n .. d_{n+g-1}]`` — the last committed token
 and a *window* of draft tokens for the next positions — and its outputs both verify the drafts
@@ -55,12 +55,36 @@ random in the first column), both with a point-mass ``q``. Greedy decoding (temp
 draft is accepted iff it is the argmax of ``p`` (GSD: iff the argmax is in its group) and the
 drafts are argmaxes: greedy SJD/SCD is greedy AR token for token.
 
+* ``"entropy-sd"`` — entropy-aware acceptance (Ma et al., NeurIPS 2025, arXiv 2510.09012; official
+  code github.com/krennic999/ARsample): SJD whose test is relaxed where the target is uncertain,
+  ``min(1, p(x) / (tau(H) q(x)))`` with ``tau(H) = max(floor, exp(-H / alpha))`` of the target's
+  entropy ``H`` at the draft's position (:func:`lantern.rules.jacobi.entropy_judge`). The official
+  release (krennic999/ARsample at 2923353) holds only the paper's dynamic temperature for LlamaGen
+  (``2.5 exp(-H/3) + 0.6``), no speculative-decoding code, and the paper's text was not available
+  here beyond its abstract ("entropy-aware acceptance rules ... near-lossless at about 85 % of the
+  inference cost"): this functional form, ``alpha = 3`` nats (the official temperature's entropy
+  scale) and ``floor = 0.5`` are ours, and the paper's entropy-dependent draft length is not
+  implemented (the window is fixed). Not lossless: greedy equals greedy AR; one step's law is
+  :func:`lantern.rules.jacobi.one_step_output` with :func:`~lantern.rules.jacobi.entropy_acceptance`.
+
+The acceptance rules are entries of :data:`lantern.rules.jacobi.JACOBI_RULES` (acceptance
+probability and record columns, greedy test, residual): a new Jacobi rule is one entry.
+
 :class:`Jacobi` runs on the engine (:mod:`lantern.engine.loop`): up to B images per target
 forward, each at its own position with its own window, committing its own accepted prefix
-(ragged commits in per-image cache slots). Every image runs the same per-image steps
-(:class:`_Image`). Randomness: image ``i`` draws from its generator ``(seed, i)``
-(:mod:`ambiguity.seeding`) through :class:`lantern.engine.slots.Draws`, the same numbers in the
-same order at any batch size; in float64 the tokens and records do not depend on it.
+(ragged commits in per-image cache slots). One step is one tensor pass over all (B, g) drafts
+after the forward: the rule, the coins, the accepted prefix (cumulative product), the residual or
+bonus token, this forward's samples at every window position (the next drafts), the committed
+tokens, the next window and the record columns, with one host transfer. Randomness: image ``i``
+draws from its generator ``(seed, i)`` (:mod:`ambiguity.seeding`), per step one block of uniforms
+(:func:`draw_counts`: its new random positions, one coin per draft, one inverse-CDF uniform per
+position; the coin of a draft that is not reached is SCD-maximal's coupling test there) and then
+SCD's Gumbel noise for the positions entering its window, the same numbers at any batch size; in
+float64 the tokens and records do not depend on it. A scripted image
+(:class:`lantern.engine.slots.Draws`, exact enumeration in the tests) draws each decision in order
+(new tokens, coins up to the first rejection, the next token, the next drafts). Every draw is used
+at one position only and the draft at ``t`` depends only on numbers nothing at ``< t`` used, so
+SJD and SCD stay lossless.
 
 Records (:mod:`lantern.engine.records`): one step row per Jacobi forward (``drafted`` = window drafts,
 ``accepted`` = accepted prefix, ``drafter_forwards = 0``), one draft row per window draft with
