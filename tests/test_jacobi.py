@@ -648,3 +648,24 @@ def test_greedy_entropy_sd_equals_greedy_ar():
     ar = torch.cat([sample_tokens(m, m.make_prompt([c], guided=s.guided), s) for c in labels])
     assert torch.equal(out.tokens, ar) and int(out.steps["accepted"].sum()) > 0
     assert out.settings["entropy_alpha"] == 3.0 and out.settings["entropy_floor"] == 0.5
+
+
+def test_inverse_cdf_hand_cases_and_invert():
+    """Two-level inverse CDF: the first token whose cumulative mass exceeds u * total (blocks of 2
+    here, with an empty block skipped), zero-mass tokens never drawn, the same tokens as the flat
+    float64 ambiguity.sampling.invert on random rows."""
+    from ambiguity.sampling import invert
+    from lantern.methods.jacobi.method import inverse_cdf
+
+    p = torch.tensor([0.1, 0.2, 0.0, 0.0, 0.3, 0.4, 0.0])
+    u = torch.tensor([0.0, 0.05, 0.15, 0.31, 0.35, 0.65, 0.95, 1 - 2**-53, 1.0], dtype=torch.float64)
+    got = inverse_cdf(p.expand(len(u), 7), u, block=2).tolist()
+    assert got == [0, 0, 1, 4, 4, 5, 5, 5, 5]  # even u = 1 (outside [0, 1)) draws a token with mass
+    assert inverse_cdf(2 * p.expand(len(u), 7), u, block=2).tolist() == got  # any scale
+    g = torch.Generator().manual_seed(0)
+    for V in (5, 256, 1000, 16384):
+        P = torch.softmax(torch.randn(300, V, generator=g) * 3, -1)
+        P[:, ::3] = 0.0
+        U = torch.rand(300, generator=g, dtype=torch.float64)
+        tok = inverse_cdf(P, U)
+        assert torch.equal(tok, invert(P, U)) and bool((P.gather(-1, tok[:, None]) > 0).all())

@@ -69,10 +69,11 @@ from typing import Optional
 import torch
 
 from ambiguity.models.base import Prompt, TokenModel
-from ambiguity.sampling import SamplingConfig, expand_rows, invert
+from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import entropy, top1_prob
 from lantern.engine.records import Decoded
 from lantern.methods.jacobi.config import JacobiConfig, check_jacobi
+from lantern.methods.jacobi.method import inverse_cdf
 from lantern.rules.jacobi import (
     entropy_acceptance,
     entropy_threshold,
@@ -195,8 +196,8 @@ class _StepDraws:
     one block of uniforms drawn at the start of the step, ``k`` for the random new window
     positions, then (sampling) ``g`` coins (coin ``j`` for draft ``j``, also the maximal coupling's
     test of the draft at ``j`` when it was not reached) and ``g + 1`` inverse-CDF uniforms (``j``
-    for the token drawn at position ``j``). Scripted (exact enumeration): the Draws, in decision
-    order."""
+    for the token drawn at position ``j``, :func:`lantern.methods.jacobi.method.inverse_cdf`).
+    Scripted (exact enumeration): the Draws, in decision order."""
 
     def __init__(self, draws: Draws, generator, scripted: bool, k: int, g: int, greedy: bool, device):
         self.draws, self.scripted, self.k, self.g, self.i, self.last_u = draws, scripted, k, g, 0, float("nan")
@@ -218,7 +219,8 @@ class _StepDraws:
     def categorical(self, j: int, probs: torch.Tensor) -> int:
         if self.scripted:
             return self.draws.categorical(probs)
-        return int(invert(probs, torch.tensor(self.u[self.k + self.g + j], dtype=torch.float64, device=probs.device)))
+        u = torch.tensor(self.u[self.k + self.g + j], dtype=torch.float64, device=probs.device)
+        return int(inverse_cdf(probs, u))
 
 
 class _Image:

@@ -101,7 +101,7 @@ import numpy as np
 import torch
 
 from ambiguity.models.base import TokenModel
-from ambiguity.sampling import invert, row_uniforms
+from ambiguity.sampling import row_uniforms
 from ambiguity.stats import entropy, top1_prob
 from lantern.engine.method import Method, Round
 from lantern.engine.records import CHAIN_VALUES, chain_rows
@@ -109,7 +109,7 @@ from lantern.engine.slots import BatchState, verify_chains
 from lantern.methods.jacobi.config import JacobiConfig
 from lantern.rules.jacobi import JACOBI_RULES, WindowDrafts
 
-__all__ = ["Jacobi", "race_weights", "gumbel_max", "uniform_tokens", "draw_counts"]
+__all__ = ["Jacobi", "race_weights", "gumbel_max", "inverse_cdf", "uniform_tokens", "draw_counts"]
 
 
 def race_weights(u: torch.Tensor) -> torch.Tensor:
@@ -122,6 +122,31 @@ def gumbel_max(p: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Gumbel-max sampling ``argmax(log p + g)`` computed as ``argmax(p exp(g))`` (the same token,
     no logarithm of p): p (..., V), weights (..., V) float64 of :func:`race_weights` -> (...) int64."""
     return (p.double() * weights).argmax(-1)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Inverse-CDF sampling in two levels: probs (..., V) >= 0 (any scale), u (...) float64 in
+    [0, 1) -> (...) int64, the first token whose cumulative probability exceeds ``u * total`` (as
+    :func:`ambiguity.sampling.invert`), with float64 sums over blocks of ``block`` codes and a
+    float64 running sum inside the one block the target falls in, instead of a float64 running sum
+    over the whole vocabulary (the slow part of drawing every window position at once). A zero-
+    probability token is never returned; ``u ~ U[0, 1)`` gives ``v`` with probability
+    ``p(v) / total`` up to float64 rounding."""
+    V = probs.shape[-1]
+    flat = probs.reshape(-1, V)
+    if V % block:
+        flat = torch.nn.functional.pad(flat, (0, block - V % block))
+    rows = flat.view(flat.shape[0], flat.shape[1] // block, block)
+    ends = rows.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, blocks) cumulative mass at block ends
+    x = u.reshape(-1, 1).double() * ends[:, -1:]
+    k = torch.minimum(  # the block the target falls in, at most the last block with mass
+        torch.searchsorted(ends, x, right=True), torch.searchsorted(ends, ends[:, -1:].contiguous(), right=False)
+    )
+    y = x - torch.where(k > 0, ends.gather(1, (k - 1).clamp(min=0)), torch.zeros_like(x))
+    inner = rows.gather(1, k[..., None].expand(-1, -1, block))[:, 0].double().cumsum(-1)  # (R, block)
+    last = torch.searchsorted(inner, inner[:, -1:].contiguous(), right=False)  # the block's last positive token
+    j = torch.minimum(torch.searchsorted(inner, y, right=True), last)
+    return (k * block + j)[:, 0].clamp(max=V - 1).view(probs.shape[:-1])
 
 
 def uniform_tokens(u: torch.Tensor, V: int) -> torch.Tensor:
@@ -306,7 +331,7 @@ def _next_token(m: Jacobi, st: BatchState, s: _Step, win: _Windows):
         dist = torch.where(rejected[:, None], m.rule.residual(pa, q_at.q_full()[:, 0].to(pa.dtype)), pa)
     else:
         dist = pa
-    nxt = invert(dist, s.u_draw[rows, a])
+    nxt = inverse_cdf(dist, s.u_draw[rows, a])
     if win.noise is not None:
         at_noise = win.noise[rows, (torch.as_tensor(st.n, device=st.device) + a) % win.noise.shape[1]]
         nxt = torch.where(rejected, nxt, gumbel_max(pa, at_noise))
@@ -334,11 +359,11 @@ def _samples(m: Jacobi, st: BatchState, s: _Step, win: _Windows, a: torch.Tensor
         noise = win.noise.reshape(B * L, V).index_select(0, rows).view(B, T - 1, V)
         S = noise.mul_(P).argmax(-1)
     else:
-        S = invert(P, s.u_draw[:, 1:])
+        S = inverse_cdf(P, s.u_draw[:, 1:])
         if m.maximal and T > 2:
             j = torch.arange(1, T - 1, device=st.device)
             d = WindowDrafts(s.drafts.tokens[:, 1:], s.drafts.q[:, 1:], s.drafts.point[:, 1:])
-            res = invert(m.rule.residual(P[:, :-1], d.q_full().to(P.dtype)), s.u_draw[:, 1:-1])
+            res = inverse_cdf(m.rule.residual(P[:, :-1], d.q_full().to(P.dtype)), s.u_draw[:, 1:-1])
             keep[:, :-1] = s.ok[:, 1:] & (j < s.g[:, None])
             coupled = torch.where(keep[:, :-1], d.tokens, res)
             S[:, :-1] = torch.where(j < s.g[:, None], coupled, S[:, :-1])
