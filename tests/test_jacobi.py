@@ -647,7 +647,7 @@ def test_greedy_entropy_sd_equals_greedy_ar():
     out = decode(m, labels, DecodeConfig.of("entropy-sd", jacobi={"window": 5}), s, batch_size=2)
     ar = torch.cat([sample_tokens(m, m.make_prompt([c], guided=s.guided), s) for c in labels])
     assert torch.equal(out.tokens, ar) and int(out.steps["accepted"].sum()) > 0
-    assert out.settings["entropy_alpha"] == 3.0 and out.settings["entropy_floor"] == 0.5
+    assert out.settings["entropy_alpha"] == 3.0 and out.settings["entropy_floor"] == 0.7
 
 
 def test_inverse_cdf_hand_cases_and_invert():
