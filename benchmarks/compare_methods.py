@@ -142,9 +142,9 @@ def configs(vocab_size: int) -> dict:
         "gsd": DecodeConfig.of("gsd"),
         "scd": DecodeConfig.of("scd"),
     }
-    for name in NEW_METHODS:
+    for name in NEW_METHODS:  # their official defaults; the drafted ones on LANTERN's chain of 4
         if name in METHODS:
-            found[name] = DecodeConfig.of(name, gamma=4, k=k, delta=PAPER_DELTA)
+            found[name] = DecodeConfig.of(name, gamma=4) if METHODS[name].drafter else DecodeConfig.of(name)
     return found
 
 

@@ -331,7 +331,8 @@ def test_each_option_is_declared_by_the_methods_that_read_it():
     assert groups["convention"] == groups["gamma"] == RULES
     assert groups["depth"] == groups["tree"] == tuple(m for m in RULES if m not in ("cool-sd", "fly"))
     assert groups["cool_delta"] == groups["cool_nu"] == ("cool-sd",) and groups["fly_window"] == ("fly",)
-    assert groups["window"] == ("sjd", "gsd", "scd", "sjd-pac") and groups["jacobi_init"] == ("sjd", "gsd", "scd")
+    assert groups["window"] == ("sjd", "gsd", "scd", "entropy-sd", "sjd-pac")
+    assert groups["jacobi_init"] == ("sjd", "gsd", "scd", "entropy-sd") and groups["entropy_floor"] == ("entropy-sd",)
     assert groups["gsd_group"] == ("gsd",) and groups["scd_coupling"] == ("scd",)
     assert groups["pac_width"] == groups["pac_depth"] == groups["pac_continuation"] == ("sjd-pac",)
     assert "drafter" not in groups and "method" not in groups  # read by every method

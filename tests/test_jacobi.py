@@ -35,9 +35,18 @@ from lantern.engine.decode import DecodeConfig, decode
 from lantern.methods.jacobi.config import JacobiConfig, check_jacobi
 from lantern.rules.divergences import tvd
 from lantern.rules.jacobi import (
+    JACOBI_RULES,
+    WindowDrafts,
+    entropy_acceptance,
+    entropy_judge,
+    entropy_threshold,
+    group_at,
     group_masses,
     gsd_accept_prob,
+    gsd_greedy,
     gsd_output_distribution,
+    one_step_output,
+    rank_keys,
     sjd_accept_prob,
     sjd_output_distribution,
     sjd_residual,
@@ -166,6 +175,25 @@ def test_scd_gumbel_matches_the_ar_joint_by_chi_square():
     assert _chi2_pvalue(counts(JacobiConfig("gsd", window=3, group=4, prob_gap=1.0), 1000), probs) < 1e-3
 
 
+@pytest.mark.slow
+def test_seeded_streams_match_the_ar_joint_by_chi_square():
+    """The generator path (one block of uniforms per step: an unreached draft's coin is SCD-maximal's
+    coupling test, one inverse-CDF uniform per position), 3000 seeded images decoded 64 at a time:
+    SCD maximal and SJD repeat-horizon pass a chi-square test against the exact AR joint."""
+    m = tiny()
+    s = SamplingConfig(guidance=1.0, temperature=1.0, top_k=3)
+    want = exact_joint(m, 1, s)
+    seqs = sorted(want)
+    probs = np.array([want[k] for k in seqs])
+    configs = (JacobiConfig("scd", window=3, coupling="maximal"), JacobiConfig("sjd", window=3, init="repeat-horizon"))
+    for cfg in configs:
+        out = decode(m, [1] * 3000, DecodeConfig(None, params=cfg), s, seed=0, batch_size=64)
+        c = defaultdict(int)
+        for row in out.tokens.tolist():
+            c[tuple(row)] += 1
+        assert _chi2_pvalue(np.array([c[k] for k in seqs]), probs) > 1e-3, cfg
+
+
 # --------------------------------------------------------------------------- greedy
 def test_greedy_jacobi_equals_greedy_ar():
     m = tiny(vocab=32, block=16, dim=32, std=0.5)
@@ -273,6 +301,9 @@ def test_records_and_decode_dispatch():
         (dict(method="scd", coupling="nope"), "--scd-coupling"),
         (dict(method="sjd", init="nope"), "--jacobi-init"),
         (dict(method="gsd", distance=-1.0), "--gsd-distance"),
+        (dict(method="entropy-sd", entropy_alpha=0.0), "--entropy-alpha"),
+        (dict(method="entropy-sd", entropy_floor=0.0), "--entropy-floor"),
+        (dict(method="entropy-sd", entropy_floor=1.5), "--entropy-floor"),
     ],
 )
 def test_bad_knobs_raise_usage_errors(kwargs, match):
@@ -323,18 +354,22 @@ def test_histogram_text_stays_short():
 
 
 def test_gumbel_coupling_samples_p_and_repeats_at_a_position():
-    """SCD's Gumbel-max: over many positions the token follows p (chi-square); at one position the
-    same p gives the same token again, and a nearby p usually does (that is the coupling)."""
-    from lantern.methods.jacobi.method import _Gumbel
+    """SCD's Gumbel-max (argmax p exp(g), one noise vector per position): over many positions the
+    token follows p (chi-square); at one position the same p gives the same token again, and a
+    nearby p usually does (that is the coupling); it is argmax(log p + g) token for token."""
+    from lantern.methods.jacobi.method import gumbel_max, race_weights
 
     p = torch.tensor([0.5, 0.25, 0.15, 0.1], dtype=torch.float64)
     near = torch.tensor([0.45, 0.3, 0.15, 0.1], dtype=torch.float64)
-    g = _Gumbel(torch.Generator().manual_seed(0), 4, "cpu")
-    first = [g.sample(p, t) for t in range(4000)]
-    assert _chi2_pvalue(np.bincount(first, minlength=4), p.numpy()) > 1e-3
-    assert [g.sample(p, t) for t in range(4000)] == first
-    same = np.mean([g.sample(near, t) == first[t] for t in range(4000)])
+    u = torch.rand(4000, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    w = race_weights(u)
+    first = gumbel_max(p.expand(4000, 4), w)
+    assert _chi2_pvalue(np.bincount(first.numpy(), minlength=4), p.numpy()) > 1e-3
+    assert torch.equal(first, (p.log() - torch.log(-torch.log(u))).argmax(-1))
+    assert torch.equal(gumbel_max(p.expand(4000, 4), w), first)
+    same = float((gumbel_max(near.expand(4000, 4), w) == first).double().mean())
     assert same > 0.9  # independent draws would agree with probability sum p * near = 0.36
+    assert float(race_weights(torch.tensor([0.5], dtype=torch.float64))) == pytest.approx(1 / np.log(2))
 
 
 def test_generate_cli_runs_scd(tmp_path, capsys):
@@ -362,6 +397,7 @@ BATCHED = [
     JacobiConfig("gsd", window=4, group=5, prob_gap=0.3),
     JacobiConfig("scd", window=5),  # Gumbel coupling: noise per absolute position from the image's stream
     JacobiConfig("scd", window=3, coupling="maximal"),
+    JacobiConfig("entropy-sd", window=4, entropy_alpha=1.0, entropy_floor=0.3),
 ]
 BATCH_SAMPLINGS = [
     SamplingConfig(guidance=1.0, temperature=1.0),
@@ -526,3 +562,129 @@ def test_float64_batched_jacobi_equals_batch_one_on_cuda():
         one = decode(m, [0, 3, 5, 7, 1], cfg, s, seed=3)
         many = decode(m, [0, 3, 5, 7, 1], cfg, s, seed=3, batch_size=2)
         assert torch.equal(one.tokens, many.tokens), method
+
+
+# --------------------------------------------------------------------------- the rule table, entropy-aware SJD
+def test_group_at_equals_group_masses_at_the_drafts():
+    """GSD's group at the drafts (two top-k's over exact rank keys in float32, a stable sort in
+    float64) is group_masses gathered at the drafts, bit for bit, with ties (zeros) in p; the greedy
+    group test is the reference loop's."""
+    g = torch.Generator().manual_seed(1)
+    for V, group, gap in ((16, 14, 0.15), (32, 4, 1.0), (8, 8, 0.3), (300, 14, 0.15)):
+        P = torch.softmax(torch.randn(5, 3, V, generator=g) * 3, -1)
+        P[0, :, : V // 2] = 0.0
+        P = P / P.sum(-1, keepdim=True)
+        Q = torch.softmax(torch.randn(5, 3, V, generator=g) * 3, -1)
+        x = torch.randint(0, V, (5, 3), generator=g)
+        for dtype in (torch.float32, torch.float64):
+            p, q = P.to(dtype), Q.to(dtype)
+            want = [t.gather(-1, x[..., None])[..., 0] for t in group_masses(p, q, group, gap)]
+            got = group_at(p, q, x, group, gap)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), (V, dtype)
+        keys = rank_keys(P)
+        assert torch.equal(keys.argsort(-1), torch.sort(P, dim=-1, stable=True).indices)
+        cfg = JacobiConfig("gsd", group=group, prob_gap=gap)
+        d = WindowDrafts(x, Q, torch.zeros_like(x, dtype=torch.bool))
+        top = P.argmax(-1)
+        for b, j in itertools.product(range(5), range(3)):
+            order = torch.sort(P[b, j], stable=True).indices.tolist()
+            r, rt = order.index(int(x[b, j])), order.index(int(top[b, j]))
+            lo = r - group // 2
+            want = int(x[b, j]) == int(top[b, j]) or (
+                lo <= rt < lo + group and abs(float(P[b, j, top[b, j]] - P[b, j, x[b, j]])) < gap
+            )
+            assert bool(gsd_greedy(P, d, cfg)[b, j]) == want
+
+
+def test_entropy_rule_hand_cases():
+    """tau(H) = max(floor, exp(-H / alpha)); a draft is kept with min(1, p(x) / (tau q(x)))."""
+    alpha, floor = 3.0, 0.5
+    assert float(entropy_threshold(torch.tensor(0.0), alpha, floor)) == 1.0  # certain: SJD
+    tau2 = np.exp(-np.log(2) / 3)  # two equal tokens: H = log 2, tau = 2^(-1/3) = 0.7937
+    assert float(entropy_threshold(torch.tensor(np.log(2)), alpha, floor)) == pytest.approx(tau2)
+    assert float(entropy_threshold(torch.tensor(np.log(16)), alpha, floor)) == 0.5  # 16^(-1/3) = 0.397 < floor
+    p = torch.tensor([[[0.5, 0.5, 0.0, 0.0]]], dtype=torch.float64)
+    q = torch.tensor([[[0.2, 0.8, 0.0, 0.0]]], dtype=torch.float64)
+    for tok, point, want in ((0, True, 0.5 / tau2), (1, False, 0.5 / tau2 / 0.8), (0, False, 1.0), (2, True, 0.0)):
+        d = WindowDrafts(torch.tensor([[tok]]), q, torch.tensor([[point]]))
+        cols = entropy_judge(p, d, JacobiConfig("entropy-sd"))
+        assert float(cols["accept_prob"]) == pytest.approx(want)
+        assert float(cols["p_tilde"]) == pytest.approx(float(p[0, 0, tok]) / tau2)
+    # one step from a point-mass draft x = 0: kept with 0.63, else the residual (token 1)
+    point = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    out = one_step_output(p[0, 0], point, entropy_acceptance(p[0, 0], point, alpha, floor))
+    assert out.tolist() == pytest.approx([0.5 / tau2, 1 - 0.5 / tau2, 0.0, 0.0])
+    assert float(tvd(out, p[0, 0])) == pytest.approx(0.5 / tau2 - 0.5)  # 0.130
+    # floor 1 is SJD: lossless
+    P = torch.softmax(torch.randn(16, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64), -1)
+    Q = torch.softmax(torch.randn(16, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64), -1)
+    assert torch.allclose(one_step_output(P, Q, entropy_acceptance(P, Q, alpha, 1.0)), P, atol=1e-12)
+    assert JACOBI_RULES["entropy-sd"].greedy_is_ar and not JACOBI_RULES["entropy-sd"].lossless
+
+
+@pytest.mark.slow  # ~15 s: every branch of a 3-token decode
+def test_entropy_sd_one_step_law_by_enumeration():
+    """Every outcome of the real decoder (window 2: one random draft at position 1, V = 4, top-k 3):
+    the law of x_1 given x_0 is exactly the one-step output of the entropy rule averaged over the
+    uniform initial draft, 0.0149 from p in total variation at worst (alpha 1, floor 0.2); SJD's is p."""
+    m = tiny()
+    s = SamplingConfig(guidance=1.0, temperature=1.0, top_k=3)
+    V = m.vocab_size
+    ar = _prefix_joint(m, 1, s, 2)
+    first = _prefix_joint(m, 1, s, 1)
+    gaps = {}
+    entropy_sd = JacobiConfig("entropy-sd", window=2, entropy_alpha=1.0, entropy_floor=0.2)
+    for cfg in (entropy_sd, JacobiConfig("sjd", window=2)):
+        got, _ = enumerate_outcomes(
+            lambda d, cfg=cfg: tuple(
+                decode(m, [1], DecodeConfig(None, params=cfg), s, num_tokens=3, draws={0: d}).tokens[0].tolist()
+            )
+        )
+        pair = defaultdict(float)
+        for seq, prob in got.items():
+            pair[seq[:2]] += prob
+        worst = 0.0
+        for (x0,), p0 in first.items():
+            p1 = torch.tensor([ar.get((x0, y), 0.0) / p0 for y in range(V)], dtype=torch.float64)
+            points = torch.eye(V, dtype=torch.float64)
+            if cfg.method == "sjd":
+                want = p1
+            else:
+                acc = entropy_acceptance(p1.expand(V, V), points, cfg.entropy_alpha, cfg.entropy_floor)
+                want = one_step_output(p1.expand(V, V), points, acc).mean(0)
+            law = torch.tensor([pair.get((x0, y), 0.0) / p0 for y in range(V)], dtype=torch.float64)
+            assert torch.allclose(law, want, atol=1e-12), (cfg.method, x0)
+            worst = max(worst, float(tvd(law, p1)))
+        gaps[cfg.method] = worst
+    assert gaps["sjd"] < 1e-12 and gaps["entropy-sd"] == pytest.approx(0.01492, abs=5e-5), gaps
+
+
+def test_greedy_entropy_sd_equals_greedy_ar():
+    m = tiny(vocab=32, block=16, dim=32, std=0.5)
+    labels = [2, 6, 8]
+    s = SamplingConfig(guidance=3.0, temperature=0.0)
+    out = decode(m, labels, DecodeConfig.of("entropy-sd", window=5), s, batch_size=2)
+    ar = torch.cat([sample_tokens(m, m.make_prompt([c], guided=s.guided), s) for c in labels])
+    assert torch.equal(out.tokens, ar) and int(out.steps["accepted"].sum()) > 0
+    assert out.settings["entropy_alpha"] == 3.0 and out.settings["entropy_floor"] == 0.7
+
+
+def test_inverse_cdf_hand_cases_and_invert():
+    """Two-level inverse CDF: the first token whose cumulative mass exceeds u * total (blocks of 2
+    here, with an empty block skipped), zero-mass tokens never drawn, the same tokens as the flat
+    float64 ambiguity.sampling.invert on random rows."""
+    from ambiguity.sampling import invert
+    from lantern.methods.jacobi.method import inverse_cdf
+
+    p = torch.tensor([0.1, 0.2, 0.0, 0.0, 0.3, 0.4, 0.0])
+    u = torch.tensor([0.0, 0.05, 0.15, 0.31, 0.35, 0.65, 0.95, 1 - 2**-53, 1.0], dtype=torch.float64)
+    got = inverse_cdf(p.expand(len(u), 7), u, block=2).tolist()
+    assert got == [0, 0, 1, 4, 4, 5, 5, 5, 5]  # even u = 1 (outside [0, 1)) draws a token with mass
+    assert inverse_cdf(2 * p.expand(len(u), 7), u, block=2).tolist() == got  # any scale
+    g = torch.Generator().manual_seed(0)
+    for V in (5, 256, 1000, 16384):
+        P = torch.softmax(torch.randn(300, V, generator=g) * 3, -1)
+        P[:, ::3] = 0.0
+        U = torch.rand(300, generator=g, dtype=torch.float64)
+        tok = inverse_cdf(P, U)
+        assert torch.equal(tok, invert(P, U)) and bool((P.gather(-1, tok[:, None]) > 0).all())

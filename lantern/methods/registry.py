@@ -77,6 +77,7 @@ METHODS = {
     "sjd": _jacobi("sjd"),
     "gsd": _jacobi("gsd"),
     "scd": _jacobi("scd"),
+    "entropy-sd": _jacobi("entropy-sd"),
     "sjd-pac": Plugin(
         lambda config, model, drafter, table: SJDPAC(config.params),
         params=PacConfig,

@@ -6,9 +6,13 @@ the exact output distribution of one step of each (for the distortion measuremen
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from ambiguity.stats import entropy
 
 __all__ = [
     "sjd_accept_prob",
@@ -17,6 +21,19 @@ __all__ = [
     "gsd_accept_prob",
     "gsd_output_distribution",
     "sjd_output_distribution",
+    "WindowDrafts",
+    "JacobiRule",
+    "JACOBI_RULES",
+    "sjd_judge",
+    "argmax_test",
+    "rank_keys",
+    "group_at",
+    "gsd_judge",
+    "gsd_greedy",
+    "entropy_threshold",
+    "entropy_judge",
+    "entropy_acceptance",
+    "one_step_output",
 ]
 
 
@@ -103,11 +120,183 @@ def gsd_output_distribution(
     distortion, as :mod:`lantern.distortion` does for LANTERN.
     """
     pg, qg, _ = group_masses(p, q, group, prob_gap, embeddings, distance)
-    a = gsd_accept_prob(pg, qg)
-    rejected = (q * (1 - a)).sum(-1, keepdim=True)
-    return q * a + rejected * sjd_residual(p, q)
+    return one_step_output(p, q, gsd_accept_prob(pg, qg))
 
 
 def sjd_output_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """One SJD verification's output distribution (..., V): ``p`` up to rounding (lossless)."""
     return gsd_output_distribution(p, q, 1, 1.0)
+
+
+# --------------------------------------------------------------------------- the rules as table entries
+@dataclass(frozen=True)
+class WindowDrafts:
+    """A Jacobi window's drafts as the rules read them (B rows, g drafts, vocabulary V).
+
+    tokens: (B, g) int64; q: (B, g, V) float, the distribution each draft was drawn from (its
+    row is ignored where ``point``); point: (B, g) bool, the draft is a new window position whose
+    q is a point mass on it (SJD, arXiv 2410.01699, Sec. 3.2: initialised drafts).
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor
+    point: torch.Tensor
+
+    def q_draft(self) -> torch.Tensor:
+        """``q(x)`` (B, g): 1 for a point mass."""
+        qx = self.q.gather(-1, self.tokens.unsqueeze(-1))[..., 0]
+        return torch.where(self.point, torch.ones_like(qx), qx)
+
+    def q_full(self) -> torch.Tensor:
+        """``q`` (B, g, V) with the point masses written out."""
+        one = torch.zeros_like(self.q).scatter_(-1, self.tokens.unsqueeze(-1), 1.0)
+        return torch.where(self.point.unsqueeze(-1), one, self.q)
+
+
+@dataclass(frozen=True)
+class JacobiRule:
+    """One Jacobi acceptance rule as a table entry of :data:`JACOBI_RULES`.
+
+    judge(p, drafts, knobs, emb) -> dict of (B, g) tensors ``accept_prob``, ``p_tilde``,
+    ``j_star``, ``spent`` (p: (B, g, V) target distributions at the drafts; drafts: a
+    :class:`WindowDrafts`; knobs: the method's :class:`~lantern.methods.jacobi.config.JacobiConfig`;
+    emb: (V, H) input embeddings or None); greedy(p, drafts, knobs, emb) -> (B, g) bool, the
+    temperature-0 test; residual(p, q) -> (..., V), what a rejection draws from; lossless: one
+    step's output is ``p`` exactly; greedy_is_ar: greedy decoding equals greedy AR.
+    """
+
+    judge: Callable
+    greedy: Callable
+    residual: Callable
+    lossless: bool
+    greedy_is_ar: bool
+
+
+def _columns(px: torch.Tensor, accept: torch.Tensor, p_tilde=None, j_star=None) -> dict:
+    p_tilde = px if p_tilde is None else p_tilde
+    j_star = torch.zeros_like(px, dtype=torch.long) if j_star is None else j_star
+    return dict(accept_prob=accept, p_tilde=p_tilde, j_star=j_star, spent=p_tilde - px)
+
+
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``min(1, num/den)``; ``den = 0 < num`` gives 1, ``num = 0`` gives 0."""
+    safe = torch.where(den > 0, den, torch.ones_like(den))
+    return torch.where(den > 0, (num / safe).clamp(max=1.0), (num > 0).to(num.dtype))
+
+
+def sjd_judge(p: torch.Tensor, d: WindowDrafts, knobs=None, emb=None) -> dict:
+    """SJD's ``min(1, p(x)/q(x))`` for every draft (B, g) (Teng et al., ICLR 2025, arXiv 2410.01699)."""
+    px = p.gather(-1, d.tokens.unsqueeze(-1))[..., 0]
+    return _columns(px, _ratio(px, d.q_draft().to(px.dtype)))
+
+
+def argmax_test(p: torch.Tensor, d: WindowDrafts, knobs=None, emb=None) -> torch.Tensor:
+    """Greedy verification (B, g) bool: the draft is the argmax of ``p`` (lowest index on ties)."""
+    return d.tokens == p.argmax(-1)
+
+
+def rank_keys(p: torch.Tensor) -> Optional[torch.Tensor]:
+    """Distinct int64 keys (..., V) in the order of the stable ascending sort of ``p`` (ties by code
+    index): the float32 bits of ``p >= 0`` (monotone for non-negative floats) above the code index,
+    or None where they do not fit in 63 bits (float64 ``p``)."""
+    if p.dtype != torch.float32:
+        return None
+    shift = max(1, (p.shape[-1] - 1).bit_length())
+    return (p.view(torch.int32).long() << shift) | torch.arange(p.shape[-1], device=p.device)
+
+
+def _window(p: torch.Tensor, x: torch.Tensor, group: int):
+    """The tokens at ranks ``r - group//2 .. r - group//2 + group - 1`` around each draft's rank
+    ``r`` in the stable ascending order of ``p`` (..., group) int64, and whether each rank exists."""
+    V, h = p.shape[-1], group // 2
+    key = rank_keys(p)
+    if key is None:  # one stable sort per row
+        order = torch.sort(p, dim=-1, stable=True).indices
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=p.device).expand_as(order))
+        r = rank.gather(-1, x.unsqueeze(-1)) + torch.arange(group, device=p.device) - h
+        inside = (r >= 0) & (r < V)
+        return order.gather(-1, r.clamp(0, V - 1)), inside
+    kx = key.gather(-1, x.unsqueeze(-1))  # the neighbours by two small top-k's over the keys
+    below = torch.where(key < kx, key, -1).topk(h, -1).values.flip(-1)
+    top = torch.iinfo(torch.int64).max
+    above = torch.where(key > kx, key, top).topk(group - h - 1, -1, largest=False).values
+    keys = torch.cat([below, kx, above], -1)
+    inside = (keys >= 0) & (keys < top)
+    return torch.where(inside, keys & ((1 << max(1, (V - 1).bit_length())) - 1), 0), inside
+
+
+def group_at(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, group: int, prob_gap: float, emb=None, distance=None):
+    """GSD's group masses at the drafts only: ``(p(G(x)), q(G(x)), |G(x)|)``, each (...) for
+    p, q (..., V) and drafts x (...) int64 (the group of :func:`group_masses` evaluated at ``x``
+    instead of at every token, summed in the same rank order: float32 ``p`` finds the window
+    with two top-k's over :func:`rank_keys`, float64 with one stable sort per row)."""
+    members, inside = _window(p, x, group)
+    pm, qm = p.gather(-1, members), q.gather(-1, members)
+    px = p.gather(-1, x.unsqueeze(-1))
+    keep = inside & ((pm - px).abs() < prob_gap)
+    if distance is not None:
+        e = emb.to(p.device, torch.float64)
+        keep &= ((e[members] - e[x].unsqueeze(-2)) ** 2).sum(-1).to(p.dtype) < distance
+    return (pm * keep).sum(-1), (qm * keep).sum(-1), keep.sum(-1)
+
+
+def gsd_judge(p: torch.Tensor, d: WindowDrafts, knobs, emb=None) -> dict:
+    """GSD's ``min(1, p(G)/q(G))`` for every draft (B, g) (So et al., ICCV 2025, arXiv 2508.07747);
+    record columns ``p_tilde = p(G)``, ``j_star = |G| - 1``, ``spent = p(G) - p(x)``."""
+    pg, qg, cnt = group_at(p, d.q_full().to(p.dtype), d.tokens, knobs.group, knobs.prob_gap, emb, knobs.distance)
+    px = p.gather(-1, d.tokens.unsqueeze(-1))[..., 0]
+    return _columns(px, _ratio(pg, qg), pg, cnt - 1)
+
+
+def gsd_greedy(p: torch.Tensor, d: WindowDrafts, knobs, emb=None) -> torch.Tensor:
+    """Greedy GSD (B, g) bool: the argmax of ``p`` is the draft or in the draft's group."""
+    top = p.argmax(-1, keepdim=True)
+    members, inside = _window(p, d.tokens, knobs.group)
+    x = d.tokens.unsqueeze(-1)
+    ok = ((members == top) & inside).any(-1, keepdim=True)
+    ok &= (p.gather(-1, top) - p.gather(-1, x)).abs() < knobs.prob_gap
+    if knobs.distance is not None:
+        e = emb.to(p.device, torch.float64)
+        ok &= ((e[top] - e[x]) ** 2).sum(-1) < knobs.distance
+    return (d.tokens == top[..., 0]) | ok[..., 0]
+
+
+def entropy_threshold(h: torch.Tensor, alpha: float, floor: float) -> torch.Tensor:
+    """The entropy-aware rule's threshold ``tau(H) = max(floor, exp(-H / alpha))`` (...) for target
+    entropies ``h`` (...) in nats: 1 at a certain position, down to ``floor`` at a flat one."""
+    return torch.exp(-h / alpha).clamp(min=floor)
+
+
+def entropy_judge(p: torch.Tensor, d: WindowDrafts, knobs, emb=None) -> dict:
+    """Entropy-aware acceptance (Ma et al., NeurIPS 2025, arXiv 2510.09012):
+    ``min(1, p(x) / (tau(H(p)) q(x)))`` with :func:`entropy_threshold` of the target's entropy at
+    the draft's position, so high-entropy (low-information) positions accept more drafts; ``p_tilde``
+    records ``p(x) / tau`` (the relaxed mass) and ``spent`` what the relaxation added."""
+    px = p.gather(-1, d.tokens.unsqueeze(-1))[..., 0]
+    tau = entropy_threshold(entropy(p).to(p.dtype), knobs.entropy_alpha, knobs.entropy_floor)
+    relaxed = px / tau
+    return _columns(px, _ratio(relaxed, d.q_draft().to(px.dtype)), relaxed)
+
+
+def entropy_acceptance(p: torch.Tensor, q: torch.Tensor, alpha: float, floor: float) -> torch.Tensor:
+    """The entropy-aware rule's acceptance probability of every token as a draft (..., V) for
+    p, q (..., V): ``min(1, p(y) / (tau(H(p)) q(y)))`` (for :func:`one_step_output`)."""
+    tau = entropy_threshold(entropy(p).to(p.dtype), alpha, floor).unsqueeze(-1)
+    return _ratio(p / tau, q)
+
+
+def one_step_output(p: torch.Tensor, q: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+    """The exact distribution (..., V) of the token one verification emits when a draft ``x ~ q``
+    is kept with probability ``accept(x)`` (..., V) and a rejection draws ``norm(max(p - q, 0))``:
+    ``out(y) = q(y) accept(y) + (sum_x q(x) (1 - accept(x))) norm(max(p - q, 0))(y)``."""
+    rejected = (q * (1 - accept)).sum(-1, keepdim=True)
+    return q * accept + rejected * sjd_residual(p, q)
+
+
+# method -> its rule: a new Jacobi rule is one entry (plus its knobs in JacobiConfig)
+JACOBI_RULES = {
+    "sjd": JacobiRule(sjd_judge, argmax_test, sjd_residual, lossless=True, greedy_is_ar=True),
+    "scd": JacobiRule(sjd_judge, argmax_test, sjd_residual, lossless=True, greedy_is_ar=True),
+    "gsd": JacobiRule(gsd_judge, gsd_greedy, sjd_residual, lossless=False, greedy_is_ar=False),
+    "entropy-sd": JacobiRule(entropy_judge, argmax_test, sjd_residual, lossless=False, greedy_is_ar=True),
+}

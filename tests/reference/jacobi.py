@@ -73,7 +73,10 @@ from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import entropy, top1_prob
 from lantern.engine.records import Decoded
 from lantern.methods.jacobi.config import JacobiConfig, check_jacobi
+from lantern.methods.jacobi.method import inverse_cdf
 from lantern.rules.jacobi import (
+    entropy_acceptance,
+    entropy_threshold,
     group_masses,
     gsd_accept_prob,
     sjd_accept_prob,
@@ -110,17 +113,24 @@ class _Window:
 
 class _Gumbel:
     """SCD's Gumbel noise, one (V,) vector per absolute position, drawn from the image's stream
-    the first time the position is sampled and reused by every later iteration."""
+    when the position first enters a window (its bonus position or a draft) and reused by every
+    later iteration."""
 
     def __init__(self, generator: Optional[torch.Generator], V: int, device):
         self.generator, self.V, self.device, self.noise = generator, V, device, {}
 
+    def ensure(self, upto: int) -> None:
+        """Noise for every position up to ``upto`` not drawn yet (one call for all of them)."""
+        lo = len(self.noise)
+        if upto < lo:
+            return
+        u = torch.rand(upto + 1 - lo, self.V, generator=self.generator, device=self.device, dtype=torch.float64)
+        for t in range(lo, upto + 1):
+            self.noise[t] = 1.0 / -torch.log(u[t - lo].clamp(1e-300, 1 - 1e-16))  # exp of Gumbel noise
+
     def sample(self, p: torch.Tensor, position: int) -> int:
-        g = self.noise.get(position)
-        if g is None:
-            u = torch.rand(self.V, generator=self.generator, device=self.device, dtype=torch.float64)
-            g = self.noise[position] = -torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
-        return int((p.double().log() + g).argmax())
+        self.ensure(position)
+        return int((p.double() * self.noise[position]).argmax())  # argmax(log p + g) = argmax(p exp(g))
 
 
 def _draw(p: torch.Tensor, position: int, greedy: bool, draws: Draws, gumbel: Optional[_Gumbel]) -> int:
@@ -152,6 +162,13 @@ def _judge(
         cols["accept_prob"] = float(token == int(p.argmax()))
     else:
         cols["accept_prob"] = float(sjd_accept_prob(p, q, torch.tensor(token, device=p.device)))
+    if config.method == "entropy-sd":  # min(1, p(x) / (tau(H) q(x))), arXiv 2510.09012
+        tau = entropy_threshold(entropy(p).to(p.dtype), config.entropy_alpha, config.entropy_floor)
+        relaxed = float(p[token] / tau)
+        cols.update(p_tilde=relaxed, spent=relaxed - px)
+        if not greedy:
+            acc = entropy_acceptance(p, q, config.entropy_alpha, config.entropy_floor)
+            cols["accept_prob"] = float(acc[token])
     return cols
 
 
@@ -172,6 +189,38 @@ def _point(V: int, token: int, like: torch.Tensor) -> torch.Tensor:
     return torch.zeros(V, dtype=like.dtype, device=like.device).scatter_(
         0, torch.tensor([token], device=like.device), 1.0
     )
+
+
+class _StepDraws:
+    """Where one Jacobi step of one image takes its random numbers. From the image's generator:
+    one block of uniforms drawn at the start of the step, ``k`` for the random new window
+    positions, then (sampling) ``g`` coins (coin ``j`` for draft ``j``, also the maximal coupling's
+    test of the draft at ``j`` when it was not reached) and ``g + 1`` inverse-CDF uniforms (``j``
+    for the token drawn at position ``j``, :func:`lantern.methods.jacobi.method.inverse_cdf`).
+    Scripted (exact enumeration): the Draws, in decision order."""
+
+    def __init__(self, draws: Draws, generator, scripted: bool, k: int, g: int, greedy: bool, device):
+        self.draws, self.scripted, self.k, self.g, self.i, self.last_u = draws, scripted, k, g, 0, float("nan")
+        count = k if greedy else k + 2 * g + 1
+        self.u = [] if scripted else torch.rand(count, generator=generator, device=device, dtype=torch.float64).tolist()
+
+    def init(self, V: int) -> int:
+        if self.scripted:
+            return self.draws.categorical(torch.ones(V, dtype=torch.float64))
+        self.i += 1
+        return min(int(self.u[self.i - 1] * V), V - 1)
+
+    def coin(self, j: int, prob: float) -> bool:
+        if self.scripted:
+            return self.draws.coin(prob)
+        self.last_u = self.u[self.k + j]
+        return self.last_u < float(prob)
+
+    def categorical(self, j: int, probs: torch.Tensor) -> int:
+        if self.scripted:
+            return self.draws.categorical(probs)
+        u = torch.tensor(self.u[self.k + self.g + j], dtype=torch.float64, device=probs.device)
+        return int(inverse_cdf(probs, u))
 
 
 class _Image:
@@ -196,6 +245,7 @@ class _Image:
     ):
         self.config, self.N, self.V = config, N, model.vocab_size
         self.greedy, self.device, self.draws, self.emb, self.pairs = sampling.greedy, model.device, draws, emb, pairs
+        self.generator, self.scripted = generator, not isinstance(draws, GeneratorDraws)
         self.width = int(tuple(getattr(model, "grid", (1, N)))[-1])
         scd_gumbel = config.method == "scd" and config.coupling == "gumbel"
         self.gumbel = _Gumbel(generator, self.V, model.device) if scd_gumbel else None
@@ -212,13 +262,20 @@ class _Image:
 
     def prepare(self) -> list[int]:
         """Start an iteration: the window shrunk to ``g = min(L - 1, N - 1 - n)`` drafts and topped
-        up with initialised positions. Returns the forward's input ``[x_{n-1}, d_n .. d_{n+g-1}]``."""
+        up with initialised positions; the step's random numbers drawn (:class:`_StepDraws`), then
+        SCD's Gumbel noise up to the bonus position. Returns the forward's input
+        ``[x_{n-1}, d_n .. d_{n+g-1}]``."""
         self.step += 1
         n, w = self.n, self.window
         self.g = g = min(int(self.config.window) - 1, self.N - 1 - n)  # the bonus position n + g stays inside
         w.set(w.tokens[:g], w.q[:g], w.proposed[:g])
+        fresh = range(n + len(w), n + g)
+        k = sum(1 for t in fresh if self.config.init != "repeat-horizon" or t % self.width == 0)
+        self.rng = _StepDraws(self.draws, self.generator, self.scripted, k, g, self.greedy, self.device)
         while len(w) < g:
             w.add(self._init(n + len(w)), None, -1)
+        if self.gumbel is not None and not self.greedy:
+            self.gumbel.ensure(n + g)
         return [self.tokens[n - 1]] + w.tokens
 
     def _init(self, position: int) -> int:
@@ -227,20 +284,20 @@ class _Image:
         if self.config.init == "repeat-horizon" and position % self.width != 0:
             left = position - 1
             return self.tokens[left] if left < self.n else self.window.tokens[left - self.n]
-        return self.draws.categorical(torch.ones(self.V, dtype=torch.float64, device=self.device))
+        return self.rng.init(self.V)
 
     def verify(self, p: torch.Tensor) -> int:
         """Judge the window against this forward's ``p`` (g + 1, V) (positions n .. n + g), left to
         right up to the first rejection; commit the accepted prefix and the next token (residual or
         bonus); sample the next drafts. Returns the accepted length a."""
-        n, g, w, V, draws, greedy = self.n, self.g, self.window, self.V, self.draws, self.greedy
+        n, g, w, V, rng, greedy = self.n, self.g, self.window, self.V, self.rng, self.greedy
         q_of = lambda j: w.q[j] if w.q[j] is not None else _point(V, w.tokens[j], p)
         cols, a = [], g
         for j in range(g):  # verify left to right; stop at the first rejection
             q = q_of(j)
             c = _judge(p[j], q, w.tokens[j], self.config, greedy, self.emb)
-            ok = bool(c["accept_prob"] >= 1.0) if greedy else draws.coin(c["accept_prob"])
-            c.update(u=getattr(draws, "last_u", float("nan")) if not greedy else float("nan"), accepted=ok)
+            ok = bool(c["accept_prob"] >= 1.0) if greedy else rng.coin(j, c["accept_prob"])
+            c.update(u=rng.last_u if not greedy else float("nan"), accepted=ok)
             cols.append(c)
             if self.pairs is not None:
                 self.pairs.append((p[j].float().cpu(), q.float().cpu()))
@@ -248,20 +305,24 @@ class _Image:
                 a = j
                 break
         if a < g:
-            nxt = int(p[a].argmax()) if greedy else draws.categorical(sjd_residual(p[a], q_of(a)))
+            nxt = int(p[a].argmax()) if greedy else rng.categorical(a, sjd_residual(p[a], q_of(a)))
+        elif greedy or self.gumbel is None:
+            nxt = int(p[g].argmax()) if greedy else rng.categorical(g, p[g])
         else:
-            nxt = _draw(p[g], n + g, greedy, draws, self.gumbel)
+            nxt = self.gumbel.sample(p[g], n + g)
         self.tokens += w.tokens[:a] + [nxt]
         new = _Window()  # the next drafts: this forward's samples at positions n + a + 1 .. n + g
         for j in range(a + 1, g + 1):
             if self.maximal and j < g and not greedy:
                 qj, d = q_of(j), w.tokens[j]
-                if draws.coin(float(sjd_accept_prob(p[j], qj, torch.tensor(d, device=p.device)))):
+                if rng.coin(j, float(sjd_accept_prob(p[j], qj, torch.tensor(d, device=p.device)))):
                     new.add(d, qj if self.config.coupling == "maximal-official" else p[j], self.step)
                 else:
-                    new.add(draws.categorical(sjd_residual(p[j], qj)), p[j], self.step)
+                    new.add(rng.categorical(j, sjd_residual(p[j], qj)), p[j], self.step)
+            elif greedy or self.gumbel is None:
+                new.add(int(p[j].argmax()) if greedy else rng.categorical(j, p[j]), p[j], self.step)
             else:
-                new.add(_draw(p[j], n + j, greedy, draws, self.gumbel), p[j], self.step)
+                new.add(self.gumbel.sample(p[j], n + j), p[j], self.step)
         self._pending = (p, cols, a, nxt, new)
         return a
 

@@ -1,4 +1,4 @@
-"""Training-free parallel decoding by Jacobi iteration of the target itself: SJD, GSD and SCD.
+"""Training-free parallel decoding by Jacobi iteration of the target itself: SJD, GSD, SCD, entropy-aware SJD.
 
 No drafter: each target forward reads ``[x_{n-1}, d_n .. d_{n+g-1}]`` — the last committed token
 and a *window* of draft tokens for the next positions — and its outputs both verify the drafts
@@ -55,12 +55,37 @@ random in the first column), both with a point-mass ``q``. Greedy decoding (temp
 draft is accepted iff it is the argmax of ``p`` (GSD: iff the argmax is in its group) and the
 drafts are argmaxes: greedy SJD/SCD is greedy AR token for token.
 
+* ``"entropy-sd"`` — entropy-aware acceptance (Ma et al., NeurIPS 2025, arXiv 2510.09012; official
+  code github.com/krennic999/ARsample): SJD whose test is relaxed where the target is uncertain,
+  ``min(1, p(x) / (tau(H) q(x)))`` with ``tau(H) = max(floor, exp(-H / alpha))`` of the target's
+  entropy ``H`` at the draft's position (:func:`lantern.rules.jacobi.entropy_judge`). The official
+  release (krennic999/ARsample at 2923353) holds only the paper's dynamic temperature for LlamaGen
+  (``2.5 exp(-H/3) + 0.6``), no speculative-decoding code, and the paper's text was not available
+  here beyond its abstract ("entropy-aware acceptance rules ... near-lossless at about 85 % of the
+  inference cost"): this functional form, ``alpha = 3`` nats (the official temperature's entropy
+  scale) and ``floor = 0.7`` are ours (the floor calibrated to the paper's 15 % fewer forwards,
+  :class:`~lantern.methods.jacobi.config.JacobiConfig`), and the paper's entropy-dependent draft length is not
+  implemented (the window is fixed). Not lossless: greedy equals greedy AR; one step's law is
+  :func:`lantern.rules.jacobi.one_step_output` with :func:`~lantern.rules.jacobi.entropy_acceptance`.
+
+The acceptance rules are entries of :data:`lantern.rules.jacobi.JACOBI_RULES` (acceptance
+probability and record columns, greedy test, residual): a new Jacobi rule is one entry.
+
 :class:`Jacobi` runs on the engine (:mod:`lantern.engine.loop`): up to B images per target
 forward, each at its own position with its own window, committing its own accepted prefix
-(ragged commits in per-image cache slots). Every image runs the same per-image steps
-(:class:`_Image`). Randomness: image ``i`` draws from its generator ``(seed, i)``
-(:mod:`ambiguity.seeding`) through :class:`lantern.engine.slots.Draws`, the same numbers in the
-same order at any batch size; in float64 the tokens and records do not depend on it.
+(ragged commits in per-image cache slots). One step is one tensor pass over all (B, g) drafts
+after the forward: the rule, the coins, the accepted prefix (cumulative product), the residual or
+bonus token, this forward's samples at every window position (the next drafts), the committed
+tokens, the next window and the record columns, with one host transfer. Randomness: image ``i``
+draws from its generator ``(seed, i)`` (:mod:`ambiguity.seeding`), per step one block of uniforms
+(:func:`draw_counts`: its new random positions, one coin per draft, one inverse-CDF uniform per
+position; the coin of a draft that is not reached is SCD-maximal's coupling test there) and then
+SCD's Gumbel noise for the positions entering its window, the same numbers at any batch size; in
+float64 the tokens and records do not depend on it. A scripted image
+(:class:`lantern.engine.slots.Draws`, exact enumeration in the tests) draws each decision in order
+(new tokens, coins up to the first rejection, the next token, the next drafts). Every draw is used
+at one position only and the draft at ``t`` depends only on numbers nothing at ``< t`` used, so
+SJD and SCD stay lossless.
 
 Records (:mod:`lantern.engine.records`): one step row per Jacobi forward (``drafted`` = window drafts,
 ``accepted`` = accepted prefix, ``drafter_forwards = 0``), one draft row per window draft with
@@ -70,254 +95,382 @@ position; for GSD ``p_tilde = p(G)``, ``j_star = |G| - 1`` and ``spent = p(G) - 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
 
 from ambiguity.models.base import TokenModel
-from ambiguity.sampling import SamplingConfig
+from ambiguity.sampling import row_uniforms
 from ambiguity.stats import entropy, top1_prob
 from lantern.engine.method import Method, Round
 from lantern.engine.records import CHAIN_VALUES, chain_rows
-from lantern.engine.slots import BatchState, Draws, GeneratorDraws, verify_chains
+from lantern.engine.slots import BatchState, verify_chains
 from lantern.methods.jacobi.config import JacobiConfig
-from lantern.rules.jacobi import group_masses, gsd_accept_prob, sjd_accept_prob, sjd_residual
+from lantern.rules.jacobi import JACOBI_RULES, WindowDrafts
 
-__all__ = ["Jacobi"]
-
-
-# --------------------------------------------------------------------------- the decoder
-class _Window:
-    """Draft tokens for positions ``start, start+1, ...``: token, the distribution it was drawn
-    from (None: a point mass, an initialised position) and the step that proposed it (-1: init)."""
-
-    def __init__(self):
-        self.tokens: list[int] = []
-        self.q: list[Optional[torch.Tensor]] = []
-        self.proposed: list[int] = []
-
-    def __len__(self):
-        return len(self.tokens)
-
-    def set(self, tokens, q, proposed):
-        self.tokens, self.q, self.proposed = list(tokens), list(q), list(proposed)
-
-    def add(self, token: int, q: Optional[torch.Tensor], proposed: int):
-        self.tokens.append(int(token))
-        self.q.append(q)
-        self.proposed.append(proposed)
+__all__ = ["Jacobi", "race_weights", "gumbel_max", "inverse_cdf", "uniform_tokens", "draw_counts"]
 
 
-class _Gumbel:
-    """SCD's Gumbel noise, one (V,) vector per absolute position, drawn from the image's stream
-    the first time the position is sampled and reused by every later iteration."""
-
-    def __init__(self, generator: Optional[torch.Generator], V: int, device):
-        self.generator, self.V, self.device, self.noise = generator, V, device, {}
-
-    def sample(self, p: torch.Tensor, position: int) -> int:
-        g = self.noise.get(position)
-        if g is None:
-            u = torch.rand(self.V, generator=self.generator, device=self.device, dtype=torch.float64)
-            g = self.noise[position] = -torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
-        return int((p.double().log() + g).argmax())
+def race_weights(u: torch.Tensor) -> torch.Tensor:
+    """``exp(g)`` of standard Gumbel noise ``g = -log(-log u)``, i.e. ``1 / -log u`` (...) float64,
+    from float64 uniforms ``u`` (...) in [0, 1): :func:`gumbel_max` multiplies by it."""
+    return 1.0 / -torch.log(u.clamp(1e-300, 1 - 1e-16))
 
 
-def _draw(p: torch.Tensor, position: int, greedy: bool, draws: Draws, gumbel: Optional[_Gumbel]) -> int:
-    """A target sample at ``position``: argmax (greedy), Gumbel-max (SCD gumbel) or from ``draws``."""
-    if greedy:
-        return int(p.argmax())
-    if gumbel is not None:
-        return gumbel.sample(p, position)
-    return draws.categorical(p)
+def gumbel_max(p: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max sampling ``argmax(log p + g)`` computed as ``argmax(p exp(g))`` (the same token,
+    no logarithm of p): p (..., V), weights (..., V) float64 of :func:`race_weights` -> (...) int64."""
+    return (p.double() * weights).argmax(-1)
 
 
-def _judge(
-    p: torch.Tensor, q: torch.Tensor, token: int, config: JacobiConfig, greedy: bool, embeddings: Optional[torch.Tensor]
-) -> dict:
-    """Verdict inputs of one draft: acceptance probability (0/1 when greedy) and record columns."""
-    px = float(p[token])
-    qx = float(q[token])
-    cols = dict(p_draft=px, q_draft=qx, p_tilde=px, j_star=0, spent=0.0)
-    if config.method == "gsd":
-        pg, qg, cnt = group_masses(p, q, config.group, config.prob_gap, embeddings, config.distance)
-        cols.update(p_tilde=float(pg[token]), j_star=int(cnt[token]) - 1, spent=float(pg[token]) - px)
-        if greedy:
-            top = int(p.argmax())
-            in_group = _in_group(p, token, top, config, embeddings)
-            cols["accept_prob"] = float(token == top or in_group)
-        else:
-            cols["accept_prob"] = float(gsd_accept_prob(pg[token], qg[token]))
-    elif greedy:
-        cols["accept_prob"] = float(token == int(p.argmax()))
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Inverse-CDF sampling in two levels: probs (..., V) >= 0 (any scale), u (...) float64 in
+    [0, 1) -> (...) int64, the first token whose cumulative probability exceeds ``u * total`` (as
+    :func:`ambiguity.sampling.invert`), with float64 sums over blocks of ``block`` codes and a
+    float64 running sum inside the one block the target falls in, instead of a float64 running sum
+    over the whole vocabulary (the slow part of drawing every window position at once). A zero-
+    probability token is never returned; ``u ~ U[0, 1)`` gives ``v`` with probability
+    ``p(v) / total`` up to float64 rounding."""
+    V = probs.shape[-1]
+    flat = probs.reshape(-1, V)
+    if V % block:
+        flat = torch.nn.functional.pad(flat, (0, block - V % block))
+    rows = flat.view(flat.shape[0], flat.shape[1] // block, block)
+    ends = rows.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, blocks) cumulative mass at block ends
+    x = u.reshape(-1, 1).double() * ends[:, -1:]
+    k = torch.minimum(  # the block the target falls in, at most the last block with mass
+        torch.searchsorted(ends, x, right=True), torch.searchsorted(ends, ends[:, -1:].contiguous(), right=False)
+    )
+    y = x - torch.where(k > 0, ends.gather(1, (k - 1).clamp(min=0)), torch.zeros_like(x))
+    inner = rows.gather(1, k[..., None].expand(-1, -1, block))[:, 0].double().cumsum(-1)  # (R, block)
+    last = torch.searchsorted(inner, inner[:, -1:].contiguous(), right=False)  # the block's last positive token
+    j = torch.minimum(torch.searchsorted(inner, y, right=True), last)
+    return (k * block + j)[:, 0].clamp(max=V - 1).view(probs.shape[:-1])
+
+
+def uniform_tokens(u: torch.Tensor, V: int) -> torch.Tensor:
+    """A uniformly random token per uniform (...) int64: ``floor(u V)`` (the inverse CDF of the
+    uniform distribution over ``V`` codes; a new window position's ``random`` initialisation)."""
+    return (u * V).floor().long().clamp(max=V - 1)
+
+
+def draw_counts(k_init, g, greedy: bool):
+    """Uniforms a slot draws from its stream per Jacobi step, in this order: ``k_init`` for its
+    random new window positions, then (sampling only) ``g`` acceptance coins (one per draft,
+    position ``j`` the coin of draft ``j``) and ``g + 1`` inverse-CDF uniforms (position ``j``
+    draws the residual, the bonus or the next draft there). Numpy (B,) int64 in, out."""
+    k_init, g = np.asarray(k_init), np.asarray(g)
+    return k_init if greedy else k_init + 2 * g + 1
+
+
+@dataclass
+class _Windows:
+    """Every slot's draft window (B slots, W = L - 1 columns; column i is position ``n_b + i``).
+
+    tok (B, W) int64; q (B, W, V) the distribution each draft was drawn from (ignored where
+    ``point``); point (B, W) bool, a new position (point-mass q); q_top1 (B, W); proposed (B, W)
+    int64 the step that sampled the draft (-1: new). Host (B,) int64: ``length`` drafts carried
+    over from the last step, ``noised`` the first position without Gumbel noise (SCD gumbel;
+    ``noise`` (B, L, V) float64 holds position t's :func:`race_weights` at row ``t % L``)."""
+
+    tok: torch.Tensor
+    q: torch.Tensor
+    point: torch.Tensor
+    q_top1: torch.Tensor
+    proposed: torch.Tensor
+    length: np.ndarray
+    noised: np.ndarray
+    noise: Optional[torch.Tensor]
+
+    def select(self, rows) -> None:
+        """Keep the slots ``rows`` (int64 numpy), renumbered 0.. (a draining batch)."""
+        r = torch.as_tensor(rows, device=self.tok.device)
+        for name in ("tok", "q", "point", "q_top1", "proposed"):
+            setattr(self, name, getattr(self, name)[r])
+        self.noise = None if self.noise is None else self.noise[r]
+        self.length, self.noised = self.length[rows], self.noised[rows]
+
+
+def _new_windows(B: int, W: int, V: int, p0: torch.Tensor, gumbel: bool) -> _Windows:
+    dev = p0.device
+    return _Windows(
+        tok=torch.zeros(B, W, dtype=torch.long, device=dev),
+        q=torch.zeros(B, W, V, dtype=p0.dtype, device=dev),
+        point=torch.ones(B, W, dtype=torch.bool, device=dev),
+        q_top1=torch.ones(B, W, dtype=p0.dtype, device=dev),
+        proposed=torch.full((B, W), -1, dtype=torch.long, device=dev),
+        length=np.zeros(B, dtype=np.int64),
+        noised=np.zeros(B, dtype=np.int64),
+        noise=torch.zeros(B, W + 1, V, dtype=torch.float64, device=dev) if gumbel else None,
+    )
+
+
+# --------------------------------------------------------------------------- before the forward
+def _top_up(st: BatchState, win: _Windows, g: np.ndarray, active: np.ndarray, config: JacobiConfig, width: int, greedy):
+    """Shrink every window to its ``g_b`` drafts and fill its new positions (``random``: a uniform
+    token, ``repeat-horizon``: the token to the left, random in the first grid column). Draws each
+    live slot's uniforms for the step (:func:`draw_counts`; scripted slots draw their new tokens
+    from their :class:`~lantern.engine.slots.Draws`). Returns the uniforms (B, >= 1) float64 and
+    ``k_init`` (B,) int64 numpy."""
+    (B, W), V = win.tok.shape, win.q.shape[-1]
+    dev, n = st.device, st.n
+    cols = np.arange(W)[None, :]
+    pos = n[:, None] + cols
+    kept = np.minimum(win.length, g)
+    new = (cols >= kept[:, None]) & (cols < g[:, None])
+    rand = new & (pos % width == 0) if config.init == "repeat-horizon" else new
+    k_init = rand.sum(1)
+    scripted = np.array([d is not None for d in st.streams.scripted])
+    counts = np.where(active & ~scripted, draw_counts(k_init, g, greedy), 0)
+    U = row_uniforms(st.streams.gens, counts, torch.float64, dev, fill=0.5)
+    if U.shape[1] == 0:
+        U = torch.full((B, 1), 0.5, dtype=torch.float64, device=dev)
+    ridx = torch.as_tensor(np.clip(np.cumsum(rand, 1) - 1, 0, U.shape[1] - 1), device=dev)
+    fresh = uniform_tokens(U.gather(1, ridx), V)
+    for b in np.flatnonzero(scripted & rand.any(1)):  # exact enumeration: the Draws pick the new tokens
+        ones = torch.ones(V, dtype=torch.float64, device=dev)
+        for i in np.flatnonzero(rand[b]):
+            fresh[b, i] = st.streams.scripted[b].categorical(ones)
+    new_t, rand_t = torch.as_tensor(new, device=dev), torch.as_tensor(rand, device=dev)
+    tok = torch.where(rand_t, fresh, win.tok)
+    if config.init == "repeat-horizon":  # a copy of position s - 1, or of the random token at s
+        s = np.maximum((n + kept)[:, None], pos - pos % width)
+        src = torch.as_tensor(np.clip(np.where(s % width == 0, s - n[:, None] + 1, s - n[:, None]), 0, W), device=dev)
+        ext = torch.cat([st.tokens.gather(1, torch.as_tensor(n - 1, device=dev)[:, None]), tok], 1)
+        tok = torch.where(new_t & ~rand_t, ext.gather(1, src), tok)
+    win.tok = tok
+    win.point = win.point | new_t
+    win.proposed = torch.where(new_t, -1, win.proposed)
+    win.q_top1 = torch.where(new_t, torch.ones_like(win.q_top1), win.q_top1)
+    return U, k_init
+
+
+def _draw_noise(st: BatchState, win: _Windows, upto: np.ndarray, rows) -> None:
+    """SCD gumbel: Gumbel noise (V,) for every position up to ``upto[b]`` (a slot's bonus position
+    ``n_b + g_b``; 0 for a new image's first token) not yet noised, for the slots ``rows``, drawn
+    from the slot's stream after its uniforms and kept per absolute position for the whole image."""
+    L, V = win.noise.shape[1], win.noise.shape[2]
+    for b in rows:
+        lo, hi = int(win.noised[b]), int(upto[b]) + 1
+        if hi > lo:
+            u = torch.rand(hi - lo, V, generator=st.streams.gens[b], device=st.device, dtype=torch.float64)
+            win.noise[b, torch.arange(lo, hi, device=st.device) % L] = race_weights(u)
+            win.noised[b] = hi
+
+
+# --------------------------------------------------------------------------- after the forward
+@dataclass
+class _Step:
+    """One step's device tensors over B slots (gmax = the longest window this step)."""
+
+    p: torch.Tensor  # (B, gmax + 1, V) target distributions at positions n .. n + gmax
+    drafts: WindowDrafts  # the judged window (B, gmax)
+    g: torch.Tensor  # (B,) int64 drafts per slot
+    cols: dict  # the rule's (B, gmax) columns
+    ok: torch.Tensor  # (B, gmax) bool: each draft's test, also where it was not reached
+    u_coin: torch.Tensor  # (B, gmax) float64 the coins (NaN where greedy or scripted)
+    u_draw: torch.Tensor  # (B, gmax + 1) float64 the inverse-CDF uniforms of positions 0 .. gmax
+
+
+def _columns_at(U: torch.Tensor, first: np.ndarray, width: int) -> torch.Tensor:
+    """U's columns ``first_b .. first_b + width - 1`` of each row (B, width), clipped to U."""
+    idx = np.clip(np.asarray(first)[:, None] + np.arange(width)[None, :], 0, U.shape[1] - 1)
+    return U.gather(1, torch.as_tensor(idx, device=U.device))
+
+
+def _judge(m: Jacobi, st: BatchState, p: torch.Tensor, win: _Windows, g: np.ndarray, U, k_init) -> _Step:
+    """Every draft's acceptance probability and record columns (the rule of :data:`JACOBI_RULES`),
+    and its test: a coin ``u < accept_prob`` or, greedy, the rule's greedy test."""
+    gmax = p.shape[1] - 1
+    d = WindowDrafts(win.tok[:, :gmax], win.q[:, :gmax], win.point[:, :gmax])
+    pj = p[:, :gmax]
+    cols = m.rule.judge(pj, d, m.config, m.emb)
+    u_coin = _columns_at(U, k_init, gmax)
+    u_draw = _columns_at(U, k_init + g, gmax + 1)
+    if st.sampling.greedy:
+        ok, u_coin = m.rule.greedy(pj, d, m.config, m.emb), torch.full_like(u_coin, float("nan"))
+        cols["accept_prob"] = ok.to(pj.dtype)  # greedy: the test is the verdict
     else:
-        cols["accept_prob"] = float(sjd_accept_prob(p, q, torch.tensor(token, device=p.device)))
-    return cols
+        ok = u_coin < cols["accept_prob"].double()
+    step = _Step(p, d, torch.as_tensor(g, device=st.device), cols, ok, u_coin, u_draw)
+    if any(s is not None for s in st.streams.scripted) and not st.sampling.greedy:
+        _script_coins(st, step, g)
+    return step
 
 
-def _in_group(p: torch.Tensor, x: int, y: int, config: JacobiConfig, embeddings) -> bool:
-    """Is ``y`` in GSD's group of ``x`` (:func:`group_masses`' definition)?"""
-    order = torch.sort(p, stable=True).indices
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(len(order), device=p.device))
-    lo = int(rank[x]) - config.group // 2
-    if not lo <= int(rank[y]) < lo + config.group or not abs(float(p[y]) - float(p[x])) < config.prob_gap:
-        return False
-    if config.distance is not None:
-        e = embeddings.double()
-        return float(((e[y] - e[x]) ** 2).sum()) < config.distance
-    return True
-
-
-def _point(V: int, token: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(V, dtype=like.dtype, device=like.device).scatter_(
-        0, torch.tensor([token], device=like.device), 1.0
-    )
-
-
-class _Image:
-    """One image's Jacobi state and its per-iteration work: :meth:`start`, then per iteration
-    :meth:`prepare` (top up the window), one target forward, :meth:`verify` (judge, next token,
-    next drafts) and :meth:`commit` (the record; move past the committed tokens), so an image
-    draws the same random numbers in the same order at any batch size.
-
-    Committed tokens are a Python list (no device sync to read ``x_{n-1}`` or a left neighbour)."""
-
-    def __init__(
-        self,
-        model: TokenModel,
-        sampling: SamplingConfig,
-        config: JacobiConfig,
-        N: int,
-        draws: Draws,
-        generator: Optional[torch.Generator],
-        image: int,
-        emb: Optional[torch.Tensor],
-        pairs=None,
-    ):
-        self.config, self.N, self.V = config, N, model.vocab_size
-        self.greedy, self.device, self.draws, self.emb, self.pairs = sampling.greedy, model.device, draws, emb, pairs
-        self.width = int(tuple(getattr(model, "grid", (1, N)))[-1])
-        scd_gumbel = config.method == "scd" and config.coupling == "gumbel"
-        self.gumbel = _Gumbel(generator, self.V, model.device) if scd_gumbel else None
-        self.maximal = config.method == "scd" and config.coupling.startswith("maximal")
-        self.image, self.tokens, self.window, self.n, self.step = image, [], _Window(), 1, 0
-
-    @property
-    def done(self) -> bool:
-        return self.n >= self.N
-
-    def start(self, p0: torch.Tensor) -> None:
-        """The first token from the prefill's distribution p0 (V,)."""
-        self.tokens = [_draw(p0, 0, self.greedy, self.draws, self.gumbel)]
-
-    def prepare(self) -> list[int]:
-        """Start an iteration: the window shrunk to ``g = min(L - 1, N - 1 - n)`` drafts and topped
-        up with initialised positions. Returns the forward's input ``[x_{n-1}, d_n .. d_{n+g-1}]``."""
-        self.step += 1
-        n, w = self.n, self.window
-        self.g = g = min(int(self.config.window) - 1, self.N - 1 - n)  # the bonus position n + g stays inside
-        w.set(w.tokens[:g], w.q[:g], w.proposed[:g])
-        while len(w) < g:
-            w.add(self._init(n + len(w)), None, -1)
-        return [self.tokens[n - 1]] + w.tokens
-
-    def _init(self, position: int) -> int:
-        """A new window position: uniform random, or the token to its left (``repeat-horizon``,
-        random in the first column)."""
-        if self.config.init == "repeat-horizon" and position % self.width != 0:
-            left = position - 1
-            return self.tokens[left] if left < self.n else self.window.tokens[left - self.n]
-        return self.draws.categorical(torch.ones(self.V, dtype=torch.float64, device=self.device))
-
-    def verify(self, p: torch.Tensor) -> int:
-        """Judge the window against this forward's ``p`` (g + 1, V) (positions n .. n + g), left to
-        right up to the first rejection; commit the accepted prefix and the next token (residual or
-        bonus); sample the next drafts. Returns the accepted length a."""
-        n, g, w, V, draws, greedy = self.n, self.g, self.window, self.V, self.draws, self.greedy
-        q_of = lambda j: w.q[j] if w.q[j] is not None else _point(V, w.tokens[j], p)
-        cols, a = [], g
-        for j in range(g):  # verify left to right; stop at the first rejection
-            q = q_of(j)
-            c = _judge(p[j], q, w.tokens[j], self.config, greedy, self.emb)
-            ok = bool(c["accept_prob"] >= 1.0) if greedy else draws.coin(c["accept_prob"])
-            c.update(u=getattr(draws, "last_u", float("nan")) if not greedy else float("nan"), accepted=ok)
-            cols.append(c)
-            if self.pairs is not None:
-                self.pairs.append((p[j].float().cpu(), q.float().cpu()))
+def _script_coins(st: BatchState, step: _Step, g: np.ndarray) -> None:
+    """Scripted slots (exact enumeration) walk their coins through the acceptance probabilities
+    until the first rejection (:class:`~lantern.engine.slots.Draws`); their coins read NaN."""
+    prob = step.cols["accept_prob"].double().cpu()
+    for b, d in enumerate(st.streams.scripted):
+        if d is None:
+            continue
+        step.ok[b] = False
+        step.u_coin[b] = float("nan")
+        for j in range(int(g[b])):
+            step.ok[b, j] = ok = d.coin(float(prob[b, j]))
             if not ok:
-                a = j
                 break
-        if a < g:
-            nxt = int(p[a].argmax()) if greedy else draws.categorical(sjd_residual(p[a], q_of(a)))
-        else:
-            nxt = _draw(p[g], n + g, greedy, draws, self.gumbel)
-        self.tokens += w.tokens[:a] + [nxt]
-        new = _Window()  # the next drafts: this forward's samples at positions n + a + 1 .. n + g
-        for j in range(a + 1, g + 1):
-            if self.maximal and j < g and not greedy:
-                qj, d = q_of(j), w.tokens[j]
-                if draws.coin(float(sjd_accept_prob(p[j], qj, torch.tensor(d, device=p.device)))):
-                    new.add(d, qj if self.config.coupling == "maximal-official" else p[j], self.step)
+
+
+def _next_token(m: Jacobi, st: BatchState, s: _Step, win: _Windows):
+    """The accepted prefix ``a`` (B,) and the token after it (B,): the residual at the first
+    rejection, else the bonus (Gumbel-max for SCD gumbel), argmax when greedy."""
+    B, gmax = s.ok.shape
+    rows = torch.arange(B, device=st.device)
+    reached = s.ok & (torch.arange(gmax, device=st.device) < s.g[:, None])
+    a = reached.long().cumprod(-1).sum(-1)
+    pa = s.p[rows, a]
+    if st.sampling.greedy:
+        return a, pa.argmax(-1)
+    rejected = a < s.g
+    if gmax:
+        at = a.clamp(max=gmax - 1)
+        q_at = WindowDrafts(s.drafts.tokens[rows, at, None], s.drafts.q[rows, at, None], s.drafts.point[rows, at, None])
+        dist = torch.where(rejected[:, None], m.rule.residual(pa, q_at.q_full()[:, 0].to(pa.dtype)), pa)
+    else:
+        dist = pa
+    nxt = inverse_cdf(dist, s.u_draw[rows, a])
+    if win.noise is not None:
+        at_noise = win.noise[rows, (torch.as_tensor(st.n, device=st.device) + a) % win.noise.shape[1]]
+        nxt = torch.where(rejected, nxt, gumbel_max(pa, at_noise))
+    for b, d in enumerate(st.streams.scripted):
+        if d is not None and st.image[b] >= 0 and not (win.noise is not None and not bool(rejected[b])):
+            nxt[b] = d.categorical(dist[b])
+    return a, nxt
+
+
+def _samples(m: Jacobi, st: BatchState, s: _Step, win: _Windows, a: torch.Tensor):
+    """This forward's samples at positions ``n + 1 .. n + gmax`` (B, gmax), the next drafts where
+    past ``a``: argmax (greedy), Gumbel-max with the position's noise (SCD gumbel), the maximal
+    coupling of the old draft and ``p`` (SCD maximal: the draft's own test keeps it, else the
+    residual is drawn; the bonus position is drawn from ``p``), or inverse CDF. Also (B, gmax)
+    bool: the draft was kept by the coupling."""
+    B, T, V = s.p.shape
+    P = s.p[:, 1:]
+    keep = torch.zeros(B, T - 1, dtype=torch.bool, device=st.device)
+    if st.sampling.greedy:
+        S = P.argmax(-1)
+    elif win.noise is not None:
+        L = win.noise.shape[1]
+        at = (torch.as_tensor(st.n, device=st.device)[:, None] + torch.arange(1, T, device=st.device)) % L
+        rows = (torch.arange(B, device=st.device)[:, None] * L + at).reshape(-1)
+        noise = win.noise.reshape(B * L, V).index_select(0, rows).view(B, T - 1, V)
+        S = noise.mul_(P).argmax(-1)
+    else:
+        S = inverse_cdf(P, s.u_draw[:, 1:])
+        if m.maximal and T > 2:
+            j = torch.arange(1, T - 1, device=st.device)
+            d = WindowDrafts(s.drafts.tokens[:, 1:], s.drafts.q[:, 1:], s.drafts.point[:, 1:])
+            res = inverse_cdf(m.rule.residual(P[:, :-1], d.q_full().to(P.dtype)), s.u_draw[:, 1:-1])
+            keep[:, :-1] = s.ok[:, 1:] & (j < s.g[:, None])
+            coupled = torch.where(keep[:, :-1], d.tokens, res)
+            S[:, :-1] = torch.where(j < s.g[:, None], coupled, S[:, :-1])
+    if any(d is not None for d in st.streams.scripted):
+        _script_samples(m, st, s, win, a, S, keep)
+    return S, keep
+
+
+def _script_samples(m: Jacobi, st: BatchState, s: _Step, win: _Windows, a, S, keep) -> None:
+    """Scripted slots draw their next drafts ``j = a + 1 .. g`` from their Draws: the maximal
+    coupling's coin and residual, or a draw from ``p_j`` (argmax and Gumbel-max need no draw)."""
+    if st.sampling.greedy or (win.noise is not None):
+        return
+    for b, d in enumerate(st.streams.scripted):
+        if d is None or st.image[b] < 0:
+            continue
+        g, ab = int(s.g[b]), int(a[b])
+        for j in range(ab + 1, g + 1):
+            if m.maximal and j < g:
+                dj = WindowDrafts(s.drafts.tokens[b, j, None], s.drafts.q[b, j, None], s.drafts.point[b, j, None])
+                keep[b, j - 1] = kept = d.coin(float(s.cols["accept_prob"][b, j]))
+                if not kept:
+                    S[b, j - 1] = d.categorical(m.rule.residual(s.p[b, j], dj.q_full()[0].to(s.p.dtype)))
                 else:
-                    new.add(draws.categorical(sjd_residual(p[j], qj)), p[j], self.step)
+                    S[b, j - 1] = s.drafts.tokens[b, j]
             else:
-                new.add(_draw(p[j], n + j, greedy, draws, self.gumbel), p[j], self.step)
-        self._pending = (p, cols, a, nxt, new)
-        return a
-
-    def commit(self) -> tuple[int, int, int, int, Optional[dict]]:
-        """Move past the committed tokens. Returns the iteration's record: drafts judged g,
-        accepted a, the next token's kind (index into :data:`~lantern.engine.records.NEXT_KINDS`),
-        the next token and the draft columns ((g,) tensors, None when g = 0)."""
-        p, cols, a, nxt, new = self._pending
-        g = self.g
-        kind = 0 if g == 0 else (1 if a == g else 2)
-        drafts = _draft_columns(p[:g], self.window, cols, self.step) if g else None
-        self.window, self._pending = new, None
-        self.n += a + 1
-        return g, a, kind, nxt, drafts
+                S[b, j - 1] = d.categorical(s.p[b, j])
 
 
-def _draft_columns(p: torch.Tensor, window: _Window, cols: list, step: int) -> dict:
-    """Per-draft columns of one Jacobi step (g,): judged drafts carry their verdicts; drafts after
-    the first rejection were not judged (NaN verdict columns, ``accepted`` False)."""
-    g = p.shape[0]
-    nan = float("nan")
-    pad = lambda key, fill: [c[key] for c in cols] + [fill] * (g - len(cols))
-    qs = window.q[:g]  # None: a point mass (an initialised draft)
-    q_top1 = torch.tensor([float(q.max()) if q is not None else 1.0 for q in qs], dtype=torch.float64)
-    toks = torch.tensor(window.tokens[:g], dtype=torch.long)
-    q_draft = torch.tensor(
-        [float(q[t]) if q is not None else 1.0 for q, t in zip(qs, window.tokens[:g])], dtype=torch.float64
-    )
-    p_cpu = p.detach().double().cpu()
-    f = lambda key: torch.tensor(pad(key, nan), dtype=torch.float64)
-    return dict(
-        token=toks,
-        p_draft=p_cpu.gather(-1, toks[:, None])[:, 0],
-        q_draft=q_draft,
-        p_tilde=f("p_tilde"),
-        j_star=torch.tensor(pad("j_star", 0), dtype=torch.long),
-        spent=f("spent"),
-        accept_prob=f("accept_prob"),
-        u=f("u"),
-        accepted=torch.tensor(pad("accepted", False)),
-        p_top1=top1_prob(p_cpu),
-        p_entropy=entropy(p_cpu),
-        q_top1=q_top1,
-        proposed_step=torch.tensor(window.proposed[:g], dtype=torch.long),
-    )
+def _advance(m: Jacobi, st: BatchState, s: _Step, win: _Windows, a, S, keep, top1) -> None:
+    """The next window: this forward's samples at positions ``n + a + 1 .. n + g`` with ``q = p``
+    there (``maximal-official``: a kept draft keeps its old q), proposed by this step."""
+    B, T, V = s.p.shape
+    W = win.tok.shape[1]
+    jc = (a[:, None] + 1 + torch.arange(W, device=st.device)).clamp(max=T - 1)  # (B, W) positions in p
+    rows = (torch.arange(B, device=st.device)[:, None] * T + jc).reshape(-1)
+    tok = S.gather(1, (jc - 1).clamp(min=0, max=max(T - 2, 0))) if T > 1 else win.tok
+    q = s.p.reshape(B * T, V).index_select(0, rows).view(B, W, V)
+    point = torch.zeros_like(win.point)
+    q_top1 = top1.gather(1, jc)
+    if m.config.coupling == "maximal-official" and T > 1:
+        wc = jc.clamp(max=W - 1)
+        kept = keep.gather(1, (jc - 1).clamp(max=T - 2)) & (jc < s.g[:, None])
+        old = win.q.reshape(B * W, V).index_select(0, (torch.arange(B, device=st.device)[:, None] * W + wc).reshape(-1))
+        q = torch.where(kept[..., None], old.view(B, W, V), q)
+        point = kept & win.point.gather(1, wc)
+        q_top1 = torch.where(kept, win.q_top1.gather(1, wc), q_top1)
+    win.tok, win.q, win.point, win.q_top1 = tok, q, point, q_top1
+    win.proposed = torch.as_tensor(st.step, device=st.device)[:, None].expand(B, W).clone()
+
+
+def _commit(st: BatchState, drafts: torch.Tensor, a: torch.Tensor, nxt: torch.Tensor) -> None:
+    """Write every slot's accepted drafts and next token (``x_n .. x_{n+a}``) into st.tokens."""
+    T = drafts.shape[1] + 1
+    ar = torch.arange(T, device=st.device)
+    cand = torch.cat([drafts, nxt[:, None]], 1).scatter(1, a[:, None], nxt[:, None])
+    at = torch.as_tensor(st.n, device=st.device)[:, None] + ar
+    st.tokens.scatter_(1, at, torch.where(ar[None, :] <= a[:, None], cand, st.tokens.gather(1, at)))
+
+
+def _to_host(s: _Step, a, nxt, win_proposed, win_q_top1, top1) -> dict:
+    """The step's accepted lengths, next tokens and kinds and its (B, gmax) draft columns (judged
+    drafts, up to the first rejection, carry their verdicts; later ones NaN, ``j_star`` 0,
+    ``accepted`` False) as numpy arrays, moved to the CPU in one transfer."""
+    B, gmax = s.ok.shape
+    kind = torch.where(s.g == 0, 0, torch.where(a == s.g, 1, 2))
+    parts = [torch.stack([a, nxt, kind], 1).double()]
+    if gmax:
+        j = torch.arange(gmax, device=a.device)
+        judged = (j <= a[:, None]) & (j < s.g[:, None])
+        nan = lambda x: torch.where(judged, x.double(), float("nan"))
+        pj = s.p[:, :gmax]
+        draft = {
+            "token": s.drafts.tokens,
+            "p_draft": pj.gather(-1, s.drafts.tokens[..., None])[..., 0],
+            "q_draft": s.drafts.q_draft(),
+            "p_tilde": nan(s.cols["p_tilde"]),
+            "j_star": torch.where(judged, s.cols["j_star"], 0),
+            "spent": nan(s.cols["spent"]),
+            "accept_prob": nan(s.cols["accept_prob"]),
+            "u": nan(s.u_coin),
+            "accepted": s.ok & judged,
+            "p_top1": top1[:, :gmax],
+            "p_entropy": entropy(pj),
+            "q_top1": win_q_top1[:, :gmax],
+            "proposed_step": win_proposed[:, :gmax],
+        }
+        parts += [x.double() for x in draft.values()]
+    flat = torch.cat([x.reshape(B, -1) for x in parts], 1).cpu().numpy()
+    host = {name: flat[:, i].astype(np.int64) for i, name in enumerate(("a", "next", "kind"))}
+    for i, name in enumerate(("token", *CHAIN_VALUES, "proposed_step") if gmax else ()):
+        host[name] = flat[:, 3 + i * gmax : 3 + (i + 1) * gmax]
+    return host
 
 
 class Jacobi(Method):
-    """SJD, GSD or SCD on the engine (module docstring): every slot's window in one target forward.
+    """SJD, GSD, SCD or entropy-aware SJD on the engine (module docstring): every slot's window
+    in one target forward, verified in one tensor pass.
 
     Image ``b`` at ``n_b`` committed tokens feeds ``[x_{n_b-1}, d_{n_b} .. d_{n_b+g_b-1}]`` at its
     own cache slots and positions (rows padded to the longest window, padding never seen) and
-    commits its own accepted prefix ``a_b + 1``. Acceptance, residual / bonus tokens and the next
-    drafts are the per-image steps of :class:`_Image` on the image's rows of the batched
-    distribution, drawn from the image's own stream (or its scripted :class:`Draws`).
+    commits its own accepted prefix ``a_b + 1``. The rule (:data:`lantern.rules.jacobi.JACOBI_RULES`)
+    judges all (B, g) drafts at once; coins, the accepted prefix (cumulative product), the
+    residual / bonus token, the next drafts of every position and the record columns are tensor
+    operations, with one host transfer per step. Each slot draws its uniforms from its image's own
+    stream (:func:`draw_counts`), or, scripted, from its :class:`~lantern.engine.slots.Draws`.
 
     config: the :class:`~lantern.methods.jacobi.config.JacobiConfig`; model: the target (GSD's
     embedding-distance filter reads its input embeddings); pairs: a list that receives ``(p, q)``
@@ -325,59 +478,65 @@ class Jacobi(Method):
     """
 
     def __init__(self, config: JacobiConfig, model: TokenModel, pairs: Optional[list] = None):
-        self.config, self.pairs = config, pairs
+        self.config, self.pairs, self.rule = config, pairs, JACOBI_RULES[config.method]
         self.name, self.depth, self.spare = config.method, int(config.window) - 1, int(config.window)
         self.emb = model.input_embeddings() if config.method == "gsd" and config.distance is not None else None
-        self.images: dict[int, _Image] = {}  # slot -> the image it decodes
+        self.gumbel = config.method == "scd" and config.coupling == "gumbel"
+        self.maximal = config.method == "scd" and config.coupling.startswith("maximal")
+        self.width = int(tuple(getattr(model, "grid", (1, model.num_tokens)))[-1])
+        self.win: Optional[_Windows] = None
+
+    def open(self, st: BatchState) -> None:
+        self.win = None  # allocated at the first admission (the distribution's dtype and V)
 
     def start(self, st: BatchState, slots: list[int], p0: torch.Tensor) -> torch.Tensor:
-        for r, s in enumerate(slots):
-            gen = st.streams.gens[s]
-            draws = st.streams.scripted[s] or GeneratorDraws(gen, st.device)
-            img = _Image(st.model, st.sampling, self.config, st.N, draws, gen, int(st.image[s]), self.emb, self.pairs)
-            img.start(p0[r])
-            self.images[s] = img
-        return torch.tensor([self.images[s].tokens[0] for s in slots], dtype=torch.long, device=st.device)
+        gumbel = self.gumbel and not st.sampling.greedy
+        if self.win is None:
+            self.win = _new_windows(st.B, self.depth, p0.shape[-1], p0, gumbel)
+        self.win.length[slots], self.win.noised[slots] = 0, 0
+        if not gumbel:
+            return super().start(st, slots, p0)
+        _draw_noise(st, self.win, np.zeros(st.B, dtype=np.int64), slots)
+        noise = self.win.noise[torch.as_tensor(slots, device=st.device), 0]
+        return gumbel_max(p0, noise)
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
-        live = np.flatnonzero(active).tolist()
+        win, greedy = self.win, st.sampling.greedy
+        g = np.where(active, np.minimum(self.depth, st.N - 1 - st.n), 0)
+        live = np.flatnonzero(active)
         with st.timer("acceptance"):
-            fed = {b: self.images[b].prepare() for b in live}
-            vin = torch.zeros(st.B, max(len(x) for x in fed.values()), dtype=torch.long)
-            for b, x in fed.items():
-                vin[b, : len(x)] = torch.tensor(x)
+            U, k_init = _top_up(st, win, g, active, self.config, self.width, greedy)
+            if win.noise is not None:
+                _draw_noise(st, win, st.n + g, live)
+            vin = torch.cat([st.tokens.gather(1, torch.as_tensor(st.n - 1, device=st.device)[:, None]), win.tok], 1)
         with st.timer("target"):
-            out = verify_chains(st.model, st.cache, vin.to(st.device), st.n, st.N, st.guided)
+            out = verify_chains(st.model, st.cache, vin[:, : int(g.max()) + 1], st.n, st.N, st.guided)
         with st.timer("acceptance"):
-            p = st.target(out.logits)  # (B, T, V)
-            for b in live:
-                self.images[b].verify(p[b, : len(fed[b])])
-        return self._commit(st, live)
+            p = st.target(out.logits)  # (B, gmax + 1, V)
+            s = _judge(self, st, p, win, g, U, k_init)
+            a, nxt = _next_token(self, st, s, win)
+            S, keep = _samples(self, st, s, win, a)
+            _commit(st, s.drafts.tokens, a, nxt)
+            top1 = top1_prob(p)
+            proposed, q_top1 = win.proposed, win.q_top1
+            _advance(self, st, s, win, a, S, keep, top1)
+            host = _to_host(s, a, nxt, proposed, q_top1, top1)  # the step's one host transfer
+        win.length = np.where(active, g - host["a"], 0)
+        if self.pairs is not None:
+            self._keep_pairs(s, host, live)
+        cols = None
+        if g.max():
+            values = {c: host[c][live] for c in host if c not in ("a", "kind", "next")}
+            cols = chain_rows(values, st.image[live], st.step[live], st.n[live], g[live], host["a"][live])
+        return Round(host["a"], g, host["kind"], host["next"], np.zeros(st.B, dtype=np.int64), cols)
 
-    def _commit(self, st: BatchState, live: list[int]) -> Round:
-        """Every live image's iteration record, its committed tokens written into st.tokens."""
-        B = st.B
-        a, g, kind, nxt = (np.zeros(B, dtype=np.int64) for _ in range(4))
-        cols = {}
+    def _keep_pairs(self, s: _Step, host: dict, live) -> None:
+        """``(p, q)`` of every judged draft, float32 on the CPU (for the distortion measurements)."""
+        q = s.drafts.q_full()
         for b in live:
-            img = self.images[b]
-            n = img.n
-            g[b], a[b], kind[b], nxt[b], cols[b] = img.commit()
-            st.tokens[b, n : n + a[b] + 1] = torch.tensor(img.tokens[n : n + a[b] + 1], device=st.device)
-        drafts = None
-        width = int(g.max())
-        if width:
-            host = {c: np.zeros((len(live), width)) for c in ("token", "proposed_step", *CHAIN_VALUES)}
-            for r, b in enumerate(live):
-                for c, v in (cols[b] or {}).items():
-                    host[c][r, : len(v)] = v.numpy()
-            lv = np.asarray(live)
-            drafts = chain_rows(host, st.image[lv], st.step[lv], st.n[lv], g[lv], a[lv])
-        return Round(a, g, kind, nxt, np.zeros(B, dtype=np.int64), drafts)
-
-    def release(self, st: BatchState, slots) -> None:
-        for s in slots:
-            self.images.pop(int(s), None)
+            for j in range(min(int(host["a"][b]) + 1, int(s.g[b]))):
+                self.pairs.append((s.p[b, j].float().cpu(), q[b, j].float().cpu()))
 
     def compact(self, st: BatchState, live: np.ndarray, rows: torch.Tensor) -> None:
-        self.images = {new: self.images[int(old)] for new, old in enumerate(live) if int(old) in self.images}
+        if self.win is not None:
+            self.win.select(live)
