@@ -38,7 +38,7 @@ from ambiguity.sampling import Generators, expand_rows, pick
 from ambiguity.stats import entropy, top1_prob
 from lantern.drafter.model import DraftModel
 from lantern.engine.method import Method, Round
-from lantern.engine.records import CHAIN_VALUES, chain_rows
+from lantern.engine.records import ChainDrafts
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.engine.steps import Timer
 from lantern.methods.drafting import draft_chains
@@ -201,13 +201,13 @@ class Chain(Method):
                 choose=lambda probs: st.streams.categorical(probs, range(st.B)),
             )
             _commit(st, drafts, res, out.hidden)
-        host = _to_host(res, p, q, drafts, gmax, greedy)  # the step's one host transfer
-        live = np.flatnonzero(active)
+        host = torch.stack([res.accepted, res.next_token, res.next_kind]).cpu().numpy()  # the step's one host transfer
         cols = None
         if gmax:
-            values = {c: host[c][live] for c in host if c not in ("a", "kind", "next")}
-            cols = chain_rows(values, st.image[live], st.step[live], n[live], g[live], host["a"][live])
-        return Round(host["a"], g, host["kind"], host["next"], None, cols)
+            live = np.flatnonzero(active)
+            values = _draft_values(res, p, q, drafts, gmax)
+            cols = ChainDrafts(values, live, st.image[live], st.step[live], n[live], g[live], host[0][live])
+        return Round(host[0], g, host[2], host[1], None, cols)
 
 
 def _verify(st: BatchState, drafts: torch.Tensor) -> Step:
@@ -230,45 +230,36 @@ def _uniforms_of(st: BatchState, p, q, drafts, g) -> torch.Tensor:
 
 def _commit(st: BatchState, drafts: torch.Tensor, res: Acceptance, hidden: torch.Tensor) -> None:
     """Write every slot's accepted drafts and next token (``x_n..x_{n+a}``) into st.tokens and
-    the target features ``h_{n-1}..h_{n+a-1}`` of what was kept into st.feats, in place."""
-    T, H, guided = drafts.shape[1] + 1, st.H, st.guided
-    a = res.accepted
-    ar = torch.arange(T, device=st.device)
-    keep = ar[None, :] <= a[:, None]  # committed: the accepted drafts and the next token
-    cand = torch.cat([drafts, res.next_token[:, None]], 1).scatter(1, a[:, None], res.next_token[:, None])
-    at = torch.as_tensor(st.n, device=st.device)[:, None] + ar
-    st.tokens.scatter_(1, at, torch.where(keep, cand, st.tokens.gather(1, at)))
-    at_r, keep_r = expand_rows(at, guided)[..., None].expand(-1, -1, H), expand_rows(keep, guided)[..., None]
-    st.feats.scatter_(1, at_r, torch.where(keep_r, hidden, st.feats.gather(1, at_r)))
+    the target features ``h_{n-1}..h_{n+a-1}`` of what was kept into st.feats, in place.
+
+    The whole verified width is written (positions ``n_b .. n_b + max γ``): what lies past a slot's
+    ``n_b + a_b`` is never read (a round reads committed positions only) and the next round
+    overwrites it from its new ``n_b`` on."""
+    a, T = res.accepted, drafts.shape[1] + 1
+    cand = torch.cat([drafts, res.next_token[:, None]], 1).scatter_(1, a[:, None], res.next_token[:, None])
+    at = torch.as_tensor(st.n, device=st.device)[:, None] + torch.arange(T, device=st.device)
+    st.tokens.scatter_(1, at, cand)
+    st.feats.scatter_(1, expand_rows(at, st.guided)[..., None].expand(-1, -1, st.H), hidden)
 
 
-def _to_host(res, p, q, drafts, gmax: int, greedy: bool) -> dict:
-    """The step's accepted lengths, next tokens and kinds and its (B, γ) draft columns as numpy
-    arrays, moved to the CPU in one transfer."""
-    cols = [res.accepted, res.next_token, res.next_kind]
-    names = ["a", "next", "kind"]
-    B = drafts.shape[0]
-    parts = [torch.stack(cols, 1).double()]
-    if gmax:
-        v, pg = res.verdict, p[:, :gmax]
-        u = res.u if res.u is not None else torch.full_like(v.p_draft, float("nan"))
-        draft = {
-            "token": drafts,
-            "p_draft": v.p_draft,
-            "q_draft": q.gather(-1, drafts[..., None])[..., 0],
-            "p_tilde": v.p_tilde,
-            "j_star": v.j_star,
-            "spent": v.spent,
-            "accept_prob": v.accept_prob,
-            "u": u,
-            "accepted": v.accepted,
-            "p_top1": top1_prob(pg),
-            "p_entropy": entropy(pg),
-            "q_top1": top1_prob(q),
-        }
-        parts += [x.double() for x in draft.values()]
-    flat = torch.cat([x.reshape(B, -1) for x in parts], 1).cpu().numpy()
-    host = {name: flat[:, i].astype(np.int64) for i, name in enumerate(names)}
-    for i, name in enumerate(["token", *CHAIN_VALUES] if gmax else []):
-        host[name] = flat[:, 3 + i * gmax : 3 + (i + 1) * gmax]
-    return host
+def _draft_values(res, p, q, drafts, gmax: int) -> torch.Tensor:
+    """The step's draft columns (:data:`lantern.engine.records.CHAIN_COLUMNS`) as one (B, columns, γ)
+    tensor (the token, j* and the verdict stored exactly as floats; u NaN when greedy)."""
+    v, pg = res.verdict, p[:, :gmax]
+    u = res.u if res.u is not None else torch.full_like(v.p_draft, float("nan"))
+    cols = [
+        drafts,
+        v.p_draft,
+        q.gather(-1, drafts[..., None])[..., 0],
+        v.p_tilde,
+        v.j_star,
+        v.spent,
+        v.accept_prob,
+        u,
+        v.accepted,
+        top1_prob(pg),
+        entropy(pg),
+        top1_prob(q),
+    ]
+    dtype = torch.float64 if any(c.dtype == torch.float64 for c in cols) else v.p_draft.dtype
+    return torch.stack([c.to(dtype) for c in cols], 1)

@@ -50,10 +50,11 @@ def draft_chains(st: BatchState, n, d, g) -> tuple[torch.Tensor, torch.Tensor]:
     each row's last real output drafts ``x̂_{n_b}``); row b draws only its first ``g_b`` drafts
     from its stream. Returns drafts (B, max g) int64 and q (B, max g, V)."""
     dev, B, guided = st.device, st.B, st.guided
-    gmax = int(g.max())
+    gmax, top = int(g.max()), int(n.max())
     f = pending_features(st, n, d, g > 0)
-    ar = torch.arange(gmax + int(n.max()) + 1, device=dev)
-    n_t = torch.as_tensor(n, device=dev)
+    at = torch.as_tensor(n, device=dev)[:, None] + torch.arange(gmax, device=dev)  # (B, γ): step j writes at[:, j]
+    vis = torch.arange(top + gmax, device=dev)[None, None, :] <= at[:, :, None]  # (B, γ, top + γ)
+    at_r, pos_r, vis_r = expand_rows(at, guided), expand_rows(at.clamp(max=st.N - 1), guided), expand_rows(vis, guided)
     xs, qs = [], []
     for j in range(gmax):
         q = st.target(st.drafter.logits(st.model, f)[:, -1])  # (B, V)
@@ -61,15 +62,14 @@ def draft_chains(st: BatchState, n, d, g) -> tuple[torch.Tensor, torch.Tensor]:
         xs.append(x)
         qs.append(q)
         if j + 1 < gmax:
-            at = (n_t + j)[:, None]
-            vis = ar[None, None, : int(n.max()) + j + 1] <= at[:, :, None]
+            s = slice(j, j + 1)
             f = st.drafter.forward_slots(
                 st.model,
                 expand_rows(x, guided)[:, None],
                 f,
                 st.dcache,
-                expand_rows(at, guided),
-                expand_rows(at.clamp(max=st.N - 1), guided),
-                expand_rows(vis, guided),
+                at_r[:, s],
+                pos_r[:, s],
+                vis_r[:, s, : top + j + 1],
             )
     return torch.stack(xs, 1), torch.stack(qs, 1)
