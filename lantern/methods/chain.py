@@ -38,6 +38,7 @@ from ambiguity.sampling import Generators, expand_rows, pick
 from ambiguity.stats import entropy, top1_prob
 from lantern.drafter.model import DraftModel
 from lantern.engine.method import Method, Round
+from lantern.engine.policy import GammaPolicy
 from lantern.engine.records import ChainDrafts
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.engine.steps import Timer
@@ -162,26 +163,47 @@ class Chain(Method):
 
     rule: the :class:`~lantern.rules.acceptance.AcceptanceRule`; gamma: γ >= 1; drafter: a
     :class:`~lantern.drafter.model.DraftModel` with ``forward_slots``; table: the (V, K) int64
-    neighbour table prepared by :meth:`AcceptanceRule.prepare_table` (None for ``sd``).
+    neighbour table prepared by :meth:`AcceptanceRule.prepare_table` (None for ``sd``); policy: a
+    :class:`lantern.engine.policy.GammaPolicy` (``gamma="auto"``): each round it picks the chain
+    length in ``0..gamma`` (0: a plain AR step) and may stop drafting early; None: always γ.
     """
 
-    def __init__(self, rule: AcceptanceRule, gamma: int, drafter: DraftModel, table: Optional[torch.Tensor]):
-        self.rule, self.gamma, self.drafter, self.table = rule, int(gamma), drafter, table
+    def __init__(
+        self,
+        rule: AcceptanceRule,
+        gamma: int,
+        drafter: DraftModel,
+        table: Optional[torch.Tensor],
+        policy: Optional[GammaPolicy] = None,
+    ):
+        self.rule, self.gamma, self.drafter, self.table, self.policy = rule, int(gamma), drafter, table, policy
         self.name, self.depth, self.spare, self.convention = rule.method, self.gamma, self.gamma + 1, rule.convention
 
     def open(self, st: BatchState) -> None:
         st.drafter, st.rule, st.table = self.drafter, self.rule, self.table
         st.dcache = self.drafter.new_cache(st.rows, self.gamma + 1)
+        if self.policy is not None:
+            self.policy.open(st.model, self.drafter, st.sampling, st.B)
+            st.p_stats = np.zeros((st.B, 2))
+
+    def start(self, st: BatchState, slots: list[int], p0: torch.Tensor) -> torch.Tensor:
+        if self.policy is not None:
+            st.p_stats[slots] = _host_stats(p0)
+        return super().start(st, slots, p0)
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
         n, timer, greedy = st.n, st.timer, st.sampling.greedy
-        g = np.where(active, np.minimum(self.gamma, st.N - 1 - n), 0)
-        gmax = int(g.max())
-        drafts, q = st.tokens.new_zeros(st.B, gmax), None
-        if gmax:
+        caps = np.where(active, np.minimum(self.gamma, st.N - 1 - n), 0)
+        g, go_on = caps, None
+        if self.policy is not None:
+            g, go_on = _policy_lengths(self.policy, st, active, caps)
+        drafts, q = st.tokens.new_zeros(st.B, 0), None
+        if g.max():
             with timer("drafter"):
-                drafts, q = draft_chains(st, n, st.d, g)
+                drafts, q = draft_chains(st, n, st.d, g, go_on)
+            g = np.minimum(g, drafts.shape[1])  # the policy may stop drafting early
             st.d = np.where(g > 0, n, st.d)
+        gmax = drafts.shape[1]
         with timer("target"):
             out = _verify(st, drafts)
         with timer("acceptance"):
@@ -201,13 +223,49 @@ class Chain(Method):
                 choose=lambda probs: st.streams.categorical(probs, range(st.B)),
             )
             _commit(st, drafts, res, out.hidden)
-        host = torch.stack([res.accepted, res.next_token, res.next_kind]).cpu().numpy()  # the step's one host transfer
+        a, nxt, kind = _to_host(st, res, p, self.policy is not None)  # the step's one host transfer
         cols = None
         if gmax:
             live = np.flatnonzero(active)
             values = _draft_values(res, p, q, drafts, gmax)
-            cols = ChainDrafts(values, live, st.image[live], st.step[live], n[live], g[live], host[0][live])
-        return Round(host[0], g, host[2], host[1], None, cols)
+            cols = ChainDrafts(values, live, st.image[live], st.step[live], n[live], g[live], a[live])
+        return Round(a, g, kind, nxt, None, cols)
+
+
+def _host_stats(p: torch.Tensor) -> np.ndarray:
+    """(top-1 probability, entropy) of each row of p (k, V) as a (k, 2) float64 host array."""
+    return torch.stack([top1_prob(p), entropy(p)], 1).double().cpu().numpy()
+
+
+def _policy_lengths(policy: GammaPolicy, st: BatchState, active: np.ndarray, caps: np.ndarray):
+    """The policy's draft lengths of a round (B,) int64 (0 for every slot: a plain AR step) and the
+    drafting loop's stopping rule ``go_on(j, q)`` (:meth:`GammaPolicy.go_on`, on the live slots)."""
+    live = np.flatnonzero(active)
+    stats, lcaps = st.p_stats[live], caps[live]
+    if policy.plan(stats, lcaps, st.rows) == 0:
+        return np.zeros_like(caps), None
+    tops = []
+
+    def go_on(j: int, q: torch.Tensor) -> bool:
+        tops.append(top1_prob(q[torch.as_tensor(live, device=q.device)]).double().cpu().numpy())
+        return policy.go_on(stats, np.stack(tops, 1), lcaps, st.rows)
+
+    return caps, go_on
+
+
+def _to_host(st: BatchState, res: Acceptance, p: torch.Tensor, stats: bool):
+    """The accepted lengths, next tokens and kinds (B,) int64 numpy, in one transfer; with
+    ``stats``, also each slot's (top-1, entropy) of the distribution its next token came from,
+    into ``st.p_stats`` (the policy's input for the next round)."""
+    cols = torch.stack([res.accepted, res.next_token, res.next_kind])
+    if not stats:
+        a, nxt, kind = cols.cpu().numpy()
+        return a, nxt, kind
+    last = p[torch.arange(p.shape[0], device=p.device), res.accepted]  # (B, V)
+    host = torch.cat([cols.double(), top1_prob(last).double()[None], entropy(last).double()[None]]).cpu().numpy()
+    st.p_stats = host[3:].T.copy()
+    a, nxt, kind = host[:3].astype(np.int64)
+    return a, nxt, kind
 
 
 def _verify(st: BatchState, drafts: torch.Tensor) -> Step:

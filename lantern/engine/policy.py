@@ -1,0 +1,348 @@
+"""The draft-length policy of chains (``gamma="auto"``): each round, how many tokens to draft.
+
+A chain of ``G`` drafts commits, per image, the accepted prefix and one more token; with
+per-position acceptance probabilities ``a_1, a_2, ..`` the expected accepted drafts are
+``sum_{j<=G} prod_{i<=j} a_i`` (a chain stops at its first rejection; Leviathan et al. 2023,
+Sec. 3.5, for constant ``a``). The round costs one target forward over ``rows x (1 + G)`` tokens
+and ``G`` drafter steps (:class:`CostModel`). :class:`GammaPolicy` picks the ``G`` that maximises
+expected committed tokens per second of the round, for all images of the round at once: the
+verify forward pads every chain to the longest, so a shorter chain for one image saves nothing
+(image ``b`` drafts ``min(G, N - 1 - n_b)``). ``G = 0`` is a plain AR step (no drafter step).
+
+Before drafting, ``a`` comes from the target's last distribution of each image (its top-1
+probability and entropy, :class:`AcceptancePredictor`, with the drafter's mean top-1 for the
+draft not drawn yet); while drafting, each draft's own ``q`` top-1 refines it and the survival
+probability ``prod a_i`` so far: drafting stops as soon as no longer chain is expected to be
+worth its cost. The draft length depends only on the past and on the drafter's own proposals,
+never on the verification of them, so a lossless rule stays exactly lossless (tested by exact
+enumeration at δ = 0, ``tests/test_policy.py``).
+
+The cost model is measured on the device in use by a few timed forwards (target forward and
+the distribution of its logits; drafter step, head and distribution) and cached per (model,
+dtype, device, threads) as JSON under :func:`default_cache_dir`; the acceptance predictor is a
+logistic fit to a drafter's recorded acceptance (the draft records' ``p_top1``, ``p_entropy``,
+``q_top1``, ``accepted``) shipped next to the drafter (:func:`predictor_path`), rebuilt by
+
+    python -m lantern.calibrate --model embedded-16
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ambiguity.errors import UsageError
+
+__all__ = [
+    "AcceptancePredictor",
+    "CostModel",
+    "GammaPolicy",
+    "cost_model",
+    "default_cache_dir",
+    "expected_accepted",
+    "survival_table",
+    "fit_predictor",
+    "load_predictor",
+    "measure_costs",
+    "predictor_path",
+    "save_predictor",
+]
+
+FEATURES = ("p_top1", "p_entropy", "q_top1")  # the predictor's inputs (draft-record columns)
+
+
+# --------------------------------------------------------------------------- acceptance
+@dataclass(frozen=True)
+class AcceptancePredictor:
+    """P(a draft is accepted) = sigmoid(w0 + w1 p_top1 + w2 p_entropy + w3 q_top1) (logistic).
+
+    weights: the 4 coefficients; q_mean: the drafter's mean top-1 probability (the value used for
+    a draft not drawn yet); info: what it was fitted on (rule, sampling, drafts, accuracy).
+    """
+
+    weights: tuple[float, float, float, float]
+    q_mean: float
+    info: Optional[dict] = None
+
+    def prob(self, p_top1, p_entropy, q_top1) -> np.ndarray:
+        """Acceptance probability for arrays of equal (broadcastable) shape -> float64 array in (0, 1)."""
+        w = self.weights
+        z = w[0] + w[1] * np.asarray(p_top1) + w[2] * np.asarray(p_entropy) + w[3] * np.asarray(q_top1)
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+
+
+def fit_predictor(drafts: dict, info: Optional[dict] = None, iterations: int = 50) -> AcceptancePredictor:
+    """Logistic regression of the draft records' ``accepted`` on :data:`FEATURES` (Newton's
+    method, a 1e-6 jitter on the Hessian; reached drafts only: a draft after a rejection was never judged).
+
+    drafts: columns of a decode's drafts table (``reached``, ``accepted`` and the features).
+    Raises UsageError when no draft was reached or the outcomes are all equal.
+    """
+    reached = np.asarray(drafts["reached"], dtype=bool)
+    y = np.asarray(drafts["accepted"], dtype=np.float64)[reached]
+    if y.size == 0 or y.min() == y.max():
+        raise UsageError(
+            f"cannot calibrate acceptance on {y.size} reached drafts of a single outcome; decode more images"
+        )
+    X = np.column_stack([np.ones_like(y)] + [np.asarray(drafts[c], dtype=np.float64)[reached] for c in FEATURES])
+    w = np.zeros(X.shape[1])
+    for _ in range(iterations):
+        mu = 1.0 / (1.0 + np.exp(-np.clip(X @ w, -30.0, 30.0)))
+        hess = (X * (mu * (1 - mu))[:, None]).T @ X + 1e-6 * np.eye(X.shape[1])
+        step = np.linalg.solve(hess, X.T @ (y - mu))
+        w += step
+        if np.abs(step).max() < 1e-10:
+            break
+    q_mean = float(np.mean(np.asarray(drafts["q_top1"], dtype=np.float64)[reached]))
+    return AcceptancePredictor(tuple(float(x) for x in w), q_mean, info)
+
+
+def predictor_path(model_name: str) -> Path:
+    """The predictor shipped with the drafter of ``model_name``: ``lantern/weights/<name>_drafter_acceptance.json``."""
+    from lantern.drafter.model import shipped_drafter_path
+
+    p = shipped_drafter_path(model_name)
+    return p.with_name(p.name.removesuffix(".safetensors") + "_acceptance.json")
+
+
+def _rebuild_hint(model_name: str) -> str:
+    return f"rebuild it with: python -m lantern.calibrate --model {model_name}"
+
+
+def load_predictor(path: str | Path, model_name: str) -> AcceptancePredictor:
+    """Read a predictor JSON (:func:`save_predictor`). Raises UsageError (one line naming the file
+    and the command that rebuilds it) when it is missing or unreadable."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+        return AcceptancePredictor(tuple(float(x) for x in d["weights"]), float(d["q_mean"]), d.get("info"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = "is missing" if isinstance(e, FileNotFoundError) else f"is unreadable ({type(e).__name__})"
+        raise UsageError(f"the acceptance predictor {path} {why}; {_rebuild_hint(model_name)}") from None
+
+
+def save_predictor(pred: AcceptancePredictor, path: str | Path) -> Path:
+    """Write ``pred`` as JSON (weights, q_mean, info) to ``path``; returns the path."""
+    path = Path(path)
+    path.write_text(json.dumps({"weights": list(pred.weights), "q_mean": pred.q_mean, "info": pred.info}, indent=1))
+    return path
+
+
+def survival_table(survival: np.ndarray, a_next: np.ndarray, width: int) -> np.ndarray:
+    """P(drafts 1..j all accepted) for j = 1..width (B, width) float64: the known ``survival``
+    (B, have) (``have <= width``), then each later draft passing with ``a_next`` (B,)."""
+    have = survival.shape[1]
+    last = survival[:, -1] if have else np.ones(len(a_next))
+    later = last[:, None] * a_next[:, None] ** np.arange(1, width - have + 1)[None, :]
+    return np.concatenate([survival, later], 1)
+
+
+def expected_accepted(table: np.ndarray, G: np.ndarray) -> np.ndarray:
+    """Expected accepted drafts ``sum_{j<=G_b} P(drafts 1..j all accepted)`` (B,) float64 of chains
+    of ``G`` (B,) int64 drafts, from a :func:`survival_table` (B, width >= max G)."""
+    sums = np.concatenate([np.zeros((len(table), 1)), np.cumsum(table, 1)], 1)
+    return sums[np.arange(len(table)), G]
+
+
+# --------------------------------------------------------------------------- cost
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds of one round's parts as a function of model rows x tokens per row, linear fits
+    ``a + b * rows * tokens`` (non-negative): ``target`` (one verify forward and the distribution
+    of its logits) and ``drafter`` (one drafter step: forward, head, distribution, draw)."""
+
+    target: tuple[float, float]
+    drafter: tuple[float, float]
+
+    def target_s(self, rows: int, tokens: int) -> float:
+        return self.target[0] + self.target[1] * rows * tokens
+
+    def drafter_s(self, rows: int, tokens: int = 1) -> float:
+        return self.drafter[0] + self.drafter[1] * rows * tokens
+
+    def round_s(self, rows: int, G: int, pending: int = 2) -> float:
+        """One round of ``G`` drafts: the verify over ``1 + G`` tokens a row, the drafter's first
+        forward over ``pending`` positions and ``G - 1`` single steps (none when ``G = 0``)."""
+        if G == 0:
+            return self.target_s(rows, 1)
+        return self.target_s(rows, 1 + G) + self.drafter_s(rows, pending) + (G - 1) * self.drafter_s(rows, 1)
+
+
+def _fit(points: dict) -> tuple[float, float]:
+    """Least squares ``s = a + b x`` over {"rows,tokens": seconds} with x = rows * tokens, a, b >= 0."""
+    x = np.array([np.prod([int(v) for v in k.split(",")]) for k in points], dtype=np.float64)
+    s = np.array(list(points.values()), dtype=np.float64)
+    if len(set(x.tolist())) < 2:
+        return float(s.mean()), 0.0
+    b, a = np.polyfit(x, s, 1)
+    if b < 0:
+        return float(s.mean()), 0.0
+    if a < 0:
+        return 0.0, float((x @ s) / (x @ x))
+    return float(a), float(b)
+
+
+def default_cache_dir() -> Path:
+    """Where measured costs are cached: ``$LANTERN_AMBIGUITY_CACHE/costs``, else
+    ``$XDG_CACHE_HOME`` (default ``~/.cache``) ``/lantern-ambiguity/costs`` (the convention of
+    :func:`ambiguity.neighbourhood.default_cache_dir`)."""
+    if os.environ.get("LANTERN_AMBIGUITY_CACHE"):
+        return Path(os.environ["LANTERN_AMBIGUITY_CACHE"]).expanduser() / "costs"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "lantern-ambiguity" / "costs"
+
+
+def _timed(fns: dict, repeats: int = 7) -> dict:
+    """{key: least seconds of ``fn()``} over ``repeats`` rounds that call every fn once each, after
+    one warm-up call (CUDA synchronised). Interleaved and the least: what the device needs,
+    without another process's burst landing on one setting only."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for fn in fns.values():
+        fn()
+    out = {key: float("inf") for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            out[key] = min(out[key], time.perf_counter() - t0)
+    return out
+
+
+@torch.no_grad()
+def _time_target(model, sampling, R: int, tokens: Sequence[int]) -> dict:
+    """{"rows,T": seconds} of the verify forward and its distribution for R images at mid-image."""
+    from lantern.engine.slots import verify_chains
+    from lantern.engine.steps import target_distribution
+
+    guided, N = sampling.guided, model.num_tokens
+    n, cache, fns = np.full(R, N // 2), model.new_slots_cache(R, guided, N, max(tokens)), {}
+    for T in tokens:
+        toks = torch.zeros(R, T, dtype=torch.long, device=model.device)
+
+        def fwd(toks=toks):
+            return target_distribution(verify_chains(model, cache, toks, n, N, guided).logits, sampling, guided)
+
+        fns[f"{R * (1 + guided)},{T}"] = fwd
+    return _timed(fns)
+
+
+@torch.no_grad()
+def _time_drafter(model, drafter, sampling, R: int) -> dict:
+    """{"rows,T": seconds} of one drafter step (forward over T = 1, 2 positions, head, distribution)."""
+    from lantern.engine.steps import target_distribution
+
+    guided, N, dev = sampling.guided, model.num_tokens, model.device
+    rows = R * (1 + guided)
+    dcache, fns = drafter.new_cache(rows, 2), {}
+    feats = torch.zeros(rows, 2, model.hidden_size, dtype=model.dtype, device=dev)
+    for T in (1, 2):
+        at = torch.full((rows, T), N // 2, device=dev) + torch.arange(T, device=dev)
+        vis = torch.arange(N // 2 + T, device=dev)[None, None, :] <= at[:, :, None]
+
+        def step(T=T, at=at, vis=vis):
+            f = drafter.forward_slots(model, at * 0, feats[:, :T], dcache, at, at, vis)
+            return target_distribution(drafter.logits(model, f[:, -1]), sampling, guided)
+
+        fns[f"{rows},{T}"] = step
+    return _timed(fns)
+
+
+def measure_costs(model, drafter, sampling, rows: Sequence[int], tokens: Sequence[int]) -> dict:
+    """Time the target's verify forward (with its distribution) and one drafter step on throwaway
+    slot caches: {"target": {"R,T": s}, "drafter": {"R,T": s}} for every ``R`` images in ``rows``
+    (recorded as model rows, ``R (1 + guided)``) and ``T`` tokens a row in ``tokens`` (the
+    drafter at T = 1 and 2). Positions sit mid-image (N // 2)."""
+    out = {"target": {}, "drafter": {}}
+    for R in rows:
+        out["target"].update(_time_target(model, sampling, R, tokens))
+        out["drafter"].update(_time_drafter(model, drafter, sampling, R))
+    return out
+
+
+def _cost_key(model, sampling) -> str:
+    dev = torch.device(model.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu{torch.get_num_threads()}"
+    flags = f"top{sampling.top_k}" if sampling.top_k else "full"
+    return f"{model.name}-{str(model.dtype).removeprefix('torch.')}-{name}-{flags}".replace("/", "_").replace(" ", "_")
+
+
+def cost_model(model, drafter, sampling, rows: int, gamma_max: int, cache_dir=None, cache: bool = True) -> CostModel:
+    """The :class:`CostModel` of ``model`` and ``drafter`` on their device for up to ``rows``
+    images: measured points read from ``<cache_dir>/<model>-<dtype>-<device>-<filter>.json``
+    (default :func:`default_cache_dir`); the points missing for these rows (1 and ``rows``
+    images) and tokens (1, 2 and ``1 + gamma_max``) are measured and added to the file."""
+    path = Path(cache_dir or default_cache_dir()) / f"{_cost_key(model, sampling)}.json"
+    points = {"target": {}, "drafter": {}}
+    if cache and path.is_file():
+        try:
+            points = json.loads(path.read_text())
+        except ValueError:
+            pass
+    want_rows = sorted({1, int(rows)})
+    want_t = sorted({1, 2, 1 + int(gamma_max)})
+    g = 1 + sampling.guided
+    missing = [R for R in want_rows if any(f"{R * g},{T}" not in points["target"] for T in want_t)]
+    if missing:
+        new = measure_costs(model, drafter, sampling, missing, want_t)
+        for part in ("target", "drafter"):
+            points[part].update(new[part])
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(points, indent=1))
+    return CostModel(_fit(points["target"]), _fit(points["drafter"]))
+
+
+# --------------------------------------------------------------------------- the policy
+class GammaPolicy:
+    """Per round, the number of drafts ``G`` in ``0..gamma_max`` that maximises expected committed
+    tokens per second (module docstring).
+
+    costs: a :class:`CostModel` (or None until :meth:`open` measures it); predictor: an
+    :class:`AcceptancePredictor`; gamma_max: the longest chain.
+    """
+
+    def __init__(self, predictor: AcceptancePredictor, gamma_max: int = 8, costs: Optional[CostModel] = None):
+        self.predictor, self.gamma_max, self.costs = predictor, int(gamma_max), costs
+
+    def open(self, model, drafter, sampling, rows: int) -> None:
+        """Measure (or read) the cost model for up to ``rows`` images once."""
+        if self.costs is None:
+            self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max)
+
+    def _best(self, survival: np.ndarray, a_next: np.ndarray, caps: np.ndarray, rows: int) -> int:
+        """argmax over G in have..max(caps) of expected committed tokens per second of the round
+        (each image drafts ``min(G, cap_b)``; ``have = survival.shape[1]`` drafts are already made)."""
+        have, top = survival.shape[1], int(caps.max())
+        table = survival_table(survival, a_next, top)
+        sums = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(table, 1)], 1)  # (k, top + 1): E at each G
+        G = np.arange(have, top + 1)
+        tokens = len(caps) + np.take_along_axis(sums, np.minimum(G[None, :], caps[:, None]), 1).sum(0)
+        seconds = np.array([self.costs.round_s(rows, int(x)) for x in G])
+        return have + int(np.argmax(tokens / seconds))
+
+    def plan(self, p_stats: np.ndarray, caps: np.ndarray, rows: int) -> int:
+        """The round's first choice of ``G`` from each live image's last target distribution:
+        p_stats (k, 2) float64 (top-1 probability, entropy); caps (k,) int64 the most drafts each
+        may take (``min(gamma_max, N - 1 - n_b)``); rows: model rows of the forward."""
+        a = self.predictor.prob(p_stats[:, 0], p_stats[:, 1], self.predictor.q_mean)
+        return self._best(np.zeros((len(caps), 0)), a, caps, rows)
+
+    def go_on(self, p_stats: np.ndarray, q_top1: np.ndarray, caps: np.ndarray, rows: int) -> bool:
+        """After ``j = q_top1.shape[1]`` drafting steps (q_top1 (k, j) the drafter's top-1 of each
+        draft): whether a longer chain is still expected to pay for itself."""
+        j = q_top1.shape[1]
+        if j >= int(caps.max()):
+            return False
+        a = self.predictor.prob(p_stats[:, :1], p_stats[:, 1:], q_top1)  # (k, j)
+        survival = np.cumprod(a, 1)
+        return self._best(survival, a[:, -1], caps, rows) > j

@@ -1,0 +1,182 @@
+"""The draft-length policy of chains (lantern.engine.policy, ``gamma="auto"``).
+
+* the expected accepted drafts of a chain and the policy's choice of G, hand-computed;
+* the acceptance predictor: a saturated logistic fit reproduces the observed acceptance rates,
+  and a missing file is one line naming the command that rebuilds it;
+* the cost model: a linear fit of hand-made points, cached as JSON (a second call measures nothing);
+* exact enumeration of the real engine with the policy active: at δ = 0 (and ``sd``) the joint
+  distribution of an image's tokens equals AR sampling (1e-12), with rounds of every length
+  0..γ_max (plain AR steps, early stops and full chains).
+"""
+
+import json
+
+import numpy as np
+import pytest
+from test_trees import enumerate_outcomes, exact_joint, tiny
+
+import lantern.engine.policy as policy
+from ambiguity.errors import FieldError, UsageError
+from ambiguity.neighbourhood import build_neighbourhoods
+from ambiguity.sampling import SamplingConfig
+from lantern.drafter.model import Drafter
+from lantern.engine.decode import DecodeConfig, decode
+from lantern.engine.policy import (
+    AcceptancePredictor,
+    CostModel,
+    GammaPolicy,
+    expected_accepted,
+    fit_predictor,
+    load_predictor,
+    save_predictor,
+    survival_table,
+)
+from lantern.methods.tree.spec import TreeSpec
+from lantern.rules.acceptance import AcceptanceRule
+
+
+def test_expected_accepted_drafts_of_a_chain():
+    """a = 1/2 each: 1/2 + 1/4 + 1/8; known survival (0.9, 0.45) then a = 0.5 for draft 3."""
+    table = survival_table(np.zeros((1, 0)), np.array([0.5]), 3)
+    assert table.tolist() == [[0.5, 0.25, 0.125]]
+    assert expected_accepted(table, np.array([3])).tolist() == [0.875]
+    assert expected_accepted(table, np.array([0])).tolist() == [0.0]
+    table = survival_table(np.array([[0.9, 0.45]]), np.array([0.5]), 3)
+    assert np.allclose(table, [[0.9, 0.45, 0.225]])
+    assert np.allclose(expected_accepted(table, np.array([2])), [1.35])
+
+
+def _always(a: float) -> AcceptancePredictor:
+    """A predictor that says ``a`` whatever the distributions (logit of a, no slopes)."""
+    return AcceptancePredictor((float(np.log(a / (1 - a))), 0.0, 0.0, 0.0), 0.5)
+
+
+def test_the_policy_maximises_expected_tokens_per_second():
+    """One image, a = 1/2, target 1 s a forward, a drafter step d s: G tokens cost 1 + G d and
+    bring 1 + sum_{j<=G} 2^-j. d = 0.25: rates 1, 1.2, 1.1667, 1.0714 -> G = 1; d = 0.6: G = 0;
+    free drafting: the longest chain allowed (cap 3)."""
+    stats, caps = np.array([[0.5, 1.0]]), np.array([3])
+    for d, want in ((0.25, 1), (0.6, 0), (0.0, 3)):
+        pol = GammaPolicy(_always(0.5), 3, CostModel((1.0, 0.0), (d, 0.0)))
+        assert pol.plan(stats, caps, rows=1) == want, d
+    pol = GammaPolicy(_always(0.9), 8, CostModel((1.0, 0.0), (0.25, 0.0)))
+    assert pol.plan(stats, np.array([2]), rows=1) == 2  # the cap binds
+    assert pol.plan(stats, np.array([0]), rows=1) == 0  # the last token of an image is never drafted
+    # while drafting: after one draft whose own acceptance is 0.9, continue; after one of 0.1, stop
+    pol = GammaPolicy(AcceptancePredictor((-20.0, 0.0, 0.0, 40.0), 0.5), 3, CostModel((1.0, 0.0), (0.25, 0.0)))
+    assert pol.go_on(stats, np.array([[0.9]]), caps, rows=1)
+    assert not pol.go_on(stats, np.array([[0.1]]), caps, rows=1)
+    assert not pol.go_on(stats, np.array([[0.9, 0.9, 0.9]]), caps, rows=1)  # cap reached
+
+
+def test_a_saturated_logistic_fit_reproduces_the_observed_rates():
+    """Four affinely independent feature points (4 coefficients): the maximum-likelihood fit
+    predicts exactly each point's share of accepted drafts (1/4, 1/2, 3/4, 1/5); drafts not
+    reached (after a rejection) do not count."""
+    points = [(0.2, 1.0, 0.3), (0.5, 0.5, 0.3), (0.9, 0.2, 0.6), (0.4, 2.0, 0.9)]
+    counts = [(1, 4), (2, 4), (3, 4), (1, 5)]
+    rows = {c: [] for c in ("p_top1", "p_entropy", "q_top1", "accepted", "reached")}
+    for (pt, pe, qt), (ok, n) in zip(points, counts):
+        for i in range(n + 2):
+            for c, v in zip(("p_top1", "p_entropy", "q_top1"), (pt, pe, qt)):
+                rows[c].append(v)
+            rows["accepted"].append(i < ok)
+            rows["reached"].append(i < n)  # two unreached drafts per point, one of them "accepted"
+    pred = fit_predictor(rows)
+    got = pred.prob(*np.array(points).T)
+    assert np.allclose(got, [ok / n for ok, n in counts], atol=1e-8)
+    with pytest.raises(UsageError, match="single outcome"):
+        fit_predictor({**rows, "accepted": [True] * len(rows["accepted"])})
+
+
+def test_predictor_files(tmp_path):
+    pred = AcceptancePredictor((0.1, 2.0, -0.5, 1.0), 0.4, {"images": 3})
+    path = save_predictor(pred, tmp_path / "p.json")
+    assert load_predictor(path, "embedded") == pred
+    with pytest.raises(
+        UsageError, match=r"missing; rebuild it with: python -m lantern.calibrate --model m"
+    ):
+        load_predictor(tmp_path / "none.json", "m")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(UsageError, match=r"bad.json is unreadable .*python -m lantern.calibrate --model m$"):
+        load_predictor(tmp_path / "bad.json", "m")
+
+
+def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
+    """Points on s = 0.01 + 0.002 x (x = rows x tokens) give that line; the JSON cache answers
+    the second call for the same model, and a larger batch measures only its own rows."""
+    calls = []
+
+    def fake(model, drafter, sampling, rows, tokens):
+        calls.append(list(rows))
+        line = lambda R, T: 0.01 + 0.002 * R * T
+        return {
+            "target": {f"{2 * R},{T}": line(2 * R, T) for R in rows for T in tokens},
+            "drafter": {f"{2 * R},{T}": 0.001 * 2 * R * T for R in rows for T in (1, 2)},
+        }
+
+    monkeypatch.setattr(policy, "measure_costs", fake)
+    m, s = tiny(), SamplingConfig(guidance=2.0)
+    c = policy.cost_model(m, None, s, 1, 4, cache_dir=tmp_path)
+    assert c.target == pytest.approx((0.01, 0.002)) and c.drafter == pytest.approx((0.0, 0.001), abs=1e-12)
+    assert c.round_s(2, 3) == pytest.approx(0.01 + 0.002 * 8 + 0.004 + 2 * 0.002)
+    assert policy.cost_model(m, None, s, 1, 4, cache_dir=tmp_path) == c and calls == [[1]]
+    policy.cost_model(m, None, s, 8, 4, cache_dir=tmp_path)
+    assert calls == [[1], [8]]
+    (saved,) = tmp_path.glob("*.json")
+    assert set(json.loads(saved.read_text())["target"]) == {"2,1", "2,2", "2,5", "16,1", "16,2", "16,5"}
+
+
+def test_decode_config_gamma_auto():
+    c = DecodeConfig.of("lantern", "auto", k=2, delta=0.1, gamma_max=5)
+    assert c.auto and c.draft_depth == 5 and c.as_dict()["gamma"] == "auto" and c.as_dict()["gamma_max"] == 5
+    assert DecodeConfig.of("sd", 3).draft_depth == 3 and not DecodeConfig.of("sd", 3).auto
+    for bad, msg in ((dict(gamma="fast"), "integer >= 1 or 'auto'"), (dict(gamma=0), "integer >= 1")):
+        with pytest.raises(FieldError, match=msg):
+            DecodeConfig.of("lantern", **bad)
+    with pytest.raises(FieldError, match="gamma_max"):
+        DecodeConfig.of("lantern", "auto", gamma_max=0)
+    with pytest.raises(FieldError, match="draft tree"):
+        DecodeConfig.of("lantern", "auto", tree=TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2))
+
+
+# --------------------------------------------------------------------------- exact enumeration
+# acceptance rises steeply with the target's top-1 and the draft's own top-1, a drafter step
+# costs half a target forward: on the tiny model the policy takes lengths 0, 1 and 2
+STEEP = AcceptancePredictor((-9.0, 10.0, 0.0, 4.0), 0.5)
+HALF = CostModel((1.0, 0.0), (0.5, 0.0))
+
+
+@pytest.mark.slow  # ~20 s each on 2 cores: every branch is a full decode
+@pytest.mark.parametrize(
+    "sampling, rule, taken",
+    [
+        (SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), {0, 1, 2}),
+        (SamplingConfig(guidance=1.0, temperature=1.0), AcceptanceRule("sd"), {0, 1}),
+    ],
+)
+def test_exact_decoding_with_the_policy_at_delta_zero_is_ar_sampling(sampling, rule, taken, monkeypatch):
+    """Every random outcome of an image decoded with ``gamma="auto"`` (γ_max 2, V = 4, 2 x 2
+    tokens), weighted by its probability, gives exactly the AR joint: the draft length depends
+    only on the past and the drafter's own proposals. The rounds take the lengths ``taken``: plain
+    AR steps, chains stopped early and (with guidance) full chains."""
+    monkeypatch.setattr("lantern.methods.registry.load_predictor", lambda path, name: STEEP)
+    monkeypatch.setattr(policy, "cost_model", lambda *a, **k: HALF)
+    m = tiny()
+    d = Drafter.for_target(m, seed=3).eval()
+    nb = build_neighbourhoods(m.input_embeddings(), 2, "l2", cache=False).indices
+    want = exact_joint(m, 1, sampling)
+    config = DecodeConfig(rule, "auto", gamma_max=2)
+    lengths = set()
+
+    def run(draws):
+        out = decode(m, [1], config, sampling, d, nb, seed=9, draws={0: draws})
+        lengths.update(out.steps["drafted"].tolist())
+        return tuple(out.tokens[0].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
+    assert set(got) <= set(want)
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    assert lengths == taken
