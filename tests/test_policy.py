@@ -93,9 +93,7 @@ def test_predictor_files(tmp_path):
     pred = AcceptancePredictor((0.1, 2.0, -0.5, 1.0), 0.4, {"images": 3})
     path = save_predictor(pred, tmp_path / "p.json")
     assert load_predictor(path, "embedded") == pred
-    with pytest.raises(
-        UsageError, match=r"missing; rebuild it with: python -m lantern.calibrate --model m"
-    ):
+    with pytest.raises(UsageError, match=r"missing; rebuild it with: python -m lantern.calibrate --model m"):
         load_predictor(tmp_path / "none.json", "m")
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(UsageError, match=r"bad.json is unreadable .*python -m lantern.calibrate --model m$"):
