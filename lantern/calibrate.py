@@ -3,12 +3,16 @@
 Decodes images with LANTERN at the paper's sampling (CFG 3, temperature 1, top-k 2000 and
 k = 1000 of LlamaGen's 16384 codes mapped to the model's codebook, δ 0.1) and a long fixed chain,
 fits P(accepted | p_top1, p_entropy, q_top1) to the draft records and writes it next to the
-shipped drafter (``lantern/weights/<model>_drafter_acceptance.json``):
+shipped drafter (``lantern/weights/<model>_drafter_acceptance.json``). The target's features are
+those the policy has when it decides (:func:`lagged`): the distribution the image's last committed
+token came from, not the one at the draft's own position (known only after the verify forward).
 
     python -m lantern.calibrate --model embedded-16
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from ambiguity.cli import ArgumentParser, add_threads_arg, cli_main, positive_int, set_threads
 from ambiguity.models.registry import load_model
@@ -18,7 +22,30 @@ from lantern.engine.decode import DecodeConfig, decode, neighbour_table
 from lantern.engine.policy import AcceptancePredictor, fit_predictor, predictor_path, save_predictor
 from lantern.paper.config import map_to_codebook
 
-__all__ = ["calibrate", "build_parser", "main"]
+__all__ = ["lagged", "calibrate", "build_parser", "main"]
+
+
+def lagged(drafts: dict) -> dict:
+    """The reached draft rows with ``p_top1`` / ``p_entropy`` replaced by those of the token before
+    the draft's round (position ``n - 1`` of the round at ``n``: the distribution the image's last
+    committed token was drawn from, recorded as a reached draft of an earlier round; ``n - 2`` when
+    that token was a bonus or plain target token, which have no draft row). Rows without either
+    (an image's first rounds) are left out. drafts: a decode's drafts table (numpy columns)."""
+    d = {c: np.asarray(v) for c, v in drafts.items()}
+    reached = d["reached"].astype(bool)
+    known = {
+        (int(i), int(t)): (a, b)
+        for i, t, a, b in zip(*(d[c][reached] for c in ("image", "position", "p_top1", "p_entropy")))
+    }
+    out = {c: [] for c in ("p_top1", "p_entropy", "q_top1", "accepted", "reached")}
+    for i, pos, j, q, ok in zip(*(d[c][reached] for c in ("image", "position", "draft_index", "q_top1", "accepted"))):
+        n = int(pos) - int(j)
+        stats = known.get((int(i), n - 1)) or known.get((int(i), n - 2))
+        if stats is None:
+            continue
+        for c, v in zip(("p_top1", "p_entropy", "q_top1", "accepted", "reached"), (*stats, q, bool(ok), True)):
+            out[c].append(v)
+    return {c: np.asarray(v) for c, v in out.items()}
 
 
 def calibrate(model, drafter, images: int, gamma: int, k: int, delta: float, seed: int = 0) -> AcceptancePredictor:
@@ -31,7 +58,7 @@ def calibrate(model, drafter, images: int, gamma: int, k: int, delta: float, see
     table = neighbour_table(model, config)
     out = decode(model, [i % 10 for i in range(images)], config, sampling, drafter, table, seed=seed)
     info = dict(model=model.name, images=images, gamma=gamma, k=k, delta=delta, seed=seed, **sampling.as_dict())
-    return fit_predictor(out.drafts, info)
+    return fit_predictor(lagged(out.drafts), info)
 
 
 def build_parser() -> ArgumentParser:

@@ -19,6 +19,7 @@ import lantern.engine.policy as policy
 from ambiguity.errors import FieldError, UsageError
 from ambiguity.neighbourhood import build_neighbourhoods
 from ambiguity.sampling import SamplingConfig
+from lantern.calibrate import lagged
 from lantern.drafter.model import Drafter
 from lantern.engine.decode import DecodeConfig, decode
 from lantern.engine.policy import (
@@ -105,7 +106,7 @@ def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
     the second call for the same model, and a larger batch measures only its own rows."""
     calls = []
 
-    def fake(model, drafter, sampling, rows, tokens):
+    def fake(model, drafter, sampling, rows, tokens, rule, table):
         calls.append(list(rows))
         line = lambda R, T: 0.01 + 0.002 * R * T
         return {
@@ -115,14 +116,16 @@ def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(policy, "measure_costs", fake)
     m, s = tiny(), SamplingConfig(guidance=2.0)
-    c = policy.cost_model(m, None, s, 1, 4, cache_dir=tmp_path)
+    c = policy.cost_model(m, None, s, 1, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path)
     assert c.target == pytest.approx((0.01, 0.002)) and c.drafter == pytest.approx((0.0, 0.001), abs=1e-12)
     assert c.round_s(2, 3) == pytest.approx(0.01 + 0.002 * 8 + 0.004 + 2 * 0.002)
-    assert policy.cost_model(m, None, s, 1, 4, cache_dir=tmp_path) == c and calls == [[1]]
-    policy.cost_model(m, None, s, 8, 4, cache_dir=tmp_path)
+    assert policy.cost_model(m, None, s, 1, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path) == c
+    assert calls == [[1]]
+    policy.cost_model(m, None, s, 8, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path)
     assert calls == [[1], [8]]
     (saved,) = tmp_path.glob("*.json")
-    assert set(json.loads(saved.read_text())["target"]) == {"2,1", "2,2", "2,5", "16,1", "16,2", "16,5"}
+    assert saved.name == "tiny-float64-cpu1-full-lantern2.json"
+    assert set(json.loads(saved.read_text())["target"]) == {f"{r},{t}" for r in (2, 16) for t in (1, 2, 3, 4, 5)}
 
 
 def test_decode_config_gamma_auto():
@@ -178,3 +181,23 @@ def test_exact_decoding_with_the_policy_at_delta_zero_is_ar_sampling(sampling, r
     for seq, prob in want.items():
         assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
     assert lengths == taken
+
+
+def test_calibration_uses_the_distribution_of_the_last_committed_token():
+    """Image 0: round 1 at n = 1 drafts positions 1, 2 (the draft at 2 rejected, so x_2 came from
+    p at position 2); round 2 at n = 3 drafts 3, 4: its drafts take position 2's target statistics.
+    Round 2 accepts both, so x_5 is a bonus token (no draft row): round 3 at n = 6 takes position
+    4's. Round 1 has no earlier token: left out."""
+    rows = dict(
+        image=[0, 0, 0, 0, 0],
+        position=[1, 2, 3, 4, 6],
+        draft_index=[0, 1, 0, 1, 0],
+        p_top1=[0.1, 0.2, 0.3, 0.4, 0.5],
+        p_entropy=[1.1, 1.2, 1.3, 1.4, 1.5],
+        q_top1=[0.6, 0.7, 0.8, 0.9, 0.95],
+        accepted=[True, False, True, True, False],
+        reached=[True, True, True, True, True],
+    )
+    got = lagged(rows)
+    assert got["p_top1"].tolist() == [0.2, 0.2, 0.4] and got["p_entropy"].tolist() == [1.2, 1.2, 1.4]
+    assert got["q_top1"].tolist() == [0.8, 0.9, 0.95] and got["accepted"].tolist() == [True, True, False]

@@ -15,7 +15,10 @@ draft not drawn yet); while drafting, each draft's own ``q`` top-1 refines it an
 probability ``prod a_i`` so far: drafting stops as soon as no longer chain is expected to be
 worth its cost. The draft length depends only on the past and on the drafter's own proposals,
 never on the verification of them, so a lossless rule stays exactly lossless (tested by exact
-enumeration at δ = 0, ``tests/test_policy.py``).
+enumeration at δ = 0, ``tests/test_policy.py``). The lengths do depend on the cost model: an image
+of a given seed draws its random numbers in other places when its chains have other lengths, so
+``gamma="auto"`` reproduces its tokens on a machine with the same cost file (it is measured once
+and then read), not across machines.
 
 The cost model is measured on the device in use by a few timed forwards (target forward and
 the distribution of its logits; drafter step, head and distribution) and cached per (model,
@@ -177,17 +180,17 @@ class CostModel:
 
 
 def _fit(points: dict) -> tuple[float, float]:
-    """Least squares ``s = a + b x`` over {"rows,tokens": seconds} with x = rows * tokens, a, b >= 0."""
+    """Robust line ``s = a + b x`` over {"rows,tokens": seconds} with x = rows * tokens (Theil-Sen:
+    b the median of the pairwise slopes, a the median of ``s - b x``; both clamped at 0), so a
+    timing that another process interrupted does not tilt it."""
     x = np.array([np.prod([int(v) for v in k.split(",")]) for k in points], dtype=np.float64)
     s = np.array(list(points.values()), dtype=np.float64)
-    if len(set(x.tolist())) < 2:
-        return float(s.mean()), 0.0
-    b, a = np.polyfit(x, s, 1)
-    if b < 0:
-        return float(s.mean()), 0.0
-    if a < 0:
-        return 0.0, float((x @ s) / (x @ x))
-    return float(a), float(b)
+    i, j = np.triu_indices(len(x), 1)
+    apart = x[i] != x[j]
+    if not apart.any():
+        return float(np.median(s)), 0.0
+    b = max(0.0, float(np.median((s[j] - s[i])[apart] / (x[j] - x[i])[apart])))
+    return max(0.0, float(np.median(s - b * x))), b
 
 
 def default_cache_dir() -> Path:
@@ -218,9 +221,23 @@ def _timed(fns: dict, repeats: int = 7) -> dict:
     return out
 
 
+def _judged(p: torch.Tensor, rule, table) -> torch.Tensor:
+    """The acceptance work of a verified chain on p (R, T, V) (stand-in drafts: token 0, q = p):
+    the rule on the T - 1 draft positions and one residual, as a round of the chain does."""
+    from lantern.rules.acceptance import judge, residual
+
+    if rule is None or p.shape[1] < 2:
+        return p
+    drafts = torch.zeros(p.shape[0], p.shape[1] - 1, dtype=torch.long, device=p.device)
+    q = p[:, 1:]
+    judge(p[:, :-1], q, drafts, torch.rand(drafts.shape, device=p.device, dtype=p.dtype), table, rule, False)
+    return residual(p[:, 0], q[:, 0], drafts[:, 0], table, rule, False)
+
+
 @torch.no_grad()
-def _time_target(model, sampling, R: int, tokens: Sequence[int]) -> dict:
-    """{"rows,T": seconds} of the verify forward and its distribution for R images at mid-image."""
+def _time_target(model, sampling, R: int, tokens: Sequence[int], rule=None, table=None) -> dict:
+    """{"rows,T": seconds} of the verify forward, its distribution and the rule's acceptance work
+    (:func:`_judged`) for R images at mid-image."""
     from lantern.engine.slots import verify_chains
     from lantern.engine.steps import target_distribution
 
@@ -230,7 +247,8 @@ def _time_target(model, sampling, R: int, tokens: Sequence[int]) -> dict:
         toks = torch.zeros(R, T, dtype=torch.long, device=model.device)
 
         def fwd(toks=toks):
-            return target_distribution(verify_chains(model, cache, toks, n, N, guided).logits, sampling, guided)
+            p = target_distribution(verify_chains(model, cache, toks, n, N, guided).logits, sampling, guided)
+            return _judged(p, rule, table)
 
         fns[f"{R * (1 + guided)},{T}"] = fwd
     return _timed(fns)
@@ -257,31 +275,37 @@ def _time_drafter(model, drafter, sampling, R: int) -> dict:
     return _timed(fns)
 
 
-def measure_costs(model, drafter, sampling, rows: Sequence[int], tokens: Sequence[int]) -> dict:
-    """Time the target's verify forward (with its distribution) and one drafter step on throwaway
-    slot caches: {"target": {"R,T": s}, "drafter": {"R,T": s}} for every ``R`` images in ``rows``
-    (recorded as model rows, ``R (1 + guided)``) and ``T`` tokens a row in ``tokens`` (the
-    drafter at T = 1 and 2). Positions sit mid-image (N // 2)."""
+def measure_costs(model, drafter, sampling, rows: Sequence[int], tokens: Sequence[int], rule=None, table=None) -> dict:
+    """Time the target's verify forward (with its distribution and the acceptance work of ``rule``
+    with the neighbour ``table``, :func:`_judged`) and one drafter step on throwaway slot caches:
+    {"target": {"R,T": s}, "drafter": {"R,T": s}} for every ``R`` images in ``rows`` (recorded as
+    model rows, ``R (1 + guided)``) and ``T`` tokens a row in ``tokens`` (the drafter at T = 1
+    and 2). Positions sit mid-image (N // 2)."""
     out = {"target": {}, "drafter": {}}
     for R in rows:
-        out["target"].update(_time_target(model, sampling, R, tokens))
+        out["target"].update(_time_target(model, sampling, R, tokens, rule, table))
         out["drafter"].update(_time_drafter(model, drafter, sampling, R))
     return out
 
 
-def _cost_key(model, sampling) -> str:
+def _cost_key(model, sampling, rule) -> str:
     dev = torch.device(model.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu{torch.get_num_threads()}"
     flags = f"top{sampling.top_k}" if sampling.top_k else "full"
-    return f"{model.name}-{str(model.dtype).removeprefix('torch.')}-{name}-{flags}".replace("/", "_").replace(" ", "_")
+    judged = "none" if rule is None else (f"{rule.method}{rule.k}" if rule.relaxed else rule.method)
+    key = f"{model.name}-{str(model.dtype).removeprefix('torch.')}-{name}-{flags}-{judged}"
+    return key.replace("/", "_").replace(" ", "_")
 
 
-def cost_model(model, drafter, sampling, rows: int, gamma_max: int, cache_dir=None, cache: bool = True) -> CostModel:
+def cost_model(
+    model, drafter, sampling, rows: int, gamma_max: int, rule=None, table=None, cache_dir=None, cache: bool = True
+) -> CostModel:
     """The :class:`CostModel` of ``model`` and ``drafter`` on their device for up to ``rows``
     images: measured points read from ``<cache_dir>/<model>-<dtype>-<device>-<filter>.json``
     (default :func:`default_cache_dir`); the points missing for these rows (1 and ``rows``
-    images) and tokens (1, 2 and ``1 + gamma_max``) are measured and added to the file."""
-    path = Path(cache_dir or default_cache_dir()) / f"{_cost_key(model, sampling)}.json"
+    images) and tokens (1, 2, 3, ``2 + gamma_max // 2`` and ``1 + gamma_max``) are measured and
+    added to the file."""
+    path = Path(cache_dir or default_cache_dir()) / f"{_cost_key(model, sampling, rule)}.json"
     points = {"target": {}, "drafter": {}}
     if cache and path.is_file():
         try:
@@ -289,11 +313,11 @@ def cost_model(model, drafter, sampling, rows: int, gamma_max: int, cache_dir=No
         except ValueError:
             pass
     want_rows = sorted({1, int(rows)})
-    want_t = sorted({1, 2, 1 + int(gamma_max)})
+    want_t = sorted({1, 2, 3, 2 + int(gamma_max) // 2, 1 + int(gamma_max)})
     g = 1 + sampling.guided
     missing = [R for R in want_rows if any(f"{R * g},{T}" not in points["target"] for T in want_t)]
     if missing:
-        new = measure_costs(model, drafter, sampling, missing, want_t)
+        new = measure_costs(model, drafter, sampling, missing, want_t, rule, table)
         for part in ("target", "drafter"):
             points[part].update(new[part])
         if cache:
@@ -314,10 +338,11 @@ class GammaPolicy:
     def __init__(self, predictor: AcceptancePredictor, gamma_max: int = 8, costs: Optional[CostModel] = None):
         self.predictor, self.gamma_max, self.costs = predictor, int(gamma_max), costs
 
-    def open(self, model, drafter, sampling, rows: int) -> None:
-        """Measure (or read) the cost model for up to ``rows`` images once."""
+    def open(self, model, drafter, sampling, rows: int, rule=None, table=None) -> None:
+        """Measure (or read) the cost model for up to ``rows`` images once (with the chain's
+        acceptance ``rule`` and neighbour ``table``)."""
         if self.costs is None:
-            self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max)
+            self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max, rule, table)
 
     def _best(self, survival: np.ndarray, a_next: np.ndarray, caps: np.ndarray, rows: int) -> int:
         """argmax over G in have..max(caps) of expected committed tokens per second of the round

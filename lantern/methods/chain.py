@@ -183,7 +183,7 @@ class Chain(Method):
         st.drafter, st.rule, st.table = self.drafter, self.rule, self.table
         st.dcache = self.drafter.new_cache(st.rows, self.gamma + 1)
         if self.policy is not None:
-            self.policy.open(st.model, self.drafter, st.sampling, st.B)
+            self.policy.open(st.model, self.drafter, st.sampling, st.B, self.rule, self.table)
             st.p_stats = np.zeros((st.B, 2))
 
     def start(self, st: BatchState, slots: list[int], p0: torch.Tensor) -> torch.Tensor:
