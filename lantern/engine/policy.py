@@ -43,6 +43,8 @@ import numpy as np
 import torch
 
 from ambiguity.errors import UsageError
+from ambiguity.sampling import invert
+from ambiguity.stats import entropy, top1_prob
 
 __all__ = [
     "AcceptancePredictor",
@@ -76,10 +78,11 @@ class AcceptancePredictor:
     info: Optional[dict] = None
 
     def prob(self, p_top1, p_entropy, q_top1) -> np.ndarray:
-        """Acceptance probability for arrays of equal (broadcastable) shape -> float64 array in (0, 1)."""
+        """Acceptance probability for arrays of equal (broadcastable) shape -> float64 array in [0, 1]."""
         w = self.weights
         z = w[0] + w[1] * np.asarray(p_top1) + w[2] * np.asarray(p_entropy) + w[3] * np.asarray(q_top1)
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+        with np.errstate(over="ignore"):
+            return 1.0 / (1.0 + np.exp(-z))
 
 
 def fit_predictor(drafts: dict, info: Optional[dict] = None, iterations: int = 50) -> AcceptancePredictor:
@@ -203,27 +206,37 @@ def default_cache_dir() -> Path:
     return base / "lantern-ambiguity" / "costs"
 
 
-def _timed(fns: dict, repeats: int = 7) -> dict:
+def _clock(device) -> tuple:
+    """(clock, sync) for timing on ``device``: on a CPU with one thread the process's CPU time (what
+    the work needs, without the time other processes held the core), else wall-clock seconds with
+    CUDA synchronised."""
+    if torch.device(device).type == "cuda":
+        return time.perf_counter, torch.cuda.synchronize
+    return (time.process_time if torch.get_num_threads() == 1 else time.perf_counter), (lambda: None)
+
+
+def _timed(fns: dict, device, repeats: int = 7) -> dict:
     """{key: least seconds of ``fn()``} over ``repeats`` rounds that call every fn once each, after
-    one warm-up call (CUDA synchronised). Interleaved and the least: what the device needs,
-    without another process's burst landing on one setting only."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    one warm-up call (:func:`_clock`). Interleaved and the least: what the device needs, without
+    another process's burst landing on one setting only."""
+    clock, sync = _clock(device)
     for fn in fns.values():
         fn()
     out = {key: float("inf") for key in fns}
     for _ in range(repeats):
         for key, fn in fns.items():
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             sync()
-            out[key] = min(out[key], time.perf_counter() - t0)
+            out[key] = min(out[key], clock() - t0)
     return out
 
 
 def _judged(p: torch.Tensor, rule, table) -> torch.Tensor:
     """The acceptance work of a verified chain on p (R, T, V) (stand-in drafts: token 0, q = p):
-    the rule on the T - 1 draft positions and one residual, as a round of the chain does."""
+    the rule on the T - 1 draft positions, one residual and the draft records' summaries of p
+    (top-1, entropy), as a round of the chain does."""
     from lantern.rules.acceptance import judge, residual
 
     if rule is None or p.shape[1] < 2:
@@ -231,6 +244,7 @@ def _judged(p: torch.Tensor, rule, table) -> torch.Tensor:
     drafts = torch.zeros(p.shape[0], p.shape[1] - 1, dtype=torch.long, device=p.device)
     q = p[:, 1:]
     judge(p[:, :-1], q, drafts, torch.rand(drafts.shape, device=p.device, dtype=p.dtype), table, rule, False)
+    top1_prob(p[:, :-1]), entropy(p[:, :-1]), top1_prob(q)
     return residual(p[:, 0], q[:, 0], drafts[:, 0], table, rule, False)
 
 
@@ -251,12 +265,13 @@ def _time_target(model, sampling, R: int, tokens: Sequence[int], rule=None, tabl
             return _judged(p, rule, table)
 
         fns[f"{R * (1 + guided)},{T}"] = fwd
-    return _timed(fns)
+    return _timed(fns, model.device)
 
 
 @torch.no_grad()
 def _time_drafter(model, drafter, sampling, R: int) -> dict:
-    """{"rows,T": seconds} of one drafter step (forward over T = 1, 2 positions, head, distribution)."""
+    """{"rows,T": seconds} of one drafter step (forward over T = 1, 2 positions, head, distribution,
+    the draft's draw)."""
     from lantern.engine.steps import target_distribution
 
     guided, N, dev = sampling.guided, model.num_tokens, model.device
@@ -269,10 +284,11 @@ def _time_drafter(model, drafter, sampling, R: int) -> dict:
 
         def step(T=T, at=at, vis=vis):
             f = drafter.forward_slots(model, at * 0, feats[:, :T], dcache, at, at, vis)
-            return target_distribution(drafter.logits(model, f[:, -1]), sampling, guided)
+            q = target_distribution(drafter.logits(model, f[:, -1]), sampling, guided)
+            return invert(q, torch.rand(q.shape[0], device=dev, dtype=torch.float64))  # the draft's draw
 
         fns[f"{rows},{T}"] = step
-    return _timed(fns)
+    return _timed(fns, dev)
 
 
 def measure_costs(model, drafter, sampling, rows: Sequence[int], tokens: Sequence[int], rule=None, table=None) -> dict:
@@ -337,37 +353,54 @@ class GammaPolicy:
 
     def __init__(self, predictor: AcceptancePredictor, gamma_max: int = 8, costs: Optional[CostModel] = None):
         self.predictor, self.gamma_max, self.costs = predictor, int(gamma_max), costs
+        self._rounds: dict[int, np.ndarray] = {}  # rows -> round seconds per G (:meth:`_seconds`)
 
     def open(self, model, drafter, sampling, rows: int, rule=None, table=None) -> None:
         """Measure (or read) the cost model for up to ``rows`` images once (with the chain's
         acceptance ``rule`` and neighbour ``table``)."""
         if self.costs is None:
             self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max, rule, table)
+            self._rounds = {}
 
-    def _best(self, survival: np.ndarray, a_next: np.ndarray, caps: np.ndarray, rows: int) -> int:
-        """argmax over G in have..max(caps) of expected committed tokens per second of the round
-        (each image drafts ``min(G, cap_b)``; ``have = survival.shape[1]`` drafts are already made)."""
-        have, top = survival.shape[1], int(caps.max())
-        table = survival_table(survival, a_next, top)
+    def _seconds(self, rows: int) -> np.ndarray:
+        """(gamma_max + 1,) seconds of a round of G = 0..gamma_max drafts over ``rows`` model rows."""
+        if rows not in self._rounds:
+            self._rounds[rows] = np.array([self.costs.round_s(rows, G) for G in range(self.gamma_max + 1)])
+        return self._rounds[rows]
+
+    def _best(self, a: np.ndarray, caps: np.ndarray, rows: int) -> int:
+        """argmax over G in 0..max(caps) of expected committed tokens per second of a round in which
+        every draft of image b passes with ``a[b]`` (image b drafts ``min(G, cap_b)``)."""
+        top = int(caps.max())
+        table = survival_table(np.zeros((len(caps), 0)), a, top)
         sums = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(table, 1)], 1)  # (k, top + 1): E at each G
-        G = np.arange(have, top + 1)
+        G = np.arange(top + 1)
         tokens = len(caps) + np.take_along_axis(sums, np.minimum(G[None, :], caps[:, None]), 1).sum(0)
-        seconds = np.array([self.costs.round_s(rows, int(x)) for x in G])
-        return have + int(np.argmax(tokens / seconds))
+        return int(np.argmax(tokens / self._seconds(rows)[: top + 1]))
 
     def plan(self, p_stats: np.ndarray, caps: np.ndarray, rows: int) -> int:
-        """The round's first choice of ``G`` from each live image's last target distribution:
-        p_stats (k, 2) float64 (top-1 probability, entropy); caps (k,) int64 the most drafts each
-        may take (``min(gamma_max, N - 1 - n_b)``); rows: model rows of the forward."""
-        a = self.predictor.prob(p_stats[:, 0], p_stats[:, 1], self.predictor.q_mean)
-        return self._best(np.zeros((len(caps), 0)), a, caps, rows)
+        """Start a round: the first choice of ``G`` from each live image's last target distribution
+        (p_stats (k, 2) float64: top-1 probability, entropy; the drafter's mean top-1 for the drafts),
+        caps (k,) int64 the most drafts each may take (``min(gamma_max, N - 1 - n_b)``), rows: model
+        rows of the forward. 0: a plain AR step; else draft and ask :meth:`go_on` after each step."""
+        self._round = (p_stats[:, 0], p_stats[:, 1], caps, rows)
+        self._surv, self._tokens, self._j = np.ones(len(caps)), float(len(caps)), 0
+        return self._best(self.predictor.prob(p_stats[:, 0], p_stats[:, 1], self.predictor.q_mean), caps, rows)
 
-    def go_on(self, p_stats: np.ndarray, q_top1: np.ndarray, caps: np.ndarray, rows: int) -> bool:
-        """After ``j = q_top1.shape[1]`` drafting steps (q_top1 (k, j) the drafter's top-1 of each
-        draft): whether a longer chain is still expected to pay for itself."""
-        j = q_top1.shape[1]
+    def go_on(self, q_top1: np.ndarray) -> bool:
+        """After one more drafting step of the round :meth:`plan` started (q_top1 (k,) the drafter's
+        top-1 probability of each image's new draft): whether one more draft is expected to raise
+        the round's tokens per second (its expected tokens ``sum_b s_b a_b`` per extra second above
+        the round's rate so far; s_b the survival of image b's chain, a_b its last draft's
+        acceptance probability)."""
+        pt, pe, caps, rows = self._round
+        a = self.predictor.prob(pt, pe, q_top1)
+        self._j += 1
+        j = self._j
+        self._surv = self._surv * a
+        self._tokens += float(self._surv[caps >= j].sum())
         if j >= int(caps.max()):
             return False
-        a = self.predictor.prob(p_stats[:, :1], p_stats[:, 1:], q_top1)  # (k, j)
-        survival = np.cumprod(a, 1)
-        return self._best(survival, a[:, -1], caps, rows) > j
+        seconds = self._seconds(rows)
+        gain = float((self._surv * a)[caps > j].sum())
+        return gain * seconds[j] > self._tokens * (seconds[j + 1] - seconds[j])

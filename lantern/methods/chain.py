@@ -241,14 +241,13 @@ def _policy_lengths(policy: GammaPolicy, st: BatchState, active: np.ndarray, cap
     """The policy's draft lengths of a round (B,) int64 (0 for every slot: a plain AR step) and the
     drafting loop's stopping rule ``go_on(j, q)`` (:meth:`GammaPolicy.go_on`, on the live slots)."""
     live = np.flatnonzero(active)
-    stats, lcaps = st.p_stats[live], caps[live]
-    if policy.plan(stats, lcaps, st.rows) == 0:
+    if policy.plan(st.p_stats[live], caps[live], st.rows) == 0:
         return np.zeros_like(caps), None
-    tops = []
+    pick = None if len(live) == st.B else torch.as_tensor(live, device=st.device)
 
     def go_on(j: int, q: torch.Tensor) -> bool:
-        tops.append(top1_prob(q[torch.as_tensor(live, device=q.device)]).double().cpu().numpy())
-        return policy.go_on(stats, np.stack(tops, 1), lcaps, st.rows)
+        top = q.amax(-1) if pick is None else q[pick].amax(-1)
+        return policy.go_on(top.double().cpu().numpy())
 
     return caps, go_on
 
