@@ -54,6 +54,7 @@ __all__ = [
     "default_cache_dir",
     "expected_accepted",
     "survival_table",
+    "timing_clock",
     "fit_predictor",
     "load_predictor",
     "measure_costs",
@@ -163,10 +164,13 @@ def expected_accepted(table: np.ndarray, G: np.ndarray) -> np.ndarray:
 class CostModel:
     """Seconds of one round's parts as a function of model rows x tokens per row, linear fits
     ``a + b * rows * tokens`` (non-negative): ``target`` (one verify forward and the distribution
-    of its logits) and ``drafter`` (one drafter step: forward, head, distribution, draw)."""
+    of its logits) and ``drafter`` (one drafter step: forward, head, distribution, draw); and
+    ``overhead`` ``a + b * rows``: what a drafting round of the engine takes beyond those (its
+    bookkeeping; measured on a short decode, :func:`cost_model`)."""
 
     target: tuple[float, float]
     drafter: tuple[float, float]
+    overhead: tuple[float, float] = (0.0, 0.0)
 
     def target_s(self, rows: int, tokens: int) -> float:
         return self.target[0] + self.target[1] * rows * tokens
@@ -179,7 +183,8 @@ class CostModel:
         forward over ``pending`` positions and ``G - 1`` single steps (none when ``G = 0``)."""
         if G == 0:
             return self.target_s(rows, 1)
-        return self.target_s(rows, 1 + G) + self.drafter_s(rows, pending) + (G - 1) * self.drafter_s(rows, 1)
+        drafts = self.drafter_s(rows, pending) + (G - 1) * self.drafter_s(rows, 1)
+        return self.target_s(rows, 1 + G) + drafts + self.overhead[0] + self.overhead[1] * rows
 
 
 def _fit(points: dict) -> tuple[float, float]:
@@ -206,7 +211,7 @@ def default_cache_dir() -> Path:
     return base / "lantern-ambiguity" / "costs"
 
 
-def _clock(device) -> tuple:
+def timing_clock(device) -> tuple:
     """(clock, sync) for timing on ``device``: on a CPU with one thread the process's CPU time (what
     the work needs, without the time other processes held the core), else wall-clock seconds with
     CUDA synchronised."""
@@ -217,9 +222,9 @@ def _clock(device) -> tuple:
 
 def _timed(fns: dict, device, repeats: int = 7) -> dict:
     """{key: least seconds of ``fn()``} over ``repeats`` rounds that call every fn once each, after
-    one warm-up call (:func:`_clock`). Interleaved and the least: what the device needs, without
+    one warm-up call (:func:`timing_clock`). Interleaved and the least: what the device needs, without
     another process's burst landing on one setting only."""
-    clock, sync = _clock(device)
+    clock, sync = timing_clock(device)
     for fn in fns.values():
         fn()
     out = {key: float("inf") for key in fns}
@@ -314,18 +319,29 @@ def _cost_key(model, sampling, rule) -> str:
 
 
 def cost_model(
-    model, drafter, sampling, rows: int, gamma_max: int, rule=None, table=None, cache_dir=None, cache: bool = True
+    model,
+    drafter,
+    sampling,
+    rows: int,
+    gamma_max: int,
+    rule=None,
+    table=None,
+    overhead=None,
+    cache_dir=None,
+    cache=True,
 ) -> CostModel:
     """The :class:`CostModel` of ``model`` and ``drafter`` on their device for up to ``rows``
-    images: measured points read from ``<cache_dir>/<model>-<dtype>-<device>-<filter>.json``
+    images: measured points read from ``<cache_dir>/<model>-<dtype>-<device>-<filter>-<rule>.json``
     (default :func:`default_cache_dir`); the points missing for these rows (1 and ``rows``
     images) and tokens (1, 2, 3, ``2 + gamma_max // 2`` and ``1 + gamma_max``) are measured and
-    added to the file."""
+    added to the file. overhead: None, or ``overhead(images, costs)`` -> seconds a drafting round
+    of that many images takes beyond ``costs.round_s`` (the engine's bookkeeping, measured by the
+    caller on a short decode), recorded per model rows."""
     path = Path(cache_dir or default_cache_dir()) / f"{_cost_key(model, sampling, rule)}.json"
-    points = {"target": {}, "drafter": {}}
+    points = {"target": {}, "drafter": {}, "overhead": {}}
     if cache and path.is_file():
         try:
-            points = json.loads(path.read_text())
+            points = {"overhead": {}, **json.loads(path.read_text())}
         except ValueError:
             pass
     want_rows = sorted({1, int(rows)})
@@ -336,10 +352,15 @@ def cost_model(
         new = measure_costs(model, drafter, sampling, missing, want_t, rule, table)
         for part in ("target", "drafter"):
             points[part].update(new[part])
-        if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(points, indent=1))
-    return CostModel(_fit(points["target"]), _fit(points["drafter"]))
+    costs = CostModel(_fit(points["target"]), _fit(points["drafter"]))
+    todo = [R for R in want_rows if overhead is not None and f"{R * g},1" not in points["overhead"]]
+    for R in todo:
+        points["overhead"][f"{R * g},1"] = max(0.0, float(overhead(R, costs)))
+    if cache and (missing or todo):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(points, indent=1))
+    fitted = _fit(points["overhead"]) if points["overhead"] else (0.0, 0.0)
+    return CostModel(costs.target, costs.drafter, fitted)
 
 
 # --------------------------------------------------------------------------- the policy
@@ -355,11 +376,11 @@ class GammaPolicy:
         self.predictor, self.gamma_max, self.costs = predictor, int(gamma_max), costs
         self._rounds: dict[int, np.ndarray] = {}  # rows -> round seconds per G (:meth:`_seconds`)
 
-    def open(self, model, drafter, sampling, rows: int, rule=None, table=None) -> None:
+    def open(self, model, drafter, sampling, rows: int, rule=None, table=None, overhead=None) -> None:
         """Measure (or read) the cost model for up to ``rows`` images once (with the chain's
-        acceptance ``rule`` and neighbour ``table``)."""
+        acceptance ``rule``, neighbour ``table`` and round ``overhead``, :func:`cost_model`)."""
         if self.costs is None:
-            self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max, rule, table)
+            self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max, rule, table, overhead)
             self._rounds = {}
 
     def _seconds(self, rows: int) -> np.ndarray:

@@ -38,7 +38,7 @@ from ambiguity.sampling import Generators, expand_rows, pick
 from ambiguity.stats import entropy, top1_prob
 from lantern.drafter.model import DraftModel
 from lantern.engine.method import Method, Round
-from lantern.engine.policy import GammaPolicy
+from lantern.engine.policy import GammaPolicy, timing_clock
 from lantern.engine.records import ChainDrafts
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.engine.steps import Timer
@@ -183,7 +183,8 @@ class Chain(Method):
         st.drafter, st.rule, st.table = self.drafter, self.rule, self.table
         st.dcache = self.drafter.new_cache(st.rows, self.gamma + 1)
         if self.policy is not None:
-            self.policy.open(st.model, self.drafter, st.sampling, st.B, self.rule, self.table)
+            overhead = lambda images, costs: _round_overhead(self, st, images, costs)
+            self.policy.open(st.model, self.drafter, st.sampling, st.B, self.rule, self.table, overhead)
             st.p_stats = np.zeros((st.B, 2))
 
     def start(self, st: BatchState, slots: list[int], p0: torch.Tensor) -> torch.Tensor:
@@ -230,6 +231,27 @@ class Chain(Method):
             values = _draft_values(res, p, q, drafts, gmax)
             cols = ChainDrafts(values, live, st.image[live], st.step[live], n[live], g[live], a[live])
         return Round(a, g, kind, nxt, None, cols)
+
+
+def _round_overhead(chain: Chain, st: BatchState, images: int, costs) -> float:
+    """Seconds a drafting round of ``images`` images takes beyond ``costs.round_s`` (its forwards):
+    a short decode on the engine (chains of 2, 12 tokens an image, after a warm-up), its time per
+    round (timed as :func:`lantern.engine.policy.timing_clock`) less the prefill and the forwards."""
+    from lantern.engine.loop import run
+
+    model, N = st.model, min(12, st.N)
+    conds = model.default_conditions(images)
+    plain = Chain(chain.rule, 2, chain.drafter, chain.table)
+    clock, sync = timing_clock(st.device)
+    args = (model, plain, conds, st.sampling, np.arange(images))
+    run(*args, batch_size=images, num_tokens=N)
+    sync()
+    t0 = clock()
+    out = run(*args, batch_size=images, num_tokens=N)
+    sync()
+    seconds, rounds = clock() - t0, int(np.max(out.steps["batch_step"]))
+    rows = images * (1 + st.guided)
+    return (seconds - costs.target_s(rows, 2)) / rounds - costs.round_s(rows, 2)
 
 
 def _host_stats(p: torch.Tensor) -> np.ndarray:
