@@ -10,7 +10,8 @@ codebook (:func:`lantern.paper.config.map_to_codebook`; none for text models), L
 mapped (``--k``) and δ = 0.1. ``ar-compiled`` is AR with ``torch.compile`` (a compiled copy of
 the model, :func:`lantern.engine.decode.compile_forwards`); ``sd-auto`` / ``lantern-auto`` are the
 chains with ``gamma="auto"`` (the engine's draft-length policy, :mod:`lantern.engine.policy`, up
-to ``--gamma-max``) next to the fixed ``--gamma``. ``--quick``: a smoke run (embedded, B 1 and 8,
+to ``--gamma-max``) next to the fixed ``--gamma``; their cost model is measured (or read from its
+cache) for every batch size before the timed cells. ``--quick``: a smoke run (embedded, B 1 and 8,
 AR, LANTERN fixed and auto, two images a cell, one repeat).
 
 Every (model, method, B) cell decodes ``max(--images, 2 B)`` images with
@@ -199,7 +200,20 @@ def load(args, methods: list[str], sizes: list[int], device, dtype) -> tuple[dic
                 for B in sorted({1, min(2, *sizes)} if (args.compile or m == "ar-compiled") else {min(2, *sizes)}):
                     run_cell(loaded[name, compiled], m, args, B, 2)
                 warm[name, m, compiled] = time.perf_counter() - t0
+                if m.endswith("-auto"):  # the policy's cost model for every batch size, before the timed cells
+                    measure_policy_costs(loaded[name, compiled], m, args, sizes)
     return loaded, warm
+
+
+def measure_policy_costs(entry: tuple, method: str, args, sizes: list[int]) -> None:
+    """Decode B images of 16 tokens at every batch size B: a ``-auto`` row's first decode at a new
+    B measures (and caches) the policy's cost model there (:func:`lantern.engine.policy.cost_model`),
+    which a timed cell must not pay for."""
+    model, drafter, table, sampling, k, _ = entry
+    config = config_of(method, args, k)
+    for B in sizes:
+        conditions = model.default_conditions(B)
+        decode(model, conditions, config, sampling, drafter, table, batch_size=B, num_tokens=min(16, model.num_tokens))
 
 
 def run_cell(entry: tuple, method: str, args, B: int, n: int) -> tuple[dict, object]:
