@@ -52,21 +52,27 @@ def _always(a: float) -> AcceptancePredictor:
     return AcceptancePredictor((float(np.log(a / (1 - a))), 0.0, 0.0, 0.0), 0.5)
 
 
+def _flat(target: float, drafter: float) -> CostModel:
+    """A cost model in which a target forward takes ``target`` s and a drafter step ``drafter`` s
+    whatever the rows and tokens."""
+    return CostModel(((1, target, 0.0),), ((1, drafter, 0.0),))
+
+
 def test_the_policy_maximises_expected_tokens_per_second():
     """One image, a = 1/2, target 1 s a forward, a drafter step d s: G tokens cost 1 + G d and
     bring 1 + sum_{j<=G} 2^-j. d = 0.25: rates 1, 1.2, 1.1667, 1.0714 -> G = 1; d = 0.6: G = 0;
     free drafting: the longest chain allowed (cap 3)."""
     stats, caps = np.array([[0.5, 1.0]]), np.array([3])
     for d, want in ((0.25, 1), (0.6, 0), (0.0, 3)):
-        pol = GammaPolicy(_always(0.5), 3, CostModel((1.0, 0.0), (d, 0.0)))
+        pol = GammaPolicy(_always(0.5), 3, _flat(1.0, d))
         assert pol.plan(stats, caps, rows=1) == want, d
-    pol = GammaPolicy(_always(0.9), 8, CostModel((1.0, 0.0), (0.25, 0.0)))
+    pol = GammaPolicy(_always(0.9), 8, _flat(1.0, 0.25))
     assert pol.plan(stats, np.array([2]), rows=1) == 2  # the cap binds
     assert pol.plan(stats, np.array([0]), rows=1) == 0  # the last token of an image is never drafted
     # while drafting (a draft's acceptance: ~1 when its own top-1 is 0.9, ~0 at 0.1): one sure draft
     # gives 2 tokens in 1.25 s (1.6 a second), one more adds ~1 token for 0.25 s: go on; a hopeless
     # draft adds nothing: stop; the cap (3) stops the third
-    pol = GammaPolicy(AcceptancePredictor((-20.0, 0.0, 0.0, 40.0), 0.5), 3, CostModel((1.0, 0.0), (0.25, 0.0)))
+    pol = GammaPolicy(AcceptancePredictor((-20.0, 0.0, 0.0, 40.0), 0.5), 3, _flat(1.0, 0.25))
     assert pol.plan(stats, caps, rows=1) == 1  # before drafting a = sigmoid(0) = 1/2: G = 1 as above
     assert pol.go_on(np.array([0.9])) and pol.go_on(np.array([0.9])) and not pol.go_on(np.array([0.9]))
     pol.plan(stats, caps, rows=1)
@@ -105,8 +111,9 @@ def test_predictor_files(tmp_path):
 
 
 def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
-    """Points on s = 0.01 + 0.002 x (x = rows x tokens) give that line; the JSON cache answers
-    the second call for the same model, and a larger batch measures only its own rows."""
+    """Points on s = 0.01 + 0.002 rows tokens give that line at every row count (measured or
+    interpolated); the JSON cache answers the second call for the same model, and a larger batch
+    measures only its own rows."""
     calls = []
 
     def fake(model, drafter, sampling, rows, tokens, rule, table):
@@ -120,12 +127,15 @@ def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(policy, "measure_costs", fake)
     m, s = tiny(), SamplingConfig(guidance=2.0)
     c = policy.cost_model(m, None, s, 1, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path)
-    assert c.target == pytest.approx((0.01, 0.002)) and c.drafter == pytest.approx((0.0, 0.001), abs=1e-12)
+    assert np.allclose(c.target, [(2, 0.01, 0.004)]) and np.allclose(c.drafter, [(2, 0.0, 0.002)], atol=1e-12)
     assert c.round_s(2, 3) == pytest.approx(0.01 + 0.002 * 8 + 0.004 + 2 * 0.002)
+    assert c.target_s(4, 3) == pytest.approx(2 * c.target_s(2, 3))  # beyond the measured rows: proportional
     assert policy.cost_model(m, None, s, 1, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path) == c
     assert calls == [[1]]
-    policy.cost_model(m, None, s, 8, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path)
+    c = policy.cost_model(m, None, s, 8, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path)
     assert calls == [[1], [8]]
+    for rows in (2, 9, 16):  # measured and interpolated rows on the line
+        assert c.target_s(rows, 3) == pytest.approx(0.01 + 0.002 * rows * 3)
     (saved,) = tmp_path.glob("*.json")
     assert saved.name == "tiny-float64-cpu1-full-lantern2.json"
     assert set(json.loads(saved.read_text())["target"]) == {f"{r},{t}" for r in (2, 16) for t in (1, 2, 3, 4, 5)}
@@ -148,7 +158,7 @@ def test_decode_config_gamma_auto():
 # acceptance rises steeply with the target's top-1 and the draft's own top-1, a drafter step
 # costs half a target forward: on the tiny model the policy takes lengths 0, 1 and 2
 STEEP = AcceptancePredictor((-9.0, 10.0, 0.0, 4.0), 0.5)
-HALF = CostModel((1.0, 0.0), (0.5, 0.0))
+HALF = _flat(1.0, 0.5)
 
 
 @pytest.mark.slow  # ~20 s each on 2 cores: every branch is a full decode

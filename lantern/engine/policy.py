@@ -162,21 +162,23 @@ def expected_accepted(table: np.ndarray, G: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- cost
 @dataclass(frozen=True)
 class CostModel:
-    """Seconds of one round's parts as a function of model rows x tokens per row, linear fits
-    ``a + b * rows * tokens`` (non-negative): ``target`` (one verify forward and the distribution
-    of its logits) and ``drafter`` (one drafter step: forward, head, distribution, draw); and
-    ``overhead`` ``a + b * rows``: what a drafting round of the engine takes beyond those (its
-    bookkeeping; measured on a short decode, :func:`cost_model`)."""
+    """Seconds of one round's parts. ``target`` (one verify forward, the distribution of its logits
+    and the rule's work) and ``drafter`` (one drafter step: forward, head, distribution, draw):
+    per measured count of model rows R, a line ``a + b T`` in the tokens per row T, as
+    ((R, a, b), ...) ascending in R; other row counts interpolate linearly between the two nearest
+    (beyond the largest: proportional to the rows). ``overhead`` ``(a, b)``: ``a + b rows``
+    seconds a drafting round of the engine takes beyond those (its bookkeeping, measured on a
+    short decode, :func:`cost_model`)."""
 
-    target: tuple[float, float]
-    drafter: tuple[float, float]
+    target: tuple[tuple[float, float, float], ...]
+    drafter: tuple[tuple[float, float, float], ...]
     overhead: tuple[float, float] = (0.0, 0.0)
 
     def target_s(self, rows: int, tokens: int) -> float:
-        return self.target[0] + self.target[1] * rows * tokens
+        return _at(self.target, rows, tokens)
 
     def drafter_s(self, rows: int, tokens: int = 1) -> float:
-        return self.drafter[0] + self.drafter[1] * rows * tokens
+        return _at(self.drafter, rows, tokens)
 
     def round_s(self, rows: int, G: int, pending: int = 2) -> float:
         """One round of ``G`` drafts: the verify over ``1 + G`` tokens a row, the drafter's first
@@ -187,11 +189,20 @@ class CostModel:
         return self.target_s(rows, 1 + G) + drafts + self.overhead[0] + self.overhead[1] * rows
 
 
+def _at(lines: tuple, rows: int, tokens: int) -> float:
+    """Seconds at ``rows`` and ``tokens`` from per-row-count lines ((R, a, b), ...) (:class:`CostModel`)."""
+    R = np.array([line[0] for line in lines], dtype=np.float64)
+    s = np.array([a + b * tokens for _, a, b in lines])
+    if rows >= R[-1]:
+        return float(s[-1] * rows / R[-1])
+    return float(np.interp(rows, R, s))
+
+
 def _fit(points: dict) -> tuple[float, float]:
-    """Robust line ``s = a + b x`` over {"rows,tokens": seconds} with x = rows * tokens (Theil-Sen:
-    b the median of the pairwise slopes, a the median of ``s - b x``; both clamped at 0), so a
-    timing that another process interrupted does not tilt it."""
-    x = np.array([np.prod([int(v) for v in k.split(",")]) for k in points], dtype=np.float64)
+    """Robust line ``s = a + b x`` over {x: seconds} (Theil-Sen: b the median of the pairwise
+    slopes, a the median of ``s - b x``; both clamped at 0), so a timing that another process
+    interrupted does not tilt it."""
+    x = np.array([float(k) for k in points], dtype=np.float64)
     s = np.array(list(points.values()), dtype=np.float64)
     i, j = np.triu_indices(len(x), 1)
     apart = x[i] != x[j]
@@ -199,6 +210,15 @@ def _fit(points: dict) -> tuple[float, float]:
         return float(np.median(s)), 0.0
     b = max(0.0, float(np.median((s[j] - s[i])[apart] / (x[j] - x[i])[apart])))
     return max(0.0, float(np.median(s - b * x))), b
+
+
+def _lines(points: dict) -> tuple[tuple[float, float, float], ...]:
+    """{"rows,tokens": seconds} -> a :func:`_fit` line over the tokens for every row count."""
+    by_rows: dict[int, dict] = {}
+    for key, seconds in points.items():
+        R, T = (int(v) for v in key.split(","))
+        by_rows.setdefault(R, {})[T] = seconds
+    return tuple((R, *_fit(by_rows[R])) for R in sorted(by_rows))
 
 
 def default_cache_dir() -> Path:
@@ -352,14 +372,14 @@ def cost_model(
         new = measure_costs(model, drafter, sampling, missing, want_t, rule, table)
         for part in ("target", "drafter"):
             points[part].update(new[part])
-    costs = CostModel(_fit(points["target"]), _fit(points["drafter"]))
+    costs = CostModel(_lines(points["target"]), _lines(points["drafter"]))
     todo = [R for R in want_rows if overhead is not None and f"{R * g},1" not in points["overhead"]]
     for R in todo:
         points["overhead"][f"{R * g},1"] = max(0.0, float(overhead(R, costs)))
     if cache and (missing or todo):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(points, indent=1))
-    fitted = _fit(points["overhead"]) if points["overhead"] else (0.0, 0.0)
+    fitted = _fit({k.split(",")[0]: v for k, v in points["overhead"].items()}) if points["overhead"] else (0.0, 0.0)
     return CostModel(costs.target, costs.drafter, fitted)
 
 
