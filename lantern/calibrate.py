@@ -2,7 +2,7 @@
 
 Decodes images with LANTERN at the paper's sampling (CFG 3, temperature 1, top-k 2000 and
 k = 1000 of LlamaGen's 16384 codes mapped to the model's codebook, δ 0.1) and a long fixed chain,
-fits P(accepted | p_top1, p_entropy, q_top1) to the draft records and writes it next to the
+fits P(accepted | p_top1, p_entropy, q_top1, depth) to the draft records and writes it next to the
 shipped drafter (``lantern/weights/<model>_drafter_acceptance.json``). The target's features are
 those the policy has when it decides (:func:`lagged`): the distribution the image's last committed
 token came from, not the one at the draft's own position (known only after the verify forward).
@@ -37,13 +37,14 @@ def lagged(drafts: dict) -> dict:
         (int(i), int(t)): (a, b)
         for i, t, a, b in zip(*(d[c][reached] for c in ("image", "position", "p_top1", "p_entropy")))
     }
-    out = {c: [] for c in ("p_top1", "p_entropy", "q_top1", "accepted", "reached")}
+    names = ("p_top1", "p_entropy", "q_top1", "depth", "accepted", "reached")
+    out = {c: [] for c in names}
     for i, pos, j, q, ok in zip(*(d[c][reached] for c in ("image", "position", "draft_index", "q_top1", "accepted"))):
         n = int(pos) - int(j)
         stats = known.get((int(i), n - 1)) or known.get((int(i), n - 2))
         if stats is None:
             continue
-        for c, v in zip(("p_top1", "p_entropy", "q_top1", "accepted", "reached"), (*stats, q, bool(ok), True)):
+        for c, v in zip(names, (*stats, q, int(j) + 1, bool(ok), True)):
             out[c].append(v)
     return {c: np.asarray(v) for c, v in out.items()}
 

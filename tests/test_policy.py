@@ -26,25 +26,12 @@ from lantern.engine.policy import (
     AcceptancePredictor,
     CostModel,
     GammaPolicy,
-    expected_accepted,
     fit_predictor,
     load_predictor,
     save_predictor,
-    survival_table,
 )
 from lantern.methods.tree.spec import TreeSpec
 from lantern.rules.acceptance import AcceptanceRule
-
-
-def test_expected_accepted_drafts_of_a_chain():
-    """a = 1/2 each: 1/2 + 1/4 + 1/8; known survival (0.9, 0.45) then a = 0.5 for draft 3."""
-    table = survival_table(np.zeros((1, 0)), np.array([0.5]), 3)
-    assert table.tolist() == [[0.5, 0.25, 0.125]]
-    assert expected_accepted(table, np.array([3])).tolist() == [0.875]
-    assert expected_accepted(table, np.array([0])).tolist() == [0.0]
-    table = survival_table(np.array([[0.9, 0.45]]), np.array([0.5]), 3)
-    assert np.allclose(table, [[0.9, 0.45, 0.225]])
-    assert np.allclose(expected_accepted(table, np.array([2])), [1.35])
 
 
 def _always(a: float) -> AcceptancePredictor:
@@ -69,7 +56,7 @@ def test_the_policy_maximises_expected_tokens_per_second():
     pol = GammaPolicy(_always(0.9), 8, _flat(1.0, 0.25))
     assert pol.plan(stats, np.array([2]), rows=1) == 2  # the cap binds
     assert pol.plan(stats, np.array([0]), rows=1) == 0  # the last token of an image is never drafted
-    # while drafting (a draft's acceptance: ~1 when its own top-1 is 0.9, ~0 at 0.1): one sure draft
+    # while drafting (a draft's acceptance: ~1 when its top-1 is 0.9, ~0 at 0.1; no depth term): one sure draft
     # gives 2 tokens in 1.25 s (1.6 a second), one more adds ~1 token for 0.25 s: go on; a hopeless
     # draft adds nothing: stop; the cap (3) stops the third
     pol = GammaPolicy(AcceptancePredictor((-20.0, 0.0, 0.0, 40.0), 0.5), 3, _flat(1.0, 0.25))
@@ -80,15 +67,15 @@ def test_the_policy_maximises_expected_tokens_per_second():
 
 
 def test_a_saturated_logistic_fit_reproduces_the_observed_rates():
-    """Four affinely independent feature points (4 coefficients): the maximum-likelihood fit
-    predicts exactly each point's share of accepted drafts (1/4, 1/2, 3/4, 1/5); drafts not
+    """Five affinely independent feature points (5 coefficients): the maximum-likelihood fit
+    predicts exactly each point's share of accepted drafts (1/4, 1/2, 3/4, 1/5, 2/3); drafts not
     reached (after a rejection) do not count."""
-    points = [(0.2, 1.0, 0.3), (0.5, 0.5, 0.3), (0.9, 0.2, 0.6), (0.4, 2.0, 0.9)]
-    counts = [(1, 4), (2, 4), (3, 4), (1, 5)]
-    rows = {c: [] for c in ("p_top1", "p_entropy", "q_top1", "accepted", "reached")}
-    for (pt, pe, qt), (ok, n) in zip(points, counts):
+    points = [(0.2, 1.0, 0.3, 1), (0.5, 0.5, 0.3, 2), (0.9, 0.2, 0.6, 1), (0.4, 2.0, 0.9, 3), (0.3, 0.7, 0.5, 4)]
+    counts = [(1, 4), (2, 4), (3, 4), (1, 5), (2, 3)]
+    rows = {c: [] for c in ("p_top1", "p_entropy", "q_top1", "depth", "accepted", "reached")}
+    for (pt, pe, qt, dp), (ok, n) in zip(points, counts):
         for i in range(n + 2):
-            for c, v in zip(("p_top1", "p_entropy", "q_top1"), (pt, pe, qt)):
+            for c, v in zip(("p_top1", "p_entropy", "q_top1", "depth"), (pt, pe, qt, dp)):
                 rows[c].append(v)
             rows["accepted"].append(i < ok)
             rows["reached"].append(i < n)  # two unreached drafts per point, one of them "accepted"
@@ -100,7 +87,7 @@ def test_a_saturated_logistic_fit_reproduces_the_observed_rates():
 
 
 def test_predictor_files(tmp_path):
-    pred = AcceptancePredictor((0.1, 2.0, -0.5, 1.0), 0.4, {"images": 3})
+    pred = AcceptancePredictor((0.1, 2.0, -0.5, 1.0, -0.2), 0.4, {"images": 3})
     path = save_predictor(pred, tmp_path / "p.json")
     assert load_predictor(path, "embedded") == pred
     with pytest.raises(UsageError, match=r"missing; rebuild it with: python -m lantern.calibrate --model m"):
@@ -214,3 +201,4 @@ def test_calibration_uses_the_distribution_of_the_last_committed_token():
     got = lagged(rows)
     assert got["p_top1"].tolist() == [0.2, 0.2, 0.4] and got["p_entropy"].tolist() == [1.2, 1.2, 1.4]
     assert got["q_top1"].tolist() == [0.8, 0.9, 0.95] and got["accepted"].tolist() == [True, True, False]
+    assert got["depth"].tolist() == [1, 2, 1]

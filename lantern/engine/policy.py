@@ -52,8 +52,6 @@ __all__ = [
     "GammaPolicy",
     "cost_model",
     "default_cache_dir",
-    "expected_accepted",
-    "survival_table",
     "timing_clock",
     "fit_predictor",
     "load_predictor",
@@ -62,26 +60,29 @@ __all__ = [
     "save_predictor",
 ]
 
-FEATURES = ("p_top1", "p_entropy", "q_top1")  # the predictor's inputs (draft-record columns)
+FEATURES = ("p_top1", "p_entropy", "q_top1", "depth")  # the predictor's inputs (draft-record columns)
 
 
 # --------------------------------------------------------------------------- acceptance
 @dataclass(frozen=True)
 class AcceptancePredictor:
-    """P(a draft is accepted) = sigmoid(w0 + w1 p_top1 + w2 p_entropy + w3 q_top1) (logistic).
+    """P(a draft is accepted) = sigmoid(w0 + w1 p_top1 + w2 p_entropy + w3 q_top1 + w4 depth)
+    (logistic; depth 1 = the chain's first draft).
 
-    weights: the 4 coefficients; q_mean: the drafter's mean top-1 probability (the value used for
-    a draft not drawn yet); info: what it was fitted on (rule, sampling, drafts, accuracy).
+    weights: the 5 coefficients (a file of 4 has no depth term); q_mean: the drafter's mean top-1
+    probability (the value used for a draft not drawn yet); info: what it was fitted on (rule,
+    sampling, drafts, images).
     """
 
-    weights: tuple[float, float, float, float]
+    weights: tuple[float, ...]
     q_mean: float
     info: Optional[dict] = None
 
-    def prob(self, p_top1, p_entropy, q_top1) -> np.ndarray:
-        """Acceptance probability for arrays of equal (broadcastable) shape -> float64 array in [0, 1]."""
-        w = self.weights
+    def prob(self, p_top1, p_entropy, q_top1, depth=1) -> np.ndarray:
+        """Acceptance probability for arrays of broadcastable shapes -> float64 array in [0, 1]."""
+        w = (*self.weights, 0.0)[:5]
         z = w[0] + w[1] * np.asarray(p_top1) + w[2] * np.asarray(p_entropy) + w[3] * np.asarray(q_top1)
+        z = z + w[4] * np.asarray(depth)
         with np.errstate(over="ignore"):
             return 1.0 / (1.0 + np.exp(-z))
 
@@ -141,22 +142,6 @@ def save_predictor(pred: AcceptancePredictor, path: str | Path) -> Path:
     path = Path(path)
     path.write_text(json.dumps({"weights": list(pred.weights), "q_mean": pred.q_mean, "info": pred.info}, indent=1))
     return path
-
-
-def survival_table(survival: np.ndarray, a_next: np.ndarray, width: int) -> np.ndarray:
-    """P(drafts 1..j all accepted) for j = 1..width (B, width) float64: the known ``survival``
-    (B, have) (``have <= width``), then each later draft passing with ``a_next`` (B,)."""
-    have = survival.shape[1]
-    last = survival[:, -1] if have else np.ones(len(a_next))
-    later = last[:, None] * a_next[:, None] ** np.arange(1, width - have + 1)[None, :]
-    return np.concatenate([survival, later], 1)
-
-
-def expected_accepted(table: np.ndarray, G: np.ndarray) -> np.ndarray:
-    """Expected accepted drafts ``sum_{j<=G_b} P(drafts 1..j all accepted)`` (B,) float64 of chains
-    of ``G`` (B,) int64 drafts, from a :func:`survival_table` (B, width >= max G)."""
-    sums = np.concatenate([np.zeros((len(table), 1)), np.cumsum(table, 1)], 1)
-    return sums[np.arange(len(table)), G]
 
 
 # --------------------------------------------------------------------------- cost
@@ -411,9 +396,9 @@ class GammaPolicy:
 
     def _best(self, a: np.ndarray, caps: np.ndarray, rows: int) -> int:
         """argmax over G in 0..max(caps) of expected committed tokens per second of a round in which
-        every draft of image b passes with ``a[b]`` (image b drafts ``min(G, cap_b)``)."""
-        top = int(caps.max())
-        table = survival_table(np.zeros((len(caps), 0)), a, top)
+        draft j of image b passes with ``a[b, j - 1]`` (a (k, max caps); image b drafts ``min(G, cap_b)``)."""
+        table = np.cumprod(a, 1)
+        top = table.shape[1]
         sums = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(table, 1)], 1)  # (k, top + 1): E at each G
         G = np.arange(top + 1)
         tokens = len(caps) + np.take_along_axis(sums, np.minimum(G[None, :], caps[:, None]), 1).sum(0)
@@ -424,24 +409,25 @@ class GammaPolicy:
         (p_stats (k, 2) float64: top-1 probability, entropy; the drafter's mean top-1 for the drafts),
         caps (k,) int64 the most drafts each may take (``min(gamma_max, N - 1 - n_b)``), rows: model
         rows of the forward. 0: a plain AR step; else draft and ask :meth:`go_on` after each step."""
-        self._round = (p_stats[:, 0], p_stats[:, 1], caps, rows)
+        pt, pe = p_stats[:, :1], p_stats[:, 1:]
+        self._round = (pt[:, 0], pe[:, 0], caps, rows)
         self._surv, self._tokens, self._j = np.ones(len(caps)), float(len(caps)), 0
-        return self._best(self.predictor.prob(p_stats[:, 0], p_stats[:, 1], self.predictor.q_mean), caps, rows)
+        depth = np.arange(1, int(caps.max()) + 1)[None, :]
+        return self._best(self.predictor.prob(pt, pe, self.predictor.q_mean, depth), caps, rows)
 
     def go_on(self, q_top1: np.ndarray) -> bool:
         """After one more drafting step of the round :meth:`plan` started (q_top1 (k,) the drafter's
         top-1 probability of each image's new draft): whether one more draft is expected to raise
         the round's tokens per second (its expected tokens ``sum_b s_b a_b`` per extra second above
-        the round's rate so far; s_b the survival of image b's chain, a_b its last draft's
-        acceptance probability)."""
+        the round's rate so far; s_b the survival of image b's chain, a_b the next draft's
+        acceptance probability at its depth, with the last draft's top-1)."""
         pt, pe, caps, rows = self._round
-        a = self.predictor.prob(pt, pe, q_top1)
         self._j += 1
         j = self._j
-        self._surv = self._surv * a
+        self._surv = self._surv * self.predictor.prob(pt, pe, q_top1, j)
         self._tokens += float(self._surv[caps >= j].sum())
         if j >= int(caps.max()):
             return False
         seconds = self._seconds(rows)
-        gain = float((self._surv * a)[caps > j].sum())
+        gain = float((self._surv * self.predictor.prob(pt, pe, q_top1, j + 1))[caps > j].sum())
         return gain * seconds[j] > self._tokens * (seconds[j + 1] - seconds[j])
