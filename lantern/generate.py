@@ -105,7 +105,7 @@ def decode_config_from_args(args) -> DecodeConfig:
     plugin = PLUGINS[args.method]
     tree = parse_tree(args.tree, args.total_tokens, args.depth, args.tree_top_k) if plugin.drafter else None
     fields = plugin.from_args(args) if plugin.from_args is not None else {}
-    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, tree, **fields)
+    return DecodeConfig.of(args.method, args.gamma, args.metric, args.matrix, tree, args.gamma_max, **fields)
 
 
 def build_parser() -> ArgumentParser:

@@ -29,3 +29,17 @@ def test_text_twin_ar_needs_no_codebook(tmp_path, monkeypatch):
     assert rows["tau"].tolist() == [1.0]  # AR: one token per step
     summary = json.loads((tmp_path / "throughput.json").read_text())
     assert summary["device"] == "cpu" and summary["dtype"] == "float32"
+
+
+def test_methods_map_to_their_configs():
+    """``-auto`` rows are the chains with gamma="auto" (up to --gamma-max), ``ar-compiled`` is AR,
+    LANTERN takes --k and --delta; --quick sets the smoke run."""
+    bt = _module()
+    args = bt.build_parser().parse_args(["--gamma", "3", "--gamma-max", "6", "--quick"])
+    auto = bt.config_of("lantern-auto", args, 62)
+    assert auto.auto and auto.gamma_max == 6 and auto.rule.k == 62 and auto.rule.delta == 0.1
+    fixed = bt.config_of("sd", args, 62)
+    assert fixed.gamma == 3 and not fixed.auto and fixed.rule.method == "sd"
+    assert bt.config_of("sd-auto", args, 62).auto and bt.config_of("ar-compiled", args, 62).method == "ar"
+    assert bt.config_of("lantern-dynamic", args, 62).tree.kind == "dynamic"
+    assert set(bt.QUICK) <= set(vars(args)) and args.quick

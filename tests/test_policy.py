@@ -1,13 +1,196 @@
+"""The draft-length policy of chains (lantern.engine.policy, ``gamma="auto"``).
+
+* the expected accepted drafts of a chain and the policy's choice of G, hand-computed;
+* the acceptance predictor: a saturated logistic fit reproduces the observed acceptance rates,
+  and a missing file is one line naming the command that rebuilds it;
+* the cost model: a linear fit of hand-made points, cached as JSON (a second call measures nothing);
+* exact enumeration of the real engine with the policy active: at δ = 0 (and ``sd``) the joint
+  distribution of an image's tokens equals AR sampling (1e-12), with rounds of every length
+  0..γ_max (plain AR steps, early stops and full chains).
+"""
+
+import json
+
+import numpy as np
+import pytest
+from test_trees import enumerate_outcomes, exact_joint, tiny
+
+import lantern.engine.policy as policy
+from ambiguity.errors import FieldError, UsageError
+from ambiguity.neighbourhood import build_neighbourhoods
+from ambiguity.sampling import SamplingConfig
+from lantern.calibrate import lagged
+from lantern.drafter.model import Drafter
+from lantern.engine.decode import DecodeConfig, decode
+from lantern.engine.policy import (
+    AcceptancePredictor,
+    CostModel,
+    GammaPolicy,
+    fit_predictor,
+    load_predictor,
+    save_predictor,
+)
+from lantern.methods.tree.spec import TreeSpec
+from lantern.rules.acceptance import AcceptanceRule
+
+
+def _always(a: float) -> AcceptancePredictor:
+    """A predictor that says ``a`` whatever the distributions (logit of a, no slopes)."""
+    return AcceptancePredictor((float(np.log(a / (1 - a))), 0.0, 0.0, 0.0), 0.5)
+
+
+def _flat(target: float, drafter: float) -> CostModel:
+    """A cost model in which a target forward takes ``target`` s and a drafter step ``drafter`` s
+    whatever the rows and tokens."""
+    return CostModel(((1, target, 0.0),), ((1, drafter, 0.0),))
+
+
+def test_the_policy_maximises_expected_tokens_per_second():
+    """One image, a = 1/2, target 1 s a forward, a drafter step d s: G tokens cost 1 + G d and
+    bring 1 + sum_{j<=G} 2^-j. d = 0.25: rates 1, 1.2, 1.1667, 1.0714 -> G = 1; d = 0.6: G = 0;
+    free drafting: the longest chain allowed (cap 3)."""
+    stats, caps = np.array([[0.5, 1.0]]), np.array([3])
+    for d, want in ((0.25, 1), (0.6, 0), (0.0, 3)):
+        pol = GammaPolicy(_always(0.5), 3, _flat(1.0, d))
+        assert pol.plan(stats, caps, rows=1) == want, d
+    pol = GammaPolicy(_always(0.9), 8, _flat(1.0, 0.25))
+    assert pol.plan(stats, np.array([2]), rows=1) == 2  # the cap binds
+    assert pol.plan(stats, np.array([0]), rows=1) == 0  # the last token of an image is never drafted
+    # while drafting (a draft's acceptance: ~1 when its top-1 is 0.9, ~0 at 0.1; no depth term): one sure draft
+    # gives 2 tokens in 1.25 s (1.6 a second), one more adds ~1 token for 0.25 s: go on; a hopeless
+    # draft adds nothing: stop; the cap (3) stops the third
+    pol = GammaPolicy(AcceptancePredictor((-20.0, 0.0, 0.0, 40.0), 0.5), 3, _flat(1.0, 0.25))
+    assert pol.plan(stats, caps, rows=1) == 1  # before drafting a = sigmoid(0) = 1/2: G = 1 as above
+    assert pol.go_on(np.array([0.9])) and pol.go_on(np.array([0.9])) and not pol.go_on(np.array([0.9]))
+    pol.plan(stats, caps, rows=1)
+    assert not pol.go_on(np.array([0.1]))
+
+
+def test_a_saturated_logistic_fit_reproduces_the_observed_rates():
+    """Five affinely independent feature points (5 coefficients): the maximum-likelihood fit
+    predicts exactly each point's share of accepted drafts (1/4, 1/2, 3/4, 1/5, 2/3); drafts not
+    reached (after a rejection) do not count."""
+    points = [(0.2, 1.0, 0.3, 1), (0.5, 0.5, 0.3, 2), (0.9, 0.2, 0.6, 1), (0.4, 2.0, 0.9, 3), (0.3, 0.7, 0.5, 4)]
+    counts = [(1, 4), (2, 4), (3, 4), (1, 5), (2, 3)]
+    rows = {c: [] for c in ("p_top1", "p_entropy", "q_top1", "depth", "accepted", "reached")}
+    for (pt, pe, qt, dp), (ok, n) in zip(points, counts):
+        for i in range(n + 2):
+            for c, v in zip(("p_top1", "p_entropy", "q_top1", "depth"), (pt, pe, qt, dp)):
+                rows[c].append(v)
+            rows["accepted"].append(i < ok)
+            rows["reached"].append(i < n)  # two unreached drafts per point, one of them "accepted"
+    pred = fit_predictor(rows)
+    got = pred.prob(*np.array(points).T)
+    assert np.allclose(got, [ok / n for ok, n in counts], atol=1e-8)
+    with pytest.raises(UsageError, match="single outcome"):
+        fit_predictor({**rows, "accepted": [True] * len(rows["accepted"])})
+
+
+def test_predictor_files(tmp_path):
+    pred = AcceptancePredictor((0.1, 2.0, -0.5, 1.0, -0.2), 0.4, {"images": 3})
+    path = save_predictor(pred, tmp_path / "p.json")
+    assert load_predictor(path, "embedded") == pred
+    with pytest.raises(UsageError, match=r"missing; rebuild it with: python -m lantern.calibrate --model m"):
+        load_predictor(tmp_path / "none.json", "m")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(UsageError, match=r"bad.json is unreadable .*python -m lantern.calibrate --model m$"):
+        load_predictor(tmp_path / "bad.json", "m")
+
+
+def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
+    """Points on s = 0.01 + 0.002 rows tokens give that line at every row count (measured or
+    interpolated); the JSON cache answers the second call for the same model, and a larger batch
+    measures only its own rows."""
+    calls = []
+
+    def fake(model, drafter, sampling, rows, tokens, rule, table):
+        calls.append(list(rows))
+        line = lambda R, T: 0.01 + 0.002 * R * T
+        return {
+            "target": {f"{2 * R},{T}": line(2 * R, T) for R in rows for T in tokens},
+            "drafter": {f"{2 * R},{T}": 0.001 * 2 * R * T for R in rows for T in (1, 2)},
+        }
+
+    monkeypatch.setattr(policy, "measure_costs", fake)
+    m, s = tiny(), SamplingConfig(guidance=2.0)
+    c = policy.cost_model(m, None, s, 1, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path)
+    assert np.allclose(c.target, [(2, 0.01, 0.004)]) and np.allclose(c.drafter, [(2, 0.0, 0.002)], atol=1e-12)
+    assert c.round_s(2, 3) == pytest.approx(0.01 + 0.002 * 8 + 0.004 + 2 * 0.002)
+    assert c.target_s(4, 3) == pytest.approx(2 * c.target_s(2, 3))  # beyond the measured rows: proportional
+    assert policy.cost_model(m, None, s, 1, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path) == c
+    assert calls == [[1]]
+    c = policy.cost_model(m, None, s, 8, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path)
+    assert calls == [[1], [8]]
+    for rows in (2, 9, 16):  # measured and interpolated rows on the line
+        assert c.target_s(rows, 3) == pytest.approx(0.01 + 0.002 * rows * 3)
+    (saved,) = tmp_path.glob("*.json")
+    assert saved.name == "tiny-float64-cpu1-full-lantern2.json"
+    assert set(json.loads(saved.read_text())["target"]) == {f"{r},{t}" for r in (2, 16) for t in (1, 2, 3, 4, 5)}
+
+
+def test_decode_config_gamma_auto():
+    c = DecodeConfig.of("lantern", "auto", k=2, delta=0.1, gamma_max=5)
+    assert c.auto and c.draft_depth == 5 and c.as_dict()["gamma"] == "auto" and c.as_dict()["gamma_max"] == 5
+    assert DecodeConfig.of("sd", 3).draft_depth == 3 and not DecodeConfig.of("sd", 3).auto
+    for bad, msg in ((dict(gamma="fast"), "integer >= 1 or 'auto'"), (dict(gamma=0), "integer >= 1")):
+        with pytest.raises(FieldError, match=msg):
+            DecodeConfig.of("lantern", **bad)
+    with pytest.raises(FieldError, match="gamma_max"):
+        DecodeConfig.of("lantern", "auto", gamma_max=0)
+    with pytest.raises(FieldError, match="draft tree"):
+        DecodeConfig.of("lantern", "auto", tree=TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2))
+
+
+# --------------------------------------------------------------------------- exact enumeration
+# acceptance rises steeply with the target's top-1 and the draft's own top-1, a drafter step
+# costs half a target forward: on the tiny model the policy takes lengths 0, 1 and 2
+STEEP = AcceptancePredictor((-9.0, 10.0, 0.0, 4.0), 0.5)
+HALF = _flat(1.0, 0.5)
+
+
+@pytest.mark.slow  # ~20 s each on 2 cores: every branch is a full decode
+@pytest.mark.parametrize(
+    "sampling, rule, taken",
+    [
+        (SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), {0, 1, 2}),
+        (SamplingConfig(guidance=1.0, temperature=1.0), AcceptanceRule("sd"), {0, 1}),
+    ],
+)
+def test_exact_decoding_with_the_policy_at_delta_zero_is_ar_sampling(sampling, rule, taken, monkeypatch):
+    """Every random outcome of an image decoded with ``gamma="auto"`` (γ_max 2, V = 4, 2 x 2
+    tokens), weighted by its probability, gives exactly the AR joint: the draft length depends
+    only on the past and the drafter's own proposals. The rounds take the lengths ``taken``: plain
+    AR steps, chains stopped early and (with guidance) full chains."""
+    monkeypatch.setattr("lantern.methods.registry.load_predictor", lambda path, name: STEEP)
+    monkeypatch.setattr(policy, "cost_model", lambda *a, **k: HALF)
+    m = tiny()
+    d = Drafter.for_target(m, seed=3).eval()
+    nb = build_neighbourhoods(m.input_embeddings(), 2, "l2", cache=False).indices
+    want = exact_joint(m, 1, sampling)
+    config = DecodeConfig(rule, "auto", gamma_max=2)
+    lengths = set()
+
+    def run(draws):
+        out = decode(m, [1], config, sampling, d, nb, seed=9, draws={0: draws})
+        lengths.update(out.steps["drafted"].tolist())
+        return tuple(out.tokens[0].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
+    assert set(got) <= set(want)
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    assert lengths == taken
+
+
 def test_calibration_uses_the_distribution_of_the_last_committed_token():
     """Image 0: round 1 at n = 1 drafts positions 1, 2 (the draft at 2 rejected, so x_2 came from
     p at position 2); round 2 at n = 3 drafts 3, 4: its drafts take position 2's target statistics.
-    Round 3 at n = 5 follows a round that accepted everything (x_4 a bonus token: no draft row at
-    4 is the last one... position 4 was reached, so it is used). Round 1 has no earlier token: left out."""
-    from lantern.calibrate import lagged
-
+    Round 2 accepts both, so x_5 is a bonus token (no draft row): round 3 at n = 6 takes position
+    4's. Round 1 has no earlier token: left out."""
     rows = dict(
         image=[0, 0, 0, 0, 0],
-        position=[1, 2, 3, 4, 5],
+        position=[1, 2, 3, 4, 6],
         draft_index=[0, 1, 0, 1, 0],
         p_top1=[0.1, 0.2, 0.3, 0.4, 0.5],
         p_entropy=[1.1, 1.2, 1.3, 1.4, 1.5],
@@ -18,3 +201,4 @@ def test_calibration_uses_the_distribution_of_the_last_committed_token():
     got = lagged(rows)
     assert got["p_top1"].tolist() == [0.2, 0.2, 0.4] and got["p_entropy"].tolist() == [1.2, 1.2, 1.4]
     assert got["q_top1"].tolist() == [0.8, 0.9, 0.95] and got["accepted"].tolist() == [True, True, False]
+    assert got["depth"].tolist() == [1, 2, 1]

@@ -81,21 +81,30 @@ class DecodeConfig:
     e.g. :class:`lantern.methods.jacobi.config.JacobiConfig`), else None.
     Build one with :meth:`of`: ``DecodeConfig.of("lantern", gamma=4, k=64, delta=0.2)``,
     ``DecodeConfig.of("sjd", window=16)``.
-    Raises :class:`UsageError` for γ < 1, an unknown metric or matrix.
+    ``gamma="auto"``: the engine's draft-length policy picks each round's chain length in
+    ``0..gamma_max`` (:mod:`lantern.engine.policy`; chains only).
+    Raises :class:`UsageError` for γ < 1 (or not ``"auto"``), gamma_max < 1, an unknown metric or matrix.
     """
 
     rule: Optional[AcceptanceRule] = field(default_factory=lambda: AcceptanceRule("lantern"))
-    gamma: int = 4
+    gamma: int | str = 4
     metric: str = DEFAULT_METRIC
     matrix: str = "codebook"
     tree: Optional[TreeSpec] = None
     params: Optional[Any] = None
+    gamma_max: int = 8
 
     def __post_init__(self):
-        if isinstance(self.gamma, bool) or int(self.gamma) != self.gamma or self.gamma < 1:
+        if not _draft_length(self.gamma, auto=True):
             raise FieldError(
-                "DecodeConfig", "gamma", f"(draft tokens per step) must be an integer >= 1, got {self.gamma}"
+                "DecodeConfig",
+                "gamma",
+                f"(draft tokens per step) must be an integer >= 1 or 'auto', got {self.gamma!r}",
             )
+        if not _draft_length(self.gamma_max, auto=False):
+            raise FieldError("DecodeConfig", "gamma_max", f"must be an integer >= 1, got {self.gamma_max!r}")
+        if self.gamma == "auto" and self.tree is not None:
+            raise FieldError("DecodeConfig", "gamma", "'auto' picks chain lengths; a draft tree has its own shape")
         if self.metric not in METRICS:
             raise FieldError("DecodeConfig", "metric", f"must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if self.matrix not in MATRICES:
@@ -117,10 +126,11 @@ class DecodeConfig:
     def of(
         cls,
         method: str = "lantern",
-        gamma: int = 4,
+        gamma: int | str = 4,
         metric: str = DEFAULT_METRIC,
         matrix: str = "codebook",
         tree: Optional[TreeSpec] = None,
+        gamma_max: int = 8,
         **fields,
     ) -> DecodeConfig:
         """``method`` in :data:`METHODS`; ``fields``: the method's config fields — the
@@ -135,7 +145,7 @@ class DecodeConfig:
             return cls(None, gamma, metric, matrix, None, plugin.params(**fields))
         if not plugin.drafter:
             return cls(None, gamma, metric, matrix)
-        return cls(AcceptanceRule(method, **fields), gamma, metric, matrix, tree)
+        return cls(AcceptanceRule(method, **fields), gamma, metric, matrix, tree, None, gamma_max)
 
     @property
     def method(self) -> str:
@@ -155,7 +165,14 @@ class DecodeConfig:
             return int(self.params.draft_depth)
         if self.rule is None:
             return 0
-        return self.tree.max_depth if self.tree is not None else self.gamma
+        if self.tree is not None:
+            return self.tree.max_depth
+        return self.gamma_max if self.auto else self.gamma
+
+    @property
+    def auto(self) -> bool:
+        """Whether the draft length is the engine's policy (``gamma="auto"``)."""
+        return self.gamma == "auto"
 
     def as_dict(self) -> dict:
         """Flat JSON-able record: method, gamma, metric, matrix, tree and the rule's fields."""
@@ -164,11 +181,19 @@ class DecodeConfig:
         return {
             "method": self.method,
             "gamma": self.gamma,
+            **({"gamma_max": self.gamma_max} if self.auto else {}),
             "metric": self.metric,
             "matrix": self.matrix,
             "tree": self.tree.as_dict() if self.tree is not None else "chain",
             **rule,
         }
+
+
+def _draft_length(x, auto: bool) -> bool:
+    """Whether ``x`` is an integer >= 1 (or, with ``auto``, the string ``"auto"``)."""
+    if auto and x == "auto":
+        return True
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1
 
 
 # --------------------------------------------------------------------------- many images
@@ -208,7 +233,7 @@ def check_depth(config: DecodeConfig, model: TokenModel, num_tokens: Optional[in
         what = (
             f"the tree {config.tree.label} drafts {config.draft_depth} deep"
             if config.tree is not None
-            else f"--gamma {config.gamma}"
+            else (f"--gamma-max {config.gamma_max}" if config.auto else f"--gamma {config.gamma}")
         )
         raise UsageError(
             f"{what} but an image of {model.name} has {N} tokens (at most {N - 1} can be drafted); "

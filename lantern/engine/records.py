@@ -69,6 +69,8 @@ __all__ = [
     "SECTIONS",
     "CHAIN_VALUES",
     "chain_rows",
+    "ChainDrafts",
+    "CHAIN_COLUMNS",
     "tree_rows",
     "Book",
     "summarize_decode",
@@ -173,12 +175,52 @@ def chain_rows(host: dict, images, steps, n, g, a) -> Optional[dict]:
     return cols
 
 
+@dataclass
+class ChainDrafts:
+    """A chain method's draft records of one engine step, kept as one tensor until the decode ends
+    (:meth:`Book.decoded` turns the steps of one width into rows with one :func:`chain_rows` call).
+
+    values: (B, len(CHAIN_COLUMNS), width) float tensor on the device, row b's ``token`` and
+    :data:`CHAIN_VALUES` (ints stored exactly as floats); live: (k,) int64 numpy, the slots with an
+    image; images / steps / n / g / a: (k,) int64 numpy of those slots, as :func:`chain_rows` takes them.
+    """
+
+    values: torch.Tensor
+    live: np.ndarray
+    images: np.ndarray
+    steps: np.ndarray
+    n: np.ndarray
+    g: np.ndarray
+    a: np.ndarray
+
+
+CHAIN_COLUMNS = ("token", *CHAIN_VALUES)  # the rows of ChainDrafts.values
+
+
+def _chain_blocks(blocks: Sequence[ChainDrafts]) -> list[dict]:
+    """The draft rows of many :class:`ChainDrafts`: one :func:`chain_rows` per width, one host transfer each."""
+    out = []
+    for width in sorted({b.values.shape[-1] for b in blocks}):
+        same = [b for b in blocks if b.values.shape[-1] == width]
+        offsets = np.cumsum([0] + [b.values.shape[0] for b in same[:-1]])
+        pick = np.concatenate([o + b.live for o, b in zip(offsets, same)])
+        flat = torch.cat([b.values for b in same]).double().cpu().numpy()[pick]
+        host = {c: flat[:, i] for i, c in enumerate(CHAIN_COLUMNS)}
+        meta = [np.concatenate([getattr(b, f) for b in same]) for f in ("images", "steps", "n", "g", "a")]
+        rows = chain_rows(host, *meta)
+        if rows is not None:
+            out.append(rows)
+    return out
+
+
 class Book:
     """The engine's record keeping for one decode: step and draft rows, per-image counts and
     seconds, and the finished images' tokens (the one accumulator every method writes through).
 
-    conds: the conditions (images in this order); index: (images,) int64 image index of each;
-    seed: the decode's seed (recorded per image); N: tokens per image; device: where the tokens are.
+    Each step is kept as it came (its arrays, a chain's :class:`ChainDrafts`) and turned into the
+    tables once, by :meth:`decoded`. conds: the conditions (images in this order); index: (images,)
+    int64 image index of each; seed: the decode's seed (recorded per image); N: tokens per image;
+    device: where the tokens are.
     """
 
     def __init__(self, conds: Sequence, index: np.ndarray, seed: int, N: int, device):
@@ -187,8 +229,9 @@ class Book:
         self.tokens = torch.zeros(k, N, dtype=torch.long, device=device)
         self.seconds = {s: np.zeros(k) for s in SECTIONS + ("total",)}
         self.counts = {c: np.zeros(k, dtype=np.int64) for c in ("steps", "drafted", "accepted")}
-        self.steps: list[dict] = []
-        self.drafts: list[dict] = []
+        self.steps: list[tuple] = []
+        self.drafts: list = []  # draft-row dicts and ChainDrafts, in step order
+        self.shares: list[tuple] = []  # (images, seconds, wall) of every forward, in order
         self.batch_step = 0
 
     def _share(self, js, seconds: dict, wall: float) -> None:
@@ -199,49 +242,72 @@ class Book:
 
     def admitted(self, js: list[int], seconds: dict, wall: float) -> None:
         """The prefill that admitted images ``js`` (their share of its time)."""
-        self._share(js, seconds, wall)
+        self.shares.append((np.asarray(js, dtype=np.int64), seconds, wall))
 
     def record(self, st, image_of: np.ndarray, live: np.ndarray, r, seconds: dict, wall: float) -> None:
         """One engine step: a step row per live slot (``r``: the :class:`~lantern.engine.method.Round`),
         the round's draft rows, the images' counts and their share of the step's time."""
-        js, k = image_of[live], len(live)
-        a, g = r.accepted[live], r.drafted[live]
-        row = dict(
-            image=self.index[js],
-            step=st.step[live],
-            position=st.n[live],
-            drafted=g,
-            accepted=a,
-            emitted=a + 1,
-            next_kind=np.asarray(NEXT_KINDS, dtype=object)[r.kind[live]],
-            next_token=r.next_token[live],
-            drafter_forwards=g if r.forwards is None else r.forwards[live],
-            batch_step=np.full(k, self.batch_step),
-            active=np.full(k, k),
-        )
-        for s in SECTIONS:
-            row[f"{s}_s"] = np.full(k, seconds.get(s, 0.0) / k)
-        self.steps.append(row)
+        js = image_of[live]
+        forwards = None if r.forwards is None else r.forwards[live]
+        a, g, kind, nxt = r.accepted[live], r.drafted[live], r.kind[live], r.next_token[live]
+        self.steps.append((js, st.step[live], st.n[live], g, a, kind, nxt, forwards, self.batch_step, seconds))
         if r.drafts is not None:
-            r.drafts.setdefault("proposed_step", r.drafts["step"])  # a drafter proposes in its own step
             self.drafts.append(r.drafts)
-        self._share(js, seconds, wall)
-        self.counts["steps"][js] += 1
-        self.counts["drafted"][js] += g
-        self.counts["accepted"][js] += a
+        self.shares.append((js, seconds, wall))
 
     def finished(self, js: np.ndarray, tokens: torch.Tensor) -> None:
         """Images ``js`` are complete with ``tokens`` (k, N)."""
         self.tokens[torch.as_tensor(js, device=self.tokens.device)] = tokens
 
+    def _step_rows(self) -> dict:
+        """The steps table's columns, in step order (before sorting), and the per-image counts."""
+        rows = []
+        for js, step, n, g, a, kind, nxt, forwards, batch_step, seconds in self.steps:
+            k = len(js)
+            row = dict(
+                image=self.index[js],
+                step=step,
+                position=n,
+                drafted=g,
+                accepted=a,
+                emitted=a + 1,
+                next_kind=np.asarray(NEXT_KINDS, dtype=object)[kind],
+                next_token=nxt,
+                drafter_forwards=g if forwards is None else forwards,
+                batch_step=np.full(k, batch_step),
+                active=np.full(k, k),
+            )
+            for s in SECTIONS:
+                row[f"{s}_s"] = np.full(k, seconds.get(s, 0.0) / k)
+            rows.append(row)
+            self.counts["steps"][js] += 1
+            self.counts["drafted"][js] += g
+            self.counts["accepted"][js] += a
+        for js, seconds, wall in self.shares:
+            self._share(js, seconds, wall)
+        self.steps, self.shares = [], []
+        return {c: np.concatenate([s[c] for s in rows]) if rows else np.array([]) for c in STEP_COLUMNS}
+
+    def _draft_rows(self) -> list[dict]:
+        """Every step's draft rows (a chain's :class:`ChainDrafts` turned into rows per width)."""
+        for d in self.drafts:
+            if not isinstance(d, ChainDrafts):
+                d.setdefault("proposed_step", d["step"])  # a drafter proposes in its own step
+        rows = [d for d in self.drafts if not isinstance(d, ChainDrafts)]
+        blocks = _chain_blocks([d for d in self.drafts if isinstance(d, ChainDrafts)])
+        for d in blocks:
+            d["proposed_step"] = d["step"]
+        return rows + blocks
+
     def decoded(self, method: str, depth: int) -> Decoded:
         """The decode's :class:`Decoded`: rows ordered by (image, step) and drafts by (image, step, node)."""
-        steps = {c: np.concatenate([s[c] for s in self.steps]) if self.steps else np.array([]) for c in STEP_COLUMNS}
-        order = np.lexsort((steps["step"], steps["image"])) if self.steps else np.array([], dtype=np.int64)
+        steps = self._step_rows()
+        order = np.lexsort((steps["step"], steps["image"])) if len(steps["image"]) else np.array([], dtype=np.int64)
         steps = {c: v[order] for c, v in steps.items()}
         drafts = _empty(DRAFT_COLUMNS)
-        if self.drafts:
-            drafts = {c: np.concatenate([d[c] for d in self.drafts]) for c in DRAFT_COLUMNS}
+        parts = self._draft_rows()
+        if parts:
+            drafts = {c: np.concatenate([d[c] for d in parts]) for c in DRAFT_COLUMNS}
             order = np.lexsort((drafts["node"], drafts["step"], drafts["image"]))  # a chain's node = draft_index + 1
             drafts = {c: v[order] for c, v in drafts.items()}
         images = {

@@ -288,7 +288,11 @@ class Streams:
         """Acceptance uniforms (B, max counts): row b's first counts[b] from its stream. A scripted
         row walks its coins ``accept_prob`` (B, γ) until the first rejection (u = 0 accepts any
         draft of positive probability, u just below 1 rejects any draft accepted with probability < 1)."""
-        u = row_uniforms(self.gens, counts, dtype, self.device)
+        width = int(max(counts, default=0))
+        if all(int(c) == width for c in counts):  # every row draws a full chain (the usual case): no padding
+            u = torch.stack([torch.rand(width, generator=g, device=self.device, dtype=dtype) for g in self.gens])
+        else:
+            u = row_uniforms(self.gens, counts, dtype, self.device)
         below_one = float(np.nextafter(1.0, 0.0))
         for b, d in enumerate(self.scripted):
             if d is not None:
@@ -314,7 +318,9 @@ class BatchState:
     count, ``image`` its image index (-1: empty). Rows ``R = B (1 + guided)`` are ``[conditional
     slots, unconditional slots]``. A method keeps its own state in the remaining fields: drafter
     and dcache (its cache, also listed in ``owned_caches`` so a draining batch compacts it), rule,
-    table (the (V, K) int64 neighbour table), spec (a draft tree's shape).
+    table (the (V, K) int64 neighbour table), spec (a draft tree's shape), p_stats ((B, 2) float64
+    numpy: each slot's top-1 probability and entropy of the target distribution its last token was
+    drawn from, the input of a chain's draft-length policy, :mod:`lantern.engine.policy`).
     """
 
     model: TokenModel
@@ -331,6 +337,7 @@ class BatchState:
     rule: Optional[AcceptanceRule] = None
     table: Optional[torch.Tensor] = None
     spec: Optional[TreeSpec] = None
+    p_stats: Optional[np.ndarray] = None
     n: np.ndarray = field(init=False)
     d: np.ndarray = field(init=False)
     step: np.ndarray = field(init=False)
@@ -372,6 +379,8 @@ class BatchState:
         if self.feats is not None:
             self.feats = self.feats[rows]
         self.n, self.d, self.step, self.image = self.n[live], self.d[live], self.step[live], self.image[live]
+        if self.p_stats is not None:
+            self.p_stats = self.p_stats[live]
         self.streams.keep(live)
 
     def target(self, logits: torch.Tensor) -> torch.Tensor:

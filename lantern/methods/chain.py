@@ -27,6 +27,7 @@ the sets A), the residual, the next token and the commit.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -40,7 +41,8 @@ from ambiguity.stats import entropy, top1_prob
 from lantern.drafter.model import DraftModel
 from lantern.engine.method import Method, Round
 from lantern.engine.options import OptionGroup
-from lantern.engine.records import CHAIN_VALUES, chain_rows
+from lantern.engine.policy import GammaPolicy, timing_clock
+from lantern.engine.records import ChainDrafts
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.engine.steps import Timer
 from lantern.methods.drafting import draft_chains
@@ -170,26 +172,48 @@ class Chain(Method):
 
     rule: the :class:`~lantern.rules.acceptance.AcceptanceRule`; gamma: γ >= 1; drafter: a
     :class:`~lantern.drafter.model.DraftModel` with ``forward_slots``; table: the (V, K) int64
-    neighbour table prepared by :meth:`AcceptanceRule.prepare_table` (None for ``sd``).
+    neighbour table prepared by :meth:`AcceptanceRule.prepare_table` (None for ``sd``); policy: a
+    :class:`lantern.engine.policy.GammaPolicy` (``gamma="auto"``): each round it picks the chain
+    length in ``0..gamma`` (0: a plain AR step) and may stop drafting early; None: always γ.
     """
 
-    def __init__(self, rule: AcceptanceRule, gamma: int, drafter: DraftModel, table: Optional[torch.Tensor]):
-        self.rule, self.gamma, self.drafter, self.table = rule, int(gamma), drafter, table
+    def __init__(
+        self,
+        rule: AcceptanceRule,
+        gamma: int,
+        drafter: DraftModel,
+        table: Optional[torch.Tensor],
+        policy: Optional[GammaPolicy] = None,
+    ):
+        self.rule, self.gamma, self.drafter, self.table, self.policy = rule, int(gamma), drafter, table, policy
         self.name, self.depth, self.spare, self.convention = rule.method, self.gamma, self.gamma + 1, rule.convention
 
     def open(self, st: BatchState) -> None:
         st.drafter, st.rule, st.table = self.drafter, self.rule, self.table
         st.dcache = self.drafter.new_cache(st.rows, self.gamma + 1)
+        if self.policy is not None:
+            overhead = lambda images, costs: _round_overhead(self, st, images, costs)
+            self.policy.open(st.model, self.drafter, st.sampling, st.B, self.rule, self.table, overhead)
+            st.p_stats = np.zeros((st.B, 2))
+
+    def start(self, st: BatchState, slots: list[int], p0: torch.Tensor) -> torch.Tensor:
+        if self.policy is not None:
+            st.p_stats[slots] = _host_stats(p0)
+        return super().start(st, slots, p0)
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
         n, timer, greedy = st.n, st.timer, st.sampling.greedy
-        g = np.where(active, np.minimum(self.gamma, st.N - 1 - n), 0)
-        gmax = int(g.max())
-        drafts, q = st.tokens.new_zeros(st.B, gmax), None
-        if gmax:
+        caps = np.where(active, np.minimum(self.gamma, st.N - 1 - n), 0)
+        g, go_on = caps, None
+        if self.policy is not None:
+            g, go_on = _policy_lengths(self.policy, st, active, caps)
+        drafts, q = st.tokens.new_zeros(st.B, 0), None
+        if g.max():
             with timer("drafter"):
-                drafts, q = draft_chains(st, n, st.d, g)
+                drafts, q = draft_chains(st, n, st.d, g, go_on)
+            g = np.minimum(g, drafts.shape[1])  # the policy may stop drafting early
             st.d = np.where(g > 0, n, st.d)
+        gmax = drafts.shape[1]
         with timer("target"):
             out = _verify(st, drafts)
         with timer("acceptance"):
@@ -209,13 +233,69 @@ class Chain(Method):
                 choose=lambda probs: st.streams.categorical(probs, range(st.B)),
             )
             _commit(st, drafts, res, out.hidden)
-        host = _to_host(res, p, q, drafts, gmax, greedy)  # the step's one host transfer
-        live = np.flatnonzero(active)
+        a, nxt, kind = _to_host(st, res, p, self.policy is not None)  # the step's one host transfer
         cols = None
         if gmax:
-            values = {c: host[c][live] for c in host if c not in ("a", "kind", "next")}
-            cols = chain_rows(values, st.image[live], st.step[live], n[live], g[live], host["a"][live])
-        return Round(host["a"], g, host["kind"], host["next"], None, cols)
+            live = np.flatnonzero(active)
+            values = _draft_values(res, p, q, drafts, gmax)
+            cols = ChainDrafts(values, live, st.image[live], st.step[live], n[live], g[live], a[live])
+        return Round(a, g, kind, nxt, None, cols)
+
+
+def _round_overhead(chain: Chain, st: BatchState, images: int, costs) -> float:
+    """Seconds a drafting round of ``images`` images takes beyond ``costs.round_s`` (its forwards):
+    a short decode on the engine (chains of 2, 12 tokens an image, after a warm-up), its time per
+    round (timed as :func:`lantern.engine.policy.timing_clock`) less the prefill and the forwards."""
+    from lantern.engine.loop import run
+
+    model, N = st.model, min(12, st.N)
+    conds = model.default_conditions(images)
+    plain = Chain(chain.rule, 2, chain.drafter, chain.table)
+    clock, sync = timing_clock(st.device)
+    args = (model, plain, conds, st.sampling, np.arange(images))
+    run(*args, batch_size=images, num_tokens=N)
+    sync()
+    t0 = clock()
+    out = run(*args, batch_size=images, num_tokens=N)
+    sync()
+    seconds, rounds = clock() - t0, int(np.max(out.steps["batch_step"]))
+    rows = images * (1 + st.guided)
+    return (seconds - costs.target_s(rows, 2)) / rounds - costs.round_s(rows, 2)
+
+
+def _host_stats(p: torch.Tensor) -> np.ndarray:
+    """(top-1 probability, entropy) of each row of p (k, V) as a (k, 2) float64 host array."""
+    return torch.stack([top1_prob(p), entropy(p)], 1).double().cpu().numpy()
+
+
+def _policy_lengths(policy: GammaPolicy, st: BatchState, active: np.ndarray, caps: np.ndarray):
+    """The policy's draft lengths of a round (B,) int64 (0 for every slot: a plain AR step) and the
+    drafting loop's stopping rule ``go_on(j, q)`` (:meth:`GammaPolicy.go_on`, on the live slots)."""
+    live = np.flatnonzero(active)
+    if policy.plan(st.p_stats[live], caps[live], st.rows) == 0:
+        return np.zeros_like(caps), None
+    pick = None if len(live) == st.B else torch.as_tensor(live, device=st.device)
+
+    def go_on(j: int, q: torch.Tensor) -> bool:
+        top = q.amax(-1) if pick is None else q[pick].amax(-1)
+        return policy.go_on(top.double().cpu().numpy())
+
+    return caps, go_on
+
+
+def _to_host(st: BatchState, res: Acceptance, p: torch.Tensor, stats: bool):
+    """The accepted lengths, next tokens and kinds (B,) int64 numpy, in one transfer; with
+    ``stats``, also each slot's (top-1, entropy) of the distribution its next token came from,
+    into ``st.p_stats`` (the policy's input for the next round)."""
+    cols = torch.stack([res.accepted, res.next_token, res.next_kind])
+    if not stats:
+        a, nxt, kind = cols.cpu().numpy()
+        return a, nxt, kind
+    last = p[torch.arange(p.shape[0], device=p.device), res.accepted]  # (B, V)
+    host = torch.cat([cols.double(), top1_prob(last).double()[None], entropy(last).double()[None]]).cpu().numpy()
+    st.p_stats = host[3:].T.copy()
+    a, nxt, kind = host[:3].astype(np.int64)
+    return a, nxt, kind
 
 
 def _verify(st: BatchState, drafts: torch.Tensor) -> Step:
@@ -232,61 +312,78 @@ def _uniforms_of(st: BatchState, p, q, drafts, g) -> torch.Tensor:
     prob = None
     if any(x is not None for x in st.streams.scripted):
         zeros = torch.zeros_like(drafts, dtype=p.dtype)
-        prob = judge(p[:, :gmax], q, drafts, zeros, st.table, st.rule, False).accept_prob
+        lengths = torch.as_tensor(g, device=st.device)[:, None]  # each row's own chain (Cool-SD's ω by place)
+        prob = judge(p[:, :gmax], q, drafts, zeros, st.table, st.rule, False, lengths=lengths).accept_prob
     return st.streams.uniforms(g, p.dtype, prob)
 
 
 def _commit(st: BatchState, drafts: torch.Tensor, res: Acceptance, hidden: torch.Tensor) -> None:
     """Write every slot's accepted drafts and next token (``x_n..x_{n+a}``) into st.tokens and
-    the target features ``h_{n-1}..h_{n+a-1}`` of what was kept into st.feats, in place."""
-    T, H, guided = drafts.shape[1] + 1, st.H, st.guided
-    a = res.accepted
-    ar = torch.arange(T, device=st.device)
-    keep = ar[None, :] <= a[:, None]  # committed: the accepted drafts and the next token
-    cand = torch.cat([drafts, res.next_token[:, None]], 1).scatter(1, a[:, None], res.next_token[:, None])
-    at = torch.as_tensor(st.n, device=st.device)[:, None] + ar
-    st.tokens.scatter_(1, at, torch.where(keep, cand, st.tokens.gather(1, at)))
-    at_r, keep_r = expand_rows(at, guided)[..., None].expand(-1, -1, H), expand_rows(keep, guided)[..., None]
-    st.feats.scatter_(1, at_r, torch.where(keep_r, hidden, st.feats.gather(1, at_r)))
+    the target features ``h_{n-1}..h_{n+a-1}`` of what was kept into st.feats, in place.
+
+    The whole verified width is written (positions ``n_b .. n_b + max γ``): what lies past a slot's
+    ``n_b + a_b`` is never read (a round reads committed positions only) and the next round
+    overwrites it from its new ``n_b`` on."""
+    a, T = res.accepted, drafts.shape[1] + 1
+    cand = torch.cat([drafts, res.next_token[:, None]], 1).scatter_(1, a[:, None], res.next_token[:, None])
+    at = torch.as_tensor(st.n, device=st.device)[:, None] + torch.arange(T, device=st.device)
+    st.tokens.scatter_(1, at, cand)
+    st.feats.scatter_(1, expand_rows(at, st.guided)[..., None].expand(-1, -1, st.H), hidden)
 
 
-def _to_host(res, p, q, drafts, gmax: int, greedy: bool) -> dict:
-    """The step's accepted lengths, next tokens and kinds and its (B, γ) draft columns as numpy
-    arrays, moved to the CPU in one transfer."""
-    cols = [res.accepted, res.next_token, res.next_kind]
-    names = ["a", "next", "kind"]
-    B = drafts.shape[0]
-    parts = [torch.stack(cols, 1).double()]
-    if gmax:
-        v, pg = res.verdict, p[:, :gmax]
-        u = res.u if res.u is not None else torch.full_like(v.p_draft, float("nan"))
-        draft = {
-            "token": drafts,
-            "p_draft": v.p_draft,
-            "q_draft": q.gather(-1, drafts[..., None])[..., 0],
-            "p_tilde": v.p_tilde,
-            "j_star": v.j_star,
-            "spent": v.spent,
-            "accept_prob": v.accept_prob,
-            "u": u,
-            "accepted": v.accepted,
-            "p_top1": top1_prob(pg),
-            "p_entropy": entropy(pg),
-            "q_top1": top1_prob(q),
-        }
-        parts += [x.double() for x in draft.values()]
-    flat = torch.cat([x.reshape(B, -1) for x in parts], 1).cpu().numpy()
-    host = {name: flat[:, i].astype(np.int64) for i, name in enumerate(names)}
-    for i, name in enumerate(["token", *CHAIN_VALUES] if gmax else []):
-        host[name] = flat[:, 3 + i * gmax : 3 + (i + 1) * gmax]
-    return host
+def _draft_values(res, p, q, drafts, gmax: int) -> torch.Tensor:
+    """The step's draft columns (:data:`lantern.engine.records.CHAIN_COLUMNS`) as one (B, columns, γ)
+    tensor (the token, j* and the verdict stored exactly as floats; u NaN when greedy)."""
+    v, pg = res.verdict, p[:, :gmax]
+    u = res.u if res.u is not None else torch.full_like(v.p_draft, float("nan"))
+    cols = [
+        drafts,
+        v.p_draft,
+        q.gather(-1, drafts[..., None])[..., 0],
+        v.p_tilde,
+        v.j_star,
+        v.spent,
+        v.accept_prob,
+        u,
+        v.accepted,
+        top1_prob(pg),
+        entropy(pg),
+        top1_prob(q),
+    ]
+    dtype = torch.float64 if any(c.dtype == torch.float64 for c in cols) else v.p_draft.dtype
+    return torch.stack([c.to(dtype) for c in cols], 1)
 
 
 # --------------------------------------------------------------------------- command-line options
+def _draft_length(text: str):
+    """``--gamma``: a positive integer or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}") from None
+
+
 def _add_gamma(g) -> None:
     g.add_argument(
-        "--gamma", type=positive_int, default=4, help="draft tokens per verification step of a chain, >= 1 (default: 4)"
+        "--gamma",
+        type=_draft_length,
+        default=4,
+        help="draft tokens per verification step of a chain, >= 1, or auto: the engine's draft-length policy picks "
+        "each round's length in 0..--gamma-max from a measured cost model and the drafter's acceptance predictor "
+        "(lantern.engine.policy) (default: 4)",
     )
+
+
+def _add_gamma_max(g) -> None:
+    g.add_argument(
+        "--gamma-max", type=positive_int, default=8, help="the longest chain --gamma auto drafts (default: 8)"
+    )
+
+
+def _not_auto(args) -> Optional[str]:
+    return _not_a_chain(args) or (None if args.gamma == "auto" else f"to --gamma {args.gamma}, only to --gamma auto")
 
 
 def _not_a_chain(args) -> Optional[str]:
@@ -296,4 +393,7 @@ def _not_a_chain(args) -> Optional[str]:
     return f"to --tree {args.tree}{static} (a tree sets its own depth), only to --tree chain"
 
 
-OPTIONS = (OptionGroup("chain", RULES, _add_gamma, _not_a_chain),)
+OPTIONS = (
+    OptionGroup("chain", RULES, _add_gamma, _not_a_chain),
+    OptionGroup("chain draft-length policy", RULES, _add_gamma_max, _not_auto),
+)

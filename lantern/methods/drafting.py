@@ -28,6 +28,8 @@ def pending_features(st: BatchState, n, d, drafting) -> torch.Tensor:
     dev, H, guided = st.device, st.H, st.guided
     pend = np.where(drafting, n - d, 1)
     Tp = int(pend.max())
+    if (d == d[0]).all() and (pend == Tp).all() and d[0] + Tp <= st.N:  # rows together (batch 1): slices
+        return _pending_together(st, int(d[0]), Tp)
     d_t = torch.as_tensor(d, device=dev)
     ar = torch.arange(Tp + int(d.max()) + 1, device=dev)
     slots = d_t[:, None] + ar[:Tp]
@@ -50,35 +52,43 @@ def pending_features(st: BatchState, n, d, drafting) -> torch.Tensor:
     return f.gather(1, last[:, None, None].expand(-1, 1, H))
 
 
-def draft_chains(st: BatchState, n, d, g) -> tuple[torch.Tensor, torch.Tensor]:
+def _pending_together(st: BatchState, d: int, Tp: int) -> torch.Tensor:
+    """:func:`pending_features` when every row runs the positions ``d..d+Tp-1`` (``d + Tp <= N``)."""
+    R, S = st.rows, d + Tp
+    ar = torch.arange(S, device=st.device)
+    visible = (ar[None, :] <= ar[d:, None]).expand(R, Tp, S)
+    toks = expand_rows(st.tokens[:, d:S], st.guided)
+    rows = ar[d:].expand(R, Tp)
+    return st.drafter.forward_slots(st.model, toks, st.feats[:, d:S], st.dcache, rows, rows, visible)[:, -1:]
+
+
+def draft_chains(st: BatchState, n, d, g, go_on=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draft a chain for every slot in ``max(g)`` drafter steps (:func:`lantern.methods.chain.draft`, per row).
 
     The first forward covers each row's pending positions ``d_b..n_b-1`` (padded to the longest;
     each row's last real output drafts ``x̂_{n_b}``); row b draws only its first ``g_b`` drafts
-    from its stream. Returns drafts (B, max g) int64 and q (B, max g, V)."""
+    from its stream. go_on: None, or ``go_on(j, q)`` -> bool called after step j's drafts are
+    drawn (q (B, V) their distributions): False stops drafting there (a draft-length policy,
+    :class:`lantern.engine.policy.GammaPolicy`). Returns drafts (B, steps) int64 and q (B, steps, V),
+    steps <= max g."""
     dev, B, guided = st.device, st.B, st.guided
-    gmax = int(g.max())
+    gmax, top = int(g.max()), int(n.max())
     f = pending_features(st, n, d, g > 0)
-    ar = torch.arange(gmax + int(n.max()) + 1, device=dev)
-    n_t = torch.as_tensor(n, device=dev)
+    at = torch.as_tensor(n, device=dev)[:, None] + torch.arange(gmax, device=dev)  # (B, γ): step j writes at[:, j]
+    vis = torch.arange(top + gmax, device=dev)[None, None, :] <= at[:, :, None]  # (B, γ, top + γ)
+    at_r, pos_r, vis_r = expand_rows(at, guided), expand_rows(at.clamp(max=st.N - 1), guided), expand_rows(vis, guided)
     xs, qs = [], []
     for j in range(gmax):
         q = st.target(st.drafter.logits(st.model, f)[:, -1])  # (B, V)
         x = q.argmax(-1) if st.sampling.greedy else st.streams.categorical(q, range(B), g > j)
         xs.append(x)
         qs.append(q)
-        if j + 1 < gmax:
-            at = (n_t + j)[:, None]
-            vis = ar[None, None, : int(n.max()) + j + 1] <= at[:, :, None]
-            f = st.drafter.forward_slots(
-                st.model,
-                expand_rows(x, guided)[:, None],
-                f,
-                st.dcache,
-                expand_rows(at, guided),
-                expand_rows(at.clamp(max=st.N - 1), guided),
-                expand_rows(vis, guided),
-            )
+        if j + 1 == gmax or (go_on is not None and not go_on(j, q)):
+            break
+        s = slice(j, j + 1)
+        f = st.drafter.forward_slots(
+            st.model, expand_rows(x, guided)[:, None], f, st.dcache, at_r[:, s], pos_r[:, s], vis_r[:, s, : top + j + 1]
+        )
     return torch.stack(xs, 1), torch.stack(qs, 1)
 
 

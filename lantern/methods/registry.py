@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
+from lantern.engine.policy import GammaPolicy, load_predictor, predictor_path
 from lantern.methods import chain, drafting
 from lantern.methods.ar import AR
 from lantern.methods.chain import Chain
@@ -50,9 +51,13 @@ class Plugin:
 
 
 def _drafted(config, model, drafter, table):
-    """A drafter method: a draft tree per round when the config has one, else a chain of γ."""
+    """A drafter method: a draft tree per round when the config has one, else a chain of γ (or of
+    the length :class:`lantern.engine.policy.GammaPolicy` picks each round, ``gamma="auto"``)."""
     if config.tree is not None:
         return Tree(config.rule, config.tree, drafter, table)
+    if config.auto:  # the engine's draft-length policy, with the acceptance predictor shipped with the drafter
+        predictor = load_predictor(predictor_path(model.name), model.name)
+        return Chain(config.rule, config.gamma_max, drafter, table, GammaPolicy(predictor, config.gamma_max))
     return Chain(config.rule, config.gamma, drafter, table)
 
 

@@ -1,0 +1,433 @@
+"""The draft-length policy of chains (``gamma="auto"``): each round, how many tokens to draft.
+
+A chain of ``G`` drafts commits, per image, the accepted prefix and one more token; with
+per-position acceptance probabilities ``a_1, a_2, ..`` the expected accepted drafts are
+``sum_{j<=G} prod_{i<=j} a_i`` (a chain stops at its first rejection; Leviathan et al. 2023,
+Sec. 3.5, for constant ``a``). The round costs one target forward over ``rows x (1 + G)`` tokens
+and ``G`` drafter steps (:class:`CostModel`). :class:`GammaPolicy` picks the ``G`` that maximises
+expected committed tokens per second of the round, for all images of the round at once: the
+verify forward pads every chain to the longest, so a shorter chain for one image saves nothing
+(image ``b`` drafts ``min(G, N - 1 - n_b)``). ``G = 0`` is a plain AR step (no drafter step).
+
+Before drafting, ``a`` comes from the target's last distribution of each image (its top-1
+probability and entropy, :class:`AcceptancePredictor`, with the drafter's mean top-1 for the
+draft not drawn yet); while drafting, each draft's own ``q`` top-1 refines it and the survival
+probability ``prod a_i`` so far: drafting stops as soon as no longer chain is expected to be
+worth its cost. The draft length depends only on the past and on the drafter's own proposals,
+never on the verification of them, so a lossless rule stays exactly lossless (tested by exact
+enumeration at δ = 0, ``tests/test_policy.py``). The lengths do depend on the cost model: an image
+of a given seed draws its random numbers in other places when its chains have other lengths, so
+``gamma="auto"`` reproduces its tokens on a machine with the same cost file (it is measured once
+and then read), not across machines.
+
+The cost model is measured on the device in use by a few timed forwards (target forward and
+the distribution of its logits; drafter step, head and distribution) and cached per (model,
+dtype, device, threads) as JSON under :func:`default_cache_dir`; the acceptance predictor is a
+logistic fit to a drafter's recorded acceptance (the draft records' ``p_top1``, ``p_entropy``,
+``q_top1``, ``accepted``) shipped next to the drafter (:func:`predictor_path`), rebuilt by
+
+    python -m lantern.calibrate --model embedded-16
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ambiguity.errors import UsageError
+from ambiguity.sampling import invert
+from ambiguity.stats import entropy, top1_prob
+
+__all__ = [
+    "AcceptancePredictor",
+    "CostModel",
+    "GammaPolicy",
+    "cost_model",
+    "default_cache_dir",
+    "timing_clock",
+    "fit_predictor",
+    "load_predictor",
+    "measure_costs",
+    "predictor_path",
+    "save_predictor",
+]
+
+FEATURES = ("p_top1", "p_entropy", "q_top1", "depth")  # the predictor's inputs (draft-record columns)
+
+
+# --------------------------------------------------------------------------- acceptance
+@dataclass(frozen=True)
+class AcceptancePredictor:
+    """P(a draft is accepted) = sigmoid(w0 + w1 p_top1 + w2 p_entropy + w3 q_top1 + w4 depth)
+    (logistic; depth 1 = the chain's first draft).
+
+    weights: the 5 coefficients (a file of 4 has no depth term); q_mean: the drafter's mean top-1
+    probability (the value used for a draft not drawn yet); info: what it was fitted on (rule,
+    sampling, drafts, images).
+    """
+
+    weights: tuple[float, ...]
+    q_mean: float
+    info: Optional[dict] = None
+
+    def prob(self, p_top1, p_entropy, q_top1, depth=1) -> np.ndarray:
+        """Acceptance probability for arrays of broadcastable shapes -> float64 array in [0, 1]."""
+        w = (*self.weights, 0.0)[:5]
+        z = w[0] + w[1] * np.asarray(p_top1) + w[2] * np.asarray(p_entropy) + w[3] * np.asarray(q_top1)
+        z = z + w[4] * np.asarray(depth)
+        with np.errstate(over="ignore"):
+            return 1.0 / (1.0 + np.exp(-z))
+
+
+def fit_predictor(drafts: dict, info: Optional[dict] = None, iterations: int = 50) -> AcceptancePredictor:
+    """Logistic regression of the draft records' ``accepted`` on :data:`FEATURES` (Newton's
+    method, a 1e-6 jitter on the Hessian; reached drafts only: a draft after a rejection was never judged).
+
+    drafts: columns of a decode's drafts table (``reached``, ``accepted`` and the features).
+    Raises UsageError when no draft was reached or the outcomes are all equal.
+    """
+    reached = np.asarray(drafts["reached"], dtype=bool)
+    y = np.asarray(drafts["accepted"], dtype=np.float64)[reached]
+    if y.size == 0 or y.min() == y.max():
+        raise UsageError(
+            f"cannot calibrate acceptance on {y.size} reached drafts of a single outcome; decode more images"
+        )
+    X = np.column_stack([np.ones_like(y)] + [np.asarray(drafts[c], dtype=np.float64)[reached] for c in FEATURES])
+    w = np.zeros(X.shape[1])
+    for _ in range(iterations):
+        mu = 1.0 / (1.0 + np.exp(-np.clip(X @ w, -30.0, 30.0)))
+        hess = (X * (mu * (1 - mu))[:, None]).T @ X + 1e-6 * np.eye(X.shape[1])
+        step = np.linalg.solve(hess, X.T @ (y - mu))
+        w += step
+        if np.abs(step).max() < 1e-10:
+            break
+    q_mean = float(np.mean(np.asarray(drafts["q_top1"], dtype=np.float64)[reached]))
+    return AcceptancePredictor(tuple(float(x) for x in w), q_mean, info)
+
+
+def predictor_path(model_name: str) -> Path:
+    """The predictor shipped with the drafter of ``model_name``: ``lantern/weights/<name>_drafter_acceptance.json``."""
+    from lantern.drafter.model import shipped_drafter_path
+
+    p = shipped_drafter_path(model_name)
+    return p.with_name(p.name.removesuffix(".safetensors") + "_acceptance.json")
+
+
+def _rebuild_hint(model_name: str) -> str:
+    return f"rebuild it with: python -m lantern.calibrate --model {model_name}"
+
+
+def load_predictor(path: str | Path, model_name: str) -> AcceptancePredictor:
+    """Read a predictor JSON (:func:`save_predictor`). Raises UsageError (one line naming the file
+    and the command that rebuilds it) when it is missing or unreadable."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+        return AcceptancePredictor(tuple(float(x) for x in d["weights"]), float(d["q_mean"]), d.get("info"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = "is missing" if isinstance(e, FileNotFoundError) else f"is unreadable ({type(e).__name__})"
+        raise UsageError(f"the acceptance predictor {path} {why}; {_rebuild_hint(model_name)}") from None
+
+
+def save_predictor(pred: AcceptancePredictor, path: str | Path) -> Path:
+    """Write ``pred`` as JSON (weights, q_mean, info) to ``path``; returns the path."""
+    path = Path(path)
+    path.write_text(json.dumps({"weights": list(pred.weights), "q_mean": pred.q_mean, "info": pred.info}, indent=1))
+    return path
+
+
+# --------------------------------------------------------------------------- cost
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds of one round's parts. ``target`` (one verify forward, the distribution of its logits
+    and the rule's work) and ``drafter`` (one drafter step: forward, head, distribution, draw):
+    per measured count of model rows R, a line ``a + b T`` in the tokens per row T, as
+    ((R, a, b), ...) ascending in R; other row counts interpolate linearly between the two nearest
+    (beyond the largest: proportional to the rows). ``overhead`` ``(a, b)``: ``a + b rows``
+    seconds a drafting round of the engine takes beyond those (its bookkeeping, measured on a
+    short decode, :func:`cost_model`)."""
+
+    target: tuple[tuple[float, float, float], ...]
+    drafter: tuple[tuple[float, float, float], ...]
+    overhead: tuple[float, float] = (0.0, 0.0)
+
+    def target_s(self, rows: int, tokens: int) -> float:
+        return _at(self.target, rows, tokens)
+
+    def drafter_s(self, rows: int, tokens: int = 1) -> float:
+        return _at(self.drafter, rows, tokens)
+
+    def round_s(self, rows: int, G: int, pending: int = 2) -> float:
+        """One round of ``G`` drafts: the verify over ``1 + G`` tokens a row, the drafter's first
+        forward over ``pending`` positions and ``G - 1`` single steps (none when ``G = 0``)."""
+        if G == 0:
+            return self.target_s(rows, 1)
+        drafts = self.drafter_s(rows, pending) + (G - 1) * self.drafter_s(rows, 1)
+        return self.target_s(rows, 1 + G) + drafts + self.overhead[0] + self.overhead[1] * rows
+
+
+def _at(lines: tuple, rows: int, tokens: int) -> float:
+    """Seconds at ``rows`` and ``tokens`` from per-row-count lines ((R, a, b), ...) (:class:`CostModel`)."""
+    R = np.array([line[0] for line in lines], dtype=np.float64)
+    s = np.array([a + b * tokens for _, a, b in lines])
+    if rows >= R[-1]:
+        return float(s[-1] * rows / R[-1])
+    return float(np.interp(rows, R, s))
+
+
+def _fit(points: dict) -> tuple[float, float]:
+    """Robust line ``s = a + b x`` over {x: seconds} (Theil-Sen: b the median of the pairwise
+    slopes, a the median of ``s - b x``; both clamped at 0), so a timing that another process
+    interrupted does not tilt it."""
+    x = np.array([float(k) for k in points], dtype=np.float64)
+    s = np.array(list(points.values()), dtype=np.float64)
+    i, j = np.triu_indices(len(x), 1)
+    apart = x[i] != x[j]
+    if not apart.any():
+        return float(np.median(s)), 0.0
+    b = max(0.0, float(np.median((s[j] - s[i])[apart] / (x[j] - x[i])[apart])))
+    return max(0.0, float(np.median(s - b * x))), b
+
+
+def _lines(points: dict) -> tuple[tuple[float, float, float], ...]:
+    """{"rows,tokens": seconds} -> a :func:`_fit` line over the tokens for every row count."""
+    by_rows: dict[int, dict] = {}
+    for key, seconds in points.items():
+        R, T = (int(v) for v in key.split(","))
+        by_rows.setdefault(R, {})[T] = seconds
+    return tuple((R, *_fit(by_rows[R])) for R in sorted(by_rows))
+
+
+def default_cache_dir() -> Path:
+    """Where measured costs are cached: ``$LANTERN_AMBIGUITY_CACHE/costs``, else
+    ``$XDG_CACHE_HOME`` (default ``~/.cache``) ``/lantern-ambiguity/costs`` (the convention of
+    :func:`ambiguity.neighbourhood.default_cache_dir`)."""
+    if os.environ.get("LANTERN_AMBIGUITY_CACHE"):
+        return Path(os.environ["LANTERN_AMBIGUITY_CACHE"]).expanduser() / "costs"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "lantern-ambiguity" / "costs"
+
+
+def timing_clock(device) -> tuple:
+    """(clock, sync) for timing on ``device``: on a CPU with one thread the process's CPU time (what
+    the work needs, without the time other processes held the core), else wall-clock seconds with
+    CUDA synchronised."""
+    if torch.device(device).type == "cuda":
+        return time.perf_counter, torch.cuda.synchronize
+    return (time.process_time if torch.get_num_threads() == 1 else time.perf_counter), (lambda: None)
+
+
+def _timed(fns: dict, device, repeats: int = 7) -> dict:
+    """{key: least seconds of ``fn()``} over ``repeats`` rounds that call every fn once each, after
+    one warm-up call (:func:`timing_clock`). Interleaved and the least: what the device needs, without
+    another process's burst landing on one setting only."""
+    clock, sync = timing_clock(device)
+    for fn in fns.values():
+        fn()
+    out = {key: float("inf") for key in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            sync()
+            t0 = clock()
+            fn()
+            sync()
+            out[key] = min(out[key], clock() - t0)
+    return out
+
+
+def _judged(p: torch.Tensor, rule, table) -> torch.Tensor:
+    """The acceptance work of a verified chain on p (R, T, V) (stand-in drafts: token 0, q = p):
+    the rule on the T - 1 draft positions, one residual and the draft records' summaries of p
+    (top-1, entropy), as a round of the chain does."""
+    from lantern.rules.acceptance import judge, residual
+
+    if rule is None or p.shape[1] < 2:
+        return p
+    drafts = torch.zeros(p.shape[0], p.shape[1] - 1, dtype=torch.long, device=p.device)
+    q = p[:, 1:]
+    judge(p[:, :-1], q, drafts, torch.rand(drafts.shape, device=p.device, dtype=p.dtype), table, rule, False)
+    top1_prob(p[:, :-1]), entropy(p[:, :-1]), top1_prob(q)
+    return residual(p[:, 0], q[:, 0], drafts[:, 0], table, rule, False)
+
+
+@torch.no_grad()
+def _time_target(model, sampling, R: int, tokens: Sequence[int], rule=None, table=None) -> dict:
+    """{"rows,T": seconds} of the verify forward, its distribution and the rule's acceptance work
+    (:func:`_judged`) for R images at mid-image."""
+    from lantern.engine.slots import verify_chains
+    from lantern.engine.steps import target_distribution
+
+    guided, N = sampling.guided, model.num_tokens
+    n, cache, fns = np.full(R, N // 2), model.new_slots_cache(R, guided, N, max(tokens)), {}
+    for T in tokens:
+        toks = torch.zeros(R, T, dtype=torch.long, device=model.device)
+
+        def fwd(toks=toks):
+            p = target_distribution(verify_chains(model, cache, toks, n, N, guided).logits, sampling, guided)
+            return _judged(p, rule, table)
+
+        fns[f"{R * (1 + guided)},{T}"] = fwd
+    return _timed(fns, model.device)
+
+
+@torch.no_grad()
+def _time_drafter(model, drafter, sampling, R: int) -> dict:
+    """{"rows,T": seconds} of one drafter step (forward over T = 1, 2 positions, head, distribution,
+    the draft's draw)."""
+    from lantern.engine.steps import target_distribution
+
+    guided, N, dev = sampling.guided, model.num_tokens, model.device
+    rows = R * (1 + guided)
+    dcache, fns = drafter.new_cache(rows, 2), {}
+    feats = torch.zeros(rows, 2, model.hidden_size, dtype=model.dtype, device=dev)
+    for T in (1, 2):
+        at = torch.full((rows, T), N // 2, device=dev) + torch.arange(T, device=dev)
+        vis = torch.arange(N // 2 + T, device=dev)[None, None, :] <= at[:, :, None]
+
+        def step(T=T, at=at, vis=vis):
+            f = drafter.forward_slots(model, at * 0, feats[:, :T], dcache, at, at, vis)
+            q = target_distribution(drafter.logits(model, f[:, -1]), sampling, guided)
+            return invert(q, torch.rand(q.shape[0], device=dev, dtype=torch.float64))  # the draft's draw
+
+        fns[f"{rows},{T}"] = step
+    return _timed(fns, dev)
+
+
+def measure_costs(model, drafter, sampling, rows: Sequence[int], tokens: Sequence[int], rule=None, table=None) -> dict:
+    """Time the target's verify forward (with its distribution and the acceptance work of ``rule``
+    with the neighbour ``table``, :func:`_judged`) and one drafter step on throwaway slot caches:
+    {"target": {"R,T": s}, "drafter": {"R,T": s}} for every ``R`` images in ``rows`` (recorded as
+    model rows, ``R (1 + guided)``) and ``T`` tokens a row in ``tokens`` (the drafter at T = 1
+    and 2). Positions sit mid-image (N // 2)."""
+    out = {"target": {}, "drafter": {}}
+    for R in rows:
+        out["target"].update(_time_target(model, sampling, R, tokens, rule, table))
+        out["drafter"].update(_time_drafter(model, drafter, sampling, R))
+    return out
+
+
+def _cost_key(model, sampling, rule) -> str:
+    dev = torch.device(model.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu{torch.get_num_threads()}"
+    flags = f"top{sampling.top_k}" if sampling.top_k else "full"
+    judged = "none" if rule is None else (f"{rule.method}{rule.k}" if rule.relaxed else rule.method)
+    key = f"{model.name}-{str(model.dtype).removeprefix('torch.')}-{name}-{flags}-{judged}"
+    return key.replace("/", "_").replace(" ", "_")
+
+
+def cost_model(
+    model,
+    drafter,
+    sampling,
+    rows: int,
+    gamma_max: int,
+    rule=None,
+    table=None,
+    overhead=None,
+    cache_dir=None,
+    cache=True,
+) -> CostModel:
+    """The :class:`CostModel` of ``model`` and ``drafter`` on their device for up to ``rows``
+    images: measured points read from ``<cache_dir>/<model>-<dtype>-<device>-<filter>-<rule>.json``
+    (default :func:`default_cache_dir`); the points missing for these rows (1 and ``rows``
+    images) and tokens (1, 2, 3, ``2 + gamma_max // 2`` and ``1 + gamma_max``) are measured and
+    added to the file. overhead: None, or ``overhead(images, costs)`` -> seconds a drafting round
+    of that many images takes beyond ``costs.round_s`` (the engine's bookkeeping, measured by the
+    caller on a short decode), recorded per model rows."""
+    path = Path(cache_dir or default_cache_dir()) / f"{_cost_key(model, sampling, rule)}.json"
+    points = {"target": {}, "drafter": {}, "overhead": {}}
+    if cache and path.is_file():
+        try:
+            points = {"overhead": {}, **json.loads(path.read_text())}
+        except ValueError:
+            pass
+    want_rows = sorted({1, int(rows)})
+    want_t = sorted({1, 2, 3, 2 + int(gamma_max) // 2, 1 + int(gamma_max)})
+    g = 1 + sampling.guided
+    missing = [R for R in want_rows if any(f"{R * g},{T}" not in points["target"] for T in want_t)]
+    if missing:
+        new = measure_costs(model, drafter, sampling, missing, want_t, rule, table)
+        for part in ("target", "drafter"):
+            points[part].update(new[part])
+    costs = CostModel(_lines(points["target"]), _lines(points["drafter"]))
+    todo = [R for R in want_rows if overhead is not None and f"{R * g},1" not in points["overhead"]]
+    for R in todo:
+        points["overhead"][f"{R * g},1"] = max(0.0, float(overhead(R, costs)))
+    if cache and (missing or todo):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(points, indent=1))
+    fitted = _fit({k.split(",")[0]: v for k, v in points["overhead"].items()}) if points["overhead"] else (0.0, 0.0)
+    return CostModel(costs.target, costs.drafter, fitted)
+
+
+# --------------------------------------------------------------------------- the policy
+class GammaPolicy:
+    """Per round, the number of drafts ``G`` in ``0..gamma_max`` that maximises expected committed
+    tokens per second (module docstring).
+
+    costs: a :class:`CostModel` (or None until :meth:`open` measures it); predictor: an
+    :class:`AcceptancePredictor`; gamma_max: the longest chain.
+    """
+
+    def __init__(self, predictor: AcceptancePredictor, gamma_max: int = 8, costs: Optional[CostModel] = None):
+        self.predictor, self.gamma_max, self.costs = predictor, int(gamma_max), costs
+        self._rounds: dict[int, np.ndarray] = {}  # rows -> round seconds per G (:meth:`_seconds`)
+
+    def open(self, model, drafter, sampling, rows: int, rule=None, table=None, overhead=None) -> None:
+        """Measure (or read) the cost model for up to ``rows`` images once (with the chain's
+        acceptance ``rule``, neighbour ``table`` and round ``overhead``, :func:`cost_model`)."""
+        if self.costs is None:
+            self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max, rule, table, overhead)
+            self._rounds = {}
+
+    def _seconds(self, rows: int) -> np.ndarray:
+        """(gamma_max + 1,) seconds of a round of G = 0..gamma_max drafts over ``rows`` model rows."""
+        if rows not in self._rounds:
+            self._rounds[rows] = np.array([self.costs.round_s(rows, G) for G in range(self.gamma_max + 1)])
+        return self._rounds[rows]
+
+    def _best(self, a: np.ndarray, caps: np.ndarray, rows: int) -> int:
+        """argmax over G in 0..max(caps) of expected committed tokens per second of a round in which
+        draft j of image b passes with ``a[b, j - 1]`` (a (k, max caps); image b drafts ``min(G, cap_b)``)."""
+        table = np.cumprod(a, 1)
+        top = table.shape[1]
+        sums = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(table, 1)], 1)  # (k, top + 1): E at each G
+        G = np.arange(top + 1)
+        tokens = len(caps) + np.take_along_axis(sums, np.minimum(G[None, :], caps[:, None]), 1).sum(0)
+        return int(np.argmax(tokens / self._seconds(rows)[: top + 1]))
+
+    def plan(self, p_stats: np.ndarray, caps: np.ndarray, rows: int) -> int:
+        """Start a round: the first choice of ``G`` from each live image's last target distribution
+        (p_stats (k, 2) float64: top-1 probability, entropy; the drafter's mean top-1 for the drafts),
+        caps (k,) int64 the most drafts each may take (``min(gamma_max, N - 1 - n_b)``), rows: model
+        rows of the forward. 0: a plain AR step; else draft and ask :meth:`go_on` after each step."""
+        pt, pe = p_stats[:, :1], p_stats[:, 1:]
+        self._round = (pt[:, 0], pe[:, 0], caps, rows)
+        self._surv, self._tokens, self._j = np.ones(len(caps)), float(len(caps)), 0
+        depth = np.arange(1, int(caps.max()) + 1)[None, :]
+        return self._best(self.predictor.prob(pt, pe, self.predictor.q_mean, depth), caps, rows)
+
+    def go_on(self, q_top1: np.ndarray) -> bool:
+        """After one more drafting step of the round :meth:`plan` started (q_top1 (k,) the drafter's
+        top-1 probability of each image's new draft): whether one more draft is expected to raise
+        the round's tokens per second (its expected tokens ``sum_b s_b a_b`` per extra second above
+        the round's rate so far; s_b the survival of image b's chain, a_b the next draft's
+        acceptance probability at its depth, with the last draft's top-1)."""
+        pt, pe, caps, rows = self._round
+        self._j += 1
+        j = self._j
+        self._surv = self._surv * self.predictor.prob(pt, pe, q_top1, j)
+        self._tokens += float(self._surv[caps >= j].sum())
+        if j >= int(caps.max()):
+            return False
+        seconds = self._seconds(rows)
+        gain = float((self._surv * self.predictor.prob(pt, pe, q_top1, j + 1))[caps > j].sum())
+        return gain * seconds[j] > self._tokens * (seconds[j + 1] - seconds[j])
