@@ -73,6 +73,7 @@ from lantern.engine.records import Decoded, summarize_decode, summary_table
 from lantern.engine.slots import check_batching
 from lantern.methods.jacobi.config import check_jacobi
 from lantern.methods.registry import OPTIONS
+from lantern.methods.spatial.config import check_spatial
 from lantern.methods.tree.spec import parse_tree
 from lantern.run_reader import drafting_shape, run_label
 
@@ -109,6 +110,7 @@ def decode_config_from_args(args) -> DecodeConfig:
         distance=args.gsd_distance,
         coupling=args.scd_coupling,
     )
+    spatial = dict(window=args.zipar_window, adaptive=args.zipar_adaptive, rows=args.pjd_window, offset=args.pjd_offset)
     return DecodeConfig.of(
         args.method,
         args.gamma,
@@ -116,6 +118,7 @@ def decode_config_from_args(args) -> DecodeConfig:
         args.matrix,
         tree,
         jacobi=jacobi,
+        spatial=spatial,
         k=args.k,
         delta=args.delta,
         lam=args.lam,
@@ -531,6 +534,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     check_depth(config, model)
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
+    if config.spatial is not None:
+        check_spatial(config.spatial, model)
     drafter = load_drafter(model, args.drafter) if config.speculative else None
     if args.compile:
         compile_forwards(model, drafter)

@@ -46,6 +46,7 @@ from lantern.engine.records import Decoded
 from lantern.engine.slots import check_batching, image_indices
 from lantern.methods.jacobi.config import JACOBI_METHODS, JacobiConfig, check_jacobi
 from lantern.methods.registry import METHODS as BUILDERS
+from lantern.methods.spatial.config import SPATIAL_METHODS, SpatialConfig, check_spatial
 from lantern.methods.tree.spec import TreeSpec
 from lantern.rules.acceptance import AcceptanceRule
 
@@ -85,6 +86,7 @@ class DecodeConfig:
     matrix: str = "codebook"
     tree: Optional[TreeSpec] = None
     jacobi: Optional[JacobiConfig] = None
+    spatial: Optional[SpatialConfig] = None
 
     def __post_init__(self):
         if isinstance(self.gamma, bool) or int(self.gamma) != self.gamma or self.gamma < 1:
@@ -105,6 +107,7 @@ class DecodeConfig:
         matrix: str = "codebook",
         tree: Optional[TreeSpec] = None,
         jacobi: Optional[dict] = None,
+        spatial: Optional[dict] = None,
         **rule,
     ) -> DecodeConfig:
         """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
@@ -116,6 +119,8 @@ class DecodeConfig:
             raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
         if method in JACOBI_METHODS:  # jacobi: the JacobiConfig knobs (window, init, group, ...)
             return cls(None, gamma, metric, matrix, None, JacobiConfig(method, **(jacobi or {})))
+        if method in SPATIAL_METHODS:  # zipar / pjd: the SpatialConfig knobs (window, adaptive, rows, offset)
+            return cls(None, gamma, metric, matrix, None, spatial=SpatialConfig(method, **(spatial or {})))
         return cls(
             None if method == "ar" else AcceptanceRule(method, **rule),
             gamma,
@@ -128,6 +133,8 @@ class DecodeConfig:
     def method(self) -> str:
         if self.jacobi is not None:
             return self.jacobi.method
+        if self.spatial is not None:
+            return self.spatial.method
         return "ar" if self.rule is None else self.rule.method
 
     @property
@@ -140,13 +147,16 @@ class DecodeConfig:
         Jacobi window, 0 for AR."""
         if self.jacobi is not None:
             return int(self.jacobi.window) - 1
+        if self.spatial is not None:
+            return self.spatial.drafts
         if self.rule is None:
             return 0
         return self.tree.max_depth if self.tree is not None else self.gamma
 
     def as_dict(self) -> dict:
         """Flat JSON-able record: method, gamma, metric, matrix, tree and the rule's fields."""
-        rule = self.rule.as_dict() if self.rule is not None else (self.jacobi.as_dict() if self.jacobi else {})
+        knobs = self.jacobi or self.spatial
+        rule = self.rule.as_dict() if self.rule is not None else (knobs.as_dict() if knobs else {})
         rule.pop("method", None)
         return {
             "method": self.method,
@@ -330,6 +340,8 @@ def build_method(
     check_depth(config, model, num_tokens)
     if config.jacobi is not None:
         check_jacobi(config.jacobi, model)
+    if config.spatial is not None:
+        check_spatial(config.spatial, model)
     table = None
     if config.speculative:
         if drafter is None:

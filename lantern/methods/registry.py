@@ -13,6 +13,8 @@ from lantern.methods.ar import AR
 from lantern.methods.chain import Chain
 from lantern.methods.jacobi import config as jacobi_config
 from lantern.methods.jacobi.method import Jacobi
+from lantern.methods.spatial import config as spatial_config
+from lantern.methods.spatial.method import RowParallel
 from lantern.methods.tree import spec as tree_spec
 from lantern.methods.tree.method import Tree
 
@@ -40,7 +42,9 @@ METHODS = {
     "sjd": _jacobi,
     "gsd": _jacobi,
     "scd": _jacobi,
+    "zipar": lambda config, model, drafter, table: RowParallel(config.spatial, model.grid),
+    "pjd": lambda config, model, drafter, table: RowParallel(config.spatial, model.grid),
 }
 DRAFTED = tuple(m for m, build in METHODS.items() if build is _drafted)  # the methods that need a drafter
 # every method's command-line options (lantern.engine.options), in --help order
-OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS)
+OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS, *spatial_config.OPTIONS)
