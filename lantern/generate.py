@@ -110,7 +110,9 @@ def decode_config_from_args(args) -> DecodeConfig:
         distance=args.gsd_distance,
         coupling=args.scd_coupling,
     )
-    spatial = dict(window=args.zipar_window, adaptive=args.zipar_adaptive, rows=args.pjd_window, offset=args.pjd_offset)
+    spatial = dict(
+        window=args.zipar_window, adaptive=args.zipar_mode == "adaptive", rows=args.pjd_window, offset=args.pjd_offset
+    )
     return DecodeConfig.of(
         args.method,
         args.gamma,

@@ -50,7 +50,7 @@ class SpatialConfig:
         _positive(self.rows, "--pjd-window", "tokens per row per forward")
         _positive(self.offset, "--pjd-offset", "tokens of a row before the next row starts")
         if not isinstance(self.adaptive, bool):
-            raise UsageError(f"--zipar-adaptive is a switch (True or False), got {self.adaptive!r}")
+            raise UsageError(f"--zipar-mode: adaptive must be True or False, got {self.adaptive!r}")
 
     @property
     def start_after(self) -> int:
@@ -103,10 +103,11 @@ def _add_zipar(g) -> None:
         help=f"row r + 1 starts once row r has this many tokens, 1..W (official {ZIPAR_WINDOW}; W is AR)",
     )
     g.add_argument(
-        "--zipar-adaptive",
-        action="store_true",
-        help="adaptive window: --zipar-window is the minimum, a new row's first token is re-judged by "
-        "rejection sampling until accepted (the paper; not in the official code)",
+        "--zipar-mode",
+        default="fixed",
+        choices=("fixed", "adaptive"),
+        help="fixed window (the official code) or adaptive: --zipar-window is the minimum and a new row's first "
+        "token is re-judged by rejection sampling until accepted (the paper; not in the official code)",
     )
 
 

@@ -279,8 +279,8 @@ def _draft_table(rows: list) -> Optional[dict]:
         return None
     ints = ("image", "step", "draft_index", "position", "token", "j_star", "node", "parent", "depth", "sibling")
     bools = ("accepted", "reached", "committed", "out_of_support")
-    for k, row in enumerate(rows):
-        row.update(draft_index=k, p_tilde=row["p_draft"], j_star=0, spent=0.0, reached=True)
+    for row in rows:
+        row.update(p_tilde=row["p_draft"], j_star=0, spent=0.0, reached=True)
         row.update(committed=row["accepted"], out_of_support=row["accepted"] and row["p_draft"] == 0)
         row.update(node=row["depth"], parent=row["depth"] - 1)
     out = {}
@@ -329,7 +329,9 @@ class RowParallel(Method):
                 assert cells, "the top active row commits a cell every forward"
                 a[b] = len(cells) - 1
                 st.tokens[b, cells] = torch.tensor([canvas.x[c] for c in cells], device=st.device)
-                rows += [dict(r, image=int(st.image[b]), step=int(st.step[b])) for r in judged]
+                rows += [
+                    dict(r, image=int(st.image[b]), step=int(st.step[b]), draft_index=k) for k, r in enumerate(judged)
+                ]
         return Round(a, g, kind, nxt, np.zeros(B, dtype=np.int64), _draft_table(rows))
 
     def release(self, st: BatchState, slots) -> None:
