@@ -14,7 +14,8 @@ Methods: ``"ar"`` (one target forward per token), ``"sd"`` (lossless speculative
 Leviathan et al. 2023), ``"lantern"`` (TVD bound δ), ``"lantern-jsd"`` (JSD bound δ, nats),
 ``"lantern++"`` (relative bound λ) — the rules of :mod:`lantern.rules.acceptance` (LANTERN, Jang
 et al., ICLR 2025, arXiv 2410.03355, Sec. 3-4; LANTERN++, arXiv 2502.06352) — and the Jacobi
-methods ``"sjd"``, ``"gsd"``, ``"scd"`` (:mod:`lantern.methods.jacobi.method`). Temperature 0 uses
+methods ``"sjd"``, ``"gsd"``, ``"scd"`` (:mod:`lantern.methods.jacobi.method`) and the row-parallel
+methods ``"zipar"``, ``"pjd"`` (:mod:`lantern.methods.spatial.method`). Temperature 0 uses
 the greedy rule (:func:`lantern.rules.acceptance.judge_greedy`): the drafter drafts its argmax,
 and with δ = 0 (or ``"sd"``) the tokens equal greedy AR decoding exactly.
 
@@ -113,7 +114,9 @@ class DecodeConfig:
         """``method`` in :data:`METHODS`; ``rule``: the :class:`AcceptanceRule` fields (k, delta,
         lam, convention), ignored for ``"ar"``; tree: None (a chain of ``gamma``) or a
         :class:`TreeSpec`; jacobi: the :class:`lantern.methods.jacobi.method.JacobiConfig` fields for ``"sjd"``,
-        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored). Raises UsageError for an
+        ``"gsd"``, ``"scd"`` (no drafter; gamma, tree and rule ignored); spatial: the
+        :class:`lantern.methods.spatial.config.SpatialConfig` fields for ``"zipar"`` and ``"pjd"``
+        (likewise). Raises UsageError for an
         unknown method and the rule's own checks."""
         if method not in METHODS:
             raise UsageError(f"unknown method {method!r}; use one of {', '.join(METHODS)}")
