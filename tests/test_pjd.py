@@ -4,7 +4,7 @@
   draw branched): with ``offset = W`` rows run one after another, each an SJD window, and the
   joint is AR's exactly (1e-12); with an earlier row start the first row stays AR's law exactly
   and the joint moves (TVD pinned);
-* greedy PJD with ``offset = W`` equals greedy AR token for token;
+* greedy PJD with ``offset = W`` equals greedy AR token for token (an earlier start: its first row);
 * in float64 batch 1 equals batch 3 (tokens and every non-timing record);
 * records (window drafts, proposed_step, row-causal layout) and the CLI.
 """
@@ -48,6 +48,7 @@ def test_early_row_start_moves_the_joint():
 
 
 def test_greedy_row_by_row_pjd_equals_greedy_ar():
+    """offset = W: greedy AR's tokens at any window and batch; an earlier start keeps greedy AR's first row."""
     m = grid3(vocab=16)
     g = SamplingConfig(guidance=2.0, temperature=0.0)
     labels = list(range(6))
@@ -56,6 +57,8 @@ def test_greedy_row_by_row_pjd_equals_greedy_ar():
         for B in (1, 4):
             out = decode(m, labels, DecodeConfig.of("pjd", spatial=dict(rows=rows, offset=3)), g, batch_size=B)
             assert torch.equal(out.tokens, ar.tokens), (rows, B)
+    early = decode(m, labels, DecodeConfig.of("pjd", spatial=dict(rows=2, offset=1)), g)
+    assert torch.equal(early.tokens[:, :3], ar.tokens[:, :3])  # the first row sees what AR's does
 
 
 @pytest.mark.parametrize("knobs", [dict(rows=2, offset=1), dict(rows=3, offset=2), dict(rows=3, offset=3)])

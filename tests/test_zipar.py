@@ -5,6 +5,8 @@
   two rows are exactly AR's (row 1 starts after the whole first row and sees nothing below it),
   the last row is not, so the joint moves (TVD measured and pinned); s = W is AR exactly. The
   adaptive window (the paper's rejection sampling of a row start) likewise, with its own TVD;
+  the s = 1 joint equals the law of a hand-written schedule (each cell's input and visible cells,
+  the stand-in row start included), computed with fresh forwards of the model (1e-12);
 * s = W gives AR's tokens token for token (sampling and greedy), at any batch size;
 * in float64 batch 1 equals batch 3 (tokens and every non-timing record) with CFG, temperature,
   top-k / top-p, greedy, images entering freed slots;
@@ -20,7 +22,7 @@ import torch
 from test_trees import enumerate_outcomes, exact_joint, tiny
 
 from ambiguity.errors import UsageError
-from ambiguity.sampling import SamplingConfig
+from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from lantern.engine.decode import DecodeConfig, decode
 from lantern.methods.spatial.config import SpatialConfig, check_spatial
 
@@ -82,6 +84,61 @@ def test_exact_joint_of_fixed_and_adaptive_windows():
     assert tvds == pytest.approx(want_tvd, rel=1e-9), tvds
     got, _, _ = spatial_joint(m, "zipar", SAMPLING, window=3)
     assert tvd_of(got, want) < 1e-12
+
+
+# ZipAR, s = 1 on 3 x 3 (cells 0..8 in raster order), by hand: cell -> (input token's cell, its
+# position, the committed cells the input sees). Forwards: 1-2 row 0; 3: cell 3 (row 1 waits for
+# row 0); 4: cells 4 and 6 (row 2 starts from the stand-in: the newest token of row 0, cell 2, at
+# the position of cell 5, seeing cells 0-3); 5: cells 5 and 7 (cell 7 from cell 6, which sees
+# cells 0-4 and itself: cell 5 is not committed yet); 6: cell 8 (from cell 7, everything before).
+S1_SCHEDULE = {
+    1: (0, 0, [0]),
+    2: (1, 1, [0, 1]),
+    3: (2, 2, [0, 1, 2]),
+    4: (3, 3, [0, 1, 2, 3]),
+    6: (2, 5, [0, 1, 2, 3]),
+    5: (4, 4, [0, 1, 2, 3, 4]),
+    7: (6, 6, [0, 1, 2, 3, 4, 6]),
+    8: (7, 7, [0, 1, 2, 3, 4, 5, 6, 7]),
+}
+
+
+def scheduled_law(m, seqs, label, sampling, schedule):
+    """P(seq) = p(x_0) * prod over cells of p(x_cell | the input and cells the schedule says),
+    each factor from one fresh forward of the model (a one-layer model: a cached key depends only
+    on its token and position, so the law is a function of what each input sees)."""
+    x = torch.tensor(seqs)
+    rows, N = len(seqs), m.num_tokens
+    prompt = m.make_prompt([label] * rows, guided=sampling.guided)
+    law = None
+    for cell in [0, *schedule]:
+        cache = m.new_slots_cache(rows, sampling.guided, N, 2)
+        step = m.prefill_slots(cache, torch.arange(rows * (1 + sampling.guided)), prompt)
+        if cell:
+            src, pos, seen = schedule[cell]
+            slot = pos if src == pos else N  # a stand-in input sits in the spare slot
+            tokens = torch.cat([x[:, seen], x[:, src : src + 1]], 1)
+            slots = torch.tensor([*seen, slot]).expand(rows, -1)
+            positions = torch.tensor([*seen, pos]).expand(rows, -1)
+            vis = torch.zeros(rows, len(seen) + 1, N + 2, dtype=torch.bool)
+            vis[:, :, seen] = True
+            vis[:, -1, slot] = True
+            step = m.extend_slots(cache, *(expand_rows(t, sampling.guided) for t in (tokens, slots, positions, vis)))
+        p = distribution(step.logits[:, -1], sampling, sampling.guided).double()
+        factor = p.gather(-1, x[:, cell : cell + 1])[:, 0]
+        law = factor if law is None else law * factor
+    return dict(zip(seqs, law.tolist()))
+
+
+@pytest.mark.slow  # ~10 s: 2^9 runs
+def test_fixed_window_law_equals_the_hand_schedule():
+    """The enumerated joint of s = 1 equals the law of the hand-written schedule (1e-12): each
+    cell drawn from exactly the context ZipAR's schedule gives it, the stand-in row start included."""
+    m = grid3()
+    got, _, _ = spatial_joint(m, "zipar", SAMPLING, window=1)
+    want = scheduled_law(m, list(got), 1, SAMPLING, S1_SCHEDULE)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    assert max(abs(got[k] - want[k]) for k in got) < 1e-12
 
 
 def test_window_of_a_whole_row_is_ar_token_for_token():
