@@ -91,7 +91,10 @@ def test_records():
     assert len(kept) and (kept["proposed_step"] == kept["step"] - 1).all()
     assert (drafts["sibling"] == drafts["position"] // 3).all()
     per_row = drafts.groupby(["image", "step", "sibling"]).size()
-    assert per_row.max() <= 2
+    assert per_row.max() <= 2 and (steps.set_index(["image", "step"])["drafted"] > 0).any()
+    unreached = drafts[~drafts["reached"]]
+    assert len(unreached) and unreached["accept_prob"].isna().all() and not unreached["accepted"].any()
+    assert (drafts.groupby(["image", "step"]).size().values == steps[steps["drafted"] > 0]["drafted"].values).all()
     assert (steps["emitted"] > 1).any()  # rows ran in parallel or drafts were accepted
     assert drafts["committed"].sum() <= steps["accepted"].sum()
 

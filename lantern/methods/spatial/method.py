@@ -43,8 +43,9 @@ depend on the batch size. Greedy decoding (temperature 0) takes argmaxes: ZipAR 
 PJD with ``offset = W`` give greedy AR's tokens; otherwise the tokens differ from greedy AR's where
 the missing context changes an argmax.
 
-Records: a step row per forward (``accepted`` = cells committed - 1, ``drafted`` = drafts judged);
-a draft row per judged draft (PJD's window drafts, ZipAR's adaptive row starts) with ``position``
+Records: a step row per forward (``accepted`` = cells committed - 1, ``drafted`` = drafts fed);
+a draft row per draft fed (PJD's window drafts, ``reached`` False after its row's first rejection;
+ZipAR's adaptive row starts) with ``position``
 = its raster cell, ``depth`` = its place in the row's window, ``sibling`` = its grid row and
 ``proposed_step`` = the forward that drew it (-1: a random initial draft).
 """
@@ -186,10 +187,21 @@ class _Canvas:
             prob = float(sjd_accept_prob(p, q, torch.tensor(token, device=p.device)))
             ok = bool(self.draws.coin(prob))
             u = float(getattr(self.draws, "last_u", float("nan")))
-        px = float(p[token])
-        cols = dict(token=token, p_draft=px, q_draft=float(q[token]), accept_prob=prob, u=u, accepted=ok)
-        cols.update(p_top1=float(top1_prob(p)), p_entropy=float(entropy(p.double())), q_top1=float(q.max()))
+        cols = self._summary(p, q, token)
+        cols.update(accept_prob=prob, u=u, accepted=ok)
         return ok, cols
+
+    @staticmethod
+    def _summary(p: torch.Tensor, q: torch.Tensor, token: int) -> dict:
+        """A draft's probabilities and the ambiguity of p and q there."""
+        return dict(
+            token=token,
+            p_draft=float(p[token]),
+            q_draft=float(q[token]),
+            p_top1=float(top1_prob(p)),
+            p_entropy=float(entropy(p.double())),
+            q_top1=float(q.max()),
+        )
 
     def _record(self, judged: list, cols: dict, cell: int, depth: int, proposed: int) -> None:
         cols.update(position=cell, depth=depth, sibling=cell // self.W, proposed_step=proposed)
@@ -233,6 +245,10 @@ class _Canvas:
             if not ok:
                 a = j
                 break
+        for j in range(a + 1, g):  # after the first rejection: fed, not judged
+            cols = self._summary(p[chain[j]], qs[j], window[j][0])
+            cols.update(accept_prob=float("nan"), u=float("nan"), accepted=False, reached=False)
+            self._record(judged, cols, base + j, j + 1, window[j][2])
         for j in range(a):
             self.commit(base + j, window[j][0], cached=True)
         if a < g:
@@ -280,8 +296,8 @@ def _draft_table(rows: list) -> Optional[dict]:
     ints = ("image", "step", "draft_index", "position", "token", "j_star", "node", "parent", "depth", "sibling")
     bools = ("accepted", "reached", "committed", "out_of_support")
     for row in rows:
-        row.update(p_tilde=row["p_draft"], j_star=0, spent=0.0, reached=True)
-        row.update(committed=row["accepted"], out_of_support=row["accepted"] and row["p_draft"] == 0)
+        row.update(p_tilde=row["p_draft"], j_star=0, spent=0.0, reached=row.get("reached", True))
+        row.update(committed=bool(row["accepted"]), out_of_support=bool(row["accepted"]) and row["p_draft"] == 0)
         row.update(node=row["depth"], parent=row["depth"] - 1)
     out = {}
     for c in DRAFT_COLUMNS:
