@@ -4,7 +4,8 @@
   joint law of an image against AR's exact joint (teacher forcing). Fixed window s < W: the first
   two rows are exactly AR's (row 1 starts after the whole first row and sees nothing below it),
   the last row is not, so the joint moves (TVD measured and pinned); s = W is AR exactly. The
-  adaptive window (the paper's rejection sampling of a row start) likewise, with its own TVD;
+  adaptive window (the paper's rejection sampling of a row start) likewise, with its own TVD, and
+  exactly AR's joint where the check of the row start sees the whole row above (s_min = 2);
   the s = 1 joint equals the law of a hand-written schedule (each cell's input and visible cells,
   the stand-in row start included), computed with fresh forwards of the model (1e-12);
 * s = W gives AR's tokens token for token (sampling and greedy), at any batch size;
@@ -68,7 +69,8 @@ def tvd_of(a, b):
 def test_exact_joint_of_fixed_and_adaptive_windows():
     """V = 3 with top-k 2 (two branches per draw), 3 x 3 tokens. The first two rows are AR's law
     exactly (1e-12); the third row starts with s tokens of row 1 and misses the rest, so the joint
-    moves: TVD to AR (pinned) for s = 1, 2 and the adaptive window from s_min = 1; s = 3 = W is AR."""
+    moves: TVD to AR (pinned) for s = 1, 2 and the adaptive window from s_min = 1; s = 3 = W is AR,
+    and so is the adaptive window from s_min = 2 (its one check sees the whole row above)."""
     m = grid3()
     want = exact_joint(m, 1, SAMPLING)
     tvds = {}
@@ -84,6 +86,10 @@ def test_exact_joint_of_fixed_and_adaptive_windows():
     assert tvds == pytest.approx(want_tvd, rel=1e-9), tvds
     got, _, _ = spatial_joint(m, "zipar", SAMPLING, window=3)
     assert tvd_of(got, want) < 1e-12
+    # adaptive from s_min = 2: the row start drafted with two tokens of row 1 is judged once, in the
+    # forward that reads row 1's last token (the full context): speculative sampling, AR's law exactly
+    got, _, stats = spatial_joint(m, "zipar", SAMPLING, window=2, adaptive=True)
+    assert tvd_of(got, want) < 1e-12 and stats["rejected"] > 0
 
 
 # ZipAR, s = 1 on 3 x 3 (cells 0..8 in raster order), by hand: cell -> (input token's cell, its
