@@ -45,9 +45,9 @@ the missing context changes an argmax.
 
 Records: a step row per forward (``accepted`` = cells committed - 1, ``drafted`` = drafts fed);
 a draft row per draft fed (PJD's window drafts, ``reached`` False after its row's first rejection;
-ZipAR's adaptive row starts) with ``position``
-= its raster cell, ``depth`` = its place in the row's window, ``sibling`` = its grid row and
-``proposed_step`` = the forward that drew it (-1: a random initial draft).
+ZipAR's adaptive row starts) with ``position`` = its raster cell, ``depth`` = its place in the
+row's window, ``sibling`` = its grid row and ``proposed_step`` = the forward that drew it (-1: a
+random initial draft).
 """
 
 from __future__ import annotations
@@ -166,8 +166,9 @@ class _Canvas:
     # ------------------------------------------------------------------ after the forward
     def judge(self, p: torch.Tensor, inputs: list, chains: list) -> tuple[list, int, int, int, list]:
         """Read this forward's distributions ``p`` (T, V) (row t: the cell after input t) row by
-        row, top to bottom; commit. Returns the committed cells, the drafts judged, the kind and
-        token of the top row's last commit and the draft records."""
+        row, top to bottom; commit. Returns the committed cells, the drafts fed (judged, and PJD's
+        drafts after a rejection), the kind and token of the top row's last commit and the draft
+        records."""
         fed = [slot for _, slot, _, _ in inputs if slot < self.N and self.done[slot]]
         self.cached[fed] = True
         before, judged, top = set(np.flatnonzero(self.done).tolist()), [], None
