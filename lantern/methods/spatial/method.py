@@ -11,12 +11,15 @@
   an auxiliary input at the position of ``(r - 1, W - 1)`` whose token is the newest committed
   token of row ``r - 2``; when row ``r - 1`` is already complete (``s = W``, or row 1) the true
   ``x_(r-1, W-1)`` is read instead, so ``s = W`` is AR decoding. ``adaptive`` is the paper's
-  adaptive window (Sec. 3.3; the official code lacks it, ZipAR issue #3): the first token of a
+  adaptive window (its text; the official code lacks it, ZipAR issue #3): the first token of a
   new row, drawn at the minimum window ``s``, is a *draft* ``d ~ q``; every later forward re-predicts
   the cell with the larger context (``p``) and accepts ``d`` with ``min(1, p(d)/q(d))``; a rejection
   draws ``d' ~ norm(max(p - q, 0))``, which becomes the draft (``q = p``) for the next forward, and
   once the row above is complete (the context AR would give) a rejection's draw is committed. An
-  accepted ``d`` is fed in the same forward, so its right neighbour is drawn at once.
+  accepted ``d`` is fed in the same forward, so its right neighbour is drawn at once. A check that
+  reads the whole row above is speculative sampling against the AR conditional (exact); an earlier
+  one judges a re-drawn start with the ``q`` it was last checked against, though it came from the
+  residual, so the committed start follows no single context's law (the tests enumerate it).
 * ``"pjd"`` — Parallel Jacobi Decoding (Liao et al., CVPR 2026, arXiv 2606.05703; project page
   boyaliao.github.io/PJD): every active row runs its own Jacobi window of ``L`` tokens (the row's
   last committed token and ``L - 1`` drafts, SJD's rule: a draft drawn from ``q`` is accepted with
