@@ -1,12 +1,15 @@
 """Tokens per target forward of the row-parallel methods (ZipAR, PJD) against AR and SJD.
 
-    python benchmarks/spatial_tokens.py --model embedded-16 --num-images 8 --out benchmarks/results
+    python benchmarks/spatial_tokens.py --model embedded-16 --num-images 64 --out benchmarks/results
 
 The same conditions (labels ``i % 10``) and per-image seeds for every setting, decoded
 ``--batch-size`` at a time (the counts do not depend on it). ``tokens_per_forward`` = generated
-tokens / target forwards (the prefill counted; AR gives 1), ``drafts_per_forward`` = drafts judged (reached)
-per verification forward (PJD's windows, ZipAR's adaptive row starts), ``acceptance_rate`` = committed / judged
-drafts. Settings wider than the model's rows are skipped. Writes
+tokens / target forwards (the prefill counted; AR gives 1); ``drafts_per_forward`` = drafts judged
+(reached) per verification forward (PJD's windows, ZipAR's adaptive row starts);
+``acceptance_rate`` = committed / judged drafts; ``ar_nll`` = the mean AR negative log-likelihood
+(nats per token) of the decoded images under the target's sampling distribution, a distortion
+proxy (AR's own samples give its entropy rate), and ``ar_nll_se`` its standard error over images.
+Settings wider than the model's rows are skipped. Writes
 ``--out/spatial_tokens_<model>.csv`` (default ``runs/benchmarks/spatial_tokens``, untracked).
 """
 
@@ -16,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ambiguity.cli import ArgumentParser, add_guidance_arg, add_out_arg, check_out_dir, cli_main, positive_int
 from ambiguity.models.registry import load_model
-from ambiguity.sampling import SamplingConfig
+from ambiguity.sampling import SamplingConfig, distribution, expand_rows
 from lantern.engine.decode import DecodeConfig, decode
 
 SETTINGS = (
@@ -42,6 +46,18 @@ def _config(method: str, knobs: dict) -> DecodeConfig:
     return DecodeConfig.of(method, spatial=knobs)
 
 
+@torch.no_grad()
+def ar_nll(model, labels, tokens, sampling: SamplingConfig) -> np.ndarray:
+    """Per image, the mean -log p_AR(x_i | x_<i) (nats per token) of decoded images under the target's own
+    sampling distribution (teacher forcing): AR samples give the entropy rate; a method that
+    draws tokens from less context than AR moves it."""
+    prompt = model.make_prompt(labels, guided=sampling.guided)
+    x = tokens.to(model.device)
+    logits = model.teacher_force(prompt, expand_rows(x, sampling.guided)).logits
+    p = distribution(logits, sampling, sampling.guided).double()
+    return (-p.gather(-1, x[..., None])[..., 0].clamp_min(1e-300).log()).mean(-1).cpu().numpy()
+
+
 def measure(model, num_images: int, guidance: float, batch_size: int, seed: int) -> pd.DataFrame:
     """One row per setting of :data:`SETTINGS` the model's grid allows."""
     W = int(model.grid[1])
@@ -53,6 +69,7 @@ def measure(model, num_images: int, guidance: float, batch_size: int, seed: int)
             continue
         out = decode(model, labels, _config(method, knobs), sampling, seed=seed, batch_size=batch_size)
         forwards = int(out.images["target_forwards"].sum())
+        nll = ar_nll(model, labels, out.tokens, sampling)
         judged = int(np.sum(out.drafts["reached"])) if len(out.drafts["token"]) else 0
         rows.append(
             dict(
@@ -63,6 +80,8 @@ def measure(model, num_images: int, guidance: float, batch_size: int, seed: int)
                 tokens_per_forward=out.tokens.numel() / forwards,
                 drafts_per_forward=judged / max(1, len(out.steps["step"])),
                 acceptance_rate=float(np.sum(out.drafts["committed"])) / judged if judged else float("nan"),
+                ar_nll=float(nll.mean()),
+                ar_nll_se=float(nll.std() / np.sqrt(len(nll))),
             )
         )
     return pd.DataFrame(rows)
