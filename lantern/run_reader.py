@@ -32,6 +32,7 @@ from ambiguity.errors import UsageError
 from ambiguity.io import read_table
 from ambiguity.runs import check_sealed
 from lantern.methods.jacobi.config import JACOBI_METHODS
+from lantern.methods.spatial.config import SPATIAL_METHODS
 
 __all__ = [
     "load_run",
@@ -110,8 +111,8 @@ def run_label(summary: Mapping) -> str:
 def drafting_shape(rule: Mapping) -> str:
     """How a speculative run drafts, from its summary's ``rule`` (:meth:`lantern.engine.decode.DecodeConfig.as_dict`):
     ``"chain γ=4"``, ``"static tree eagle-default"`` or ``"dynamic tree (59,4,10)"`` (total tokens,
-    depth, children per node); ``""`` when the rule does not say (AR, Jacobi and older summaries)."""
-    if not isinstance(rule, Mapping) or rule.get("method") in ("ar", *JACOBI_METHODS, "sjd-pac"):
+    depth, children per node); ``""`` when the rule does not say (AR, Jacobi, ZipAR / PJD and older summaries)."""
+    if not isinstance(rule, Mapping) or rule.get("method") in ("ar", *JACOBI_METHODS, *SPATIAL_METHODS, "sjd-pac"):
         return ""  # no drafter: nothing is drafted in a chain or tree
     tree = rule.get("tree")
     if tree == "chain" or (isinstance(tree, Mapping) and tree.get("kind") == "chain"):

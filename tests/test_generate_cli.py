@@ -188,7 +188,10 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
         (["--method", "lantern", "--k", "64"], "must be smaller than the vocabulary size 64"),
         (["--method", "sd", "--gamma", "0"], "argument --gamma: must be a positive integer or auto, got '0'"),
         (["--method", "sd", "--gamma", "fast"], "argument --gamma: must be a positive integer or auto, got 'fast'"),
-        (["--method", "sd", "--gamma-max", "6"], "error: --gamma-max does not apply to --gamma 3, only to --gamma auto"),
+        (
+            ["--method", "sd", "--gamma-max", "6"],
+            "error: --gamma-max does not apply to --gamma 3, only to --gamma auto",
+        ),
         (["--method", "medusa"], "invalid choice: 'medusa'"),
         (["--method", "sd", "--drafter", "OTHER"], "drafter was trained for embedded with other weights"),
         # a flag the method ignores, even at its default value (--gamma 4)

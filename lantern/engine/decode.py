@@ -14,8 +14,9 @@ Methods: ``"ar"`` (one target forward per token), ``"sd"`` (lossless speculative
 Leviathan et al. 2023), ``"lantern"`` (TVD bound δ), ``"lantern-jsd"`` (JSD bound δ, nats),
 ``"lantern++"`` (relative bound λ) — the rules of :mod:`lantern.rules.acceptance` (LANTERN, Jang
 et al., ICLR 2025, arXiv 2410.03355, Sec. 3-4; LANTERN++, arXiv 2502.06352) — and the Jacobi
-methods ``"sjd"``, ``"gsd"``, ``"scd"`` (:mod:`lantern.methods.jacobi.method`) and ``"sjd-pac"``
-(:mod:`lantern.methods.sjd_pac.method`). Temperature 0 uses
+methods ``"sjd"``, ``"gsd"``, ``"scd"``, ``"entropy-sd"`` (:mod:`lantern.methods.jacobi.method`), ``"sjd-pac"``
+(:mod:`lantern.methods.sjd_pac.method`) and the row-parallel methods ``"zipar"``, ``"pjd"``
+(:mod:`lantern.methods.spatial.method`). Temperature 0 uses
 the greedy rule (:func:`lantern.rules.acceptance.judge_greedy`): the drafter drafts its argmax,
 and with δ = 0 (or ``"sd"``) the tokens equal greedy AR decoding exactly.
 

@@ -29,6 +29,10 @@ from lantern.methods.sjd_pac import config as pac_config
 from lantern.methods.sjd_pac.config import PacConfig, check_pac
 from lantern.methods.sjd_pac.config import from_args as pac_from_args
 from lantern.methods.sjd_pac.method import SJDPAC
+from lantern.methods.spatial import config as spatial_config
+from lantern.methods.spatial.config import SpatialConfig, check_spatial
+from lantern.methods.spatial.config import from_args as spatial_from_args
+from lantern.methods.spatial.method import RowParallel
 from lantern.methods.tree import spec as tree_spec
 from lantern.methods.tree.method import Tree
 
@@ -70,6 +74,15 @@ def _jacobi(method: str) -> Plugin:
     )
 
 
+def _row_parallel(method: str) -> Plugin:
+    return Plugin(
+        lambda config, model, drafter, table: RowParallel(config.params, model.grid),
+        params=partial(SpatialConfig, method),
+        from_args=spatial_from_args,
+        check=check_spatial,
+    )
+
+
 DRAFTED_PLUGIN = Plugin(_drafted, drafter=True, from_args=drafting.rule_from_args)
 METHODS = {
     "ar": Plugin(lambda config, model, drafter, table: AR()),
@@ -89,7 +102,16 @@ METHODS = {
         from_args=pac_from_args,
         check=check_pac,
     ),
+    "zipar": _row_parallel("zipar"),
+    "pjd": _row_parallel("pjd"),
 }
 DRAFTED = tuple(m for m, plugin in METHODS.items() if plugin.drafter)  # the methods that need a drafter
 # every method's command-line options (lantern.engine.options), in --help order
-OPTIONS = (*tree_spec.OPTIONS, *chain.OPTIONS, *drafting.RULE_OPTIONS, *jacobi_config.OPTIONS, *pac_config.OPTIONS)
+OPTIONS = (
+    *tree_spec.OPTIONS,
+    *chain.OPTIONS,
+    *drafting.RULE_OPTIONS,
+    *jacobi_config.OPTIONS,
+    *pac_config.OPTIONS,
+    *spatial_config.OPTIONS,
+)
