@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ambiguity.sampling import expand_rows
+from lantern.drafter.model import draft_q
 from lantern.engine.slots import BatchState
 
 __all__ = ["pending_features", "draft_chains"]
@@ -56,7 +57,7 @@ def draft_chains(st: BatchState, n, d, g) -> tuple[torch.Tensor, torch.Tensor]:
     n_t = torch.as_tensor(n, device=dev)
     xs, qs = [], []
     for j in range(gmax):
-        q = st.target(st.drafter.logits(st.model, f)[:, -1])  # (B, V)
+        q = draft_q(st.drafter, st.model, f, st.target)[:, -1]  # (B, V)
         x = q.argmax(-1) if st.sampling.greedy else st.streams.categorical(q, range(B), g > j)
         xs.append(x)
         qs.append(q)
