@@ -180,3 +180,24 @@ def test_the_draft_vocab_travels_in_the_drafter_file(model, drafter, tmp_path):
     save_tensors(state, tmp_path / "bad.safetensors", meta)
     with pytest.raises(UsageError, match="bad.safetensors: a draft vocabulary must be strictly ascending"):
         load_drafter(model, tmp_path / "bad.safetensors")
+
+
+def test_command_writes_the_shipped_drafter_with_a_draft_vocab_and_refuses_bad_sizes(tmp_path, capsys):
+    from ambiguity.models.registry import load_model
+    from lantern.drafter.vocab import main
+
+    out = tmp_path / "d.safetensors"
+    base = ["--model", "embedded", "--device", "cpu", "--images", "2", "--batch-size", "2", "--no-progress"]
+    assert main([*base, "--size", "1025", "--out", str(out)]) == 2
+    assert "--size must be between 1 and the vocabulary size 1024, got 1025" in capsys.readouterr().err
+    assert main([*base, "--size", "0", "--out", str(out)]) == 2
+    assert "--size" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*base, "--size", "100", "--top-k", "125", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "draft vocabulary: 100 of 1024 codes hold" in text
+    d = load_drafter(load_model("embedded"), out)
+    assert d.draft_vocab.shape == (100,) and bool((d.draft_vocab[1:] > d.draft_vocab[:-1]).all())
+    facts = d.info["draft_vocab"]
+    assert facts["size"] == 100 and facts["images"] == 2 and facts["sampling"]["top_k"] == 125
+    assert 0 < facts["coverage"] < 1 and f"{100 * facts['coverage']:.2f} %" in text
