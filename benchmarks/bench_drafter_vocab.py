@@ -3,8 +3,8 @@
     python benchmarks/bench_drafter_vocab.py --models embedded,embedded-16 \\
         --out benchmarks/results/drafter_vocab.csv
 
-For each model and draft-vocabulary size V_d (``--sizes``; default 256, 512 for ``embedded`` and
-512, 1024, 2048, 4096 for ``embedded-16``) and the full head (``draft_vocab`` = V):
+For each model and draft-vocabulary size V_d (``--sizes``; default 256, 512, 768 for ``embedded`` and
+512, 1024, 2048, 4096, 8192 for ``embedded-16``) and the full head (``draft_vocab`` = V):
 
 * ``coverage_select`` / ``coverage``: the target's mass on the V_d codes chosen from
   ``--select-images`` self-generated images (seed 0, :func:`lantern.drafter.vocab.code_mass`, what
@@ -47,7 +47,7 @@ from lantern.drafter.objective import topk_accuracy
 from lantern.drafter.vocab import check_size, code_mass, coverage, restrict_logits, select_draft_vocab
 from lantern.engine.decode import DecodeConfig, decode, neighbour_table
 
-SIZES = {"embedded": [256, 512], "embedded-16": [512, 1024, 2048, 4096]}
+SIZES = {"embedded": [256, 512, 768], "embedded-16": [512, 1024, 2048, 4096, 8192]}
 
 
 def build_parser() -> ArgumentParser:

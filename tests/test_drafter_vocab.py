@@ -201,3 +201,8 @@ def test_command_writes_the_shipped_drafter_with_a_draft_vocab_and_refuses_bad_s
     facts = d.info["draft_vocab"]
     assert facts["size"] == 100 and facts["images"] == 2 and facts["sampling"]["top_k"] == 125
     assert 0 < facts["coverage"] < 1 and f"{100 * facts['coverage']:.2f} %" in text
+    full = tmp_path / "full.safetensors"
+    assert main([*base, "--size", "1024", "--drafter", str(out), "--out", str(full)]) == 0
+    back = load_drafter(load_model("embedded"), full)
+    assert back.draft_vocab is None and "draft_vocab" not in back.info
+    assert torch.equal(back.fc.weight, d.fc.weight)

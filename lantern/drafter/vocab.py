@@ -15,7 +15,8 @@ so every acceptance rule stays correct; a draft outside it is never proposed.
         --out lantern/weights/embedded-16_drafter.safetensors
 
 reads the shipped drafter (or ``--drafter FILE``), sets its draft vocabulary and writes it to
-``--out`` with the vocabulary's mass coverage in its training information.
+``--out`` with the vocabulary's mass coverage in its training information. ``--size V`` (the whole
+vocabulary) writes the drafter without a draft vocabulary: the full head, as trained.
 """
 
 from __future__ import annotations
@@ -142,6 +143,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     size = check_size(args.size, model.vocab_size)
     sampling = sampling_from_args(args, model.kind)
     drafter = load_drafter(model, args.drafter)
+    save_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
+    if size == model.vocab_size:  # the full head: today's q, nothing to count
+        drafter.set_draft_vocab(None)
+        drafter.info.pop("draft_vocab", None)
+        drafter.save(out, dtype=save_dtype)
+        print(f"draft vocabulary: none (all {size} codes, the full head)")
+        print_written([out])
+        return 0
     ts = self_generate(
         model, args.images, sampling, batch_size=args.batch_size, seed=args.seed, progress=not args.no_progress
     )
@@ -150,7 +159,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     covered = coverage(mass, vocab)
     drafter.set_draft_vocab(vocab)
     facts = dict(size=size, coverage=round(covered, 6), images=args.images, seed=args.seed, sampling=sampling.as_dict())
-    save_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.save_dtype]
     drafter.save(out, dtype=save_dtype, draft_vocab=facts)
     print(f"draft vocabulary: {size} of {model.vocab_size} codes hold {100 * covered:.2f} % of the target's mass")
     print_written([out])
