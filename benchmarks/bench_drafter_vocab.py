@@ -16,9 +16,10 @@ For each model and draft-vocabulary size V_d (``--sizes``; default 256, 512, 768
 * ``tau`` / ``acceptance_rate``: LANTERN chains (γ 4, δ 0.1, k = 1000 scaled to the vocabulary as
   ``V * 1000 / 16384``) over ``--tau-images`` images decoded at batch ``--tau-batch``;
 * ``s_per_image``, ``drafter_s_per_image``: latency per image at B = 1, one thread; every round
-  decodes ``--images`` images with AR and every chain drafter in a fresh random order
-  (interleaved), ``ratio_vs_ar`` is the median over rounds of (chain / AR of the same round) with
-  its quartiles. The AR row has ``draft_vocab`` 0.
+  decodes ``--images`` new images (their own streams and classes, the same for every decoder of
+  the round) with AR and every chain drafter in a fresh random order (interleaved); ``ratio_vs_ar``
+  is the median over rounds of (chain / AR of the same round) with its quartiles. The AR row has
+  ``draft_vocab`` 0.
 
 Sampling is the paper's: CFG 3, temperature 1, top-k 2000 scaled as ``V * 2000 / 16384``. The machine
 may be shared: compare the ratios of one run, not absolute seconds across runs.
@@ -60,7 +61,7 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--eval-images", type=positive_int, default=64, help="held-out images: coverage, accuracy")
     ap.add_argument("--tau-images", type=positive_int, default=64, help="images decoded for tau and acceptance")
     ap.add_argument("--tau-batch", type=positive_int, default=16, help="batch of the tau decodes (default 16)")
-    ap.add_argument("--rounds", type=positive_int, default=3, help="interleaved latency rounds (default 3)")
+    ap.add_argument("--rounds", type=positive_int, default=6, help="interleaved latency rounds (default 6)")
     ap.add_argument("--images", type=positive_int, default=2, help="images per timed decode (default 2)")
     add_threads_arg(ap)
     add_results_arg(ap, "bench_drafter_vocab", "drafter_vocab.csv", "results CSV")
@@ -141,29 +142,32 @@ def acceptance(model, drafter, vocabs: dict, table, args) -> dict:
 def latency(model, drafter, vocabs: dict, table, args) -> list[dict]:
     """Seconds per image at B = 1 of AR (key 0) and the chain per vocabulary, interleaved rounds."""
     sampling, config = paper_sampling(model.vocab_size)
-    labels = list(range(args.images))
     ar = DecodeConfig.of("ar")
 
-    def run(size):
+    def run(size, r):  # round r decodes images r * n .. r * n + n - 1 (their own streams and classes)
+        first = (r + 1) * args.images
+        labels = [i % 10 for i in range(first, first + args.images)]
         if size == 0:
-            return decode(model, labels, ar, sampling, seed=3)
-        return decode(model, labels, config, sampling, with_vocab(drafter, vocabs[size]), table, seed=3)
+            return decode(model, labels, ar, sampling, seed=3, first_index=first)
+        return decode(
+            model, labels, config, sampling, with_vocab(drafter, vocabs[size]), table, seed=3, first_index=first
+        )
 
     keys = [0, *vocabs]
     for key in keys:  # warm-up
-        run(key)
+        run(key, -1)
     rows = []
     for r in range(args.rounds):
         random.Random(r).shuffle(keys)
         for key in keys:
             t0 = time.perf_counter()
-            res = run(key)
+            res = run(key, r)
             s = res.summary()
             rows.append(
                 dict(
                     draft_vocab=key,
                     round=r,
-                    s_per_image=(time.perf_counter() - t0) / len(labels),
+                    s_per_image=(time.perf_counter() - t0) / args.images,
                     drafter_s_per_image=s["drafter_s_per_image"],
                 )
             )
