@@ -368,9 +368,9 @@ class Drafter(nn.Module):
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path, dtype: torch.dtype = torch.float16, **info) -> Path:
-        """Write the drafter's own weights (``fc``, ``layer``; cast to ``dtype``) as safetensors,
-        atomically, with the config, target fingerprint and ``self.info`` (updated by ``info``)
-        as JSON metadata. Returns the path."""
+        """Write the drafter's own weights (``fc``, ``layer``; cast to ``dtype``; the int64
+        ``draft_vocab`` when set) as safetensors, atomically, with the config, target fingerprint and
+        ``self.info`` (updated by ``info``) as JSON metadata. Returns the path."""
         self.info.update(info)
         state = {
             k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()) for k, v in self.state_dict().items()
