@@ -37,7 +37,7 @@ from ambiguity.errors import UsageError
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import bootstrap_mean_ci, entropy
-from lantern.drafter.model import DraftModel
+from lantern.drafter.model import DraftModel, draft_q
 from lantern.engine.steps import target_distribution
 from lantern.rules.acceptance import AcceptanceRule, output_distribution, output_distributions, proximity, residual
 from lantern.rules.divergences import tvd
@@ -97,7 +97,7 @@ def real_pairs(
         step = model.teacher_force(prompt, rows)  # hidden[:, t] predicts x_t
         p = target_distribution(step.logits[:, 1:], sampling, guided, convention)  # (b, N-1, V): x_1 .. x_{N-1}
         f = drafter(model, rows[:, :-1], step.hidden[:, :-1].to(drafter.dtype), None, 0)  # f_i predicts x_{i+1}
-        q = target_distribution(drafter.logits(model, f), sampling, guided, convention)
+        q = draft_q(drafter, model, f, lambda x: target_distribution(x, sampling, guided, convention))
         ps.append(p[:, positions].reshape(-1, p.shape[-1]).float().cpu())
         qs.append(q[:, positions].reshape(-1, q.shape[-1]).float().cpu())
     p, q = torch.cat(ps), torch.cat(qs)

@@ -112,8 +112,9 @@ def build_parser() -> ArgumentParser:
     """The argument parser of ``python -m lantern.generate`` (one-line errors, exit 2)."""
     p = ArgumentParser(
         prog=COMMAND,
-        description="Generate images with AR, speculative (sd), LANTERN (lantern, lantern++, lantern-jsd) or "
-        "Jacobi (sjd, gsd, scd: no drafter) decoding and record every draft token.",
+        description="Generate images with AR, speculative (sd), LANTERN (lantern, lantern++, lantern-jsd), Cool-SD, "
+        "FLy, Jacobi (sjd, gsd, scd, entropy-sd, sjd-pac: no drafter) or row-parallel (zipar, pjd) decoding and "
+        "record every draft token.",
     )
     add_model_args(p, image_size=True)
     add_decoding_args(p)

@@ -21,8 +21,16 @@ target and are passed in as ``model`` on every call. Under classifier-free guida
 runs on all rows (conditional rows first, then unconditional) with the target features of the
 matching row.
 
-Files are safetensors (``fc.*``, ``layer.*``) with the config, the target fingerprint
-(:func:`target_fingerprint`) and training information as JSON metadata.
+Draft vocabulary (EAGLE-3, Li et al., 2025, arXiv 2503.01840, Sec. 3: the drafter predicts over
+the most frequent tokens only): a drafter may carry ``draft_vocab``, the V_d codes (ascending)
+that hold most of the target's probability mass (:mod:`lantern.drafter.vocab` chooses them). Its
+head is then a row slice of the target's head, V_d x H instead of V x H, and its q
+(:func:`draft_q`) is a distribution on the full vocabulary that is exactly zero outside the draft
+vocabulary (logits -inf there), through the same guidance / temperature / top-k / top-p pipeline.
+
+Files are safetensors (``fc.*``, ``layer.*`` and, when set, the int64 ``draft_vocab``) with the
+config, the target fingerprint (:func:`target_fingerprint`) and training information as JSON
+metadata.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ __all__ = [
     "DraftModel",
     "Drafter",
     "load_drafter",
+    "draft_q",
+    "check_draft_vocab",
     "drafter_digest",
     "target_fingerprint",
     "fingerprint_mismatch",
@@ -91,7 +101,8 @@ class DraftModel(Protocol):
     visibility ``attend``, appended after the cache); ``logits(model, features (..., H))`` -> float32 (..., V) through
     the target's frozen head. :class:`Drafter` (EAGLE) implements it. Optional:
     ``compile_forwards()`` (``--compile``; :func:`lantern.engine.decode.compile_forwards` refuses a
-    drafter without it).
+    drafter without it); ``draft_vocab`` ((V_d,) int64 or None) with ``draft_logits(model, features)``
+    -> (..., V_d), the drafter's head restricted to a draft vocabulary (:func:`draft_q`).
     """
 
     target: dict
@@ -201,6 +212,8 @@ class Drafter(nn.Module):
         self.layer = layer
         self.target = dict(target)
         self.info = dict(info or {})
+        self.register_buffer("draft_vocab", None)  # (V_d,) int64 ascending, or None: the full vocabulary
+        self._head_rows = None  # (model id, device, dtype, vocab) -> head rows of the draft vocab (draft_logits)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -301,14 +314,63 @@ class Drafter(nn.Module):
         return self.layer.forward_slots(self.fc(x), cache, slots, positions, visible)
 
     def logits(self, model: TokenModel, features: torch.Tensor) -> torch.Tensor:
-        """Next-token logits (..., V) float32 from features (..., H) through the target's frozen head."""
+        """Next-token logits (..., V) float32 from features (..., H) through the target's frozen head
+        (the full vocabulary, whatever :attr:`draft_vocab`: training and accuracy use these)."""
         return model.head(features.to(model.dtype))
+
+    def set_draft_vocab(self, vocab: Optional[torch.Tensor]) -> None:
+        """Restrict drafting to ``vocab`` ((V_d,) int64 code indices, strictly ascending, in
+        ``0..V-1``; :func:`check_draft_vocab`), or lift the restriction with None. Raises UsageError
+        for a bad vocabulary."""
+        if vocab is not None:
+            vocab = check_draft_vocab(vocab, int(self.target.get("vocab_size", 0)) or None)
+            vocab = vocab.to(self.device)
+        self.draft_vocab = vocab
+        self._head_rows = None
+
+    def draft_logits(self, model: TokenModel, features: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V_d) over the draft vocabulary (in its order) from features (..., H): the rows
+        :attr:`draft_vocab` of the target's frozen head (EAGLE-3's draft vocabulary head, arXiv
+        2503.01840), float32 (float64 for a float64 model); the full (..., V) :meth:`logits` without
+        a draft vocabulary. The head rows come from ``model.output_embeddings()`` once per model,
+        device and dtype; an adapter whose head is not that linear map (checked on a probe) runs
+        its full head and keeps the columns."""
+        if self.draft_vocab is None:
+            return self.logits(model, features)
+        rows = self._draft_head_rows(model)
+        x = features.to(model.dtype)
+        if rows is None:
+            return model.head(x)[..., self.draft_vocab.to(x.device)]
+        out = torch.nn.functional.linear(x, rows)
+        return out if out.dtype == torch.float64 else out.float()
+
+    def _draft_head_rows(self, model: TokenModel) -> Optional[torch.Tensor]:
+        """(V_d, H) head rows of the draft vocabulary in the model's dtype, cached; None when the
+        adapter exposes no rows or its head is not ``hidden @ rows.T``."""
+        key = (id(model), str(model.device), model.dtype, self.draft_vocab.data_ptr())
+        if self._head_rows is not None and self._head_rows[0] == key:
+            return self._head_rows[1]
+        vocab = self.draft_vocab.to(model.device)
+        try:
+            rows = model.output_embeddings()[vocab].to(model.device, model.dtype)
+        except NotImplementedError:
+            rows = None
+        if rows is not None:
+            gen = torch.Generator().manual_seed(FINGERPRINT_PROBE_SEED)
+            probe = torch.randn(2, model.hidden_size, generator=gen).to(model.device, model.dtype)
+            with torch.no_grad():
+                full = model.head(probe)[..., vocab].double()
+            mine = torch.nn.functional.linear(probe, rows).double()
+            if not torch.allclose(mine, full, rtol=1e-2, atol=1e-3 * float(full.abs().max()) + 1e-6):
+                rows = None
+        self._head_rows = (key, rows)
+        return rows
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path, dtype: torch.dtype = torch.float16, **info) -> Path:
-        """Write the drafter's own weights (``fc``, ``layer``; cast to ``dtype``) as safetensors,
-        atomically, with the config, target fingerprint and ``self.info`` (updated by ``info``)
-        as JSON metadata. Returns the path."""
+        """Write the drafter's own weights (``fc``, ``layer``; cast to ``dtype``; the int64
+        ``draft_vocab`` when set) as safetensors, atomically, with the config, target fingerprint and
+        ``self.info`` (updated by ``info``) as JSON metadata. Returns the path."""
         self.info.update(info)
         state = {
             k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()) for k, v in self.state_dict().items()
@@ -320,6 +382,8 @@ class Drafter(nn.Module):
             "training": self.info,
             "dtype": str(dtype).replace("torch.", ""),
         }
+        if self.draft_vocab is not None:
+            meta["config"]["draft_vocab_size"] = int(self.draft_vocab.numel())
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         return save_tensors(state, path, meta)
@@ -347,9 +411,56 @@ class Drafter(nn.Module):
         drafter = cls(_draft_layer(model), model.hidden_size, meta["target"], meta.get("training") or {})
         state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
         drafter = drafter.float()
+        if "draft_vocab" in state:
+            try:
+                drafter.set_draft_vocab(state["draft_vocab"])
+            except UsageError as e:
+                raise UsageError(f"{path}: {e}") from None
         load_strict(drafter, state, path.name)
         check_finite(drafter, f"drafter {path}", _train_hint(model.name))
         return drafter.to(model.device, model.dtype).eval()
+
+
+def check_draft_vocab(vocab: torch.Tensor, vocab_size: Optional[int] = None) -> torch.Tensor:
+    """A draft vocabulary as (V_d,) int64: 1-D, non-empty, strictly ascending code indices in
+    ``0..vocab_size-1`` (any range when ``vocab_size`` is None). Returns it as int64; raises
+    UsageError naming the problem."""
+    if not isinstance(vocab, torch.Tensor) or vocab.ndim != 1 or vocab.numel() == 0:
+        raise UsageError(
+            "a draft vocabulary is a non-empty 1-D tensor of code indices; rebuild it with lantern.drafter.vocab"
+        )
+    if vocab.is_floating_point() or vocab.dtype == torch.bool:
+        raise UsageError(f"a draft vocabulary holds integer code indices, got {vocab.dtype}; rebuild it")
+    vocab = vocab.long()
+    if vocab.numel() > 1 and not bool((vocab[1:] > vocab[:-1]).all()):
+        raise UsageError(
+            "a draft vocabulary must be strictly ascending (no repeats); rebuild it with lantern.drafter.vocab"
+        )
+    lo, hi = int(vocab[0]), int(vocab[-1])
+    if lo < 0 or (vocab_size is not None and hi >= vocab_size):
+        raise UsageError(f"draft vocabulary codes must lie in 0..{(vocab_size or 1) - 1}, got {lo}..{hi}; rebuild it")
+    return vocab
+
+
+def draft_q(drafter: DraftModel, model: TokenModel, features: torch.Tensor, to_q) -> torch.Tensor:
+    """The drafter's q (B, ..., V) on the full vocabulary from features (rows, ..., H).
+
+    ``to_q``: the sampling pipeline, per-row logits (rows, ..., n) -> distribution (B, ..., n)
+    (guidance, temperature, top-k / top-p, softmax; e.g. :meth:`lantern.engine.slots.BatchState.target`).
+    Without a ``draft_vocab`` (or for a drafter that has none): ``to_q(drafter.logits(...))``.
+    With one (EAGLE-3's draft vocabulary, arXiv 2503.01840): ``to_q`` of the V_d logits
+    (:meth:`Drafter.draft_logits`), placed at the draft-vocabulary codes; exactly 0 elsewhere. That
+    equals ``to_q`` of full logits that are -inf outside the draft vocabulary (guidance, top-k, top-p
+    and softmax never move mass onto a -inf code) without the NaN that guidance would make of
+    -inf - -inf. Greedy drafting (argmax of q) therefore picks within the draft vocabulary.
+    """
+    vocab = getattr(drafter, "draft_vocab", None)
+    if vocab is None:
+        return to_q(drafter.logits(model, features))
+    sub = to_q(drafter.draft_logits(model, features))
+    q = sub.new_zeros(*sub.shape[:-1], model.vocab_size)
+    q[..., vocab.to(q.device)] = sub
+    return q
 
 
 @torch.no_grad()

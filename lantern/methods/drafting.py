@@ -13,6 +13,7 @@ from ambiguity.cli import finite_float, nonneg_int, positive_int
 from ambiguity.knn import DEFAULT_METRIC, METRICS
 from ambiguity.neighbourhood import MATRICES
 from ambiguity.sampling import expand_rows
+from lantern.drafter.model import draft_q
 from lantern.engine.options import OptionGroup
 from lantern.engine.slots import BatchState
 from lantern.rules.acceptance import BOUNDS, CONVENTIONS, RELAXATIONS, RULES, AcceptanceRule
@@ -79,7 +80,7 @@ def draft_chains(st: BatchState, n, d, g, go_on=None) -> tuple[torch.Tensor, tor
     at_r, pos_r, vis_r = expand_rows(at, guided), expand_rows(at.clamp(max=st.N - 1), guided), expand_rows(vis, guided)
     xs, qs = [], []
     for j in range(gmax):
-        q = st.target(st.drafter.logits(st.model, f)[:, -1])  # (B, V)
+        q = draft_q(st.drafter, st.model, f, st.target)[:, -1]  # (B, V)
         x = q.argmax(-1) if st.sampling.greedy else st.streams.categorical(q, range(B), g > j)
         xs.append(x)
         qs.append(q)

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ambiguity.sampling import expand_rows, invert
+from lantern.drafter.model import draft_q
 from lantern.engine.slots import BatchState
 from lantern.methods.drafting import pending_features
 from lantern.methods.tree.walk import Trees, tree_draft_columns, tree_host, walk_trees
@@ -90,7 +91,7 @@ def _draft_trees(st: BatchState, n, d, drafting) -> Trees:
             root, zeros, zeros, torch.ones_like(root, dtype=torch.bool), zeros, None, False, False, zeros[:, 0], 0
         )
     f_root = pending_features(st, n, d, drafting)  # (R, 1, H)
-    root_q = st.target(st.drafter.logits(st.model, f_root)[:, -1])  # (B, V)
+    root_q = draft_q(st.drafter, st.model, f_root, st.target)[:, -1]  # (B, V)
     room = np.where(drafting, st.N - 1 - n, 0)  # the deepest draft each slot may have (0: no tree)
     if st.spec.kind == "dynamic":
         return _draft_dynamic(st, n, room, root, f_root, root_q)
@@ -149,7 +150,7 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> Trees:
             expand_rows(pos, guided),
             expand_rows(vis, guided),
         )
-        child_values, child_indices = top_log_q(st.target(st.drafter.logits(st.model, out)), k)  # (B, k, k)
+        child_values, child_indices = top_log_q(draft_q(st.drafter, st.model, out, st.target), k)  # (B, k, k)
         pool = torch.where(part_t[:, None], (beam_score[..., None] + child_values).reshape(B, k * k), ninf)
         toks.append(child_indices.reshape(B, k * k))
         scores.append(pool)
@@ -262,7 +263,7 @@ def _draft_static(st: BatchState, n, room, root, f_root, root_q) -> Trees:
                 expand_rows(vis, guided),
             )
             feats[:, grow] = out
-            q[:, grow] = st.target(st.drafter.logits(st.model, out))
+            q[:, grow] = draft_q(st.drafter, st.model, out, st.target)
             forwards += (exists[:, grow].any(-1) & (room_t > level)).long()
     parent = torch.as_tensor(parent_h, device=dev).expand(B, T)
     ar = torch.arange(T, device=dev)
