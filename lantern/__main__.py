@@ -13,8 +13,8 @@ COMMANDS = {
     "replay": ("lantern.replay", "acceptance vs ambiguity, and image quality against a reference run"),
     "evaluate": ("lantern.evaluate", "FID, KID, precision/recall, density/coverage, CLIP score, HPS v2.1 of runs"),
     "train_drafter": ("lantern.drafter.train", "train an EAGLE drafter and measure its test accuracy per epoch"),
-    "draft_vocab": ("lantern.drafter.vocab", "a drafter's draft vocabulary (EAGLE-3): the codes holding the target's mass"),
-    "calibrate": ("lantern.calibrate", "fit the acceptance predictor that --gamma auto reads, shipped with the drafter"),
+    "draft_vocab": ("lantern.drafter.vocab", "a drafter's draft vocabulary (EAGLE-3): the target's most likely codes"),
+    "calibrate": ("lantern.calibrate", "fit the acceptance predictor --gamma auto reads (shipped with the drafter)"),
     "compare": ("lantern.drafter.comparison", "ambiguity across models with their drafters' accuracy (LANTERN Fig. 2)"),
     "paper": ("lantern.paper.__main__", "regenerate the paper's figures and tables next to its published values"),
 }
