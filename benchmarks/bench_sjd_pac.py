@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-images", type=positive_int, default=16)
     p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/benchmarks/sjd_pac")
+    p.add_argument("--out", default="runs/benchmarks/bench_sjd_pac")
     args = p.parse_args(argv)
     model = load_model(args.model)
     sampling = SamplingConfig(guidance=3.0, temperature=1.0, top_k=2000)

@@ -63,7 +63,7 @@ from ambiguity.conditions import generation_conditions
 from ambiguity.errors import UsageError
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.sampling import SamplingConfig, default_guidance
-from lantern.distortion import real_pairs
+from lantern.distortion import chain_place_tvds, real_pairs
 from lantern.drafter.model import load_drafter
 from lantern.engine.decode import DecodeConfig, decode, neighbour_table
 from lantern.engine.loop import run
@@ -76,9 +76,9 @@ from lantern.quality.metrics import wilson_interval
 from lantern.quality.scoring import QualityProtocol
 from lantern.quality.tables import flat_scores
 from lantern.replay import ambiguity_bins, with_wilson
-from lantern.rules.acceptance import AcceptanceRule, output_distribution
+from lantern.rules.acceptance import RELAXATIONS, AcceptanceRule, output_distribution
 from lantern.rules.divergences import tvd
-from lantern.rules.jacobi import gsd_output_distribution
+from lantern.rules.jacobi import entropy_acceptance, gsd_output_distribution, one_step_output
 from lantern.run_reader import target_scores
 from lantern.timing import interleaved_timing, speedup_table
 
@@ -126,11 +126,12 @@ def throughput_table(timing: pd.DataFrame, baseline: str = "ar") -> pd.DataFrame
     )
 
 
-def configs(vocab_size: int) -> dict:
+def configs(vocab_size: int, width: int = 16) -> dict:
     """The compared methods: LANTERN and LANTERN++ at the paper's k (1000 of 16384 codes, mapped to
     ``vocab_size``), LANTERN's δ 0.1, LANTERN++'s λ 2; EAGLE-2's official dynamic tree; the Jacobi
     methods' and the new plug-ins' official defaults (those registered in
-    :data:`lantern.methods.registry.METHODS`)."""
+    :data:`lantern.methods.registry.METHODS`), but ZipAR's window and PJD's row offset at half a row
+    of ``width`` tokens (their official 8 is a whole row of ``embedded``: plain AR / row by row)."""
     k = map_to_codebook(PAPER_K, vocab_size)
     found = {
         "ar": DecodeConfig.of("ar"),
@@ -145,6 +146,11 @@ def configs(vocab_size: int) -> dict:
     for name in NEW_METHODS:  # their official defaults; the drafted ones on LANTERN's chain of 4
         if name in METHODS:
             found[name] = DecodeConfig.of(name, gamma=4) if METHODS[name].drafter else DecodeConfig.of(name)
+    half = max(1, width // 2)
+    if "zipar" in found:
+        found["zipar"] = DecodeConfig.of("zipar", window=half)
+    if "pjd" in found:
+        found["pjd"] = DecodeConfig.of("pjd", rows=min(8, width), offset=half)
     return found
 
 
@@ -178,15 +184,20 @@ def published_table(path=PUBLISHED) -> pd.DataFrame:
     return pd.read_csv(path, dtype=str).fillna("")
 
 
-def gsd_distortion(model, conditions, sampling, config, seed) -> float:
-    """Mean exact TVD(out, p) of one GSD verification over the (p, q) pairs its decodes judged."""
+def jacobi_distortion(model, conditions, sampling, config, seed) -> float:
+    """Mean exact TVD(out, p) of one verification of a lossy Jacobi rule (GSD; entropy-aware SJD)
+    over the (p, q) pairs its own decodes judged (:func:`lantern.rules.jacobi.gsd_output_distribution`,
+    :func:`lantern.rules.jacobi.one_step_output`)."""
     vals = []
     for i, c in enumerate(conditions):
         pairs = []
         run(model, Jacobi(config, model, pairs=pairs), [c], sampling, np.array([i]), seed)
         p = torch.stack([a for a, _ in pairs]).double()
         q = torch.stack([b for _, b in pairs]).double()
-        out = gsd_output_distribution(p, q, config.group, config.prob_gap)
+        if config.method == "gsd":
+            out = gsd_output_distribution(p, q, config.group, config.prob_gap)
+        else:
+            out = one_step_output(p, q, entropy_acceptance(p, q, config.entropy_alpha, config.entropy_floor))
         vals.append(tvd(out, p))
     return float(torch.cat(vals).mean())
 
@@ -374,6 +385,12 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--bootstrap", type=positive_int, default=32, help="jackknife groups of the quality intervals")
     ap.add_argument("--no-quality", action="store_true")
     ap.add_argument(
+        "--distortion-images",
+        type=positive_int,
+        default=32,
+        help="images whose judged (p, q) pairs give GSD's and entropy-aware SJD's exact distortion (batch 1)",
+    )
+    ap.add_argument(
         "--target-images",
         type=nonneg_int,
         default=None,
@@ -524,10 +541,15 @@ def relaxed_distortion(model, drafter, ar_tokens, plan: Plan, nb, cfgs: dict) ->
     LANTERN++, ...; :func:`lantern.rules.acceptance.output_distribution`) over the drafter's (p, q)
     pairs along the AR samples -> {method: value}."""
     relaxed = {n: c.rule for n, c in cfgs.items() if c.rule is not None and c.rule.relaxed and c.tree is None}
-    if not relaxed:
+    placed = {n: c for n, c in cfgs.items() if c.rule is not None and c.rule.method in RELAXATIONS}
+    if not relaxed and not placed:
         return {}
     p, q = real_pairs(model, drafter, ar_tokens, plan.conditions, plan.sampling)
     found = {}
+    for name, c in placed.items():  # Cool-SD, FLy: the mean over a chain's places (FLy's window pass: beta^W)
+        beta = float(torch.minimum(p, q).sum(-1).mean())  # SD's mean acceptance probability on these pairs
+        window = beta**c.rule.fly_window if c.rule.method == "fly" else None
+        found[name] = float(chain_place_tvds(p.double(), q.double(), c.rule, c.gamma, window).mean())
     for name, rule in relaxed.items():
         n = max(1, (1 << 28) // (24 * p.shape[-1] * rule.k))  # positions per chunk: ~256 MB working set
         table = nb[:, : rule.k].cpu()
@@ -624,7 +646,7 @@ def main(argv=None) -> int:
     check_args(args)
     model = load_model(args.model)
     plan = make_plan(args, model)
-    cfgs = configs(model.vocab_size)
+    cfgs = configs(model.vocab_size, int(tuple(getattr(model, "grid", (1, 16)))[-1]))
     if args.only:
         keep = {"ar", *args.only.split(",")}
         cfgs = {k: v for k, v in cfgs.items() if k in keep}
@@ -637,10 +659,14 @@ def main(argv=None) -> int:
     if nb is not None and ar_tokens is not None:
         for name, value in relaxed_distortion(model, drafter, ar_tokens, plan, nb, cfgs).items():
             table.loc[name, "distortion_tvd"] = value
-    if "gsd" in cfgs:
-        table.loc["gsd", "distortion_tvd"] = gsd_distortion(
-            model, plan.conditions, plan.sampling, cfgs["gsd"].params, args.seed
-        )
+    for name in ("gsd", "entropy-sd"):
+        if name in cfgs:
+            table.loc[name, "distortion_tvd"] = jacobi_distortion(
+                model, plan.conditions[: args.distortion_images], plan.sampling, cfgs[name].params, args.seed
+            )
+    for name in ("zipar", "pjd"):  # lossy as a joint law (rows decoded together), no per-step TVD
+        if name in table.index:
+            table.loc[name, "distortion_tvd"] = float("nan")
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / f"compare_methods_{args.model}.csv")
     b = pd.concat(bins, ignore_index=True) if bins else pd.DataFrame()
