@@ -23,6 +23,7 @@ from ambiguity.cli import ArgumentParser, cli_main, positive_int
 from ambiguity.conditions import generation_conditions
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
+from benchmarks.common import add_results_arg
 from lantern.engine.decode import DecodeConfig, decode
 from lantern.engine.records import summarize_decode
 
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--num-images", type=positive_int, default=16)
     p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs/benchmarks/bench_sjd_pac")
+    add_results_arg(p, "bench_sjd_pac")
     args = p.parse_args(argv)
     model = load_model(args.model)
     sampling = SamplingConfig(guidance=3.0, temperature=1.0, top_k=2000)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ambiguity.cli import ArgumentParser, add_threads_arg, cli_main, positive_int, set_threads
+from ambiguity.cli import ArgumentParser, add_out_arg, add_threads_arg, cli_main, positive_int, set_threads
 from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from lantern.drafter.model import load_drafter
@@ -69,7 +69,7 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--gamma", type=positive_int, default=8, help="draft length of the decodes (default: %(default)s)")
     ap.add_argument("--k", type=positive_int, default=None, help="neighbours (default: 1000 of 16384 mapped)")
     ap.add_argument("--delta", type=float, default=0.1, help="LANTERN δ (default: %(default)s)")
-    ap.add_argument("--out", default=None, help="JSON file (default: next to the shipped drafter)")
+    add_out_arg(ap, "JSON file (default: next to the shipped drafter)", metavar="FILE")
     add_threads_arg(ap)
     return ap
 

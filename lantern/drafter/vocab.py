@@ -29,6 +29,7 @@ import torch
 from ambiguity.cli import (
     ArgumentParser,
     add_model_args,
+    add_out_arg,
     add_progress_arg,
     add_sampling_args,
     check_out_file,
@@ -128,7 +129,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument(
         "--save-dtype", default="fp16", choices=["fp16", "bf16", "fp32"], help="dtype of the written drafter"
     )
-    p.add_argument("--out", type=path_arg, required=True, metavar="FILE", help="drafter file to write")
+    add_out_arg(p, "drafter file to write (required)", metavar="FILE")
     add_progress_arg(p)
     return p
 
@@ -137,6 +138,10 @@ def build_parser() -> ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.out is None:
+        raise UsageError(
+            "--out FILE is required: the drafter file to write (e.g. lantern/weights/<model>_drafter.safetensors)"
+        )
     out = check_out_file(args.out)
     device, dtype = device_from_args(args)
     model = load_model(args.model, weights=args.weights, device=device, dtype=dtype)
