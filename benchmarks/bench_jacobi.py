@@ -68,15 +68,24 @@ def build_parser() -> ArgumentParser:
 
 def one_decode(model, method: str, sampling: SamplingConfig, images: int, batch: int) -> dict:
     """Decode ``images`` images (class labels 0..9 in turn, seed 3) with ``method`` at batch size ``batch``:
-    images/s (wall clock), target and acceptance seconds (summed over images), target forwards."""
+    images/s (wall clock), target, acceptance and distribution seconds (summed over images) and the
+    acceptance and rule shares of the step seconds."""
     DISTRIBUTION["s"] = 0.0
     t0 = time.perf_counter()
     labels = [i % 10 for i in range(images)]
     out = decode(model, labels, DecodeConfig.of(method), sampling, seed=3, batch_size=batch)
     wall = time.perf_counter() - t0
     im = out.images
-    target, acc = float(np.sum(im["target_s"])), float(np.sum(im["acceptance_s"]))
-    return dict(images_per_s=images / wall, target_s=target, acceptance_s=acc, share=acc / (acc + target), wall_s=wall)
+    target, acc, dist = float(np.sum(im["target_s"])), float(np.sum(im["acceptance_s"])), DISTRIBUTION["s"]
+    return dict(
+        images_per_s=images / wall,
+        target_s=target,
+        acceptance_s=acc,
+        distribution_s=dist,
+        share=acc / (acc + target),
+        rule_share=(acc - dist) / (acc + target),
+        wall_s=wall,
+    )
 
 
 @cli_main
