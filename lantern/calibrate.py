@@ -63,7 +63,11 @@ def calibrate(model, drafter, images: int, gamma: int, k: int, delta: float, see
 
 
 def build_parser() -> ArgumentParser:
-    ap = ArgumentParser(prog="python -m lantern.calibrate", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(
+        prog="python -m lantern.calibrate",
+        description="Fit the acceptance predictor that --gamma auto reads (lantern.engine.policy), "
+        "written next to the shipped drafter.",
+    )
     ap.add_argument("--model", required=True, help="model registry name (its shipped drafter)")
     ap.add_argument("--images", type=positive_int, default=32, help="images decoded (default: %(default)s)")
     ap.add_argument("--gamma", type=positive_int, default=8, help="draft length of the decodes (default: %(default)s)")

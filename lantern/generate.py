@@ -86,16 +86,11 @@ COMPILE_NOTE = "compiled (--compile): the first images' seconds include the comp
 
 
 def add_decoding_args(p) -> None:
-    """``--method``, ``--drafter`` and every method's own options, one group per method family
+    """``--method`` and every method's own options (``--drafter`` among the drafted methods'), one group
+    per method family
     (:data:`lantern.methods.registry.OPTIONS`; another method's option is refused by
     :func:`~lantern.engine.options.check_method_options`)."""
     p.add_argument("--method", default="lantern", choices=METHODS, help="decoding method (default: lantern)")
-    p.add_argument(
-        "--drafter",
-        default=None,
-        metavar="FILE",
-        help="drafter .safetensors (default: lantern/weights/<model>_drafter)",
-    )
     add_method_options(p, OPTIONS)
 
 
@@ -124,9 +119,7 @@ def build_parser() -> ArgumentParser:
         type=positive_int,
         default=1,
         metavar="B",
-        help="images decoded together, one target forward per step for all (AR, chains, draft trees and "
-        "sjd/gsd/scd; "
-        "default: 1). "
+        help="images decoded together, one target forward per step for all (every method; default: 1). "
         "Same random streams: tokens equal batch 1's exactly with --dtype float64, almost always "
         "in float32",
     )

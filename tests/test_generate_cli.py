@@ -71,11 +71,11 @@ def _args(tiny, out, *extra):
     method = extra[extra.index("--method") + 1] if "--method" in extra else "lantern"
     chain = "--tree" not in extra or extra[extra.index("--tree") + 1] == "chain"
     drafting = (["--k", "8"] if method in RELAXED else []) + (["--gamma", "3"] if method in RULES and chain else [])
+    drafter = ["--drafter", str(tiny / "drafter.safetensors")] if method in RULES else []
     return [
         "--weights",
         str(tiny / "weights"),
-        "--drafter",
-        str(tiny / "drafter.safetensors"),
+        *drafter,
         "--out",
         str(out),
         "--no-progress",
@@ -340,7 +340,7 @@ def test_each_option_is_declared_by_the_methods_that_read_it():
     assert groups["jacobi_init"] == ("sjd", "gsd", "scd", "entropy-sd") and groups["entropy_floor"] == ("entropy-sd",)
     assert groups["gsd_group"] == ("gsd",) and groups["scd_coupling"] == ("scd",)
     assert groups["pac_width"] == groups["pac_depth"] == groups["pac_continuation"] == ("sjd-pac",)
-    assert "drafter" not in groups and "method" not in groups  # read by every method
+    assert groups["drafter"] == RULES and "method" not in groups  # the drafted methods read a drafter
 
 
 @pytest.mark.parametrize(

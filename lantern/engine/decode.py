@@ -115,6 +115,11 @@ class DecodeConfig:
                 f"--method {self.rule.method} relaxes by the draft's place in a chain and has no draft tree; "
                 f"use --tree chain"
             )
+        if self.rule is not None and self.rule.method in RELAXATIONS and self.gamma == "auto":
+            raise UsageError(
+                f"--gamma auto picks each round's chain length, but {self.rule.method}'s rule depends on the "
+                f"chain's length; give --gamma N"
+            )
         if self.rule is not None and self.rule.method == "fly" and self.gamma < 2:
             raise UsageError(f"--method fly needs --gamma >= 2 (a deferral needs a following draft), got {self.gamma}")
         if self.rule is not None and self.rule.method == "fly" and self.rule.fly_window >= self.gamma:

@@ -198,7 +198,17 @@ def _add_fly(g) -> None:
 
 # the options of the rule every drafted method judges with; a relaxed rule's bound parameter gets
 # its group from BOUNDS, so a new rule entry brings its flag (and the flag's refusal) with it
+def _add_drafter(g) -> None:
+    g.add_argument(
+        "--drafter",
+        default=None,
+        metavar="FILE",
+        help="drafter .safetensors (default: lantern/weights/<model>_drafter)",
+    )
+
+
 RULE_OPTIONS = (
+    OptionGroup("drafter", RULES, _add_drafter),
     OptionGroup("acceptance rule", RULES, _add_convention),
     OptionGroup("latent neighbourhood", RELAXED, _add_k),
     OptionGroup("latent distance", RELAXED, _add_geometry, _no_neighbourhood),

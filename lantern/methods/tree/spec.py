@@ -192,12 +192,15 @@ def tree_kind(tree: str) -> str:
 
 
 # --------------------------------------------------------------------------- command-line options
+_NAMED = [name for name in STATIC_TREES if name != "chain"]  # the static shapes (chain is --tree chain)
+
+
 def _add_tree(g) -> None:
     g.add_argument(
         "--tree",
         default="chain",
         metavar="SHAPE",
-        help=f"chain (γ drafts), dynamic (EAGLE-2), a static EAGLE-1 tree ({', '.join(STATIC_TREES)}) or "
+        help=f"chain (γ drafts), dynamic (EAGLE-2), a static EAGLE-1 tree ({', '.join(_NAMED)}) or "
         f"a .json list of child-rank paths (default: chain)",
     )
 
