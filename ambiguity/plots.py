@@ -117,6 +117,12 @@ METHOD_COLORS: dict[str, str] = {
     "sjd": "#029e73",
     "gsd": "#cc78bc",
     "scd": "#6a3d9a",
+    "cool-sd": "#a6761d",
+    "fly": "#fbafe4",
+    "entropy-sd": "#66a61e",
+    "sjd-pac": "#00441b",
+    "zipar": "#e7298a",
+    "pjd": "#7570b3",
 }
 
 
