@@ -546,7 +546,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     if COMPILE_NOTE in summary["notes"]:
         print(f"note: {COMPILE_NOTE}")
-    print(f"wrote {out}/({', '.join(written_outputs(model.can_decode))})")
+    print(f"wrote {out}/: {', '.join(written_outputs(model.can_decode))}")
     return 0
 
 
