@@ -29,12 +29,16 @@ Writes ``--out``/compare_methods_<model>.{csv,md}``, ``compare_methods_<model>_a
 ``--figure`` (default ``<out>/compare_methods_<model>.{png,pdf}``); the ``.md`` ends with the
 published numbers of each method (``benchmarks/published_methods.csv``). ``--out`` defaults to the
 untracked ``runs/benchmarks/compare_methods``; the committed tables and figures are ``--out
-benchmarks/results --figure figures/compare_methods_<model>``.
+benchmarks/results --figure figures/compare_methods_<model>``. A stopped run resumes: each method's
+decode results are saved when it is done (``<out>/compare_methods_<model>.parts/``, :class:`Parts`) and a
+rerun with the same options reads them; the timings are measured again.
 Wall-clock numbers depend on the machine (and its load); the ratios are what to read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import textwrap
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -61,9 +65,10 @@ from ambiguity.cli import (
 )
 from ambiguity.conditions import generation_conditions
 from ambiguity.errors import UsageError
+from ambiguity.io import write_json
 from ambiguity.models.registry import get_spec, load_model
 from ambiguity.sampling import SamplingConfig, default_guidance
-from lantern.distortion import chain_place_tvds, real_pairs
+from lantern.distortion import chain_place_tvds, real_pairs, step_tvds
 from lantern.drafter.model import load_drafter
 from lantern.engine.decode import DecodeConfig, decode, neighbour_table
 from lantern.engine.loop import run
@@ -76,7 +81,7 @@ from lantern.quality.metrics import wilson_interval
 from lantern.quality.scoring import QualityProtocol
 from lantern.quality.tables import flat_scores
 from lantern.replay import ambiguity_bins, with_wilson
-from lantern.rules.acceptance import RELAXATIONS, AcceptanceRule, output_distribution
+from lantern.rules.acceptance import RELAXATIONS, AcceptanceRule
 from lantern.rules.divergences import tvd
 from lantern.rules.jacobi import entropy_acceptance, gsd_output_distribution, one_step_output
 from lantern.run_reader import target_scores
@@ -388,7 +393,8 @@ def build_parser() -> ArgumentParser:
         "--distortion-images",
         type=positive_int,
         default=32,
-        help="images whose judged (p, q) pairs give GSD's and entropy-aware SJD's exact distortion (batch 1)",
+        help="images whose (p, q) pairs give the exact per-step distortion: the drafter's along the AR samples "
+        "(LANTERN, LANTERN++, Cool-SD, FLy) and the pairs GSD and entropy-aware SJD judge (batch 1)",
     )
     ap.add_argument(
         "--target-images",
@@ -483,82 +489,123 @@ def time_methods(model, cfgs: dict, plan: Plan, drafter, seed: int):
     return speed, tp_timing, throughput_table(tp_timing)
 
 
-def method_row(name: str, summary: dict, speed: pd.DataFrame, tp: Optional[pd.DataFrame]) -> dict:
-    """The table row of method ``name`` from its decode summary and timings."""
-    row = {
-        "method": name,
-        "tokens_per_forward": summary["tokens_per_forward"],
-        "tau": summary["tau"],
-        "acceptance_rate": summary["acceptance_rate"],
-        "speedup": speed.loc[name, "speedup"],
-        "ms_per_image": speed.loc[name, "ms_per_image"],
-    }
+class Parts:
+    """Each finished method's decode results, kept under ``--out`` so that a stopped run resumes.
+
+    One folder per set of the options that change the decodes (model, images, seed, guidance,
+    batch size, target images, quality and its reference), ``<out>/compare_methods_<model>.parts/<key>/``;
+    each method's results are one JSON file written atomically when the method is done (the AR
+    tokens, which the distortion reads, come with AR's). A rerun with the same options reads
+    them instead of decoding again; the timings are measured again on every run.
+    """
+
+    def __init__(self, out: Path, args):
+        keys = (
+            "model",
+            "num_images",
+            "seed",
+            "cfg",
+            "batch_size",
+            "target_images",
+            "no_quality",
+            "reference",
+            "bootstrap",
+        )
+        key = json.dumps({k: getattr(args, k) for k in keys}, sort_keys=True, default=str)
+        self.dir = Path(out) / f"compare_methods_{args.model}.parts" / hashlib.sha1(key.encode()).hexdigest()[:12]
+        self.key = key
+
+    def load(self, name: str) -> Optional[dict]:
+        """The saved results of method ``name``, or None."""
+        path = self.dir / f"{name}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def save(self, name: str, results: dict) -> None:
+        write_json({"options": self.key, **results}, self.dir / f"{name}.json")
+
+
+def method_row(name: str, stats: dict, speed: pd.DataFrame, tp: Optional[pd.DataFrame]) -> dict:
+    """The table row of method ``name`` from its decode statistics (:func:`decode_stats`) and timings."""
+    row = {"method": name, **{k: stats[k] for k in ("tokens_per_forward", "tau", "acceptance_rate")}}
+    row.update(speedup=speed.loc[name, "speedup"], ms_per_image=speed.loc[name, "ms_per_image"])
     if tp is not None:
         have = name in tp.index
         for col in ("images_per_s", "images_per_s_min", "images_per_s_max", "vs_ar", "vs_ar_min", "vs_ar_max"):
             key = col if col.startswith("images") else f"throughput_{col}"
             row[key] = tp.loc[name, col] if have else float("nan")
+    row.update({k: v for k, v in stats.items() if k not in ("tokens_per_forward", "tau", "acceptance_rate")})
     return row
 
 
-def decode_methods(model, cfgs: dict, plan: Plan, drafter, speed, tp, args):
-    """Decode the plan's conditions with every method -> (rows, acceptance bins per method, AR tokens)."""
+def decode_stats(model, name: str, c: DecodeConfig, plan: Plan, drafter, args) -> dict:
+    """Decode the plan's conditions with one method -> its statistics, target and quality columns,
+    acceptance bins (records) and, for AR, the tokens (JSON-ready: :class:`Parts`)."""
+    d = decode(  # statistics and quality in batches: each image's tokens come from its own stream
+        model,
+        plan.conditions,
+        c,
+        plan.sampling,
+        drafter if c.speculative else None,
+        seed=args.seed,
+        pixels=plan.quality,
+        batch_size=args.batch_size,
+    )
+    summary = d.summary()
+    stats = {k: float(summary[k]) for k in ("tokens_per_forward", "tau", "acceptance_rate")}
+    if args.target_images != 0 and model.kind != "text":
+        images = pd.DataFrame(
+            {"image": range(len(d.tokens)), "codes": list(d.tokens.numpy()), "condition": plan.conditions}
+        )
+        stats.update(target_row(model, images, args.target_images or len(plan.conditions)))
+    if plan.quality:
+        stats.update(quality_row(d.pixels, args.reference, args.bootstrap))
+    _, drafts, _ = d.frames()
+    bins = with_wilson(ambiguity_bins(drafts, "p_top1", np.linspace(0, 1, 11))) if len(drafts) else None
+    return {
+        "stats": {k: float(v) for k, v in stats.items()},
+        "bins": None if bins is None else bins.to_dict("records"),
+        "tokens": d.tokens.numpy() if name == "ar" else None,
+    }
+
+
+def decode_methods(model, cfgs: dict, plan: Plan, drafter, speed, tp, args, parts: Parts):
+    """Decode the plan's conditions with every method (or read what an earlier run with the same
+    options saved, :class:`Parts`) -> (rows, acceptance bins per method, AR tokens)."""
     rows, bins = [], []
     ar_tokens = None
-    edges = np.linspace(0, 1, 11)
     for name, c in cfgs.items():
-        d = decode(  # statistics and quality in batches: each image's tokens come from its own stream
-            model,
-            plan.conditions,
-            c,
-            plan.sampling,
-            drafter if c.speculative else None,
-            seed=args.seed,
-            pixels=plan.quality,
-            batch_size=args.batch_size,
-        )
-        if name == "ar":
-            ar_tokens = d.tokens
-        summary = d.summary()
-        _, drafts, _ = d.frames()
-        if len(drafts):
-            bins.append(with_wilson(ambiguity_bins(drafts, "p_top1", edges)).assign(method=name))
-        row = method_row(name, summary, speed, tp)
-        if args.target_images != 0 and model.kind != "text":
-            images = pd.DataFrame(
-                {"image": range(len(d.tokens)), "codes": list(d.tokens.numpy()), "condition": plan.conditions}
-            )
-            row.update(target_row(model, images, args.target_images or len(plan.conditions)))
-        if plan.quality:
-            row.update(quality_row(d.pixels, args.reference, args.bootstrap))
+        got = parts.load(name)
+        if got is None:
+            got = decode_stats(model, name, c, plan, drafter, args)
+            parts.save(name, got)
+        else:
+            print(f"{name}: read from {parts.dir}", flush=True)
+        if got["tokens"] is not None:
+            ar_tokens = torch.as_tensor(np.asarray(got["tokens"], dtype=np.int64))
+        if got["bins"] is not None:
+            bins.append(pd.DataFrame(got["bins"]).assign(method=name))
+        row = method_row(name, got["stats"], speed, tp)
         rows.append(row)
         print(name, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
     return rows, bins, ar_tokens
 
 
-def relaxed_distortion(model, drafter, ar_tokens, plan: Plan, nb, cfgs: dict) -> dict:
+def relaxed_distortion(model, drafter, ar_tokens, plan: Plan, nb, cfgs: dict, distortion_images: int) -> dict:
     """Mean exact TVD(out, p) of one verification of every relaxed chain rule in ``cfgs`` (LANTERN,
-    LANTERN++, ...; :func:`lantern.rules.acceptance.output_distribution`) over the drafter's (p, q)
-    pairs along the AR samples -> {method: value}."""
+    LANTERN++, ...; :func:`lantern.distortion.step_tvds`; Cool-SD and FLy by their place in the chain)
+    over the drafter's (p, q) pairs along the first ``distortion_images`` AR samples -> {method: value}."""
     relaxed = {n: c.rule for n, c in cfgs.items() if c.rule is not None and c.rule.relaxed and c.tree is None}
     placed = {n: c for n, c in cfgs.items() if c.rule is not None and c.rule.method in RELAXATIONS}
     if not relaxed and not placed:
         return {}
-    p, q = real_pairs(model, drafter, ar_tokens, plan.conditions, plan.sampling)
+    n = distortion_images
+    p, q = real_pairs(model, drafter, ar_tokens[:n], plan.conditions[:n], plan.sampling)
     found = {}
     for name, c in placed.items():  # Cool-SD, FLy: the mean over a chain's places (FLy's window pass: beta^W)
         beta = float(torch.minimum(p, q).sum(-1).mean())  # SD's mean acceptance probability on these pairs
         window = beta**c.rule.fly_window if c.rule.method == "fly" else None
         found[name] = float(chain_place_tvds(p.double(), q.double(), c.rule, c.gamma, window).mean())
-    for name, rule in relaxed.items():
-        n = max(1, (1 << 28) // (24 * p.shape[-1] * rule.k))  # positions per chunk: ~256 MB working set
-        table = nb[:, : rule.k].cpu()
-        t = torch.cat(
-            [
-                tvd(output_distribution(p[i : i + n], q[i : i + n], table, rule), p[i : i + n])
-                for i in range(0, len(p), n)
-            ]
-        )
+    for name, t in zip(relaxed, step_tvds(p, q, nb, list(relaxed.values()))):
         found[name] = float(t.mean())
     return found
 
@@ -653,11 +700,13 @@ def main(argv=None) -> int:
     drafter = load_drafter(model, None)
     speed, tp_timing, tp = time_methods(model, cfgs, plan, drafter, args.seed)
     nb = neighbour_table(model, cfgs["lantern"]) if "lantern" in cfgs else None
-    rows, bins, ar_tokens = decode_methods(model, cfgs, plan, drafter, speed, tp, args)
+    rows, bins, ar_tokens = decode_methods(model, cfgs, plan, drafter, speed, tp, args, Parts(out, args))
     table = pd.DataFrame(rows).set_index("method")
     table.insert(5, "distortion_tvd", 0.0)
     if nb is not None and ar_tokens is not None:
-        for name, value in relaxed_distortion(model, drafter, ar_tokens, plan, nb, cfgs).items():
+        for name, value in relaxed_distortion(
+            model, drafter, ar_tokens, plan, nb, cfgs, args.distortion_images
+        ).items():
             table.loc[name, "distortion_tvd"] = value
     for name in ("gsd", "entropy-sd"):
         if name in cfgs:

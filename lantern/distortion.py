@@ -48,6 +48,7 @@ __all__ = [
     "sibling_output_distribution",
     "chain_place_tvds",
     "distortion_table",
+    "step_tvds",
     "DRIVERS",
     "TREE_ROW",
 ]
@@ -224,10 +225,10 @@ def distortion_table(
       positions where argmax q equals argmax p (ties: the first index), whose median / q90 / max
       are those of the 0/1 indicator.
 
-    Positions go through :func:`~lantern.rules.acceptance.output_distributions` (every (k, δ) cell of the
-    ``"exact"`` convention from one gather and cumulative sum at the largest k) ``chunk`` at a
-    time, fewer when its (chunk, V, max k) working set (and (chunk, V, V) for ``"official"``) would
-    pass ``max_bytes`` (bytes; at least one position): at V = 16384, k = 1000 that is 2 positions.
+    Positions go through :func:`step_tvds` (every (k, δ) cell of the ``"exact"`` convention from one
+    gather and cumulative sum at the largest k) ``chunk`` at a time, fewer when the working set
+    would pass ``max_bytes`` bytes: at V = 16384, k = 1000 and the paper's top-k 2000 that is 22
+    positions (2 when q is not filtered).
     ``neighbours`` goes in whole, as the decoders pass it (the ``"official"`` residual zeroes the
     first k + 1 columns).
     Raises ValueError when ``groups`` does not hold one entry per position.
@@ -240,8 +241,7 @@ def distortion_table(
 
     rows = [{"what": "TVD(q, p)", "k": 0, "delta": 0.0, "siblings": 0, **stats(tvd(q, p))}]
     rules = [AcceptanceRule(method, k=int(k), delta=float(d), convention=convention) for k in ks for d in deltas]
-    n = _positions_per_chunk(p.shape[-1], max((int(k) for k in ks), default=0), convention, chunk, max_bytes)
-    for rule, t in zip(rules, _step_tvds(p, q, neighbours, rules, n)):
+    for rule, t in zip(rules, step_tvds(p, q, neighbours, rules, chunk, max_bytes)):
         rows.append({"what": "TVD(out, p)", "k": rule.k, "delta": rule.delta, "siblings": 0, **stats(t)})
     for m in tree_siblings:
         for rule, t in zip(rules, _tree_tvds(p, q, neighbours, rules, int(m), chunk)):
@@ -270,16 +270,34 @@ def _summary(t: torch.Tensor, groups: Optional[torch.Tensor], n_boot: int, seed:
     }
 
 
-def _step_tvds(
-    p: torch.Tensor, q: torch.Tensor, neighbours: torch.Tensor, rules: list[AcceptanceRule], n: int
+def step_tvds(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    neighbours: Optional[torch.Tensor],
+    rules: Sequence[AcceptanceRule],
+    chunk: int = 256,
+    max_bytes: int = 1 << 30,
 ) -> list[torch.Tensor]:
-    """Per rule, the (P,) TVD of one verification step's exact output distribution from p, n
-    positions at a time (:func:`~lantern.rules.acceptance.output_distributions`)."""
+    """Per rule, the (P,) TVD from p of the exact distribution one verification step emits
+    (:func:`~lantern.rules.acceptance.output_distributions`: the relaxed rules of the ``"exact"``
+    convention share one gather and cumulative sum at the largest k).
+
+    p, q: (P, V) float pairs (:func:`real_pairs`); neighbours: (V, >= max k) int64 (None when no rule
+    is relaxed). Positions go ``chunk`` at a time, fewer when the working set (about six float32
+    (m, max k) tensors a position, m the most drafts q can draw at one position, and three (V, V)
+    ones for ``"official"``) would pass ``max_bytes`` bytes (at least one position). Returns one
+    (P,) tensor in p's dtype per rule, in order. Raises UsageError as ``output_distribution``.
+    """
+    rules = list(rules)
+    k = max((r.k for r in rules if r.relaxed), default=0)
+    official = any(r.convention == "official" for r in rules)
+    drawable = int((q > 0).sum(-1).max()) if len(q) else 1
+    n = _positions_per_chunk(p.shape[-1], drawable, k, "official" if official else "exact", chunk, max_bytes)
     per_rule = [[] for _ in rules]
     for i in range(0, len(p), n):
         for acc, out in zip(per_rule, output_distributions(p[i : i + n], q[i : i + n], neighbours, rules)):
             acc.append(tvd(out, p[i : i + n]))
-    return [torch.cat(parts) for parts in per_rule]
+    return [torch.cat(parts) if parts else p.new_zeros(0) for parts in per_rule]
 
 
 def _tree_tvds(
@@ -306,9 +324,9 @@ def _drivers(p: torch.Tensor, q: torch.Tensor) -> dict:
     }
 
 
-def _positions_per_chunk(V: int, k: int, convention: str, chunk: int, max_bytes: int) -> int:
-    """Positions per call of ``output_distribution`` whose working set stays under ``max_bytes``:
-    about six float32 (V, k) tensors per position (gathered p, cumulative sums, masks), plus
+def _positions_per_chunk(V: int, drawable: int, k: int, convention: str, chunk: int, max_bytes: int) -> int:
+    """Positions per call of ``output_distributions`` whose working set stays under ``max_bytes``:
+    about six float32 (drawable, k) tensors per position (gathered p, cumulative sums, masks), plus
     three (V, V) ones for the official residual."""
-    per_position = 6 * 4 * V * max(k, 1) + (3 * 4 * V * V if convention == "official" else 0)
+    per_position = 6 * 4 * drawable * max(k, 1) + (3 * 4 * V * V if convention == "official" else 0)
     return max(1, min(chunk, max_bytes // per_position))

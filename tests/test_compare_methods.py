@@ -136,3 +136,30 @@ def test_configs_and_sampling_follow_the_paper_mapped_to_the_codebook():
     published = cm.published_table()
     assert set(published["method"]) <= set(cm.NAMES)
     assert published.set_index("method").loc["lantern", "speedup"] == "1.69"
+
+
+def test_a_stopped_run_resumes_from_the_methods_it_finished(tmp_path, monkeypatch):
+    """Each method's decode results are saved when it is done; a rerun with the same options reads
+    them (no decode) and writes the same statistics; other options decode again."""
+    cm = _module()
+    argv = ["--model", "embedded", "--num-images", "4", "--timing-images", "1", "--batch-size", "1"]
+    argv += ["--no-quality", "--target-images", "2", "--distortion-images", "1", "--only", "lantern"]
+    argv += ["--out", str(tmp_path), "--figure", str(tmp_path / "fig")]
+    assert cm.main(argv) == 0
+    first = pd.read_csv(tmp_path / "compare_methods_embedded.csv", index_col="method")
+    assert sorted(p.name for p in tmp_path.glob("compare_methods_embedded.parts/*/*.json")) == [
+        "ar.json",
+        "lantern.json",
+    ]
+
+    def no_decode(*args, **kwargs):
+        raise AssertionError("a finished method was decoded again")
+
+    monkeypatch.setattr(cm, "decode_stats", no_decode)
+    assert cm.main(argv) == 0
+    again = pd.read_csv(tmp_path / "compare_methods_embedded.csv", index_col="method")
+    cols = ["tokens_per_forward", "tau", "acceptance_rate", "target_nll", "distortion_tvd"]
+    pd.testing.assert_frame_equal(again[cols], first[cols])
+    assert first.loc["lantern", "distortion_tvd"] > 0 and first.loc["ar", "distortion_tvd"] == 0
+    with pytest.raises(AssertionError, match="decoded again"):  # another seed: other decodes
+        cm.main(argv + ["--seed", "1"])

@@ -231,10 +231,11 @@ def test_bootstrap_resamples_images_when_given_groups():
 def test_positions_per_chunk_follow_the_memory_cap():
     from lantern.distortion import _positions_per_chunk
 
-    assert _positions_per_chunk(1024, 62, "exact", 256, 1 << 30) == 256  # the embedded model: not capped
-    assert _positions_per_chunk(16384, 1000, "exact", 256, 1 << 30) == 2  # 16384 codes, k = 1000: 384 MiB each
-    assert _positions_per_chunk(16384, 1000, "official", 256, 1 << 30) == 1
-    assert _positions_per_chunk(16384, 1000, "exact", 256, 1) == 1
+    assert _positions_per_chunk(1024, 1024, 62, "exact", 256, 1 << 30) == 256  # the embedded model: not capped
+    assert _positions_per_chunk(16384, 16384, 1000, "exact", 256, 1 << 30) == 2  # every code drawable: 384 MiB each
+    assert _positions_per_chunk(16384, 2000, 1000, "exact", 256, 1 << 30) == 22  # top-k 2000: 46 MiB each
+    assert _positions_per_chunk(16384, 2000, 1000, "official", 256, 1 << 30) == 1
+    assert _positions_per_chunk(16384, 16384, 1000, "exact", 256, 1) == 1
 
 
 def test_bench_decoding_replot_recomputes_the_ratio_of_totals(tmp_path):

@@ -179,11 +179,12 @@ class DraftLayer(nn.Module, abc.ABC):
     ) -> torch.Tensor: ...
 
     def forward_slots(
-        self, x: torch.Tensor, cache: Any, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+        self, x: torch.Tensor, cache: Any, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor | int
     ) -> torch.Tensor:
         """Batched decoding (see :meth:`TokenModel.extend_slots`): x (rows, T, H) written at cache
         slots (rows, T), rotary positions (rows, T), attending to the slots ``visible`` (rows, T, S)
-        allows -> (rows, T, H). Raises NotImplementedError when the layer cannot batch."""
+        allows -> (rows, T, H); ``visible`` an int S with T = 1: every row writes slot S - 1 and sees
+        the slots 0..S-1. Raises NotImplementedError when the layer cannot batch."""
         raise NotImplementedError(f"{type(self).__name__} cannot decode several images per forward")
 
     def select_slots(self, cache: Any, rows: torch.Tensor) -> None:

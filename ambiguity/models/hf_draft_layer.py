@@ -91,13 +91,15 @@ class HFDraftLayer(DraftLayer):
         return out[0] if isinstance(out, tuple) else out
 
     def forward_slots(
-        self, x: torch.Tensor, cache, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+        self, x: torch.Tensor, cache, slots: torch.Tensor, positions: torch.Tensor, visible
     ) -> torch.Tensor:
         """Batched decoding (see :meth:`DraftLayer.forward_slots`): x (rows, T, H) written at the
         drafter cache slots (rows, T) int64 of a :class:`SlotKV` kept on ``cache`` (made by the first
         call, widened as slots grow; every slot must be < S), position ids ``positions`` (rows, T)
         (image positions, as :meth:`forward` counts them), attending to the slots ``visible``
         (rows, T, S) allows."""
+        if isinstance(visible, int):
+            visible = torch.ones(x.shape[0], x.shape[1], visible, dtype=torch.bool)
         slots, positions, visible = (t.to(x.device) for t in (slots, positions, visible))
         kv = getattr(cache, "slots", None)
         if kv is None:

@@ -77,11 +77,14 @@ class GPTDraftLayer(DraftLayer):
         return self.block(x, self.rope[rope_rows], 0, cache, mask, slots)
 
     def forward_slots(
-        self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor
+        self, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, positions: torch.Tensor, visible
     ) -> torch.Tensor:
-        off = (
-            self.config.cls_token_num
-        )  # the drafter's cache holds image positions only; its rope keeps the prefix rows
+        off = self.config.cls_token_num  # the drafter's cache holds image positions; its rope keeps the prefix rows
+        if isinstance(visible, int):  # one token a row at slot visible - 1, seeing slots 0..visible-1: a slice write
+            if self.compiled is not None:
+                visible = torch.ones(x.shape[0], 1, visible, dtype=torch.bool, device=x.device)
+            else:
+                return self.block(x, self.rope[off + positions], 0, cache, None, slots, visible)
         if self.compiled is not None:
             return self.compiled(x, cache, slots, off + positions, visible[:, None])
         return self.block(x, self.rope[off + positions], 0, cache, visible[:, None], slots)

@@ -301,10 +301,10 @@ class Drafter(nn.Module):
         cache: Any,
         slots: torch.Tensor,
         positions: torch.Tensor,
-        visible: torch.Tensor,
+        visible: torch.Tensor | int,
     ) -> torch.Tensor:
         """Batched decoding: every row runs T positions at its own cache slots (rows, T) int64 and
-        rotary positions (rows, T), seeing the slots ``visible`` (rows, T, S) bool allows (see
+        rotary positions (rows, T), seeing the slots ``visible`` (rows, T, S) bool (or int S) allows (see
         :meth:`ambiguity.models.base.DraftLayer.forward_slots`); tokens (rows, T), features
         (rows, T, H) as in :meth:`forward`. Returns (rows, T, H) in the drafter's dtype. Raises
         NotImplementedError when the layer cannot batch."""

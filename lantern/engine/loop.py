@@ -61,7 +61,7 @@ from lantern.engine.steps import Timer, elapsed_since, target_distribution
 __all__ = ["run"]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def run(
     model: TokenModel,
     method: Method,
@@ -89,20 +89,21 @@ def run(
     st = _open_state(model, method, sl.B, sampling, N, draws)
     book = Book(conds, index, seed, N, model.device)
     _fill(st, method, sl, book, conds, range(sl.B), seed)
-    while len(busy(sl)):
+    live = busy(sl)
+    while len(live):
         book.batch_step += 1
         t0, before = time.perf_counter(), st.timer.snapshot()
-        active = sl.image_of >= 0
-        live = np.flatnonzero(active)
         st.step[live] += 1
-        r = method.round(st, active)
+        r = method.round(st, sl.image_of >= 0)
         seconds = elapsed_since(st.timer, before)
         book.record(st, sl.image_of, live, r, seconds, time.perf_counter() - t0)
-        st.n = np.where(active, st.n + r.accepted + 1, st.n)
+        st.n[live] += r.accepted[live] + 1
         finished = live[st.n[live] >= N]
-        _finish(st, method, sl, book, finished)
-        _fill(st, method, sl, book, conds, finished, seed)
-        _drain(st, method, sl)
+        if len(finished):  # the slots change only here
+            _finish(st, method, sl, book, finished)
+            _fill(st, method, sl, book, conds, finished, seed)
+            _drain(st, method, sl)
+            live = busy(sl)
     sl.bar.close()
     return book.decoded(method.name, method.depth)
 

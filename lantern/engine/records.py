@@ -234,11 +234,16 @@ class Book:
         self.shares: list[tuple] = []  # (images, seconds, wall) of every forward, in order
         self.batch_step = 0
 
-    def _share(self, js, seconds: dict, wall: float) -> None:
-        """Split a forward's seconds per section and its wall time equally among images ``js``."""
+    def _add_shares(self) -> None:
+        """Split every forward's seconds per section and its wall time equally among its images."""
+        if not self.shares:
+            return
+        k = np.array([len(js) for js, _, _ in self.shares])
+        js = np.concatenate([js for js, _, _ in self.shares]).astype(np.int64)
         for s in SECTIONS:
-            self.seconds[s][js] += seconds.get(s, 0.0) / len(js)
-        self.seconds["total"][js] += wall / len(js)
+            np.add.at(self.seconds[s], js, np.repeat([sec.get(s, 0.0) for _, sec, _ in self.shares] / k, k))
+        np.add.at(self.seconds["total"], js, np.repeat([w for _, _, w in self.shares] / k, k))
+        self.shares = []
 
     def admitted(self, js: list[int], seconds: dict, wall: float) -> None:
         """The prefill that admitted images ``js`` (their share of its time)."""
@@ -261,32 +266,35 @@ class Book:
 
     def _step_rows(self) -> dict:
         """The steps table's columns, in step order (before sorting), and the per-image counts."""
-        rows = []
-        for js, step, n, g, a, kind, nxt, forwards, batch_step, seconds in self.steps:
-            k = len(js)
-            row = dict(
-                image=self.index[js],
-                step=step,
-                position=n,
-                drafted=g,
-                accepted=a,
-                emitted=a + 1,
-                next_kind=np.asarray(NEXT_KINDS, dtype=object)[kind],
-                next_token=nxt,
-                drafter_forwards=g if forwards is None else forwards,
-                batch_step=np.full(k, batch_step),
-                active=np.full(k, k),
-            )
-            for s in SECTIONS:
-                row[f"{s}_s"] = np.full(k, seconds.get(s, 0.0) / k)
-            rows.append(row)
-            self.counts["steps"][js] += 1
-            self.counts["drafted"][js] += g
-            self.counts["accepted"][js] += a
-        for js, seconds, wall in self.shares:
-            self._share(js, seconds, wall)
-        self.steps, self.shares = [], []
-        return {c: np.concatenate([s[c] for s in rows]) if rows else np.array([]) for c in STEP_COLUMNS}
+        self._add_shares()
+        if not self.steps:
+            return {c: np.array([]) for c in STEP_COLUMNS}
+        steps, self.steps = self.steps, []
+        k = np.array([len(s[0]) for s in steps])
+
+        def column(i: int) -> np.ndarray:
+            return np.concatenate([s[i] for s in steps])
+
+        js, g, a = column(0), column(3), column(4)
+        rows = dict(
+            image=self.index[js],
+            step=column(1),
+            position=column(2),
+            drafted=g,
+            accepted=a,
+            emitted=a + 1,
+            next_kind=np.asarray(NEXT_KINDS, dtype=object)[column(5)],
+            next_token=column(6),
+            drafter_forwards=np.concatenate([s[3] if s[7] is None else s[7] for s in steps]),
+            batch_step=np.repeat([s[8] for s in steps], k),
+            active=np.repeat(k, k),
+        )
+        for sec in SECTIONS:
+            rows[f"{sec}_s"] = np.repeat([s[9].get(sec, 0.0) for s in steps] / k, k)
+        np.add.at(self.counts["steps"], js, 1)
+        np.add.at(self.counts["drafted"], js, g)
+        np.add.at(self.counts["accepted"], js, a)
+        return {c: rows[c] for c in STEP_COLUMNS}
 
     def _draft_rows(self) -> list[dict]:
         """Every step's draft rows (a chain's :class:`ChainDrafts` turned into rows per width)."""

@@ -170,17 +170,16 @@ def verify_chains(model: TokenModel, cache, tokens: torch.Tensor, n, N: int, gui
     committed slots ``0..n_b-2`` and the chain's tokens up to itself; the padding and the slots past
     an image's length are never seen by a real token. n: (B,) int64 host array of committed tokens
     per slot. Returns the :class:`~ambiguity.models.base.Step` (R, T, .)."""
-    T = tokens.shape[1]
+    T, rows = tokens.shape[1], expand_rows(tokens, guided)
+    if T == 1 and (n == n[0]).all():  # one token per row, every row at one position (< N): all slots seen
+        at = torch.full(rows.shape, int(n[0]) - 1, dtype=torch.long, device=tokens.device)
+        return model.extend_slots(cache, rows, at, at, int(n[0]))
     ar = torch.arange(int(n.max()) - 1 + T, device=tokens.device)
     at = torch.as_tensor(n - 1, device=tokens.device)[:, None] + ar[:T]
-    if T == 1 and (n == n[0]).all():  # one token per row, every row at one position: all slots seen
-        return model.extend_slots(
-            cache, expand_rows(tokens, guided), *(expand_rows(x, guided) for x in (at, at.clamp(max=N - 1))), int(n[0])
-        )
     visible = ar[None, None, :] <= at[:, :, None]
     return model.extend_slots(
         cache,
-        expand_rows(tokens, guided),
+        rows,
         expand_rows(at, guided),
         expand_rows(at.clamp(max=N - 1), guided),
         expand_rows(visible, guided),
@@ -268,7 +267,8 @@ class Streams:
         of the slot's stream where ``draw`` (k,) bool says so (default all), the argmax elsewhere."""
         gens = [self.gens[s] for s in slots]
         if draw is None or bool(np.all(draw)):  # every row draws (the usual case): no argmax, no select
-            u = torch.cat([torch.rand(1, generator=g, device=self.device, dtype=torch.float64) for g in gens])
+            u = [torch.rand(1, generator=g, device=self.device, dtype=torch.float64) for g in gens]
+            u = u[0] if len(u) == 1 else torch.cat(u)
             out = invert(probs, u)
         else:
             draw = np.asarray(draw, dtype=bool)

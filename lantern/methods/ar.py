@@ -23,12 +23,18 @@ class AR(Method):
     name, depth, spare = "ar", 0, 1
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
+        same = bool((st.n == st.n[0]).all())  # every slot at one position (batch 1, a full batch): views
+        n0 = int(st.n[0])
         with st.timer("target"):
-            n_t = torch.as_tensor(st.n, device=st.device)
-            out = verify_chains(st.model, st.cache, st.tokens.gather(1, (n_t - 1)[:, None]), st.n, st.N, st.guided)
+            n_t = None if same else torch.as_tensor(st.n, device=st.device)[:, None]
+            last = st.tokens[:, n0 - 1 : n0] if same else st.tokens.gather(1, n_t - 1)
+            out = verify_chains(st.model, st.cache, last, st.n, st.N, st.guided)
         with st.timer("acceptance"):
-            p = st.target(out.logits[:, :1])[:, 0]  # (B, V)
+            p = st.target(out.logits[:, 0])  # (B, V)
             x = p.argmax(-1) if st.sampling.greedy else st.streams.categorical(p, range(st.B))
-            st.tokens.scatter_(1, n_t[:, None], x[:, None])
+            if same:
+                st.tokens[:, n0] = x
+            else:
+                st.tokens.scatter_(1, n_t, x[:, None])
         zeros = np.zeros(st.B, dtype=np.int64)
         return Round(zeros, zeros, zeros, x.cpu().numpy().astype(np.int64))

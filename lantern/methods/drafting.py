@@ -57,7 +57,7 @@ def _pending_together(st: BatchState, d: int, Tp: int) -> torch.Tensor:
     """:func:`pending_features` when every row runs the positions ``d..d+Tp-1`` (``d + Tp <= N``)."""
     R, S = st.rows, d + Tp
     ar = torch.arange(S, device=st.device)
-    visible = (ar[None, :] <= ar[d:, None]).expand(R, Tp, S)
+    visible = S if Tp == 1 else (ar[None, :] <= ar[d:, None]).expand(R, Tp, S)
     toks = expand_rows(st.tokens[:, d:S], st.guided)
     rows = ar[d:].expand(R, Tp)
     return st.drafter.forward_slots(st.model, toks, st.feats[:, d:S], st.dcache, rows, rows, visible)[:, -1:]
@@ -76,8 +76,12 @@ def draft_chains(st: BatchState, n, d, g, go_on=None) -> tuple[torch.Tensor, tor
     gmax, top = int(g.max()), int(n.max())
     f = pending_features(st, n, d, g > 0)
     at = torch.as_tensor(n, device=dev)[:, None] + torch.arange(gmax, device=dev)  # (B, γ): step j writes at[:, j]
-    vis = torch.arange(top + gmax, device=dev)[None, None, :] <= at[:, :, None]  # (B, γ, top + γ)
-    at_r, pos_r, vis_r = expand_rows(at, guided), expand_rows(at.clamp(max=st.N - 1), guided), expand_rows(vis, guided)
+    at_r, pos_r = expand_rows(at, guided), expand_rows(at.clamp(max=st.N - 1), guided)
+    if (n == top).all():  # every row at one position (batch 1): step j sees the slots 0..top+j, no mask
+        vis_r = None
+    else:
+        vis = torch.arange(top + gmax, device=dev)[None, None, :] <= at[:, :, None]  # (B, γ, top + γ)
+        vis_r = expand_rows(vis, guided)
     xs, qs = [], []
     for j in range(gmax):
         q = draft_q(st.drafter, st.model, f, st.target)[:, -1]  # (B, V)
@@ -87,8 +91,9 @@ def draft_chains(st: BatchState, n, d, g, go_on=None) -> tuple[torch.Tensor, tor
         if j + 1 == gmax or (go_on is not None and not go_on(j, q)):
             break
         s = slice(j, j + 1)
+        vis_j = top + j + 1 if vis_r is None else vis_r[:, s, : top + j + 1]
         f = st.drafter.forward_slots(
-            st.model, expand_rows(x, guided)[:, None], f, st.dcache, at_r[:, s], pos_r[:, s], vis_r[:, s, : top + j + 1]
+            st.model, expand_rows(x, guided)[:, None], f, st.dcache, at_r[:, s], pos_r[:, s], vis_j
         )
     return torch.stack(xs, 1), torch.stack(qs, 1)
 

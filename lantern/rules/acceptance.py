@@ -709,7 +709,9 @@ def output_distribution(
     ``"sd"``, or δ = 0 / k = 0 with the ``"exact"`` convention, give ``out == p``. The δ bound
     holds per draft (``S_j* <= δ``), not for ``out``: with the exact residual
     ``TVD(out, p) = Σ_y max(α(y) - p(y), 0) <= Σ_y min(max(q(y) - p(y), 0), δ)``, which can
-    exceed δ. Memory: (..., V, k) for p̃ of every draft, plus (..., V, V) for ``"official"``
+    exceed δ. Only the drafts q can draw are enumerated (a draft of q = 0 adds nothing). Memory:
+    (..., m, k) for p̃ of every drawable draft (m: the most tokens of positive q in a row, e.g. the
+    top-k filter's k), plus (..., V, V) for ``"official"``
     (its residual depends on x).
 
     ``"cool-sd"``: the step at place ``positions`` (int or (...) int64, 0-based) of a chain of
@@ -727,7 +729,9 @@ def output_distribution(
     table = _table(p, neighbours, rule, True)
     _check_q(p, q)
     every = torch.arange(p.shape[-1], device=p.device).expand(p.shape)
-    _, p_tilde_all, j_all, _ = grow_proximity_set(p, every, table, rule)
+    drafts = _drawable(q)  # the drafts q can draw: a draft it never draws adds nothing to out
+    _, p_tilde, j_star, _ = grow_proximity_set(p, drafts, table, rule)
+    p_tilde_all, j_all = p.scatter(-1, drafts, p_tilde), torch.zeros_like(every).scatter(-1, drafts, j_star)
     omega = _scale(rule, every[..., 0], positions, lengths, chain=False)
     if omega is not None:
         factor = omega.to(p.dtype).unsqueeze(-1)
@@ -748,6 +752,15 @@ def output_distribution(
     rows = p.unsqueeze(-2).expand(*p.shape, p.shape[-1])  # (..., V_x, V_y): the residual after each x
     res = _residual(rows, q.unsqueeze(-2).expand_as(rows), every, j_all, table, rule)
     return out + (weight.unsqueeze(-1) * res).sum(-2)
+
+
+def _drawable(q: torch.Tensor) -> torch.Tensor:
+    """The drafts q (..., V) can draw: (..., m) int64, every token of positive q in each row, m the
+    most any row has (shorter rows padded with tokens of q = 0); all V tokens when some row has no zero."""
+    m = max(1, int((q > 0).sum(-1).max())) if q.numel() else 1
+    if m == q.shape[-1]:
+        return torch.arange(m, device=q.device).expand(q.shape)
+    return q.topk(m, dim=-1).indices
 
 
 def _deferred_all(p: torch.Tensor, accept: torch.Tensor, rule: AcceptanceRule, window_pass) -> torch.Tensor:
@@ -773,7 +786,8 @@ def output_distributions(
     rule in order, each equal (the same floats) to ``output_distribution(p, q, neighbours, rule)``.
 
     The relaxed rules of the ``"exact"`` convention share the work that dominates at a large
-    codebook: one (..., V, K) gather of p over every token's neighbours and its cumulative sum,
+    codebook: one (..., m, K) gather of p over the neighbours of every token q can draw (m of them,
+    :func:`output_distribution`) and its cumulative sum,
     with K the largest k among them (a rule with a smaller k reads the first k columns: prefix
     sums of a prefix are the same floats), one bound evaluation per (method, bound value) on that
     tensor (the leading run of neighbours within the bound, cut at each rule's k), and one exact
@@ -782,7 +796,7 @@ def output_distributions(
     k = 0, ``"official"``) go through :func:`output_distribution` one by one.
 
     p, q: (..., V) float; neighbours: (V, >= every relaxed rule's k) int64 (nearest first), or
-    None when no rule is relaxed. Memory: (..., V, K) p.dtype and bool tensors.
+    None when no rule is relaxed. Memory: (..., m, K) p.dtype and bool tensors.
     Raises :class:`UsageError` as :func:`output_distribution`.
     """
     shared = [i for i, r in enumerate(rules) if r.relaxed and r.convention == "exact"]
@@ -795,11 +809,14 @@ def output_distributions(
     K = max(rules[i].k for i in shared)
     table = _table(p, neighbours, replace(rules[shared[0]], k=K), True)
     _check_q(p, q)
-    moved = p[..., table[:, :K]].cumsum(-1)  # (..., V, K): S_1..S_K of every token as the draft
-    a = p.unsqueeze(-1)  # (..., V, 1): p(x̂)
+    drafts = _drawable(q)  # (..., m): the drafts q can draw (the others add nothing to out)
+    rows = p.unsqueeze(-2).expand(*drafts.shape, p.shape[-1])
+    moved = rows.gather(-1, table[:, :K][drafts]).cumsum(-1)  # (..., m, K): S_1..S_K of every drawable draft
+    p_d, q_d = p.gather(-1, drafts), q.gather(-1, drafts)
+    a = p_d.unsqueeze(-1)  # (..., m, 1): p(x̂)
     residual_exact = _residual(p, q, None, None, None, rules[shared[0]])
-    safe_q = torch.where(q > 0, q, torch.ones_like(q))
-    zero = torch.zeros_like(p)
+    safe_q = torch.where(q_d > 0, q_d, torch.ones_like(q_d))
+    zero = torch.zeros_like(p_d)
     first_break: dict = {}  # (method, bound value) -> (..., V) int64: length of the leading run within the bound
     tvd_bounds = sorted({rules[i].delta for i in shared if rules[i].method == "lantern"})
     if tvd_bounds and bool((moved[..., 1:] >= moved[..., :-1]).all()):
@@ -818,8 +835,9 @@ def output_distributions(
         j_star = first_break[key].clamp(max=rule.k)  # the set stops at the first neighbour that breaks the bound
         last = (j_star - 1).clamp_min(0).unsqueeze(-1)
         s_star = torch.where(j_star > 0, moved.gather(-1, last).squeeze(-1), zero)
-        p_tilde = p + s_star
-        accept = torch.where(q > 0, (p_tilde / safe_q).clamp(max=1.0), torch.ones_like(q))
+        p_tilde = p_d + s_star
+        accept_d = torch.where(q_d > 0, (p_tilde / safe_q).clamp(max=1.0), torch.ones_like(q_d))
+        accept = torch.ones_like(q).scatter(-1, drafts, accept_d)
         weight = q * (1 - accept)
         out[i] = q * accept + weight.sum(-1, keepdim=True) * residual_exact
     return out
