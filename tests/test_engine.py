@@ -116,6 +116,14 @@ def test_greedy_batched_equals_greedy_ar(model, drafter, table):
         assert torch.equal(out.tokens, ar), (guidance, rule)
 
 
+def test_decoded_tokens_are_ordinary_tensors(model, drafter, table):
+    """The loop runs under inference mode; what it returns can be written and trained on."""
+    out = decode(model, [1, 2], DecodeConfig.of("lantern", 3, k=8, delta=0.3), SamplingConfig(), drafter, table)
+    assert not out.tokens.is_inference()
+    out.tokens[0, 0] = 7  # an inference tensor refuses this outside inference mode
+    assert int(out.tokens[0, 0]) == 7
+
+
 def test_images_keep_their_streams_whatever_the_batch(model, drafter, table):
     """An image's tokens do not depend on the other images of the batch, its slot or when it entered."""
     s = SamplingConfig(guidance=2.0, temperature=1.0, top_k=16)

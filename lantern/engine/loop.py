@@ -61,7 +61,6 @@ from lantern.engine.steps import Timer, elapsed_since, target_distribution
 __all__ = ["run"]
 
 
-@torch.inference_mode()
 def run(
     model: TokenModel,
     method: Method,
@@ -83,7 +82,14 @@ def run(
     enumeration in the tests). Returns a :class:`~lantern.engine.records.Decoded` (tokens
     (images, N) int64 on the CPU, rows in condition order).
     """
-    conds = list(conditions)
+    with torch.inference_mode():  # no autograd bookkeeping on the many small ops of a step
+        out = _loop(model, method, list(conditions), sampling, index, seed, batch_size, num_tokens, progress, draws)
+    out.tokens = out.tokens.clone()  # a normal tensor (an inference tensor refuses in-place writes later)
+    return out
+
+
+def _loop(model, method: Method, conds: list, sampling, index, seed: int, batch_size: int, num_tokens, progress, draws):
+    """:func:`run`'s loop (under inference mode)."""
     N = int(num_tokens or model.num_tokens)
     sl = new_slots(len(conds), batch_size, sampling.guided, method.name, progress)
     st = _open_state(model, method, sl.B, sampling, N, draws)
