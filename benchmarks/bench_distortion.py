@@ -2,8 +2,8 @@
 
 ``lantern.distortion.distortion_table`` needs, at every (p, q) position, the exact distribution
 one LANTERN verification step emits for each (k, δ) cell. Rule by rule
-(:func:`lantern.rules.acceptance.output_distribution`) every cell gathers p over every token's B_k and
-takes its cumulative sum; :func:`lantern.rules.acceptance.output_distributions` does that once at the
+(:func:`lantern.rules.output.output_distribution`) every cell gathers p over every token's B_k and
+takes its cumulative sum; :func:`lantern.rules.output.output_distributions` does that once at the
 largest k and finds every δ of the TVD bound in one search. This script times both on the same
 positions, interleaved (method order alternates per repeat) after a warm-up, and checks that
 their outputs are the same floats.
@@ -41,7 +41,8 @@ from ambiguity.errors import UsageError
 from ambiguity.io import write_json
 from ambiguity.neighbourhood import build_neighbourhoods
 from benchmarks.common import add_results_arg
-from lantern.rules.acceptance import AcceptanceRule, output_distribution, output_distributions
+from lantern.rules.acceptance import AcceptanceRule
+from lantern.rules.output import output_distribution, output_distributions
 
 
 def one_by_one(p, q, table, rules):

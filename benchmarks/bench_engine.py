@@ -16,9 +16,9 @@ itself, without the time other processes held the core, for a shared machine); `
 picks rows of the table below.
 
 The drafter drafts over its full head in both (the former loops predate the draft vocabulary of
-the shipped ``embedded-16`` drafter). Settings are the paper's sampling (CFG 3, temperature 1, top-k 2000 and k = 1000 scaled to the
-vocabulary: ``V * 2000 / 16384``, ``V * 1000 / 16384``), δ = 0.1, γ = 4, EAGLE-2 dynamic tree
-(60 nodes, depth 6, top-k 10), SJD window 16.
+the shipped ``embedded-16`` drafter). Settings are the paper's sampling (CFG 3, temperature 1,
+top-k 2000 and k = 1000 scaled to the vocabulary: ``V * 2000 / 16384``, ``V * 1000 / 16384``),
+δ = 0.1, γ = 4, EAGLE-2 dynamic tree (60 nodes, depth 6, top-k 10), SJD window 16.
 """
 
 from __future__ import annotations

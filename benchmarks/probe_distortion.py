@@ -4,7 +4,7 @@ Not a test. Decodes ``--num-images`` images of the embedded model with lossless 
 ``--cfg``, temperature 1), records the target distribution p and the drafter distribution q at
 the first draft position of every verification step (by wrapping :func:`lantern.methods.chain.accept`),
 and then computes, with no sampling, the distribution one LANTERN step emits
-(:func:`lantern.rules.acceptance.output_distribution`, ``exact`` residual) for every k and δ of the
+(:func:`lantern.rules.output.output_distribution`, ``exact`` residual) for every k and δ of the
 decoding sweep. It prints the mean / median / max of TVD(out, p) per setting and writes ``--out``
 (default ``runs/benchmarks/probe_distortion/distortion.json``; the committed results:
 ``--out benchmarks/results/distortion.json``).
@@ -42,8 +42,9 @@ from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from benchmarks.common import add_results_arg
 from lantern.drafter.model import load_drafter
-from lantern.rules.acceptance import AcceptanceRule, output_distributions
+from lantern.rules.acceptance import AcceptanceRule
 from lantern.rules.divergences import tvd
+from lantern.rules.output import output_distributions
 
 
 def build_parser() -> ArgumentParser:

@@ -6,7 +6,7 @@ of ``--num-images`` AR samples (:func:`lantern.distortion.real_pairs`, temperatu
 ``--top-k``) this computes, exactly, the distribution ``out`` of the first token one step emits
 
 * with a draft sampled from q and accepted with ``min(1, p̃/q)`` (chains, EAGLE-1 static trees:
-  :func:`lantern.rules.acceptance.output_distributions`), and
+  :func:`lantern.rules.output.output_distributions`), and
 * at a dynamic-tree node whose children are the drafter's top ``--siblings`` tokens judged as
   point masses, ``min(1, p̃)`` (EAGLE-2, the paper's decoder:
   :func:`lantern.distortion.sibling_output_distribution`),
@@ -53,8 +53,9 @@ from ambiguity.stats import bootstrap_mean_ci, entropy
 from lantern.distortion import real_pairs, sibling_output_distribution
 from lantern.drafter.model import load_drafter
 from lantern.engine.decode import DecodeConfig, decode, neighbour_table
-from lantern.rules.acceptance import AcceptanceRule, output_distributions
+from lantern.rules.acceptance import AcceptanceRule
 from lantern.rules.divergences import tvd
+from lantern.rules.output import output_distributions
 
 OUT = Path(__file__).resolve().parents[1] / "runs" / "benchmarks" / "probe_emitted_tokens" / "emitted_tokens.csv"
 

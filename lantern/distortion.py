@@ -11,7 +11,7 @@ from p. This module measures that distance with no sampling:
   drafter on the target's true features gives q for the same position (what the first draft of
   a verification step starting there is drawn from);
 * :func:`distortion_table` — ``TVD(out, p)`` of one verification step for each (k, δ)
-  (:func:`lantern.rules.acceptance.output_distributions`), next to ``TVD(q, p)`` and what drives it
+  (:func:`lantern.rules.output.output_distributions`), next to ``TVD(q, p)`` and what drives it
   (the entropies and top-1 probabilities of p and q, how often their argmaxes agree), each mean
   with a percentile-bootstrap interval that resamples images (:func:`bootstrap_mean_ci`);
 * :func:`sibling_output_distribution` — the same for the deterministic drafts of an EAGLE-2
@@ -39,8 +39,9 @@ from ambiguity.sampling import SamplingConfig, expand_rows
 from ambiguity.stats import bootstrap_mean_ci, entropy
 from lantern.drafter.model import DraftModel, draft_q
 from lantern.engine.steps import target_distribution
-from lantern.rules.acceptance import AcceptanceRule, output_distribution, output_distributions, proximity, residual
+from lantern.rules.acceptance import AcceptanceRule, proximity, residual
 from lantern.rules.divergences import tvd
+from lantern.rules.output import output_distribution, output_distributions
 
 __all__ = [
     "real_pairs",
@@ -170,7 +171,7 @@ def chain_place_tvds(
     defers nothing and is lossless (arXiv 2511.22972). Any other rule (neighbours: its table): the
     same step at every place.
     Raises :class:`~ambiguity.errors.UsageError` for ``gamma < 1`` and as
-    :func:`lantern.rules.acceptance.output_distribution`.
+    :func:`lantern.rules.output.output_distribution`.
     """
     if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 1:
         raise UsageError(f"gamma must be an integer >= 1 (drafts per chain), got {gamma}")
@@ -216,7 +217,7 @@ def distortion_table(
 
     * ``TVD(q, p)`` (k = 0, δ = 0): the drafter's own distance from p (probability);
     * ``TVD(out, p)`` for each k in ``ks`` and δ in ``deltas``: the exact distribution one
-      verification step emits (:func:`~lantern.rules.acceptance.output_distribution`) against p;
+      verification step emits (:func:`~lantern.rules.output.output_distribution`) against p;
     * ``TVD(out, p), tree`` (:data:`TREE_ROW`) for each m in ``tree_siblings``, k and δ: the same
       for a deterministic tree node whose children are the drafter's top-m tokens
       (:func:`sibling_output_distribution`; ``siblings`` = m, 0 in every other row);
@@ -279,7 +280,7 @@ def step_tvds(
     max_bytes: int = 1 << 30,
 ) -> list[torch.Tensor]:
     """Per rule, the (P,) TVD from p of the exact distribution one verification step emits
-    (:func:`~lantern.rules.acceptance.output_distributions`: the relaxed rules of the ``"exact"``
+    (:func:`~lantern.rules.output.output_distributions`: the relaxed rules of the ``"exact"``
     convention share one gather and cumulative sum at the largest k).
 
     p, q: (P, V) float pairs (:func:`real_pairs`); neighbours: (V, >= max k) int64 (None when no rule

@@ -17,13 +17,12 @@ from lantern.rules.acceptance import (
     AcceptanceRule,
     judge,
     judge_greedy,
-    output_distribution,
-    output_distributions,
     relaxed_mass,
     residual,
     walk,
 )
 from lantern.rules.divergences import jsd, moved_jsd, tvd
+from lantern.rules.output import output_distribution, output_distributions
 
 F64 = torch.float64
 

@@ -26,9 +26,10 @@ from lantern.drafter.model import Drafter
 from lantern.engine.decode import DecodeConfig, decode
 from lantern.engine.records import Decoded
 from lantern.methods.chain import accept
-from lantern.rules.acceptance import AcceptanceRule, judge, judge_greedy, output_distribution, residual
+from lantern.rules.acceptance import AcceptanceRule, judge, judge_greedy, residual
 from lantern.rules.cool_sd import annealed_weights
 from lantern.rules.divergences import tvd
+from lantern.rules.output import output_distribution
 
 F64 = torch.float64
 P = torch.tensor([0.5, 0.3, 0.2], dtype=F64)

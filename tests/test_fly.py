@@ -27,9 +27,10 @@ from lantern.drafter.model import Drafter
 from lantern.engine.decode import DecodeConfig, decode
 from lantern.engine.records import Decoded
 from lantern.methods.chain import accept
-from lantern.rules.acceptance import AcceptanceRule, judge_greedy, output_distribution, walk
+from lantern.rules.acceptance import AcceptanceRule, judge_greedy, walk
 from lantern.rules.divergences import tvd
 from lantern.rules.fly import deferred, top_entropy
+from lantern.rules.output import output_distribution
 
 F64 = torch.float64
 P = torch.tensor([0.5, 0.3, 0.2], dtype=F64)

@@ -16,8 +16,9 @@ from ambiguity.stats import bootstrap_mean_ci
 from lantern.distortion import TREE_ROW, distortion_table, image_groups, real_pairs, sibling_output_distribution
 from lantern.drafter.model import load_drafter
 from lantern.engine.decode import DecodeConfig, decode, neighbour_table
-from lantern.rules.acceptance import AcceptanceRule, output_distribution
+from lantern.rules.acceptance import AcceptanceRule
 from lantern.rules.divergences import tvd
+from lantern.rules.output import output_distribution
 from lantern.timing import interleaved_timing, speedup_curve, speedup_table
 
 

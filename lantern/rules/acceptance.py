@@ -87,7 +87,8 @@ Typical decoder use (``p``: (B, γ+1, V) target incl. the bonus position; ``q``:
     # next token: sample r in rejected rows, p[b, γ] (the bonus token) in the others
 
 The residual is computed lazily by :func:`residual`, only at the first rejected position.
-:func:`output_distribution` gives the exact distribution of one verification step.
+The exact distribution of the token one verification step emits, by enumeration over the
+drafts, is an analysis tool of its own: :mod:`lantern.rules.output`.
 
 Validation happens at the API edge: every public function checks its inputs (one-line
 :class:`UsageError`) unless called with ``validate=False``, which the decoder does on every
@@ -97,7 +98,7 @@ step after checking the rule and the table once (:meth:`AcceptanceRule.table_for
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
@@ -123,8 +124,11 @@ __all__ = [
     "judge_greedy",
     "walk",
     "residual",
-    "output_distribution",
-    "output_distributions",
+    "rule_table",
+    "check_q",
+    "relaxation_scale",
+    "max_other",
+    "convention_residual",
 ]
 
 CONVENTIONS = ("exact", "official")
@@ -380,13 +384,21 @@ class Verdict:
     spent: torch.Tensor
 
 
-def _table(p: torch.Tensor, neighbours, rule: AcceptanceRule, validate: bool) -> Optional[torch.Tensor]:
+def rule_table(p: torch.Tensor, neighbours, rule: AcceptanceRule, validate: bool) -> Optional[torch.Tensor]:
+    """The neighbour table the rule reads: (V, K >= k) int64 on p's device, or None when the rule is not relaxed.
+
+    p: (..., V) float; neighbours: a (V, K) integer tensor, an :class:`ambiguity.neighbourhood.Neighbourhoods`
+    or None. ``validate``: checked by :meth:`AcceptanceRule.table_for` (raises :class:`UsageError` for a
+    non-float p, ``k >= V``, a missing or mis-shaped table); without it ``neighbours`` is passed through
+    unchecked (the decoder's per-step path, after one checked call).
+    """
     if validate:
         return rule.table_for(p, neighbours)
     return neighbours if rule.relaxed else None
 
 
-def _check_q(p: torch.Tensor, q: torch.Tensor) -> None:
+def check_q(p: torch.Tensor, q: torch.Tensor) -> None:
+    """Check that the drafter's distribution q has the target's shape (..., V); raises :class:`UsageError` if not."""
     if q.shape != p.shape:
         raise UsageError(f"q has shape {tuple(q.shape)}, expected p's shape {tuple(p.shape)}")
 
@@ -442,16 +454,24 @@ def relaxed_mass(
     spent (...) in the bound's units (see :class:`Verdict`). LANTERN Sec. 3; LANTERN++ Sec. 3.
     Raises :class:`UsageError` for a missing or mis-shaped table, ``k >= V`` or a bad shape.
     """
-    table = _table(p, neighbours, rule, validate)
+    table = rule_table(p, neighbours, rule, validate)
     if validate:
         _check_draft(p, draft)
     _, p_tilde, j_star, spent = proximity(p, draft, table, rule)
     return j_star, p_tilde, spent
 
 
-def _scale(rule: AcceptanceRule, draft: torch.Tensor, positions, lengths, chain: bool) -> Optional[torch.Tensor]:
-    """ω (...) float64 of each draft for a rule with a scale (:data:`RELAXATIONS`), else None.
-    ``chain``: without positions, the last dim of ``draft`` is the chain (0..γ-1 of length γ)."""
+def relaxation_scale(
+    rule: AcceptanceRule, draft: torch.Tensor, positions, lengths, chain: bool
+) -> Optional[torch.Tensor]:
+    """Cool-SD's factor ω of each draft: (...) float64 for a rule with a scale (:data:`RELAXATIONS`), else None.
+
+    draft: (...) int64 (its shape and device only); positions: int or (...) int64, each draft's
+    0-based place in its chain, and lengths (int or int64 broadcastable to it) the chain's length.
+    ``chain``: without positions, the last dim of ``draft`` is the chain (0..γ-1 of length γ, or
+    ``lengths`` when given). Raises :class:`UsageError` for a scaled rule without positions (unless
+    ``chain``) or with positions but no lengths. arXiv 2601.09212 (:mod:`lantern.rules.cool_sd`).
+    """
     relax = RELAXATIONS.get(rule.method)
     if relax is None or relax.scale is None:
         return None
@@ -473,7 +493,7 @@ def _relax(p, draft, p_draft, p_tilde, spent, rule: AcceptanceRule, positions, l
     relax = RELAXATIONS.get(rule.method)
     if relax is None:
         return p_tilde, spent
-    omega = _scale(rule, draft, positions, lengths, chain=True)
+    omega = relaxation_scale(rule, draft, positions, lengths, chain=True)
     if omega is not None:
         omega = omega.to(p.dtype).expand(p_draft.shape)
         p_tilde = p_draft * (omega.clamp_min(1.0) if greedy else omega)
@@ -533,10 +553,10 @@ def judge(
     as ``spent``; its deferrals need the whole chain (:func:`walk`).
     Raises :class:`UsageError` for mismatched shapes, a missing table, ``k >= V``.
     """
-    table = _table(p, neighbours, rule, validate)
+    table = rule_table(p, neighbours, rule, validate)
     if validate:
         if q is not None:
-            _check_q(p, q)
+            check_q(p, q)
         _check_draft(p, draft)
         _check_draft(p, u, "u")
     p_draft, p_tilde, j_star, spent = proximity_set or proximity(p, draft, table, rule)
@@ -548,8 +568,12 @@ def judge(
     return Verdict(accepted, accept_prob, p_draft, q_draft, p_tilde, j_star, spent)
 
 
-def _max_other(p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-    """``max_{v != x} p(v)`` for drafts (..., n) against p (..., V) -> (..., n)."""
+def max_other(p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """``max_{v != x} p(v)``, the best competitor of each draft in greedy verification.
+
+    p: (..., V) float with V >= 2; drafts: (..., n) int64 -> (..., n) p.dtype. No validation.
+    (:func:`judge_greedy`; LANTERN Sec. 3, greedy.)
+    """
     top = p.topk(2, dim=-1)
     first, second = top.values[..., :1], top.values[..., 1:]
     return torch.where(drafts == top.indices[..., :1], second, first)
@@ -590,13 +614,13 @@ def judge_greedy(
     Returns a :class:`Verdict` with ``q_draft = 1`` and ``accept_prob`` 0. or 1.
     Raises :class:`UsageError` as :func:`judge`.
     """
-    table = _table(p, neighbours, rule, validate)
+    table = rule_table(p, neighbours, rule, validate)
     if validate:
         _check_draft(p, draft)
     idx = draft.long().unsqueeze(-1)
     p_draft, p_tilde, j_star, spent = proximity_set or proximity(p, draft, table, rule)
     p_tilde, spent = _relax(p, draft, p_draft, p_tilde, spent, rule, positions, lengths, greedy=True)
-    accepted = p_tilde >= _max_other(p, idx).squeeze(-1)
+    accepted = p_tilde >= max_other(p, idx).squeeze(-1)
     if rule.convention == "official":
         accepted &= _beats_lower_indices(p, idx, p_tilde.unsqueeze(-1)).squeeze(-1)
     return Verdict(accepted, accepted.to(p.dtype), p_draft, torch.ones_like(p_draft), p_tilde, j_star, spent)
@@ -623,7 +647,7 @@ def _official_zap(
     return zap
 
 
-def _residual(
+def convention_residual(
     p: torch.Tensor,
     q: Optional[torch.Tensor],
     draft: torch.Tensor,
@@ -632,8 +656,15 @@ def _residual(
     rule: AcceptanceRule,
     omega: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The residual of the rule's convention (module docstring); shapes as :func:`residual`.
-    omega: (...) Cool-SD's factor (None for the other rules): ``norm(max(p - min(q, ω p), 0))``."""
+    """The residual of the rule's convention (module docstring) once the proximity set is known:
+    (..., V), p's dtype, rows sum to 1.
+
+    p: (..., V) float; q: (..., V) or None (a point mass at ``draft``); draft: (...) int64 (unused,
+    may be None, for ``"exact"`` with a q); j_star: (...) int64 from :func:`grow_proximity_set`
+    and table: :func:`rule_table`'s, both read by ``"official"`` only; omega: (...) Cool-SD's
+    factor (:func:`relaxation_scale`; None for the other rules): ``norm(max(p - min(q, ω p), 0))``.
+    No validation: :func:`residual` is the checked entry point.
+    """
     point = q is None
     if omega is not None:
         q = _point_mass(p, draft) if point else q
@@ -679,165 +710,13 @@ def residual(
     ``"fly"`` rejects as ``"sd"``. Call it only where a draft was rejected.
     Raises :class:`UsageError` as :func:`judge`, and for ``"cool-sd"`` without positions / lengths.
     """
-    table = _table(p, neighbours, rule, validate)
+    table = rule_table(p, neighbours, rule, validate)
     if validate:
         if q is not None:
-            _check_q(p, q)
+            check_q(p, q)
         _check_draft(p, draft)
     idx = draft.long()
     j_star = grow_proximity_set(p, idx.unsqueeze(-1), table, rule)[2].squeeze(-1)
-    return _residual(p, q, idx, j_star, table, rule, _scale(rule, idx, positions, lengths, chain=False))
-
-
-def output_distribution(
-    p: torch.Tensor,
-    q: torch.Tensor,
-    neighbours: torch.Tensor | None,
-    rule: AcceptanceRule,
-    greedy: bool = False,
-    positions=None,
-    lengths=None,
-    window_pass=None,
-) -> torch.Tensor:
-    """The exact distribution of the token one verification step emits: (..., V), p's dtype.
-
-    ``out(y) = Σ_x q(x) P(accept x) [y = x] + Σ_x q(x) (1 - P(accept x)) residual_x(y)``,
-    by enumeration over every draft x (no sampling). p, q: (..., V) float; with ``greedy`` q
-    is the distribution of the greedy draft (one-hot for a deterministic drafter),
-    ``P(accept x)`` is 0 or 1 as in :func:`judge_greedy` and a rejection emits ``argmax p``.
-    Compare with p, e.g. ``lantern.rules.divergences.tvd(out, p)``, to see a rule's distortion;
-    ``"sd"``, or δ = 0 / k = 0 with the ``"exact"`` convention, give ``out == p``. The δ bound
-    holds per draft (``S_j* <= δ``), not for ``out``: with the exact residual
-    ``TVD(out, p) = Σ_y max(α(y) - p(y), 0) <= Σ_y min(max(q(y) - p(y), 0), δ)``, which can
-    exceed δ. Only the drafts q can draw are enumerated (a draft of q = 0 adds nothing). Memory:
-    (..., m, k) for p̃ of every drawable draft (m: the most tokens of positive q in a row, e.g. the
-    top-k filter's k), plus (..., V, V) for ``"official"``
-    (its residual depends on x).
-
-    ``"cool-sd"``: the step at place ``positions`` (int or (...) int64, 0-based) of a chain of
-    ``lengths`` drafts, with factor ω: ``P(accept x) = min(1, ω p(x) / q(x))`` and the residual
-    ``G*`` (:func:`residual`); with ω >= 1, ``TVD(out, p) = Σ_y max(min(q(y), ω p(y)) - p(y), 0)``.
-    ``"fly"``: ``window_pass`` (float or (...) in [0, 1], required) is the probability that the
-    ``W`` drafts after this one are all natively accepted; a native rejection of x is then
-    deferred with probability ``window_pass`` when ``H_3(p) >= θ`` and ``p(x) > 0``, so with the
-    gate open and ``q`` putting no mass where ``p`` has none, ``out = p + window_pass (q - p)``
-    and ``TVD(out, p) = window_pass TVD(q, p)``. (For drafts drawn from context-free p and q, ``window_pass = β^W`` with
-    ``β = Σ min(p, q)``.)
-    Raises :class:`UsageError` as :func:`judge`, for ``"cool-sd"`` without positions / lengths and
-    for ``"fly"`` without ``window_pass`` or with one outside [0, 1].
-    """
-    table = _table(p, neighbours, rule, True)
-    _check_q(p, q)
-    every = torch.arange(p.shape[-1], device=p.device).expand(p.shape)
-    drafts = _drawable(q)  # the drafts q can draw: a draft it never draws adds nothing to out
-    _, p_tilde, j_star, _ = grow_proximity_set(p, drafts, table, rule)
-    p_tilde_all, j_all = p.scatter(-1, drafts, p_tilde), torch.zeros_like(every).scatter(-1, drafts, j_star)
-    omega = _scale(rule, every[..., 0], positions, lengths, chain=False)
-    if omega is not None:
-        factor = omega.to(p.dtype).unsqueeze(-1)
-        p_tilde_all = p * (factor.clamp_min(1.0) if greedy else factor)
-    if greedy:
-        accept = _deferred_all(p, (p_tilde_all >= _max_other(p, every)).to(p.dtype), rule, window_pass)
-        rejected = (q * (1 - accept)).sum(-1, keepdim=True)
-        top = torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
-        return q * accept + rejected * top
-    safe_q = torch.where(q > 0, q, torch.ones_like(q))
-    accept = torch.where(q > 0, (p_tilde_all / safe_q).clamp(max=1.0), torch.ones_like(q))
-    accept = _deferred_all(p, accept, rule, window_pass)
-    out = q * accept
-    weight = q * (1 - accept)  # (..., V): probability of drafting x and rejecting it
-    if rule.convention == "exact":
-        res = _residual(p, q, every[..., 0], j_all[..., 0], table, rule, omega)
-        return out + weight.sum(-1, keepdim=True) * res
-    rows = p.unsqueeze(-2).expand(*p.shape, p.shape[-1])  # (..., V_x, V_y): the residual after each x
-    res = _residual(rows, q.unsqueeze(-2).expand_as(rows), every, j_all, table, rule)
-    return out + (weight.unsqueeze(-1) * res).sum(-2)
-
-
-def _drawable(q: torch.Tensor) -> torch.Tensor:
-    """The drafts q (..., V) can draw: (..., m) int64, every token of positive q in each row, m the
-    most any row has (shorter rows padded with tokens of q = 0); all V tokens when some row has no zero."""
-    m = max(1, int((q > 0).sum(-1).max())) if q.numel() else 1
-    if m == q.shape[-1]:
-        return torch.arange(m, device=q.device).expand(q.shape)
-    return q.topk(m, dim=-1).indices
-
-
-def _deferred_all(p: torch.Tensor, accept: torch.Tensor, rule: AcceptanceRule, window_pass) -> torch.Tensor:
-    """FLy: the probability (..., V) of accepting each draft x once its native rejection may be
-    deferred, ``a + (1 - a) π [H_3(p) >= θ] [p(x) > 0]`` (π = window_pass); ``accept`` itself for
-    the other rules."""
-    if rule.method != "fly":
-        return accept
-    if window_pass is None:
-        raise UsageError("fly's output depends on the drafts after this one: pass window_pass in [0, 1]")
-    pi = torch.as_tensor(window_pass, dtype=p.dtype, device=p.device)
-    if not bool(((pi >= 0) & (pi <= 1)).all()):
-        raise UsageError(f"window_pass must be a probability in [0, 1], got {window_pass}")
-    gate = (top_entropy(p) >= rule.fly_entropy).unsqueeze(-1) & (p > 0)
-    pi = pi.unsqueeze(-1) if pi.ndim else pi
-    return accept + (1 - accept) * pi * gate.to(p.dtype)
-
-
-def output_distributions(
-    p: torch.Tensor, q: torch.Tensor, neighbours: torch.Tensor | None, rules: list[AcceptanceRule]
-) -> list[torch.Tensor]:
-    """:func:`output_distribution` of several rules on the same (p, q): a list of (..., V), one per
-    rule in order, each equal (the same floats) to ``output_distribution(p, q, neighbours, rule)``.
-
-    The relaxed rules of the ``"exact"`` convention share the work that dominates at a large
-    codebook: one (..., m, K) gather of p over the neighbours of every token q can draw (m of them,
-    :func:`output_distribution`) and its cumulative sum,
-    with K the largest k among them (a rule with a smaller k reads the first k columns: prefix
-    sums of a prefix are the same floats), one bound evaluation per (method, bound value) on that
-    tensor (the leading run of neighbours within the bound, cut at each rule's k), and one exact
-    residual ``norm(max(p - q, 0))``, which no rule changes. At V = 16384 and the paper's 3 x 4
-    (k, δ) grid that is about one k = 1000 pass instead of twelve passes. Other rules (``"sd"``,
-    k = 0, ``"official"``) go through :func:`output_distribution` one by one.
-
-    p, q: (..., V) float; neighbours: (V, >= every relaxed rule's k) int64 (nearest first), or
-    None when no rule is relaxed. Memory: (..., m, K) p.dtype and bool tensors.
-    Raises :class:`UsageError` as :func:`output_distribution`.
-    """
-    shared = [i for i, r in enumerate(rules) if r.relaxed and r.convention == "exact"]
-    out: list[Optional[torch.Tensor]] = [None] * len(rules)
-    for i, rule in enumerate(rules):
-        if i not in shared:
-            out[i] = output_distribution(p, q, neighbours, rule)
-    if not shared:
-        return out
-    K = max(rules[i].k for i in shared)
-    table = _table(p, neighbours, replace(rules[shared[0]], k=K), True)
-    _check_q(p, q)
-    drafts = _drawable(q)  # (..., m): the drafts q can draw (the others add nothing to out)
-    rows = p.unsqueeze(-2).expand(*drafts.shape, p.shape[-1])
-    moved = rows.gather(-1, table[:, :K][drafts]).cumsum(-1)  # (..., m, K): S_1..S_K of every drawable draft
-    p_d, q_d = p.gather(-1, drafts), q.gather(-1, drafts)
-    a = p_d.unsqueeze(-1)  # (..., m, 1): p(x̂)
-    residual_exact = _residual(p, q, None, None, None, rules[shared[0]])
-    safe_q = torch.where(q_d > 0, q_d, torch.ones_like(q_d))
-    zero = torch.zeros_like(p_d)
-    first_break: dict = {}  # (method, bound value) -> (..., V) int64: length of the leading run within the bound
-    tvd_bounds = sorted({rules[i].delta for i in shared if rules[i].method == "lantern"})
-    if tvd_bounds and bool((moved[..., 1:] >= moved[..., :-1]).all()):
-        # S_j <= δ on non-decreasing S_j: the leading run is the count of S_j <= δ, every δ in one search
-        values = torch.tensor(tvd_bounds, dtype=p.dtype, device=p.device).expand(*moved.shape[:-1], len(tvd_bounds))
-        counts = torch.searchsorted(moved, values.contiguous(), right=True)
-        first_break.update({("lantern", d): counts[..., c] for c, d in enumerate(tvd_bounds)})
-    for i in shared:
-        rule = rules[i]
-        bound = BOUNDS[rule.method]
-        key = (rule.method, getattr(rule, bound.parameter))
-        if key not in first_break:
-            broken = ~bound.within(rule, a, moved, bound.spent(a, moved))
-            first = broken.to(torch.uint8).argmax(-1)  # the first True (0 when none)
-            first_break[key] = torch.where(broken.any(-1), first, torch.full_like(first, K))
-        j_star = first_break[key].clamp(max=rule.k)  # the set stops at the first neighbour that breaks the bound
-        last = (j_star - 1).clamp_min(0).unsqueeze(-1)
-        s_star = torch.where(j_star > 0, moved.gather(-1, last).squeeze(-1), zero)
-        p_tilde = p_d + s_star
-        accept_d = torch.where(q_d > 0, (p_tilde / safe_q).clamp(max=1.0), torch.ones_like(q_d))
-        accept = torch.ones_like(q).scatter(-1, drafts, accept_d)
-        weight = q * (1 - accept)
-        out[i] = q * accept + weight.sum(-1, keepdim=True) * residual_exact
-    return out
+    return convention_residual(
+        p, q, idx, j_star, table, rule, relaxation_scale(rule, idx, positions, lengths, chain=False)
+    )
