@@ -1,6 +1,6 @@
 """Every entry point against a table of bad inputs (issue 15): one ``error:`` line, exit 2, no traceback.
 
-Each case of :data:`CASES` (419 of them: ``python tests/test_bad_inputs.py`` runs them all and
+Each case of :data:`CASES` (457 of them: ``python tests/test_bad_inputs.py`` runs them all and
 prints the tally) runs one command in its own process, ``python -m <module>`` or ``python
 <script>``, with ``OMP_NUM_THREADS=1``, no visible GPU (the same verdicts on every machine) and an
 empty Hugging Face cache, in a fresh directory (also its working directory, so default outputs
@@ -823,6 +823,30 @@ CASES: list[Case] = [
     C("gen-tree-bogus", G, ["--tree", "bushy"], expect="--tree"),
     C("gen-tree-with-sjd", G, ["--method", "sjd", "--tree", "dynamic"], expect="--tree does not apply to --method sjd"),
     C("gen-window-with-ar", G, ["--method", "ar", "--window", "4"], expect="--window does not apply to --method ar"),
+    C(
+        "gen-entropy-min-window-zero",
+        G,
+        ["--method", "entropy-sd", "--entropy-min-window", "0"],
+        expect="--entropy-min-window",
+    ),
+    C(
+        "gen-entropy-window-scale-zero",
+        G,
+        ["--method", "entropy-sd", "--entropy-window-scale", "0"],
+        expect="--entropy-window-scale",
+    ),
+    C(
+        "gen-entropy-window-scale-nan",
+        G,
+        ["--method", "entropy-sd", "--entropy-window-scale", "nan"],
+        expect="--entropy-window-scale",
+    ),
+    C(
+        "gen-entropy-min-window-with-sjd",
+        G,
+        ["--method", "sjd", "--entropy-min-window", "4"],
+        expect="--entropy-min-window does not apply to --method sjd",
+    ),
     C("gen-tree-json-garbage", G, ["--tree", "{tmp}/t.json"], files(t__json="[[0], [0, 1"), "t.json"),
     C("gen-tree-json-bad-paths", G, ["--tree", "{tmp}/t.json"], files(t__json='[[0], [3, -1], "x"]'), "t.json"),
     C("gen-tree-json-missing", G, ["--tree", "{tmp}/none.json"], expect="none.json does not exist"),

@@ -338,6 +338,7 @@ def test_each_option_is_declared_by_the_methods_that_read_it():
     assert groups["cool_delta"] == groups["cool_nu"] == ("cool-sd",) and groups["fly_window"] == ("fly",)
     assert groups["window"] == ("sjd", "gsd", "scd", "entropy-sd", "sjd-pac")
     assert groups["jacobi_init"] == ("sjd", "gsd", "scd", "entropy-sd") and groups["entropy_floor"] == ("entropy-sd",)
+    assert groups["entropy_min_window"] == groups["entropy_window_scale"] == ("entropy-sd",)
     assert groups["gsd_group"] == ("gsd",) and groups["scd_coupling"] == ("scd",)
     assert groups["pac_width"] == groups["pac_depth"] == groups["pac_continuation"] == ("sjd-pac",)
     assert groups["drafter"] == RULES and "method" not in groups  # the drafted methods read a drafter
@@ -380,6 +381,7 @@ def test_each_option_is_declared_by_the_methods_that_read_it():
         ["--method", "scd", "--scd-coupling", "maximal"],
         ["--method", "cool-sd", "--cool-delta", "2", "--cool-nu", "0.7", "--gamma", "4"],
         ["--method", "fly", "--fly-entropy", "0.3", "--fly-window", "2", "--gamma", "3"],
+        ["--method", "entropy-sd", "--window", "24", "--entropy-min-window", "4", "--entropy-window-scale", "6"],
     ],
 )
 def test_options_a_method_reads_are_accepted(argv):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ambiguity.stats import entropy
@@ -33,6 +34,7 @@ __all__ = [
     "entropy_threshold",
     "entropy_judge",
     "entropy_acceptance",
+    "entropy_window",
     "one_step_output",
 ]
 
@@ -283,6 +285,18 @@ def entropy_acceptance(p: torch.Tensor, q: torch.Tensor, alpha: float, floor: fl
     p, q (..., V): ``min(1, p(y) / (tau(H(p)) q(y)))`` (for :func:`one_step_output`)."""
     tau = entropy_threshold(entropy(p).to(p.dtype), alpha, floor).unsqueeze(-1)
     return _ratio(p / tau, q)
+
+
+def entropy_window(h, longest: int, shortest: int, scale: float) -> np.ndarray:
+    """The entropy-aware rule's window (tokens per Jacobi forward) for target entropies ``h`` (nats,
+    any array-like of floats) -> the same shape, int64 numpy:
+    ``L(H) = clamp(floor(longest * exp(-H / scale) + 1/2), shortest, longest)`` (nearest, ties up),
+    so a confident position (H = 0) gets the longest window and the window shrinks by ``e`` every
+    ``scale`` nats. ``longest >= shortest >= 1`` windows, ``scale > 0`` nats (checked by
+    :class:`~lantern.methods.jacobi.config.JacobiConfig`). Our reconstruction of the entropy-dependent
+    draft length of Ma et al. (NeurIPS 2025, arXiv 2510.09012), whose code does not release it."""
+    raw = np.floor(longest * np.exp(-np.asarray(h, dtype=np.float64) / scale) + 0.5)
+    return np.clip(raw, shortest, longest).astype(np.int64)
 
 
 def one_step_output(p: torch.Tensor, q: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:

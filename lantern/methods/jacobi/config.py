@@ -27,16 +27,17 @@ __all__ = [
 JACOBI_METHODS = ("sjd", "gsd", "scd", "entropy-sd")
 INITS = ("random", "repeat-horizon")
 COUPLINGS = ("gumbel", "maximal", "maximal-official")
-# test_lumina_mgpt.py / test_GSD.py / test_SCD_*.py; entropy-sd builds on SJD's Lumina-mGPT setting
-DEFAULT_WINDOW = {"sjd": 16, "gsd": 16, "scd": 32, "entropy-sd": 16}
+# test_lumina_mgpt.py / test_GSD.py / test_SCD_*.py; entropy-sd's is its longest window (ours, JacobiConfig)
+DEFAULT_WINDOW = {"sjd": 16, "gsd": 16, "scd": 32, "entropy-sd": 24}
 
 
 @dataclass(frozen=True)
 class JacobiConfig:
     """A Jacobi method and its knobs (defaults: the official scripts for Lumina-mGPT).
 
-    method: ``"sjd"``, ``"gsd"``, ``"scd"`` or ``"entropy-sd"``; window: tokens per forward L >= 1 (None: 16 for
-    SJD and GSD, 32 for SCD); init: ``"random"`` or ``"repeat-horizon"``; group: GSD's rank window
+    method: ``"sjd"``, ``"gsd"``, ``"scd"`` or ``"entropy-sd"``; window: tokens per forward L >= 1 (None: 16
+    for SJD and GSD, 32 for SCD, 24 for entropy-sd, where it is the longest window); init: ``"random"`` or
+    ``"repeat-horizon"``; group: GSD's rank window
     (1 .. V; 1 = SJD); prob_gap: GSD's probability filter in (0, 1]; distance: GSD's optional
     squared-L2 embedding filter (>= 0, None = off); coupling: SCD's ``"gumbel"``, ``"maximal"`` or
     ``"maximal-official"``; entropy_alpha (nats, > 0) and entropy_floor (in (0, 1]): the
@@ -45,8 +46,17 @@ class JacobiConfig:
     scale of its dynamic temperature ``2.5 exp(-H/3) + 0.6``, krennic999/ARsample
     ``LlamaGen/autoregressive/models/generate.py``; the floor 0.7 is ours, set so that forwards fall
     by about the paper's 15 % against SJD on ``embedded`` (26.7 -> 22.5 per image, 32 images, CFG 3,
-    top-k 125): the official release has no speculative-decoding code). Raises :class:`UsageError`
-    for a bad value (the vocabulary bound of ``group`` is checked by :func:`check_jacobi`).
+    top-k 125): the official release has no speculative-decoding code). entropy_min_window (an
+    integer >= 1) and entropy_window_scale (nats, > 0): the entropy-dependent window of each image's
+    next forward, ``L(H) = clamp(round(L exp(-H / scale)), min(entropy_min_window, L), L)`` of the
+    entropy H of the target distribution its newest token was drawn from
+    (:func:`lantern.rules.jacobi.entropy_window`); ``entropy_min_window >= L`` fixes the window at L.
+    Our reconstruction (the paper's draft length is not released); L = 24, 4 and 6 nats are ours, set
+    on ``embedded`` (128 images, CFG 3, top-k 125, ``benchmarks/bench_entropy_window.py``) so that
+    forwards fall by about the paper's 15 % against SJD at its window 16 (26.7 -> 22.9 per image,
+    the prefill counted) while the tokens fed per image fall by 13 % (376 -> 328). Raises
+    :class:`UsageError` for a bad value (the vocabulary bound of ``group`` is checked by
+    :func:`check_jacobi`).
     """
 
     method: str = "sjd"
@@ -58,6 +68,8 @@ class JacobiConfig:
     coupling: str = "gumbel"
     entropy_alpha: float = 3.0
     entropy_floor: float = 0.7
+    entropy_min_window: int = 4
+    entropy_window_scale: float = 6.0
 
     def __post_init__(self):
         if self.method not in JACOBI_METHODS:
@@ -80,6 +92,16 @@ class JacobiConfig:
             raise UsageError(f"--entropy-alpha (nats) must be > 0, got {self.entropy_alpha}")
         if not 0.0 < float(self.entropy_floor) <= 1.0:
             raise UsageError(f"--entropy-floor must be in (0, 1] (1 is SJD), got {self.entropy_floor}")
+        m = self.entropy_min_window
+        if isinstance(m, bool) or int(m) != m or m < 1:
+            raise UsageError(f"--entropy-min-window must be an integer >= 1 (tokens per forward), got {m}")
+        if not 0.0 < float(self.entropy_window_scale) < float("inf"):
+            raise UsageError(f"--entropy-window-scale (nats) must be > 0, got {self.entropy_window_scale}")
+
+    @property
+    def entropy_dynamic(self) -> bool:
+        """entropy-sd with an entropy-dependent window (its shortest window below L)."""
+        return self.method == "entropy-sd" and int(self.entropy_min_window) < int(self.window)
 
     @property
     def draft_depth(self) -> int:
@@ -95,6 +117,9 @@ class JacobiConfig:
             d.update(scd_coupling=self.coupling)
         if self.method == "entropy-sd":
             d.update(entropy_alpha=float(self.entropy_alpha), entropy_floor=float(self.entropy_floor))
+            d.update(
+                entropy_min_window=int(self.entropy_min_window), entropy_window_scale=float(self.entropy_window_scale)
+            )
         return d
 
     def replace(self, **kw) -> JacobiConfig:
@@ -141,7 +166,7 @@ def _add_window(g) -> None:
         type=int,
         default=None,
         help="tokens per Jacobi forward, 1 <= L <= tokens per image (official 16 for sjd, gsd; 32 for scd; "
-        "64 for sjd-pac)",
+        "64 for sjd-pac; entropy-sd: the longest window, default 24, ours)",
     )
 
 
@@ -182,13 +207,28 @@ def _add_entropy(g) -> None:
         "--entropy-alpha",
         type=finite_float,
         default=_J.entropy_alpha,
-        help=f"α > 0 nats: the acceptance threshold τ(H) = max(floor, exp(-H / α)) (official {_J.entropy_alpha:g})",
+        help=f"α > 0 nats: the acceptance threshold τ(H) = max(floor, exp(-H / α)) (default {_J.entropy_alpha:g}: "
+        "the entropy scale of the official dynamic temperature)",
     )
     g.add_argument(
         "--entropy-floor",
         type=finite_float,
         default=_J.entropy_floor,
         help=f"the threshold's floor in (0, 1]; 1 is SJD (default {_J.entropy_floor:g})",
+    )
+    g.add_argument(
+        "--entropy-min-window",
+        type=int,
+        default=_J.entropy_min_window,
+        help="the shortest window (>= 1 tokens) of the entropy-dependent window L(H) = clamp(round(L exp(-H / "
+        f"scale)), this, L), L = --window; >= L fixes the window (default {_J.entropy_min_window}, ours)",
+    )
+    g.add_argument(
+        "--entropy-window-scale",
+        type=finite_float,
+        default=_J.entropy_window_scale,
+        help="scale > 0 nats: the window shrinks by a factor e every scale nats of entropy "
+        f"(default {_J.entropy_window_scale:g}, ours)",
     )
 
 
@@ -212,4 +252,6 @@ def from_args(args) -> dict:
         coupling=args.scd_coupling,
         entropy_alpha=args.entropy_alpha,
         entropy_floor=args.entropy_floor,
+        entropy_min_window=args.entropy_min_window,
+        entropy_window_scale=args.entropy_window_scale,
     )

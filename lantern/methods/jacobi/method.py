@@ -58,15 +58,22 @@ drafts are argmaxes: greedy SJD/SCD is greedy AR token for token.
 * ``"entropy-sd"`` — entropy-aware acceptance (Ma et al., NeurIPS 2025, arXiv 2510.09012; official
   code github.com/krennic999/ARsample): SJD whose test is relaxed where the target is uncertain,
   ``min(1, p(x) / (tau(H) q(x)))`` with ``tau(H) = max(floor, exp(-H / alpha))`` of the target's
-  entropy ``H`` at the draft's position (:func:`lantern.rules.jacobi.entropy_judge`). The official
-  release (krennic999/ARsample at 2923353) holds only the paper's dynamic temperature for LlamaGen
-  (``2.5 exp(-H/3) + 0.6``), no speculative-decoding code, and the paper's text was not available
-  here beyond its abstract ("entropy-aware acceptance rules ... near-lossless at about 85 % of the
-  inference cost"): this functional form, ``alpha = 3`` nats (the official temperature's entropy
-  scale) and ``floor = 0.7`` are ours (the floor calibrated to the paper's 15 % fewer forwards,
-  :class:`~lantern.methods.jacobi.config.JacobiConfig`), and the paper's entropy-dependent draft length is not
-  implemented (the window is fixed). Not lossless: greedy equals greedy AR; one step's law is
-  :func:`lantern.rules.jacobi.one_step_output` with :func:`~lantern.rules.jacobi.entropy_acceptance`.
+  entropy ``H`` at the draft's position (:func:`lantern.rules.jacobi.entropy_judge`), and whose
+  window depends on the entropy too: image ``b``'s next forward reads
+  ``L_b = clamp(round(L exp(-H_b / scale)), L_min, L)`` tokens
+  (:func:`lantern.rules.jacobi.entropy_window`), ``H_b`` the entropy of the target distribution its
+  newest token was drawn from (the first token's at admission): a confident image drafts further.
+  ``H_b`` is known before the forward, so the windows depend only on the past and greedy decoding
+  stays greedy AR. The official release holds the paper's dynamic temperature
+  (``2.5 exp(-H/3) + 0.6``, LlamaGen ``autoregressive/models/generate.py``) and, for Lumina-mGPT,
+  plain SJD (``lumina_mgpt/jacobi_iteration.py``: the test ``min(1, p/q)``, a fixed window of 16);
+  neither the entropy-aware test nor an entropy-dependent draft length, and the paper's text was
+  not available here beyond its abstract ("entropy-aware acceptance rules ... near-lossless at
+  about 85 % of the inference cost"): both functional forms, ``alpha = 3`` nats (the official
+  temperature's entropy scale), ``floor = 0.7``, ``L = 24``, ``L_min = 4`` and ``scale = 6`` nats
+  are ours (:class:`~lantern.methods.jacobi.config.JacobiConfig`). Not lossless: greedy equals
+  greedy AR; one step's law is :func:`lantern.rules.jacobi.one_step_output` with
+  :func:`~lantern.rules.jacobi.entropy_acceptance`.
 
 The acceptance rules are entries of :data:`lantern.rules.jacobi.JACOBI_RULES` (acceptance
 probability and record columns, greedy test, residual): a new Jacobi rule is one entry.
@@ -108,7 +115,7 @@ from lantern.engine.method import Method, Round
 from lantern.engine.records import CHAIN_VALUES, chain_rows
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.methods.jacobi.config import JacobiConfig
-from lantern.rules.jacobi import JACOBI_RULES, WindowDrafts
+from lantern.rules.jacobi import JACOBI_RULES, WindowDrafts, entropy_window
 
 __all__ = ["Jacobi", "race_weights", "gumbel_max", "inverse_cdf", "uniform_tokens", "draw_counts"]
 
@@ -425,13 +432,15 @@ def _commit(st: BatchState, drafts: torch.Tensor, a: torch.Tensor, nxt: torch.Te
     st.tokens.scatter_(1, at, torch.where(ar[None, :] <= a[:, None], cand, st.tokens.gather(1, at)))
 
 
-def _to_host(s: _Step, a, nxt, win_proposed, win_q_top1, top1) -> dict:
-    """The step's accepted lengths, next tokens and kinds and its (B, gmax) draft columns (judged
-    drafts, up to the first rejection, carry their verdicts; later ones NaN, ``j_star`` 0,
-    ``accepted`` False) as numpy arrays, moved to the CPU in one transfer."""
+def _to_host(s: _Step, a, nxt, win_proposed, win_q_top1, top1, last_entropy=None) -> dict:
+    """The step's accepted lengths, next tokens and kinds, ``last_entropy`` (B,) when given (as
+    ``h_last``), and its (B, gmax) draft columns (judged drafts, up to the first rejection, carry
+    their verdicts; later ones NaN, ``j_star`` 0, ``accepted`` False) as numpy arrays, moved to the
+    CPU in one transfer."""
     B, gmax = s.ok.shape
     kind = torch.where(s.g == 0, 0, torch.where(a == s.g, 1, 2))
-    parts = [torch.stack([a, nxt, kind], 1).double()]
+    head = [a, nxt, kind] + ([] if last_entropy is None else [last_entropy])
+    parts = [torch.stack([x.double() for x in head], 1)]
     if gmax:
         j = torch.arange(gmax, device=a.device)
         judged = (j <= a[:, None]) & (j < s.g[:, None])
@@ -455,8 +464,11 @@ def _to_host(s: _Step, a, nxt, win_proposed, win_q_top1, top1) -> dict:
         parts += [x.double() for x in draft.values()]
     flat = torch.cat([x.reshape(B, -1) for x in parts], 1).cpu().numpy()
     host = {name: flat[:, i].astype(np.int64) for i, name in enumerate(("a", "next", "kind"))}
+    if last_entropy is not None:
+        host["h_last"] = flat[:, 3]
+    h = len(head)
     for i, name in enumerate(("token", *CHAIN_VALUES, "proposed_step") if gmax else ()):
-        host[name] = flat[:, 3 + i * gmax : 3 + (i + 1) * gmax]
+        host[name] = flat[:, h + i * gmax : h + (i + 1) * gmax]
     return host
 
 
@@ -485,15 +497,26 @@ class Jacobi(Method):
         self.maximal = config.method == "scd" and config.coupling.startswith("maximal")
         self.width = int(tuple(getattr(model, "grid", (1, model.num_tokens)))[-1])
         self.win: Optional[_Windows] = None
+        self.dynamic = config.entropy_dynamic
+        self.lengths = np.zeros(0, dtype=np.int64)  # (B,) each slot's window L_b for its next forward
 
     def open(self, st: BatchState) -> None:
         self.win = None  # allocated at the first admission (the distribution's dtype and V)
+        self.lengths = np.full(st.B, int(self.config.window), dtype=np.int64)
+
+    def _window_for(self, h) -> np.ndarray:
+        """The windows (k,) int64 for target entropies ``h`` (k,) nats: :func:`entropy_window`
+        between the configured shortest window (at most L) and L."""
+        c = self.config
+        return entropy_window(h, int(c.window), min(int(c.entropy_min_window), int(c.window)), c.entropy_window_scale)
 
     def start(self, st: BatchState, slots: list[int], p0: torch.Tensor) -> torch.Tensor:
         gumbel = self.gumbel and not st.sampling.greedy
         if self.win is None:
             self.win = _new_windows(st.B, self.depth, p0.shape[-1], p0, gumbel)
         self.win.length[slots], self.win.noised[slots] = 0, 0
+        if self.dynamic:  # the first window reads the entropy of the first token's distribution
+            self.lengths[slots] = self._window_for(entropy(p0).double().cpu().numpy())
         if not gumbel:
             return super().start(st, slots, p0)
         _draw_noise(st, self.win, np.zeros(st.B, dtype=np.int64), slots)
@@ -502,7 +525,7 @@ class Jacobi(Method):
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
         win, greedy = self.win, st.sampling.greedy
-        g = np.where(active, np.minimum(self.depth, st.N - 1 - st.n), 0)
+        g = np.where(active, np.minimum(self.lengths - 1, st.N - 1 - st.n), 0)
         live = np.flatnonzero(active)
         with st.timer("acceptance"):
             U, k_init = _top_up(st, win, g, active, self.config, self.width, greedy)
@@ -520,8 +543,11 @@ class Jacobi(Method):
             top1 = top1_prob(p)
             proposed, q_top1 = win.proposed, win.q_top1
             _advance(self, st, s, win, a, S, keep, top1)
-            host = _to_host(s, a, nxt, proposed, q_top1, top1)  # the step's one host transfer
+            h_last = entropy(s.p[torch.arange(st.B, device=st.device), a]) if self.dynamic else None
+            host = _to_host(s, a, nxt, proposed, q_top1, top1, h_last)  # the step's one host transfer
         win.length = np.where(active, g - host["a"], 0)
+        if self.dynamic:  # the next window reads the entropy where the newest token was drawn
+            self.lengths = np.where(active, self._window_for(host["h_last"]), self.lengths)
         if self.pairs is not None:
             self._keep_pairs(s, host, live)
         cols = None
@@ -540,3 +566,4 @@ class Jacobi(Method):
     def compact(self, st: BatchState, live: np.ndarray, rows: torch.Tensor) -> None:
         if self.win is not None:
             self.win.select(live)
+        self.lengths = self.lengths[live]
