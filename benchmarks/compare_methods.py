@@ -623,7 +623,7 @@ def markdown(args, plan: Plan, table: pd.DataFrame, bins: pd.DataFrame) -> str:
             if tp
             else ""
         )
-        + f"; cfg {plan.sampling.guidance:g}, temperature 1, top-k {plan.sampling.top_k or 'off'}, shared 2-core CPU"
+        + f"; cfg {plan.sampling.guidance:g}, temperature 1, top-k {plan.sampling.top_k or 'off'}, {_machine()}"
     )
     bounded = [c for c in table.columns if c.split("_")[0] in QUALITY or c.endswith(("_lo", "_hi"))]
     parts = [head, table.drop(columns=bounded).to_markdown(floatfmt=".3g")]
@@ -668,6 +668,14 @@ def markdown(args, plan: Plan, table: pd.DataFrame, bins: pd.DataFrame) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def _machine() -> str:
+    """Where the timings ran: the CUDA device's name, else the CPU threads torch used."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    threads = torch.get_num_threads()
+    return f"CPU, {threads} thread{'s' if threads > 1 else ''}"
+
+
 def figure_title(args, plan: Plan) -> str:
     """The figure's title: the sample sizes of the statistics, latency and throughput."""
     return (
@@ -678,7 +686,7 @@ def figure_title(args, plan: Plan) -> str:
             if plan.throughput is not None
             else ""
         )
-        + f"), CFG {plan.sampling.guidance:g}, temperature 1, shared 2-core CPU"
+        + f"), CFG {plan.sampling.guidance:g}, temperature 1, {_machine()}"
     )
 
 

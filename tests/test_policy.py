@@ -66,6 +66,21 @@ def test_the_policy_maximises_expected_tokens_per_second():
     assert not pol.go_on(np.array([0.1]))
 
 
+def test_speculation_is_off_where_even_the_most_likely_acceptance_cannot_pay():
+    """The predictor's most likely acceptance over distributions on K = 4 codes: weights (w0 .. w4)
+    = (-1, 2, 0.5, -3, -0.25) reward the top-1 p1 and the entropy H; the largest 2 p1 + 0.5 H over
+    all distributions is 0.5 ln(e^(2 / 0.5) + K - 1) (Gibbs' variational principle; its maximiser
+    puts e^4 / (e^4 + 3) = 0.948 on one code, so that code is the top-1), and q's top-1 sits at 0
+    (negative slope): sigmoid(-1 + 0.5 ln(e^4 + 3) - 0.25 d) at depth d. Target forward 1 s,
+    drafter step d s: at a = 1/2 (no slopes) one draft brings 1.5 tokens for 1 + d s, so drafting
+    pays for d < 0.5 only."""
+    pol = GammaPolicy(AcceptancePredictor((-1.0, 2.0, 0.5, -3.0, -0.25), 0.5), 3, _flat(1.0, 0.1), np.log(4.0))
+    z = -1.0 + 0.5 * np.log(np.exp(4.0) + 3.0) - 0.25 * np.arange(1, 4)
+    assert np.allclose(pol.most_likely(), 1 / (1 + np.exp(-z)), rtol=1e-6)
+    for d, may in ((0.4, True), (0.6, False)):
+        assert GammaPolicy(_always(0.5), 3, _flat(1.0, d)).may_draft(rows=4) is may, d
+
+
 def test_a_saturated_logistic_fit_reproduces_the_observed_rates():
     """Five affinely independent feature points (5 coefficients): the maximum-likelihood fit
     predicts exactly each point's share of accepted drafts (1/4, 1/2, 3/4, 1/5, 2/3); drafts not
@@ -105,7 +120,7 @@ def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
 
     def fake(model, drafter, sampling, rows, tokens, rule, table):
         calls.append(list(rows))
-        line = lambda R, T: 0.01 + 0.002 * R * T
+        line = lambda R, T: 0.01 + 0.002 * R * T if T > 1 else 0.001 * R  # one token a row: no mask, off the line
         return {
             "target": {f"{2 * R},{T}": line(2 * R, T) for R in rows for T in tokens},
             "drafter": {f"{2 * R},{T}": 0.001 * 2 * R * T for R in rows for T in (1, 2)},
@@ -116,6 +131,7 @@ def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
     c = policy.cost_model(m, None, s, 1, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path)
     assert np.allclose(c.target, [(2, 0.01, 0.004)]) and np.allclose(c.drafter, [(2, 0.0, 0.002)], atol=1e-12)
     assert c.round_s(2, 3) == pytest.approx(0.01 + 0.002 * 8 + 0.004 + 2 * 0.002)
+    assert c.step == ((2, 0.002),) and c.round_s(2, 0) == 0.002  # G = 0: the AR step's own point
     assert c.target_s(4, 3) == pytest.approx(2 * c.target_s(2, 3))  # beyond the measured rows: proportional
     assert policy.cost_model(m, None, s, 1, 4, AcceptanceRule("lantern", k=2), cache_dir=tmp_path) == c
     assert calls == [[1]]
@@ -123,9 +139,37 @@ def test_cost_model_fit_and_cache(tmp_path, monkeypatch):
     assert calls == [[1], [8]]
     for rows in (2, 9, 16):  # measured and interpolated rows on the line
         assert c.target_s(rows, 3) == pytest.approx(0.01 + 0.002 * rows * 3)
+        assert c.step_s(rows) == pytest.approx(0.001 * rows)
     (saved,) = tmp_path.glob("*.json")
     assert saved.name == "tiny-float64-cpu1-full-lantern2.json"
     assert set(json.loads(saved.read_text())["target"]) == {f"{r},{t}" for r in (2, 16) for t in (1, 2, 3, 4, 5)}
+
+
+def test_the_engine_rounds_calibrate_the_cost_model(tmp_path, monkeypatch):
+    """The engine's own rounds (an AR round, a chain of 2) are measured once per row count and kept
+    in the cost file: G = 0 costs the AR round, G = 2 the chain's round, and other lengths scale the
+    forwards by the same factor. The real measurement runs on the tiny model."""
+    fake = lambda model, drafter, sampling, rows, tokens, rule, table: {
+        "target": {f"{2 * R},{T}": 0.01 * T for R in rows for T in tokens},
+        "drafter": {f"{2 * R},{T}": 0.002 for R in rows for T in (1, 2)},
+    }
+    monkeypatch.setattr(policy, "measure_costs", fake)
+    calls = []
+    engine = lambda images: calls.append(images) or (0.004, 0.02)
+    m, s = tiny(), SamplingConfig(guidance=2.0)
+    c = policy.cost_model(m, None, s, 1, 4, engine=engine, cache_dir=tmp_path)
+    forwards = 0.03 + 0.002 + 0.002  # verify over 3 tokens, the drafter's first forward and one step
+    assert c.step == ((2, 0.004),) and c.scale == ((2, pytest.approx(0.02 / forwards)),)
+    assert c.round_s(2, 0) == 0.004 and c.round_s(2, 2) == pytest.approx(0.02)
+    assert c.round_s(2, 4) == pytest.approx(0.02 / forwards * (0.05 + 0.002 + 3 * 0.002))
+    assert policy.cost_model(m, None, s, 1, 4, engine=engine, cache_dir=tmp_path) == c and calls == [1]
+    from lantern.engine.loop import _open_state
+    from lantern.methods.chain import Chain, _engine_rounds
+
+    d = Drafter.for_target(m, seed=3).eval()
+    chain = Chain(AcceptanceRule("sd"), 2, d, None)
+    ar_s, chain_s = _engine_rounds(chain, _open_state(m, chain, 1, s, m.num_tokens, None), 1)
+    assert np.isfinite([ar_s, chain_s]).all()
 
 
 def test_decode_config_gamma_auto():
@@ -181,6 +225,35 @@ def test_exact_decoding_with_the_policy_at_delta_zero_is_ar_sampling(sampling, r
     for seq, prob in want.items():
         assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
     assert lengths == taken
+
+
+def test_with_speculation_off_auto_decodes_the_tokens_of_ar(monkeypatch):
+    """A drafter step as dear as a target forward and a predictor that says 1/2: no draft can pay
+    (:meth:`GammaPolicy.may_draft`), so every round of ``gamma="auto"`` is a plain AR step that
+    draws from the image's stream as AR does (the same tokens, seed for seed, under guidance and
+    top-k), and the policy's statistics are never computed after the prefill."""
+    monkeypatch.setattr("lantern.methods.registry.load_predictor", lambda path, name: _always(0.5))
+    monkeypatch.setattr(policy, "cost_model", lambda *a, **k: _flat(1.0, 1.0))
+    calls = []
+    monkeypatch.setattr("lantern.methods.chain.top1_prob", lambda p: calls.append(p.shape) or p.amax(-1))
+    m, sampling = tiny(), SamplingConfig(guidance=2.0, temperature=0.9, top_k=3)
+    d = Drafter.for_target(m, seed=3).eval()
+    nb = build_neighbourhoods(m.input_embeddings(), 2, "l2", cache=False).indices
+    conds = [1, 0, 1]
+    ar = decode(m, conds, DecodeConfig.of("ar"), sampling, seed=5, batch_size=2)
+    auto = decode(
+        m,
+        conds,
+        DecodeConfig(AcceptanceRule("lantern", k=2, delta=0.1), "auto", gamma_max=2),
+        sampling,
+        d,
+        nb,
+        seed=5,
+        batch_size=2,
+    )
+    assert np.array_equal(auto.tokens.numpy(), ar.tokens.numpy())
+    assert not auto.steps["drafted"].any()
+    assert calls == [(2, 4), (1, 4)]  # only for the prefills' distributions: images 0 and 1 admitted together, then 2
 
 
 def test_calibration_uses_the_distribution_of_the_last_committed_token():

@@ -7,7 +7,10 @@ Sec. 3.5, for constant ``a``). The round costs one target forward over ``rows x 
 and ``G`` drafter steps (:class:`CostModel`). :class:`GammaPolicy` picks the ``G`` that maximises
 expected committed tokens per second of the round, for all images of the round at once: the
 verify forward pads every chain to the longest, so a shorter chain for one image saves nothing
-(image ``b`` drafts ``min(G, N - 1 - n_b)``). ``G = 0`` is a plain AR step (no drafter step).
+(image ``b`` drafts ``min(G, N - 1 - n_b)``). ``G = 0`` is a plain AR step (no drafter step, no
+chain bookkeeping). Where even the predictor's most optimistic acceptance cannot pay for a draft
+at the round's batch size (:meth:`GammaPolicy.may_draft`), the round is that AR step and nothing
+is computed for the policy: speculation is off at that batch size.
 
 Before drafting, ``a`` comes from the target's last distribution of each image (its top-1
 probability and entropy, :class:`AcceptancePredictor`, with the drafter's mean top-1 for the
@@ -151,13 +154,17 @@ class CostModel:
     and the rule's work) and ``drafter`` (one drafter step: forward, head, distribution, draw):
     per measured count of model rows R, a line ``a + b T`` in the tokens per row T, as
     ((R, a, b), ...) ascending in R; other row counts interpolate linearly between the two nearest
-    (beyond the largest: proportional to the rows). ``overhead`` ``(a, b)``: ``a + b rows``
-    seconds a drafting round of the engine takes beyond those (its bookkeeping, measured on a
-    short decode, :func:`cost_model`)."""
+    (beyond the largest: proportional to the rows). Calibrated on the engine's own rounds
+    (:func:`cost_model`): ``step`` ((R, seconds), ...), one plain AR round of the engine (the
+    round of ``G = 0``; empty: the ``target`` line at one token), and ``scale`` ((R, factor), ...),
+    a drafting round of the engine over the sum of its forwards above (its bookkeeping, and the
+    forwards' own speed inside a decode; empty: 1). Row counts between and beyond those measured
+    interpolate as the lines do."""
 
     target: tuple[tuple[float, float, float], ...]
     drafter: tuple[tuple[float, float, float], ...]
-    overhead: tuple[float, float] = (0.0, 0.0)
+    step: tuple[tuple[float, float], ...] = ()
+    scale: tuple[tuple[float, float], ...] = ()
 
     def target_s(self, rows: int, tokens: int) -> float:
         return _at(self.target, rows, tokens)
@@ -165,13 +172,24 @@ class CostModel:
     def drafter_s(self, rows: int, tokens: int = 1) -> float:
         return _at(self.drafter, rows, tokens)
 
-    def round_s(self, rows: int, G: int, pending: int = 2) -> float:
-        """One round of ``G`` drafts: the verify over ``1 + G`` tokens a row, the drafter's first
-        forward over ``pending`` positions and ``G - 1`` single steps (none when ``G = 0``)."""
-        if G == 0:
+    def step_s(self, rows: int) -> float:
+        """Seconds of one plain AR round over ``rows`` model rows (``step``, else ``target_s(rows, 1)``)."""
+        if not self.step:
             return self.target_s(rows, 1)
+        return _at(tuple((R, s, 0.0) for R, s in self.step), rows, 1)
+
+    def forwards_s(self, rows: int, G: int, pending: int = 2) -> float:
+        """The forwards of a round of ``G >= 1`` drafts: the verify over ``1 + G`` tokens a row, the
+        drafter's first forward over ``pending`` positions and ``G - 1`` single steps."""
         drafts = self.drafter_s(rows, pending) + (G - 1) * self.drafter_s(rows, 1)
-        return self.target_s(rows, 1 + G) + drafts + self.overhead[0] + self.overhead[1] * rows
+        return self.target_s(rows, 1 + G) + drafts
+
+    def round_s(self, rows: int, G: int, pending: int = 2) -> float:
+        """One round of ``G`` drafts: :meth:`forwards_s` times ``scale`` (``G = 0``: :meth:`step_s`)."""
+        if G == 0:
+            return self.step_s(rows)
+        factor = float(np.interp(rows, *np.array(self.scale).T)) if self.scale else 1.0
+        return factor * self.forwards_s(rows, G, pending)
 
 
 def _at(lines: tuple, rows: int, tokens: int) -> float:
@@ -197,13 +215,21 @@ def _fit(points: dict) -> tuple[float, float]:
     return max(0.0, float(np.median(s - b * x))), b
 
 
-def _lines(points: dict) -> tuple[tuple[float, float, float], ...]:
-    """{"rows,tokens": seconds} -> a :func:`_fit` line over the tokens for every row count."""
+def _lines(points: dict, least: int = 1) -> tuple[tuple[float, float, float], ...]:
+    """{"rows,tokens": seconds} -> a :func:`_fit` line over the tokens (those >= ``least``) for
+    every row count."""
     by_rows: dict[int, dict] = {}
     for key, seconds in points.items():
         R, T = (int(v) for v in key.split(","))
-        by_rows.setdefault(R, {})[T] = seconds
+        if T >= least:
+            by_rows.setdefault(R, {})[T] = seconds
     return tuple((R, *_fit(by_rows[R])) for R in sorted(by_rows))
+
+
+def _steps(points: dict) -> tuple[tuple[float, float], ...]:
+    """{"rows,tokens": seconds} -> ((R, seconds at one token), ...) ascending in R."""
+    one = {int(key.split(",")[0]): s for key, s in points.items() if key.split(",")[1] == "1"}
+    return tuple((R, one[R]) for R in sorted(one))
 
 
 def default_cache_dir() -> Path:
@@ -319,7 +345,8 @@ def _cost_key(model, sampling, rule) -> str:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu{torch.get_num_threads()}"
     flags = f"top{sampling.top_k}" if sampling.top_k else "full"
     judged = "none" if rule is None else (f"{rule.method}{rule.k}" if rule.relaxed else rule.method)
-    key = f"{model.name}-{str(model.dtype).removeprefix('torch.')}-{name}-{flags}-{judged}"
+    compiled = "-compiled" if getattr(model, "compiled", None) is not None else ""  # --compile: other costs
+    key = f"{model.name}-{str(model.dtype).removeprefix('torch.')}-{name}{compiled}-{flags}-{judged}"
     return key.replace("/", "_").replace(" ", "_")
 
 
@@ -331,22 +358,25 @@ def cost_model(
     gamma_max: int,
     rule=None,
     table=None,
-    overhead=None,
+    engine=None,
     cache_dir=None,
     cache=True,
 ) -> CostModel:
     """The :class:`CostModel` of ``model`` and ``drafter`` on their device for up to ``rows``
-    images: measured points read from ``<cache_dir>/<model>-<dtype>-<device>-<filter>-<rule>.json``
+    images: measured points read from ``<cache_dir>/<model>-<dtype>-<device>[-compiled]-<filter>-<rule>.json``
     (default :func:`default_cache_dir`); the points missing for these rows (1 and ``rows``
     images) and tokens (1, 2, 3, ``2 + gamma_max // 2`` and ``1 + gamma_max``) are measured and
-    added to the file. overhead: None, or ``overhead(images, costs)`` -> seconds a drafting round
-    of that many images takes beyond ``costs.round_s`` (the engine's bookkeeping, measured by the
-    caller on a short decode), recorded per model rows."""
+    added to the file. The verify line is fitted on two or more tokens a row (a chain's forward,
+    with per-row masks); one token a row is its own point (an AR step, no mask). engine: None, or
+    ``engine(images)`` -> (seconds of one plain AR round, seconds of one round of a chain of 2) on
+    the engine itself (measured by the caller on short decodes), recorded per model rows: the
+    model's ``step`` and ``scale`` (a drafting round over :meth:`CostModel.forwards_s` at ``G = 2``)."""
     path = Path(cache_dir or default_cache_dir()) / f"{_cost_key(model, sampling, rule)}.json"
-    points = {"target": {}, "drafter": {}, "overhead": {}}
+    points = {"target": {}, "drafter": {}, "engine": {}}
     if cache and path.is_file():
         try:
-            points = {"overhead": {}, **json.loads(path.read_text())}
+            points = {"engine": {}, **json.loads(path.read_text())}
+            points.pop("overhead", None)  # an earlier file's additive overhead: the engine rounds replace it
         except ValueError:
             pass
     want_rows = sorted({1, int(rows)})
@@ -357,15 +387,21 @@ def cost_model(
         new = measure_costs(model, drafter, sampling, missing, want_t, rule, table)
         for part in ("target", "drafter"):
             points[part].update(new[part])
-    costs = CostModel(_lines(points["target"]), _lines(points["drafter"]))
-    todo = [R for R in want_rows if overhead is not None and f"{R * g},1" not in points["overhead"]]
+    # the verify line from chains (>= 2 tokens a row, per-row masks); one token a row is the AR step's own point
+    costs = CostModel(_lines(points["target"], least=2), _lines(points["drafter"]), step=_steps(points["target"]))
+    todo = [R for R in want_rows if engine is not None and str(R * g) not in points["engine"]]
     for R in todo:
-        points["overhead"][f"{R * g},1"] = max(0.0, float(overhead(R, costs)))
+        ar_s, chain_s = engine(R)
+        points["engine"][str(R * g)] = {"ar": float(ar_s), "chain2": float(chain_s)}
     if cache and (missing or todo):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(points, indent=1))
-    fitted = _fit({k.split(",")[0]: v for k, v in points["overhead"].items()}) if points["overhead"] else (0.0, 0.0)
-    return CostModel(costs.target, costs.drafter, fitted)
+    if not points["engine"]:
+        return costs
+    measured = sorted((int(R), e) for R, e in points["engine"].items())
+    step = tuple((R, e["ar"]) for R, e in measured)
+    scale = tuple((R, e["chain2"] / costs.forwards_s(R, 2)) for R, e in measured)
+    return CostModel(costs.target, costs.drafter, step, scale)
 
 
 # --------------------------------------------------------------------------- the policy
@@ -377,16 +413,56 @@ class GammaPolicy:
     :class:`AcceptancePredictor`; gamma_max: the longest chain.
     """
 
-    def __init__(self, predictor: AcceptancePredictor, gamma_max: int = 8, costs: Optional[CostModel] = None):
+    def __init__(
+        self,
+        predictor: AcceptancePredictor,
+        gamma_max: int = 8,
+        costs: Optional[CostModel] = None,
+        max_entropy: float = 20.0,
+    ):
         self.predictor, self.gamma_max, self.costs = predictor, int(gamma_max), costs
+        self.max_entropy = float(max_entropy)  # nats: the most a target distribution can have (:meth:`open`)
         self._rounds: dict[int, np.ndarray] = {}  # rows -> round seconds per G (:meth:`_seconds`)
+        self._may: dict[int, bool] = {}  # rows -> :meth:`may_draft`
 
-    def open(self, model, drafter, sampling, rows: int, rule=None, table=None, overhead=None) -> None:
+    def open(self, model, drafter, sampling, rows: int, rule=None, table=None, engine=None) -> None:
         """Measure (or read) the cost model for up to ``rows`` images once (with the chain's
-        acceptance ``rule``, neighbour ``table`` and round ``overhead``, :func:`cost_model`)."""
+        acceptance ``rule``, neighbour ``table`` and ``engine`` rounds, :func:`cost_model`); the
+        largest entropy a target distribution can have is ``ln`` of its support (top-k, else the
+        vocabulary)."""
+        self.max_entropy = float(np.log(min(sampling.top_k or model.vocab_size, model.vocab_size)))
+        self._may = {}
         if self.costs is None:
-            self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max, rule, table, overhead)
+            self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max, rule, table, engine)
             self._rounds = {}
+
+    def most_likely(self) -> np.ndarray:
+        """(gamma_max,) the highest acceptance probability the predictor gives a draft at depth
+        1..gamma_max over every target distribution on at most K = ``exp(max_entropy)`` codes and
+        every drafter top-1 in [0, 1]. For a top-1 probability p1 the entropy lies between
+        ``-ln p1`` (the min-entropy bound) and ``h(p1) + (1 - p1) ln(K - 1)`` (the rest spread
+        evenly), so the logistic's largest value is the largest over a grid of p1 in [1/K, 1] at
+        the end of that range its entropy weight favours."""
+        w = (*self.predictor.weights, 0.0)[:5]
+        K = float(np.exp(self.max_entropy))
+        p1 = np.linspace(1.0 / K, 1.0, 1001)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rest = np.where(p1 < 1.0, -(1 - p1) * np.log((1 - p1) / max(K - 1.0, 1.0)), 0.0)
+            most = -p1 * np.log(p1) + rest
+        h = most if w[2] > 0 else -np.log(p1)
+        z = w[0] + float(np.max(w[1] * p1 + w[2] * h)) + max(w[3], 0.0)
+        depth = np.arange(1, self.gamma_max + 1)
+        return 1.0 / (1.0 + np.exp(-(z + w[4] * depth)))
+
+    def may_draft(self, rows: int) -> bool:
+        """Whether a round over ``rows`` model rows can gain from drafting at all: False when even
+        the most likely acceptance (:meth:`most_likely`, for every image and draft) makes ``G = 0``
+        the best length, so the engine runs plain AR steps and skips the statistics the plan reads
+        (speculation off at this batch size, as serving engines switch it off above a concurrency)."""
+        if rows not in self._may:
+            best = self._best(self.most_likely()[None, :], np.array([self.gamma_max]), rows)
+            self._may[rows] = best > 0
+        return self._may[rows]
 
     def _seconds(self, rows: int) -> np.ndarray:
         """(gamma_max + 1,) seconds of a round of G = 0..gamma_max drafts over ``rows`` model rows."""
