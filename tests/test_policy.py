@@ -81,6 +81,32 @@ def test_speculation_is_off_where_even_the_most_likely_acceptance_cannot_pay():
         assert GammaPolicy(_always(0.5), 3, _flat(1.0, d)).may_draft(rows=4) is may, d
 
 
+def test_after_plain_steps_the_policy_rests_longer():
+    """Plans that keep choosing G = 0 (a drafter step costs 0.6 of a target forward at a = 1/2) are
+    followed by 1, 3, then 7 plain rounds without a plan; the last round of a rest computes the
+    statistics the next plan reads ("rs"). A plan that drafts ends the rest."""
+    stats, caps = np.array([[0.5, 1.0]]), np.array([3])
+    pol, pattern = GammaPolicy(_always(0.5), 3, _flat(1.0, 0.6)), []
+    for _ in range(20):
+        pattern.append(("rs" if pol.plans_next() else "r") if pol.resting() else pol.plan(stats, caps, rows=1))
+    assert pattern == [0, "rs", 0, "r", "r", "rs", 0] + ["r"] * 6 + ["rs", 0] + ["r"] * 5
+    pol.costs = _flat(1.0, 0.25)
+    pol._rounds = {}
+    assert pol.plan(stats, caps, rows=1) == 1 and not pol.resting()
+
+
+def test_positions_the_drafter_has_not_read_make_a_draft_dearer():
+    """a = 1/2, a target forward 1 s, a drafter forward 0.1 + 0.05 T s over T positions, its steps
+    after the first over one (0.15 s). The drafter's first forward reads 2 positions (0.2 s): G = 1,
+    2, 3 bring 1.5, 1.75, 1.875 tokens in 1.2, 1.35, 1.5 s (1.25, 1.30, 1.25 a second; AR 1): G = 2.
+    After AR rounds it reads 12 (0.5 s more): 0.88, 0.95, 0.94 a second, so a plain AR step."""
+    costs = CostModel(((1, 1.0, 0.0),), ((1, 0.1, 0.05),))
+    pol = GammaPolicy(_always(0.5), 3, costs)
+    stats, caps = np.array([[0.5, 1.0]]), np.array([3])
+    assert costs.catch_up_s(1, 12) == pytest.approx(0.5)
+    assert pol.plan(stats, caps, rows=1) == 2 and pol.plan(stats, caps, rows=1, pending=12) == 0
+
+
 def test_a_saturated_logistic_fit_reproduces_the_observed_rates():
     """Five affinely independent feature points (5 coefficients): the maximum-likelihood fit
     predicts exactly each point's share of accepted drafts (1/4, 1/2, 3/4, 1/5, 2/3); drafts not
@@ -194,17 +220,24 @@ HALF = _flat(1.0, 0.5)
 
 @pytest.mark.slow  # ~20 s each on 2 cores: every branch is a full decode
 @pytest.mark.parametrize(
-    "sampling, rule, taken",
+    "sampling, rule, rest, taken",
     [
-        (SamplingConfig(guidance=2.0, temperature=0.7, top_k=3), AcceptanceRule("lantern", k=2, delta=0.0), {0, 1, 2}),
-        (SamplingConfig(guidance=1.0, temperature=1.0), AcceptanceRule("sd"), {0, 1}),
+        (
+            SamplingConfig(guidance=2.0, temperature=0.7, top_k=3),
+            AcceptanceRule("lantern", k=2, delta=0.0),
+            7,
+            {0, 1, 2},
+        ),
+        (SamplingConfig(guidance=1.0, temperature=1.0), AcceptanceRule("sd"), 0, {0, 1}),
     ],
 )
-def test_exact_decoding_with_the_policy_at_delta_zero_is_ar_sampling(sampling, rule, taken, monkeypatch):
+def test_exact_decoding_with_the_policy_at_delta_zero_is_ar_sampling(sampling, rule, rest, taken, monkeypatch):
     """Every random outcome of an image decoded with ``gamma="auto"`` (γ_max 2, V = 4, 2 x 2
     tokens), weighted by its probability, gives exactly the AR joint: the draft length depends
     only on the past and the drafter's own proposals. The rounds take the lengths ``taken``: plain
-    AR steps, chains stopped early and (with guidance) full chains."""
+    AR steps (with rests after them, up to ``rest`` rounds), chains stopped early and (with
+    guidance) full chains; without rests the second image token can be drafted after a plain step."""
+    monkeypatch.setattr(policy.GammaPolicy, "MAX_REST", rest)
     monkeypatch.setattr("lantern.methods.registry.load_predictor", lambda path, name: STEEP)
     monkeypatch.setattr(policy, "cost_model", lambda *a, **k: HALF)
     m = tiny()

@@ -10,7 +10,10 @@ verify forward pads every chain to the longest, so a shorter chain for one image
 (image ``b`` drafts ``min(G, N - 1 - n_b)``). ``G = 0`` is a plain AR step (no drafter step, no
 chain bookkeeping). Where even the predictor's most optimistic acceptance cannot pay for a draft
 at the round's batch size (:meth:`GammaPolicy.may_draft`), the round is that AR step and nothing
-is computed for the policy: speculation is off at that batch size.
+is computed for the policy: speculation is off at that batch size. After a plan chooses ``G = 0``
+the policy rests for 1, 3, then up to 7 plain rounds (:meth:`GammaPolicy.resting`), and a round
+after plain ones prices the drafter's catch-up over the positions it has not read
+(:meth:`CostModel.catch_up_s`).
 
 Before drafting, ``a`` comes from the target's last distribution of each image (its top-1
 probability and entropy, :class:`AcceptancePredictor`, with the drafter's mean top-1 for the
@@ -24,8 +27,10 @@ of a given seed draws its random numbers in other places when its chains have ot
 and then read), not across machines.
 
 The cost model is measured on the device in use by a few timed forwards (target forward and
-the distribution of its logits; drafter step, head and distribution) and cached per (model,
-dtype, device, threads) as JSON under :func:`default_cache_dir`; the acceptance predictor is a
+the distribution of its logits; drafter step, head and distribution), calibrated on the engine's
+own rounds (a plain AR round and a chain of 2, short decodes taking turns) and cached per (model,
+dtype, device, threads, compiled, filter, rule) as JSON under :func:`default_cache_dir`; the
+acceptance predictor is a
 logistic fit to a drafter's recorded acceptance (the draft records' ``p_top1``, ``p_entropy``,
 ``q_top1``, ``accepted``) shipped next to the drafter (:func:`predictor_path`), rebuilt by
 
@@ -188,8 +193,16 @@ class CostModel:
         """One round of ``G`` drafts: :meth:`forwards_s` times ``scale`` (``G = 0``: :meth:`step_s`)."""
         if G == 0:
             return self.step_s(rows)
-        factor = float(np.interp(rows, *np.array(self.scale).T)) if self.scale else 1.0
-        return factor * self.forwards_s(rows, G, pending)
+        return self._factor(rows) * self.forwards_s(rows, G, pending)
+
+    def catch_up_s(self, rows: int, pending: int) -> float:
+        """What a drafting round costs beyond :meth:`round_s` when the drafter's first forward reads
+        ``pending`` positions instead of 2 (positions committed by rounds without drafts)."""
+        extra = self.drafter_s(rows, pending) - self.drafter_s(rows, 2)
+        return self._factor(rows) * extra
+
+    def _factor(self, rows: int) -> float:
+        return float(np.interp(rows, *np.array(self.scale).T)) if self.scale else 1.0
 
 
 def _at(lines: tuple, rows: int, tokens: int) -> float:
@@ -413,6 +426,8 @@ class GammaPolicy:
     :class:`AcceptancePredictor`; gamma_max: the longest chain.
     """
 
+    MAX_REST = 7  # the longest run of plain rounds between two plans (:meth:`resting`)
+
     def __init__(
         self,
         predictor: AcceptancePredictor,
@@ -424,6 +439,7 @@ class GammaPolicy:
         self.max_entropy = float(max_entropy)  # nats: the most a target distribution can have (:meth:`open`)
         self._rounds: dict[int, np.ndarray] = {}  # rows -> round seconds per G (:meth:`_seconds`)
         self._may: dict[int, bool] = {}  # rows -> :meth:`may_draft`
+        self._quiet, self._stretch = 0, 0  # plain rounds left before the next plan; the last stretch's length
 
     def open(self, model, drafter, sampling, rows: int, rule=None, table=None, engine=None) -> None:
         """Measure (or read) the cost model for up to ``rows`` images once (with the chain's
@@ -431,7 +447,7 @@ class GammaPolicy:
         largest entropy a target distribution can have is ``ln`` of its support (top-k, else the
         vocabulary)."""
         self.max_entropy = float(np.log(min(sampling.top_k or model.vocab_size, model.vocab_size)))
-        self._may = {}
+        self._may, self._quiet, self._stretch = {}, 0, 0
         if self.costs is None:
             self.costs = cost_model(model, drafter, sampling, rows, self.gamma_max, rule, table, engine)
             self._rounds = {}
@@ -460,9 +476,28 @@ class GammaPolicy:
         the best length, so the engine runs plain AR steps and skips the statistics the plan reads
         (speculation off at this batch size, as serving engines switch it off above a concurrency)."""
         if rows not in self._may:
-            best = self._best(self.most_likely()[None, :], np.array([self.gamma_max]), rows)
+            best = self._best(self.most_likely()[None, :], np.array([self.gamma_max]), self._seconds(rows))
             self._may[rows] = best > 0
         return self._may[rows]
+
+    def resting(self) -> bool:
+        """Whether this round is a plain AR step without a plan: after a plan chose ``G = 0``, the
+        policy rests for 1, 3, then up to ``MAX_REST`` rounds while its plans keep choosing 0 (a
+        drafting round ends the rest), so a stretch where AR is the better choice does not pay for
+        a plan and the statistics it reads every round. The rest depends only on past plans."""
+        if self._quiet == 0:
+            return False
+        self._quiet -= 1
+        return True
+
+    def plans_next(self) -> bool:
+        """Whether the next round plans (so this round's target statistics are needed)."""
+        return self._quiet == 0
+
+    def _rest_after(self, G: int) -> int:
+        self._stretch = 0 if G else min(2 * self._stretch + 1, self.MAX_REST)
+        self._quiet = self._stretch
+        return G
 
     def _seconds(self, rows: int) -> np.ndarray:
         """(gamma_max + 1,) seconds of a round of G = 0..gamma_max drafts over ``rows`` model rows."""
@@ -470,26 +505,32 @@ class GammaPolicy:
             self._rounds[rows] = np.array([self.costs.round_s(rows, G) for G in range(self.gamma_max + 1)])
         return self._rounds[rows]
 
-    def _best(self, a: np.ndarray, caps: np.ndarray, rows: int) -> int:
+    def _best(self, a: np.ndarray, caps: np.ndarray, seconds: np.ndarray) -> int:
         """argmax over G in 0..max(caps) of expected committed tokens per second of a round in which
-        draft j of image b passes with ``a[b, j - 1]`` (a (k, max caps); image b drafts ``min(G, cap_b)``)."""
+        draft j of image b passes with ``a[b, j - 1]`` (a (k, max caps); image b drafts ``min(G, cap_b)``)
+        and a round of G drafts takes ``seconds[G]``."""
         table = np.cumprod(a, 1)
         top = table.shape[1]
         sums = np.concatenate([np.zeros((len(caps), 1)), np.cumsum(table, 1)], 1)  # (k, top + 1): E at each G
         G = np.arange(top + 1)
         tokens = len(caps) + np.take_along_axis(sums, np.minimum(G[None, :], caps[:, None]), 1).sum(0)
-        return int(np.argmax(tokens / self._seconds(rows)[: top + 1]))
+        return int(np.argmax(tokens / seconds[: top + 1]))
 
-    def plan(self, p_stats: np.ndarray, caps: np.ndarray, rows: int) -> int:
+    def plan(self, p_stats: np.ndarray, caps: np.ndarray, rows: int, pending: int = 2) -> int:
         """Start a round: the first choice of ``G`` from each live image's last target distribution
         (p_stats (k, 2) float64: top-1 probability, entropy; the drafter's mean top-1 for the drafts),
         caps (k,) int64 the most drafts each may take (``min(gamma_max, N - 1 - n_b)``), rows: model
-        rows of the forward. 0: a plain AR step; else draft and ask :meth:`go_on` after each step."""
+        rows of the forward, pending: the positions the drafter's first forward reads (the most of
+        any image: committed tokens the drafter has not seen yet, :meth:`CostModel.catch_up_s`).
+        0: a plain AR step; else draft and ask :meth:`go_on` after each step."""
         pt, pe = p_stats[:, :1], p_stats[:, 1:]
-        self._round = (pt[:, 0], pe[:, 0], caps, rows)
+        seconds = self._seconds(rows)
+        if pending > 2:
+            seconds = seconds + np.where(np.arange(len(seconds)) > 0, self.costs.catch_up_s(rows, pending), 0.0)
+        self._round = (pt[:, 0], pe[:, 0], caps, seconds)
         self._surv, self._tokens, self._j = np.ones(len(caps)), float(len(caps)), 0
         depth = np.arange(1, int(caps.max()) + 1)[None, :]
-        return self._best(self.predictor.prob(pt, pe, self.predictor.q_mean, depth), caps, rows)
+        return self._rest_after(self._best(self.predictor.prob(pt, pe, self.predictor.q_mean, depth), caps, seconds))
 
     def go_on(self, q_top1: np.ndarray) -> bool:
         """After one more drafting step of the round :meth:`plan` started (q_top1 (k,) the drafter's
@@ -497,13 +538,12 @@ class GammaPolicy:
         the round's tokens per second (its expected tokens ``sum_b s_b a_b`` per extra second above
         the round's rate so far; s_b the survival of image b's chain, a_b the next draft's
         acceptance probability at its depth, with the last draft's top-1)."""
-        pt, pe, caps, rows = self._round
+        pt, pe, caps, seconds = self._round
         self._j += 1
         j = self._j
         self._surv = self._surv * self.predictor.prob(pt, pe, q_top1, j)
         self._tokens += float(self._surv[caps >= j].sum())
         if j >= int(caps.max()):
             return False
-        seconds = self._seconds(rows)
         gain = float((self._surv * self.predictor.prob(pt, pe, q_top1, j + 1))[caps > j].sum())
         return gain * seconds[j] > self._tokens * (seconds[j + 1] - seconds[j])

@@ -209,9 +209,11 @@ class Chain(Method):
         if self.policy is not None:
             if not self.policy.may_draft(st.rows):  # speculation off at this batch size
                 return _plain_round(st, stats=False)
+            if self.policy.resting():  # AR stretch: no plan this round
+                return _plain_round(st, stats=self.policy.plans_next())
             g, go_on = _policy_lengths(self.policy, st, active, caps)
         if not g.any():  # the policy's G = 0, or every image at its last token
-            return _plain_round(st, stats=self.policy is not None)
+            return _plain_round(st, stats=self.policy is not None and self.policy.plans_next())
         with timer("drafter"):
             drafts, q = draft_chains(st, n, st.d, g, go_on)
         g = np.minimum(g, drafts.shape[1])  # the policy may stop drafting early
@@ -295,7 +297,8 @@ def _policy_lengths(policy: GammaPolicy, st: BatchState, active: np.ndarray, cap
     """The policy's draft lengths of a round (B,) int64 (0 for every slot: a plain AR step) and the
     drafting loop's stopping rule ``go_on(j, q)`` (:meth:`GammaPolicy.go_on`, on the live slots)."""
     live = np.flatnonzero(active)
-    if policy.plan(st.p_stats[live], caps[live], st.rows) == 0:
+    pending = int((st.n[live] - st.d[live]).max())  # the drafter's first forward reads positions d..n-1
+    if policy.plan(st.p_stats[live], caps[live], st.rows, pending) == 0:
         return np.zeros_like(caps), None
     pick = None if len(live) == st.B else torch.as_tensor(live, device=st.device)
 
