@@ -432,14 +432,15 @@ def _commit(st: BatchState, drafts: torch.Tensor, a: torch.Tensor, nxt: torch.Te
     st.tokens.scatter_(1, at, torch.where(ar[None, :] <= a[:, None], cand, st.tokens.gather(1, at)))
 
 
-def _to_host(s: _Step, a, nxt, win_proposed, win_q_top1, top1, last_entropy=None) -> dict:
-    """The step's accepted lengths, next tokens and kinds, ``last_entropy`` (B,) when given (as
-    ``h_last``), and its (B, gmax) draft columns (judged drafts, up to the first rejection, carry
-    their verdicts; later ones NaN, ``j_star`` 0, ``accepted`` False) as numpy arrays, moved to the
-    CPU in one transfer."""
+def _to_host(s: _Step, a, nxt, win_proposed, win_q_top1, top1, ent, last: bool = False) -> dict:
+    """The step's accepted lengths, next tokens and kinds, with ``last`` the entropy of the distribution
+    each next token was drawn from (``ent`` (B, >= gmax), the entropy of p at each position, read at
+    ``a``; as ``h_last``), and its (B, gmax) draft columns (judged drafts, up to the first rejection,
+    carry their verdicts; later ones NaN, ``j_star`` 0, ``accepted`` False) as numpy arrays, moved to
+    the CPU in one transfer."""
     B, gmax = s.ok.shape
     kind = torch.where(s.g == 0, 0, torch.where(a == s.g, 1, 2))
-    head = [a, nxt, kind] + ([] if last_entropy is None else [last_entropy])
+    head = [a, nxt, kind] + ([ent[torch.arange(B, device=a.device), a]] if last else [])
     parts = [torch.stack([x.double() for x in head], 1)]
     if gmax:
         j = torch.arange(gmax, device=a.device)
@@ -457,14 +458,14 @@ def _to_host(s: _Step, a, nxt, win_proposed, win_q_top1, top1, last_entropy=None
             "u": nan(s.u_coin),
             "accepted": s.ok & judged,
             "p_top1": top1[:, :gmax],
-            "p_entropy": entropy(pj),
+            "p_entropy": ent[:, :gmax],
             "q_top1": win_q_top1[:, :gmax],
             "proposed_step": win_proposed[:, :gmax],
         }
         parts += [x.double() for x in draft.values()]
     flat = torch.cat([x.reshape(B, -1) for x in parts], 1).cpu().numpy()
     host = {name: flat[:, i].astype(np.int64) for i, name in enumerate(("a", "next", "kind"))}
-    if last_entropy is not None:
+    if last:
         host["h_last"] = flat[:, 3]
     h = len(head)
     for i, name in enumerate(("token", *CHAIN_VALUES, "proposed_step") if gmax else ()):
@@ -543,8 +544,8 @@ class Jacobi(Method):
             top1 = top1_prob(p)
             proposed, q_top1 = win.proposed, win.q_top1
             _advance(self, st, s, win, a, S, keep, top1)
-            h_last = entropy(s.p[torch.arange(st.B, device=st.device), a]) if self.dynamic else None
-            host = _to_host(s, a, nxt, proposed, q_top1, top1, h_last)  # the step's one host transfer
+            ent = entropy(s.p if self.dynamic else s.p[:, : int(g.max())])  # entropy-sd reads it at a (<= g)
+            host = _to_host(s, a, nxt, proposed, q_top1, top1, ent, self.dynamic)  # the step's one host transfer
         win.length = np.where(active, g - host["a"], 0)
         if self.dynamic:  # the next window reads the entropy where the newest token was drawn
             self.lengths = np.where(active, self._window_for(host["h_last"]), self.lengths)
