@@ -8,6 +8,7 @@ those the policy has when it decides (:func:`lagged`): the distribution the imag
 token came from, not the one at the draft's own position (known only after the verify forward).
 
     python -m lantern.calibrate --model embedded-16
+    python -m lantern.calibrate --model embedded-16 --method sd    # exact speculative sampling's own predictor
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ambiguity.models.registry import load_model
 from ambiguity.sampling import SamplingConfig
 from lantern.drafter.model import load_drafter
 from lantern.engine.decode import DecodeConfig, decode, neighbour_table
-from lantern.engine.policy import AcceptancePredictor, fit_predictor, predictor_path, save_predictor
+from lantern.engine.policy import CALIBRATED, AcceptancePredictor, fit_predictor, predictor_path, save_predictor
 from lantern.paper.config import map_to_codebook
 
 __all__ = ["lagged", "calibrate", "build_parser", "main"]
@@ -49,16 +50,20 @@ def lagged(drafts: dict) -> dict:
     return {c: np.asarray(v) for c, v in out.items()}
 
 
-def calibrate(model, drafter, images: int, gamma: int, k: int, delta: float, seed: int = 0) -> AcceptancePredictor:
+def calibrate(
+    model, drafter, images: int, gamma: int, k: int, delta: float, seed: int = 0, method: str = "lantern"
+) -> AcceptancePredictor:
     """Fit the acceptance predictor of ``drafter`` (:func:`lantern.engine.policy.fit_predictor`)
-    on ``images`` LANTERN decodes (γ ``gamma``, k ``k``, δ ``delta``) at the paper's sampling,
-    labels ``i % 10``, seed ``seed``; its ``info`` records these settings."""
+    on ``images`` decodes with the rule ``method`` (``"lantern"``: k ``k``, δ ``delta``; ``"sd"``:
+    exact speculative sampling), γ ``gamma``, at the paper's sampling, labels ``i % 10``, seed
+    ``seed``; its ``info`` records these settings."""
     V = model.vocab_size
     sampling = SamplingConfig(guidance=3.0, temperature=1.0, top_k=map_to_codebook(2000, V))
-    config = DecodeConfig.of("lantern", gamma, k=k, delta=delta)
+    relaxed = dict(k=k, delta=delta) if method == "lantern" else {}
+    config = DecodeConfig.of(method, gamma, **relaxed)
     table = neighbour_table(model, config)
     out = decode(model, [i % 10 for i in range(images)], config, sampling, drafter, table, seed=seed)
-    info = dict(model=model.name, images=images, gamma=gamma, k=k, delta=delta, seed=seed, **sampling.as_dict())
+    info = dict(model=model.name, method=method, images=images, gamma=gamma, **relaxed, seed=seed, **sampling.as_dict())
     return fit_predictor(lagged(out.drafts), info)
 
 
@@ -69,6 +74,13 @@ def build_parser() -> ArgumentParser:
         "written next to the shipped drafter.",
     )
     ap.add_argument("--model", required=True, help="model registry name (its shipped drafter)")
+    ap.add_argument(
+        "--method",
+        choices=CALIBRATED,
+        default="lantern",
+        help="the acceptance rule the predictor is for (other rules under --gamma auto read LANTERN's) "
+        "(default: %(default)s)",
+    )
     ap.add_argument("--images", type=positive_int, default=32, help="images decoded (default: %(default)s)")
     ap.add_argument("--gamma", type=positive_int, default=8, help="draft length of the decodes (default: %(default)s)")
     ap.add_argument("--k", type=positive_int, default=None, help="neighbours (default: 1000 of 16384 mapped)")
@@ -85,8 +97,8 @@ def main(argv=None) -> int:
     set_threads(args.threads or 1)
     model = load_model(args.model)
     k = args.k or map_to_codebook(1000, model.vocab_size)
-    pred = calibrate(model, load_drafter(model), args.images, args.gamma, k, args.delta)
-    path = save_predictor(pred, args.out or predictor_path(model.name))
+    pred = calibrate(model, load_drafter(model), args.images, args.gamma, k, args.delta, method=args.method)
+    path = save_predictor(pred, args.out or predictor_path(model.name, args.method))
     print(f"wrote {path}: weights {[round(w, 4) for w in pred.weights]}, q_mean {pred.q_mean:.4f}")
     return 0
 

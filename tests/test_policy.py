@@ -127,12 +127,26 @@ def test_a_saturated_logistic_fit_reproduces_the_observed_rates():
         fit_predictor({**rows, "accepted": [True] * len(rows["accepted"])})
 
 
-def test_predictor_files(tmp_path):
+def test_predictor_files(tmp_path, monkeypatch):
+    """A predictor per calibrated rule, shipped next to the drafter; ``gamma="auto"`` reads its rule's
+    (``sd``) or LANTERN's (the other rules); a missing one names the command that fits it."""
     pred = AcceptancePredictor((0.1, 2.0, -0.5, 1.0, -0.2), 0.4, {"images": 3})
     path = save_predictor(pred, tmp_path / "p.json")
     assert load_predictor(path, "embedded") == pred
-    with pytest.raises(UsageError, match=r"missing; rebuild it with: python -m lantern.calibrate --model m"):
+    with pytest.raises(UsageError, match=r"missing; rebuild it with: python -m lantern.calibrate --model m$"):
         load_predictor(tmp_path / "none.json", "m")
+    assert policy.predictor_path("embedded").name == "embedded_drafter_acceptance.json"
+    sd = policy.predictor_path("embedded", "sd")
+    assert sd.name == "embedded_drafter_acceptance_sd.json" and load_predictor(sd, "embedded").info["method"] == "sd"
+    with pytest.raises(UsageError, match=r"calibrate --model m --method sd$"):
+        load_predictor(tmp_path / "m_drafter_acceptance_sd.json", "m")
+    read = []
+    monkeypatch.setattr("lantern.methods.registry.load_predictor", lambda path, name: read.append(path.name) or pred)
+    from lantern.methods.registry import _drafted
+
+    for rule in (AcceptanceRule("sd"), AcceptanceRule("lantern++", k=2, delta=0.1)):
+        _drafted(DecodeConfig(rule, "auto", gamma_max=2), tiny(), None, None)
+    assert read == ["tiny_drafter_acceptance_sd.json", "tiny_drafter_acceptance.json"]
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(UsageError, match=r"bad.json is unreadable .*python -m lantern.calibrate --model m$"):
         load_predictor(tmp_path / "bad.json", "m")

@@ -56,6 +56,7 @@ from ambiguity.stats import entropy, top1_prob
 
 __all__ = [
     "AcceptancePredictor",
+    "CALIBRATED",
     "CostModel",
     "GammaPolicy",
     "cost_model",
@@ -121,16 +122,24 @@ def fit_predictor(drafts: dict, info: Optional[dict] = None, iterations: int = 5
     return AcceptancePredictor(tuple(float(x) for x in w), q_mean, info)
 
 
-def predictor_path(model_name: str) -> Path:
-    """The predictor shipped with the drafter of ``model_name``: ``lantern/weights/<name>_drafter_acceptance.json``."""
+CALIBRATED = ("lantern", "sd")  # the rules a drafter's predictor is fitted for (python -m lantern.calibrate --method)
+
+
+def predictor_path(model_name: str, method: str = "lantern") -> Path:
+    """The predictor shipped with the drafter of ``model_name`` for the acceptance rule ``method``:
+    ``lantern/weights/<name>_drafter_acceptance.json`` (LANTERN at the paper's k and δ) or
+    ``<name>_drafter_acceptance_<method>.json`` (another rule of :data:`CALIBRATED`)."""
     from lantern.drafter.model import shipped_drafter_path
 
     p = shipped_drafter_path(model_name)
-    return p.with_name(p.name.removesuffix(".safetensors") + "_acceptance.json")
+    tail = "" if method == "lantern" else f"_{method}"
+    return p.with_name(p.name.removesuffix(".safetensors") + f"_acceptance{tail}.json")
 
 
-def _rebuild_hint(model_name: str) -> str:
-    return f"rebuild it with: python -m lantern.calibrate --model {model_name}"
+def _rebuild_hint(path: Path, model_name: str) -> str:
+    method = path.stem.partition("_acceptance_")[2]
+    rule = f" --method {method}" if method else ""
+    return f"rebuild it with: python -m lantern.calibrate --model {model_name}{rule}"
 
 
 def load_predictor(path: str | Path, model_name: str) -> AcceptancePredictor:
@@ -142,7 +151,7 @@ def load_predictor(path: str | Path, model_name: str) -> AcceptancePredictor:
         return AcceptancePredictor(tuple(float(x) for x in d["weights"]), float(d["q_mean"]), d.get("info"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         why = "is missing" if isinstance(e, FileNotFoundError) else f"is unreadable ({type(e).__name__})"
-        raise UsageError(f"the acceptance predictor {path} {why}; {_rebuild_hint(model_name)}") from None
+        raise UsageError(f"the acceptance predictor {path} {why}; {_rebuild_hint(path, model_name)}") from None
 
 
 def save_predictor(pred: AcceptancePredictor, path: str | Path) -> Path:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
-from lantern.engine.policy import GammaPolicy, load_predictor, predictor_path
+from lantern.engine.policy import CALIBRATED, GammaPolicy, load_predictor, predictor_path
 from lantern.methods import chain, drafting
 from lantern.methods.ar import AR
 from lantern.methods.chain import Chain
@@ -60,7 +60,8 @@ def _drafted(config, model, drafter, table):
     if config.tree is not None:
         return Tree(config.rule, config.tree, drafter, table)
     if config.auto:  # the engine's draft-length policy, with the acceptance predictor shipped with the drafter
-        predictor = load_predictor(predictor_path(model.name), model.name)
+        method = config.rule.method if config.rule.method in CALIBRATED else "lantern"  # others read LANTERN's
+        predictor = load_predictor(predictor_path(model.name, method), model.name)
         return Chain(config.rule, config.gamma_max, drafter, table, GammaPolicy(predictor, config.gamma_max))
     return Chain(config.rule, config.gamma, drafter, table)
 
