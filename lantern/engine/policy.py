@@ -534,8 +534,9 @@ class GammaPolicy:
         0: a plain AR step; else draft and ask :meth:`go_on` after each step."""
         pt, pe = p_stats[:, :1], p_stats[:, 1:]
         seconds = self._seconds(rows)
-        if pending > 2:
-            seconds = seconds + np.where(np.arange(len(seconds)) > 0, self.costs.catch_up_s(rows, pending), 0.0)
+        if pending > 2:  # every drafting round (G >= 1) first reads the positions the drafter has not seen
+            seconds = seconds.copy()
+            seconds[1:] += self.costs.catch_up_s(rows, pending)
         self._round = (pt[:, 0], pe[:, 0], caps, seconds)
         self._surv, self._tokens, self._j = np.ones(len(caps)), float(len(caps)), 0
         depth = np.arange(1, int(caps.max()) + 1)[None, :]

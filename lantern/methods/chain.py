@@ -203,14 +203,14 @@ class Chain(Method):
         return super().start(st, slots, p0)
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
+        if self.policy is not None and not self.policy.may_draft(st.rows):  # speculation off at this batch size
+            return _plain_round(st, stats=False)
+        if self.policy is not None and self.policy.resting():  # AR stretch: no plan this round
+            return _plain_round(st, stats=self.policy.plans_next())
         n, timer, greedy = st.n, st.timer, st.sampling.greedy
         caps = np.where(active, np.minimum(self.gamma, st.N - 1 - n), 0)
         g, go_on = caps, None
         if self.policy is not None:
-            if not self.policy.may_draft(st.rows):  # speculation off at this batch size
-                return _plain_round(st, stats=False)
-            if self.policy.resting():  # AR stretch: no plan this round
-                return _plain_round(st, stats=self.policy.plans_next())
             g, go_on = _policy_lengths(self.policy, st, active, caps)
         if not g.any():  # the policy's G = 0, or every image at its last token
             return _plain_round(st, stats=self.policy is not None and self.policy.plans_next())
