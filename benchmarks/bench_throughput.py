@@ -25,10 +25,11 @@ method; the table reports the median over repeats and the spread (min, max). Tre
 ``sd-dynamic`` (EAGLE-2 dynamic tree ``--total-tokens``, ``--depth``, ``--tree-top-k``), batched
 like the chains (:mod:`lantern.engine.loop`). ``--methods`` also takes ``sjd``, ``gsd``, ``scd``
 (batched Jacobi decoding with the official windows, no drafter:
-:func:`lantern.methods.jacobi.method.Jacobi`). A model's drafter loads only for the drafting
-methods, its LANTERN neighbour table (which needs a VQ codebook) only for the ``lantern`` ones, so
-``--models text-twin --methods ar,sd`` runs. ``--device`` / ``--dtype`` as every model command
-(default: auto). The machine may be shared: compare ratios measured in one run, not absolute
+:func:`lantern.methods.jacobi.method.Jacobi`) and ``sjd-auto``, ``gsd-auto``, ``scd-auto`` (the
+window of each forward chosen by :class:`lantern.engine.policy.WindowPolicy`). A model's drafter
+loads only for the drafting methods, its LANTERN neighbour table (which needs a VQ codebook) only
+for the ``lantern`` ones, so ``--models text-twin --methods ar,sd`` runs. ``--device`` / ``--dtype``
+as every model command (default: auto). The machine may be shared: compare ratios measured in one run, not absolute
 numbers across runs.
 
 ``--compile`` adds a compiled copy of every model and drafter (:func:`lantern.engine.decode.compile_forwards`)
@@ -82,13 +83,13 @@ METHODS = (
     "sd-dynamic",
 )
 QUICK = dict(models="embedded", methods="ar,lantern,lantern-auto", batch_sizes="1,8", images=2, repeats=1)
-JACOBI = ("sjd", "gsd", "scd")  # accepted by --methods, not in the default
+JACOBI = ("sjd", "gsd", "scd", "sjd-auto", "gsd-auto", "scd-auto")  # accepted by --methods, not in the default
 
 
 def config_of(method: str, args, k: int) -> DecodeConfig:
     """The DecodeConfig of a ``--methods`` entry (``profile`` times like AR's config)."""
-    if method in JACOBI:
-        return DecodeConfig.of(method)
+    if method in JACOBI:  # -auto: the window policy (lantern.engine.policy.WindowPolicy)
+        return DecodeConfig.of(method.removesuffix("-auto"), auto=method.endswith("-auto"))
     static = TreeSpec("static", STATIC_TREES[args.static_tree], name=args.static_tree)
     dynamic = TreeSpec("dynamic", total_tokens=args.total_tokens, depth=args.depth, top_k=args.tree_top_k)
     rule, kind = method.split("-")[0], method.split("-")[-1]

@@ -335,10 +335,28 @@ def test_generate_cli_rejects_bad_jacobi_knobs(tmp_path, capsys):
         (["--method", "sjd", "--window", "0"], "--window"),
         (["--method", "gsd", "--gsd-group", "5000"], "--gsd-group 5000 exceeds the vocabulary"),
         (["--method", "sjd", "--window", "100000"], "--window must be <= 64, the tokens per image of embedded"),
+        (["--method", "sjd", "--window", "fast"], "must be an integer >= 1 or auto, got 'fast'"),
+        (["--method", "sjd", "--window-max", "8"], "--window-max does not apply without --window auto; drop it"),
+        (["--method", "sjd-pac", "--window", "auto"], "give sjd-pac --window N"),
+        (["--method", "sjd", "--window", "auto", "--window-max", "0"], "--window (tokens per Jacobi forward)"),
     ):
         assert main(argv + ["--num-images", "1", "--out", str(tmp_path / "r"), "--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and match in err[0], err
+
+
+def test_window_auto_from_the_command_line():
+    """``--window auto`` turns on the window policy with the method's window (or ``--window-max``) as
+    the longest; the record says so."""
+    from lantern.generate import build_parser, decode_config_from_args
+
+    def config(*argv):
+        return decode_config_from_args(build_parser().parse_args(["--method", "sjd", *argv])).params
+
+    assert (config("--window", "auto").auto, config("--window", "auto").window) == (True, 16)
+    assert config("--window", "auto", "--window-max", "8").window == 8
+    assert (config("--window", "8").auto, config().window) == (False, 16)
+    assert config("--window", "auto").as_dict()["jacobi_window_auto"] is True
 
 
 def test_histogram_text_stays_short():

@@ -203,13 +203,14 @@ def test_the_engine_rounds_calibrate_the_cost_model(tmp_path, monkeypatch):
     assert c.round_s(2, 0) == 0.004 and c.round_s(2, 2) == pytest.approx(0.02)
     assert c.round_s(2, 4) == pytest.approx(0.02 / forwards * (0.05 + 0.002 + 3 * 0.002))
     assert policy.cost_model(m, None, s, 1, 4, engine=engine, cache_dir=tmp_path) == c and calls == [1]
-    from lantern.engine.loop import _open_state
-    from lantern.methods.chain import Chain, _engine_rounds
+    from lantern.engine.loop import _open_state, engine_rounds
+    from lantern.methods.ar import AR
+    from lantern.methods.chain import Chain
 
     d = Drafter.for_target(m, seed=3).eval()
     chain = Chain(AcceptanceRule("sd"), 2, d, None)
-    ar_s, chain_s = _engine_rounds(chain, _open_state(m, chain, 1, s, m.num_tokens, None), 1)
-    assert np.isfinite([ar_s, chain_s]).all()
+    ar_s, chain_s = engine_rounds(_open_state(m, chain, 1, s, m.num_tokens, None), 1, AR(), chain)
+    assert ar_s > 0 and chain_s > 0
 
 
 def test_decode_config_gamma_auto():
@@ -322,3 +323,87 @@ def test_calibration_uses_the_distribution_of_the_last_committed_token():
     assert got["p_top1"].tolist() == [0.2, 0.2, 0.4] and got["p_entropy"].tolist() == [1.2, 1.2, 1.4]
     assert got["q_top1"].tolist() == [0.8, 0.9, 0.95] and got["accepted"].tolist() == [True, True, False]
     assert got["depth"].tolist() == [1, 2, 1]
+
+
+# --------------------------------------------------------------------------- Jacobi windows
+def _windows(step: float, a: float, b: float) -> CostModel:
+    """A Jacobi cost model at 2 model rows: AR's step ``step``, a window of L >= 2 ``a + b L``."""
+    return CostModel(((2, a, b),), (), step=((2, step),), scale=((2, 1.0),))
+
+
+def test_window_policy_plans_by_hand():
+    """Seconds 1, 1.5, 1.75, 2 for L = 1..4. The prior (every draft passes with 1/2) expects
+    1, 1.5, 1.75, 1.875 tokens: AR's step is the best (tied with 2 and 3, the first taken). After
+    20 forwards in which both images' 3 drafts all passed, alpha = (S + 1) / (S + 2) at every index,
+    S = 2 (1 - 0.9^20) / 0.1 = 17.57: L = 4 gives 3.70 tokens in 2 s, L = 3 2.85 in 1.75 s."""
+    pol = policy.WindowPolicy(4, _windows(1.0, 1.0, 0.25))
+    assert pol.seconds(2).tolist() == [1.0, 1.5, 1.75, 2.0]
+    assert pol.alpha().tolist() == [0.5, 0.5, 0.5] and pol.plan(2) == 1
+    pol.open_counts()
+    for _ in range(20):
+        pol.observe(np.array([3, 3]), np.array([3, 3]))
+    S = 2 * (1 - 0.9**20) / 0.1
+    assert pol.alpha() == pytest.approx([(S + 1) / (S + 2)] * 3)
+    assert pol.plan(2) == 4
+    pol.open_counts()
+    for _ in range(5):  # the first draft always rejected: the second and third never judged
+        pol.observe(np.array([3, 3]), np.array([0, 0]))
+    assert pol.passed.tolist() == [0.0, 0.0, 0.0] and pol.judged[1:].tolist() == [0.0, 0.0]
+    assert pol.plan(2) == 1
+
+
+def test_window_policy_rests_and_switches_speculation_off():
+    """After a plan for AR's step the policy rests 1, 3, 7, 7 forwards (the counts decaying by 0.9 a
+    rest); a window of L tokens that costs L AR steps can never pay: speculation is off."""
+    pol = policy.WindowPolicy(3, _windows(1.0, 1.0, 0.5))
+    assert pol.may_speculate(2)
+    pol.observe(np.array([2]), np.array([0]))  # one rejection at index 1
+    pattern = []
+    for _ in range(22):
+        if pol.resting():
+            pattern.append("r")
+        else:
+            pattern.append(str(pol.plan(2)))
+    assert "".join(pattern) == "1r1rrr1rrrrrrr1rrrrrrr"
+    assert pol.judged[0] == pytest.approx(0.9**18)  # one observe, then 18 rests
+    assert not policy.WindowPolicy(3, _windows(1.0, 0.0, 1.0)).may_speculate(2)
+
+
+def test_jacobi_auto_with_speculation_off_decodes_the_tokens_of_ar(monkeypatch):
+    """Windows that cost as many AR steps as their tokens: every forward of ``window="auto"`` is AR's
+    step, drawing from the image's stream as AR does (the same tokens, seed for seed, at B = 2)."""
+    monkeypatch.setattr(policy, "window_costs", lambda *a, **k: _windows(1.0, 0.0, 1.0))
+    m, sampling = tiny(), SamplingConfig(guidance=1.0, temperature=2.0, top_k=3)
+    conds = [1, 0, 1, 0, 1]
+    ar = decode(m, conds, DecodeConfig.of("ar"), sampling, seed=5, batch_size=2)
+    auto = decode(m, conds, DecodeConfig.of("sjd", window=3, auto=True), sampling, seed=5, batch_size=2)
+    assert auto.tokens.tolist() == ar.tokens.tolist() and len({tuple(t) for t in ar.tokens.tolist()}) > 2
+    assert auto.steps["drafted"].sum() == 0 and len(auto.drafts["image"]) == 0
+
+
+@pytest.mark.slow  # ~10 s on 2 cores: every branch is a full decode
+def test_exact_jacobi_decoding_with_the_window_policy_is_ar_sampling(monkeypatch):
+    """Every random outcome of an SJD image decoded with ``window="auto"`` (longest 3, V = 4, 2 x 2
+    tokens), weighted by its probability, is exactly the AR joint: the window follows past verdicts
+    only. With the prior at 0.8 (one pseudo-count) and windows of 1, 1.5 and 1.75 AR steps, the
+    policy reads 3 tokens first and after a first-draft rejection switches to AR's step: both
+    occur."""
+    monkeypatch.setattr(policy.WindowPolicy, "ALPHA0", 0.8)
+    monkeypatch.setattr(policy.WindowPolicy, "PRIOR", 1.0)
+    monkeypatch.setattr(policy, "window_costs", lambda *a, **k: _windows(1.0, 1.0, 0.25))
+    m, sampling = tiny(), SamplingConfig(guidance=2.0, temperature=0.7, top_k=3)
+    want = exact_joint(m, 1, sampling)
+    config = DecodeConfig.of("sjd", window=3, auto=True)
+    drafted = set()
+
+    def run(draws):
+        out = decode(m, [1], config, sampling, seed=9, draws={0: draws})
+        drafted.update(out.steps["drafted"].tolist())
+        return tuple(out.tokens[0].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
+    assert set(got) <= set(want)
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    assert {0, 2} <= drafted

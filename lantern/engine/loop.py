@@ -41,9 +41,11 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ambiguity.allocator import reuse_freed_blocks
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import SamplingConfig
 from lantern.engine.method import Method
+from lantern.engine.policy import timing_clock
 from lantern.engine.records import Book, Decoded
 from lantern.engine.slots import (
     BatchState,
@@ -58,7 +60,7 @@ from lantern.engine.slots import (
 )
 from lantern.engine.steps import Timer, elapsed_since, target_distribution
 
-__all__ = ["run"]
+__all__ = ["run", "engine_rounds"]
 
 
 def run(
@@ -82,6 +84,8 @@ def run(
     enumeration in the tests). Returns a :class:`~lantern.engine.records.Decoded` (tokens
     (images, N) int64 on the CPU, rows in condition order).
     """
+    if torch.device(model.device).type == "cpu":
+        reuse_freed_blocks()  # a step's (rows, window, V) tensors reuse heap blocks instead of fresh pages
     with torch.inference_mode():  # no autograd bookkeeping on the many small ops of a step
         out = _loop(model, method, list(conditions), sampling, index, seed, batch_size, num_tokens, progress, draws)
     out.tokens = out.tokens.clone()  # a normal tensor (an inference tensor refuses in-place writes later)
@@ -186,3 +190,27 @@ def _drain(st: BatchState, method: Method, sl: Slots) -> None:
     live, rows = kept
     st.keep(live, rows)
     method.compact(st, live, rows)
+
+
+def engine_rounds(st, images: int, ar, other) -> tuple[float, float]:
+    """Seconds of one round of ``ar`` (a plain AR method) and of ``other`` (a method of a fixed
+    draft length: a chain of 2, a Jacobi window of 4) over ``images`` images on the engine, timed
+    as :func:`lantern.engine.policy.timing_clock`: decodes of up to 64 tokens an image, less a decode of the first token
+    alone (the prefill), per round. The three decodes take turns, a warm-up and then three turns,
+    and each keeps its least time, so a slower spell of a shared machine does not tilt one against
+    the other. st: the engine's batch state (model, sampling, device)."""
+    model, N = st.model, min(64, st.N)
+    conds = model.default_conditions(images)
+    clock, sync = timing_clock(st.device)
+    jobs = {"prefill": (ar, 1), "ar": (ar, N), "other": (other, N)}
+    best, rounds = dict.fromkeys(jobs, float("inf")), {}
+    for turn in range(4):
+        for key, (method, tokens) in jobs.items():
+            sync()
+            t0 = clock()
+            out = run(model, method, conds, st.sampling, np.arange(images), batch_size=images, num_tokens=tokens)
+            sync()
+            if turn:  # the first turn warms up
+                best[key] = min(best[key], clock() - t0)
+            rounds[key] = int(np.max(out.steps["batch_step"], initial=0))
+    return tuple(max(best[key] - best["prefill"], 1e-9) / rounds[key] for key in ("ar", "other"))

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ambiguity.errors import UsageError
+from ambiguity.io import write_json
 from ambiguity.sampling import invert
 from ambiguity.stats import entropy, top1_prob
 
@@ -59,7 +60,9 @@ __all__ = [
     "CALIBRATED",
     "CostModel",
     "GammaPolicy",
+    "WindowPolicy",
     "cost_model",
+    "window_costs",
     "default_cache_dir",
     "timing_clock",
     "fit_predictor",
@@ -209,6 +212,14 @@ class CostModel:
         ``pending`` positions instead of 2 (positions committed by rounds without drafts)."""
         extra = self.drafter_s(rows, pending) - self.drafter_s(rows, 2)
         return self._factor(rows) * extra
+
+    def window_s(self, rows: int, L: int) -> float:
+        """One Jacobi forward reading ``L`` tokens a row (a :class:`WindowPolicy`'s cost model, whose
+        ``scale`` is a Jacobi round of the engine over :meth:`target_s`): :meth:`step_s` at ``L = 1``
+        (AR's step), else ``scale`` times the verify forward of ``L`` tokens."""
+        if L == 1:
+            return self.step_s(rows)
+        return self._factor(rows) * self.target_s(rows, L)
 
     def _factor(self, rows: int) -> float:
         return float(np.interp(rows, *np.array(self.scale).T)) if self.scale else 1.0
@@ -362,14 +373,28 @@ def measure_costs(model, drafter, sampling, rows: Sequence[int], tokens: Sequenc
     return out
 
 
-def _cost_key(model, sampling, rule) -> str:
+def _cost_key(model, sampling, rule, judged: Optional[str] = None) -> str:
     dev = torch.device(model.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu{torch.get_num_threads()}"
     flags = f"top{sampling.top_k}" if sampling.top_k else "full"
-    judged = "none" if rule is None else (f"{rule.method}{rule.k}" if rule.relaxed else rule.method)
+    if judged is None:
+        judged = "none" if rule is None else (f"{rule.method}{rule.k}" if rule.relaxed else rule.method)
     compiled = "-compiled" if getattr(model, "compiled", None) is not None else ""  # --compile: other costs
     key = f"{model.name}-{str(model.dtype).removeprefix('torch.')}-{name}{compiled}-{flags}-{judged}"
     return key.replace("/", "_").replace(" ", "_")
+
+
+def _read_points(path: Path, cache: bool) -> dict:
+    """A cost file's measured points ({"target", "drafter", "engine"}; empty where there is no
+    readable file, or without ``cache``)."""
+    points = {"target": {}, "drafter": {}, "engine": {}}
+    if cache and path.is_file():
+        try:
+            points = {**points, **json.loads(path.read_text())}
+            points.pop("overhead", None)  # an earlier file's additive overhead: the engine rounds replace it
+        except ValueError:
+            pass
+    return points
 
 
 def cost_model(
@@ -394,13 +419,7 @@ def cost_model(
     the engine itself (measured by the caller on short decodes), recorded per model rows: the
     model's ``step`` and ``scale`` (a drafting round over :meth:`CostModel.forwards_s` at ``G = 2``)."""
     path = Path(cache_dir or default_cache_dir()) / f"{_cost_key(model, sampling, rule)}.json"
-    points = {"target": {}, "drafter": {}, "engine": {}}
-    if cache and path.is_file():
-        try:
-            points = {"engine": {}, **json.loads(path.read_text())}
-            points.pop("overhead", None)  # an earlier file's additive overhead: the engine rounds replace it
-        except ValueError:
-            pass
+    points = _read_points(path, cache)
     want_rows = sorted({1, int(rows)})
     want_t = sorted({1, 2, 3, 2 + int(gamma_max) // 2, 1 + int(gamma_max)})
     g = 1 + sampling.guided
@@ -416,8 +435,7 @@ def cost_model(
         ar_s, chain_s = engine(R)
         points["engine"][str(R * g)] = {"ar": float(ar_s), "chain2": float(chain_s)}
     if cache and (missing or todo):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(points, indent=1))
+        write_json(points, path)
     if not points["engine"]:
         return costs
     measured = sorted((int(R), e) for R, e in points["engine"].items())
@@ -557,3 +575,128 @@ class GammaPolicy:
             return False
         gain = float((self._surv * self.predictor.prob(pt, pe, q_top1, j + 1))[caps > j].sum())
         return gain * seconds[j] > self._tokens * (seconds[j + 1] - seconds[j])
+
+
+# --------------------------------------------------------------------------- Jacobi windows
+def window_costs(
+    model, sampling, rows: int, longest: int, method: str, engine=None, cache_dir=None, cache=True
+) -> CostModel:
+    """The :class:`CostModel` of a Jacobi ``method`` (:meth:`CostModel.window_s`) on the model's
+    device for up to ``rows`` images: the verify forward and its distribution timed at 1, 2, 4, ..
+    and ``longest`` tokens a row for 1 and ``rows`` images (the line fitted on two or more tokens,
+    one token AR's own point), read from and added to ``<cache_dir>/<model>-...-jacobi-<method>.json``
+    (:func:`cost_model`'s cache). engine: None, or ``engine(images)`` -> (seconds of one plain AR
+    round, seconds of one Jacobi round of window 4) on the engine's short decodes: the model's
+    ``step`` and ``scale`` (the Jacobi round over the verify forward of 4 tokens)."""
+    path = Path(cache_dir or default_cache_dir()) / f"{_cost_key(model, sampling, None, f'jacobi-{method}')}.json"
+    points = _read_points(path, cache)
+    want_rows = sorted({1, int(rows)})
+    want_t = sorted({1, int(longest), *(t for t in (2, 4, 8, 16, 32) if t < longest)})
+    g = 1 + sampling.guided
+    missing = [R for R in want_rows if any(f"{R * g},{T}" not in points["target"] for T in want_t)]
+    for R in missing:
+        points["target"].update(_time_target(model, sampling, R, want_t))
+    costs = CostModel(_lines(points["target"], least=2), (), step=_steps(points["target"]))
+    todo = [R for R in want_rows if engine is not None and str(R * g) not in points["engine"]]
+    for R in todo:
+        ar_s, window_s = engine(R)
+        points["engine"][str(R * g)] = {"ar": float(ar_s), "window4": float(window_s)}
+    if cache and (missing or todo):
+        write_json(points, path)
+    if not points["engine"]:
+        return costs
+    measured = sorted((int(R), e) for R, e in points["engine"].items())
+    step = tuple((R, e["ar"]) for R, e in measured)
+    scale = tuple((R, e["window4"] / costs.target_s(R, 4)) for R, e in measured)
+    return CostModel(costs.target, (), step, scale)
+
+
+class WindowPolicy:
+    """Per forward, the window ``L`` in ``1..longest`` (tokens read: the last committed token and
+    ``L - 1`` drafts) of a Jacobi method (``window="auto"``) that maximises expected committed
+    tokens per second, the window every image of the forward shares (the forward pads to the
+    longest).
+
+    Whether a Jacobi draft passes depends on how far its window has converged, not on the last
+    distribution alone, so the acceptance is learnt online: ``alpha_j``, the share of drafts at
+    window index ``j`` (1 = the first draft) that passed among those judged (the drafts up to the
+    first rejection), counted with a decay of ``DECAY`` a forward and ``PRIOR`` pseudo-counts at
+    ``ALPHA0``. A window ``L`` is expected to commit ``1 + sum_{j<L} prod_{i<=j} alpha_i`` tokens
+    an image at :meth:`CostModel.window_s` seconds. ``L = 1`` is AR's step (the method then runs
+    :func:`lantern.methods.ar.ar_step`), after which the policy rests 1, 3, then up to ``MAX_REST``
+    forwards, the counts decaying towards the prior meanwhile, so it probes a window again later.
+    Where no window could pay even if every draft passed (``L`` tokens for :meth:`CostModel.window_s`
+    ``(rows, L)``), speculation is off at that batch size (:meth:`may_speculate`). The window depends
+    only on past verdicts, so a lossless rule stays lossless (``tests/test_policy.py`` enumerates).
+
+    longest: the longest window L >= 1; costs: a :class:`CostModel` (None until :meth:`open`).
+    """
+
+    MAX_REST = 7
+    DECAY = 0.9  # the weight of the counts one forward later
+    PRIOR, ALPHA0 = 2.0, 0.5  # pseudo-counts of a draft passing with probability ALPHA0
+
+    def __init__(self, longest: int, costs: Optional[CostModel] = None):
+        self.longest, self.costs = int(longest), costs
+        self._seconds: dict[int, np.ndarray] = {}
+        self.open_counts()
+
+    def open_counts(self) -> None:
+        """Forget what was learnt (a new decode): the counts at their prior, no rest."""
+        self.judged = np.zeros(max(self.longest - 1, 0))
+        self.passed = np.zeros(max(self.longest - 1, 0))
+        self._may: dict[int, bool] = {}
+        self._quiet, self._stretch = 0, 0
+
+    def open(self, model, sampling, rows: int, method: str, engine=None) -> None:
+        """Measure (or read) the cost model for up to ``rows`` images once (:func:`window_costs`)
+        and start from the prior."""
+        self.open_counts()
+        if self.costs is None:
+            self.costs = window_costs(model, sampling, rows, self.longest, method, engine)
+            self._seconds = {}
+
+    def seconds(self, rows: int) -> np.ndarray:
+        """(longest,) seconds of a forward of window L = 1..longest over ``rows`` model rows."""
+        if rows not in self._seconds:
+            self._seconds[rows] = np.array([self.costs.window_s(rows, L) for L in range(1, self.longest + 1)])
+        return self._seconds[rows]
+
+    def alpha(self) -> np.ndarray:
+        """(longest - 1,) the acceptance of a draft at window index 1..longest - 1 given the drafts
+        before it passed (decayed counts and prior)."""
+        return (self.passed + self.PRIOR * self.ALPHA0) / (self.judged + self.PRIOR)
+
+    def may_speculate(self, rows: int) -> bool:
+        """Whether some window ``L >= 2`` commits more tokens a second than AR's step when all its
+        ``L - 1`` drafts pass (else speculation is off at this batch size: every forward is AR's)."""
+        if rows not in self._may:
+            s = self.seconds(rows)
+            self._may[rows] = bool(np.any(np.arange(1, self.longest + 1) / s > 1.0 / s[0]))
+        return self._may[rows]
+
+    def resting(self) -> bool:
+        """Whether this forward is AR's step without a plan (after a plan chose ``L = 1``; 1, 3,
+        then up to ``MAX_REST`` forwards while plans keep choosing it). The counts decay meanwhile."""
+        if self._quiet == 0:
+            return False
+        self._quiet -= 1
+        self.judged *= self.DECAY
+        self.passed *= self.DECAY
+        return True
+
+    def plan(self, rows: int) -> int:
+        """The window of the next forward over ``rows`` model rows (1: AR's step)."""
+        tokens = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.alpha()))])
+        L = int(np.argmax(tokens / self.seconds(rows))) + 1
+        self._stretch = 0 if L > 1 else min(2 * self._stretch + 1, self.MAX_REST)
+        self._quiet = self._stretch
+        return L
+
+    def observe(self, g: np.ndarray, a: np.ndarray) -> None:
+        """Count a forward's verdicts: ``g`` (k,) drafts and ``a`` (k,) accepted prefix of each live
+        image (int64 numpy); a draft at index ``j`` was judged where ``j <= min(a + 1, g)`` and passed
+        where ``j <= a``."""
+        j = np.arange(1, self.longest)[None, :]
+        self.judged = self.DECAY * self.judged + (j <= np.minimum(a + 1, g)[:, None]).sum(0)
+        self.passed = self.DECAY * self.passed + (j <= a[:, None]).sum(0)

@@ -39,13 +39,14 @@ from ambiguity.models.base import Step
 from ambiguity.sampling import Generators, expand_rows, pick
 from ambiguity.stats import entropy, top1_prob
 from lantern.drafter.model import DraftModel
+from lantern.engine.loop import engine_rounds
 from lantern.engine.method import Method, Round
 from lantern.engine.options import OptionGroup
-from lantern.engine.policy import GammaPolicy, timing_clock
+from lantern.engine.policy import GammaPolicy
 from lantern.engine.records import ChainDrafts
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.engine.steps import Timer
-from lantern.methods.ar import ar_step
+from lantern.methods.ar import AR, ar_step
 from lantern.methods.drafting import draft_chains
 from lantern.rules.acceptance import RULES, AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual, walk
 
@@ -193,7 +194,7 @@ class Chain(Method):
         st.drafter, st.rule, st.table = self.drafter, self.rule, self.table
         st.dcache = self.drafter.new_cache(st.rows, self.gamma + 1)
         if self.policy is not None:
-            engine = lambda images: _engine_rounds(self, st, images)
+            engine = lambda images: engine_rounds(st, images, AR(), Chain(self.rule, 2, self.drafter, self.table))
             self.policy.open(st.model, self.drafter, st.sampling, st.B, self.rule, self.table, engine)
             st.p_stats = np.zeros((st.B, 2))
 
@@ -245,33 +246,6 @@ class Chain(Method):
             values = _draft_values(res, p, q, drafts, gmax)
             cols = ChainDrafts(values, live, st.image[live], st.step[live], n[live], g[live], a[live])
         return Round(a, g, kind, nxt, None, cols)
-
-
-def _engine_rounds(chain: Chain, st: BatchState, images: int) -> tuple[float, float]:
-    """Seconds of one plain AR round and of one round of a chain of 2 drafts over ``images`` images
-    on the engine (timed as :func:`lantern.engine.policy.timing_clock`): decodes of up to 64 tokens
-    an image, less a decode of the first token alone (the prefill), per round. The three decodes
-    take turns, a warm-up and then three turns, and each keeps its least time, so a slower spell of
-    a shared machine does not tilt one against the other."""
-    from lantern.engine.loop import run
-    from lantern.methods.ar import AR
-
-    model, N = st.model, min(64, st.N)
-    conds = model.default_conditions(images)
-    clock, sync = timing_clock(st.device)
-    plain = Chain(chain.rule, 2, chain.drafter, chain.table)
-    jobs = {"prefill": (AR(), 1), "ar": (AR(), N), "chain": (plain, N)}
-    best, rounds = dict.fromkeys(jobs, float("inf")), {}
-    for turn in range(4):
-        for key, (method, tokens) in jobs.items():
-            sync()
-            t0 = clock()
-            out = run(model, method, conds, st.sampling, np.arange(images), batch_size=images, num_tokens=tokens)
-            sync()
-            if turn:  # the first turn warms up
-                best[key] = min(best[key], clock() - t0)
-            rounds[key] = int(np.max(out.steps["batch_step"], initial=0))
-    return tuple(max(best[key] - best["prefill"], 1e-9) / rounds[key] for key in ("ar", "chain"))
 
 
 def _plain_round(st: BatchState, stats: bool) -> Round:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
-from lantern.engine.policy import CALIBRATED, GammaPolicy, load_predictor, predictor_path
+from lantern.engine.policy import CALIBRATED, GammaPolicy, WindowPolicy, load_predictor, predictor_path
 from lantern.methods import chain, drafting
 from lantern.methods.ar import AR
 from lantern.methods.chain import Chain
@@ -68,7 +68,9 @@ def _drafted(config, model, drafter, table):
 
 def _jacobi(method: str) -> Plugin:
     return Plugin(
-        lambda config, model, drafter, table: Jacobi(config.params, model),
+        lambda config, model, drafter, table: Jacobi(
+            config.params, model, policy=WindowPolicy(config.params.window) if config.params.auto else None
+        ),
         params=partial(JacobiConfig, method),
         from_args=jacobi_config.from_args,
         check=check_jacobi,

@@ -5,6 +5,7 @@ the check of a config against a model (:func:`check_jacobi`) and their command-l
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -56,7 +57,9 @@ class JacobiConfig:
     forwards fall by about the paper's 15 % against SJD at its window 16 (26.7 -> 22.9 per image,
     the prefill counted) while the tokens fed per image fall by 13 % (376 -> 328). Raises
     :class:`UsageError` for a bad value (the vocabulary bound of ``group`` is checked by
-    :func:`check_jacobi`).
+    :func:`check_jacobi`). auto: the engine picks each forward's window in ``1..window``
+    (:class:`lantern.engine.policy.WindowPolicy`, ``--window auto``; ``window`` is then the longest,
+    ``--window-max``); entropy-sd's per-image windows are capped by it.
     """
 
     method: str = "sjd"
@@ -70,6 +73,7 @@ class JacobiConfig:
     entropy_floor: float = 0.7
     entropy_min_window: int = 4
     entropy_window_scale: float = 6.0
+    auto: bool = False
 
     def __post_init__(self):
         if self.method not in JACOBI_METHODS:
@@ -111,6 +115,8 @@ class JacobiConfig:
     def as_dict(self) -> dict:
         """The knobs that matter for ``method`` (JSON-able), prefixed ``jacobi_``."""
         d = {"jacobi_window": int(self.window), "jacobi_init": self.init}
+        if self.auto:
+            d["jacobi_window_auto"] = True
         if self.method == "gsd":
             d.update(gsd_group=int(self.group), gsd_prob_gap=float(self.prob_gap), gsd_distance=self.distance)
         if self.method == "scd":
@@ -160,14 +166,39 @@ def check_jacobi(config: JacobiConfig, model: TokenModel) -> None:
 _J = JacobiConfig()
 
 
+def _window(text: str):
+    """``--window``: an integer (checked by the method's config) or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1 or auto, got {text!r}") from None
+
+
 def _add_window(g) -> None:
     g.add_argument(
         "--window",
-        type=int,
+        type=_window,
         default=None,
         help="tokens per Jacobi forward, 1 <= L <= tokens per image (official 16 for sjd, gsd; 32 for scd; "
-        "64 for sjd-pac; entropy-sd: the longest window, default 24, ours)",
+        "64 for sjd-pac; entropy-sd: the longest window, default 24, ours), or auto (sjd, gsd, scd, entropy-sd): "
+        "the engine picks each forward's window in 1..--window-max from a measured cost model and the "
+        "acceptance it has seen (lantern.engine.policy.WindowPolicy; 1 = AR's step)",
     )
+
+
+def _add_window_max(g) -> None:
+    g.add_argument(
+        "--window-max",
+        type=int,
+        default=None,
+        help="the longest window --window auto reads (default: the method's window above)",
+    )
+
+
+def _not_auto(args) -> Optional[str]:
+    return None if args.window == "auto" else "without --window auto"
 
 
 def _add_init(g) -> None:
@@ -234,6 +265,7 @@ def _add_entropy(g) -> None:
 
 OPTIONS = (
     OptionGroup("Jacobi window", (*JACOBI_METHODS, "sjd-pac"), _add_window),
+    OptionGroup("Jacobi window policy", JACOBI_METHODS, _add_window_max, _not_auto),
     OptionGroup("Jacobi initialisation", JACOBI_METHODS, _add_init),
     OptionGroup("GSD groups", ("gsd",), _add_gsd),
     OptionGroup("SCD coupling", ("scd",), _add_scd),
@@ -243,8 +275,10 @@ OPTIONS = (
 
 def from_args(args) -> dict:
     """The :class:`JacobiConfig` fields from the parsed :data:`OPTIONS`."""
+    auto = args.window == "auto"
     return dict(
-        window=args.window,
+        window=args.window_max if auto else args.window,
+        auto=auto,
         init=args.jacobi_init,
         group=args.gsd_group,
         prob_gap=args.gsd_prob_gap,

@@ -111,9 +111,12 @@ import torch
 from ambiguity.models.base import TokenModel
 from ambiguity.sampling import row_uniforms
 from ambiguity.stats import entropy, top1_prob
+from lantern.engine.loop import engine_rounds
 from lantern.engine.method import Method, Round
+from lantern.engine.policy import WindowPolicy
 from lantern.engine.records import CHAIN_VALUES, chain_rows
 from lantern.engine.slots import BatchState, verify_chains
+from lantern.methods.ar import AR, ar_step
 from lantern.methods.jacobi.config import JacobiConfig
 from lantern.rules.jacobi import JACOBI_RULES, WindowDrafts, entropy_window
 
@@ -490,8 +493,14 @@ class Jacobi(Method):
     (V,) float32 CPU pairs of every judged draft (for :func:`gsd_output_distribution`).
     """
 
-    def __init__(self, config: JacobiConfig, model: TokenModel, pairs: Optional[list] = None):
-        self.config, self.pairs, self.rule = config, pairs, JACOBI_RULES[config.method]
+    def __init__(
+        self,
+        config: JacobiConfig,
+        model: TokenModel,
+        pairs: Optional[list] = None,
+        policy: Optional[WindowPolicy] = None,
+    ):
+        self.config, self.pairs, self.rule, self.policy = config, pairs, JACOBI_RULES[config.method], policy
         self.name, self.depth, self.spare = config.method, int(config.window) - 1, int(config.window)
         self.emb = model.input_embeddings() if config.method == "gsd" and config.distance is not None else None
         self.gumbel = config.method == "scd" and config.coupling == "gumbel"
@@ -504,6 +513,25 @@ class Jacobi(Method):
     def open(self, st: BatchState) -> None:
         self.win = None  # allocated at the first admission (the distribution's dtype and V)
         self.lengths = np.full(st.B, int(self.config.window), dtype=np.int64)
+        if self.policy is not None:
+            fixed = Jacobi(self.config.replace(window=min(4, int(self.config.window)), auto=False), st.model)
+            engine = lambda images: engine_rounds(st, images, AR(), fixed)
+            self.policy.open(st.model, st.sampling, st.B, self.config.method, engine)
+
+    def _policy_window(self, st: BatchState) -> int:
+        """The window of this forward from the policy (1: AR's step; :class:`WindowPolicy`)."""
+        if not self.policy.may_speculate(st.rows) or self.policy.resting():
+            return 1
+        return self.policy.plan(st.rows)
+
+    def _plain_round(self, st: BatchState) -> Round:
+        """A forward of window 1: AR's step (:func:`lantern.methods.ar.ar_step`). The drafts carried
+        over are stale after it (their positions moved), so the next window starts afresh."""
+        x, _ = ar_step(st)
+        self.win.length[:] = 0
+        self.win.noised = np.maximum(self.win.noised, st.n + 1)  # SCD gumbel: the committed position needs none
+        zeros = np.zeros(st.B, dtype=np.int64)
+        return Round(zeros, zeros, zeros, x.cpu().numpy().astype(np.int64))
 
     def _window_for(self, h) -> np.ndarray:
         """The windows (k,) int64 for target entropies ``h`` (k,) nats: :func:`entropy_window`
@@ -526,7 +554,13 @@ class Jacobi(Method):
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
         win, greedy = self.win, st.sampling.greedy
-        g = np.where(active, np.minimum(self.lengths - 1, st.N - 1 - st.n), 0)
+        lengths = self.lengths
+        if self.policy is not None:
+            L = self._policy_window(st)
+            if L == 1:
+                return self._plain_round(st)
+            lengths = np.minimum(lengths, L)
+        g = np.where(active, np.minimum(lengths - 1, st.N - 1 - st.n), 0)
         live = np.flatnonzero(active)
         with st.timer("acceptance"):
             U, k_init = _top_up(st, win, g, active, self.config, self.width, greedy)
@@ -547,6 +581,8 @@ class Jacobi(Method):
             ent = entropy(s.p if self.dynamic else s.p[:, : int(g.max())])  # entropy-sd reads it at a (<= g)
             host = _to_host(s, a, nxt, proposed, q_top1, top1, ent, self.dynamic)  # the step's one host transfer
         win.length = np.where(active, g - host["a"], 0)
+        if self.policy is not None:
+            self.policy.observe(g[live], host["a"][live])
         if self.dynamic:  # the next window reads the entropy where the newest token was drawn
             self.lengths = np.where(active, self._window_for(host["h_last"]), self.lengths)
         if self.pairs is not None:

@@ -60,6 +60,8 @@ class PacConfig:
     def __post_init__(self):
         if self.window is None:
             object.__setattr__(self, "window", DEFAULT_WINDOW)
+        if self.window == "auto":
+            raise UsageError("--window auto picks the windows of sjd, gsd, scd and entropy-sd; give sjd-pac --window N")
         _count(self.window, "--window", "tokens per SJD-PAC forward")
         _count(self.width, "--pac-width", "siblings per branching draft position")
         _count(self.depth, "--pac-depth", "levels of the draft tree, the root counted")
