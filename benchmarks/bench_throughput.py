@@ -22,7 +22,8 @@ sampling plus its statistics: the profiler's cost per image). Cells run interlea
 repeat visits all cells in a fresh random order (seeded), after one warm-up decode per model and
 method; the table reports the median over repeats and the spread (min, max). Tree rows:
 ``lantern-static`` (EAGLE-1 static tree ``--static-tree``) and ``lantern-dynamic`` /
-``sd-dynamic`` (EAGLE-2 dynamic tree ``--total-tokens``, ``--depth``, ``--tree-top-k``), batched
+``sd-dynamic`` (EAGLE-2 dynamic tree ``--total-tokens``, ``--depth``, ``--tree-top-k``;
+``lantern-dynamic-auto`` with its node policy, :class:`lantern.engine.policy.NodePolicy`), batched
 like the chains (:mod:`lantern.engine.loop`). ``--methods`` also takes ``sjd``, ``gsd``, ``scd``
 (batched Jacobi decoding with the official windows, no drafter:
 :func:`lantern.methods.jacobi.method.Jacobi`) and ``sjd-auto``, ``gsd-auto``, ``scd-auto`` (the
@@ -80,6 +81,7 @@ METHODS = (
     "lantern-auto",
     "lantern-static",
     "lantern-dynamic",
+    "lantern-dynamic-auto",
     "sd-dynamic",
 )
 QUICK = dict(models="embedded", methods="ar,lantern,lantern-auto", batch_sizes="1,8", images=2, repeats=1)
@@ -92,11 +94,11 @@ def config_of(method: str, args, k: int) -> DecodeConfig:
         return DecodeConfig.of(method.removesuffix("-auto"), auto=method.endswith("-auto"))
     static = TreeSpec("static", STATIC_TREES[args.static_tree], name=args.static_tree)
     dynamic = TreeSpec("dynamic", total_tokens=args.total_tokens, depth=args.depth, top_k=args.tree_top_k)
-    rule, kind = method.split("-")[0], method.split("-")[-1]
-    tree = {"static": static, "dynamic": dynamic}.get(kind) if "-" in method else None
+    rule, parts = method.split("-")[0], method.split("-")[1:]
+    tree = static if "static" in parts else (dynamic if "dynamic" in parts else None)
     if rule in ("ar", "profile"):
         return DecodeConfig.of("ar")
-    gamma = "auto" if kind == "auto" else args.gamma
+    gamma = "auto" if "auto" in parts else args.gamma  # lantern-dynamic-auto: the tree's node policy
     lantern = dict(k=k, delta=args.delta) if rule == "lantern" else {}
     return DecodeConfig.of(rule, gamma, tree=tree, gamma_max=args.gamma_max, **lantern)
 

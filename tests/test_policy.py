@@ -13,6 +13,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from test_trees import enumerate_outcomes, exact_joint, tiny
 
 import lantern.engine.policy as policy
@@ -222,8 +223,10 @@ def test_decode_config_gamma_auto():
             DecodeConfig.of("lantern", **bad)
     with pytest.raises(FieldError, match="gamma_max"):
         DecodeConfig.of("lantern", "auto", gamma_max=0)
-    with pytest.raises(FieldError, match="draft tree"):
-        DecodeConfig.of("lantern", "auto", tree=TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2))
+    with pytest.raises(FieldError, match="a static tree is fixed"):
+        DecodeConfig.of("lantern", "auto", tree=TreeSpec("static", ((0,), (1,), (0, 0))))
+    tree = DecodeConfig.of("lantern", "auto", tree=TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2))
+    assert tree.auto and tree.draft_depth == 2
 
 
 # --------------------------------------------------------------------------- exact enumeration
@@ -407,3 +410,75 @@ def test_exact_jacobi_decoding_with_the_window_policy_is_ar_sampling(monkeypatch
     for seq, prob in want.items():
         assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
     assert {0, 2} <= drafted
+
+
+# --------------------------------------------------------------------------- draft trees
+def _tree_costs(step: float) -> CostModel:
+    """At 2 model rows: AR's step ``step``; a drafter forward 0.1 s at any width; a verify forward of
+    T tokens 0.2 + 0.1 T."""
+    return CostModel(((2, 0.2, 0.1),), ((2, 0.1, 0.0),), step=((2, step),), scale=((2, 1.0),))
+
+
+def test_node_policy_by_hand():
+    """A dynamic tree of 5 nodes, depth 1, top-k 2: drafting costs 0.1 + 1 x 0.1 = 0.2 s, verifying
+    m candidates 0.3 + 0.1 m. Candidates with path probabilities 0.6, 0.3, 0.05, 0.01 expect 1.6,
+    1.9, 1.95, 1.96 tokens for m = 1..4 in 0.6, 0.7, 0.8, 0.9 s: m = 2 (2.71 tokens a second). A
+    tree that passes whole (3 tokens in 0.9 s) beats AR's step of 0.5 s but not one of 0.25 s;
+    before any round the prior expects depth + 1 = 2 tokens in 0.9 s (the full budget): a tree
+    against 0.5 s, AR's step against 0.4 s (then the rest 1, 3, 7)."""
+    spec = TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2)
+    pol = policy.NodePolicy(spec, _tree_costs(0.5))
+    assert pol.drafting_s(2) == pytest.approx(0.2) and pol.verify_s(2, 4) == pytest.approx(0.7)
+    score = torch.log(torch.tensor([[0.05, 0.6, 0.01, 0.3, 0.0]], dtype=torch.float64))
+    assert pol.budget(score, 4, 2) == 2 and pol.last == 2
+    assert pol.may_draft(2) and not policy.NodePolicy(spec, _tree_costs(0.25)).may_draft(2)
+    pol.open_counts()
+    assert pol.tau() == 2.0 and pol.plan(2)
+    slow = policy.NodePolicy(spec, _tree_costs(0.4))
+    pattern = "".join("r" if slow.resting() else ("t" if slow.plan(2) else "a") for _ in range(13))
+    assert pattern == "ararrrarrrrrr"
+    pol.observe(np.array([1, 3]))  # one image committed 1 token, the other 3
+    assert pol.tau() == pytest.approx((4 + 2 * 2) / (2 + 2))
+
+
+def test_tree_auto_with_speculation_off_decodes_the_tokens_of_ar(monkeypatch):
+    """AR's step at 0.25 s beats a tree that passes whole: every round of a dynamic tree with
+    ``gamma="auto"`` is AR's step, with AR's tokens seed for seed."""
+    monkeypatch.setattr(policy, "cost_model", lambda *a, **k: _tree_costs(0.25))
+    m, sampling = tiny(), SamplingConfig(guidance=1.0, temperature=2.0, top_k=3)
+    d = Drafter.for_target(m, seed=3).eval()
+    conds = [1, 0, 1, 0, 1]
+    ar = decode(m, conds, DecodeConfig.of("ar"), sampling, seed=5, batch_size=2)
+    tree = TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2)
+    auto = decode(m, conds, DecodeConfig(AcceptanceRule("sd"), "auto", tree=tree), sampling, d, seed=5, batch_size=2)
+    assert auto.tokens.tolist() == ar.tokens.tolist()
+    assert auto.steps["drafted"].sum() == 0
+
+
+@pytest.mark.slow  # ~20 s on 2 cores: every branch is a full decode
+def test_exact_tree_decoding_with_the_node_policy_at_delta_zero_is_ar_sampling(monkeypatch):
+    """Every random outcome of an image decoded with a dynamic tree and ``gamma="auto"`` (5 nodes,
+    depth 1, top-k 2, V = 4, 2 x 2 tokens), weighted by its probability, is exactly the AR joint:
+    whether a round drafts follows past rounds only and the budget the drafter's own scores. AR's
+    steps and trees of several budgets both occur."""
+    monkeypatch.setattr(policy, "cost_model", lambda *a, **k: _tree_costs(0.5))
+    monkeypatch.setattr(policy.NodePolicy, "PRIOR", 1.0)
+    m, sampling = tiny(), SamplingConfig(guidance=2.0, temperature=0.7, top_k=3)
+    d = Drafter.for_target(m, seed=3).eval()
+    nb = build_neighbourhoods(m.input_embeddings(), 2, "l2", cache=False).indices
+    want = exact_joint(m, 1, sampling)
+    tree = TreeSpec("dynamic", total_tokens=5, depth=1, top_k=2)
+    config = DecodeConfig(AcceptanceRule("lantern", k=2, delta=0.0), "auto", tree=tree)
+    drafted = set()
+
+    def run(draws):
+        out = decode(m, [1], config, sampling, d, nb, seed=9, draws={0: draws})
+        drafted.update(out.steps["drafted"].tolist())
+        return tuple(out.tokens[0].tolist())
+
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
+    assert set(got) <= set(want)
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    assert 0 in drafted and len(drafted) >= 3, drafted

@@ -83,7 +83,8 @@ class DecodeConfig:
     Build one with :meth:`of`: ``DecodeConfig.of("lantern", gamma=4, k=64, delta=0.2)``,
     ``DecodeConfig.of("sjd", window=16)``.
     ``gamma="auto"``: the engine's draft-length policy picks each round's chain length in
-    ``0..gamma_max`` (:mod:`lantern.engine.policy`; chains only).
+    ``0..gamma_max`` (:mod:`lantern.engine.policy`), or, with a dynamic tree, whether to draft it
+    and how many of its candidates to verify (:class:`lantern.engine.policy.NodePolicy`).
     Raises :class:`UsageError` for γ < 1 (or not ``"auto"``), gamma_max < 1, an unknown metric or matrix.
     """
 
@@ -104,8 +105,10 @@ class DecodeConfig:
             )
         if not _draft_length(self.gamma_max, auto=False):
             raise FieldError("DecodeConfig", "gamma_max", f"must be an integer >= 1, got {self.gamma_max!r}")
-        if self.gamma == "auto" and self.tree is not None:
-            raise FieldError("DecodeConfig", "gamma", "'auto' picks chain lengths; a draft tree has its own shape")
+        if self.gamma == "auto" and self.tree is not None and self.tree.kind != "dynamic":
+            raise FieldError(
+                "DecodeConfig", "gamma", "'auto' picks chain lengths or a dynamic tree's budget; a static tree is fixed"
+            )
         if self.metric not in METRICS:
             raise FieldError("DecodeConfig", "metric", f"must be one of {', '.join(METRICS)}, got {self.metric!r}")
         if self.matrix not in MATRICES:

@@ -60,6 +60,7 @@ __all__ = [
     "CALIBRATED",
     "CostModel",
     "GammaPolicy",
+    "NodePolicy",
     "WindowPolicy",
     "cost_model",
     "window_costs",
@@ -700,3 +701,107 @@ class WindowPolicy:
         j = np.arange(1, self.longest)[None, :]
         self.judged = self.DECAY * self.judged + (j <= np.minimum(a + 1, g)[:, None]).sum(0)
         self.passed = self.DECAY * self.passed + (j <= a[:, None]).sum(0)
+
+
+# --------------------------------------------------------------------------- draft trees
+class NodePolicy:
+    """Per round, whether an EAGLE-2 dynamic draft tree is drafted at all and how many of its
+    candidates the target verifies (``gamma="auto"`` with a dynamic tree; the spec's
+    ``total_tokens`` is the most), by expected committed tokens per second.
+
+    Before drafting: a tree round is expected to commit ``tau`` tokens an image (accepted drafts and
+    the bonus), learnt online (a decay of ``DECAY`` a round from ``PRIOR`` pseudo-rounds at the tree's
+    depth + 1, the longest accepted path) at the seconds of its drafter forwards (the pending
+    positions, then ``depth`` levels of ``top_k`` nodes) and of the verify forward over the budget
+    the last tree used; where AR's step commits more a second, the round is AR's step and the policy
+    rests 1, 3, then up to ``MAX_REST`` rounds, the counts decaying meanwhile. Where even a tree
+    whose every path passes (``depth + 2`` tokens) cannot beat AR's step, speculation is off at that
+    batch size. After drafting (:meth:`budget`): the candidates' EAGLE-2 scores (the cumulative
+    draft probability of each node's path, EAGLE-2 Sec. 4: its estimate of the node's acceptance)
+    give ``sum_b (1 + sum_{i <= m} exp(s_b,(i)))`` expected tokens for the ``m`` best of every tree,
+    and the budget maximises them per second of the drafting (spent) and the verify forward of
+    ``1 + m`` tokens. The budget depends on the drafter's own proposals and the decision on past
+    rounds only, so a lossless rule stays lossless.
+
+    spec: the dynamic :class:`~lantern.methods.tree.spec.TreeSpec`; costs: a :class:`CostModel`
+    (None until :meth:`open`, which measures the chains' cost model up to ``total_tokens``).
+    """
+
+    MAX_REST = 7
+    DECAY, PRIOR = 0.9, 2.0
+
+    def __init__(self, spec, costs: Optional[CostModel] = None):
+        self.spec, self.costs = spec, costs
+        self.open_counts()
+
+    def open_counts(self) -> None:
+        """Forget what was learnt: the prior, no rest, the full budget."""
+        self.rounds, self.tokens = 0.0, 0.0
+        self.last = int(self.spec.total_tokens) - 1
+        self._may: dict[int, bool] = {}
+        self._quiet, self._stretch = 0, 0
+
+    def open(self, model, drafter, sampling, rows: int, rule=None, table=None, engine=None) -> None:
+        """Measure (or read) the cost model for up to ``rows`` images (:func:`cost_model`, verify
+        forwards up to ``total_tokens`` tokens a row) and start from the prior."""
+        self.open_counts()
+        if self.costs is None:
+            self.costs = cost_model(
+                model, drafter, sampling, rows, int(self.spec.total_tokens) - 1, rule, table, engine
+            )
+
+    def tau(self) -> float:
+        """Expected tokens an image commits in a tree round (decayed mean, prior ``depth + 1``)."""
+        return (self.tokens + self.PRIOR * (self.spec.depth + 1)) / (self.rounds + self.PRIOR)
+
+    def drafting_s(self, rows: int) -> float:
+        """Seconds of a round's drafter forwards over ``rows`` model rows: the pending positions (2),
+        then ``depth`` levels of ``top_k`` nodes a row."""
+        c, k = self.costs, int(self.spec.top_k)
+        return c._factor(rows) * (c.drafter_s(rows, 2) + self.spec.depth * c.drafter_s(rows, k))
+
+    def verify_s(self, rows: int, drafts: int) -> float:
+        """Seconds of the verify forward of the root and ``drafts`` candidates a row."""
+        return self.costs._factor(rows) * self.costs.target_s(rows, 1 + drafts)
+
+    def may_draft(self, rows: int) -> bool:
+        """Whether a tree whose every path passes (``depth + 2`` tokens an image) commits more tokens
+        a second than AR's step at ``rows`` model rows (else speculation is off there)."""
+        if rows not in self._may:
+            full = self.drafting_s(rows) + self.verify_s(rows, int(self.spec.total_tokens) - 1)
+            self._may[rows] = (self.spec.depth + 2) / full > 1.0 / self.costs.step_s(rows)
+        return self._may[rows]
+
+    def resting(self) -> bool:
+        """Whether this round is AR's step without a plan (after a plan chose it; 1, 3, then up to
+        ``MAX_REST`` rounds). The counts decay meanwhile."""
+        if self._quiet == 0:
+            return False
+        self._quiet -= 1
+        self.rounds *= self.DECAY
+        self.tokens *= self.DECAY
+        return True
+
+    def plan(self, rows: int) -> bool:
+        """Whether this round drafts a tree (else AR's step, then a rest)."""
+        tree = self.tau() / (self.drafting_s(rows) + self.verify_s(rows, self.last))
+        draft = tree > 1.0 / self.costs.step_s(rows)
+        self._stretch = 0 if draft else min(2 * self._stretch + 1, self.MAX_REST)
+        self._quiet = self._stretch
+        return draft
+
+    def budget(self, score: torch.Tensor, most: int, rows: int) -> int:
+        """The candidates to verify per tree, 1..``most``, from every tree's candidate scores
+        (score (B, C) float64 cumulative log-probabilities, -inf for none): the count ``m`` that
+        maximises ``sum_b (1 + sum_{i <= m} exp(s_b,(i)))`` over the drafting and verify seconds."""
+        top = score.topk(min(most, score.shape[1]), dim=-1).values.exp().sum(0).cumsum(0).double().cpu().numpy()
+        m = np.arange(1, len(top) + 1)
+        spent = self.drafting_s(rows)
+        seconds = spent + np.array([self.verify_s(rows, int(x)) for x in m])
+        self.last = int(m[np.argmax((score.shape[0] + top) / seconds)])
+        return self.last
+
+    def observe(self, tokens: np.ndarray) -> None:
+        """Count a tree round: ``tokens`` (k,) int64 the tokens each live image committed."""
+        self.rounds = self.DECAY * self.rounds + len(tokens)
+        self.tokens = self.DECAY * self.tokens + float(np.sum(tokens))

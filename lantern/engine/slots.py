@@ -17,7 +17,7 @@ feature buffers and the per-slot positions every method's round reads and writes
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Protocol
 
@@ -320,7 +320,9 @@ class BatchState:
     and dcache (its cache, also listed in ``owned_caches`` so a draining batch compacts it), rule,
     table (the (V, K) int64 neighbour table), spec (a draft tree's shape), p_stats ((B, 2) float64
     numpy: each slot's top-1 probability and entropy of the target distribution its last token was
-    drawn from, the input of a chain's draft-length policy, :mod:`lantern.engine.policy`).
+    drawn from, the input of a chain's draft-length policy, :mod:`lantern.engine.policy`), budget
+    (``(score (B, C), most, rows) -> candidates`` a dynamic draft tree verifies this round:
+    :meth:`lantern.engine.policy.NodePolicy.budget`; None: the tree's ``total_tokens - 1``).
     """
 
     model: TokenModel
@@ -338,6 +340,7 @@ class BatchState:
     table: Optional[torch.Tensor] = None
     spec: Optional[TreeSpec] = None
     p_stats: Optional[np.ndarray] = None
+    budget: Optional[Callable] = None
     n: np.ndarray = field(init=False)
     d: np.ndarray = field(init=False)
     step: np.ndarray = field(init=False)

@@ -372,7 +372,8 @@ def _add_gamma(g) -> None:
         default=4,
         help="draft tokens per verification step of a chain, >= 1, or auto: the engine's draft-length policy picks "
         "each round's length in 0..--gamma-max from a measured cost model and the drafter's acceptance predictor "
-        "(lantern.engine.policy) (default: 4)",
+        "(lantern.engine.policy; with --tree dynamic: whether to draft the tree and how many of its candidates to "
+        "verify) (default: 4)",
     )
 
 
@@ -393,7 +394,13 @@ def _not_a_chain(args) -> Optional[str]:
     return f"to --tree {args.tree}{static} (a tree sets its own depth), only to --tree chain"
 
 
+def _gamma_refusal(args) -> Optional[str]:
+    if args.tree == "dynamic" and args.gamma == "auto":  # the dynamic tree's node budget
+        return None
+    return _not_a_chain(args)
+
+
 OPTIONS = (
-    OptionGroup("chain", RULES, _add_gamma, _not_a_chain),
+    OptionGroup("chain", RULES, _add_gamma, _gamma_refusal),
     OptionGroup("chain draft-length policy", RULES, _add_gamma_max, _not_auto),
 )

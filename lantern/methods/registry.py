@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Optional
 
-from lantern.engine.policy import CALIBRATED, GammaPolicy, WindowPolicy, load_predictor, predictor_path
+from lantern.engine.policy import CALIBRATED, GammaPolicy, NodePolicy, WindowPolicy, load_predictor, predictor_path
 from lantern.methods import chain, drafting
 from lantern.methods.ar import AR
 from lantern.methods.chain import Chain
@@ -57,8 +57,8 @@ class Plugin:
 def _drafted(config, model, drafter, table):
     """A drafter method: a draft tree per round when the config has one, else a chain of γ (or of
     the length :class:`lantern.engine.policy.GammaPolicy` picks each round, ``gamma="auto"``)."""
-    if config.tree is not None:
-        return Tree(config.rule, config.tree, drafter, table)
+    if config.tree is not None:  # gamma="auto": the node budget of a dynamic tree from the engine's policy
+        return Tree(config.rule, config.tree, drafter, table, NodePolicy(config.tree) if config.auto else None)
     if config.auto:  # the engine's draft-length policy, with the acceptance predictor shipped with the drafter
         method = config.rule.method if config.rule.method in CALIBRATED else "lantern"  # others read LANTERN's
         predictor = load_predictor(predictor_path(model.name, method), model.name)

@@ -165,6 +165,8 @@ def _draft_dynamic(st: BatchState, n, room, root, f_root, root_q) -> Trees:
     score = torch.cat(scores, 1)
     C = score.shape[1]
     keep = min(spec.total_tokens - 1, C)
+    if st.budget is not None:  # the node policy's count for this round (gamma="auto")
+        keep = st.budget(score, keep, st.rows)
     best = score.sort(dim=-1, descending=True, stable=True).indices[:, :keep]
     kept = torch.where(score.gather(1, best) > ninf, best, C).sort(-1).values  # candidate order; C: none
     exists = torch.cat([torch.ones_like(root, dtype=torch.bool), kept < C], 1)
