@@ -38,3 +38,16 @@ def test_top_k_keeps_ties_and_top_p_by_hand():
     # the second (the other 2.0) reaches 0.84 and is kept; the rest go
     kept = filter_logits(x, top_p=0.5)
     assert torch.isfinite(kept).tolist() == [[True, False, True, False]]
+
+
+def test_reuse_freed_blocks_on_glibc():
+    """On glibc (every Linux this runs on) the thresholds are raised once and the answer is kept."""
+    import ctypes
+    import platform
+
+    from ambiguity import allocator
+
+    if platform.system() != "Linux" or not hasattr(ctypes.CDLL(None), "gnu_get_libc_version"):
+        pytest.skip("glibc only")
+    assert allocator.reuse_freed_blocks() is True
+    assert allocator._done == [True] and allocator.reuse_freed_blocks() is True

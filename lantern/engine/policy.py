@@ -1,4 +1,8 @@
-"""The draft-length policy of chains (``gamma="auto"``): each round, how many tokens to draft.
+"""How much the engine speculates each round, by expected committed tokens per second: the chains'
+draft length (``gamma="auto"``, :class:`GammaPolicy`, below), the Jacobi methods' window
+(``window="auto"``, :class:`WindowPolicy`) and a dynamic draft tree's node budget (``gamma="auto"``
+with a dynamic tree, :class:`NodePolicy`), all on one measured :class:`CostModel`; AR's step where
+nothing pays.
 
 A chain of ``G`` drafts commits, per image, the accepted prefix and one more token; with
 per-position acceptance probabilities ``a_1, a_2, ..`` the expected accepted drafts are
@@ -619,13 +623,15 @@ class WindowPolicy:
     longest).
 
     Whether a Jacobi draft passes depends on how far its window has converged, not on the last
-    distribution alone, so the acceptance is learnt online: ``alpha_j``, the share of drafts at
-    window index ``j`` (1 = the first draft) that passed among those judged (the drafts up to the
-    first rejection), counted with a decay of ``DECAY`` a forward and ``PRIOR`` pseudo-counts at
-    ``ALPHA0``. A window ``L`` is expected to commit ``1 + sum_{j<L} prod_{i<=j} alpha_i`` tokens
-    an image at :meth:`CostModel.window_s` seconds. ``L = 1`` is AR's step (the method then runs
-    :func:`lantern.methods.ar.ar_step`), after which the policy rests 1, 3, then up to ``MAX_REST``
-    forwards, the counts decaying towards the prior meanwhile, so it probes a window again later.
+    distribution alone, so the acceptance is learnt online: ``alpha_j``, the share of the judged
+    drafts at window index ``j`` (1 = the first draft; judged: up to the first rejection) that
+    passed, counting only drafts a previous forward sampled (a new position's initial token, drawn
+    before anything was known of it, says nothing of the window's steady state), with a decay of
+    ``DECAY`` a forward and ``PRIOR`` pseudo-counts at ``ALPHA0``. A window ``L`` is expected to
+    commit ``1 + sum_{j<L} prod_{i<=j} alpha_i`` tokens an image at :meth:`CostModel.window_s`
+    seconds. ``L = 1`` is AR's step (the method then runs :func:`lantern.methods.ar.ar_round`);
+    the counts do not move during AR's steps, so once the counts say AR, the decode stays AR (no
+    probing: a probe's first forward has only new positions and commits about one token).
     Where no window could pay even if every draft passed (``L`` tokens for :meth:`CostModel.window_s`
     ``(rows, L)``), speculation is off at that batch size (:meth:`may_speculate`). The window depends
     only on past verdicts, so a lossless rule stays lossless (``tests/test_policy.py`` enumerates).
@@ -633,7 +639,6 @@ class WindowPolicy:
     longest: the longest window L >= 1; costs: a :class:`CostModel` (None until :meth:`open`).
     """
 
-    MAX_REST = 7
     DECAY = 0.9  # the weight of the counts one forward later
     PRIOR, ALPHA0 = 2.0, 0.5  # pseudo-counts of a draft passing with probability ALPHA0
 
@@ -643,11 +648,10 @@ class WindowPolicy:
         self.open_counts()
 
     def open_counts(self) -> None:
-        """Forget what was learnt (a new decode): the counts at their prior, no rest."""
+        """Forget what was learnt (a new decode): the counts at their prior."""
         self.judged = np.zeros(max(self.longest - 1, 0))
         self.passed = np.zeros(max(self.longest - 1, 0))
         self._may: dict[int, bool] = {}
-        self._quiet, self._stretch = 0, 0
 
     def open(self, model, sampling, rows: int, method: str, engine=None) -> None:
         """Measure (or read) the cost model for up to ``rows`` images once (:func:`window_costs`)
@@ -676,31 +680,24 @@ class WindowPolicy:
             self._may[rows] = bool(np.any(np.arange(1, self.longest + 1) / s > 1.0 / s[0]))
         return self._may[rows]
 
-    def resting(self) -> bool:
-        """Whether this forward is AR's step without a plan (after a plan chose ``L = 1``; 1, 3,
-        then up to ``MAX_REST`` forwards while plans keep choosing it). The counts decay meanwhile."""
-        if self._quiet == 0:
-            return False
-        self._quiet -= 1
-        self.judged *= self.DECAY
-        self.passed *= self.DECAY
-        return True
-
     def plan(self, rows: int) -> int:
         """The window of the next forward over ``rows`` model rows (1: AR's step)."""
+        if not self.may_speculate(rows):
+            return 1
         tokens = 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(self.alpha()))])
-        L = int(np.argmax(tokens / self.seconds(rows))) + 1
-        self._stretch = 0 if L > 1 else min(2 * self._stretch + 1, self.MAX_REST)
-        self._quiet = self._stretch
-        return L
+        return int(np.argmax(tokens / self.seconds(rows))) + 1
 
-    def observe(self, g: np.ndarray, a: np.ndarray) -> None:
+    def observe(self, g: np.ndarray, a: np.ndarray, sampled: np.ndarray) -> None:
         """Count a forward's verdicts: ``g`` (k,) drafts and ``a`` (k,) accepted prefix of each live
-        image (int64 numpy); a draft at index ``j`` was judged where ``j <= min(a + 1, g)`` and passed
-        where ``j <= a``."""
+        image (int64 numpy), ``sampled`` (k, >= max g) bool: the draft at index ``j`` (column
+        ``j - 1``) was sampled by an earlier forward. A draft at index ``j`` was judged where
+        ``j <= min(a + 1, g)`` and passed where ``j <= a``; only sampled drafts count."""
         j = np.arange(1, self.longest)[None, :]
-        self.judged = self.DECAY * self.judged + (j <= np.minimum(a + 1, g)[:, None]).sum(0)
-        self.passed = self.DECAY * self.passed + (j <= a[:, None]).sum(0)
+        known = np.zeros((len(g), self.longest - 1), dtype=bool)
+        w = min(sampled.shape[1], self.longest - 1)
+        known[:, :w] = sampled[:, :w]
+        self.judged = self.DECAY * self.judged + ((j <= np.minimum(a + 1, g)[:, None]) & known).sum(0)
+        self.passed = self.DECAY * self.passed + ((j <= a[:, None]) & known).sum(0)
 
 
 # --------------------------------------------------------------------------- draft trees
@@ -713,8 +710,8 @@ class NodePolicy:
     the bonus), learnt online (a decay of ``DECAY`` a round from ``PRIOR`` pseudo-rounds at the tree's
     depth + 1, the longest accepted path) at the seconds of its drafter forwards (the pending
     positions, then ``depth`` levels of ``top_k`` nodes) and of the verify forward over the budget
-    the last tree used; where AR's step commits more a second, the round is AR's step and the policy
-    rests 1, 3, then up to ``MAX_REST`` rounds, the counts decaying meanwhile. Where even a tree
+    the last tree used; where AR's step commits more a second, the round is AR's step (the counts do
+    not move during AR's steps, so once they say AR the decode stays AR). Where even a tree
     whose every path passes (``depth + 2`` tokens) cannot beat AR's step, speculation is off at that
     batch size. After drafting (:meth:`budget`): the candidates' EAGLE-2 scores (the cumulative
     draft probability of each node's path, EAGLE-2 Sec. 4: its estimate of the node's acceptance)
@@ -727,7 +724,6 @@ class NodePolicy:
     (None until :meth:`open`, which measures the chains' cost model up to ``total_tokens``).
     """
 
-    MAX_REST = 7
     DECAY, PRIOR = 0.9, 2.0
 
     def __init__(self, spec, costs: Optional[CostModel] = None):
@@ -735,11 +731,10 @@ class NodePolicy:
         self.open_counts()
 
     def open_counts(self) -> None:
-        """Forget what was learnt: the prior, no rest, the full budget."""
+        """Forget what was learnt: the prior, the full budget."""
         self.rounds, self.tokens = 0.0, 0.0
         self.last = int(self.spec.total_tokens) - 1
         self._may: dict[int, bool] = {}
-        self._quiet, self._stretch = 0, 0
 
     def open(self, model, drafter, sampling, rows: int, rule=None, table=None, engine=None) -> None:
         """Measure (or read) the cost model for up to ``rows`` images (:func:`cost_model`, verify
@@ -772,23 +767,12 @@ class NodePolicy:
             self._may[rows] = (self.spec.depth + 2) / full > 1.0 / self.costs.step_s(rows)
         return self._may[rows]
 
-    def resting(self) -> bool:
-        """Whether this round is AR's step without a plan (after a plan chose it; 1, 3, then up to
-        ``MAX_REST`` rounds). The counts decay meanwhile."""
-        if self._quiet == 0:
-            return False
-        self._quiet -= 1
-        self.rounds *= self.DECAY
-        self.tokens *= self.DECAY
-        return True
-
     def plan(self, rows: int) -> bool:
-        """Whether this round drafts a tree (else AR's step, then a rest)."""
+        """Whether this round drafts a tree (else AR's step)."""
+        if not self.may_draft(rows):
+            return False
         tree = self.tau() / (self.drafting_s(rows) + self.verify_s(rows, self.last))
-        draft = tree > 1.0 / self.costs.step_s(rows)
-        self._stretch = 0 if draft else min(2 * self._stretch + 1, self.MAX_REST)
-        self._quiet = self._stretch
-        return draft
+        return tree > 1.0 / self.costs.step_s(rows)
 
     def budget(self, score: torch.Tensor, most: int, rows: int) -> int:
         """The candidates to verify per tree, 1..``most``, from every tree's candidate scores

@@ -15,7 +15,7 @@ from ambiguity.sampling import expand_rows
 from lantern.engine.method import Method, Round
 from lantern.engine.slots import BatchState, verify_chains
 
-__all__ = ["AR", "ar_step"]
+__all__ = ["AR", "ar_round", "ar_step"]
 
 
 class AR(Method):
@@ -24,9 +24,15 @@ class AR(Method):
     name, depth, spare = "ar", 0, 1
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
-        x, _ = ar_step(st)
-        zeros = np.zeros(st.B, dtype=np.int64)
-        return Round(zeros, zeros, zeros, x.cpu().numpy().astype(np.int64))
+        return ar_round(st)
+
+
+def ar_round(st: BatchState, features: bool = False) -> Round:
+    """AR's round on the engine: :func:`ar_step` (features: keep the target features, for a drafting
+    method's round without drafts) and its :class:`~lantern.engine.method.Round` (nothing drafted)."""
+    x, _ = ar_step(st, features)
+    zeros = np.zeros(st.B, dtype=np.int64)
+    return Round(zeros, zeros, zeros, x.cpu().numpy().astype(np.int64))
 
 
 def ar_step(st: BatchState, features: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

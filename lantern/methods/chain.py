@@ -46,7 +46,7 @@ from lantern.engine.policy import GammaPolicy
 from lantern.engine.records import ChainDrafts
 from lantern.engine.slots import BatchState, verify_chains
 from lantern.engine.steps import Timer
-from lantern.methods.ar import AR, ar_step
+from lantern.methods.ar import AR, ar_round, ar_step
 from lantern.methods.drafting import draft_chains
 from lantern.rules.acceptance import RULES, AcceptanceRule, Verdict, judge, judge_greedy, proximity, residual, walk
 
@@ -253,10 +253,10 @@ def _plain_round(st: BatchState, stats: bool) -> Round:
     the same draw the chain's acceptance makes at γ = 0) that keeps the target features for the drafter's
     later rounds; with ``stats``, each slot's (top-1, entropy) of the distribution its token came from goes
     to ``st.p_stats`` in the same host transfer."""
+    if not stats:
+        return ar_round(st, features=True)
     x, p = ar_step(st, features=True)
     zeros = np.zeros(st.B, dtype=np.int64)
-    if not stats:
-        return Round(zeros, zeros, zeros, x.cpu().numpy().astype(np.int64))
     host = torch.stack([x.double(), top1_prob(p).double(), entropy(p).double()]).cpu().numpy()
     st.p_stats = host[1:].T.copy()
     return Round(zeros, zeros, zeros, host[0].astype(np.int64))

@@ -116,7 +116,7 @@ from lantern.engine.method import Method, Round
 from lantern.engine.policy import WindowPolicy
 from lantern.engine.records import CHAIN_VALUES, chain_rows
 from lantern.engine.slots import BatchState, verify_chains
-from lantern.methods.ar import AR, ar_step
+from lantern.methods.ar import AR, ar_round
 from lantern.methods.jacobi.config import JacobiConfig
 from lantern.rules.jacobi import JACOBI_RULES, WindowDrafts, entropy_window
 
@@ -518,20 +518,12 @@ class Jacobi(Method):
             engine = lambda images: engine_rounds(st, images, AR(), fixed)
             self.policy.open(st.model, st.sampling, st.B, self.config.method, engine)
 
-    def _policy_window(self, st: BatchState) -> int:
-        """The window of this forward from the policy (1: AR's step; :class:`WindowPolicy`)."""
-        if not self.policy.may_speculate(st.rows) or self.policy.resting():
-            return 1
-        return self.policy.plan(st.rows)
-
     def _plain_round(self, st: BatchState) -> Round:
-        """A forward of window 1: AR's step (:func:`lantern.methods.ar.ar_step`). The drafts carried
+        """A forward of window 1: AR's step (:func:`lantern.methods.ar.ar_round`). The drafts carried
         over are stale after it (their positions moved), so the next window starts afresh."""
-        x, _ = ar_step(st)
         self.win.length[:] = 0
         self.win.noised = np.maximum(self.win.noised, st.n + 1)  # SCD gumbel: the committed position needs none
-        zeros = np.zeros(st.B, dtype=np.int64)
-        return Round(zeros, zeros, zeros, x.cpu().numpy().astype(np.int64))
+        return ar_round(st)
 
     def _window_for(self, h) -> np.ndarray:
         """The windows (k,) int64 for target entropies ``h`` (k,) nats: :func:`entropy_window`
@@ -556,7 +548,7 @@ class Jacobi(Method):
         win, greedy = self.win, st.sampling.greedy
         lengths = self.lengths
         if self.policy is not None:
-            L = self._policy_window(st)
+            L = self.policy.plan(st.rows)
             if L == 1:
                 return self._plain_round(st)
             lengths = np.minimum(lengths, L)
@@ -582,7 +574,8 @@ class Jacobi(Method):
             host = _to_host(s, a, nxt, proposed, q_top1, top1, ent, self.dynamic)  # the step's one host transfer
         win.length = np.where(active, g - host["a"], 0)
         if self.policy is not None:
-            self.policy.observe(g[live], host["a"][live])
+            sampled = host["proposed_step"][live] >= 0 if g.max() else np.zeros((len(live), 0), dtype=bool)
+            self.policy.observe(g[live], host["a"][live], sampled)
         if self.dynamic:  # the next window reads the entropy where the newest token was drawn
             self.lengths = np.where(active, self._window_for(host["h_last"]), self.lengths)
         if self.pairs is not None:

@@ -21,7 +21,7 @@ from lantern.engine.loop import engine_rounds
 from lantern.engine.method import Method, Round
 from lantern.engine.policy import NodePolicy
 from lantern.engine.slots import BatchState
-from lantern.methods.ar import AR, ar_step
+from lantern.methods.ar import AR, ar_round
 from lantern.methods.chain import Chain
 from lantern.methods.tree.draft import tree_round
 from lantern.methods.tree.spec import TreeSpec
@@ -59,16 +59,9 @@ class Tree(Method):
             st.budget = self.policy.budget
 
     def round(self, st: BatchState, active: np.ndarray) -> Round:
-        if self.policy is not None and not self._drafts(st):  # AR's step; the drafter catches up later
-            x, _ = ar_step(st, features=True)
-            zeros = np.zeros(st.B, dtype=np.int64)
-            return Round(zeros, zeros, zeros, x.cpu().numpy().astype(np.int64))
+        if self.policy is not None and not self.policy.plan(st.rows):  # AR's step; the drafter catches up later
+            return ar_round(st, features=True)
         a, g, kind, nxt, forwards, cols, st.d = tree_round(st, st.n, st.d, active, st.image, st.step)
         if self.policy is not None:
             self.policy.observe(a[active] + 1)
         return Round(a, g, kind, nxt, forwards, cols)
-
-    def _drafts(self, st: BatchState) -> bool:
-        """Whether the node policy drafts a tree this round (:class:`NodePolicy`)."""
-        pol = self.policy
-        return pol.may_draft(st.rows) and not pol.resting() and pol.plan(st.rows)
