@@ -230,6 +230,16 @@ def test_decode_config_gamma_auto():
 
 
 # --------------------------------------------------------------------------- exact enumeration
+def _assert_ar_joint(run, want: dict) -> None:
+    """Every outcome of ``run(draws)`` (:func:`enumerate_outcomes`), weighted by its probability, is
+    the AR joint ``want`` to 1e-12, over more than 10 runs."""
+    got, runs = enumerate_outcomes(run)
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
+    assert set(got) <= set(want)
+    for seq, prob in want.items():
+        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+
+
 # acceptance rises steeply with the target's top-1 and the draft's own top-1, a drafter step
 # costs half a target forward: on the tiny model the policy takes lengths 0, 1 and 2
 STEEP = AcceptancePredictor((-9.0, 10.0, 0.0, 4.0), 0.5)
@@ -270,11 +280,7 @@ def test_exact_decoding_with_the_policy_at_delta_zero_is_ar_sampling(sampling, r
         lengths.update(out.steps["drafted"].tolist())
         return tuple(out.tokens[0].tolist())
 
-    got, runs = enumerate_outcomes(run)
-    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
-    assert set(got) <= set(want)
-    for seq, prob in want.items():
-        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    _assert_ar_joint(run, want)
     assert lengths == taken
 
 
@@ -401,11 +407,7 @@ def test_exact_jacobi_decoding_with_the_window_policy_is_ar_sampling(monkeypatch
         drafted.update(out.steps["drafted"].tolist())
         return tuple(out.tokens[0].tolist())
 
-    got, runs = enumerate_outcomes(run)
-    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
-    assert set(got) <= set(want)
-    for seq, prob in want.items():
-        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    _assert_ar_joint(run, want)
     assert {0, 2} <= drafted
 
 
@@ -472,9 +474,5 @@ def test_exact_tree_decoding_with_the_node_policy_at_delta_zero_is_ar_sampling(m
         drafted.update(out.steps["drafted"].tolist())
         return tuple(out.tokens[0].tolist())
 
-    got, runs = enumerate_outcomes(run)
-    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12) and runs > 10
-    assert set(got) <= set(want)
-    for seq, prob in want.items():
-        assert got.get(seq, 0.0) == pytest.approx(prob, abs=1e-12), seq
+    _assert_ar_joint(run, want)
     assert 0 in drafted and len(drafted) >= 3, drafted

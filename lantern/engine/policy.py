@@ -47,7 +47,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -402,6 +402,27 @@ def _read_points(path: Path, cache: bool) -> dict:
     return points
 
 
+def _calibrated(
+    costs: CostModel, points: dict, images, g: int, engine, key: str, seconds, path, cache, measured
+) -> CostModel:
+    """``costs`` calibrated on the engine's rounds: ``engine(images)`` -> (seconds of AR's round, of
+    the method's round at a fixed length) for every count in ``images`` not in the file yet (recorded
+    per model rows ``images * g`` as {"ar", key}); the file is written when anything was measured
+    (``measured``: the forward timings were). ``step``: AR's round; ``scale``: the method's round over
+    ``seconds(rows)``, what the cost model says it costs."""
+    todo = [R for R in images if engine is not None and str(R * g) not in points["engine"]]
+    for R in todo:
+        ar_s, other_s = engine(R)
+        points["engine"][str(R * g)] = {"ar": float(ar_s), key: float(other_s)}
+    if cache and (measured or todo):
+        write_json(points, path)
+    rounds = sorted((int(R), e) for R, e in points["engine"].items() if key in e)
+    if not rounds:
+        return costs
+    step = tuple((R, e["ar"]) for R, e in rounds)
+    return replace(costs, step=step, scale=tuple((R, e[key] / seconds(R)) for R, e in rounds))
+
+
 def cost_model(
     model,
     drafter,
@@ -435,18 +456,9 @@ def cost_model(
             points[part].update(new[part])
     # the verify line from chains (>= 2 tokens a row, per-row masks); one token a row is the AR step's own point
     costs = CostModel(_lines(points["target"], least=2), _lines(points["drafter"]), step=_steps(points["target"]))
-    todo = [R for R in want_rows if engine is not None and str(R * g) not in points["engine"]]
-    for R in todo:
-        ar_s, chain_s = engine(R)
-        points["engine"][str(R * g)] = {"ar": float(ar_s), "chain2": float(chain_s)}
-    if cache and (missing or todo):
-        write_json(points, path)
-    if not points["engine"]:
-        return costs
-    measured = sorted((int(R), e) for R, e in points["engine"].items())
-    step = tuple((R, e["ar"]) for R, e in measured)
-    scale = tuple((R, e["chain2"] / costs.forwards_s(R, 2)) for R, e in measured)
-    return CostModel(costs.target, costs.drafter, step, scale)
+    return _calibrated(
+        costs, points, want_rows, g, engine, "chain2", lambda R: costs.forwards_s(R, 2), path, cache, missing
+    )
 
 
 # --------------------------------------------------------------------------- the policy
@@ -602,18 +614,9 @@ def window_costs(
     for R in missing:
         points["target"].update(_time_target(model, sampling, R, want_t))
     costs = CostModel(_lines(points["target"], least=2), (), step=_steps(points["target"]))
-    todo = [R for R in want_rows if engine is not None and str(R * g) not in points["engine"]]
-    for R in todo:
-        ar_s, window_s = engine(R)
-        points["engine"][str(R * g)] = {"ar": float(ar_s), "window4": float(window_s)}
-    if cache and (missing or todo):
-        write_json(points, path)
-    if not points["engine"]:
-        return costs
-    measured = sorted((int(R), e) for R, e in points["engine"].items())
-    step = tuple((R, e["ar"]) for R, e in measured)
-    scale = tuple((R, e["window4"] / costs.target_s(R, 4)) for R, e in measured)
-    return CostModel(costs.target, (), step, scale)
+    return _calibrated(
+        costs, points, want_rows, g, engine, "window4", lambda R: costs.target_s(R, 4), path, cache, missing
+    )
 
 
 class WindowPolicy:
