@@ -238,6 +238,10 @@ def test_replay_notes_what_makes_a_reference_less_comparable(tiny, tmp_path, cap
         ),
         (["--method", "sd", "--tree", "mc_sim_7b_63", "--gamma", "4"], "error: --gamma does not apply to --tree mc_"),
         (
+            ["--method", "sd", "--tree", "mc_sim_7b_63", "--gamma", "auto"],
+            "error: --gamma does not apply to --tree mc_sim_7b_63 (a fixed shape), only to a chain or --tree dynamic;",
+        ),
+        (
             ["--method", "sd", "--tree", "chain", "--total-tokens", "20"],
             "error: --total-tokens does not apply to --tree chain, only to --tree dynamic; drop it",
         ),
@@ -382,6 +386,8 @@ def test_each_option_is_declared_by_the_methods_that_read_it():
         ["--method", "cool-sd", "--cool-delta", "2", "--cool-nu", "0.7", "--gamma", "4"],
         ["--method", "fly", "--fly-entropy", "0.3", "--fly-window", "2", "--gamma", "3"],
         ["--method", "entropy-sd", "--window", "24", "--entropy-min-window", "4", "--entropy-window-scale", "6"],
+        ["--method", "sjd", "--window", "auto", "--window-max", "8"],
+        ["--method", "lantern", "--tree", "dynamic", "--gamma", "auto", "--total-tokens", "9"],
     ],
 )
 def test_options_a_method_reads_are_accepted(argv):

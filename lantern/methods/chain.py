@@ -395,8 +395,9 @@ def _not_a_chain(args) -> Optional[str]:
 
 
 def _gamma_refusal(args) -> Optional[str]:
-    if args.tree == "dynamic" and args.gamma == "auto":  # the dynamic tree's node budget
-        return None
+    if args.gamma == "auto" and args.tree != "chain":  # a dynamic tree's node budget; a static tree is fixed
+        fixed = f"to --tree {args.tree} (a fixed shape), only to a chain or --tree dynamic"
+        return None if args.tree == "dynamic" else fixed
     return _not_a_chain(args)
 
 
