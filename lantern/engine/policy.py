@@ -738,6 +738,7 @@ class NodePolicy:
         self.rounds, self.tokens = 0.0, 0.0
         self.last = int(self.spec.total_tokens) - 1
         self._may: dict[int, bool] = {}
+        self._rounds: dict[int, np.ndarray] = {}  # rows -> :meth:`round_s`
 
     def open(self, model, drafter, sampling, rows: int, rule=None, table=None, engine=None) -> None:
         """Measure (or read) the cost model for up to ``rows`` images (:func:`cost_model`, verify
@@ -762,30 +763,34 @@ class NodePolicy:
         """Seconds of the verify forward of the root and ``drafts`` candidates a row."""
         return self.costs._factor(rows) * self.costs.target_s(rows, 1 + drafts)
 
+    def round_s(self, rows: int) -> np.ndarray:
+        """(total_tokens,) seconds of a tree round over ``rows`` model rows verifying 0..total_tokens - 1
+        candidates (:meth:`drafting_s` + :meth:`verify_s`), computed once per row count."""
+        if rows not in self._rounds:
+            m = range(int(self.spec.total_tokens))
+            self._rounds[rows] = self.drafting_s(rows) + np.array([self.verify_s(rows, x) for x in m])
+        return self._rounds[rows]
+
     def may_draft(self, rows: int) -> bool:
         """Whether a tree whose every path passes (``depth + 2`` tokens an image) commits more tokens
         a second than AR's step at ``rows`` model rows (else speculation is off there)."""
         if rows not in self._may:
-            full = self.drafting_s(rows) + self.verify_s(rows, int(self.spec.total_tokens) - 1)
-            self._may[rows] = (self.spec.depth + 2) / full > 1.0 / self.costs.step_s(rows)
+            self._may[rows] = (self.spec.depth + 2) / self.round_s(rows)[-1] > 1.0 / self.costs.step_s(rows)
         return self._may[rows]
 
     def plan(self, rows: int) -> bool:
         """Whether this round drafts a tree (else AR's step)."""
         if not self.may_draft(rows):
             return False
-        tree = self.tau() / (self.drafting_s(rows) + self.verify_s(rows, self.last))
-        return tree > 1.0 / self.costs.step_s(rows)
+        return self.tau() / self.round_s(rows)[self.last] > 1.0 / self.costs.step_s(rows)
 
     def budget(self, score: torch.Tensor, most: int, rows: int) -> int:
         """The candidates to verify per tree, 1..``most``, from every tree's candidate scores
         (score (B, C) float64 cumulative log-probabilities, -inf for none): the count ``m`` that
         maximises ``sum_b (1 + sum_{i <= m} exp(s_b,(i)))`` over the drafting and verify seconds."""
         top = score.topk(min(most, score.shape[1]), dim=-1).values.exp().sum(0).cumsum(0).double().cpu().numpy()
-        m = np.arange(1, len(top) + 1)
-        spent = self.drafting_s(rows)
-        seconds = spent + np.array([self.verify_s(rows, int(x)) for x in m])
-        self.last = int(m[np.argmax((score.shape[0] + top) / seconds)])
+        seconds = self.round_s(rows)[1 : len(top) + 1]
+        self.last = int(np.argmax((score.shape[0] + top) / seconds)) + 1
         return self.last
 
     def observe(self, tokens: np.ndarray) -> None:
