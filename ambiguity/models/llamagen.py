@@ -85,8 +85,8 @@ class GPTDraftLayer(DraftLayer):
                 visible = torch.ones(x.shape[0], 1, visible, dtype=torch.bool, device=x.device)
             else:
                 return self.block(x, self.rope[off + positions], 0, cache, None, slots, visible)
-        if self.compiled is not None:
-            return self.compiled(x, cache, slots, off + positions, visible[:, None])
+        if self.compiled is not None:  # contiguous: a stride that differs from call to call would recompile
+            return self.compiled(x, cache, slots.contiguous(), off + positions, visible[:, None].contiguous())
         return self.block(x, self.rope[off + positions], 0, cache, visible[:, None], slots)
 
     def forward(
