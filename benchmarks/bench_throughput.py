@@ -137,6 +137,20 @@ def cell(model, drafter, table, method: str, config, sampling, B: int, n: int) -
     return {"images": n, "seconds": seconds, "images_per_s": n / seconds, "tau": tau, "target_s": target_s}, tokens
 
 
+def add_method_args(ap) -> None:
+    """The options :func:`config_of` reads: chain length, LANTERN's k and δ, the draft trees."""
+    ap.add_argument("--gamma", type=positive_int, default=4, help="chain draft length (default: 4)")
+    ap.add_argument("--gamma-max", type=positive_int, default=8, help="longest chain of the -auto rows (default: 8)")
+    ap.add_argument(
+        "--k", type=positive_int, default=None, help="LANTERN neighbourhood size (default: 1000 of 16384 codes mapped)"
+    )
+    ap.add_argument("--delta", type=finite_float, default=0.1, help="LANTERN TVD bound (default: 0.1)")
+    ap.add_argument("--static-tree", default="mc_sim_7b_63", choices=[n for n in STATIC_TREES if n != "chain"])
+    ap.add_argument("--total-tokens", type=positive_int, default=59, help="dynamic tree: nodes incl. the root")
+    ap.add_argument("--depth", type=positive_int, default=4, help="dynamic tree: expansion rounds")
+    ap.add_argument("--tree-top-k", type=positive_int, default=10, help="dynamic tree: children per node")
+
+
 def build_parser() -> ArgumentParser:
     ap = ArgumentParser(prog="bench_throughput.py", description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -154,19 +168,10 @@ def build_parser() -> ArgumentParser:
         "--images", type=positive_int, default=8, help="images per cell at least (a cell takes max(this, 2B))"
     )
     ap.add_argument("--repeats", type=positive_int, default=3, help="timed repeats per cell, interleaved (default: 3)")
-    ap.add_argument("--gamma", type=positive_int, default=4, help="chain draft length (default: 4)")
-    ap.add_argument("--gamma-max", type=positive_int, default=8, help="longest chain of the -auto rows (default: 8)")
-    ap.add_argument(
-        "--k", type=positive_int, default=None, help="LANTERN neighbourhood size (default: 1000 of 16384 codes mapped)"
-    )
-    ap.add_argument("--delta", type=finite_float, default=0.1, help="LANTERN TVD bound (default: 0.1)")
+    add_method_args(ap)
     ap.add_argument(
         "--quick", action="store_true", help="smoke run: " + ", ".join(f"--{k} {v}" for k, v in QUICK.items())
     )
-    ap.add_argument("--static-tree", default="mc_sim_7b_63", choices=[n for n in STATIC_TREES if n != "chain"])
-    ap.add_argument("--total-tokens", type=positive_int, default=59, help="dynamic tree: nodes incl. the root")
-    ap.add_argument("--depth", type=positive_int, default=4, help="dynamic tree: expansion rounds")
-    ap.add_argument("--tree-top-k", type=positive_int, default=10, help="dynamic tree: children per node")
     ap.add_argument(
         "--compile",
         action="store_true",
