@@ -4,11 +4,12 @@
         --batch-sizes 1,8,32 --images 8 --repeats 3 --threads 2 --out benchmarks/results/round_cost.csv
 
 Every (model, B, method) cell, and AR at the same B, decodes ``max(--images, 2 B)`` images once per
-repeat, the cells in a fresh seeded order each repeat. From a decode's wall seconds ``W`` and its
-step records (each step's seconds per section, summed over the images that shared it:
-:mod:`lantern.engine.loop`): ``T`` the target's forwards, ``D`` the drafter, ``R`` the acceptance rule
-and what it computes (the distribution, the records' columns, the neighbourhood), ``O = W - T - D - R``
-the rest (prefill, admission, the loop). Per cell, medians over the repeats:
+repeat, the cells in a fresh seeded order each repeat, after one untimed repeat in order. From a
+decode's wall seconds ``W`` and its step records (each step's seconds per section, summed over the
+images that shared it: :mod:`lantern.engine.loop`): ``T`` the target's forwards, ``D`` the drafter,
+``R`` the acceptance rule and what it computes (the distribution, the records' columns, the
+neighbourhood), ``O = W - T - D - R`` the rest (prefill, admission, the loop). Per cell, medians over
+the repeats:
 
 * ``tau``: tokens an image commits per round, the bonus counted; ``rounds_per_image``;
 * ``ms_round`` = W / rounds and its parts ``ms_target``, ``ms_drafter``, ``ms_rule``, ``ms_other``;
@@ -81,16 +82,14 @@ def round_sections(steps: dict, wall: float) -> dict:
     return out
 
 
-def run(entry: tuple, method: str, args, B: int, num_tokens=None) -> dict:
+def run(entry: tuple, method: str, args, B: int) -> dict:
     """Decode ``max(--images, 2B)`` images of ``method`` at batch ``B`` once: :func:`round_sections`."""
     model, drafter, table, sampling, k = entry
     config = config_of(method, args, k)
     n = max(args.images, 2 * B)
     spec = dict(drafter=drafter, neighbours=table) if config.speculative else {}
     t0 = time.perf_counter()
-    out = decode(
-        model, model.default_conditions(n), config, sampling, seed=0, batch_size=B, num_tokens=num_tokens, **spec
-    )
+    out = decode(model, model.default_conditions(n), config, sampling, seed=0, batch_size=B, **spec)
     return {"images": n, **round_sections(out.steps, time.perf_counter() - t0)}
 
 
@@ -140,9 +139,9 @@ def main(argv=None) -> int:
         drafter = load_drafter(model) if speculative else None
         table = neighbour_table(model, speculative[0]) if speculative else None
         loaded[name] = (model, drafter, table, sampling_of(model), k)
-        for m in methods:  # warm-up; an -auto row's first decode at a B measures its cost file there
-            for B in sizes:
-                run(loaded[name], m, args, B, num_tokens=min(16, model.num_tokens))
+        for m in methods:  # an untimed repeat: the first full-length decodes allocate what later ones reuse,
+            for B in sizes:  # and an -auto row's first decode at a B measures its cost file there
+                run(loaded[name], m, args, B)
     cells = [(name, B, m) for name in loaded for B in sizes for m in methods]
     rng, rows = random.Random(0), []
     for r in range(args.repeats):

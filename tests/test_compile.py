@@ -69,21 +69,20 @@ def test_compiled_decoding_equals_eager_float64():
             _close_records(a, b)
 
 
-def test_a_compiled_chain_compiles_three_drafter_graphs_at_batch_1(monkeypatch):
+def test_a_compiled_chain_compiles_three_drafter_graphs_at_batch_1():
     """At batch 1 a LANTERN chain calls the compiled drafter layer with one token seeing one slot, one
     token, and several (the pending positions): three graphs. Its masks arrive as broadcast views
     on some calls and as fresh tensors on others; passed as they came, every stride compiled a
     graph of its own (four here, the recompile limit of 8 hit on embedded-16 over batch sizes 1, 2
     and 8, after which the layer ran eager)."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 3)
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
     torch._dynamo.reset()
     (eager, de), (compiled, dc) = _pair()
     compile_forwards(compiled, dc)
     table = build_neighbourhoods(eager.input_embeddings(), 8, "l2", cache=False).indices
     sampling = SamplingConfig(guidance=2.0, temperature=1.0)
     a = decode(eager, [1, 4], CONFIGS[1], sampling, de, table, seed=3, batch_size=1)
-    b = decode(compiled, [1, 4], CONFIGS[1], sampling, dc, table, seed=3, batch_size=1)
+    with torch._dynamo.config.patch(recompile_limit=3, fail_on_recompile_limit_hit=True):
+        b = decode(compiled, [1, 4], CONFIGS[1], sampling, dc, table, seed=3, batch_size=1)
     assert torch.equal(a.tokens, b.tokens)
 
 
