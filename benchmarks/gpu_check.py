@@ -13,7 +13,14 @@ downloaded):
    and 8 x 8 tokens);
 3. batched throughput (images/s) of AR and the LANTERN chain at B in ``--batch-sizes``
    (:func:`lantern.engine.decode.decode` with ``batch_size``);
-4. FAISS kNN (k = 64) over a random 16384 x 8 codebook on the GPU (``faiss.StandardGpuResources``),
+4. what a verify forward costs in AR forwards (``bench_round_cost.py``'s ``verify_cost``, issue 41): the
+   target's forward with its distribution at 1, 5 (a chain of γ = 4) and 16 (an SJD window) tokens a row
+   and one drafter step, per B (:func:`lantern.engine.policy.measure_costs`: interleaved, the least of 7),
+   and the bounds they put on a speed-up over AR at the τ measured on ``embedded-16``
+   (:data:`TAU`; random weights accept nothing worth reporting): ``tau * t(1) / t(T)``, and for the
+   chain with its four drafter steps paid ``tau * t(1) / (t(5) + 4 step)``. On this repository's CPU the
+   5-token forward costs 1.5-2.9 AR forwards (``benchmarks/results/round_cost.csv``);
+5. FAISS kNN (k = 64) over a random 16384 x 8 codebook on the GPU (``faiss.StandardGpuResources``),
    skipped with a note when faiss has no GPU support.
 
 Writes a JSON report (``--out``) and prints one line per measurement; every skipped part says why.
@@ -39,6 +46,7 @@ from ambiguity.sampling import SamplingConfig
 from benchmarks.common import ROOT, add_results_arg
 from lantern.drafter.model import Drafter
 from lantern.engine.decode import DecodeConfig, decode
+from lantern.engine.policy import measure_costs
 from lantern.methods.tree.spec import TreeSpec
 
 
@@ -65,6 +73,31 @@ def random_table(V: int, k: int, device: torch.device) -> torch.Tensor:
         d = torch.cdist(block, book)
         rows.append(d.topk(k + 1, largest=False).indices[:, 1:])
     return torch.cat(rows)
+
+
+# tokens an image commits per round on embedded-16 at B = 1 (benchmarks/results/round_cost.csv, the paper's
+# sampling): a LANTERN chain of γ = 4 (k 1000 mapped, δ 0.1) and SJD with a window of 16
+TAU = {"lantern_chain_4": 3.4, "sjd_window_16": 2.7}
+
+
+def verify_costs(model, drafter, sampling: SamplingConfig, sizes: list[int]) -> dict:
+    """Part 4 of the module docstring: {B: milliseconds of the forward at 1, 5 and 16 tokens a row and of
+    a drafter step, the costs t(T) / t(1) and the bounds at :data:`TAU`}."""
+    costs = measure_costs(model, drafter, sampling, sizes, (1, 5, 16))
+    g, out = 1 + sampling.guided, {}
+    for B in sizes:
+        t = {T: costs["target"][f"{B * g},{T}"] for T in (1, 5, 16)}
+        step = costs["drafter"][f"{B * g},1"]
+        out[B] = {
+            **{f"ms_{T}_tokens": 1e3 * t[T] for T in t},
+            "ms_drafter_step": 1e3 * step,
+            "cost_5": t[5] / t[1],
+            "cost_16": t[16] / t[1],
+            "bound_lantern": TAU["lantern_chain_4"] * t[1] / t[5],
+            "bound_lantern_with_drafter": TAU["lantern_chain_4"] * t[1] / (t[5] + 4 * step),
+            "bound_sjd": TAU["sjd_window_16"] * t[1] / t[16],
+        }
+    return out
 
 
 def sync(device: torch.device) -> None:
@@ -186,6 +219,15 @@ def main(argv=None) -> int:
             throughput[f"{name}@{B}"] = {"images": n, "images_per_s": n / secs}
             print(f"throughput {name:14s} B={B:3d} {n / secs:8.2f} images/s", flush=True)
     report["throughput"] = throughput
+
+    report["verify_cost"] = verify_costs(model, drafter, sampling, sizes)
+    for B, row in report["verify_cost"].items():
+        print(
+            f"verify B={B:3d}: 5 tokens {row['cost_5']:.2f}, 16 tokens {row['cost_16']:.2f} AR forwards; "
+            f"bounds LANTERN {row['bound_lantern']:.2f} ({row['bound_lantern_with_drafter']:.2f} with its "
+            f"drafter), SJD {row['bound_sjd']:.2f}",
+            flush=True,
+        )
 
     report["faiss_gpu_knn"] = (
         faiss_knn()
