@@ -43,12 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.*
 
 from ambiguity.cli import ArgumentParser, add_device_args, cli_main, int_list, positive_int
 from ambiguity.errors import UsageError
-from ambiguity.models.registry import load_model
-from benchmarks.bench_throughput import JACOBI, METHODS, add_method_args, config_of, sampling_of
+from benchmarks.bench_throughput import JACOBI, METHODS, add_method_args, config_of, load_entry
 from benchmarks.common import add_results_arg, threads_and_device
-from lantern.drafter.model import load_drafter
-from lantern.engine.decode import decode, neighbour_table
-from lantern.paper.config import map_to_codebook
+from lantern.engine.decode import decode
 
 SECTIONS = {"target": ("target_s",), "drafter": ("drafter_s",), "rule": ("acceptance_s", "proximity_s")}
 CHOICES = tuple(m for m in (*METHODS, *JACOBI) if m != "ar-compiled")
@@ -83,8 +80,9 @@ def round_sections(steps: dict, wall: float) -> dict:
 
 
 def run(entry: tuple, method: str, args, B: int) -> dict:
-    """Decode ``max(--images, 2B)`` images of ``method`` at batch ``B`` once: :func:`round_sections`."""
-    model, drafter, table, sampling, k = entry
+    """Decode ``max(--images, 2B)`` images of ``method`` at batch ``B`` once on a
+    :func:`~bench_throughput.load_entry` entry: :func:`round_sections`."""
+    model, drafter, table, sampling, k, _ = entry
     config = config_of(method, args, k)
     n = max(args.images, 2 * B)
     spec = dict(drafter=drafter, neighbours=table) if config.speculative else {}
@@ -130,15 +128,10 @@ def main(argv=None) -> int:
             f"unknown method {bad[0] if bad else '(none)'!r} in --methods; choose from {', '.join(CHOICES)}"
         )
     methods = ["ar", *[m for m in methods if m != "ar"]]
-    threads_and_device(args)
+    device, dtype = threads_and_device(args)
     loaded = {}
     for name in [m for m in args.models.split(",") if m]:
-        model = load_model(name)
-        k = args.k or map_to_codebook(1000, model.vocab_size)
-        speculative = [c for c in (config_of(m, args, k) for m in methods) if c.speculative]
-        drafter = load_drafter(model) if speculative else None
-        table = neighbour_table(model, speculative[0]) if speculative else None
-        loaded[name] = (model, drafter, table, sampling_of(model), k)
+        loaded[name] = load_entry(name, methods, args, device, dtype)
         for m in methods:  # an untimed repeat: the first full-length decodes allocate what later ones reuse,
             for B in sizes:  # and an -auto row's first decode at a B measures its cost file there
                 run(loaded[name], m, args, B)

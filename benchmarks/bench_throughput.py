@@ -182,6 +182,26 @@ def build_parser() -> ArgumentParser:
     return ap
 
 
+def load_entry(name: str, methods: list[str], args, device, dtype, compiled: bool = False) -> tuple:
+    """The registry model ``name`` on ``device`` / ``dtype`` with what ``methods`` need: (model, drafter
+    or None, LANTERN's neighbour table or None, sampling, k, AR's compiled copy or None); with
+    ``compiled``, the model and drafter compiled (:func:`compile_forwards`). Raises UsageError as
+    the loaders do (one line, exit 2)."""
+    model = load_model(name, device=device, dtype=dtype)
+    k = min(args.k or map_to_codebook(1000, model.vocab_size), model.vocab_size - 1)
+    configs = [config_of(m, args, k) for m in methods]
+    drafter = load_drafter(model) if any(c.speculative for c in configs) else None  # not for ar / Jacobi
+    if compiled:
+        compile_forwards(model, drafter)  # one line, exit 2, for a model that cannot be compiled
+    relaxed = any(c.rule is not None and c.rule.relaxed for c in configs)  # the lantern rows
+    table = neighbour_table(model, config_of("lantern", args, k)) if relaxed else None
+    arc = None
+    if "ar-compiled" in methods:  # AR on a compiled copy of the model
+        arc = load_model(name, device=device, dtype=dtype)
+        compile_forwards(arc)
+    return model, drafter, table, sampling_of(model), k, arc
+
+
 def load(args, methods: list[str], sizes: list[int], device, dtype) -> tuple[dict, dict]:
     """Every model (eager, and compiled with ``--compile``) with its drafter, LANTERN table, sampling
     and k: {(name, compiled): (model, drafter, table, sampling, k, AR's compiled copy or None)}; and
@@ -190,19 +210,7 @@ def load(args, methods: list[str], sizes: list[int], device, dtype) -> tuple[dic
     loaded, warm = {}, {}
     for name in args.models.split(","):
         for compiled in (False, True) if args.compile else (False,):
-            model = load_model(name, device=device, dtype=dtype)
-            k = min(args.k or map_to_codebook(1000, model.vocab_size), model.vocab_size - 1)
-            configs = [config_of(m, args, k) for m in methods]
-            drafter = load_drafter(model) if any(c.speculative for c in configs) else None  # not for ar / Jacobi
-            if compiled:
-                compile_forwards(model, drafter)  # one line, exit 2, for a model that cannot be compiled
-            relaxed = any(c.rule is not None and c.rule.relaxed for c in configs)  # the lantern rows
-            table = neighbour_table(model, config_of("lantern", args, k)) if relaxed else None
-            arc = None
-            if "ar-compiled" in methods:  # AR on a compiled copy of the model
-                arc = load_model(name, device=device, dtype=dtype)
-                compile_forwards(arc)
-            loaded[name, compiled] = (model, drafter, table, sampling_of(model), k, arc)
+            loaded[name, compiled] = load_entry(name, methods, args, device, dtype, compiled)
             for m in methods:  # warm-up (batch 1 when that is all that is asked: text-twin cannot batch)
                 t0 = time.perf_counter()
                 for B in sorted({1, min(2, *sizes)} if (args.compile or m == "ar-compiled") else {min(2, *sizes)}):
