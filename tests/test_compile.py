@@ -2,8 +2,9 @@
 cached forwards on a tiny float64 LlamaGen GPT gives the same tokens and records (probabilities to
 5e-5) as eager decoding, batch 1 (the append path through the compiled rows forward) and batched
 (in-place slot writes), AR, a LANTERN chain, a static SD tree and a LANTERN dynamic tree; the
-compiled graph writes the KV cache in place (no copy of the buffer); a model whose forward cannot
-be compiled is refused with one line.
+compiled graph writes the KV cache in place (no copy of the buffer); a chain at batch 1 compiles
+three drafter graphs, whatever the strides of its masks; a model whose forward cannot be compiled is
+refused with one line.
 """
 
 import re
