@@ -19,7 +19,7 @@ downloaded):
    and the bounds they put on a speed-up over AR at the τ measured on ``embedded-16``
    (:data:`TAU`; random weights accept nothing worth reporting): ``tau * t(1) / t(T)``, and for the
    chain with its four drafter steps paid ``tau * t(1) / (t(5) + 4 step)``. On this repository's CPU the
-   5-token forward costs 1.5-2.9 AR forwards (``benchmarks/results/round_cost.csv``);
+   5-token forward costs 1.6-3.3 AR forwards (``benchmarks/results/round_cost.csv``);
 5. FAISS kNN (k = 64) over a random 16384 x 8 codebook on the GPU (``faiss.StandardGpuResources``),
    skipped with a note when faiss has no GPU support.
 
