@@ -25,7 +25,9 @@ A drafted method at ``--gamma`` (LANTERN with k 1000 and δ 0.1 mapped to the vo
 paper's sampling; ``-auto``: the engine's draft-length policy), or a Jacobi method at its default
 window (``sjd``, ``gsd``, ``scd``; ``-auto``: the window policy); names as in
 ``benchmarks/bench_throughput.py``. Writes the table as CSV (``--out``) and the per-repeat rows next to
-it (``.parquet``).
+it (``.parquet``: model, batch_size, method, repeat, images, rounds, image_rounds, tokens, and the seconds
+``wall``, ``target``, ``drafter``, ``rule``, ``other``). ``speedup_min`` / ``speedup_max`` are the
+spread the docs write as [min, max].
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ CHOICES = tuple(m for m in (*METHODS, *JACOBI) if m != "ar-compiled")
 
 def build_parser() -> ArgumentParser:
     ap = ArgumentParser(prog="bench_round_cost.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="embedded,embedded-16", help="comma-separated registry names")
+    ap.add_argument(
+        "--models", default="embedded,embedded-16", help="comma-separated registry names (default: %(default)s)"
+    )
     ap.add_argument(
         "--methods", default="lantern", help="comma-separated, from: " + ", ".join(CHOICES) + " (default: lantern)"
     )

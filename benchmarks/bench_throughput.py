@@ -145,7 +145,12 @@ def add_method_args(ap) -> None:
         "--k", type=positive_int, default=None, help="LANTERN neighbourhood size (default: 1000 of 16384 codes mapped)"
     )
     ap.add_argument("--delta", type=finite_float, default=0.1, help="LANTERN TVD bound (default: 0.1)")
-    ap.add_argument("--static-tree", default="mc_sim_7b_63", choices=[n for n in STATIC_TREES if n != "chain"])
+    ap.add_argument(
+        "--static-tree",
+        default="mc_sim_7b_63",
+        choices=[n for n in STATIC_TREES if n != "chain"],
+        help="the -static rows' EAGLE-1 tree (default: mc_sim_7b_63)",
+    )
     ap.add_argument("--total-tokens", type=positive_int, default=59, help="dynamic tree: nodes incl. the root")
     ap.add_argument("--depth", type=positive_int, default=4, help="dynamic tree: expansion rounds")
     ap.add_argument("--tree-top-k", type=positive_int, default=10, help="dynamic tree: children per node")

@@ -1,7 +1,7 @@
 """One-command GPU check: CUDA tests, decoding latency and batched throughput at LlamaGen-XL shapes.
 
-    PYTHONPATH=$PWD python benchmarks/gpu_check.py              # on a GPU machine, < 8 min
-    PYTHONPATH=$PWD python benchmarks/gpu_check.py --smoke      # anywhere: tiny shapes, GPU parts skipped
+    python benchmarks/gpu_check.py              # on a GPU machine, < 8 min
+    python benchmarks/gpu_check.py --smoke      # anywhere: tiny shapes, GPU parts skipped
 
 What it runs (random weights: latency does not depend on trained weights, so nothing is
 downloaded):
@@ -151,7 +151,7 @@ def faiss_knn(V: int = 16384, k: int = 64) -> dict:
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (runs on a CPU in seconds; GPU parts skipped)")
-    add_device_args(ap, what="for the models (default: cuda when visible; dtype bf16 on CUDA, fp32 on CPU)")
+    add_device_args(ap, what="for the models; auto is cuda when visible, dtype bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--latency-images", type=positive_int, default=3, help="images per latency measurement (median)")
     ap.add_argument("--batch-sizes", default=None, help="default 1,8,32 (smoke: 1,4)")
     add_results_arg(ap, "gpu_check", "gpu_check.json", what="results file")
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
         print(
             f"verify B={B:3d}: 5 tokens {row['cost_5']:.2f}, 16 tokens {row['cost_16']:.2f} AR forwards; "
             f"bounds LANTERN {row['bound_lantern']:.2f} ({row['bound_lantern_with_drafter']:.2f} with its "
-            f"drafter), SJD {row['bound_sjd']:.2f}",
+            f"drafter) at τ {TAU['lantern_chain_4']}, SJD {row['bound_sjd']:.2f} at τ {TAU['sjd_window_16']}",
             flush=True,
         )
 
